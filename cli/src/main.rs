@@ -1,0 +1,56 @@
+//! `tandem`: the one binary. Each subcommand lives in its own module with an
+//! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function.
+
+use clap::{Parser, Subcommand};
+
+mod models;
+mod plan;
+mod route;
+mod tokenize;
+
+#[derive(Parser)]
+#[command(
+    name = "tandem",
+    version,
+    about = "Edge-cloud collaborative speculative decoding"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch, verify and list the real GGUF models.
+    Models(models::Args),
+    /// Tokenize stdin (or decode a JSON id array with --decode).
+    Tokenize(tokenize::Args),
+    /// Privacy router: classify text, explain decisions, check policies.
+    Route(route::Args),
+    /// Shard planner: split a model's layers across nodes.
+    Plan(plan::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Models(a) => models::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Route(a) => route::run(a),
+        Command::Plan(a) => plan::run(a),
+    };
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! `tandem route` (in progress).
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`tandem route` is not implemented yet")
+}

@@ -1,0 +1,1 @@
+//! tandem-fetch (in progress)

@@ -1,0 +1,38 @@
+//! Errors of the model core.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model file not found: {0} (run `tandem models fetch`)")]
+    NotFound(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a valid GGUF file {path}: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
+    #[error("unsupported model architecture `{0}` (supported: qwen2)")]
+    UnsupportedArchitecture(String),
+    #[error("missing GGUF metadata key `{0}`")]
+    MissingMetadata(String),
+    #[error("missing tensor `{0}` in GGUF file")]
+    MissingTensor(String),
+    #[error("tensor `{name}`: {reason}")]
+    BadTensor { name: String, reason: String },
+    #[error("unsupported weight format {0}")]
+    UnsupportedFormat(String),
+    #[error("sequence too long: {needed} tokens exceed the KV cache capacity of {capacity}")]
+    SequenceTooLong { needed: usize, capacity: usize },
+    #[error("token id {id} out of range (vocabulary has {vocab} tokens)")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

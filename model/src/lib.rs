@@ -1,0 +1,27 @@
+//! `tandem-model`: the model core that both the device and the verifier run.
+//!
+//! - [`gguf`]: memory-maps a GGUF file and hands out typed views of its tensors
+//!   (weights are never copied or expanded; RSS stays near the file size).
+//! - [`quant`]: quantized matrix × (1..16 rows) kernels. Every output element is
+//!   computed by the same code path whatever the number of rows, so results are
+//!   bit-identical between a one-token decode and a block verify.
+//! - [`tokenizer`]: the Qwen2 byte-level BPE tokenizer built from GGUF metadata,
+//!   special tokens, ChatML template and a UTF-8-safe streaming decoder.
+//! - [`qwen2`]: the transformer: `embed`, `forward_layers(range, hidden)`, `head`,
+//!   and a [`kv_cache::KvCache`] with preallocated capacity and `truncate(len)`.
+//! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, seeded.
+//! - [`verify`]: speculative verification math (greedy prefix match and lossless
+//!   rejection sampling), pure functions.
+//! - [`speculative`]: local (single-process) speculative decoding loop.
+
+pub mod error;
+pub mod gguf;
+pub mod kv_cache;
+pub mod quant;
+pub mod qwen2;
+pub mod sampling;
+pub mod speculative;
+pub mod tokenizer;
+pub mod verify;
+
+pub use error::{ModelError, Result};

@@ -1,0 +1,1 @@
+//! tandem-shard (in progress)
