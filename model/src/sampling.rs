@@ -1,1 +1,454 @@
-//! TODO(in progress)
+//! Token sampling: greedy, temperature, top-k, top-p and repetition penalty, seeded.
+//!
+//! The pipeline that turns a row of logits into the distribution a token is drawn from
+//! is [`distribution`]:
+//!
+//! 1. **repetition penalty** (llama.cpp semantics): every distinct token among the last
+//!    [`REPETITION_WINDOW`] tokens of the history has its logit divided by the penalty
+//!    when positive and multiplied by it when negative (or zero);
+//! 2. **temperature** (`0` = greedy: the distribution is a point mass on the argmax);
+//! 3. **top-k**: keep the `k` most likely tokens (ties: lower token id first);
+//! 4. **top-p** (nucleus): keep the smallest set of most likely tokens whose cumulative
+//!    probability is at least `top_p`;
+//! 5. renormalise.
+//!
+//! Top-p is applied to the tempered probabilities (the Hugging Face order). The result
+//! is a sparse [`Distribution`] sorted by token id; a [`Sampler`] draws from it with a
+//! small explicit PRNG (xoshiro256**, seeded through SplitMix64) whose sequence is fixed
+//! by this file, so a seed reproduces the same tokens on every platform and with every
+//! dependency version.
+//!
+//! The speculative draft samples from [`top_k_truncate`] of its distribution and hands
+//! the resulting `(token, prob)` pairs to the verifier (see [`crate::verify`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ModelError, Result};
+
+/// How many of the most recent history tokens the repetition penalty looks at
+/// (llama.cpp's default `penalty_last_n`).
+pub const REPETITION_WINDOW: usize = 64;
+
+/// How the next token is chosen from the logits.
+///
+/// The default is greedy decoding with every filter off.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Softmax temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` turns the filter off.
+    pub top_k: usize,
+    /// Nucleus sampling threshold in `(0, 1]`; `1` turns the filter off.
+    pub top_p: f32,
+    /// Repetition penalty (`>= 1` discourages repeats); `1` turns it off.
+    pub repetition_penalty: f32,
+    /// Seed of the sampler's random number generator.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding (the default).
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    /// True when the next token is the argmax and no randomness is involved.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Checks that every field is in range; the error says which one is wrong and why.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(ModelError::InvalidArgument(msg));
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!(
+                "temperature must be a finite number >= 0 (0 = greedy), got {}",
+                self.temperature
+            ));
+        }
+        if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return bad(format!(
+                "top_p must be in (0, 1] (1 = off), got {}",
+                self.top_p
+            ));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return bad(format!(
+                "repetition_penalty must be a finite number > 0 (1 = off), got {}",
+                self.repetition_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Index of the largest logit.
+///
+/// Ties go to the lowest index; NaN entries are ignored. Returns `0` for an empty or
+/// all-NaN slice.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if v <= b => {}
+            _ => best = Some((i, v)),
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+/// A probability distribution over token ids, stored sparsely.
+///
+/// Entries are `(token, prob)` sorted by ascending token id, token ids are unique,
+/// probabilities are finite, non-negative, sum to 1 (up to rounding) and there is at
+/// least one entry with positive probability. Tokens that are absent have probability 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Distribution {
+    entries: Vec<(u32, f32)>,
+}
+
+impl Distribution {
+    /// All mass on one token (what greedy decoding samples from).
+    pub fn point(token: u32) -> Self {
+        Self {
+            entries: vec![(token, 1.0)],
+        }
+    }
+
+    /// Builds a distribution from `(token, weight)` pairs, normalising the weights.
+    ///
+    /// This is how the verifier rebuilds a draft distribution received over the
+    /// network, so it checks everything: weights finite and `>= 0`, token ids unique,
+    /// at least one positive weight. Zero-weight entries are dropped; order is free.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, f32)>) -> Result<Self> {
+        let mut entries: Vec<(u32, f32)> = pairs.into_iter().collect();
+        for &(token, p) in &entries {
+            if !p.is_finite() || p < 0.0 {
+                return Err(ModelError::InvalidArgument(format!(
+                    "probability of token {token} must be finite and >= 0, got {p}"
+                )));
+            }
+        }
+        entries.sort_by_key(|&(t, _)| t);
+        if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(ModelError::InvalidArgument(format!(
+                "token {} appears twice in a distribution",
+                w[0].0
+            )));
+        }
+        let weighted: Vec<(u32, f64)> = entries.iter().map(|&(t, p)| (t, p as f64)).collect();
+        Self::from_weights_sorted(weighted).ok_or_else(|| {
+            ModelError::InvalidArgument(
+                "distribution has no token with positive probability".into(),
+            )
+        })
+    }
+
+    /// Normalises `(token, weight)` pairs already sorted by unique token id; drops
+    /// zero weights. `None` when no weight is positive.
+    fn from_weights_sorted(weights: Vec<(u32, f64)>) -> Option<Self> {
+        let total: f64 = weights.iter().map(|&(_, w)| w).sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return None;
+        }
+        let entries: Vec<(u32, f32)> = weights
+            .into_iter()
+            .filter(|&(_, w)| w > 0.0)
+            .map(|(t, w)| (t, (w / total) as f32))
+            .filter(|&(_, p)| p > 0.0)
+            .collect();
+        if entries.is_empty() {
+            None
+        } else {
+            Some(Self { entries })
+        }
+    }
+
+    /// The `(token, prob)` entries, sorted by token id.
+    pub fn entries(&self) -> &[(u32, f32)] {
+        &self.entries
+    }
+
+    /// Number of tokens with an entry.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Always false (a distribution has at least one token); present for API symmetry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Probability of `token` (0 when it has no entry).
+    pub fn prob(&self, token: u32) -> f32 {
+        match self.entries.binary_search_by_key(&token, |&(t, _)| t) {
+            Ok(i) => self.entries[i].1,
+            Err(_) => 0.0,
+        }
+    }
+
+    /// The most likely token (ties: lowest id).
+    pub fn mode(&self) -> u32 {
+        let mut best = (0u32, f32::NEG_INFINITY);
+        for &(t, p) in &self.entries {
+            if p > best.1 {
+                best = (t, p);
+            }
+        }
+        best.0
+    }
+
+    /// Entries ordered by descending probability (ties: lower token id first).
+    fn by_prob_desc(&self) -> Vec<(u32, f32)> {
+        let mut v = self.entries.clone();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    }
+}
+
+/// Applies the repetition penalty (llama.cpp semantics) to `logits` in place: each
+/// distinct token among the last [`REPETITION_WINDOW`] history tokens has a positive
+/// logit divided by `penalty` and a non-positive one multiplied by it. History tokens
+/// outside the vocabulary are ignored. A penalty of 1 leaves the logits untouched.
+pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let start = history.len().saturating_sub(REPETITION_WINDOW);
+    let mut seen: Vec<u32> = history[start..].to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    for t in seen {
+        if let Some(l) = logits.get_mut(t as usize) {
+            if *l > 0.0 {
+                *l /= penalty;
+            } else {
+                *l *= penalty;
+            }
+        }
+    }
+}
+
+/// The distribution the next token is sampled from, given the logits of the last
+/// position and the tokens generated so far (for the repetition penalty).
+///
+/// Greedy parameters give a point mass on the argmax of the penalised logits. NaN
+/// logits count as impossible tokens; if no token is possible the result is a point
+/// mass on token 0. Parameters are expected to have passed
+/// [`SamplingParams::validate`]; out-of-range values are clamped rather than trusted.
+pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) -> Distribution {
+    let penalised;
+    let logits = if params.repetition_penalty != 1.0 && !history.is_empty() {
+        let mut v = logits.to_vec();
+        apply_repetition_penalty(&mut v, history, params.repetition_penalty);
+        penalised = v;
+        &penalised[..]
+    } else {
+        logits
+    };
+
+    let temperature = params.temperature as f64;
+    if !(temperature > 0.0) || !temperature.is_finite() {
+        return Distribution::point(argmax(logits));
+    }
+
+    // Candidates: every token with a finite-or-+inf logit, scaled by the temperature.
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return Distribution::point(argmax(logits));
+    }
+    if max == f32::INFINITY {
+        // Infinite logits dominate everything else: uniform over them.
+        let weights: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(_, &v)| v == f32::INFINITY)
+            .map(|(i, _)| (i as u32, 1.0))
+            .collect();
+        return Distribution::from_weights_sorted(weights)
+            .unwrap_or_else(|| Distribution::point(argmax(logits)));
+    }
+    let max = max as f64;
+    // (token, weight) with weight = exp((l - max) / T) in (0, 1]; the max has weight 1.
+    let mut cand: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &v)| !v.is_nan())
+        .map(|(i, &v)| (i as u32, ((v as f64 - max) / temperature).exp()))
+        .filter(|&(_, w)| w > 0.0)
+        .collect();
+
+    let desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let top_k = params.top_k;
+    let top_p = (params.top_p as f64).clamp(0.0, 1.0);
+    if top_k > 0 && top_k < cand.len() {
+        cand.select_nth_unstable_by(top_k - 1, desc);
+        cand.truncate(top_k);
+    }
+    if top_p < 1.0 {
+        cand.sort_unstable_by(desc);
+        let total: f64 = cand.iter().map(|&(_, w)| w).sum();
+        let target = top_p * total;
+        let mut cum = 0.0;
+        let mut keep = cand.len();
+        for (i, &(_, w)) in cand.iter().enumerate() {
+            cum += w;
+            if cum >= target {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    cand.sort_unstable_by_key(|&(t, _)| t);
+    Distribution::from_weights_sorted(cand).unwrap_or_else(|| Distribution::point(argmax(logits)))
+}
+
+/// Keeps the `k` most likely tokens of `dist` (ties: lower token id) and renormalises.
+///
+/// The speculative draft samples from this truncated distribution and sends its
+/// `(token, prob)` pairs to the verifier, which makes rejection sampling exact.
+/// `k = 0` means no truncation.
+pub fn top_k_truncate(dist: &Distribution, k: usize) -> Distribution {
+    if k == 0 || k >= dist.len() {
+        return dist.clone();
+    }
+    let mut kept = dist.by_prob_desc();
+    kept.truncate(k);
+    kept.sort_unstable_by_key(|&(t, _)| t);
+    let weights: Vec<(u32, f64)> = kept.into_iter().map(|(t, p)| (t, p as f64)).collect();
+    // The kept entries include the most likely token, whose probability is positive.
+    Distribution::from_weights_sorted(weights).unwrap_or_else(|| Distribution::point(dist.mode()))
+}
+
+/// SplitMix64 step: used to expand a 64-bit seed into the xoshiro state.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seeded random source for sampling.
+///
+/// The generator is xoshiro256** (Blackman & Vigna) with its state expanded from the
+/// seed by SplitMix64, both written out here, so a seed gives the same sequence on
+/// every platform and every version of every dependency.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sampler {
+    s: [u64; 4],
+}
+
+impl Sampler {
+    /// A sampler seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        let mut sm = seed;
+        let s = [
+            splitmix64(&mut sm),
+            splitmix64(&mut sm),
+            splitmix64(&mut sm),
+            splitmix64(&mut sm),
+        ];
+        Self { s }
+    }
+
+    /// A sampler seeded with `params.seed`.
+    pub fn from_params(params: &SamplingParams) -> Self {
+        Self::new(params.seed)
+    }
+
+    /// A sampler with the raw xoshiro256** state (must not be all zero; an all-zero
+    /// state is replaced by the state of seed 0). For reference-vector tests.
+    pub fn from_state(s: [u64; 4]) -> Self {
+        if s == [0; 4] {
+            Self::new(0)
+        } else {
+            Self { s }
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// A uniform number in `[0, 1)` with 53 bits of precision.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Draws a token from `dist`. A distribution with a single token (e.g. greedy)
+    /// returns it without consuming randomness.
+    pub fn sample(&mut self, dist: &Distribution) -> u32 {
+        if let [(t, _)] = dist.entries() {
+            return *t;
+        }
+        let weights = dist.entries().iter().map(|&(t, p)| (t, p as f64));
+        sample_weighted(self, weights).unwrap_or_else(|| dist.mode())
+    }
+
+    /// Picks the next token from a row of logits: greedy parameters take the argmax
+    /// of the penalised logits without touching the RNG; otherwise samples from
+    /// [`distribution`].
+    pub fn next_token(&mut self, params: &SamplingParams, logits: &[f32], history: &[u32]) -> u32 {
+        let dist = distribution(params, logits, history);
+        self.sample(&dist)
+    }
+}
+
+/// Draws a token with probability proportional to its weight (weights `>= 0`, any
+/// order; ties in the cumulative walk are resolved in iteration order). `None` when
+/// the total weight is not positive. Consumes exactly one `uniform()`.
+pub(crate) fn sample_weighted(
+    rng: &mut Sampler,
+    weights: impl Iterator<Item = (u32, f64)> + Clone,
+) -> Option<u32> {
+    let total: f64 = weights.clone().map(|(_, w)| w).sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return None;
+    }
+    let u = rng.uniform() * total;
+    let mut cum = 0.0;
+    let mut last_positive = None;
+    for (t, w) in weights {
+        if w > 0.0 {
+            cum += w;
+            last_positive = Some(t);
+            if cum > u {
+                return Some(t);
+            }
+        }
+    }
+    // Rounding can leave u just above the accumulated total: take the last token.
+    last_positive
+}
