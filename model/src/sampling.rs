@@ -213,13 +213,11 @@ impl Distribution {
         }
         best.0
     }
+}
 
-    /// Entries ordered by descending probability (ties: lower token id first).
-    fn by_prob_desc(&self) -> Vec<(u32, f32)> {
-        let mut v = self.entries.clone();
-        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        v
-    }
+/// Orders `(token, prob)` by descending probability, ties by ascending token id.
+fn prob_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 /// Applies the repetition penalty (llama.cpp semantics) to `logits` in place: each
@@ -251,7 +249,8 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
 /// Greedy parameters give a point mass on the argmax of the penalised logits. NaN
 /// logits count as impossible tokens; if no token is possible the result is a point
 /// mass on token 0. Parameters are expected to have passed
-/// [`SamplingParams::validate`]; out-of-range values are clamped rather than trusted.
+/// [`SamplingParams::validate`]; an invalid temperature falls back to greedy and an
+/// invalid `top_p` is clamped to `[0, 1]`, so the result is always a distribution.
 pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) -> Distribution {
     let penalised;
     let logits = if params.repetition_penalty != 1.0 && !history.is_empty() {
@@ -264,11 +263,11 @@ pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) ->
     };
 
     let temperature = params.temperature as f64;
-    if !(temperature > 0.0) || !temperature.is_finite() {
+    // Greedy, and the fallback for a temperature that skipped validation (NaN, < 0, inf).
+    if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
         return Distribution::point(argmax(logits));
     }
 
-    // Candidates: every token with a finite-or-+inf logit, scaled by the temperature.
     let max = logits
         .iter()
         .copied()
@@ -306,9 +305,23 @@ pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) ->
         cand.truncate(top_k);
     }
     if top_p < 1.0 {
-        cand.sort_unstable_by(desc);
         let total: f64 = cand.iter().map(|&(_, w)| w).sum();
         let target = top_p * total;
+        // Only the head of the sorted order matters: partition out the `m` heaviest
+        // candidates, growing `m` until they hold enough mass, and sort just those.
+        let mut m = 256.min(cand.len());
+        loop {
+            if m < cand.len() {
+                cand.select_nth_unstable_by(m - 1, desc);
+            }
+            let head: f64 = cand[..m].iter().map(|&(_, w)| w).sum();
+            if head >= target || m == cand.len() {
+                break;
+            }
+            m = (m * 8).min(cand.len());
+        }
+        cand.truncate(m);
+        cand.sort_unstable_by(desc);
         let mut cum = 0.0;
         let mut keep = cand.len();
         for (i, &(_, w)) in cand.iter().enumerate() {
@@ -333,7 +346,8 @@ pub fn top_k_truncate(dist: &Distribution, k: usize) -> Distribution {
     if k == 0 || k >= dist.len() {
         return dist.clone();
     }
-    let mut kept = dist.by_prob_desc();
+    let mut kept = dist.entries.clone();
+    kept.select_nth_unstable_by(k - 1, prob_desc);
     kept.truncate(k);
     kept.sort_unstable_by_key(|&(t, _)| t);
     let weights: Vec<(u32, f64)> = kept.into_iter().map(|(t, p)| (t, p as f64)).collect();

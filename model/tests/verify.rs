@@ -128,7 +128,7 @@ fn greedy_rounds_reproduce_target_sequence() {
 // ---------- sampled ----------
 
 fn dist(pairs: &[(u32, f32)]) -> Distribution {
-    Distribution::from_pairs(pairs.iter().copied()).unwrap()
+    Distribution::from_pairs(pairs.iter().copied()).expect("test distribution is valid")
 }
 
 #[test]
@@ -240,13 +240,19 @@ fn sampled_rejects_caller_bugs() {
     let p1 = dist(&[(1, 0.5), (2, 0.5)]);
     let mut rng = Sampler::new(0);
     // Empty draft.
-    let e = verify_sampled(&[], &[], &[p1.clone()], &mut rng).unwrap_err();
+    let e = verify_sampled(&[], &[], std::slice::from_ref(&p1), &mut rng).unwrap_err();
     assert!(is_invalid(&e), "{e}");
     // Wrong number of draft distributions.
     let e = verify_sampled(&[1], &[], &[p1.clone(), p1.clone()], &mut rng).unwrap_err();
     assert!(is_invalid(&e), "{e}");
     // Wrong number of target distributions (needs k + 1).
-    let e = verify_sampled(&[1], &[q1.clone()], &[p1.clone()], &mut rng).unwrap_err();
+    let e = verify_sampled(
+        &[1],
+        std::slice::from_ref(&q1),
+        std::slice::from_ref(&p1),
+        &mut rng,
+    )
+    .unwrap_err();
     assert!(is_invalid(&e) && e.to_string().contains("2 target"), "{e}");
     // Draft token with q = 0: the draft could not have sampled it.
     let before = rng.clone();
