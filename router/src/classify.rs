@@ -1,0 +1,95 @@
+//! The classifier: runs every recognizer and the category lexicon over a text
+//! and applies the allow-list. Thresholds and overlap resolution belong to the
+//! policy (see [`crate::Policy::classify`]), because they are operator choices.
+
+use std::collections::HashSet;
+
+use regex::Regex;
+
+use crate::lexicon::Lexicon;
+use crate::recognizers::Pattern;
+use crate::types::{CategoryHit, EntityHit};
+
+/// Raw classifier output: every candidate with its score, and every lexicon hit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Classification {
+    pub entities: Vec<EntityHit>,
+    pub categories: Vec<CategoryHit>,
+}
+
+/// Recognizers + lexicon + allow-list, compiled once per policy.
+pub struct Classifier {
+    pub(crate) patterns: Vec<Pattern>,
+    pub(crate) lexicon: Lexicon,
+    /// Allowed values, compacted to upper-case ASCII alphanumerics.
+    pub(crate) allow_values: HashSet<String>,
+    pub(crate) allow_patterns: Vec<Regex>,
+}
+
+impl std::fmt::Debug for Classifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Classifier")
+            .field("recognizers", &self.patterns.len())
+            .field("lexicon", &self.lexicon)
+            .field("allow_values", &self.allow_values.len())
+            .field("allow_patterns", &self.allow_patterns.len())
+            .finish()
+    }
+}
+
+/// Normal form for allow-list comparison: separators and case do not matter.
+pub(crate) fn compact_value(s: &str) -> String {
+    s.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_uppercase())
+        .collect::<String>()
+        + &s.chars().filter(|c| !c.is_ascii()).collect::<String>()
+}
+
+impl Classifier {
+    /// Run all recognizers and the lexicon over `text`.
+    pub fn classify(&self, text: &str) -> Classification {
+        let mut raw = Vec::new();
+        for p in &self.patterns {
+            p.scan(text, &mut raw);
+        }
+        let entities = raw
+            .into_iter()
+            .filter(|(_, s, e, _)| !self.allowed(&text[*s..*e]))
+            .map(|(kind, start, end, score)| EntityHit {
+                kind,
+                start,
+                end,
+                score,
+            })
+            .collect();
+        Classification {
+            entities,
+            categories: self.lexicon.scan(text),
+        }
+    }
+
+    fn allowed(&self, value: &str) -> bool {
+        (!self.allow_values.is_empty() && self.allow_values.contains(&compact_value(value)))
+            || self.allow_patterns.iter().any(|r| r.is_match(value))
+    }
+}
+
+/// Keep the best of overlapping hits: highest score first, then the longer
+/// span. Returns hits sorted by start offset.
+pub(crate) fn resolve_overlaps(mut hits: Vec<EntityHit>) -> Vec<EntityHit> {
+    hits.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then((b.end - b.start).cmp(&(a.end - a.start)))
+            .then(a.start.cmp(&b.start))
+    });
+    let mut kept: Vec<EntityHit> = Vec::with_capacity(hits.len());
+    for h in hits {
+        if kept.iter().all(|k| h.end <= k.start || h.start >= k.end) {
+            kept.push(h);
+        }
+    }
+    kept.sort_by_key(|h| (h.start, h.end));
+    kept
+}

@@ -1,0 +1,148 @@
+//! Category lexicons: lists of terms (Chinese and English) per sensitive
+//! category, matched in one Aho-Corasick pass.
+//!
+//! The built-in lists live in `router/data/lexicons/<category>.txt`, one term
+//! per line, `#` for comments. ASCII terms match case-insensitively and only on
+//! word boundaries ("hiv" does not fire inside "archive"); other terms (Chinese)
+//! match anywhere.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+use crate::types::CategoryHit;
+
+/// The built-in categories and their term files.
+pub const BUILTIN_CATEGORIES: [(&str, &str); 7] = [
+    ("health", include_str!("../data/lexicons/health.txt")),
+    ("finance", include_str!("../data/lexicons/finance.txt")),
+    ("legal", include_str!("../data/lexicons/legal.txt")),
+    ("religion", include_str!("../data/lexicons/religion.txt")),
+    ("sexual", include_str!("../data/lexicons/sexual.txt")),
+    ("location", include_str!("../data/lexicons/location.txt")),
+    ("minors", include_str!("../data/lexicons/minors.txt")),
+];
+
+/// Terms of a lexicon file: trimmed, comments and blank lines dropped.
+pub fn parse_terms(file: &str) -> impl Iterator<Item = &str> {
+    file.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+}
+
+/// A compiled set of category lexicons.
+pub struct Lexicon {
+    ac: AhoCorasick,
+    /// Category index per pattern.
+    pattern_category: Vec<usize>,
+    pattern_ascii: Vec<bool>,
+    categories: Vec<String>,
+}
+
+impl std::fmt::Debug for Lexicon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lexicon")
+            .field("categories", &self.categories)
+            .field("terms", &self.pattern_category.len())
+            .finish()
+    }
+}
+
+impl Lexicon {
+    /// Build from (category, terms) pairs. Terms are lower-cased for ASCII.
+    pub fn new<'a>(
+        entries: impl IntoIterator<Item = (&'a str, Vec<String>)>,
+    ) -> Result<Lexicon, aho_corasick::BuildError> {
+        let mut categories: Vec<String> = Vec::new();
+        let mut terms = Vec::new();
+        let mut pattern_category = Vec::new();
+        let mut pattern_ascii = Vec::new();
+        for (cat, ts) in entries {
+            let idx = match categories.iter().position(|c| c == cat) {
+                Some(i) => i,
+                None => {
+                    categories.push(cat.to_string());
+                    categories.len() - 1
+                }
+            };
+            for t in ts {
+                pattern_ascii.push(t.is_ascii());
+                terms.push(t.to_ascii_lowercase());
+                pattern_category.push(idx);
+            }
+        }
+        let ac = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&terms)?;
+        Ok(Lexicon {
+            ac,
+            pattern_category,
+            pattern_ascii,
+            categories,
+        })
+    }
+
+    /// Category names known to this lexicon.
+    pub fn categories(&self) -> &[String] {
+        &self.categories
+    }
+
+    /// Every term occurrence in `text`.
+    pub fn scan(&self, text: &str) -> Vec<CategoryHit> {
+        let b = text.as_bytes();
+        let word = |c: u8| c.is_ascii_alphanumeric();
+        self.ac
+            .find_iter(text)
+            .filter(|m| {
+                let p = m.pattern().as_usize();
+                !self.pattern_ascii[p]
+                    || ((m.start() == 0 || !word(b[m.start() - 1]))
+                        && (m.end() >= b.len() || !word(b[m.end()])))
+            })
+            .map(|m| CategoryHit {
+                category: self.categories[self.pattern_category[m.pattern().as_usize()]].clone(),
+                start: m.start(),
+                end: m.end(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builtin() -> Lexicon {
+        Lexicon::new(
+            BUILTIN_CATEGORIES
+                .iter()
+                .map(|(c, f)| (*c, parse_terms(f).map(String::from).collect())),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn every_builtin_file_has_terms() {
+        for (cat, file) in BUILTIN_CATEGORIES {
+            assert!(parse_terms(file).count() >= 15, "{cat} lexicon too small");
+        }
+    }
+
+    #[test]
+    fn ascii_terms_need_word_boundaries() {
+        let lx = builtin();
+        assert!(lx.scan("tar the archive directory").is_empty());
+        let hits = lx.scan("I was diagnosed with HIV last year");
+        assert!(hits.iter().all(|h| h.category == "health"));
+        assert_eq!(hits.len(), 2);
+    }
+
+    #[test]
+    fn chinese_terms_match_inside_text() {
+        let lx = builtin();
+        let hits = lx.scan("我最近被确诊为糖尿病，想问问饮食");
+        assert!(hits.iter().any(|h| h.category == "health"));
+        let hits = lx.scan("我儿子在读幼儿园");
+        assert!(hits.iter().all(|h| h.category == "minors"));
+        assert!(!hits.is_empty());
+    }
+}

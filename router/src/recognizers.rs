@@ -1,0 +1,1100 @@
+//! Built-in recognizers: a regular expression finds candidates, a check
+//! validates them (checksums, ranges, code heuristics) and gives a base score,
+//! and context words near the span raise it. Words that mark test data or code
+//! constants ("test", "example", "version", ...) lower it.
+//!
+//! Scores are calibrated against a default threshold of 0.5: numbers that only
+//! pass a weak check (Luhn, SSN ranges, a bare mobile number) start below it and
+//! need context; formats that are unmistakable (PEM keys, provider tokens, a
+//! mod-97-valid IBAN, a fully valid 18-digit resident ID) start above it.
+
+use regex::Regex;
+
+use crate::types::EntityKind;
+use crate::validate;
+
+/// A candidate after its check: span (possibly narrowed) and base score.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scored {
+    pub start: usize,
+    pub end: usize,
+    pub score: f32,
+}
+
+type CheckFn = fn(&str, usize, usize) -> Option<Scored>;
+
+/// How a candidate is validated and scored.
+pub(crate) enum Check {
+    Builtin(CheckFn),
+    Custom {
+        validator: Option<Validator>,
+        score: f32,
+    },
+}
+
+/// Validators available to custom recognizers in a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Validator {
+    Luhn,
+    Mod97,
+    CnId,
+}
+
+impl Validator {
+    pub fn parse(name: &str) -> Option<Validator> {
+        match name {
+            "luhn" => Some(Validator::Luhn),
+            "mod97" => Some(Validator::Mod97),
+            "cn-id" => Some(Validator::CnId),
+            _ => None,
+        }
+    }
+
+    pub fn check(self, s: &str) -> bool {
+        match self {
+            Validator::Luhn => validate::luhn(s),
+            Validator::Mod97 => validate::mod97(s),
+            Validator::CnId => validate::cn_id_any(s),
+        }
+    }
+}
+
+/// One regular expression and how to turn its matches into scored hits.
+pub(crate) struct Pattern {
+    pub kind: EntityKind,
+    pub regex: Regex,
+    /// Capture group that is the sensitive span (0 = whole match).
+    pub group: usize,
+    /// The span must not touch ASCII letters/digits on either side.
+    pub bounded: bool,
+    pub check: Check,
+    /// Lower-case context words; any one within the window adds `boost`.
+    pub context: Vec<String>,
+    pub boost: f32,
+    /// Without a context word the candidate is dropped.
+    pub context_required: bool,
+    /// Subtract `NEGATIVE_PENALTY` when a test/code word is near.
+    pub penalize_negative: bool,
+}
+
+/// Bytes searched for context words before a span and after it.
+const WINDOW_BEFORE: usize = 64;
+const WINDOW_AFTER: usize = 24;
+const NEGATIVE_PENALTY: f32 = 0.35;
+
+/// Words near a number that say it is test data or a code constant.
+const NEGATIVE_WORDS: &[&str] = &[
+    "test",
+    "tests",
+    "testing",
+    "example",
+    "sample",
+    "dummy",
+    "fake",
+    "mock",
+    "fixture",
+    "placeholder",
+    "version",
+    "timestamp",
+    "uuid",
+    "hash",
+    "sha",
+    "sha1",
+    "sha256",
+    "checksum",
+    "crc",
+    "port",
+    "seed",
+    "nonce",
+    "offset",
+    "epoch",
+    "build",
+    "测试",
+    "示例",
+    "样例",
+    "版本",
+    "时间戳",
+    "假的",
+];
+
+const PHONE_CONTEXT: &[&str] = &[
+    "phone",
+    "tel",
+    "telephone",
+    "mobile",
+    "cell",
+    "call",
+    "contact",
+    "whatsapp",
+    "wechat",
+    "sms",
+    "text me",
+    "电话",
+    "手机",
+    "联系",
+    "致电",
+    "号码",
+    "微信",
+    "座机",
+    "拨打",
+];
+const CN_ID_CONTEXT: &[&str] = &[
+    "身份证",
+    "证件号",
+    "公民身份",
+    "身份号码",
+    "id card",
+    "identity",
+    "id number",
+    "id no",
+    "resident id",
+    "citizen id",
+    "national id",
+    "身份",
+];
+const CARD_CONTEXT: &[&str] = &[
+    "card",
+    "credit",
+    "debit",
+    "visa",
+    "mastercard",
+    "amex",
+    "unionpay",
+    "pan",
+    "卡号",
+    "银行卡",
+    "信用卡",
+    "借记卡",
+    "储蓄卡",
+    "银联",
+    "刷卡",
+    "账号",
+];
+const IBAN_CONTEXT: &[&str] = &[
+    "iban", "account", "bank", "transfer", "账户", "转账", "汇款",
+];
+const SSN_CONTEXT: &[&str] = &[
+    "ssn",
+    "social security",
+    "social-security",
+    "taxpayer",
+    "tin",
+    "社会安全号",
+    "社安号",
+];
+const PASSPORT_CONTEXT: &[&str] = &["passport", "travel document", "护照", "护照号", "通行证"];
+const IP_CONTEXT: &[&str] = &[
+    "ip",
+    "ip address",
+    "ipv4",
+    "ipv6",
+    "my address",
+    "home",
+    "router",
+    "ip地址",
+    "地址",
+    "家里",
+    "我的ip",
+];
+const MAC_CONTEXT: &[&str] = &[
+    "mac",
+    "mac address",
+    "bssid",
+    "hardware address",
+    "网卡",
+    "物理地址",
+    "mac地址",
+];
+
+fn words(ws: &[&str]) -> Vec<String> {
+    ws.iter().map(|w| w.to_string()).collect()
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+}
+
+/// Largest char boundary <= i.
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Smallest char boundary >= i.
+fn ceil_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether any of `ws` occurs as a whole word in `hay` (already lower-case).
+/// ASCII words need non-alphanumeric neighbours; CJK words match anywhere.
+pub(crate) fn contains_word(hay: &str, ws: &[String]) -> bool {
+    let hb = hay.as_bytes();
+    ws.iter().any(|w| {
+        let ascii = w.is_ascii();
+        hay.match_indices(w.as_str()).any(|(i, m)| {
+            if !ascii {
+                return true;
+            }
+            let before = i == 0 || !is_word_byte(hb[i - 1]);
+            let j = i + m.len();
+            let after = j >= hb.len() || !is_word_byte(hb[j]);
+            before && after
+        })
+    })
+}
+
+/// The lower-cased text around a span (not including it).
+fn around(text: &str, start: usize, end: usize) -> String {
+    let a = floor_boundary(text, start.saturating_sub(WINDOW_BEFORE));
+    let b = ceil_boundary(text, end + WINDOW_AFTER);
+    let mut s = text[a..start].to_lowercase();
+    s.push(' ');
+    s.push_str(&text[end..b].to_lowercase());
+    s
+}
+
+/// Neither neighbour of `[start, end)` is an ASCII letter or digit, and the
+/// span is not the middle of a decimal number (`3.14159...`).
+fn bounded(text: &str, start: usize, end: usize) -> bool {
+    let b = text.as_bytes();
+    if start > 0 {
+        let p = b[start - 1];
+        if is_word_byte(p) || p == b'_' {
+            return false;
+        }
+        if p == b'.' && start >= 2 && b[start - 2].is_ascii_digit() {
+            return false;
+        }
+    }
+    if end < b.len() {
+        let n = b[end];
+        if is_word_byte(n) || n == b'_' {
+            return false;
+        }
+        if n == b'.' && end + 1 < b.len() && b[end + 1].is_ascii_digit() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The span sits inside a long token of hex digits and dashes that contains a
+/// hex letter: a UUID, a hash, a GUID. Numbers in there are not entities.
+fn inside_hex_blob(text: &str, start: usize, end: usize) -> bool {
+    let b = text.as_bytes();
+    let hexish = |c: u8| c.is_ascii_hexdigit() || c == b'-';
+    let mut a = start;
+    while a > 0 && hexish(b[a - 1]) {
+        a -= 1;
+    }
+    let mut z = end;
+    while z < b.len() && hexish(b[z]) {
+        z += 1;
+    }
+    z - a >= 20 && b[a..z].iter().any(|c| c.is_ascii_alphabetic())
+}
+
+impl Pattern {
+    /// Scan `text`, pushing every hit with its final score (unthresholded).
+    pub fn scan(&self, text: &str, out: &mut Vec<(EntityKind, usize, usize, f32)>) {
+        for caps in self.regex.captures_iter(text) {
+            let Some(m) = caps.get(self.group) else {
+                continue;
+            };
+            let (s, e) = (m.start(), m.end());
+            if self.bounded && (!bounded(text, s, e) || inside_hex_blob(text, s, e)) {
+                continue;
+            }
+            let scored = match &self.check {
+                Check::Builtin(f) => f(text, s, e),
+                Check::Custom { validator, score } => match validator {
+                    Some(v) if !v.check(&text[s..e]) => None,
+                    _ => Some(Scored {
+                        start: s,
+                        end: e,
+                        score: *score,
+                    }),
+                },
+            };
+            let Some(sc) = scored else { continue };
+            let mut score = sc.score;
+            if !self.context.is_empty() || self.penalize_negative {
+                let win = around(text, sc.start, sc.end);
+                let has_ctx = contains_word(&win, &self.context);
+                if self.context_required && !has_ctx {
+                    continue;
+                }
+                if has_ctx {
+                    score += self.boost;
+                }
+                if self.penalize_negative && contains_neg(&win) {
+                    score -= NEGATIVE_PENALTY;
+                }
+            }
+            out.push((self.kind.clone(), sc.start, sc.end, score.clamp(0.0, 1.0)));
+        }
+    }
+}
+
+fn contains_neg(win: &str) -> bool {
+    NEGATIVE_WORDS.iter().any(|w| {
+        let wb = win.as_bytes();
+        win.match_indices(w).any(|(i, m)| {
+            if !w.is_ascii() {
+                return true;
+            }
+            let j = i + m.len();
+            (i == 0 || !is_word_byte(wb[i - 1])) && (j >= wb.len() || !is_word_byte(wb[j]))
+        })
+    })
+}
+
+fn sc(start: usize, end: usize, score: f32) -> Option<Scored> {
+    Some(Scored { start, end, score })
+}
+
+// ---- checks -------------------------------------------------------------
+
+fn check_email(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    let at = m.find('@')?;
+    let (local, domain) = (&m[..at], m[at + 1..].to_ascii_lowercase());
+    if text.as_bytes().get(s.wrapping_sub(1)) == Some(&b'@') {
+        return None;
+    }
+    // scp-style git remotes: git@github.com:owner/repo
+    if local == "git" && text.as_bytes().get(e) == Some(&b':') {
+        return sc(s, e, 0.1);
+    }
+    let reserved = ["example.com", "example.org", "example.net", "localhost"];
+    let reserved_tld = [".example", ".test", ".invalid", ".local", ".localhost"];
+    if reserved
+        .iter()
+        .any(|r| domain == *r || domain.ends_with(&format!(".{r}")))
+        || reserved_tld.iter().any(|t| domain.ends_with(t))
+    {
+        return sc(s, e, 0.2);
+    }
+    sc(s, e, 0.85)
+}
+
+fn check_cn_mobile(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    let prefixed = m.starts_with('+') || m.starts_with("0086");
+    let separated = m.contains([' ', '-']);
+    let score = if prefixed {
+        0.7
+    } else if separated {
+        0.55
+    } else {
+        0.4
+    };
+    sc(s, e, score)
+}
+
+fn digit_count(s: &str) -> usize {
+    s.bytes().filter(u8::is_ascii_digit).count()
+}
+
+fn check_cn_landline(_t: &str, s: usize, e: usize) -> Option<Scored> {
+    sc(s, e, 0.5)
+}
+
+fn check_intl_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let n = digit_count(&text[s..e]);
+    let next_is_digit = text.as_bytes().get(e).is_some_and(u8::is_ascii_digit);
+    if !(8..=15).contains(&n) || next_is_digit {
+        return None;
+    }
+    sc(s, e, 0.6)
+}
+
+fn check_us_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    let score = if m.contains('(') {
+        0.55
+    } else if m.contains('-') {
+        0.4
+    } else {
+        0.3
+    };
+    sc(s, e, score)
+}
+
+fn check_uk_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let n = digit_count(&text[s..e]);
+    if !(10..=11).contains(&n) {
+        return None;
+    }
+    sc(s, e, 0.4)
+}
+
+fn check_cn_id18(text: &str, s: usize, e: usize) -> Option<Scored> {
+    validate::cn_resident_id(&text[s..e]).then_some(Scored {
+        start: s,
+        end: e,
+        score: 0.6,
+    })
+}
+
+fn check_cn_id15(text: &str, s: usize, e: usize) -> Option<Scored> {
+    validate::cn_resident_id_legacy(&text[s..e]).then_some(Scored {
+        start: s,
+        end: e,
+        score: 0.3,
+    })
+}
+
+fn check_card(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    let groups: Vec<usize> = m.split([' ', '-']).map(str::len).collect();
+    if groups.len() > 1 {
+        // Separators must be consistent and group like a real card.
+        if m.contains(' ') && m.contains('-') {
+            return None;
+        }
+        let four_blocks = groups[..groups.len() - 1].iter().all(|&g| g == 4);
+        let amex_like = groups.len() == 3 && groups[0] == 4 && groups[1] == 6;
+        if !four_blocks && !amex_like {
+            return None;
+        }
+    }
+    if !validate::plausible_card_iin(m) || !validate::luhn(m) {
+        return None;
+    }
+    sc(s, e, 0.35)
+}
+
+fn check_iban(text: &str, s: usize, _e: usize) -> Option<Scored> {
+    // The regex may run past the IBAN into following groups: cut the match at
+    // the country's length, then validate.
+    let b = text.as_bytes();
+    let country = [b[s], b[s + 1]];
+    let want = [
+        ("AD", 24),
+        ("AE", 23),
+        ("AT", 20),
+        ("BE", 16),
+        ("BG", 22),
+        ("BH", 22),
+        ("CH", 21),
+        ("CY", 28),
+        ("CZ", 24),
+        ("DE", 22),
+        ("DK", 18),
+        ("EE", 20),
+        ("ES", 24),
+        ("FI", 18),
+        ("FR", 27),
+        ("GB", 22),
+        ("GR", 27),
+        ("HR", 21),
+        ("HU", 28),
+        ("IE", 22),
+        ("IL", 23),
+        ("IS", 26),
+        ("IT", 27),
+        ("LI", 21),
+        ("LT", 20),
+        ("LU", 20),
+        ("LV", 21),
+        ("MC", 27),
+        ("MT", 31),
+        ("NL", 18),
+        ("NO", 15),
+        ("PL", 28),
+        ("PT", 25),
+        ("RO", 24),
+        ("SA", 24),
+        ("SE", 24),
+        ("SI", 19),
+        ("SK", 24),
+        ("SM", 27),
+        ("TR", 26),
+        ("UA", 29),
+    ]
+    .iter()
+    .find(|(c, _)| c.as_bytes() == country)
+    .map(|&(_, n)| n)?;
+    let mut n = 0;
+    let mut end = s;
+    for (i, c) in text[s..].char_indices() {
+        if c.is_ascii_alphanumeric() {
+            n += 1;
+            if n == want {
+                end = s + i + 1;
+                break;
+            }
+        } else if c != ' ' {
+            return None;
+        }
+    }
+    if n != want || !bounded(text, s, end) {
+        return None;
+    }
+    validate::iban_mod97(&text[s..end]).then_some(Scored {
+        start: s,
+        end,
+        score: 0.85,
+    })
+}
+
+fn check_ssn(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    if !validate::us_ssn(m) {
+        return None;
+    }
+    let score = if m.contains('-') {
+        0.45
+    } else if m.contains(' ') {
+        0.3
+    } else {
+        0.1
+    };
+    sc(s, e, score)
+}
+
+fn check_passport(_t: &str, s: usize, e: usize) -> Option<Scored> {
+    sc(s, e, 0.15)
+}
+
+fn check_ipv4(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let b = text.as_bytes();
+    // `v1.2.3.4`, `1.2.3.4.5`: versions, not addresses.
+    if s > 0 && matches!(b[s - 1], b'v' | b'V' | b'.') {
+        return None;
+    }
+    if e < b.len() && b[e] == b'.' && b.get(e + 1).is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
+    let ip: std::net::Ipv4Addr = text[s..e].parse().ok()?;
+    let o = ip.octets();
+    let well_known = [
+        [8, 8, 8, 8],
+        [8, 8, 4, 4],
+        [1, 1, 1, 1],
+        [1, 0, 0, 1],
+        [114, 114, 114, 114],
+        [223, 5, 5, 5],
+    ];
+    let doc_net = matches!(o, [192, 0, 2, _] | [198, 51, 100, _] | [203, 0, 113, _]);
+    let score = if ip.is_private()
+        || ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || doc_net
+        || well_known.contains(&o)
+    {
+        0.15
+    } else {
+        0.45
+    };
+    sc(s, e, score)
+}
+
+fn check_ipv6(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    if m.bytes().filter(|&c| c == b':').count() < 2 || !m.bytes().any(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let ip: std::net::Ipv6Addr = m.parse().ok()?;
+    if ip.is_loopback() || ip.is_unspecified() {
+        return sc(s, e, 0.1);
+    }
+    let first = ip.segments()[0];
+    let global = (0x2000..0x4000).contains(&first) && first != 0x2001 || {
+        // 2001:db8::/32 is documentation; other 2001: prefixes are global.
+        first == 0x2001 && ip.segments()[1] != 0x0db8
+    };
+    sc(s, e, if global { 0.45 } else { 0.15 })
+}
+
+fn check_mac(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = text[s..e].to_ascii_lowercase();
+    if m.contains(':') && m.contains('-') {
+        return None;
+    }
+    let hex: String = m.chars().filter(char::is_ascii_hexdigit).collect();
+    if hex.chars().all(|c| c == '0') || hex.chars().all(|c| c == 'f') || hex.starts_with("01005e") {
+        return sc(s, e, 0.05);
+    }
+    sc(s, e, 0.5)
+}
+
+fn check_pem(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let rest = &text[e..];
+    let (body, end) = match rest.find("-----END") {
+        Some(i) => {
+            let after = &rest[i + 8..];
+            let close = after.find("-----").map(|j| i + 8 + j + 5).unwrap_or(i + 8);
+            (&rest[..i], e + close)
+        }
+        None => (rest, text.len()),
+    };
+    let b64 = body
+        .bytes()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
+        .count();
+    sc(s, end, if b64 >= 64 { 0.99 } else { 0.3 })
+}
+
+fn low_entropy_placeholder(v: &str) -> bool {
+    let l = v.to_ascii_lowercase();
+    l.contains("example")
+        || l.contains("xxxx")
+        || l.contains("your")
+        || validate::shannon_entropy(v) < 2.5
+}
+
+fn check_token(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    sc(
+        s,
+        e,
+        if low_entropy_placeholder(m) {
+            0.2
+        } else {
+            0.95
+        },
+    )
+}
+
+fn check_aws(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    sc(s, e, if m.ends_with("EXAMPLE") { 0.2 } else { 0.9 })
+}
+
+fn check_jwt(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let m = &text[s..e];
+    let header = m.split('.').next().unwrap_or("");
+    let ok =
+        validate::base64url_decode(header).is_some_and(|h| h.windows(5).any(|w| w == b"\"alg\""));
+    sc(s, e, if ok { 0.9 } else { 0.5 })
+}
+
+const PLACEHOLDERS: &[&str] = &[
+    "null",
+    "none",
+    "nil",
+    "true",
+    "false",
+    "undefined",
+    "changeme",
+    "change_me",
+    "password",
+    "secret",
+    "redacted",
+    "required",
+    "optional",
+    "string",
+    "str",
+    "your_password",
+    "your_api_key",
+    "todo",
+    "tbd",
+    "empty",
+    "hidden",
+    "masked",
+];
+
+/// `password = "..."`, `api_key: ...`, `密码是...`: group 2 is the value.
+fn check_assignment(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let mut e = e;
+    while e > s {
+        let c = text[..e].chars().next_back()?;
+        if matches!(
+            c,
+            '.' | '。' | ')' | ']' | '}' | '，' | '！' | '!' | '?' | '？'
+        ) {
+            e -= c.len_utf8();
+        } else {
+            break;
+        }
+    }
+    let v = &text[s..e];
+    if v.chars().count() < 4 {
+        return None;
+    }
+    let b = text.as_bytes();
+    let quoted = s > 0 && matches!(b[s - 1], b'"' | b'\'' | b'`');
+    if let Some(&n) = b.get(e) {
+        if matches!(n, b'(' | b'<' | b'[' | b'.' | b'{') && !quoted {
+            return None; // a call or a path: code, not a value
+        }
+    }
+    let lower = v.to_lowercase();
+    if PLACEHOLDERS.contains(&lower.as_str())
+        || lower.starts_with('$')
+        || lower.starts_with('%')
+        || lower.starts_with('<')
+        || lower.starts_with("os.")
+        || lower.starts_with("env")
+        || lower.starts_with("process.")
+        || lower.contains("xxxx")
+        || lower.contains("****")
+        || lower.contains("your")
+        || lower.contains("example")
+        || lower.contains("placeholder")
+        || v.chars().all(|c| c == v.chars().next().unwrap_or(' '))
+    {
+        return None;
+    }
+    let ident = v
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    let has_digit = v.chars().any(|c| c.is_ascii_digit());
+    if !quoted && ident && !has_digit {
+        return None; // `password = user_password`: a variable, not a literal
+    }
+    // The key word decides how much a low-entropy value counts.
+    let head = &text[floor_boundary(text, s.saturating_sub(48))..s].to_lowercase();
+    let generic_token = ![
+        "pass",
+        "pwd",
+        "secret",
+        "key",
+        "密码",
+        "口令",
+        "密钥",
+        "credential",
+    ]
+    .iter()
+    .any(|k| head.contains(k));
+    let h = validate::shannon_entropy(v);
+    let n = v.chars().count();
+    let score = if h >= 3.5 && n >= 12 {
+        0.9
+    } else if generic_token {
+        if h >= 3.0 && n >= 16 {
+            0.7
+        } else {
+            return None;
+        }
+    } else if n >= 6 {
+        0.6
+    } else {
+        0.4
+    };
+    sc(s, e, score)
+}
+
+fn check_url_password(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let v = &text[s..e];
+    let l = v.to_lowercase();
+    if l.starts_with('$')
+        || l.starts_with('{')
+        || l.starts_with('<')
+        || PLACEHOLDERS.contains(&l.as_str())
+        || l == "pass"
+        || l.contains("xxx")
+    {
+        return None;
+    }
+    sc(s, e, 0.85)
+}
+
+const CN_SURNAMES: &str = "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁任沈姚卢姜崔钟谭陆汪范金石廖贾夏韦付傅方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴莫孔向汤常温康施文牛樊葛邢安齐易乔伍庞颜倪庄聂章鲁岳翟殷詹申欧耿关兰焦俞左柳甘祝包宁尚符舒阮柯纪梅童凌毕单季裴霍涂成苗谷盛曲翁冉骆蓝路游辛靳管柴蒙鲍华喻祁蒲房滕屈饶解牟艾尤阳时穆农司卓古吉缪简车项连芦麦褚娄窦戚岑景党宫费卜冷晏席卫米柏宗瞿桂全佟应臧闵苟邬边卞姬师和仇栾隋商刁沙荣巫寇桑郎甄丛仲虞敖巩明佘池查麻苑迟邝";
+const CN_COMPOUND_SURNAMES: &[&str] = &[
+    "欧阳", "司马", "诸葛", "上官", "东方", "慕容", "皇甫", "令狐", "司徒", "夏侯",
+];
+/// Characters that end a name: particles, verbs and pronouns that follow it.
+const CN_NAME_STOP: &str = "的是在了和与我你他她它们今明昨去来到从说请叫吧呢吗啊，。、；：！？ 为有在想要会就也都很今年岁住做";
+
+fn check_cn_name(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let cand = &text[s..e];
+    let mut end = s;
+    for (n, (i, c)) in cand.char_indices().enumerate() {
+        if n >= 2 && CN_NAME_STOP.contains(c) {
+            break;
+        }
+        if n >= 4 {
+            break;
+        }
+        end = s + i + c.len_utf8();
+    }
+    let name = &text[s..end];
+    if name.chars().count() < 2 {
+        return None;
+    }
+    let surname = CN_COMPOUND_SURNAMES.iter().any(|p| name.starts_with(p))
+        || name.chars().next().is_some_and(|c| CN_SURNAMES.contains(c));
+    // "我叫" also means "I ordered/called" (我叫外卖): without a surname,
+    // only the explicit form labels ("姓名：") count.
+    let head = &text[floor_boundary(text, s.saturating_sub(16))..s];
+    let explicit = head.contains('：') || head.contains(':') || head.contains("名字");
+    let score = match (surname, explicit) {
+        (true, _) => 0.85,
+        (false, true) => 0.65,
+        (false, false) => 0.4,
+    };
+    sc(s, end, score)
+}
+
+const EN_NAME_STOP: &[&str] = &[
+    "String", "Option", "Vec", "Self", "None", "True", "False", "Null", "Some", "Str", "Optional",
+    "Type", "Text", "Value", "Name", "Field", "Unknown", "User", "Admin", "Test", "Any", "List",
+    "Dict", "Int", "Integer", "Bool", "Boolean", "Default", "Required", "The", "This", "Not",
+    "Claude", "Python", "Rust", "Java", "Bob", "Alice",
+];
+
+fn check_en_name(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let name = &text[s..e];
+    let first = name.split([' ', '-']).next().unwrap_or("");
+    if EN_NAME_STOP.contains(&first) {
+        return None;
+    }
+    let b = text.as_bytes();
+    if s > 0 && matches!(b[s - 1], b'"' | b'\'' | b'`') {
+        return None; // `name = "Widget"`: a literal in code
+    }
+    if b.get(e).is_some_and(|&c| {
+        matches!(c, b'<' | b'(' | b'[' | b':' | b'.')
+            && b.get(e + 1).is_some_and(|c| !c.is_ascii_whitespace())
+    }) {
+        return None;
+    }
+    let head = text[floor_boundary(text, s.saturating_sub(24))..s].to_lowercase();
+    let strong = head.contains("my name") || head.contains("called") || head.contains("full name");
+    let words = name.split(' ').count();
+    let score = if strong {
+        0.85
+    } else if head.contains("call me") {
+        0.6
+    } else if words >= 2 {
+        0.7
+    } else {
+        0.4
+    };
+    sc(s, e, score)
+}
+
+// ---- the table ------------------------------------------------------------
+
+fn pat(kind: EntityKind, re: &str, check: CheckFn, context: &[&str], boost: f32) -> Pattern {
+    Pattern {
+        kind,
+        // The patterns are constants covered by tests; a typo is a programming error.
+        #[allow(clippy::expect_used)]
+        regex: Regex::new(re).expect("built-in recognizer regex"),
+        group: 0,
+        bounded: true,
+        check: Check::Builtin(check),
+        context: words(context),
+        boost,
+        context_required: false,
+        penalize_negative: true,
+    }
+}
+
+/// All built-in recognizers.
+pub(crate) fn builtin() -> Vec<Pattern> {
+    use EntityKind::*;
+    let mut v = vec![
+        Pattern {
+            penalize_negative: false,
+            ..pat(
+                Email,
+                r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+                check_email,
+                &[],
+                0.0,
+            )
+        },
+        pat(
+            Phone,
+            r"(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9](?:[ -]?[0-9]{4}){2}",
+            check_cn_mobile,
+            PHONE_CONTEXT,
+            0.45,
+        ),
+        pat(
+            Phone,
+            r"(?:\(0[1-9][0-9]{1,2}\)|0[1-9][0-9]{1,2}-)[0-9]{7,8}",
+            check_cn_landline,
+            PHONE_CONTEXT,
+            0.4,
+        ),
+        Pattern {
+            bounded: false,
+            group: 1,
+            ..pat(
+                Phone,
+                r"(?:^|[^\w)\]+])(\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5})",
+                check_intl_phone,
+                PHONE_CONTEXT,
+                0.3,
+            )
+        },
+        pat(
+            Phone,
+            r"(?:\+?1[ .-]?)?(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[.-])[2-9][0-9]{2}[.-][0-9]{4}",
+            check_us_phone,
+            PHONE_CONTEXT,
+            0.45,
+        ),
+        pat(
+            Phone,
+            r"0(?:7[0-9]{3} ?[0-9]{6}|[1-9][0-9]{1,3} [0-9]{3,4} [0-9]{3,4})",
+            check_uk_phone,
+            PHONE_CONTEXT,
+            0.45,
+        ),
+        pat(
+            CnResidentId,
+            r"[1-9][0-9]{16}[0-9Xx]",
+            check_cn_id18,
+            CN_ID_CONTEXT,
+            0.35,
+        ),
+        pat(
+            CnResidentId,
+            r"[1-9][0-9]{14}",
+            check_cn_id15,
+            CN_ID_CONTEXT,
+            0.45,
+        ),
+        pat(
+            BankCard,
+            r"[0-9](?:[ -]?[0-9]){12,18}",
+            check_card,
+            CARD_CONTEXT,
+            0.45,
+        ),
+        Pattern {
+            bounded: false,
+            penalize_negative: false,
+            ..pat(
+                Iban,
+                r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?",
+                check_iban,
+                IBAN_CONTEXT,
+                0.1,
+            )
+        },
+        pat(
+            UsSsn,
+            r"[0-9]{3}-[0-9]{2}-[0-9]{4}|[0-9]{3} [0-9]{2} [0-9]{4}|[0-9]{9}",
+            check_ssn,
+            SSN_CONTEXT,
+            0.45,
+        ),
+        Pattern {
+            context_required: true,
+            ..pat(
+                Passport,
+                r"[A-Z]{1,2}[0-9]{6,8}|[0-9]{9}",
+                check_passport,
+                PASSPORT_CONTEXT,
+                0.6,
+            )
+        },
+        pat(
+            IpAddress,
+            r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])",
+            check_ipv4,
+            IP_CONTEXT,
+            0.3,
+        ),
+        pat(
+            IpAddress,
+            r"[0-9A-Fa-f]{0,4}:[0-9A-Fa-f:]{2,38}",
+            check_ipv6,
+            IP_CONTEXT,
+            0.3,
+        ),
+        pat(
+            MacAddress,
+            r"[0-9A-Fa-f]{2}(?:[:-][0-9A-Fa-f]{2}){5}",
+            check_mac,
+            MAC_CONTEXT,
+            0.3,
+        ),
+    ];
+    let secret = |re: &str, check: CheckFn| Pattern {
+        penalize_negative: false,
+        ..pat(Secret, re, check, &[], 0.0)
+    };
+    v.push(Pattern {
+        bounded: false,
+        ..secret(
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+            check_pem,
+        )
+    });
+    v.push(secret(
+        r"(?:AKIA|ASIA|AIDA|AROA|AGPA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}",
+        check_aws,
+    ));
+    v.push(secret(
+        r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82}|glpat-[A-Za-z0-9_-]{20}|xox[abprs]-[A-Za-z0-9-]{10,72}|sk_live_[0-9A-Za-z]{24,}|AIza[0-9A-Za-z_-]{35}|sk-(?:proj-)?[A-Za-z0-9_-]{32,}",
+        check_token,
+    ));
+    v.push(Pattern {
+        bounded: false,
+        ..secret(
+            r"https://hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{20,}",
+            check_token,
+        )
+    });
+    v.push(secret(
+        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}",
+        check_jwt,
+    ));
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r#"(?i)(?:[a-z0-9_.-]*(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret|token|credentials?)[a-z0-9_.-]*|密码|口令|密钥|令牌)["']?\s*(?:=|:|：|=>|是|为|\s+is\s+)\s*["'`]?([^\s"'`,;<>(){}\[\]]{4,})"#,
+            check_assignment,
+        )
+    });
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r"[a-z][a-z0-9+.-]*://[^\s:/@]+:([^\s:/@]{3,})@",
+            check_url_password,
+        )
+    });
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        penalize_negative: false,
+        ..pat(
+            PersonName,
+            r"(?:我叫|我的名字是|我的名字叫|我名叫|本人叫|本人姓名[:：]?|姓名[:：]|名字[:：]|联系人[:：]|患者[:：]|收件人[:：]|户主[:：])\s*(\p{Han}{2,6})",
+            check_cn_name,
+            &[],
+            0.0,
+        )
+    });
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        penalize_negative: false,
+        ..pat(
+            PersonName,
+            r#"\b(?:(?i:my name is|my name's|i am called|i'm called|call me|full name\s*[:=]?|patient(?: name)?\s*[:=]|name\s*[:=])\s*["'`]?)([A-Z][a-z]+(?:[ -][A-Z][a-z]+){0,2})"#,
+            check_en_name,
+            &[],
+            0.0,
+        )
+    });
+    v
+}

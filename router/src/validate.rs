@@ -1,0 +1,356 @@
+//! Checksums and plausibility checks used by the recognizers.
+//!
+//! Every function takes the matched text as written (separators included) and
+//! ignores spaces and dashes itself, so callers never need to normalise.
+
+/// The characters of `s` that are ASCII alphanumerics, upper-cased.
+fn compact(s: &str) -> Vec<u8> {
+    s.bytes()
+        .filter(u8::is_ascii_alphanumeric)
+        .map(|b| b.to_ascii_uppercase())
+        .collect()
+}
+
+/// The ASCII digits of `s`, as numbers 0..=9.
+fn digits(s: &str) -> Vec<u8> {
+    s.bytes()
+        .filter(u8::is_ascii_digit)
+        .map(|b| b - b'0')
+        .collect()
+}
+
+/// Luhn (mod 10) check over the digits of `s`; false when there are fewer than two.
+pub fn luhn(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() < 2 {
+        return false;
+    }
+    let sum: u32 = d
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &x)| {
+            let x = u32::from(x);
+            if i % 2 == 1 {
+                let y = x * 2;
+                if y > 9 {
+                    y - 9
+                } else {
+                    y
+                }
+            } else {
+                x
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// Whether the digits of `s` have the length and issuer prefix (IIN) of a real
+/// payment card network: Visa, Mastercard, Amex, Discover, UnionPay, JCB, Diners.
+pub fn plausible_card_iin(s: &str) -> bool {
+    let d = digits(s);
+    let n = d.len();
+    if !(13..=19).contains(&n) {
+        return false;
+    }
+    let p = |k: usize| -> u32 { d.iter().take(k).fold(0u32, |a, &x| a * 10 + u32::from(x)) };
+    match d[0] {
+        4 => matches!(n, 13 | 16 | 19),                // Visa
+        5 => (51..=55).contains(&p(2)) && n == 16,     // Mastercard
+        2 => (2221..=2720).contains(&p(4)) && n == 16, // Mastercard 2-series
+        3 => {
+            let p2 = p(2);
+            ((p2 == 34 || p2 == 37) && n == 15)                                 // Amex
+                || ((3528..=3589).contains(&p(4)) && (16..=19).contains(&n))    // JCB
+                || ((p2 == 36 || p2 == 38 || (300..=305).contains(&p(3))) && (14..=16).contains(&n))
+            // Diners
+        }
+        6 => {
+            (p(4) == 6011 || p(2) == 65 || (644..=649).contains(&p(3)) || p(2) == 62)
+                && (16..=19).contains(&n)
+        }
+        _ => false,
+    }
+}
+
+/// IBAN length per country for the countries we validate (ISO 13616 registry).
+fn iban_length(country: &[u8]) -> Option<usize> {
+    Some(match country {
+        b"AD" => 24,
+        b"AE" => 23,
+        b"AT" => 20,
+        b"BE" => 16,
+        b"BG" => 22,
+        b"BH" => 22,
+        b"CH" => 21,
+        b"CY" => 28,
+        b"CZ" => 24,
+        b"DE" => 22,
+        b"DK" => 18,
+        b"EE" => 20,
+        b"ES" => 24,
+        b"FI" => 18,
+        b"FR" => 27,
+        b"GB" => 22,
+        b"GR" => 27,
+        b"HR" => 21,
+        b"HU" => 28,
+        b"IE" => 22,
+        b"IL" => 23,
+        b"IS" => 26,
+        b"IT" => 27,
+        b"LI" => 21,
+        b"LT" => 20,
+        b"LU" => 20,
+        b"LV" => 21,
+        b"MC" => 27,
+        b"MT" => 31,
+        b"NL" => 18,
+        b"NO" => 15,
+        b"PL" => 28,
+        b"PT" => 25,
+        b"RO" => 24,
+        b"SA" => 24,
+        b"SE" => 24,
+        b"SI" => 19,
+        b"SK" => 24,
+        b"SM" => 27,
+        b"TR" => 26,
+        b"UA" => 29,
+        _ => return None,
+    })
+}
+
+/// ISO 13616 IBAN check: known country, the country's length, mod-97 == 1.
+pub fn iban_mod97(s: &str) -> bool {
+    let c = compact(s);
+    if c.len() < 15 || c.len() > 34 {
+        return false;
+    }
+    if iban_length(&c[..2]) != Some(c.len()) {
+        return false;
+    }
+    mod97_rearranged(&c)
+}
+
+/// Generic mod-97 (ISO 7064 MOD 97-10) over the compacted text, with the first
+/// four characters moved to the end (the IBAN arrangement). Usable by custom
+/// recognizers for any IBAN-like format.
+pub fn mod97(s: &str) -> bool {
+    let c = compact(s);
+    c.len() >= 5 && mod97_rearranged(&c)
+}
+
+fn mod97_rearranged(c: &[u8]) -> bool {
+    let mut rem: u32 = 0;
+    for &b in c[4..].iter().chain(c[..4].iter()) {
+        let v = match b {
+            b'0'..=b'9' => u32::from(b - b'0'),
+            b'A'..=b'Z' => u32::from(b - b'A') + 10,
+            _ => return false,
+        };
+        rem = if v >= 10 {
+            (rem * 100 + v) % 97
+        } else {
+            (rem * 10 + v) % 97
+        };
+    }
+    rem == 1
+}
+
+/// First two digits of a PRC resident ID: the province-level region code.
+fn cn_region_ok(d: &[u8]) -> bool {
+    let r = d[0] * 10 + d[1];
+    matches!(r, 11..=15 | 21..=23 | 31..=37 | 41..=46 | 50..=54 | 61..=65 | 71 | 81 | 82 | 91)
+}
+
+fn valid_date(y: u32, m: u32, d: u32) -> bool {
+    if !(1..=12).contains(&m) || d == 0 {
+        return false;
+    }
+    let leap = (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+    let days = match m {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    d <= days
+}
+
+fn num(d: &[u8]) -> u32 {
+    d.iter().fold(0, |a, &x| a * 10 + u32::from(x))
+}
+
+/// 18-digit PRC resident identity number: region prefix, birth date
+/// (1900..=2099), and the ISO 7064 MOD 11-2 check character (`0-9` or `X`).
+pub fn cn_resident_id(s: &str) -> bool {
+    let c = compact(s);
+    if c.len() != 18 || !c[..17].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let d: Vec<u8> = c[..17].iter().map(|b| b - b'0').collect();
+    if !cn_region_ok(&d) {
+        return false;
+    }
+    let (y, m, day) = (num(&d[6..10]), num(&d[10..12]), num(&d[12..14]));
+    if !(1900..=2099).contains(&y) || !valid_date(y, m, day) {
+        return false;
+    }
+    const W: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
+    const CHECK: &[u8; 11] = b"10X98765432";
+    let sum: u32 = d.iter().zip(W).map(|(&x, w)| u32::from(x) * w).sum();
+    CHECK[(sum % 11) as usize] == c[17]
+}
+
+/// 15-digit legacy PRC resident ID (issued before 1999): region prefix and a
+/// valid 19YYMMDD birth date. It has no check digit.
+pub fn cn_resident_id_legacy(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 15 || !cn_region_ok(&d) {
+        return false;
+    }
+    valid_date(1900 + num(&d[6..8]), num(&d[8..10]), num(&d[10..12]))
+}
+
+/// Either form of PRC resident ID (used by the `cn-id` custom validator).
+pub fn cn_id_any(s: &str) -> bool {
+    cn_resident_id(s) || cn_resident_id_legacy(s)
+}
+
+/// US Social Security number ranges: area 001-899 except 666, group 01-99,
+/// serial 0001-9999, and not one of the numbers famously published in ads.
+pub fn us_ssn(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 9 {
+        return false;
+    }
+    let (area, group, serial) = (num(&d[..3]), num(&d[3..5]), num(&d[5..]));
+    if area == 0 || area == 666 || area >= 900 || group == 0 || serial == 0 {
+        return false;
+    }
+    // Invalidated numbers: the Woolworth wallet card, an ad sample, and the
+    // number everyone types as an example.
+    !matches!(
+        (area, group, serial),
+        (78, 5, 1120) | (219, 9, 9999) | (123, 45, 6789)
+    )
+}
+
+/// Shannon entropy of `s` in bits per character.
+pub fn shannon_entropy(s: &str) -> f64 {
+    let mut counts = [0u32; 256];
+    let mut n = 0u32;
+    for b in s.bytes() {
+        counts[b as usize] += 1;
+        n += 1;
+    }
+    if n == 0 {
+        return 0.0;
+    }
+    let n = f64::from(n);
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = f64::from(c) / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// Decode unpadded base64url (as used in JWT segments). None on bad input.
+pub fn base64url_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let mut buf = 0u32;
+    let mut bits = 0u32;
+    for b in s.bytes() {
+        let v = match b {
+            b'A'..=b'Z' => b - b'A',
+            b'a'..=b'z' => b - b'a' + 26,
+            b'0'..=b'9' => b - b'0' + 52,
+            b'-' | b'+' => 62,
+            b'_' | b'/' => 63,
+            b'=' => break,
+            _ => return None,
+        };
+        buf = (buf << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buf >> bits) as u8);
+            buf &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn luhn_accepts_valid_and_rejects_one_digit_off() {
+        assert!(luhn("4539 1488 0343 6467"));
+        assert!(!luhn("4539 1488 0343 6468"));
+        assert!(luhn("79927398713"));
+        assert!(!luhn("7"));
+    }
+
+    #[test]
+    fn card_iin_and_length() {
+        assert!(plausible_card_iin("4539148803436467"));
+        assert!(plausible_card_iin("378282246310005")); // Amex 15
+        assert!(!plausible_card_iin("37828224631000")); // Amex 14
+        assert!(plausible_card_iin("6222021234567890123")); // UnionPay 19
+        assert!(!plausible_card_iin("1234567812345670")); // no network starts with 1
+        assert!(!plausible_card_iin("9999999999999995"));
+    }
+
+    #[test]
+    fn iban_checks() {
+        assert!(iban_mod97("GB82 WEST 1234 5698 7654 32"));
+        assert!(iban_mod97("DE89370400440532013000"));
+        assert!(!iban_mod97("DE89370400440532013001"));
+        assert!(!iban_mod97("GB82WEST123456987654")); // wrong length for GB
+        assert!(!iban_mod97("XX82WEST12345698765432")); // unknown country
+    }
+
+    #[test]
+    fn cn_id_checks() {
+        assert!(cn_resident_id("11010519491231002X"));
+        assert!(cn_resident_id("11010519491231002x"));
+        assert!(!cn_resident_id("110105194912310021")); // wrong check char
+        assert!(!cn_resident_id("990105194912310029")); // bad region
+        assert!(!cn_resident_id("110105194902300021")); // Feb 30
+        assert!(cn_resident_id_legacy("110105491231002"));
+        assert!(!cn_resident_id_legacy("110105491331002")); // month 13
+    }
+
+    #[test]
+    fn ssn_ranges() {
+        assert!(us_ssn("536-22-1234"));
+        assert!(!us_ssn("666-22-1234"));
+        assert!(!us_ssn("000-22-1234"));
+        assert!(!us_ssn("912-22-1234"));
+        assert!(!us_ssn("536-00-1234"));
+        assert!(!us_ssn("536-22-0000"));
+        assert!(!us_ssn("123-45-6789"));
+    }
+
+    #[test]
+    fn entropy_orders_strings() {
+        assert!(shannon_entropy("aaaaaaaa") < 0.01);
+        assert!(shannon_entropy("hunter2") < shannon_entropy("q8Zr!x2LwP0v#Kd9"));
+    }
+
+    #[test]
+    fn base64url() {
+        assert_eq!(
+            base64url_decode("eyJhbGciOiJIUzI1NiJ9").as_deref(),
+            Some(&b"{\"alg\":\"HS256\"}"[..])
+        );
+        assert_eq!(base64url_decode("a*b"), None);
+    }
+}
