@@ -7,6 +7,24 @@
 //!   `m`, not on the thread count, not on the row split across threads, and not
 //!   on the instruction set chosen at run time. This is what makes a block
 //!   verify bit-identical to one-token decoding.
+//!
+//! How the contract is kept:
+//! - each activation row is quantized once per call by scalar code
+//!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
+//!   so its quantization does not depend on the other rows;
+//! - SIMD kernels compute only integer block sums, which are exact; every float
+//!   operation happens in the shared functions of `combine` in one fixed order;
+//! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
+//!
+//! Layout: `blocks` (ggml block structs), `act` (activation quantization),
+//! `combine` (shared float math), `scalar` (reference kernels, always
+//! available), `x86_avx2` / `x86_avx512` (runtime-detected). A NEON path drops
+//! in as one more module and one more [`Isa`] variant.
+//!
+//! Threading: output rows are split into chunks on rayon's global (persistent)
+//! pool; within a chunk each weight row is unpacked block by block and every
+//! block is used for up to [`TILE`] activation rows while it is in L1, so a
+//! verify block of k ≤ 24 tokens reads the weights from memory once.
 
 use crate::{ModelError, Result};
 use candle_core::quantized::GgmlDType;
@@ -92,7 +110,12 @@ impl<'a> QMatrix<'a> {
                 data.len()
             )));
         }
-        Ok(Self { format, rows, cols, data })
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            data,
+        })
     }
 
     pub fn row_data(&self, r: usize) -> &'a [u8] {
@@ -102,13 +125,239 @@ impl<'a> QMatrix<'a> {
 
     /// Dequantize row `r` into `out` (`out.len() == cols`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        reference::dequantize_row(self.format, self.row_data(r), out)
+        scalar::dequantize_row(self.format, self.row_data(r), &mut out[..self.cols])
     }
 }
 
-mod reference;
+mod act;
+mod blocks;
+mod combine;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
 
-/// `out[i * w.rows + j] = dot(x[i * w.cols ..][..w.cols], row j of w)` for `i < m`.
+use act::{Act, ActKind};
+
+/// Activation rows handled per pass over a weight row (a block of up to this
+/// many tokens reads each weight block once).
+pub const TILE: usize = 24;
+
+/// An instruction-set path for the quantized kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable scalar code: the reference, always available.
+    Scalar,
+    /// x86-64 AVX2 (+F16C).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every variant, best last.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// The name used by `TANDEM_ISA`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Parse a `TANDEM_ISA` value.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// All paths this CPU can run, scalar first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// The fastest available path.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|i| i.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// The path [`matmul`] uses: `TANDEM_ISA` if set to an available path,
+    /// else [`Isa::best`]. Read once per process.
+    pub fn selected() -> Isa {
+        static SELECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *SELECTED.get_or_init(|| match std::env::var("TANDEM_ISA") {
+            Ok(v) => match Isa::from_name(&v) {
+                Some(isa) if isa.is_available() => isa,
+                _ => {
+                    let best = Isa::best();
+                    tracing::warn!(
+                        requested = %v,
+                        using = best.name(),
+                        "TANDEM_ISA names no path available on this CPU"
+                    );
+                    best
+                }
+            },
+            Err(_) => Isa::best(),
+        })
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One weight row × activation rows `t0..t0+tn` → `res[..tn]`.
+/// Unsafe because SIMD variants require their CPU features.
+type RowFn = unsafe fn(QuantFormat, &[u8], &Act, usize, usize, &mut [f32; TILE]);
+
+fn act_kind(f: QuantFormat) -> ActKind {
+    match f {
+        QuantFormat::F32 | QuantFormat::F16 => ActKind::F32,
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => ActKind::Q8_0,
+        QuantFormat::Q4K | QuantFormat::Q6K => ActKind::Q8K,
+    }
+}
+
+fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
+    fn q4k(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+        scalar::row_q4k(w, a, t0, tn, r)
+    }
+    fn q6k(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+        scalar::row_q6k(w, a, t0, tn, r)
+    }
+    let scalar: RowFn = match f {
+        QuantFormat::F32 | QuantFormat::F16 => scalar::row_float,
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => scalar::row_group,
+        QuantFormat::Q4K => q4k,
+        QuantFormat::Q6K => q6k,
+    };
+    match isa {
+        Isa::Scalar => scalar,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86_avx2::row_fn(f).unwrap_or(scalar),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86_avx512::row_fn(f)
+            .or_else(|| x86_avx2::row_fn(f))
+            .unwrap_or(scalar),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar,
+    }
+}
+
+/// Raw output pointer shared by the tasks of one call; each task writes a
+/// disjoint set of columns `j0..j1` of the `m × rows` output.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements, and the borrow of `out` outlives them.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Below this many weight bytes × rows, a call runs on the calling thread.
+const SERIAL_WORK: usize = 64 * 1024;
+/// Target weight bytes per parallel chunk (fits in L2 with the activations).
+const CHUNK_BYTES: usize = 128 * 1024;
+
+/// `out[i * w.rows + j] = dot(x[i * w.cols ..][..w.cols], row j of w)` for `i < m`,
+/// on the path chosen by [`Isa::selected`].
+///
+/// # Panics
+/// If `x.len() != m * w.cols` or `out.len() != m * w.rows` (a caller bug).
 pub fn matmul(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
-    reference::matmul(w, x, m, out)
+    if let Err(e) = matmul_with_isa(Isa::selected(), w, x, m, out) {
+        panic!("quant::matmul: {e}");
+    }
+}
+
+/// [`matmul`] on an explicit instruction-set path (tests and benchmarks).
+/// Errors if the path is not available on this CPU or the shapes disagree.
+pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    if !isa.is_available() {
+        return Err(ModelError::InvalidArgument(format!(
+            "instruction set {isa} is not available on this CPU"
+        )));
+    }
+    if x.len() != m * w.cols || out.len() != m * w.rows {
+        return Err(ModelError::InvalidArgument(format!(
+            "matmul of a {}x{} matrix with {m} rows needs {} inputs and {} outputs, got {} and {}",
+            w.rows,
+            w.cols,
+            m * w.cols,
+            m * w.rows,
+            x.len(),
+            out.len()
+        )));
+    }
+    // Validate the matrix so the kernels can index blocks freely.
+    QMatrix::new(w.format, w.rows, w.cols, w.data)?;
+    if m == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let act = Act::new(act_kind(w.format), x, m, w.cols);
+    let f = row_fn(isa, w.format);
+    let out = OutPtr(out.as_mut_ptr());
+    let rows = w.rows;
+    let run = |j0: usize, j1: usize| {
+        let mut res = [0f32; TILE];
+        for t0 in (0..m).step_by(TILE) {
+            let tn = TILE.min(m - t0);
+            for j in j0..j1 {
+                // SAFETY: `f` was chosen for an ISA that `is_available`.
+                unsafe { f(w.format, w.row_data(j), &act, t0, tn, &mut res) };
+                for (t, &r) in res[..tn].iter().enumerate() {
+                    // SAFETY: (t0 + t) < m and j < rows, so the index is inside
+                    // `out`; no other task writes column j.
+                    unsafe { *out.get().add((t0 + t) * rows + j) = r };
+                }
+            }
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || w.data.len().saturating_mul(m) < SERIAL_WORK {
+        run(0, rows);
+        return Ok(());
+    }
+    let row_bytes = (w.data.len() / rows).max(1);
+    let chunk = (CHUNK_BYTES / row_bytes).clamp(1, rows.div_ceil(threads * 2).max(1));
+    let nchunks = rows.div_ceil(chunk);
+    use rayon::prelude::*;
+    (0..nchunks)
+        .into_par_iter()
+        .for_each(|c| run(c * chunk, rows.min((c + 1) * chunk)));
+    Ok(())
 }

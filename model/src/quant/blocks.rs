@@ -1,0 +1,104 @@
+//! ggml's block layouts, as `#[repr(C)]` plain-old-data structs of alignment 1.
+//!
+//! The scale fields are kept as raw little-endian bytes (`[u8; 2]` for an f16)
+//! so every struct has alignment 1 and any byte slice of the right length can
+//! be viewed as a slice of blocks, whatever its address.
+
+use half::f16;
+
+pub const QK: usize = 32;
+pub const QK_K: usize = 256;
+
+#[inline(always)]
+pub fn f16_le(b: [u8; 2]) -> f32 {
+    f16::from_le_bytes(b).to_f32()
+}
+
+/// Q4_0: 32 weights `d * (q - 8)`, q in 0..16.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ4_0 {
+    pub d: [u8; 2],
+    /// low nibble: element l, high nibble: element l + 16
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_0: 32 weights `d * (q - 16)`, q in 0..32 (fifth bit in `qh`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ5_0 {
+    pub d: [u8; 2],
+    /// bit l: fifth bit of element l
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q8_0: 32 weights `d * q`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [i8; QK],
+}
+
+/// Q4_K: 256 weights in 8 sub-blocks of 32: `d * sc_j * q - dmin * m_j`,
+/// with 6-bit `sc_j`, `m_j` packed in `scales`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ4K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q6_K: 256 weights in 16 sub-blocks of 16: `d * sc_j * (q - 32)`, q in 0..64.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: [u8; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+
+/// Marker for the block structs above: `repr(C)`, alignment 1, every bit
+/// pattern valid.
+///
+/// # Safety
+/// Only implement for such types.
+pub unsafe trait Pod: Copy {}
+unsafe impl Pod for BlockQ4_0 {}
+unsafe impl Pod for BlockQ5_0 {}
+unsafe impl Pod for BlockQ8_0 {}
+unsafe impl Pod for BlockQ4K {}
+unsafe impl Pod for BlockQ6K {}
+
+/// View bytes as blocks (trailing bytes that do not fill a block are ignored).
+#[inline(always)]
+pub fn cast<T: Pod>(data: &[u8]) -> &[T] {
+    const { assert!(std::mem::align_of::<T>() == 1) };
+    let n = data.len() / std::mem::size_of::<T>();
+    // SAFETY: T is Pod with alignment 1 (checked above), so any address and
+    // any bit pattern is a valid T; `n` blocks fit in `data`.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), n) }
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K block.
+#[inline(always)]
+pub fn q4k_scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}

@@ -1,0 +1,312 @@
+//! Portable scalar kernels: the reference every SIMD path must match bit for bit,
+//! plus the weight unpacking and dequantization they share.
+
+use super::act::Act;
+use super::blocks::{
+    cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+};
+use super::combine::{self, GROUP};
+use super::{QuantFormat, TILE};
+
+/// Unpack blocks `8g..min(8g+8, nb)` of a Q4_0/Q5_0/Q8_0 row into signed
+/// values (`buf[32k + l]`) and scales (`dw[k]`); lanes past the row end are
+/// zeroed. Returns the number of blocks in the group.
+#[inline(always)]
+pub fn unpack_group(
+    format: QuantFormat,
+    wrow: &[u8],
+    g: usize,
+    nb: usize,
+    buf: &mut [i8; GROUP * QK],
+    dw: &mut [f32; GROUP],
+) -> usize {
+    let b0 = g * GROUP;
+    let nbg = GROUP.min(nb - b0);
+    match format {
+        QuantFormat::Q4_0 => {
+            for (k, b) in cast::<BlockQ4_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
+                dw[k] = f16_le(b.d);
+                let o = &mut buf[k * QK..(k + 1) * QK];
+                for l in 0..QK / 2 {
+                    o[l] = (b.qs[l] & 0xF) as i8 - 8;
+                    o[l + QK / 2] = (b.qs[l] >> 4) as i8 - 8;
+                }
+            }
+        }
+        QuantFormat::Q5_0 => {
+            for (k, b) in cast::<BlockQ5_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
+                dw[k] = f16_le(b.d);
+                let qh = u32::from_le_bytes(b.qh);
+                let o = &mut buf[k * QK..(k + 1) * QK];
+                for l in 0..QK / 2 {
+                    let h0 = ((qh >> l) & 1) as u8;
+                    let h1 = ((qh >> (l + 16)) & 1) as u8;
+                    o[l] = ((b.qs[l] & 0xF) | (h0 << 4)) as i8 - 16;
+                    o[l + QK / 2] = ((b.qs[l] >> 4) | (h1 << 4)) as i8 - 16;
+                }
+            }
+        }
+        QuantFormat::Q8_0 => {
+            for (k, b) in cast::<BlockQ8_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
+                dw[k] = f16_le(b.d);
+                buf[k * QK..(k + 1) * QK].copy_from_slice(&b.qs);
+            }
+        }
+        _ => unreachable!("unpack_group called for {format:?}"),
+    }
+    for k in nbg..GROUP {
+        dw[k] = 0.0;
+        buf[k * QK..(k + 1) * QK].fill(0);
+    }
+    nbg
+}
+
+/// Unpacked Q4_K super-block: values 0..16, 8 scales, 8 mins.
+pub struct Q4KUnpacked {
+    pub q: [u8; QK_K],
+    pub sc: [u8; 8],
+    pub mn: [u8; 8],
+    pub d: f32,
+    pub dmin: f32,
+}
+
+#[inline(always)]
+pub fn unpack_q4k(b: &BlockQ4K, u: &mut Q4KUnpacked) {
+    for c in 0..4 {
+        for l in 0..32 {
+            u.q[64 * c + l] = b.qs[32 * c + l] & 0xF;
+            u.q[64 * c + 32 + l] = b.qs[32 * c + l] >> 4;
+        }
+    }
+    for j in 0..8 {
+        (u.sc[j], u.mn[j]) = q4k_scale_min(j, &b.scales);
+    }
+    u.d = f16_le(b.d);
+    u.dmin = f16_le(b.dmin);
+}
+
+/// Unpacked Q6_K super-block: values 0..64 (the `- 32` is applied in the dot).
+pub struct Q6KUnpacked {
+    pub q: [u8; QK_K],
+    pub sc: [i8; 16],
+    pub d: f32,
+}
+
+#[inline(always)]
+pub fn unpack_q6k(b: &BlockQ6K, u: &mut Q6KUnpacked) {
+    for h in 0..2 {
+        let ql = &b.ql[64 * h..];
+        let qh = &b.qh[32 * h..];
+        let q = &mut u.q[128 * h..];
+        for l in 0..32 {
+            q[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            q[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    u.sc = b.scales;
+    u.d = f16_le(b.d);
+}
+
+fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
+    w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum()
+}
+
+/// Q4_0/Q5_0/Q8_0 row × activation rows `t0..t0+tn`.
+pub fn row_group(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let nb = act.nb;
+    let mut acc = [[0f32; GROUP]; TILE];
+    let mut buf = [0i8; GROUP * QK];
+    let mut dw = [0f32; GROUP];
+    for g in 0..nb.div_ceil(GROUP) {
+        let nbg = unpack_group(format, wrow, g, nb, &mut buf, &mut dw);
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = act.row_qs(t0 + t);
+            let xd = act.row_d(t0 + t);
+            let mut isum = [0i32; GROUP];
+            let mut dx = [0f32; GROUP];
+            for k in 0..nbg {
+                let b = g * GROUP + k;
+                isum[k] = dot_i8(&buf[k * QK..(k + 1) * QK], &xq[b * QK..(b + 1) * QK]);
+                dx[k] = xd[b];
+            }
+            combine::combine_group(acc, &dw, &dx, &isum);
+        }
+    }
+    for t in 0..tn {
+        res[t] = combine::reduce8(&acc[t]);
+    }
+}
+
+/// Q4_K row × activation rows `t0..t0+tn` (Q8_K).
+pub fn row_q4k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    let mut acc = [0f32; TILE];
+    let mut u = Q4KUnpacked {
+        q: [0; QK_K],
+        sc: [0; 8],
+        mn: [0; 8],
+        d: 0.0,
+        dmin: 0.0,
+    };
+    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        unpack_q4k(b, &mut u);
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
+            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
+            let mut sumi = 0i32;
+            let mut summins = 0i32;
+            for j in 0..8 {
+                let s: i32 = u.q[32 * j..32 * j + 32]
+                    .iter()
+                    .zip(&xq[32 * j..32 * j + 32])
+                    .map(|(&q, &x)| q as i32 * x as i32)
+                    .sum();
+                sumi += u.sc[j] as i32 * s;
+                summins += u.mn[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
+            }
+            let dx = act.row_d(t0 + t)[sb];
+            *acc += combine::q4k_block(u.d, u.dmin, dx, sumi, summins);
+        }
+    }
+    res[..tn].copy_from_slice(&acc[..tn]);
+}
+
+/// Q6_K row × activation rows `t0..t0+tn` (Q8_K).
+pub fn row_q6k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    let mut acc = [0f32; TILE];
+    let mut u = Q6KUnpacked {
+        q: [0; QK_K],
+        sc: [0; 16],
+        d: 0.0,
+    };
+    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        unpack_q6k(b, &mut u);
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
+            let mut sumi = 0i32;
+            for j in 0..16 {
+                let s: i32 = u.q[16 * j..16 * j + 16]
+                    .iter()
+                    .zip(&xq[16 * j..16 * j + 16])
+                    .map(|(&q, &x)| (q as i32 - 32) * x as i32)
+                    .sum();
+                sumi += u.sc[j] as i32 * s;
+            }
+            let dx = act.row_d(t0 + t)[sb];
+            *acc += combine::q6k_block(u.d, dx, sumi);
+        }
+    }
+    res[..tn].copy_from_slice(&acc[..tn]);
+}
+
+/// F32/F16 row × f32 activation rows: 16 lanes, separate multiply and add,
+/// fixed reduction. Shared by every ISA.
+pub fn row_float(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let cols = act.cols;
+    let esz = if format == QuantFormat::F32 { 4 } else { 2 };
+    let mut w = [0f32; combine::F_LANES];
+    let mut acc = [[0f32; combine::F_LANES]; TILE];
+    for (c, wc) in wrow.chunks(combine::F_LANES * esz).enumerate() {
+        let n = wc.len() / esz;
+        for (k, e) in wc.chunks_exact(esz).enumerate() {
+            w[k] = if esz == 4 {
+                f32::from_le_bytes([e[0], e[1], e[2], e[3]])
+            } else {
+                f16_le([e[0], e[1]])
+            };
+        }
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let x = &act.row_x(t0 + t)[c * combine::F_LANES..];
+            for k in 0..n {
+                acc[k] += w[k] * x[k];
+            }
+        }
+    }
+    let _ = cols;
+    for t in 0..tn {
+        res[t] = combine::reduce16(&acc[t]);
+    }
+}
+
+/// Dequantize one row (`out.len()` elements) of `format`.
+pub fn dequantize_row(format: QuantFormat, data: &[u8], out: &mut [f32]) {
+    match format {
+        QuantFormat::F32 => {
+            for (o, c) in out.iter_mut().zip(data.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        QuantFormat::F16 => {
+            for (o, c) in out.iter_mut().zip(data.chunks_exact(2)) {
+                *o = f16_le([c[0], c[1]]);
+            }
+        }
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => {
+            let nb = out.len() / QK;
+            let mut buf = [0i8; GROUP * QK];
+            let mut dw = [0f32; GROUP];
+            for g in 0..nb.div_ceil(GROUP) {
+                let nbg = unpack_group(format, data, g, nb, &mut buf, &mut dw);
+                for k in 0..nbg {
+                    let o = &mut out[(g * GROUP + k) * QK..][..QK];
+                    for (o, &q) in o.iter_mut().zip(&buf[k * QK..(k + 1) * QK]) {
+                        *o = q as f32 * dw[k];
+                    }
+                }
+            }
+        }
+        QuantFormat::Q4K => {
+            let mut u = Q4KUnpacked {
+                q: [0; QK_K],
+                sc: [0; 8],
+                mn: [0; 8],
+                d: 0.0,
+                dmin: 0.0,
+            };
+            for (b, o) in cast::<BlockQ4K>(data)
+                .iter()
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                unpack_q4k(b, &mut u);
+                for j in 0..8 {
+                    let d1 = u.d * u.sc[j] as f32;
+                    let m1 = u.dmin * u.mn[j] as f32;
+                    for l in 32 * j..32 * j + 32 {
+                        o[l] = d1 * u.q[l] as f32 - m1;
+                    }
+                }
+            }
+        }
+        QuantFormat::Q6K => {
+            let mut u = Q6KUnpacked {
+                q: [0; QK_K],
+                sc: [0; 16],
+                d: 0.0,
+            };
+            for (b, o) in cast::<BlockQ6K>(data)
+                .iter()
+                .zip(out.chunks_exact_mut(QK_K))
+            {
+                unpack_q6k(b, &mut u);
+                for l in 0..QK_K {
+                    o[l] = u.d * u.sc[l / 16] as f32 * (u.q[l] as i32 - 32) as f32;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The quantized matmul kernels: correctness against an f32 reference and the
+//! bit-exactness contract (independent of m, thread count and ISA).
+
+mod quant_common;
+
+use quant_common::*;
+use tandem_model::quant::{matmul, matmul_with_isa, Isa, QMatrix, QuantFormat};
+
+fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * w.rows];
+    matmul_with_isa(isa, w, x, m, &mut out).unwrap();
+    out
+}
+
+/// Columns that exercise partial groups: 896 = 28 blocks of 32 (3 full groups
+/// of 8 + 4), 768 = 3 super-blocks.
+fn cols_for(f: QuantFormat) -> usize {
+    match f {
+        QuantFormat::Q4K | QuantFormat::Q6K => 768,
+        QuantFormat::F32 | QuantFormat::F16 => 904, // not a multiple of 16
+        _ => 896,
+    }
+}
+
+#[test]
+fn dequantize_row_matches_candle_bit_for_bit() {
+    for f in ALL_FORMATS {
+        let (rows, cols) = (9, cols_for(f));
+        for data in [
+            random_bytes_matrix(f, rows, cols, 1),
+            candle_matrix(f, rows, cols, 2),
+        ] {
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            assert_bits_eq(
+                &dequant(&w),
+                &candle_dequant(f, rows, cols, &data),
+                &format!("{f:?}"),
+            );
+        }
+    }
+}
+
+/// f64 reference `Σ w·x` plus a bound on the kernel's float rounding.
+fn reference(wd: &[f32], x: &[f32], cols: usize, j: usize, i: usize) -> (f64, f64) {
+    let w = &wd[j * cols..(j + 1) * cols];
+    let x = &x[i * cols..(i + 1) * cols];
+    let wmax = w.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+    let mut dot = 0f64;
+    let mut mag = 0f64;
+    for (&a, &b) in w.iter().zip(x) {
+        dot += a as f64 * b as f64;
+        mag += (a.abs() as f64 + wmax) * b.abs() as f64;
+    }
+    (dot, 1e-5 * mag)
+}
+
+#[test]
+fn matmul_matches_f32_reference_when_activations_are_exact() {
+    // Activations the Q8 quantizers represent exactly: the only error left is
+    // float rounding, so any wrong scale, offset or nibble shows up.
+    let m = 3;
+    for isa in Isa::available() {
+        for f in ALL_FORMATS {
+            let (rows, cols) = (33, cols_for(f));
+            for (seed, data) in [
+                (11, random_bytes_matrix(f, rows, cols, 3)),
+                (12, candle_matrix(f, rows, cols, 4)),
+            ] {
+                let w = QMatrix::new(f, rows, cols, &data).unwrap();
+                let wd = dequant(&w);
+                let x = exact_x(m, cols, seed);
+                let out = run(isa, &w, &x, m);
+                for i in 0..m {
+                    for j in 0..rows {
+                        let (r, tol) = reference(&wd, &x, cols, j, i);
+                        let got = out[i * rows + j] as f64;
+                        assert!(
+                            (got - r).abs() <= tol,
+                            "{isa} {f:?} seed {seed}: out[{i},{j}] = {got}, reference {r}, tol {tol}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_f32_reference_within_activation_quantization_error() {
+    // Gaussian activations: the error is bounded by Σ|w| · d/2 where d is the
+    // activation block's scale (amax / 127), plus float rounding.
+    let m = 2;
+    for isa in [Isa::Scalar, Isa::best()] {
+        for f in ALL_FORMATS {
+            let (rows, cols) = (17, cols_for(f));
+            let data = candle_matrix(f, rows, cols, 5);
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let wd = dequant(&w);
+            let x = gauss_x(m, cols, 6);
+            let out = run(isa, &w, &x, m);
+            let block = match f {
+                QuantFormat::Q4K | QuantFormat::Q6K => 256,
+                QuantFormat::F32 | QuantFormat::F16 => 0,
+                _ => 32,
+            };
+            for i in 0..m {
+                let xi = &x[i * cols..(i + 1) * cols];
+                for j in 0..rows {
+                    let (r, ftol) = reference(&wd, &x, cols, j, i);
+                    let mut qtol = 0f64;
+                    if block > 0 {
+                        for (xb, wb) in xi.chunks(block).zip(wd[j * cols..].chunks(block)) {
+                            let d = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                            qtol += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0;
+                        }
+                    }
+                    let got = out[i * rows + j] as f64;
+                    assert!(
+                        (got - r).abs() <= qtol * 1.001 + ftol,
+                        "{isa} {f:?}: out[{i},{j}] = {got}, reference {r}, tol {}",
+                        qtol + ftol
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn each_output_is_independent_of_the_number_of_rows() {
+    let (rows, n) = (37, 64);
+    for isa in Isa::available() {
+        for f in ALL_FORMATS {
+            let cols = cols_for(f);
+            let data = random_bytes_matrix(f, rows, cols, 7);
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let x = gauss_x(n, cols, 8);
+            let full = run(isa, &w, &x, n);
+            for m in (1..=17).chain([30, 64]) {
+                let out = run(isa, &w, &x[..m * cols], m);
+                assert_bits_eq(
+                    &out,
+                    &full[..m * rows],
+                    &format!("{isa} {f:?} m={m} vs m={n}"),
+                );
+            }
+            // every row alone, at every position of the block
+            for i in 0..n {
+                let out = run(isa, &w, &x[i * cols..(i + 1) * cols], 1);
+                assert_bits_eq(
+                    &out,
+                    &full[i * rows..(i + 1) * rows],
+                    &format!("{isa} {f:?} row {i} alone"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn each_output_is_independent_of_the_thread_count() {
+    // Large enough that the calls are split across threads.
+    let (rows, cols) = (701, 512);
+    for f in ALL_FORMATS {
+        let data = random_bytes_matrix(f, rows, cols, 9);
+        let w = QMatrix::new(f, rows, cols, &data).unwrap();
+        for m in [1, 5, 30] {
+            let x = gauss_x(m, cols, 10);
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let expect = one.install(|| run(Isa::Scalar, &w, &x, m));
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for isa in Isa::available() {
+                    let got = pool.install(|| run(isa, &w, &x, m));
+                    assert_bits_eq(
+                        &got,
+                        &expect,
+                        &format!("{isa} {f:?} m={m} threads={threads}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_isa_matches_the_scalar_reference_bit_for_bit() {
+    let isas = Isa::available();
+    eprintln!("ISAs on this machine: {isas:?}");
+    for f in ALL_FORMATS {
+        let (rows, cols) = (45, cols_for(f));
+        for data in [
+            random_bytes_matrix(f, rows, cols, 13),
+            candle_matrix(f, rows, cols, 14),
+        ] {
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            for m in [1, 3, 17, 30] {
+                for x in [gauss_x(m, cols, 15), exact_x(m, cols, 16)] {
+                    let expect = run(Isa::Scalar, &w, &x, m);
+                    for &isa in &isas {
+                        assert_bits_eq(
+                            &run(isa, &w, &x, m),
+                            &expect,
+                            &format!("{isa} vs scalar, {f:?} m={m}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_activations_do_not_overflow() {
+    // Every activation at ±max magnitude and weights of random bytes: the
+    // widest integer sums the kernels meet (checks 16-bit saturation).
+    for f in ALL_FORMATS {
+        let (rows, cols) = (16, cols_for(f));
+        let data = random_bytes_matrix(f, rows, cols, 17);
+        let w = QMatrix::new(f, rows, cols, &data).unwrap();
+        let wd = dequant(&w);
+        for sign in [1f32, -1.0] {
+            let x: Vec<f32> = (0..cols)
+                .map(|k| if k % 3 == 0 { -sign } else { sign })
+                .collect();
+            let expect = run(Isa::Scalar, &w, &x, 1);
+            for j in 0..rows {
+                let (r, tol) = reference(&wd, &x, cols, j, 0);
+                assert!(
+                    (expect[j] as f64 - r).abs() <= tol,
+                    "{f:?} row {j}: {} vs {r}",
+                    expect[j]
+                );
+            }
+            for isa in Isa::available() {
+                assert_bits_eq(
+                    &run(isa, &w, &x, 1),
+                    &expect,
+                    &format!("{isa} {f:?} extreme"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_uses_the_selected_isa_and_agrees_with_it() {
+    let f = QuantFormat::Q4K;
+    let data = random_bytes_matrix(f, 8, 256, 18);
+    let w = QMatrix::new(f, 8, 256, &data).unwrap();
+    let x = gauss_x(2, 256, 19);
+    let mut out = vec![0f32; 16];
+    matmul(&w, &x, 2, &mut out);
+    assert_bits_eq(&out, &run(Isa::selected(), &w, &x, 2), "matmul vs selected");
+}
+
+#[test]
+fn shape_errors_are_reported() {
+    let f = QuantFormat::Q8_0;
+    let data = random_bytes_matrix(f, 4, 64, 20);
+    let w = QMatrix::new(f, 4, 64, &data).unwrap();
+    let mut out = vec![0f32; 8];
+    let err = matmul_with_isa(Isa::Scalar, &w, &[0.0; 100], 2, &mut out).unwrap_err();
+    assert!(err.to_string().contains("needs 128 inputs"), "{err}");
+    assert!(QMatrix::new(f, 4, 64, &data[..100]).is_err());
+    assert!(QMatrix::new(f, 4, 60, &data).is_err());
+}
+
+#[test]
+fn isa_names_round_trip() {
+    for isa in Isa::ALL {
+        assert_eq!(Isa::from_name(isa.name()), Some(isa));
+        assert_eq!(Isa::from_name(&isa.name().to_uppercase()), Some(isa));
+    }
+    assert_eq!(Isa::from_name("neon9000"), None);
+    assert!(Isa::Scalar.is_available());
+    assert!(Isa::best().is_available());
+}
