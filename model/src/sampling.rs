@@ -118,7 +118,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// Entries are `(token, prob)` sorted by ascending token id, token ids are unique,
 /// probabilities are finite, non-negative, sum to 1 (up to rounding) and there is at
 /// least one entry with positive probability. Tokens that are absent have probability 0.
+///
+/// Serialised as `{"entries": [[token, prob], ...]}`; deserialising checks the same
+/// invariants as [`Distribution::from_pairs`], so untrusted input cannot produce an
+/// invalid distribution.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "DistributionRepr", into = "DistributionRepr")]
 pub struct Distribution {
     entries: Vec<(u32, f32)>,
 }
@@ -212,6 +217,37 @@ impl Distribution {
             }
         }
         best.0
+    }
+}
+
+/// The serialised form of a [`Distribution`].
+#[derive(Serialize, Deserialize)]
+struct DistributionRepr {
+    entries: Vec<(u32, f32)>,
+}
+
+impl From<Distribution> for DistributionRepr {
+    fn from(d: Distribution) -> Self {
+        Self { entries: d.entries }
+    }
+}
+
+impl TryFrom<DistributionRepr> for Distribution {
+    type Error = ModelError;
+
+    /// Validates like [`Distribution::from_pairs`]; entries that already sum to 1
+    /// (within 1e-4) are kept bit for bit, so a round trip is exact.
+    fn try_from(r: DistributionRepr) -> Result<Self> {
+        let normalised = Distribution::from_pairs(r.entries.iter().copied())?;
+        let sum: f64 = r.entries.iter().map(|&(_, p)| p as f64).sum();
+        if (sum - 1.0).abs() <= 1e-4 {
+            let mut entries: Vec<(u32, f32)> =
+                r.entries.into_iter().filter(|&(_, p)| p > 0.0).collect();
+            entries.sort_by_key(|&(t, _)| t);
+            Ok(Self { entries })
+        } else {
+            Ok(normalised)
+        }
     }
 }
 

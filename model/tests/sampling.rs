@@ -491,7 +491,7 @@ fn distribution_from_pairs_validates_and_normalises() {
 }
 
 #[test]
-fn distribution_serde_round_trip() {
+fn distribution_serde_round_trip_is_exact_and_validated() {
     let d = distribution(
         &SamplingParams {
             top_k: 4,
@@ -502,6 +502,20 @@ fn distribution_serde_round_trip() {
     );
     let json = serde_json::to_string(&d).unwrap();
     assert_eq!(serde_json::from_str::<Distribution>(&json).unwrap(), d);
+    let json = r#"{"entries":[[3,0.5],[1,0.5]]}"#;
+    let d: Distribution = serde_json::from_str(json).unwrap();
+    assert_eq!(d.entries(), &[(1, 0.5), (3, 0.5)]);
+    let d: Distribution = serde_json::from_str(r#"{"entries":[[0,2.0],[1,6.0]]}"#).unwrap();
+    assert_eq!(d.entries(), &[(0, 0.25), (1, 0.75)]);
+    for bad in [
+        r#"{"entries":[]}"#,
+        r#"{"entries":[[1,-0.5],[2,1.5]]}"#,
+        r#"{"entries":[[1,0.5],[1,0.5]]}"#,
+        r#"{"entries":[[1,0.0]]}"#,
+    ] {
+        let e = serde_json::from_str::<Distribution>(bad).unwrap_err();
+        assert!(e.to_string().contains("invalid argument"), "{bad}: {e}");
+    }
 }
 
 // ---------- Sampler ----------
