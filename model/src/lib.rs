@@ -21,6 +21,7 @@ pub mod quant;
 pub mod qwen2;
 pub mod sampling;
 pub mod speculative;
+pub mod testing;
 pub mod tokenizer;
 pub mod verify;
 

@@ -1,0 +1,137 @@
+//! Tiny random-weight Qwen2 models written as GGUF, for fast tests here and in
+//! the crates that build on this one. Same architecture and tensor names as the
+//! real models, a few layers, quantized with the same formats.
+
+use crate::{ModelError, Result};
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use std::path::Path;
+
+/// Shape and formats of a tiny model.
+#[derive(Clone, Debug)]
+pub struct TinyConfig {
+    pub n_layer: usize,
+    pub d_model: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub d_ff: usize,
+    pub vocab: usize,
+    /// Format of the attention/MLP matrices (the "Q4_K_M" mix uses Q4_K,
+    /// with ffn_down and attn_v in Q6_K on even layers, like the target).
+    pub matrix_format: GgmlDType,
+    pub embd_format: GgmlDType,
+    pub output_format: GgmlDType,
+    pub seed: u64,
+}
+
+impl Default for TinyConfig {
+    fn default() -> Self {
+        Self {
+            n_layer: 2,
+            d_model: 256,
+            n_head: 4,
+            n_kv_head: 2,
+            d_ff: 512,
+            vocab: 384,
+            matrix_format: GgmlDType::Q4K,
+            embd_format: GgmlDType::Q4K,
+            output_format: GgmlDType::Q6K,
+            seed: 1,
+        }
+    }
+}
+
+impl TinyConfig {
+    /// Like the draft model's mix: Q5_0 matrices, Q8_0 output.
+    pub fn draft_like() -> Self {
+        Self {
+            matrix_format: GgmlDType::Q5_0,
+            embd_format: GgmlDType::Q5_0,
+            output_format: GgmlDType::Q8_0,
+            seed: 2,
+            ..Self::default()
+        }
+    }
+}
+
+/// splitmix64: a tiny deterministic generator for weights.
+struct Rng(u64);
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn err(e: candle_core::Error) -> ModelError {
+    ModelError::InvalidArgument(format!("writing tiny model: {e}"))
+}
+
+/// Write a tiny random Qwen2 GGUF to `path`.
+pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
+    let mut rng = Rng(cfg.seed);
+    let hd = cfg.d_model / cfg.n_head;
+    let kvd = cfg.n_kv_head * hd;
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut add = |name: String, dims: &[usize], scale: f32, offset: f32, fmt: GgmlDType| -> Result<()> {
+        let n: usize = dims.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| offset + scale * rng.next_f32()).collect();
+        let t = Tensor::from_vec(data, dims, &Device::Cpu).map_err(err)?;
+        let q = QTensor::quantize(&t, fmt).map_err(err)?;
+        tensors.push((name, q));
+        Ok(())
+    };
+    let (d, f) = (cfg.d_model, cfg.d_ff);
+    add("token_embd.weight".into(), &[cfg.vocab, d], 1.0, 0.0, cfg.embd_format)?;
+    add("output.weight".into(), &[cfg.vocab, d], 0.5, 0.0, cfg.output_format)?;
+    add("output_norm.weight".into(), &[d], 0.1, 1.0, GgmlDType::F32)?;
+    for i in 0..cfg.n_layer {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        let mix = if i % 2 == 0 && cfg.matrix_format == GgmlDType::Q4K {
+            GgmlDType::Q6K
+        } else {
+            cfg.matrix_format
+        };
+        let ws = 1.0 / (d as f32).sqrt();
+        add(p("attn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
+        add(p("attn_q.weight"), &[d, d], ws * 2.0, 0.0, cfg.matrix_format)?;
+        add(p("attn_q.bias"), &[d], 0.1, 0.0, GgmlDType::F32)?;
+        add(p("attn_k.weight"), &[kvd, d], ws * 2.0, 0.0, cfg.matrix_format)?;
+        add(p("attn_k.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
+        add(p("attn_v.weight"), &[kvd, d], ws, 0.0, mix)?;
+        add(p("attn_v.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
+        add(p("attn_output.weight"), &[d, d], ws, 0.0, cfg.matrix_format)?;
+        add(p("ffn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
+        add(p("ffn_gate.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
+        add(p("ffn_up.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
+        add(p("ffn_down.weight"), &[d, f], 1.0 / (f as f32).sqrt(), 0.0, mix)?;
+    }
+    let meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", Value::String("qwen2".into())),
+        ("general.name", Value::String("tandem tiny test model".into())),
+        ("qwen2.block_count", Value::U32(cfg.n_layer as u32)),
+        ("qwen2.context_length", Value::U32(4096)),
+        ("qwen2.embedding_length", Value::U32(d as u32)),
+        ("qwen2.feed_forward_length", Value::U32(f as u32)),
+        ("qwen2.attention.head_count", Value::U32(cfg.n_head as u32)),
+        ("qwen2.attention.head_count_kv", Value::U32(cfg.n_kv_head as u32)),
+        ("qwen2.rope.freq_base", Value::F32(1_000_000.0)),
+        ("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+    ];
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tmp = path.with_extension("gguf.tmp");
+    let io = |source| ModelError::Io { path: tmp.clone(), source };
+    {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        gguf_file::write(&mut file, &meta_refs, &tensor_refs).map_err(err)?;
+        std::io::Write::flush(&mut file).map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Shared helpers of the real-model tests. The models are required: a missing
+//! model is a test failure with instructions, never a skip (CI fetches them).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use tandem_fetch::ModelRole;
+use tandem_model::gguf::GgufFile;
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+
+pub fn model_file(role: ModelRole) -> PathBuf {
+    let p = tandem_fetch::model_path(role);
+    assert!(
+        p.exists(),
+        "real model {} is missing: run `cargo run --release -p tandem -- models fetch` \
+         (or set TANDEM_MODELS_DIR); these tests need the real models",
+        p.display()
+    );
+    p
+}
+
+pub fn load(role: ModelRole, max_seq_len: usize) -> Qwen2Model {
+    Qwen2Model::load(model_file(role), LoadOptions { max_seq_len }).expect("load model")
+}
+
+pub fn tokenizer() -> Tokenizer {
+    let g = GgufFile::open(model_file(ModelRole::Draft)).expect("open gguf");
+    Tokenizer::from_gguf(&g).expect("tokenizer")
+}
+
+pub struct Prompt {
+    pub id: String,
+    pub text: String,
+    pub max_tokens: usize,
+}
+
+/// The shared prompt set (`prompts/default.jsonl`).
+pub fn prompts() -> Vec<Prompt> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../prompts/default.jsonl");
+    std::fs::read_to_string(&path)
+        .expect("prompt set")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("prompt json");
+            Prompt {
+                id: v["id"].as_str().unwrap().to_string(),
+                text: v["prompt"].as_str().unwrap().to_string(),
+                max_tokens: v["max_tokens"].as_u64().unwrap() as usize,
+            }
+        })
+        .collect()
+}
+
+pub fn chat_tokens(tok: &Tokenizer, text: &str) -> Vec<u32> {
+    tok.encode_chat(&[ChatMessage::user(text)], true).expect("encode")
+}
