@@ -94,9 +94,13 @@ impl Lexicon {
             .find_iter(text)
             .filter(|m| {
                 let p = m.pattern().as_usize();
+                // An ASCII term must stand alone: not inside a word, and not
+                // the head of a hyphenated compound ("church-rosser").
                 !self.pattern_ascii[p]
                     || ((m.start() == 0 || !word(b[m.start() - 1]))
-                        && (m.end() >= b.len() || !word(b[m.end()])))
+                        && (m.end() >= b.len() || !word(b[m.end()]))
+                        && !(b.get(m.end()) == Some(&b'-')
+                            && b.get(m.end() + 1).is_some_and(u8::is_ascii_alphabetic)))
             })
             .map(|m| CategoryHit {
                 category: self.categories[self.pattern_category[m.pattern().as_usize()]].clone(),

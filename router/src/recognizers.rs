@@ -80,7 +80,7 @@ pub(crate) struct Pattern {
 /// Bytes searched for context words before a span and after it.
 const WINDOW_BEFORE: usize = 64;
 const WINDOW_AFTER: usize = 24;
-const NEGATIVE_PENALTY: f32 = 0.35;
+const NEGATIVE_PENALTY: f32 = 0.4;
 
 /// Words near a number that say it is test data or a code constant.
 const NEGATIVE_WORDS: &[&str] = &[
@@ -129,6 +129,8 @@ const PHONE_CONTEXT: &[&str] = &[
     "wechat",
     "sms",
     "text me",
+    "reach me",
+    "打给我",
     "电话",
     "手机",
     "联系",
@@ -302,7 +304,7 @@ fn inside_hex_blob(text: &str, start: usize, end: usize) -> bool {
     while z < b.len() && hexish(b[z]) {
         z += 1;
     }
-    z - a >= 20 && b[a..z].iter().any(|c| c.is_ascii_alphabetic())
+    (a < start || z > end) && z - a >= 20 && b[a..z].iter().any(|c| c.is_ascii_alphabetic())
 }
 
 impl Pattern {
@@ -372,6 +374,13 @@ fn check_email(text: &str, s: usize, e: usize) -> Option<Scored> {
     let (local, domain) = (&m[..at], m[at + 1..].to_ascii_lowercase());
     if text.as_bytes().get(s.wrapping_sub(1)) == Some(&b'@') {
         return None;
+    }
+    // `scheme://user:password@host`: the userinfo of a URL, not a mailbox.
+    let head = &text[floor_boundary(text, s.saturating_sub(80))..s];
+    if let Some(i) = head.rfind("://") {
+        if !head[i..].contains(char::is_whitespace) {
+            return None;
+        }
     }
     // scp-style git remotes: git@github.com:owner/repo
     if local == "git" && text.as_bytes().get(e) == Some(&b':') {
@@ -631,7 +640,10 @@ fn check_mac(text: &str, s: usize, e: usize) -> Option<Scored> {
     if hex.chars().all(|c| c == '0') || hex.chars().all(|c| c == 'f') || hex.starts_with("01005e") {
         return sc(s, e, 0.05);
     }
-    sc(s, e, 0.5)
+    // Locally administered addresses (bit 1 of the first octet: VMs, Docker,
+    // randomised Wi-Fi MACs) do not identify hardware on their own.
+    let first = u8::from_str_radix(&hex[..2], 16).unwrap_or(0);
+    sc(s, e, if first & 0x02 != 0 { 0.3 } else { 0.5 })
 }
 
 fn check_pem(text: &str, s: usize, e: usize) -> Option<Scored> {
@@ -935,7 +947,7 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             group: 1,
             ..pat(
                 Phone,
-                r"(?:^|[^\w)\]+])(\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5})",
+                r"(?:^|[^\w)\]+])(\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6})",
                 check_intl_phone,
                 PHONE_CONTEXT,
                 0.3,

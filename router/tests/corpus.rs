@@ -1,0 +1,249 @@
+//! Precision / recall of the recognizers and lexicons over the labelled corpus
+//! in tests/corpus/*.jsonl, with config/policy.example.toml and an idle
+//! context. Prints the table (run with `--nocapture` to see it) and asserts
+//! per-entity floors.
+//!
+//! An expected entity is found when a predicted entity of the same type
+//! overlaps its span; a predicted entity with no overlapping expected one of
+//! its type is a false positive.
+
+#![allow(clippy::unwrap_used)] // test helpers; a panic is a test failure
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tandem_router::{Policy, RouteContext};
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    tp: u32,
+    fp: u32,
+    fn_: u32,
+}
+
+impl Counts {
+    fn precision(&self) -> f64 {
+        if self.tp + self.fp == 0 {
+            1.0
+        } else {
+            f64::from(self.tp) / f64::from(self.tp + self.fp)
+        }
+    }
+    fn recall(&self) -> f64 {
+        if self.tp + self.fn_ == 0 {
+            1.0
+        } else {
+            f64::from(self.tp) / f64::from(self.tp + self.fn_)
+        }
+    }
+}
+
+struct Case {
+    id: String,
+    text: String,
+    entities: Vec<(String, usize, usize)>,
+    categories: Vec<String>,
+    decision: String,
+}
+
+fn load() -> Vec<Case> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        for (n, line) in std::fs::read_to_string(&f).unwrap().lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}:{}: {e}", f.display(), n + 1));
+            let text = v["text"].as_str().unwrap().to_string();
+            let entities = v["entities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let value = e["value"].as_str().unwrap();
+                    let start = text
+                        .find(value)
+                        .unwrap_or_else(|| panic!("{}: value not in text", v["id"]));
+                    (
+                        e["type"].as_str().unwrap().to_string(),
+                        start,
+                        start + value.len(),
+                    )
+                })
+                .collect();
+            out.push(Case {
+                id: v["id"].as_str().unwrap().to_string(),
+                text,
+                entities,
+                categories: v["categories"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.as_str().unwrap().to_string())
+                    .collect(),
+                decision: v["decision"].as_str().unwrap().to_string(),
+            });
+        }
+    }
+    out
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+#[test]
+fn corpus_precision_recall() {
+    let policy_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml");
+    let policy = Policy::from_file(&policy_path).unwrap();
+    let cases = load();
+    assert!(cases.len() >= 300, "corpus has only {} cases", cases.len());
+
+    let mut ent: BTreeMap<String, Counts> = BTreeMap::new();
+    let mut cat: BTreeMap<String, Counts> = BTreeMap::new();
+    let mut decisions_ok = 0;
+    let mut misses = Vec::new();
+    let (mut positives, mut negatives) = (0, 0);
+    for c in &cases {
+        let d = policy.decide(&c.text, &RouteContext::default());
+        if c.entities.is_empty() && c.categories.is_empty() {
+            negatives += 1;
+        } else {
+            positives += 1;
+        }
+        for (t, s, e) in &c.entities {
+            let hit = d
+                .entities
+                .iter()
+                .any(|p| p.kind.as_str() == t && overlaps((p.start, p.end), (*s, *e)));
+            let k = ent.entry(t.clone()).or_default();
+            if hit {
+                k.tp += 1;
+            } else {
+                k.fn_ += 1;
+                misses.push(format!("{}: missed {t}", c.id));
+            }
+        }
+        for p in &d.entities {
+            let expected = c
+                .entities
+                .iter()
+                .any(|(t, s, e)| p.kind.as_str() == t && overlaps((p.start, p.end), (*s, *e)));
+            if !expected {
+                ent.entry(p.kind.as_str().to_string()).or_default().fp += 1;
+                misses.push(format!(
+                    "{}: false {} {:.2} at {}..{}",
+                    c.id, p.kind, p.score, p.start, p.end
+                ));
+            }
+        }
+        let mut names: Vec<&String> = c.categories.iter().chain(d.categories.iter()).collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let k = cat.entry(name.clone()).or_default();
+            match (c.categories.contains(name), d.categories.contains(name)) {
+                (true, true) => k.tp += 1,
+                (false, true) => {
+                    k.fp += 1;
+                    misses.push(format!("{}: false category {name}", c.id));
+                }
+                (true, false) => {
+                    k.fn_ += 1;
+                    misses.push(format!("{}: missed category {name}", c.id));
+                }
+                (false, false) => {}
+            }
+        }
+        if d.action.as_str() == c.decision {
+            decisions_ok += 1;
+        } else {
+            misses.push(format!(
+                "{}: decision {} (rule {}), expected {}",
+                c.id, d.action, d.rule, c.decision
+            ));
+        }
+    }
+
+    println!(
+        "corpus: {} cases ({positives} with sensitive content, {negatives} without)",
+        cases.len()
+    );
+    println!("| entity | TP | FP | FN | precision | recall |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut all = Counts::default();
+    for (k, c) in &ent {
+        println!(
+            "| {k} | {} | {} | {} | {:.3} | {:.3} |",
+            c.tp,
+            c.fp,
+            c.fn_,
+            c.precision(),
+            c.recall()
+        );
+        all.tp += c.tp;
+        all.fp += c.fp;
+        all.fn_ += c.fn_;
+    }
+    println!(
+        "| **all entities** | {} | {} | {} | {:.3} | {:.3} |",
+        all.tp,
+        all.fp,
+        all.fn_,
+        all.precision(),
+        all.recall()
+    );
+    println!("\n| category | TP | FP | FN | precision | recall |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for (k, c) in &cat {
+        println!(
+            "| {k} | {} | {} | {} | {:.3} | {:.3} |",
+            c.tp,
+            c.fp,
+            c.fn_,
+            c.precision(),
+            c.recall()
+        );
+    }
+    let acc = f64::from(decisions_ok) / cases.len() as f64;
+    println!(
+        "\ndecision accuracy: {decisions_ok}/{} = {acc:.3}",
+        cases.len()
+    );
+    println!("\nerrors:");
+    for m in &misses {
+        println!("  {m}");
+    }
+
+    // Floors: set just under what the corpus measures today, so a regression
+    // fails the test.
+    for (k, c) in &ent {
+        assert!(c.precision() >= 0.95, "{k} precision {:.3}", c.precision());
+        assert!(c.recall() >= 0.9, "{k} recall {:.3}", c.recall());
+    }
+    assert!(
+        all.precision() >= 0.95,
+        "overall precision {:.3}",
+        all.precision()
+    );
+    assert!(all.recall() >= 0.97, "overall recall {:.3}", all.recall());
+    for (k, c) in &cat {
+        assert!(
+            c.precision() >= 0.8,
+            "category {k} precision {:.3}",
+            c.precision()
+        );
+        assert!(c.recall() >= 0.8, "category {k} recall {:.3}", c.recall());
+    }
+    assert!(acc >= 0.97, "decision accuracy {acc:.3}");
+}
