@@ -135,7 +135,10 @@ impl LinkConfig {
                 }
             },
         };
-        for (field, v) in [("a_to_b_mbps", r.a_to_b_mbps), ("b_to_a_mbps", r.b_to_a_mbps)] {
+        for (field, v) in [
+            ("a_to_b_mbps", r.a_to_b_mbps),
+            ("b_to_a_mbps", r.b_to_a_mbps),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return invalid(format!(
                     "{what}: {field} must be a positive bandwidth, got {v}"
@@ -228,7 +231,10 @@ impl ClusterConfig {
                 }
             }
             if l.a == l.b {
-                return invalid(format!("link {} <-> {}: a node cannot link to itself", l.a, l.b));
+                return invalid(format!(
+                    "link {} <-> {}: a node cannot link to itself",
+                    l.a, l.b
+                ));
             }
             let dup = self.links[..i]
                 .iter()
@@ -352,9 +358,9 @@ impl ClusterConfig {
                 bytes_per_s: r.b_to_a_mbps * 1e6 / 8.0,
             });
         }
-        let device = self
-            .index(&self.device)
-            .ok_or_else(|| PlanError::InvalidNodes(format!("device '{}' is not a node", self.device)))?;
+        let device = self.index(&self.device).ok_or_else(|| {
+            PlanError::InvalidNodes(format!("device '{}' is not a node", self.device))
+        })?;
         Ok(PlanProblem {
             layers,
             nodes,
@@ -404,9 +410,15 @@ network = "fast-4g"
 
     #[test]
     fn errors_name_the_field() {
-        let zero = TOML.replace("network = \"fast-4g\"", "rtt_ms = 10\na_to_b_mbps = 0\nb_to_a_mbps = 5");
+        let zero = TOML.replace(
+            "network = \"fast-4g\"",
+            "rtt_ms = 10\na_to_b_mbps = 0\nb_to_a_mbps = 5",
+        );
         let e = parse(&zero).unwrap_err().to_string();
-        assert!(e.contains("phone <-> server") && e.contains("a_to_b_mbps"), "{e}");
+        assert!(
+            e.contains("phone <-> server") && e.contains("a_to_b_mbps"),
+            "{e}"
+        );
         let e = parse(&TOML.replace("device = \"phone\"", "device = \"tablet\"")).unwrap_err();
         assert!(e.to_string().contains("'tablet'"), "{e}");
         let e = parse(&TOML.replace("fast-4g", "5g")).unwrap_err();

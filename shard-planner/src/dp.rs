@@ -11,6 +11,10 @@
 //! processor), so where that coupling bites, the prefix end `s` is enumerated
 //! and one table is filled per `s`.
 
+// The recurrences index several arrays by the same boundary; index loops
+// read closer to the maths than zipped iterators.
+#![allow(clippy::needless_range_loop)]
+
 use serde::Serialize;
 
 use crate::problem::{Evaluation, Objective, PlanProblem};
@@ -36,17 +40,9 @@ pub struct Plan {
     pub evaluation: Evaluation,
 }
 
-fn combine(objective: Objective, a: f64, b: f64) -> f64 {
-    match objective {
-        Objective::Latency => a + b,
-        Objective::Throughput => a.max(b),
-    }
-}
-
 /// Precomputed sums and the node numbering used by the tables.
 struct Ctx<'a> {
     p: &'a PlanProblem,
-    obj: Objective,
     n: usize,
     /// Number of non-device nodes.
     k: usize,
@@ -54,10 +50,17 @@ struct Ctx<'a> {
     nd: Vec<usize>,
     /// `mem_prefix[i]` = memory of layers `[0, i)`.
     mem_prefix: Vec<u64>,
-    /// `dev_prefix[i]` = device compute of layers `[0, i)`.
-    dev_prefix: Vec<f64>,
+    /// `comp_prefix[g][i]` = compute of layers `[0, i)` on global node `g`.
+    comp_prefix: Vec<Vec<f64>>,
+    /// `lo[j][i]`: smallest start `a >= 1` with `[a, i)` within the memory
+    /// budget of non-device node `j` (`i` itself if not even one layer fits).
+    lo: Vec<Vec<usize>>,
     /// Last boundary a non-device range may end at.
     limit: usize,
+    /// `xfer[(after * (k + 1) + from) * (k + 1) + to]`: cost of sending layer
+    /// `after`'s output between local nodes (`k` = the device); infinite
+    /// without a link.
+    xfer: Vec<f64>,
 }
 
 impl Ctx<'_> {
@@ -65,15 +68,85 @@ impl Ctx<'_> {
         self.mem_prefix[b] - self.mem_prefix[a]
     }
     fn dev_comp(&self, a: usize, b: usize) -> f64 {
-        self.dev_prefix[b] - self.dev_prefix[a]
+        let c = &self.comp_prefix[self.p.device];
+        c[b] - c[a]
     }
     fn dev_budget(&self) -> u64 {
         self.p.nodes[self.p.device].memory_budget_bytes
     }
-    fn transfer(&self, from: usize, to: usize, after_layer: usize) -> Option<f64> {
-        self.p
-            .link(from, to)
-            .map(|l| l.cost_s(self.obj, self.p.layers[after_layer].cut_bytes))
+    /// Transfer cost between local node indices (`k` = the device).
+    fn x(&self, after_layer: usize, from: usize, to: usize) -> f64 {
+        self.xfer[(after_layer * (self.k + 1) + from) * (self.k + 1) + to]
+    }
+    /// Iterates the members of subset `s` of non-device nodes.
+    fn members(&self, s: usize) -> impl Iterator<Item = usize> {
+        (0..self.k).filter(move |j| s & (1 << j) != 0)
+    }
+    fn non_members(&self, s: usize) -> impl Iterator<Item = usize> {
+        (0..self.k).filter(move |j| s & (1 << j) == 0)
+    }
+}
+
+/// A monotone deque per `(S, j')` (sliding-window minimum / min label),
+/// stored flat: each window owns `cap` slots.
+struct Windows {
+    cap: usize,
+    head: Vec<usize>,
+    tail: Vec<usize>,
+    pos: Vec<usize>,
+    key: Vec<f64>,
+    label: Vec<u32>,
+}
+
+impl Windows {
+    fn new(count: usize, cap: usize) -> Self {
+        Windows {
+            cap,
+            head: vec![0; count],
+            tail: vec![0; count],
+            pos: vec![0; count * cap],
+            key: vec![0.0; count * cap],
+            label: vec![0; count * cap],
+        }
+    }
+    fn clear(&mut self) {
+        self.head.fill(0);
+        self.tail.fill(0);
+    }
+    /// Drops front entries whose `pos` is below `min_pos` (latency) or whose
+    /// reach `key` is below `min_reach` (throughput).
+    fn front(&mut self, w: usize, keep: impl Fn(usize, f64) -> bool) -> Option<usize> {
+        while self.head[w] < self.tail[w] {
+            let slot = w * self.cap + self.head[w];
+            if keep(self.pos[slot], self.key[slot]) {
+                return Some(slot);
+            }
+            self.head[w] += 1;
+        }
+        None
+    }
+    /// Appends, first dropping back entries that `dominated(old_slot)` says
+    /// the new entry makes useless.
+    fn push(
+        &mut self,
+        w: usize,
+        pos: usize,
+        key: f64,
+        label: u32,
+        dominated: impl Fn(f64, u32) -> bool,
+    ) {
+        while self.tail[w] > self.head[w] {
+            let slot = w * self.cap + self.tail[w] - 1;
+            if !dominated(self.key[slot], self.label[slot]) {
+                break;
+            }
+            self.tail[w] -= 1;
+        }
+        let slot = w * self.cap + self.tail[w];
+        self.pos[slot] = pos;
+        self.key[slot] = key;
+        self.label[slot] = label;
+        self.tail[w] += 1;
     }
 }
 
@@ -81,8 +154,17 @@ struct Table {
     subsets: usize,
     k: usize,
     vals: Vec<f64>,
+    /// Min source label per state (throughput feasibility).
+    labels: Vec<u32>,
     back: Vec<u32>,
+    /// Best predecessor node entering `j'` at boundary `i` from set `S`.
+    efrom: Vec<u32>,
+    /// `live[i * subsets + s]`: some state `(i, s, _)` is reachable.
+    live: Vec<bool>,
+    windows: Windows,
 }
+
+const NO_LABEL: u32 = u32::MAX;
 
 impl Table {
     fn new(n: usize, k: usize) -> Self {
@@ -92,70 +174,87 @@ impl Table {
             subsets,
             k,
             vals: vec![f64::INFINITY; len],
+            labels: vec![NO_LABEL; len],
             back: vec![0; len],
+            efrom: vec![DEVICE_FROM; len],
+            live: vec![false; (n + 1) * subsets],
+            windows: Windows::new(subsets * k.max(1), n + 1),
         }
     }
     fn idx(&self, i: usize, s: usize, j: usize) -> usize {
         (i * self.subsets + s) * self.k + j
     }
+    fn win(&self, s: usize, j: usize) -> usize {
+        s * self.k + j
+    }
     fn reset(&mut self) {
         self.vals.fill(f64::INFINITY);
+        self.reset_labels();
+    }
+    fn reset_labels(&mut self) {
+        self.labels.fill(NO_LABEL);
+        self.live.fill(false);
+        self.windows.clear();
     }
 }
 
-/// Fills `t` from the device prefix values `dev_val[s]` (infinite where `s`
-/// is not a source). Chain ranges start at boundaries `>= start`.
-fn fill(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
-    let p = ctx.p;
-    let dev = p.device;
-    for i in start.max(1)..ctx.limit {
+/// Latency tables. `D(i', S', j') = C_j'(i') + min over a in [lo_j'(i'), i')
+/// of (E(a, S'\j', j') - C_j'(a))`, where `E(a, S, j')` is the best value of
+/// entering `j'` at boundary `a` and `C_j'` is `j'`'s prefix compute: a
+/// sliding-window minimum per `(S, j')`, because `lo` only moves right.
+/// Device prefix values come from `dev_val[s]` (infinite where `s` is not a
+/// source); ranges start at boundaries `>= start`.
+fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
+    let start = start.max(1);
+    for i in start..=ctx.limit {
+        // 1. Finalise states whose last range ends at i.
+        if i > start {
+            for s2 in 1..t.subsets {
+                for jp in ctx.members(s2) {
+                    let s = s2 & !(1 << jp);
+                    let w = t.win(s, jp);
+                    let lo = ctx.lo[jp][i];
+                    if let Some(slot) = t.windows.front(w, |pos, _| pos >= lo) {
+                        let a = t.windows.pos[slot];
+                        let id = t.idx(i, s2, jp);
+                        t.vals[id] = ctx.comp_prefix[ctx.nd[jp]][i] + t.windows.key[slot];
+                        t.back[id] = ((a as u32) << 8) | t.efrom[t.idx(a, s, jp)];
+                        t.live[i * t.subsets + s2] = true;
+                    }
+                }
+            }
+        }
+        if i >= ctx.limit {
+            break;
+        }
+        // 2. Enter each unused node j' at boundary i.
         for s in 0..t.subsets {
-            for jp in (0..ctx.k).filter(|jp| s & (1 << jp) == 0) {
+            if s != 0 && !t.live[i * t.subsets + s] {
+                continue;
+            }
+            for jp in ctx.non_members(s) {
                 let g = ctx.nd[jp];
                 let mut best = f64::INFINITY;
                 let mut from = DEVICE_FROM;
                 if s == 0 {
-                    if dev_val[i].is_finite() {
-                        if let Some(c) = ctx.transfer(dev, g, i - 1) {
-                            best = combine(ctx.obj, dev_val[i], c);
-                        }
-                    }
+                    best = dev_val[i] + ctx.x(i - 1, ctx.k, jp);
                 } else {
-                    for j in (0..ctx.k).filter(|j| s & (1 << j) != 0) {
-                        let v = t.vals[t.idx(i, s, j)];
-                        if !v.is_finite() {
-                            continue;
-                        }
-                        if let Some(c) = ctx.transfer(ctx.nd[j], g, i - 1) {
-                            let cand = combine(ctx.obj, v, c);
-                            if cand < best {
-                                best = cand;
-                                from = j as u32;
-                            }
+                    for j in ctx.members(s) {
+                        let c = t.vals[t.idx(i, s, j)] + ctx.x(i - 1, j, jp);
+                        if c < best {
+                            best = c;
+                            from = j as u32;
                         }
                     }
                 }
                 if !best.is_finite() {
                     continue;
                 }
-                let s2 = s | (1 << jp);
-                let budget = p.nodes[g].memory_budget_bytes;
-                let compute = &p.nodes[g].compute_s;
-                let mut mem = 0u64;
-                let mut comp = 0.0;
-                for ip in i + 1..=ctx.limit {
-                    mem = mem.saturating_add(p.layers[ip - 1].memory_bytes);
-                    if mem > budget {
-                        break;
-                    }
-                    comp += compute[ip - 1];
-                    let cand = combine(ctx.obj, best, comp);
-                    let id = t.idx(ip, s2, jp);
-                    if cand < t.vals[id] {
-                        t.vals[id] = cand;
-                        t.back[id] = ((i as u32) << 8) | from;
-                    }
-                }
+                let e = t.idx(i, s, jp);
+                t.efrom[e] = from;
+                let key = best - ctx.comp_prefix[g][i];
+                let w = t.win(s, jp);
+                t.windows.push(w, i, key, 0, |old, _| old >= key);
             }
         }
     }
@@ -201,52 +300,337 @@ impl Best {
 fn offer_chain_ends(ctx: &Ctx, t: &Table, best: &mut Best) {
     let n = ctx.n;
     for s in 1..t.subsets {
-        for j in (0..ctx.k).filter(|j| s & (1 << j) != 0) {
-            let v = t.vals[t.idx(n, s, j)];
-            if !v.is_finite() {
-                continue;
-            }
-            if let Some(c) = ctx.transfer(ctx.nd[j], ctx.p.device, n - 1) {
-                best.offer(combine(ctx.obj, v, c), || reconstruct(ctx, t, n, s, j));
-            }
+        for j in ctx.members(s) {
+            let v = t.vals[t.idx(n, s, j)] + ctx.x(n - 1, j, ctx.k);
+            best.offer(v, || reconstruct(ctx, t, n, s, j));
         }
     }
 }
 
 /// Chain ends at `end < n`; the device runs the suffix `[end, n)`.
-/// `source` is the prefix end when the table was filled from one source (then
-/// the shared device budget and, for throughput, the device's total compute
-/// are checked here); `None` when the device can hold every layer at once.
+/// `source` is the prefix end when the table was filled from that one source
+/// (then the shared device budget is checked here); `None` when the device
+/// can hold every layer at once.
 fn offer_u_ends(ctx: &Ctx, t: &Table, source: Option<usize>, best: &mut Best) {
     let n = ctx.n;
     for end in 2..n {
-        let suffix_mem = ctx.mem(end, n);
         let suffix_comp = ctx.dev_comp(end, n);
-        if let Some(src) = source {
-            if end <= src || ctx.mem(0, src).saturating_add(suffix_mem) > ctx.dev_budget() {
-                continue;
+        let fits = match source {
+            Some(src) => {
+                end > src && ctx.mem(0, src).saturating_add(ctx.mem(end, n)) <= ctx.dev_budget()
             }
+            None => ctx.mem(end, n) <= ctx.dev_budget(),
+        };
+        if !fits {
+            continue;
         }
         for s in 1..t.subsets {
-            for j in (0..ctx.k).filter(|j| s & (1 << j) != 0) {
-                let v = t.vals[t.idx(end, s, j)];
-                if !v.is_finite() {
-                    continue;
-                }
-                let Some(c) = ctx.transfer(ctx.nd[j], ctx.p.device, end - 1) else {
-                    continue;
-                };
-                let value = match ctx.obj {
-                    Objective::Latency => v + c + suffix_comp,
-                    Objective::Throughput => {
-                        let src = source.unwrap_or(0);
-                        v.max(c).max(ctx.dev_comp(0, src) + suffix_comp)
-                    }
-                };
-                best.offer(value, || reconstruct(ctx, t, end, s, j));
+            for j in ctx.members(s) {
+                let v = t.vals[t.idx(end, s, j)] + ctx.x(end - 1, j, ctx.k) + suffix_comp;
+                best.offer(v, || reconstruct(ctx, t, end, s, j));
             }
         }
     }
+}
+
+fn solve_latency(ctx: &Ctx, best: &mut Best) {
+    let (n, p) = (ctx.n, ctx.p);
+    let budget = ctx.dev_budget();
+    let mut table = Table::new(n, ctx.k);
+    // Device prefix values for every prefix that fits on its own.
+    let dev_val: Vec<f64> = (0..=n)
+        .map(|s| {
+            if s >= 1 && s < n && ctx.mem(0, s) <= budget {
+                ctx.dev_comp(0, s)
+            } else {
+                f64::INFINITY
+            }
+        })
+        .collect();
+    if ctx.mem(0, n) <= budget {
+        // Prefix and suffix can never compete for device memory, and the sum
+        // does not care which of them a device layer is in: one table.
+        fill_latency(ctx, &mut table, &dev_val, 1);
+        if !p.pin_head {
+            offer_chain_ends(ctx, &table, best);
+        }
+        offer_u_ends(ctx, &table, None, best);
+        return;
+    }
+    // The table from all sources is exact for the chain family and, with the
+    // device's prefix and suffix each checked only on their own, a
+    // relaxation (a lower bound) for the U family.
+    fill_latency(ctx, &mut table, &dev_val, 1);
+    if !p.pin_head {
+        offer_chain_ends(ctx, &table, best);
+    }
+    let mut relaxed = Best::default();
+    offer_u_ends(ctx, &table, None, &mut relaxed);
+    let Some(candidate) = relaxed.assignment else {
+        return; // not even the relaxation has a U plan
+    };
+    if best.assignment.is_some() && relaxed.value >= best.value {
+        return; // no U plan can beat the chain plan
+    }
+    if p.evaluate(&candidate).is_ok() {
+        // The relaxed optimum respects the shared budget: it is optimal.
+        best.offer(relaxed.value, || candidate);
+        return;
+    }
+    // U-shape with a binding device budget: one table per prefix end.
+    let head_mem = p.layers[n - 1].memory_bytes;
+    let mut single = vec![f64::INFINITY; n + 1];
+    for src in 1..n.saturating_sub(1) {
+        if ctx.mem(0, src).saturating_add(head_mem) > budget {
+            break;
+        }
+        single[src] = dev_val[src];
+        table.reset();
+        fill_latency(ctx, &mut table, &single, src);
+        offer_u_ends(ctx, &table, Some(src), best);
+        single[src] = f64::INFINITY;
+    }
+}
+
+/// Is there an allowed plan whose every stage (per-node compute, per-crossing
+/// serialisation) is at most `lambda`? Labels each state with the smallest
+/// device prefix end it can be reached from (smaller is better for the
+/// device's shared suffix budget, so the minimum is the only label that
+/// matters). Returns a witness assignment.
+fn throughput_feasible(ctx: &Ctx, t: &mut Table, lambda: f64) -> Option<Vec<usize>> {
+    let (n, p, dev) = (ctx.n, ctx.p, ctx.p.device);
+    let budget = ctx.dev_budget();
+    if ctx.mem(0, n) <= budget && ctx.dev_comp(0, n) <= lambda {
+        return Some(vec![dev; n]);
+    }
+    if ctx.k == 0 || n < 2 {
+        return None;
+    }
+    t.reset_labels();
+    // ok[after * (k + 1) + from]: the nodes `from` may send layer `after`'s
+    // output to within lambda.
+    let mut ok = vec![0usize; n * (ctx.k + 1)];
+    for after in 0..n {
+        for from in 0..=ctx.k {
+            ok[after * (ctx.k + 1) + from] = (0..ctx.k)
+                .filter(|&to| ctx.x(after, from, to) <= lambda)
+                .map(|to| 1 << to)
+                .sum();
+        }
+    }
+    // reach[j][a]: last boundary node j can extend a range starting at a to.
+    let reach: Vec<Vec<usize>> = (0..ctx.k)
+        .map(|j| {
+            let g = ctx.nd[j];
+            let cp = &ctx.comp_prefix[g];
+            let b = p.nodes[g].memory_budget_bytes;
+            let mut r = vec![0usize; n + 1];
+            let mut end = 1;
+            for a in 1..=n {
+                end = end.max(a);
+                while end < ctx.limit && ctx.mem(a, end + 1) <= b && cp[end + 1] - cp[a] <= lambda {
+                    end += 1;
+                }
+                r[a] = end;
+            }
+            r
+        })
+        .collect();
+    for i in 1..=ctx.limit {
+        if i > 1 {
+            for s2 in 1..t.subsets {
+                for jp in ctx.members(s2) {
+                    let s = s2 & !(1 << jp);
+                    let w = t.win(s, jp);
+                    if let Some(slot) = t.windows.front(w, |_, r| r as usize >= i) {
+                        let a = t.windows.pos[slot];
+                        let id = t.idx(i, s2, jp);
+                        t.labels[id] = t.windows.label[slot];
+                        t.back[id] = ((a as u32) << 8) | t.efrom[t.idx(a, s, jp)];
+                        t.live[i * t.subsets + s2] = true;
+                    }
+                }
+            }
+        }
+        if i >= ctx.limit {
+            break;
+        }
+        // Nodes that can take at least one layer starting at i.
+        let open: usize = (0..ctx.k)
+            .filter(|&j| reach[j][i] > i)
+            .map(|j| 1 << j)
+            .sum();
+        let row = (i - 1) * (ctx.k + 1);
+        let mut label = [NO_LABEL; MAX_NODES];
+        let mut from = [DEVICE_FROM; MAX_NODES];
+        for s in 0..t.subsets {
+            let targets = open & !s;
+            if targets == 0 {
+                continue;
+            }
+            if s == 0 {
+                if !(ctx.mem(0, i) <= budget && ctx.dev_comp(0, i) <= lambda) {
+                    continue;
+                }
+                for jp in bits(targets & ok[row + ctx.k]) {
+                    label[jp] = i as u32;
+                    from[jp] = DEVICE_FROM;
+                }
+            } else {
+                if !t.live[i * t.subsets + s] {
+                    continue;
+                }
+                for j in bits(s) {
+                    let l = t.labels[t.idx(i, s, j)];
+                    if l == NO_LABEL {
+                        continue;
+                    }
+                    for jp in bits(targets & ok[row + j]) {
+                        if l < label[jp] {
+                            label[jp] = l;
+                            from[jp] = j as u32;
+                        }
+                    }
+                }
+            }
+            for jp in bits(targets) {
+                let l = std::mem::replace(&mut label[jp], NO_LABEL);
+                if l == NO_LABEL {
+                    continue;
+                }
+                let e = t.idx(i, s, jp);
+                t.efrom[e] = from[jp];
+                let w = t.win(s, jp);
+                t.windows
+                    .push(w, i, reach[jp][i] as f64, l, |_, old| old >= l);
+            }
+        }
+    }
+    // Terminals: the head on the last chain node, the result returns.
+    if !p.pin_head {
+        for s in 1..t.subsets {
+            for j in bits(s) {
+                let l = t.labels[t.idx(n, s, j)];
+                if l != NO_LABEL && ctx.x(n - 1, j, ctx.k) <= lambda {
+                    return Some(reconstruct(ctx, t, n, s, j));
+                }
+            }
+        }
+    }
+    // U-shape: the device runs [end, n); only suffixes it can run within
+    // lambda on its own are worth looking at.
+    let mut end = n - 1;
+    while end >= 2 && ctx.dev_comp(end, n) <= lambda && ctx.mem(end, n) <= budget {
+        for s in 1..t.subsets {
+            if !t.live[end * t.subsets + s] {
+                continue;
+            }
+            for j in bits(s) {
+                let l = t.labels[t.idx(end, s, j)];
+                if l == NO_LABEL {
+                    continue;
+                }
+                let src = l as usize;
+                if ctx.mem(0, src).saturating_add(ctx.mem(end, n)) <= budget
+                    && ctx.dev_comp(0, src) + ctx.dev_comp(end, n) <= lambda
+                    && ctx.x(end - 1, j, ctx.k) <= lambda
+                {
+                    return Some(reconstruct(ctx, t, end, s, j));
+                }
+            }
+        }
+        end -= 1;
+    }
+    None
+}
+
+/// The indices of the set bits of `mask`, lowest first.
+fn bits(mut mask: usize) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let b = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        Some(b)
+    })
+}
+
+/// Throughput: the optimum is one of finitely many stage values, so search
+/// them: bisection by median selection over the candidate list, each step a
+/// linear-time feasibility sweep.
+fn solve_throughput(ctx: &Ctx, best: &mut Best) {
+    let (n, p, dev) = (ctx.n, ctx.p, ctx.p.device);
+    let mut cand: Vec<f64> = Vec::new();
+    for g in 0..p.nodes.len() {
+        let cp = &ctx.comp_prefix[g];
+        if g == dev {
+            for s in 1..=n {
+                cand.push(cp[s]);
+                for e in s + 1..n {
+                    cand.push(cp[s] + (cp[n] - cp[e]));
+                }
+            }
+        } else {
+            for a in 1..n {
+                for b in a + 1..=n {
+                    cand.push(cp[b] - cp[a]);
+                }
+            }
+        }
+        for h in 0..p.nodes.len() {
+            if let Some(link) = p.link(g, h) {
+                cand.extend(p.layers.iter().map(|l| link.serialization_s(l.cut_bytes)));
+            }
+        }
+    }
+    // Every layer runs somewhere, and the device runs the embedding (and,
+    // pinned, the head): nothing below this bound can be feasible.
+    let mut lower = (0..n)
+        .map(|l| {
+            p.nodes
+                .iter()
+                .map(|x| x.compute_s[l])
+                .fold(f64::INFINITY, f64::min)
+        })
+        .fold(0.0, f64::max);
+    lower = lower.max(p.nodes[dev].compute_s[0]);
+    if p.pin_head && n > 1 {
+        lower = lower.max(p.nodes[dev].compute_s[0] + p.nodes[dev].compute_s[n - 1]);
+    }
+    let mut table = Table::new(n, ctx.k);
+    let Some(top) = cand.iter().copied().reduce(f64::max) else {
+        return;
+    };
+    let Some(mut witness) = throughput_feasible(ctx, &mut table, top) else {
+        return;
+    };
+    // The witness's own bottleneck is an upper bound, often far below `v`.
+    let actual = |a: &[usize]| p.evaluate(a).map_or(f64::INFINITY, |e| e.bottleneck_s);
+    let mut value = actual(&witness).min(top);
+    // Invariant: `witness` has bottleneck `<= value`; every candidate below
+    // `value` not yet found infeasible is in `cand`; the optimum is a
+    // candidate.
+    cand.retain(|&c| c < value && c >= lower * (1.0 - 1e-12));
+    while !cand.is_empty() {
+        let mid = cand.len() / 2;
+        cand.select_nth_unstable_by(mid, f64::total_cmp);
+        let v = cand[mid];
+        match throughput_feasible(ctx, &mut table, v) {
+            Some(a) => {
+                value = actual(&a).min(v);
+                witness = a;
+                cand.truncate(mid);
+                cand.retain(|&c| c < value);
+            }
+            None => {
+                cand.drain(..=mid);
+                cand.retain(|&c| c > v);
+            }
+        }
+    }
+    let value = actual(&witness);
+    best.offer(value, || witness);
 }
 
 /// Finds the assignment of least cost under `objective` (see
@@ -264,73 +648,77 @@ pub fn solve(p: &PlanProblem, objective: Objective) -> Result<Plan, PlanError> {
     let dev = p.device;
     let nd: Vec<usize> = (0..p.nodes.len()).filter(|&g| g != dev).collect();
     let mut mem_prefix = vec![0u64; n + 1];
-    let mut dev_prefix = vec![0.0; n + 1];
     for i in 0..n {
         mem_prefix[i + 1] = mem_prefix[i].saturating_add(p.layers[i].memory_bytes);
-        dev_prefix[i + 1] = dev_prefix[i] + p.nodes[dev].compute_s[i];
+    }
+    let comp_prefix: Vec<Vec<f64>> = p
+        .nodes
+        .iter()
+        .map(|node| {
+            let mut c = vec![0.0; n + 1];
+            for i in 0..n {
+                c[i + 1] = c[i] + node.compute_s[i];
+            }
+            c
+        })
+        .collect();
+    let lo: Vec<Vec<usize>> = nd
+        .iter()
+        .map(|&g| {
+            let b = p.nodes[g].memory_budget_bytes;
+            let mut lo = vec![0usize; n + 1];
+            let mut a = 1;
+            for (i, slot) in lo.iter_mut().enumerate().skip(1) {
+                while a < i && mem_prefix[i] - mem_prefix[a] > b {
+                    a += 1;
+                }
+                *slot = a;
+            }
+            lo
+        })
+        .collect();
+    let k = nd.len();
+    let local = |l: usize| if l == k { dev } else { nd[l] };
+    let mut xfer = vec![f64::INFINITY; n * (k + 1) * (k + 1)];
+    for (after, layer) in p.layers.iter().enumerate() {
+        for a in 0..=k {
+            for b in 0..=k {
+                if let Some(link) = p.link(local(a), local(b)) {
+                    xfer[(after * (k + 1) + a) * (k + 1) + b] =
+                        link.cost_s(objective, layer.cut_bytes);
+                }
+            }
+        }
     }
     let ctx = Ctx {
+        xfer,
         p,
-        obj: objective,
         n,
         k: nd.len(),
         nd,
         mem_prefix,
-        dev_prefix,
+        comp_prefix,
+        lo,
         limit: if p.pin_head { n.saturating_sub(1) } else { n },
     };
-    let budget = ctx.dev_budget();
     let mut best = Best::default();
-
-    // Everything on the device.
-    if ctx.mem(0, n) <= budget {
-        best.offer(ctx.dev_comp(0, n), || vec![dev; n]);
-    }
-    if ctx.k > 0 && n >= 2 {
-        let mut table = Table::new(n, ctx.k);
-        // Device prefix values for every prefix that fits on its own.
-        let dev_val: Vec<f64> = (0..=n)
-            .map(|s| {
-                if s >= 1 && s < n && ctx.mem(0, s) <= budget {
-                    ctx.dev_comp(0, s)
-                } else {
-                    f64::INFINITY
-                }
-            })
-            .collect();
-        let uncoupled = objective == Objective::Latency && ctx.mem(0, n) <= budget;
-        if uncoupled {
-            // Prefix and suffix can never compete for device memory, and the
-            // latency sum does not care which of them a device layer is in.
-            fill(&ctx, &mut table, &dev_val, 1);
-            if !p.pin_head {
-                offer_chain_ends(&ctx, &table, &mut best);
+    match objective {
+        Objective::Latency => {
+            if ctx.mem(0, n) <= ctx.dev_budget() {
+                best.offer(ctx.dev_comp(0, n), || vec![dev; n]);
             }
-            offer_u_ends(&ctx, &table, None, &mut best);
-        } else {
-            if !p.pin_head {
-                fill(&ctx, &mut table, &dev_val, 1);
-                offer_chain_ends(&ctx, &table, &mut best);
-            }
-            // U-shape: one table per prefix end.
-            let head_mem = p.layers[n - 1].memory_bytes;
-            let mut single = vec![f64::INFINITY; n + 1];
-            for src in 1..n.saturating_sub(1) {
-                if ctx.mem(0, src).saturating_add(head_mem) > budget {
-                    break;
-                }
-                single[src] = dev_val[src];
-                table.reset();
-                fill(&ctx, &mut table, &single, src);
-                offer_u_ends(&ctx, &table, Some(src), &mut best);
-                single[src] = f64::INFINITY;
+            if ctx.k > 0 && n >= 2 {
+                solve_latency(&ctx, &mut best);
             }
         }
+        Objective::Throughput => solve_throughput(&ctx, &mut best),
     }
     match best.assignment {
         Some(assignment) => {
             let evaluation = p.evaluate(&assignment).map_err(|v| {
-                PlanError::InvalidProblem(format!("internal: planner produced a disallowed plan ({v:?})"))
+                PlanError::InvalidProblem(format!(
+                    "internal: planner produced a disallowed plan ({v:?})"
+                ))
             })?;
             Ok(Plan {
                 objective,
@@ -363,7 +751,9 @@ pub fn diagnose(p: &PlanProblem) -> String {
         );
     }
     if p.pin_head && n > 1 {
-        let need = embed.memory_bytes.saturating_add(p.layers[n - 1].memory_bytes);
+        let need = embed
+            .memory_bytes
+            .saturating_add(p.layers[n - 1].memory_bytes);
         if need > dbudget {
             return format!(
                 "device '{dname}' memory budget {} is less than the {} the embedding and the head '{}' need together, and --pin-head keeps both on the device",
@@ -373,7 +763,12 @@ pub fn diagnose(p: &PlanProblem) -> String {
             );
         }
     }
-    let largest = p.nodes.iter().map(|x| x.memory_budget_bytes).max().unwrap_or(0);
+    let largest = p
+        .nodes
+        .iter()
+        .map(|x| x.memory_budget_bytes)
+        .max()
+        .unwrap_or(0);
     if let Some(l) = p.layers.iter().find(|l| l.memory_bytes > largest) {
         return format!(
             "layer '{}' needs {}, more than any node's memory budget (largest: {})",
@@ -396,8 +791,14 @@ pub fn diagnose(p: &PlanProblem) -> String {
         }
     }
     let total: u64 = p.layers.iter().map(|l| l.memory_bytes).sum();
-    let reachable: u64 = (0..m).filter(|&j| reach[j]).map(|j| p.nodes[j].memory_budget_bytes).sum();
-    let unreachable: Vec<&str> = (0..m).filter(|&j| !reach[j]).map(|j| p.nodes[j].name.as_str()).collect();
+    let reachable: u64 = (0..m)
+        .filter(|&j| reach[j])
+        .map(|j| p.nodes[j].memory_budget_bytes)
+        .sum();
+    let unreachable: Vec<&str> = (0..m)
+        .filter(|&j| !reach[j])
+        .map(|j| p.nodes[j].name.as_str())
+        .collect();
     if reachable < total {
         let cut_off = if unreachable.is_empty() {
             String::new()

@@ -101,7 +101,10 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), NETWORK_PROFILES.len());
-        assert_eq!(NetworkProfile::by_name("FAST-4G").map(|p| p.rtt_ms), Some(165.0));
+        assert_eq!(
+            NetworkProfile::by_name("FAST-4G").map(|p| p.rtt_ms),
+            Some(165.0)
+        );
         assert!(NetworkProfile::by_name("5g").is_none());
     }
 }

@@ -307,7 +307,8 @@ impl PlanProblem {
         if assignment[n - 1] != dev {
             crossing(assignment[n - 1], dev, n - 1)?;
         }
-        let latency_s = compute.iter().sum::<f64>() + transfers.iter().map(|t| t.crossing_s).sum::<f64>();
+        let latency_s =
+            compute.iter().sum::<f64>() + transfers.iter().map(|t| t.crossing_s).sum::<f64>();
         let bottleneck_s = compute
             .iter()
             .copied()
@@ -374,7 +375,10 @@ mod tests {
     #[test]
     fn evaluate_enforces_the_rules() {
         let mut p = two_nodes();
-        assert_eq!(p.evaluate(&[1, 1, 1, 1]), Err(Violation::EmbeddingOffDevice));
+        assert_eq!(
+            p.evaluate(&[1, 1, 1, 1]),
+            Err(Violation::EmbeddingOffDevice)
+        );
         assert_eq!(p.evaluate(&[0, 0, 0, 0]), Err(Violation::OverBudget(0)));
         assert_eq!(p.evaluate(&[0, 1, 0, 1]), Err(Violation::NotContiguous(0)));
         assert_eq!(p.evaluate(&[0]), Err(Violation::Malformed));
@@ -395,6 +399,9 @@ mod tests {
             bytes_per_s: 0.0,
         });
         let msg = p.validate().unwrap_err().to_string();
-        assert!(msg.contains("dev -> srv") && msg.contains("bandwidth"), "{msg}");
+        assert!(
+            msg.contains("dev -> srv") && msg.contains("bandwidth"),
+            "{msg}"
+        );
     }
 }

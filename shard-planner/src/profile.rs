@@ -127,9 +127,7 @@ impl ModelProfile {
         }
         let n = self.layers.len();
         if n < 2 {
-            return invalid(format!(
-                "{n} layers; need at least an embedding and a head"
-            ));
+            return invalid(format!("{n} layers; need at least an embedding and a head"));
         }
         let mut names = BTreeSet::new();
         for (i, l) in self.layers.iter().enumerate() {
@@ -239,7 +237,10 @@ mod tests {
     fn json_round_trip_and_block_lookup() {
         let p = profile();
         let text = serde_json::to_string(&p).unwrap();
-        assert!(text.contains("\"compute_seconds\":{\"1\":0.001,\"4\":0.002}"), "{text}");
+        assert!(
+            text.contains("\"compute_seconds\":{\"1\":0.001,\"4\":0.002}"),
+            "{text}"
+        );
         let back = ModelProfile::from_json(&text, Path::new("x.json")).unwrap();
         assert_eq!(back, p);
         assert_eq!(back.compute_for_block(4).unwrap(), vec![0.002; 3]);
@@ -251,7 +252,11 @@ mod tests {
     fn validation_names_the_problem() {
         let mut p = profile();
         p.layers.swap(0, 1);
-        assert!(p.validate().unwrap_err().to_string().contains("one embedding"));
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("one embedding"));
         let mut p = profile();
         p.layers[1].compute_seconds.remove(&4);
         assert!(p.validate().unwrap_err().to_string().contains("'blk.0'"));

@@ -2,7 +2,9 @@
 //! budgets drawn so that they bind, for both objectives and both pin options.
 
 use proptest::prelude::*;
-use tandem_shard::{brute_force, solve, LayerCost, LinkCost, NodeCost, Objective, PlanError, PlanProblem};
+use tandem_shard::{
+    brute_force, solve, LayerCost, LinkCost, NodeCost, Objective, PlanError, PlanProblem,
+};
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
@@ -15,10 +17,7 @@ fn problem() -> impl Strategy<Value = PlanProblem> {
         (
             prop::collection::vec((1u64..=10, 0u32..=40), n),
             prop::collection::vec((0u64..=40, prop::collection::vec(0u32..=50, n)), m),
-            prop::collection::vec(
-                prop::option::weighted(0.8, (0u32..=20, 1u32..=20)),
-                m * m,
-            ),
+            prop::collection::vec(prop::option::weighted(0.8, (0u32..=20, 1u32..=20)), m * m),
             0..m,
             any::<bool>(),
         )
@@ -124,7 +123,13 @@ fn memory_limits_bind_in_the_generated_instances() {
             _ => {}
         }
     }
-    assert!(binding * 10 > total, "only {binding}/{total} instances bind");
-    assert!(infeasible * 20 > total, "only {infeasible}/{total} infeasible");
+    assert!(
+        binding * 10 > total,
+        "only {binding}/{total} instances bind"
+    );
+    assert!(
+        infeasible * 20 > total,
+        "only {infeasible}/{total} infeasible"
+    );
     assert!(infeasible * 2 < total, "{infeasible}/{total} infeasible");
 }
