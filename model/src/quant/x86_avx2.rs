@@ -1,5 +1,316 @@
-//! placeholder
-use super::{QuantFormat, RowFn};
-pub(super) fn row_fn(_f: QuantFormat) -> Option<RowFn> {
-    None
+//! AVX2 kernels (x86-64, detected at run time).
+//!
+//! Only the integer block sums are computed with SIMD; they are exact, so
+//! their summation order is free. The float combination calls the same
+//! `combine` functions as the scalar reference, which keeps results bit-identical.
+//! `_mm256_maddubs_epi16` saturates at ±32767: every use below multiplies an
+//! unsigned weight ≤ 128 (|Q8_0| incl. -128, Q4 ≤ 15, Q6 ≤ 63) by an activation
+//! in [-127, 127], so a pair sums to at most 2 · 128 · 127 = 32512.
+
+use std::arch::x86_64::*;
+
+use super::act::Act;
+use super::blocks::{
+    cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+};
+use super::combine::{self, GROUP};
+use super::{QuantFormat, RowFn, TILE};
+
+pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
+    match f {
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
+        QuantFormat::Q4K => Some(row_q4k),
+        QuantFormat::Q6K => Some(row_q6k),
+        QuantFormat::F32 | QuantFormat::F16 => None,
+    }
+}
+
+#[repr(C, align(32))]
+pub(super) struct A32<const N: usize>(pub [u8; N]);
+
+/// Sum of the 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum_i32(v: __m256i) -> i32 {
+    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0x4E>(x));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0xB1>(x));
+    _mm_cvtsi128_si32(x)
+}
+
+/// `[Σ v0, Σ v1, …, Σ v7]` (each Σ over the 8 lanes of one vector).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum_8x8(v: &[__m256i; 8]) -> __m256i {
+    let s01 = _mm256_hadd_epi32(v[0], v[1]);
+    let s23 = _mm256_hadd_epi32(v[2], v[3]);
+    let s45 = _mm256_hadd_epi32(v[4], v[5]);
+    let s67 = _mm256_hadd_epi32(v[6], v[7]);
+    let s0123 = _mm256_hadd_epi32(s01, s23);
+    let s4567 = _mm256_hadd_epi32(s45, s67);
+    let lo = _mm256_permute2x128_si256::<0x20>(s0123, s4567);
+    let hi = _mm256_permute2x128_si256::<0x31>(s0123, s4567);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_from_bits_32(bits: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0x0000000000000000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Unpack one Q4_0/Q5_0/Q8_0 block to 32 signed bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m256i, f32) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    match format {
+        QuantFormat::Q4_0 => {
+            let blk = &cast::<BlockQ4_0>(wrow)[b];
+            // SAFETY: 16 bytes read from a 16-byte array.
+            let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
+            let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+            let v = _mm256_sub_epi8(_mm256_and_si256(v, lo4), _mm256_set1_epi8(8));
+            (v, f16_le(blk.d))
+        }
+        QuantFormat::Q5_0 => {
+            let blk = &cast::<BlockQ5_0>(wrow)[b];
+            // SAFETY: 16 bytes read from a 16-byte array.
+            let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
+            let v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), lo4);
+            let hb = _mm256_and_si256(
+                bytes_from_bits_32(u32::from_le_bytes(blk.qh)),
+                _mm256_set1_epi8(0x10),
+            );
+            let v = _mm256_sub_epi8(_mm256_or_si256(v, hb), _mm256_set1_epi8(16));
+            (v, f16_le(blk.d))
+        }
+        QuantFormat::Q8_0 => {
+            let blk = &cast::<BlockQ8_0>(wrow)[b];
+            // SAFETY: 32 bytes read from a 32-byte array.
+            let v = unsafe { _mm256_loadu_si256(blk.qs.as_ptr().cast()) };
+            (v, f16_le(blk.d))
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// Q4_0/Q5_0/Q8_0 row: groups of 8 blocks are unpacked once (signed values and
+/// their magnitudes) and reused for every activation row of the tile.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_group(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let nb = act.nb;
+    let mut acc = [[0f32; GROUP]; TILE];
+    let mut w = A32([0u8; GROUP * QK]);
+    let mut aw = A32([0u8; GROUP * QK]);
+    let mut dw = [0f32; GROUP];
+    let ones = _mm256_set1_epi16(1);
+    for g in 0..nb.div_ceil(GROUP) {
+        let nbg = GROUP.min(nb - g * GROUP);
+        for k in 0..GROUP {
+            let (v, d) = if k < nbg {
+                unpack_block(format, wrow, g * GROUP + k)
+            } else {
+                (_mm256_setzero_si256(), 0.0)
+            };
+            dw[k] = d;
+            // SAFETY: k * 32 + 32 <= 256 bytes, 32-byte aligned buffers.
+            unsafe {
+                _mm256_store_si256(w.0.as_mut_ptr().add(k * QK).cast(), v);
+                _mm256_store_si256(aw.0.as_mut_ptr().add(k * QK).cast(), _mm256_abs_epi8(v));
+            }
+        }
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = &act.row_qs(t0 + t)[g * GROUP * QK..];
+            let xd = &act.row_d(t0 + t)[g * GROUP..];
+            let mut v = [_mm256_setzero_si256(); GROUP];
+            let mut dx = [0f32; GROUP];
+            for k in 0..nbg {
+                // SAFETY: block k of the group lies inside the row (k < nbg),
+                // and inside the 256-byte weight buffers.
+                unsafe {
+                    let x = _mm256_loadu_si256(xq.as_ptr().add(k * QK).cast());
+                    let wv = _mm256_load_si256(w.0.as_ptr().add(k * QK).cast());
+                    let av = _mm256_load_si256(aw.0.as_ptr().add(k * QK).cast());
+                    let p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, wv));
+                    v[k] = _mm256_madd_epi16(p, ones);
+                }
+                dx[k] = xd[k];
+            }
+            let mut isum = [0i32; GROUP];
+            // SAFETY: 8 i32 stored into an [i32; 8].
+            unsafe { _mm256_storeu_si256(isum.as_mut_ptr().cast(), hsum_8x8(&v)) };
+            combine::combine_group(acc, &dw, &dx, &isum);
+        }
+    }
+    for t in 0..tn {
+        res[t] = combine::reduce8(&acc[t]);
+    }
+}
+
+/// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    for c in 0..4 {
+        // SAFETY: 32 bytes at 32c within the 128-byte `qs`; stores within 256 bytes.
+        unsafe {
+            let v = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
+            _mm256_store_si256(
+                q.0.as_mut_ptr().add(64 * c).cast(),
+                _mm256_and_si256(v, lo4),
+            );
+            _mm256_store_si256(
+                q.0.as_mut_ptr().add(64 * c + 32).cast(),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), lo4),
+            );
+        }
+    }
+}
+
+/// Q4_K row × Q8_K activation rows.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q4k(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let mut acc = [0f32; TILE];
+    let mut q = A32([0u8; QK_K]);
+    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        unpack_q4k_values(b, &mut q);
+        let mut sc = [0i16; 8];
+        let mut mn = [0i16; 16];
+        for j in 0..8 {
+            let (s, m) = q4k_scale_min(j, &b.scales);
+            sc[j] = s as i16;
+            mn[2 * j] = m as i16;
+            mn[2 * j + 1] = m as i16;
+        }
+        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j]));
+        // SAFETY: 16 i16 from a [i16; 16].
+        let mnv = unsafe { _mm256_loadu_si256(mn.as_ptr().cast()) };
+        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
+            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
+            let mut s = _mm256_setzero_si256();
+            for (j, scv) in scv.iter().enumerate() {
+                // SAFETY: 32 bytes at 32j of the 256-byte block and buffer.
+                unsafe {
+                    let x = _mm256_loadu_si256(xq.as_ptr().add(32 * j).cast());
+                    let w = _mm256_load_si256(q.0.as_ptr().add(32 * j).cast());
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+                }
+            }
+            // SAFETY: 16 i16 from a 16-element slice.
+            let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+            let sumi = hsum_i32(s);
+            let summins = hsum_i32(_mm256_madd_epi16(bsv, mnv));
+            let dx = act.row_d(t0 + t)[sb];
+            *acc += combine::q4k_block(d, dmin, dx, sumi, summins);
+        }
+    }
+    res[..tn].copy_from_slice(&acc[..tn]);
+}
+
+/// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(0x03);
+    let m30 = _mm256_set1_epi8(0x30);
+    for h in 0..2 {
+        // SAFETY: reads within ql (128 B) and qh (64 B); stores within 256 bytes.
+        unsafe {
+            let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
+            let e0 = _mm256_or_si256(
+                _mm256_and_si256(ql0, lo4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2)),
+            );
+            let e1 = _mm256_or_si256(
+                _mm256_and_si256(ql1, lo4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+            );
+            let e2 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), lo4),
+                _mm256_and_si256(qh, m30),
+            );
+            let e3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), lo4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+            );
+            let o = q.0.as_mut_ptr().add(128 * h);
+            _mm256_store_si256(o.cast(), e0);
+            _mm256_store_si256(o.add(32).cast(), e1);
+            _mm256_store_si256(o.add(64).cast(), e2);
+            _mm256_store_si256(o.add(96).cast(), e3);
+        }
+    }
+}
+
+/// Q6_K row × Q8_K activation rows: `Σ sc_j Σ q·x − 32 Σ sc_j bsum_j`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q6k(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let mut acc = [0f32; TILE];
+    let mut q = A32([0u8; QK_K]);
+    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        unpack_q6k_values(b, &mut q);
+        let sc: [i16; 16] = std::array::from_fn(|j| b.scales[j] as i16);
+        let scv: [__m256i; 8] = std::array::from_fn(|c| {
+            _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]))
+        });
+        // SAFETY: 16 i16 from a [i16; 16].
+        let sc16 = unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) };
+        let d = f16_le(b.d);
+        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
+            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
+            let mut s = _mm256_setzero_si256();
+            for (c, scv) in scv.iter().enumerate() {
+                // SAFETY: 32 bytes at 32c of the 256-byte block and buffer.
+                unsafe {
+                    let x = _mm256_loadu_si256(xq.as_ptr().add(32 * c).cast());
+                    let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+                }
+            }
+            // SAFETY: 16 i16 from a 16-element slice.
+            let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+            let sumi = hsum_i32(s) - 32 * hsum_i32(_mm256_madd_epi16(bsv, sc16));
+            let dx = act.row_d(t0 + t)[sb];
+            *acc += combine::q6k_block(d, dx, sumi);
+        }
+    }
+    res[..tn].copy_from_slice(&acc[..tn]);
 }
