@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use regex::Regex;
 
 use crate::lexicon::Lexicon;
-use crate::recognizers::Pattern;
+use crate::recognizers::{DigitStats, Pattern};
 use crate::types::{CategoryHit, EntityHit};
 
 /// Raw classifier output: every candidate with its score, and every lexicon hit.
@@ -50,7 +50,8 @@ impl Classifier {
     /// Run all recognizers and the lexicon over `text`.
     pub fn classify(&self, text: &str) -> Classification {
         let mut raw = Vec::new();
-        for p in &self.patterns {
+        let stats = DigitStats::of(text);
+        for p in self.patterns.iter().filter(|p| p.may_match(&stats)) {
             p.scan(text, &mut raw);
         }
         let entities = raw

@@ -71,6 +71,7 @@ impl Lexicon {
         }
         let ac = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
             .match_kind(MatchKind::LeftmostLongest)
             .build(&terms)?;
         Ok(Lexicon {

@@ -503,6 +503,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
             boost: 0.3,
             context_required: r.context_required,
             penalize_negative: false,
+            needs: (0, 0),
         });
         custom_names.push(name.clone());
     }

@@ -75,6 +75,39 @@ pub(crate) struct Pattern {
     pub context_required: bool,
     /// Subtract `NEGATIVE_PENALTY` when a test/code word is near.
     pub penalize_negative: bool,
+    /// Cheap necessary condition checked before running the regex: the text
+    /// must hold a run of at least `.0` consecutive digits, and a run of
+    /// digits and separators (` -.()+/`) with at least `.1` digits.
+    pub needs: (usize, usize),
+}
+
+/// Digit statistics of a text, computed in one pass, used to skip numeric
+/// recognizers on texts that cannot contain their entities.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DigitStats {
+    max_run: usize,
+    max_group: usize,
+}
+
+impl DigitStats {
+    pub fn of(text: &str) -> DigitStats {
+        let (mut run, mut group) = (0, 0);
+        let mut st = DigitStats::default();
+        for &b in text.as_bytes() {
+            if b.is_ascii_digit() {
+                run += 1;
+                group += 1;
+                st.max_run = st.max_run.max(run);
+                st.max_group = st.max_group.max(group);
+            } else {
+                run = 0;
+                if !matches!(b, b' ' | b'-' | b'.' | b'(' | b')' | b'+' | b'/') {
+                    group = 0;
+                }
+            }
+        }
+        st
+    }
 }
 
 /// Bytes searched for context words before a span and after it.
@@ -308,15 +341,43 @@ fn inside_hex_blob(text: &str, start: usize, end: usize) -> bool {
 }
 
 impl Pattern {
+    fn needs(mut self, run: usize, group: usize) -> Pattern {
+        self.needs = (run, group);
+        self
+    }
+
+    /// Whether the text's digit statistics allow a match at all.
+    pub fn may_match(&self, st: &DigitStats) -> bool {
+        st.max_run >= self.needs.0 && st.max_group >= self.needs.1
+    }
+
     /// Scan `text`, pushing every hit with its final score (unthresholded).
     pub fn scan(&self, text: &str, out: &mut Vec<(EntityKind, usize, usize, f32)>) {
-        for caps in self.regex.captures_iter(text) {
-            let Some(m) = caps.get(self.group) else {
-                continue;
-            };
-            let (s, e) = (m.start(), m.end());
+        // Capture groups cost a second, slower search per match: only ask for
+        // them when the span is a group.
+        if self.group == 0 {
+            for m in self.regex.find_iter(text) {
+                self.consider(text, m.start(), m.end(), out);
+            }
+        } else {
+            for caps in self.regex.captures_iter(text) {
+                if let Some(m) = caps.get(self.group) {
+                    self.consider(text, m.start(), m.end(), out);
+                }
+            }
+        }
+    }
+
+    fn consider(
+        &self,
+        text: &str,
+        s: usize,
+        e: usize,
+        out: &mut Vec<(EntityKind, usize, usize, f32)>,
+    ) {
+        {
             if self.bounded && (!bounded(text, s, e) || inside_hex_blob(text, s, e)) {
-                continue;
+                return;
             }
             let scored = match &self.check {
                 Check::Builtin(f) => f(text, s, e),
@@ -329,13 +390,13 @@ impl Pattern {
                     }),
                 },
             };
-            let Some(sc) = scored else { continue };
+            let Some(sc) = scored else { return };
             let mut score = sc.score;
             if !self.context.is_empty() || self.penalize_negative {
                 let win = around(text, sc.start, sc.end);
                 let has_ctx = contains_word(&win, &self.context);
                 if self.context_required && !has_ctx {
-                    continue;
+                    return;
                 }
                 if has_ctx {
                     score += self.boost;
@@ -911,6 +972,7 @@ fn pat(kind: EntityKind, re: &str, check: CheckFn, context: &[&str], boost: f32)
         boost,
         context_required: false,
         penalize_negative: true,
+        needs: (0, 0),
     }
 }
 
@@ -934,14 +996,16 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             check_cn_mobile,
             PHONE_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(0, 11),
         pat(
             Phone,
             r"(?:\(0[1-9][0-9]{1,2}\)|0[1-9][0-9]{1,2}-)[0-9]{7,8}",
             check_cn_landline,
             PHONE_CONTEXT,
             0.4,
-        ),
+        )
+        .needs(0, 9),
         Pattern {
             bounded: false,
             group: 1,
@@ -952,42 +1016,48 @@ pub(crate) fn builtin() -> Vec<Pattern> {
                 PHONE_CONTEXT,
                 0.3,
             )
-        },
+        }
+        .needs(0, 8),
         pat(
             Phone,
             r"(?:\+?1[ .-]?)?(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[.-])[2-9][0-9]{2}[.-][0-9]{4}",
             check_us_phone,
             PHONE_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(0, 10),
         pat(
             Phone,
             r"0(?:7[0-9]{3} ?[0-9]{6}|[1-9][0-9]{1,3} [0-9]{3,4} [0-9]{3,4})",
             check_uk_phone,
             PHONE_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(0, 10),
         pat(
             CnResidentId,
             r"[1-9][0-9]{16}[0-9Xx]",
             check_cn_id18,
             CN_ID_CONTEXT,
             0.35,
-        ),
+        )
+        .needs(17, 0),
         pat(
             CnResidentId,
             r"[1-9][0-9]{14}",
             check_cn_id15,
             CN_ID_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(15, 0),
         pat(
             BankCard,
             r"[0-9](?:[ -]?[0-9]){12,18}",
             check_card,
             CARD_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(0, 13),
         Pattern {
             bounded: false,
             penalize_negative: false,
@@ -1005,7 +1075,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             check_ssn,
             SSN_CONTEXT,
             0.45,
-        ),
+        )
+        .needs(0, 9),
         Pattern {
             context_required: true,
             ..pat(
@@ -1015,17 +1086,19 @@ pub(crate) fn builtin() -> Vec<Pattern> {
                 PASSPORT_CONTEXT,
                 0.6,
             )
-        },
+        }
+        .needs(6, 0),
         pat(
             IpAddress,
             r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])",
             check_ipv4,
             IP_CONTEXT,
             0.3,
-        ),
+        )
+        .needs(0, 4),
         pat(
             IpAddress,
-            r"[0-9A-Fa-f]{0,4}:[0-9A-Fa-f:]{2,38}",
+            r"(?:[0-9A-Fa-f]{1,4}|:):[0-9A-Fa-f:]{2,38}",
             check_ipv6,
             IP_CONTEXT,
             0.3,
