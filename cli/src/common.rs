@@ -1,0 +1,80 @@
+//! Pieces shared by the subcommands that run models.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+use tandem_fetch::{ensure_model, ModelRole, Progress};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+
+/// Which model, on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Which {
+    Draft,
+    Target,
+}
+
+impl Which {
+    pub fn role(self) -> ModelRole {
+        match self {
+            Self::Draft => ModelRole::Draft,
+            Self::Target => ModelRole::Target,
+        }
+    }
+}
+
+/// The model file: an explicit path (must exist), else the cached model,
+/// fetched on first use.
+pub fn resolve_model(role: ModelRole, explicit: Option<&PathBuf>) -> Result<PathBuf> {
+    match explicit {
+        Some(p) => {
+            anyhow::ensure!(p.exists(), "model file {} does not exist", p.display());
+            Ok(p.clone())
+        }
+        None => ensure_model(role, Progress::Auto)
+            .with_context(|| format!("getting the {role:?} model")),
+    }
+}
+
+/// A loaded model with its load time.
+pub struct Loaded {
+    pub model: Qwen2Model,
+    pub load_ms: f64,
+}
+
+pub fn load_model(role: ModelRole, explicit: Option<&PathBuf>, max_seq_len: usize) -> Result<Loaded> {
+    let path = resolve_model(role, explicit)?;
+    let t = Instant::now();
+    let model = Qwen2Model::load(&path, LoadOptions { max_seq_len })
+        .with_context(|| format!("loading {}", path.display()))?;
+    Ok(Loaded {
+        model,
+        load_ms: t.elapsed().as_secs_f64() * 1000.0,
+    })
+}
+
+pub fn tokenizer_of(model: &Qwen2Model) -> Result<Tokenizer> {
+    Tokenizer::from_gguf(model.gguf()).context("building the tokenizer from the GGUF")
+}
+
+/// Prompt tokens: the ChatML conversation (optional system + user), or the raw
+/// text when `raw`.
+pub fn prompt_tokens(tok: &Tokenizer, prompt: &str, system: Option<&str>, raw: bool) -> Result<Vec<u32>> {
+    if raw {
+        return Ok(tok.encode(prompt, false)?);
+    }
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(ChatMessage::system(s));
+    }
+    msgs.push(ChatMessage::user(prompt));
+    Ok(tok.encode_chat(&msgs, true)?)
+}
+
+/// Peak resident set size of this process in bytes (Linux), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,61 @@
+//! The invariant on the real Qwen2.5-Coder pair: greedy local speculative
+//! decoding produces token for token the target's own greedy output, over the
+//! shared prompt set (code, prose, Chinese, long outputs) and k ∈ {1,2,4,8,16}.
+
+mod common;
+
+use common::*;
+use std::sync::Mutex;
+use tandem_fetch::ModelRole;
+use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
+
+#[test]
+fn greedy_speculative_equals_target_on_real_models() {
+    let tok = tokenizer();
+    let draft = load(ModelRole::Draft, 1024);
+    let target = load(ModelRole::Target, 1024);
+    let prompts = prompts();
+    assert!(prompts.len() >= 20);
+    let stops = vec![tok.im_end_id(), tok.endoftext_id()];
+    // Outputs are capped to keep CI short; two prompts run to 256 tokens.
+    let mut long_runs = 0;
+    let report = Mutex::new(Vec::new());
+    for (i, p) in prompts.iter().take(22).enumerate() {
+        let ids = chat_tokens(&tok, &p.text);
+        let max_tokens = if p.max_tokens >= 256 && long_runs < 2 {
+            long_runs += 1;
+            256
+        } else {
+            p.max_tokens.min(40)
+        };
+        let base = GenerateConfig {
+            max_tokens,
+            stop_tokens: stops.clone(),
+            ..GenerateConfig::default()
+        };
+        let reference = generate_single(&target, &ids, &base, &mut |_| true).unwrap();
+        // Every prompt runs k=4; k ∈ {1,2,8,16} rotate over the prompts, so
+        // each k sees several prompts of each kind.
+        let ks = [4, [1, 2, 8, 16][i % 4]];
+        for k in ks {
+            let cfg = GenerateConfig { k, ..base.clone() };
+            let g = generate_speculative(&draft, &target, &ids, &cfg, &mut |_| true).unwrap();
+            let first_diff = g.tokens.iter().zip(&reference.tokens).position(|(a, b)| a != b);
+            assert_eq!(
+                g.tokens, reference.tokens,
+                "prompt {} k={k}: first difference at {first_diff:?}\n spec: {:?}\n target: {:?}",
+                p.id,
+                tok.decode(&g.tokens, false).unwrap_or_default(),
+                tok.decode(&reference.tokens, false).unwrap_or_default()
+            );
+            report.lock().unwrap().push(format!(
+                "{} k={k:2} tokens={:3} acceptance={:.2} mean_len={:.2}",
+                p.id, g.tokens.len(), g.stats.acceptance_rate, g.stats.mean_accepted_len
+            ));
+        }
+    }
+    assert_eq!(long_runs, 2, "two long (256-token) generations must be part of the test");
+    for l in report.lock().unwrap().iter() {
+        eprintln!("{l}");
+    }
+}
