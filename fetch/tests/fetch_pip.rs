@@ -41,6 +41,9 @@ fn make_wheel(index: &Path, package: &str, version: &str, member: &str, data: &[
     let mut zip = zip::ZipWriter::new(fs::File::create(path).unwrap());
     let opts = zip::write::SimpleFileOptions::default()
         .compression_method(zip::CompressionMethod::Deflated);
+    // Like the real model wheels: an `__init__.py` beside the data file.
+    zip.start_file(format!("{norm}/__init__.py"), opts).unwrap();
+    zip.write_all(b"").unwrap();
     zip.start_file(member, opts).unwrap();
     zip.write_all(data).unwrap();
     let info = format!("{norm}-{version}.dist-info");
@@ -59,7 +62,7 @@ fn make_wheel(index: &Path, package: &str, version: &str, member: &str, data: &[
     zip.start_file(format!("{info}/RECORD"), opts).unwrap();
     write!(
         zip,
-        "{member},,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n"
+        "{norm}/__init__.py,,\n{member},,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n"
     )
     .unwrap();
     zip.finish().unwrap();
