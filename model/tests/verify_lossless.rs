@@ -168,6 +168,35 @@ fn stale_bonus_rule(
     }
 }
 
+/// Draws from norm(max(0, p - q)), written out independently of the crate.
+fn residual_sample(p: &Distribution, q: &Distribution, rng: &mut Sampler) -> u32 {
+    let residual = (0..V as u32).map(|t| (t, (p.prob(t) - q.prob(t)).max(0.0)));
+    rng.sample(&Distribution::from_pairs(residual).unwrap())
+}
+
+/// Wrong, subtly: accepts 2% too often (min(1, 1.02 p/q)), residual correct.
+fn over_accepting_rule(
+    d: &[u32],
+    q: &[Distribution],
+    _q_full: &[Distribution],
+    p: &[Distribution],
+    rng: &mut Sampler,
+) -> Verdict {
+    for i in 0..d.len() {
+        let (qd, pd) = (q[i].prob(d[i]) as f64, p[i].prob(d[i]) as f64);
+        if rng.uniform() * qd >= 1.02 * pd {
+            return Verdict {
+                accepted: i,
+                next_token: residual_sample(&p[i], &q[i], rng),
+            };
+        }
+    }
+    Verdict {
+        accepted: d.len(),
+        next_token: rng.sample(&p[d.len()]),
+    }
+}
+
 struct Outcome {
     first: Vec<u64>,
     pair: Vec<u64>,
@@ -333,6 +362,22 @@ fn negative_control_bonus_from_wrong_position_is_rejected() {
     let (_, c2) = tests_for(&simulate(1, stale_bonus_rule, 5000));
     println!("stale-bonus k=1: pair p={:e}", c2.p_value);
     assert!(c2.p_value < ALPHA, "{c2:?}");
+}
+
+#[test]
+fn negative_control_subtle_over_acceptance_is_rejected() {
+    // A 2% error in the acceptance probability is enough to fail the test.
+    for k in 1..=2 {
+        let (c1, c2) = tests_for(&simulate(k, over_accepting_rule, 6000 + k as u64));
+        println!(
+            "over-accept k={k}: first p={:e}, pair p={:e}",
+            c1.p_value, c2.p_value
+        );
+        assert!(
+            c1.p_value < ALPHA || c2.p_value < ALPHA,
+            "k={k}: {c1:?} {c2:?}"
+        );
+    }
 }
 
 #[test]
