@@ -405,7 +405,10 @@ impl Pattern {
                     score -= NEGATIVE_PENALTY;
                 }
             }
-            out.push((self.kind.clone(), sc.start, sc.end, score.clamp(0.0, 1.0)));
+            // Two decimals: scores are coarse by nature, and this keeps
+            // float noise (0.95000005) out of JSON and logs.
+            let score = (score.clamp(0.0, 1.0) * 100.0).round() / 100.0;
+            out.push((self.kind.clone(), sc.start, sc.end, score));
         }
     }
 }

@@ -1,0 +1,270 @@
+//! `tandem route classify|explain|check`, run as the built binary.
+
+#![allow(clippy::unwrap_used)] // test helpers; a panic is a test failure
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn example_policy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml")
+}
+
+fn tandem(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn json_lines(o: &Output) -> Vec<Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn classify_writes_one_json_line_per_input_with_byte_offsets() {
+    let policy = example_policy();
+    let text = "我的身份证号是11010519491231002X，邮箱 li.na@gmail.com";
+    let input = format!(
+        "{}\n{}\n\n{}\n",
+        serde_json::json!({"id": "zh", "text": text}),
+        serde_json::json!({"id": 7, "text": "fn main() { println!(\"hi\"); }"}),
+        serde_json::json!({"id": "health", "text": "I was diagnosed with diabetes"}),
+    );
+    let o = tandem(
+        &["route", "classify", "--policy", policy.to_str().unwrap()],
+        &input,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    assert_eq!(lines.len(), 3);
+
+    let zh = &lines[0];
+    assert_eq!(zh["id"], "zh");
+    assert_eq!(zh["decision"], "local");
+    assert_eq!(zh["rule"], "identifiers");
+    let ents = zh["entities"].as_array().unwrap();
+    assert_eq!(ents.len(), 2);
+    let spans: Vec<(&str, &str)> = ents
+        .iter()
+        .map(|e| {
+            let (s, t) = (
+                e["start"].as_u64().unwrap() as usize,
+                e["end"].as_u64().unwrap() as usize,
+            );
+            (e["type"].as_str().unwrap(), &text[s..t])
+        })
+        .collect();
+    assert_eq!(
+        spans,
+        vec![
+            ("CN_RESIDENT_ID", "11010519491231002X"),
+            ("EMAIL", "li.na@gmail.com")
+        ]
+    );
+    assert!(ents[0]["score"].as_f64().unwrap() > 0.9);
+
+    assert_eq!(lines[1]["id"], 7);
+    assert_eq!(lines[1]["decision"], "speculative");
+    assert_eq!(lines[1]["rule"], "default");
+    assert_eq!(lines[1]["entities"].as_array().unwrap().len(), 0);
+
+    assert_eq!(lines[2]["decision"], "local");
+    assert_eq!(lines[2]["categories"], serde_json::json!(["health"]));
+}
+
+#[test]
+fn classify_output_never_contains_the_sensitive_text_outside_ids() {
+    let o = tandem(
+        &["route", "classify"],
+        "{\"id\":1,\"text\":\"card 4539 1488 0343 6467 and password = \\\"q8Zr!x2LwP0v#Kd9\\\"\"}\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(!out.contains("4539"), "{out}");
+    assert!(!out.contains("q8Zr"), "{out}");
+    assert_eq!(json_lines(&o)[0]["decision"], "local");
+}
+
+#[test]
+fn classify_conversation_field_makes_decisions_sticky() {
+    let input = [
+        r#"{"id":"1","conversation":"c","text":"my ssn is 536-22-1234"}"#,
+        r#"{"id":"2","conversation":"c","text":"write a haiku"}"#,
+        r#"{"id":"3","conversation":"d","text":"write a haiku"}"#,
+        r#"{"id":"4","text":"write a haiku"}"#,
+    ]
+    .join("\n");
+    let policy = example_policy();
+    let o = tandem(
+        &["route", "classify", "--policy", policy.to_str().unwrap()],
+        &input,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let l = json_lines(&o);
+    let rules: Vec<&str> = l.iter().map(|v| v["rule"].as_str().unwrap()).collect();
+    assert_eq!(
+        rules,
+        vec!["identifiers", "sticky:identifiers", "default", "default"]
+    );
+    assert_eq!(l[1]["decision"], "local");
+}
+
+#[test]
+fn classify_context_flags_reach_the_policy() {
+    let policy = example_policy();
+    let p = policy.to_str().unwrap();
+    let line = "{\"id\":1,\"text\":\"sort a list\"}\n";
+    let rule = |extra: &[&str]| {
+        let mut args = vec!["route", "classify", "--policy", p];
+        args.extend_from_slice(extra);
+        let o = tandem(&args, line);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json_lines(&o)[0]["rule"].as_str().unwrap().to_string()
+    };
+    assert_eq!(rule(&[]), "default");
+    assert_eq!(rule(&["--breaker-open"]), "verifier-down");
+    assert_eq!(rule(&["--rtt-ms", "2500"]), "slow-network");
+    assert_eq!(rule(&["--opt-out"]), "user-opt-out");
+    assert_eq!(rule(&["--battery", "5"]), "low-battery");
+}
+
+#[test]
+fn classify_reports_bad_lines_and_exits_nonzero() {
+    let o = tandem(
+        &["route", "classify"],
+        "{\"id\":1,\"text\":\"ok\"}\nnot json\n{\"id\":3}\n{\"id\":4,\"text\":\"fine\"}\n",
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+    // Good lines are still answered, in order.
+    let ids: Vec<Value> = json_lines(&o).iter().map(|v| v["id"].clone()).collect();
+    assert_eq!(ids, vec![Value::from(1), Value::from(4)]);
+}
+
+#[test]
+fn explain_highlights_spans_without_colour_when_piped() {
+    let policy = example_policy();
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            policy.to_str().unwrap(),
+            "我叫张伟，最近确诊糖尿病，card 4539 1488 0343 6467",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("decision:   local (rule: identifiers)"),
+        "{out}"
+    );
+    assert!(out.contains("categories: health"), "{out}");
+    assert!(out.contains("[[PERSON_NAME: 张伟]]"), "{out}");
+    assert!(out.contains("[[BANK_CARD: 4539 1488 0343 6467]]"), "{out}");
+    assert!(out.contains("{{health: 糖尿病}}"), "{out}");
+    assert!(out.contains("BANK_CARD       bytes"), "{out}");
+    assert!(
+        !out.contains('\x1b'),
+        "no escape codes when not a TTY: {out:?}"
+    );
+}
+
+#[test]
+fn explain_colour_always_and_stdin_and_json() {
+    let o = tandem(
+        &["route", "explain", "--color", "always", "-"],
+        "my password is hunter22",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("\x1b[1;31mhunter22\x1b[0m"), "{out:?}");
+
+    let o = tandem(&["route", "explain", "--json", "SSN 536-22-1234"], "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["decision"], "local");
+    assert_eq!(v["entities"][0]["type"], "US_SSN");
+    assert_eq!(v["entities"][0]["start"], 4);
+    assert_eq!(v["entities"][0]["end"], 15);
+}
+
+#[test]
+fn check_accepts_the_example_policy() {
+    let policy = example_policy();
+    let o = tandem(&["route", "check", policy.to_str().unwrap()], "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("ok: "), "{out}");
+    assert!(out.contains("8 rule(s)"), "{out}");
+}
+
+#[test]
+fn check_rejects_a_bad_policy_naming_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "default = \"speculative\"\n\n[[rules]]\nname = \"ids\"\naction = \"local\"\nentities = [\"CN_ID\"]\n",
+    )
+    .unwrap();
+    let o = tandem(&["route", "check", bad.to_str().unwrap()], "");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("bad.toml"), "{err}");
+    assert!(err.contains("line 6"), "{err}");
+    assert!(err.contains("rules[0].entities"), "{err}");
+    assert!(err.contains("CN_ID"), "{err}");
+
+    std::fs::write(&bad, "default = \"speculative\"\nmin_score = \"high\"\n").unwrap();
+    let o = tandem(&["route", "check", bad.to_str().unwrap()], "");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("line 2") && err.contains("min_score"), "{err}");
+
+    let o = tandem(&["route", "check", "/nonexistent/policy.toml"], "");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/nonexistent/policy.toml"));
+}
+
+#[test]
+fn classify_with_a_bad_policy_fails_before_reading_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("p.toml");
+    std::fs::write(&bad, "default = \"cloud\"\n").unwrap();
+    let o = tandem(
+        &["route", "classify", "--policy", bad.to_str().unwrap()],
+        "{\"id\":1,\"text\":\"x\"}\n",
+    );
+    assert!(!o.status.success());
+    assert!(stdout(&o).is_empty());
+    assert!(stderr(&o).contains("line 1"), "{}", stderr(&o));
+}
