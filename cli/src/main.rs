@@ -3,6 +3,10 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+mod common;
+mod demo;
+mod generate;
 mod models;
 mod plan;
 mod route;
@@ -21,6 +25,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmark Tandem's model core against candle and llama.cpp.
+    Bench(bench::Args),
+    /// Run the demo: a local speculative generation next to the target alone.
+    Demo(demo::Args),
+    /// Generate text locally: draft-only, target-only or speculative.
+    Generate(generate::Args),
     /// Fetch, verify and list the real GGUF models.
     Models(models::Args),
     /// Tokenize stdin (or decode a JSON id array with --decode).
@@ -41,6 +51,9 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let res = match cli.command {
+        Command::Bench(a) => bench::run(a),
+        Command::Demo(a) => demo::run(a),
+        Command::Generate(a) => generate::run(a),
         Command::Models(a) => models::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Route(a) => route::run(a),

@@ -144,3 +144,21 @@ fn corrupt_and_foreign_files_are_clear_errors() {
     let e = Qwen2Model::load(&cut, LoadOptions::default()).unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
 }
+
+#[test]
+fn unknown_architecture_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.gguf");
+    write_tiny_qwen2(&good, &TinyConfig::default()).unwrap();
+    let mut bytes = std::fs::read(&good).unwrap();
+    // Rewrite the value of general.architecture ("qwen2" -> "llama", same length).
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    let val = at + bytes[at..].windows(5).position(|w| w == b"qwen2").unwrap();
+    bytes[val..val + 5].copy_from_slice(b"llama");
+    let other = dir.path().join("llama.gguf");
+    std::fs::write(&other, bytes).unwrap();
+    let e = Qwen2Model::load(&other, LoadOptions::default()).unwrap_err();
+    assert!(matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "llama"), "{e}");
+    assert!(e.to_string().contains("llama"));
+}

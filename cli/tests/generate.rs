@@ -1,0 +1,75 @@
+//! `tandem generate` as a user runs it: the real models, greedy speculative
+//! output equal to target-only output, JSON schema, and clear errors.
+
+use std::process::Command;
+
+fn tandem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = tandem().arg("generate").args(args).arg("--json").output().unwrap();
+    assert!(
+        out.status.success(),
+        "tandem generate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn speculative_json_equals_target_json() {
+    let prompt = "Write a Rust function that returns the larger of two i32 values.";
+    let t = run_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
+    let s = run_json(&["--mode", "speculative", "--k", "5", "--prompt", prompt, "--max-tokens", "24"]);
+    assert_eq!(t["tokens"], s["tokens"]);
+    assert_eq!(t["text"], s["text"]);
+    assert_eq!(s["tokens"].as_array().unwrap().len(), 24);
+    let st = &s["stats"];
+    assert!(st["rounds"].as_u64().unwrap() >= 1);
+    let acc = st["acceptance_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    assert_eq!(st["per_position"].as_array().unwrap().len(), 5);
+    assert!(st["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(st["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(s["mode"], "speculative");
+    assert_eq!(s["k"], 5);
+    // Draft-only is a different model: it must at least produce text.
+    let d = run_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
+    assert_eq!(d["tokens"].as_array().unwrap().len(), 8);
+}
+
+#[test]
+fn streaming_prints_text_then_stats() {
+    let out = tandem()
+        .args(["generate", "--mode", "speculative", "--max-tokens", "12", "--prompt", "Say hello in Chinese."])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("acceptance") && err.contains("TTFT"), "{err}");
+}
+
+fn expect_error(args: &[&str], needle: &str) {
+    let out = tandem().arg("generate").args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    expect_error(&["--k", "0", "--prompt", "x"], "k = 0");
+    expect_error(&["--k", "17", "--prompt", "x"], "k = 17");
+    expect_error(&["--temperature", "-1", "--prompt", "x"], "temperature");
+    expect_error(&["--prompt", "   "], "empty");
+    expect_error(&["--draft-model", "/nonexistent/x.gguf", "--prompt", "x"], "does not exist");
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"GGUF but not really").unwrap();
+    expect_error(&["--mode", "draft", "--draft-model", junk.to_str().unwrap(), "--prompt", "x"], "not a valid GGUF");
+    let long = "word ".repeat(100);
+    expect_error(&["--mode", "draft", "--max-seq-len", "32", "--prompt", &long], "capacity");
+}
