@@ -21,10 +21,13 @@ mod error;
 pub mod network;
 pub mod problem;
 pub mod profile;
+pub mod report;
 
 pub use cluster::ClusterConfig;
+pub use cluster::PlanOptions;
 pub use dp::{diagnose, solve, Plan, MAX_NODES};
 pub use error::PlanError;
 pub use network::{NetworkProfile, NETWORK_PROFILES};
 pub use problem::{Evaluation, LayerCost, LinkCost, NodeCost, Objective, PlanProblem, Transfer};
 pub use profile::ModelProfile;
+pub use report::PlanReport;

@@ -307,8 +307,9 @@ impl PlanProblem {
         if assignment[n - 1] != dev {
             crossing(assignment[n - 1], dev, n - 1)?;
         }
-        let latency_s =
-            compute.iter().sum::<f64>() + transfers.iter().map(|t| t.crossing_s).sum::<f64>();
+        // fold from +0.0: f64's `Sum` starts at -0.0
+        let latency_s = compute.iter().fold(0.0, |acc, c| acc + c)
+            + transfers.iter().fold(0.0, |acc, t| acc + t.crossing_s);
         let bottleneck_s = compute
             .iter()
             .copied()
