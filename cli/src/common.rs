@@ -42,7 +42,11 @@ pub struct Loaded {
     pub load_ms: f64,
 }
 
-pub fn load_model(role: ModelRole, explicit: Option<&PathBuf>, max_seq_len: usize) -> Result<Loaded> {
+pub fn load_model(
+    role: ModelRole,
+    explicit: Option<&PathBuf>,
+    max_seq_len: usize,
+) -> Result<Loaded> {
     let path = resolve_model(role, explicit)?;
     let t = Instant::now();
     let model = Qwen2Model::load(&path, LoadOptions { max_seq_len })
@@ -59,7 +63,12 @@ pub fn tokenizer_of(model: &Qwen2Model) -> Result<Tokenizer> {
 
 /// Prompt tokens: the ChatML conversation (optional system + user), or the raw
 /// text when `raw`.
-pub fn prompt_tokens(tok: &Tokenizer, prompt: &str, system: Option<&str>, raw: bool) -> Result<Vec<u32>> {
+pub fn prompt_tokens(
+    tok: &Tokenizer,
+    prompt: &str,
+    system: Option<&str>,
+    raw: bool,
+) -> Result<Vec<u32>> {
     if raw {
         return Ok(tok.encode(prompt, false)?);
     }

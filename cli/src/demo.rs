@@ -40,7 +40,10 @@ pub fn run(args: Args) -> Result<()> {
         ..GenerateConfig::default()
     };
     println!("prompt: {prompt}\n");
-    println!("== speculative (draft proposes k={} tokens, target verifies each block in one pass) ==", cfg.k);
+    println!(
+        "== speculative (draft proposes k={} tokens, target verifies each block in one pass) ==",
+        cfg.k
+    );
     let mut dec = tok.stream_decoder(true);
     let mut out = std::io::stdout();
     let spec = generate_speculative(&draft.model, &target.model, &ids, &cfg, &mut |t| {
@@ -54,10 +57,21 @@ pub fn run(args: Args) -> Result<()> {
         print!("{rest}");
     }
     println!();
-    print!("{}", human_stats(Mode::Speculative, &spec, &cfg, draft.load_ms + target.load_ms));
+    print!(
+        "{}",
+        human_stats(
+            Mode::Speculative,
+            &spec,
+            &cfg,
+            draft.load_ms + target.load_ms
+        )
+    );
     println!("\n== target alone (the reference) ==");
     let reference = generate_single(&target.model, &ids, &cfg, &mut |_| true)?;
-    print!("{}", human_stats(Mode::Target, &reference, &cfg, target.load_ms));
+    print!(
+        "{}",
+        human_stats(Mode::Target, &reference, &cfg, target.load_ms)
+    );
     let same = reference.tokens == spec.tokens;
     println!(
         "\nspeculative output identical to the target's own greedy output: {}",
@@ -69,6 +83,9 @@ pub fn run(args: Args) -> Result<()> {
         spec.stats.tokens_per_s,
         reference.stats.tokens_per_s
     );
-    anyhow::ensure!(same, "speculative output differs from the target's greedy output");
+    anyhow::ensure!(
+        same,
+        "speculative output differs from the target's greedy output"
+    );
     Ok(())
 }

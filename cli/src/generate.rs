@@ -104,7 +104,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(p) => p.clone(),
         None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
             s
         }
     };
@@ -113,12 +115,25 @@ pub fn run(args: Args) -> Result<()> {
     let need_draft = mode != Mode::Target;
     let need_target = mode != Mode::Draft;
     let draft = need_draft
-        .then(|| load_model(ModelRole::Draft, args.draft_model.as_ref(), args.max_seq_len))
+        .then(|| {
+            load_model(
+                ModelRole::Draft,
+                args.draft_model.as_ref(),
+                args.max_seq_len,
+            )
+        })
         .transpose()?;
     let target = need_target
-        .then(|| load_model(ModelRole::Target, args.target_model.as_ref(), args.max_seq_len))
+        .then(|| {
+            load_model(
+                ModelRole::Target,
+                args.target_model.as_ref(),
+                args.max_seq_len,
+            )
+        })
         .transpose()?;
-    let load_ms = draft.as_ref().map_or(0.0, |l| l.load_ms) + target.as_ref().map_or(0.0, |l| l.load_ms);
+    let load_ms =
+        draft.as_ref().map_or(0.0, |l| l.load_ms) + target.as_ref().map_or(0.0, |l| l.load_ms);
     let any = draft.as_ref().or(target.as_ref()).map(|l| &l.model);
     let any = any.context("no model loaded")?;
     let tok = tokenizer_of(any)?;
@@ -217,7 +232,10 @@ pub fn human_stats(mode: Mode, g: &Generation, cfg: &GenerateConfig, load_ms: f6
                 }
             })
             .collect();
-        o.push_str(&format!("    per-position acceptance: [{}]\n", per.join(" ")));
+        o.push_str(&format!(
+            "    per-position acceptance: [{}]\n",
+            per.join(" ")
+        ));
     }
     o
 }

@@ -8,7 +8,12 @@ fn tandem() -> Command {
 }
 
 fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = tandem().arg("generate").args(args).arg("--json").output().unwrap();
+    let out = tandem()
+        .arg("generate")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "tandem generate {args:?} failed: {}",
@@ -21,7 +26,16 @@ fn run_json(args: &[&str]) -> serde_json::Value {
 fn speculative_json_equals_target_json() {
     let prompt = "Write a Rust function that returns the larger of two i32 values.";
     let t = run_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
-    let s = run_json(&["--mode", "speculative", "--k", "5", "--prompt", prompt, "--max-tokens", "24"]);
+    let s = run_json(&[
+        "--mode",
+        "speculative",
+        "--k",
+        "5",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "24",
+    ]);
     assert_eq!(t["tokens"], s["tokens"]);
     assert_eq!(t["text"], s["text"]);
     assert_eq!(s["tokens"].as_array().unwrap().len(), 24);
@@ -42,10 +56,22 @@ fn speculative_json_equals_target_json() {
 #[test]
 fn streaming_prints_text_then_stats() {
     let out = tandem()
-        .args(["generate", "--mode", "speculative", "--max-tokens", "12", "--prompt", "Say hello in Chinese."])
+        .args([
+            "generate",
+            "--mode",
+            "speculative",
+            "--max-tokens",
+            "12",
+            "--prompt",
+            "Say hello in Chinese.",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("acceptance") && err.contains("TTFT"), "{err}");
@@ -55,7 +81,10 @@ fn expect_error(args: &[&str], needle: &str) {
     let out = tandem().arg("generate").args(args).output().unwrap();
     assert!(!out.status.success(), "{args:?} should fail");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr lacks {needle:?}: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -65,11 +94,27 @@ fn bad_input_gets_clear_errors() {
     expect_error(&["--k", "17", "--prompt", "x"], "k = 17");
     expect_error(&["--temperature", "-1", "--prompt", "x"], "temperature");
     expect_error(&["--prompt", "   "], "empty");
-    expect_error(&["--draft-model", "/nonexistent/x.gguf", "--prompt", "x"], "does not exist");
+    expect_error(
+        &["--draft-model", "/nonexistent/x.gguf", "--prompt", "x"],
+        "does not exist",
+    );
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"GGUF but not really").unwrap();
-    expect_error(&["--mode", "draft", "--draft-model", junk.to_str().unwrap(), "--prompt", "x"], "not a valid GGUF");
+    expect_error(
+        &[
+            "--mode",
+            "draft",
+            "--draft-model",
+            junk.to_str().unwrap(),
+            "--prompt",
+            "x",
+        ],
+        "not a valid GGUF",
+    );
     let long = "word ".repeat(100);
-    expect_error(&["--mode", "draft", "--max-seq-len", "32", "--prompt", &long], "capacity");
+    expect_error(
+        &["--mode", "draft", "--max-seq-len", "32", "--prompt", &long],
+        "capacity",
+    );
 }

@@ -96,6 +96,9 @@ impl KvCache {
 
     /// K and V of `layer` for positions `0..len`.
     pub(crate) fn layer(&self, layer: usize, len: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer][..len * self.row], &self.v[layer][..len * self.row])
+        (
+            &self.k[layer][..len * self.row],
+            &self.v[layer][..len * self.row],
+        )
     }
 }

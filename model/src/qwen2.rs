@@ -46,7 +46,7 @@ impl Qwen2Config {
             d_model,
             n_head,
             n_kv_head,
-            head_dim: if n_head == 0 { 0 } else { d_model / n_head },
+            head_dim: d_model.checked_div(n_head).unwrap_or(0),
             d_ff: u("feed_forward_length")?,
             vocab: embd.dims.get(1).copied().unwrap_or(0),
             rope_theta: g.meta_f32("qwen2.rope.freq_base").unwrap_or(10_000.0),
@@ -66,13 +66,14 @@ impl Qwen2Config {
         if self.n_layer == 0 || self.d_model == 0 || self.n_head == 0 || self.n_kv_head == 0 {
             return Err(format!("degenerate config {self:?}"));
         }
-        if self.d_model % self.n_head != 0 || self.n_head % self.n_kv_head != 0 {
+        if !self.d_model.is_multiple_of(self.n_head) || !self.n_head.is_multiple_of(self.n_kv_head)
+        {
             return Err(format!(
                 "heads do not divide: d_model {} n_head {} n_kv_head {}",
                 self.d_model, self.n_head, self.n_kv_head
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         Ok(())
@@ -290,7 +291,7 @@ impl Qwen2Model {
                 self.cfg.n_layer
             )));
         }
-        if hidden.len() % d != 0 || hidden.is_empty() {
+        if !hidden.len().is_multiple_of(d) || hidden.is_empty() {
             return Err(ModelError::InvalidArgument(format!(
                 "hidden has {} floats, not a positive multiple of d_model {d}",
                 hidden.len()
@@ -324,7 +325,12 @@ impl Qwen2Model {
 
     /// Logits `[n, vocab]` for every position of `tokens`, which sit at
     /// `start_pos..` (the cache must hold exactly `start_pos` positions).
-    pub fn forward(&self, tokens: &[u32], start_pos: usize, cache: &mut KvCache) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        start_pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<Vec<f32>> {
         let mut h = self.embed_checked(tokens)?;
         self.forward_layers(0..self.cfg.n_layer, &mut h, start_pos, cache)?;
         Ok(self.head(&h))
@@ -332,7 +338,12 @@ impl Qwen2Model {
 
     /// Like [`forward`](Self::forward) but only the last position's logits
     /// (prefill: the head over 151,936 rows is not paid per prompt token).
-    pub fn forward_last(&self, tokens: &[u32], start_pos: usize, cache: &mut KvCache) -> Result<Vec<f32>> {
+    pub fn forward_last(
+        &self,
+        tokens: &[u32],
+        start_pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<Vec<f32>> {
         let mut h = self.embed_checked(tokens)?;
         self.forward_layers(0..self.cfg.n_layer, &mut h, start_pos, cache)?;
         let d = self.cfg.d_model;
@@ -346,7 +357,14 @@ impl Qwen2Model {
         self.embed(tokens)
     }
 
-    fn layer_forward(&self, l: usize, hidden: &mut [f32], n: usize, start_pos: usize, cache: &mut KvCache) {
+    fn layer_forward(
+        &self,
+        l: usize,
+        hidden: &mut [f32],
+        n: usize,
+        start_pos: usize,
+        cache: &mut KvCache,
+    ) {
         let cfg = &self.cfg;
         let (d, hd) = (cfg.d_model, cfg.head_dim);
         let kvd = cfg.n_kv_head * hd;
@@ -420,7 +438,17 @@ impl Qwen2Model {
 
 /// Causal attention of one query head over `ctx` cached positions.
 #[allow(clippy::too_many_arguments)]
-fn attend(q: &[f32], kc: &[f32], vc: &[f32], ctx: usize, stride: usize, off: usize, hd: usize, scale: f32, out: &mut [f32]) {
+fn attend(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    ctx: usize,
+    stride: usize,
+    off: usize,
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     let mut scores = vec![0f32; ctx];
     let mut max = f32::NEG_INFINITY;
     for (t, s) in scores.iter_mut().enumerate() {

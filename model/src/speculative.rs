@@ -9,7 +9,9 @@
 
 use crate::kv_cache::KvCache;
 use crate::qwen2::Qwen2Model;
-use crate::sampling::{self, argmax, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
+use crate::sampling::{
+    self, argmax, distribution, top_k_truncate, Distribution, Sampler, SamplingParams,
+};
 use crate::verify::{verify_greedy, verify_sampled, Verdict};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
@@ -62,7 +64,9 @@ impl GenerateConfig {
             )));
         }
         if self.draft_top_k == 0 {
-            return Err(ModelError::InvalidArgument("draft_top_k must be at least 1".into()));
+            return Err(ModelError::InvalidArgument(
+                "draft_top_k must be at least 1".into(),
+            ));
         }
         self.sampling.validate()
     }
@@ -385,7 +389,12 @@ pub fn generate_speculative(
             let mut thist = history.clone();
             let mut am = Vec::with_capacity(k + 1);
             for i in 0..=k {
-                am.push(pick(params, &tl[i * vocab..(i + 1) * vocab], &thist, &mut rng));
+                am.push(pick(
+                    params,
+                    &tl[i * vocab..(i + 1) * vocab],
+                    &thist,
+                    &mut rng,
+                ));
                 if i < k {
                     thist.push(block[i]);
                 }
@@ -395,7 +404,11 @@ pub fn generate_speculative(
             let mut thist = history.clone();
             let mut ps = Vec::with_capacity(k + 1);
             for i in 0..=k {
-                ps.push(distribution(params, &tl[i * vocab..(i + 1) * vocab], &thist));
+                ps.push(distribution(
+                    params,
+                    &tl[i * vocab..(i + 1) * vocab],
+                    &thist,
+                ));
                 if i < k {
                     thist.push(block[i]);
                 }

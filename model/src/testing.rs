@@ -78,17 +78,30 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
     let hd = cfg.d_model / cfg.n_head;
     let kvd = cfg.n_kv_head * hd;
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    let mut add = |name: String, dims: &[usize], scale: f32, offset: f32, fmt: GgmlDType| -> Result<()> {
-        let n: usize = dims.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| offset + scale * rng.next_f32()).collect();
-        let t = Tensor::from_vec(data, dims, &Device::Cpu).map_err(err)?;
-        let q = QTensor::quantize(&t, fmt).map_err(err)?;
-        tensors.push((name, q));
-        Ok(())
-    };
+    let mut add =
+        |name: String, dims: &[usize], scale: f32, offset: f32, fmt: GgmlDType| -> Result<()> {
+            let n: usize = dims.iter().product();
+            let data: Vec<f32> = (0..n).map(|_| offset + scale * rng.next_f32()).collect();
+            let t = Tensor::from_vec(data, dims, &Device::Cpu).map_err(err)?;
+            let q = QTensor::quantize(&t, fmt).map_err(err)?;
+            tensors.push((name, q));
+            Ok(())
+        };
     let (d, f) = (cfg.d_model, cfg.d_ff);
-    add("token_embd.weight".into(), &[cfg.vocab, d], 1.0, 0.0, cfg.embd_format)?;
-    add("output.weight".into(), &[cfg.vocab, d], 0.5, 0.0, cfg.output_format)?;
+    add(
+        "token_embd.weight".into(),
+        &[cfg.vocab, d],
+        1.0,
+        0.0,
+        cfg.embd_format,
+    )?;
+    add(
+        "output.weight".into(),
+        &[cfg.vocab, d],
+        0.5,
+        0.0,
+        cfg.output_format,
+    )?;
     add("output_norm.weight".into(), &[d], 0.1, 1.0, GgmlDType::F32)?;
     for i in 0..cfg.n_layer {
         let p = |s: &str| format!("blk.{i}.{s}");
@@ -99,9 +112,21 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
         };
         let ws = 1.0 / (d as f32).sqrt();
         add(p("attn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
-        add(p("attn_q.weight"), &[d, d], ws * 2.0, 0.0, cfg.matrix_format)?;
+        add(
+            p("attn_q.weight"),
+            &[d, d],
+            ws * 2.0,
+            0.0,
+            cfg.matrix_format,
+        )?;
         add(p("attn_q.bias"), &[d], 0.1, 0.0, GgmlDType::F32)?;
-        add(p("attn_k.weight"), &[kvd, d], ws * 2.0, 0.0, cfg.matrix_format)?;
+        add(
+            p("attn_k.weight"),
+            &[kvd, d],
+            ws * 2.0,
+            0.0,
+            cfg.matrix_format,
+        )?;
         add(p("attn_k.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
         add(p("attn_v.weight"), &[kvd, d], ws, 0.0, mix)?;
         add(p("attn_v.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
@@ -109,24 +134,39 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
         add(p("ffn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
         add(p("ffn_gate.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
         add(p("ffn_up.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
-        add(p("ffn_down.weight"), &[d, f], 1.0 / (f as f32).sqrt(), 0.0, mix)?;
+        add(
+            p("ffn_down.weight"),
+            &[d, f],
+            1.0 / (f as f32).sqrt(),
+            0.0,
+            mix,
+        )?;
     }
     let meta: Vec<(&str, Value)> = vec![
         ("general.architecture", Value::String("qwen2".into())),
-        ("general.name", Value::String("tandem tiny test model".into())),
+        (
+            "general.name",
+            Value::String("tandem tiny test model".into()),
+        ),
         ("qwen2.block_count", Value::U32(cfg.n_layer as u32)),
         ("qwen2.context_length", Value::U32(4096)),
         ("qwen2.embedding_length", Value::U32(d as u32)),
         ("qwen2.feed_forward_length", Value::U32(f as u32)),
         ("qwen2.attention.head_count", Value::U32(cfg.n_head as u32)),
-        ("qwen2.attention.head_count_kv", Value::U32(cfg.n_kv_head as u32)),
+        (
+            "qwen2.attention.head_count_kv",
+            Value::U32(cfg.n_kv_head as u32),
+        ),
         ("qwen2.rope.freq_base", Value::F32(1_000_000.0)),
         ("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
     ];
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tmp = path.with_extension("gguf.tmp");
-    let io = |source| ModelError::Io { path: tmp.clone(), source };
+    let io = |source| ModelError::Io {
+        path: tmp.clone(),
+        source,
+    };
     {
         let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
         gguf_file::write(&mut file, &meta_refs, &tensor_refs).map_err(err)?;

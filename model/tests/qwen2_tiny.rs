@@ -59,7 +59,11 @@ fn logits_depend_on_context() {
     let a = m.forward(&[1, 2, 3], 0, &mut c1).unwrap();
     let b = m.forward(&[9, 2, 3], 0, &mut c2).unwrap();
     let v = m.config().vocab;
-    assert_ne!(a[2 * v..], b[2 * v..], "last position must see the first token");
+    assert_ne!(
+        a[2 * v..],
+        b[2 * v..],
+        "last position must see the first token"
+    );
 }
 
 #[test]
@@ -80,7 +84,10 @@ fn truncate_rolls_back_exactly() {
 
 #[test]
 fn layer_ranges_compose_to_the_full_forward() {
-    let (_d, m) = tiny(&TinyConfig { n_layer: 3, ..TinyConfig::default() });
+    let (_d, m) = tiny(&TinyConfig {
+        n_layer: 3,
+        ..TinyConfig::default()
+    });
     let toks = [3u32, 1, 4, 1, 5];
     let mut c = m.new_cache();
     let full = m.forward(&toks, 0, &mut c).unwrap();
@@ -110,17 +117,31 @@ fn bad_inputs_are_errors_not_panics() {
     let (_d, m) = tiny(&TinyConfig::default());
     let mut c = m.new_cache();
     let v = m.config().vocab as u32;
-    assert!(matches!(m.forward(&[v], 0, &mut c), Err(ModelError::TokenOutOfRange { .. })));
-    assert!(matches!(m.forward(&[], 0, &mut c), Err(ModelError::InvalidArgument(_))));
+    assert!(matches!(
+        m.forward(&[v], 0, &mut c),
+        Err(ModelError::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        m.forward(&[], 0, &mut c),
+        Err(ModelError::InvalidArgument(_))
+    ));
     // Wrong start position.
-    assert!(matches!(m.forward(&[1], 3, &mut c), Err(ModelError::InvalidArgument(_))));
+    assert!(matches!(
+        m.forward(&[1], 3, &mut c),
+        Err(ModelError::InvalidArgument(_))
+    ));
     // Longer than the cache.
     let long = tokens(129, v as usize);
     assert!(matches!(
         m.forward(&long, 0, &mut c),
-        Err(ModelError::SequenceTooLong { needed: 129, capacity: 128 })
+        Err(ModelError::SequenceTooLong {
+            needed: 129,
+            capacity: 128
+        })
     ));
-    assert!(m.forward_layers(0..9, &mut vec![0.0; 256], 0, &mut c).is_err());
+    assert!(m
+        .forward_layers(0..9, &mut vec![0.0; 256], 0, &mut c)
+        .is_err());
 }
 
 #[test]
@@ -159,6 +180,9 @@ fn unknown_architecture_is_refused_by_name() {
     let other = dir.path().join("llama.gguf");
     std::fs::write(&other, bytes).unwrap();
     let e = Qwen2Model::load(&other, LoadOptions::default()).unwrap_err();
-    assert!(matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "llama"), "{e}");
+    assert!(
+        matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "llama"),
+        "{e}"
+    );
     assert!(e.to_string().contains("llama"));
 }

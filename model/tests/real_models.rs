@@ -46,7 +46,10 @@ fn real_logits_are_bit_identical_across_block_sizes() {
                 .iter()
                 .zip(&b)
                 .position(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(diff, None, "{role:?}: block {block} differs at element {diff:?}");
+            assert_eq!(
+                diff, None,
+                "{role:?}: block {block} differs at element {diff:?}"
+            );
         }
     }
 }
@@ -65,7 +68,10 @@ impl CandleModel {
     }
     /// Logits of the last position of `toks` at `pos`.
     fn step(&mut self, toks: &[u32], pos: usize) -> Vec<f32> {
-        let x = Tensor::new(toks, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let x = Tensor::new(toks, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         let l = self.w.forward(&x, pos).unwrap();
         l.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
     }
@@ -75,7 +81,12 @@ impl CandleModel {
 /// near-tie does not derail the rest of the comparison. Returns (max abs logit
 /// diff, argmax disagreements with the gap between the two candidates in our
 /// logits).
-fn cross_check(ours: &Qwen2Model, theirs: &mut CandleModel, prompt: &[u32], n: usize) -> (f32, Vec<(usize, f32)>) {
+fn cross_check(
+    ours: &Qwen2Model,
+    theirs: &mut CandleModel,
+    prompt: &[u32],
+    n: usize,
+) -> (f32, Vec<(usize, f32)>) {
     theirs.w.clear_kv_cache();
     let mut cache = ours.new_cache();
     let mut a = ours.forward_last(prompt, 0, &mut cache).unwrap();
@@ -122,10 +133,17 @@ fn greedy_tokens_match_candle_transformers() {
                 );
             }
             total_disagree += dis.len();
-            eprintln!("{role:?} {}: max |Δlogit| = {diff:.4}, near-tie disagreements {}", p.id, dis.len());
+            eprintln!(
+                "{role:?} {}: max |Δlogit| = {diff:.4}, near-tie disagreements {}",
+                p.id,
+                dis.len()
+            );
         }
         eprintln!("{role:?}: worst max |Δlogit| = {worst:.4}, disagreements {total_disagree}/320");
         assert!(worst < 1.0, "{role:?}: logits differ by {worst}");
-        assert!(total_disagree <= 3, "{role:?}: {total_disagree} greedy disagreements in 320 steps");
+        assert!(
+            total_disagree <= 3,
+            "{role:?}: {total_disagree} greedy disagreements in 320 steps"
+        );
     }
 }

@@ -40,9 +40,14 @@ fn greedy_speculative_equals_target_on_real_models() {
         for k in ks {
             let cfg = GenerateConfig { k, ..base.clone() };
             let g = generate_speculative(&draft, &target, &ids, &cfg, &mut |_| true).unwrap();
-            let first_diff = g.tokens.iter().zip(&reference.tokens).position(|(a, b)| a != b);
+            let first_diff = g
+                .tokens
+                .iter()
+                .zip(&reference.tokens)
+                .position(|(a, b)| a != b);
             assert_eq!(
-                g.tokens, reference.tokens,
+                g.tokens,
+                reference.tokens,
                 "prompt {} k={k}: first difference at {first_diff:?}\n spec: {:?}\n target: {:?}",
                 p.id,
                 tok.decode(&g.tokens, false).unwrap_or_default(),
@@ -50,11 +55,17 @@ fn greedy_speculative_equals_target_on_real_models() {
             );
             report.lock().unwrap().push(format!(
                 "{} k={k:2} tokens={:3} acceptance={:.2} mean_len={:.2}",
-                p.id, g.tokens.len(), g.stats.acceptance_rate, g.stats.mean_accepted_len
+                p.id,
+                g.tokens.len(),
+                g.stats.acceptance_rate,
+                g.stats.mean_accepted_len
             ));
         }
     }
-    assert_eq!(long_runs, 2, "two long (256-token) generations must be part of the test");
+    assert_eq!(
+        long_runs, 2,
+        "two long (256-token) generations must be part of the test"
+    );
     for l in report.lock().unwrap().iter() {
         eprintln!("{l}");
     }

@@ -3,7 +3,9 @@
 
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::SamplingParams;
-use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig, StopReason};
+use tandem_model::speculative::{
+    generate_single, generate_speculative, GenerateConfig, StopReason,
+};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 fn pair(dir: &std::path::Path, cap: usize) -> (Qwen2Model, Qwen2Model) {
@@ -11,9 +13,19 @@ fn pair(dir: &std::path::Path, cap: usize) -> (Qwen2Model, Qwen2Model) {
     let d = dir.join("draft.gguf");
     write_tiny_qwen2(&t, &TinyConfig::default()).unwrap();
     // The draft: the same weights with one layer fewer agrees often but not always.
-    write_tiny_qwen2(&d, &TinyConfig { n_layer: 1, ..TinyConfig::default() }).unwrap();
+    write_tiny_qwen2(
+        &d,
+        &TinyConfig {
+            n_layer: 1,
+            ..TinyConfig::default()
+        },
+    )
+    .unwrap();
     let o = LoadOptions { max_seq_len: cap };
-    (Qwen2Model::load(&d, o.clone()).unwrap(), Qwen2Model::load(&t, o).unwrap())
+    (
+        Qwen2Model::load(&d, o.clone()).unwrap(),
+        Qwen2Model::load(&t, o).unwrap(),
+    )
 }
 
 #[test]
@@ -22,12 +34,22 @@ fn greedy_speculative_equals_target_for_every_k() {
     let (draft, target) = pair(dir.path(), 256);
     let mut total_accepted = 0;
     let mut total_rejected = 0;
-    for (pi, prompt) in [vec![1u32, 2, 3], vec![100, 7, 42, 42, 9], vec![5]].iter().enumerate() {
-        let cfg = GenerateConfig { max_tokens: 60, ..GenerateConfig::default() };
+    for (pi, prompt) in [vec![1u32, 2, 3], vec![100, 7, 42, 42, 9], vec![5]]
+        .iter()
+        .enumerate()
+    {
+        let cfg = GenerateConfig {
+            max_tokens: 60,
+            ..GenerateConfig::default()
+        };
         let reference = generate_single(&target, prompt, &cfg, &mut |_| true).unwrap();
         assert_eq!(reference.tokens.len(), 60);
         for k in [1, 2, 3, 4, 8, 16] {
-            let cfg = GenerateConfig { k, max_tokens: 60, ..GenerateConfig::default() };
+            let cfg = GenerateConfig {
+                k,
+                max_tokens: 60,
+                ..GenerateConfig::default()
+            };
             let mut streamed = Vec::new();
             let g = generate_speculative(&draft, &target, prompt, &cfg, &mut |t| {
                 streamed.push(t);
@@ -43,18 +65,27 @@ fn greedy_speculative_equals_target_for_every_k() {
         }
     }
     // The test is only meaningful if both paths (accept and reject) ran.
-    assert!(total_accepted > 0 && total_rejected > 0, "{total_accepted} / {total_rejected}");
+    assert!(
+        total_accepted > 0 && total_rejected > 0,
+        "{total_accepted} / {total_rejected}"
+    );
 }
 
 #[test]
 fn stop_tokens_and_cancellation() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 256);
-    let base = GenerateConfig { max_tokens: 40, ..GenerateConfig::default() };
+    let base = GenerateConfig {
+        max_tokens: 40,
+        ..GenerateConfig::default()
+    };
     let reference = generate_single(&target, &[1, 2, 3], &base, &mut |_| true).unwrap();
     let stop_at = reference.tokens[10];
     let first = reference.tokens.iter().position(|&t| t == stop_at).unwrap();
-    let cfg = GenerateConfig { stop_tokens: vec![stop_at], ..base.clone() };
+    let cfg = GenerateConfig {
+        stop_tokens: vec![stop_at],
+        ..base.clone()
+    };
     for k in [1, 4, 16] {
         let cfg = GenerateConfig { k, ..cfg.clone() };
         let g = generate_speculative(&draft, &target, &[1, 2, 3], &cfg, &mut |_| true).unwrap();
@@ -75,7 +106,11 @@ fn stop_tokens_and_cancellation() {
 fn context_full_ends_cleanly_and_matches_target() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 32);
-    let cfg = GenerateConfig { max_tokens: 1000, k: 8, ..GenerateConfig::default() };
+    let cfg = GenerateConfig {
+        max_tokens: 1000,
+        k: 8,
+        ..GenerateConfig::default()
+    };
     let r = generate_single(&target, &[1, 2, 3, 4], &cfg, &mut |_| true).unwrap();
     let g = generate_speculative(&draft, &target, &[1, 2, 3, 4], &cfg, &mut |_| true).unwrap();
     assert_eq!(r.stop, StopReason::ContextFull);
@@ -87,8 +122,18 @@ fn context_full_ends_cleanly_and_matches_target() {
 fn sampled_speculative_runs_and_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 256);
-    let sampling = SamplingParams { temperature: 0.8, top_p: 0.95, seed: 7, ..SamplingParams::default() };
-    let cfg = GenerateConfig { k: 4, max_tokens: 50, sampling, ..GenerateConfig::default() };
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let cfg = GenerateConfig {
+        k: 4,
+        max_tokens: 50,
+        sampling,
+        ..GenerateConfig::default()
+    };
     let a = generate_speculative(&draft, &target, &[3, 1, 4], &cfg, &mut |_| true).unwrap();
     let b = generate_speculative(&draft, &target, &[3, 1, 4], &cfg, &mut |_| true).unwrap();
     assert_eq!(a.tokens, b.tokens, "same seed, same output");
@@ -97,7 +142,13 @@ fn sampled_speculative_runs_and_is_reproducible() {
         &draft,
         &target,
         &[3, 1, 4],
-        &GenerateConfig { sampling: SamplingParams { seed: 8, ..sampling }, ..cfg.clone() },
+        &GenerateConfig {
+            sampling: SamplingParams {
+                seed: 8,
+                ..sampling
+            },
+            ..cfg.clone()
+        },
         &mut |_| true,
     )
     .unwrap();
@@ -109,7 +160,10 @@ fn bad_arguments_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 16);
     for k in [0, 17] {
-        let cfg = GenerateConfig { k, ..GenerateConfig::default() };
+        let cfg = GenerateConfig {
+            k,
+            ..GenerateConfig::default()
+        };
         let e = generate_speculative(&draft, &target, &[1], &cfg, &mut |_| true).unwrap_err();
         assert!(e.to_string().contains("k = "), "{e}");
     }
@@ -119,7 +173,10 @@ fn bad_arguments_are_errors() {
     let e = generate_speculative(&draft, &target, &long, &cfg, &mut |_| true).unwrap_err();
     assert!(e.to_string().contains("capacity"), "{e}");
     let bad = GenerateConfig {
-        sampling: SamplingParams { temperature: -1.0, ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: -1.0,
+            ..SamplingParams::default()
+        },
         ..GenerateConfig::default()
     };
     assert!(generate_single(&target, &[1], &bad, &mut |_| true).is_err());

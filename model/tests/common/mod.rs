@@ -53,5 +53,6 @@ pub fn prompts() -> Vec<Prompt> {
 }
 
 pub fn chat_tokens(tok: &Tokenizer, text: &str) -> Vec<u32> {
-    tok.encode_chat(&[ChatMessage::user(text)], true).expect("encode")
+    tok.encode_chat(&[ChatMessage::user(text)], true)
+        .expect("encode")
 }
