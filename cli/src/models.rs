@@ -201,6 +201,7 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
                     "size": s.size,
                     "expected_size": s.expected_size,
                     "sha256": s.sha256,
+                    "leftovers": s.leftovers,
                 })
             })
             .collect();
@@ -225,6 +226,15 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
             size,
             s.path.display()
         );
+    }
+    for s in &statuses {
+        for p in &s.leftovers {
+            println!(
+                "{}: leftover of a running or interrupted fetch: {}",
+                s.name,
+                p.display()
+            );
+        }
     }
     if statuses
         .iter()

@@ -247,3 +247,26 @@ fn fetch_downloads_the_real_draft_model() {
         "{stdout}"
     );
 }
+
+#[test]
+fn list_shows_leftovers_of_an_interrupted_fetch() {
+    let tmp = TempDir::new().unwrap();
+    let leftover = tmp.path().join(format!("{DRAFT_FILE}.part-tmp-abc123"));
+    std::fs::write(&leftover, b"half a model").unwrap();
+    let (out, stdout, stderr) = run(tandem(&["list", "--dir"]).arg(tmp.path()));
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "draft: leftover of a running or interrupted fetch: {}",
+            leftover.display()
+        )),
+        "{stdout}"
+    );
+    let doc = list_json(tmp.path());
+    assert_eq!(
+        model(&doc, "draft")["leftovers"],
+        serde_json::json!([leftover])
+    );
+    assert_eq!(model(&doc, "draft")["present"], false);
+    assert_eq!(model(&doc, "target")["leftovers"], serde_json::json!([]));
+}

