@@ -554,52 +554,7 @@ fn check_iban(text: &str, s: usize, _e: usize) -> Option<Scored> {
     // the country's length, then validate.
     let b = text.as_bytes();
     let country = [b[s], b[s + 1]];
-    let want = [
-        ("AD", 24),
-        ("AE", 23),
-        ("AT", 20),
-        ("BE", 16),
-        ("BG", 22),
-        ("BH", 22),
-        ("CH", 21),
-        ("CY", 28),
-        ("CZ", 24),
-        ("DE", 22),
-        ("DK", 18),
-        ("EE", 20),
-        ("ES", 24),
-        ("FI", 18),
-        ("FR", 27),
-        ("GB", 22),
-        ("GR", 27),
-        ("HR", 21),
-        ("HU", 28),
-        ("IE", 22),
-        ("IL", 23),
-        ("IS", 26),
-        ("IT", 27),
-        ("LI", 21),
-        ("LT", 20),
-        ("LU", 20),
-        ("LV", 21),
-        ("MC", 27),
-        ("MT", 31),
-        ("NL", 18),
-        ("NO", 15),
-        ("PL", 28),
-        ("PT", 25),
-        ("RO", 24),
-        ("SA", 24),
-        ("SE", 24),
-        ("SI", 19),
-        ("SK", 24),
-        ("SM", 27),
-        ("TR", 26),
-        ("UA", 29),
-    ]
-    .iter()
-    .find(|(c, _)| c.as_bytes() == country)
-    .map(|&(_, n)| n)?;
+    let want = validate::iban_length(&country)?;
     let mut n = 0;
     let mut end = s;
     for (i, c) in text[s..].char_indices() {

@@ -75,7 +75,7 @@ pub fn plausible_card_iin(s: &str) -> bool {
 }
 
 /// IBAN length per country for the countries we validate (ISO 13616 registry).
-fn iban_length(country: &[u8]) -> Option<usize> {
+pub(crate) fn iban_length(country: &[u8]) -> Option<usize> {
     Some(match country {
         b"AD" => 24,
         b"AE" => 23,
