@@ -506,8 +506,14 @@ fn assemble(
 ) -> Result<u64, FetchError> {
     let dir = dest.parent().unwrap_or(Path::new("."));
     // Removed on drop, i.e. on every early return.
-    let mut tmp_file = tempfile::Builder::new()
-        .prefix(&temp_prefix(spec))
+    let mut builder = tempfile::Builder::new();
+    let prefix = temp_prefix(spec);
+    builder.prefix(&prefix);
+    // The installed model gets the mode `File::create` would give it
+    // (0o666 & !umask), not tempfile's private 0o600.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut tmp_file = builder
         .tempfile_in(dir)
         .map_err(|e| FetchError::io("create a temporary file in", dir, e))?;
     let tmp = tmp_file.path().to_path_buf();

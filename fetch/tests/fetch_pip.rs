@@ -188,6 +188,14 @@ fn fetch_assembles_parts_in_order_and_verifies() {
         status(&fx.spec, &fx.models).unwrap().state,
         ModelState::Verified
     );
+    // Same permissions as any file the user creates (umask applies), not a
+    // temp file's owner-only mode.
+    let reference = fx.index.join("reference");
+    fs::File::create(&reference).unwrap();
+    assert_eq!(
+        fs::metadata(fx.path()).unwrap().permissions(),
+        fs::metadata(&reference).unwrap().permissions()
+    );
 }
 
 #[test]
