@@ -26,7 +26,16 @@ fn cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-fn problem(n: usize, m: usize, device_holds_all: bool, pin_head: bool) -> PlanProblem {
+/// `uniform`: identical blocks and per-node speed factors (how `tandem plan`
+/// builds problems from a profile); otherwise every (layer, node) compute
+/// time is drawn independently (the worst case for the throughput search).
+fn problem(
+    n: usize,
+    m: usize,
+    device_holds_all: bool,
+    pin_head: bool,
+    uniform: bool,
+) -> PlanProblem {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let layer_mb = 40u64;
     let layers: Vec<LayerCost> = (0..n)
@@ -50,12 +59,24 @@ fn problem(n: usize, m: usize, device_holds_all: bool, pin_head: bool) -> PlanPr
                 total / 4 + (rng.next() * total as f64 / 8.0) as u64
             };
             let speed = if j == 0 { 1.0 } else { 2.0 + 6.0 * rng.next() };
+            let compute_s = (0..n)
+                .map(|i| {
+                    let base = if !uniform {
+                        0.001 + 0.0005 * rng.next()
+                    } else if i == 0 {
+                        0.00001
+                    } else if i == n - 1 {
+                        0.004
+                    } else {
+                        0.0012
+                    };
+                    base / speed
+                })
+                .collect();
             NodeCost {
                 name: format!("n{j}"),
                 memory_budget_bytes: budget,
-                compute_s: (0..n)
-                    .map(|_| (0.001 + 0.0005 * rng.next()) / speed)
-                    .collect(),
+                compute_s,
             }
         })
         .collect();
@@ -86,13 +107,18 @@ fn main() {
         "planning {n} layers x {m} nodes (wall: median of 21 runs after 3 warm-up; on-CPU: mean)"
     );
     println!(
-        "{:<11} {:<9} {:<18} {:>10} {:>10}  plan value",
-        "objective", "pin-head", "device memory", "wall", "on-CPU"
+        "{:<11} {:<8} {:<9} {:<18} {:>10} {:>10}  plan value",
+        "objective", "costs", "pin-head", "device memory", "wall", "on-CPU"
     );
-    for objective in [Objective::Latency, Objective::Throughput] {
+    for (objective, uniform) in [
+        (Objective::Latency, true),
+        (Objective::Latency, false),
+        (Objective::Throughput, true),
+        (Objective::Throughput, false),
+    ] {
         for pin_head in [false, true] {
             for holds_all in [true, false] {
-                let p = problem(n, m, holds_all, pin_head);
+                let p = problem(n, m, holds_all, pin_head, uniform);
                 let mut times: Vec<Duration> = Vec::new();
                 let mut cpu_start = None;
                 let mut value = f64::NAN;
@@ -123,8 +149,9 @@ fn main() {
                     _ => f64::NAN,
                 };
                 println!(
-                    "{:<11} {:<9} {:<18} {:>7.3} ms {:>7.3} ms  {:.4} s",
+                    "{:<11} {:<8} {:<9} {:<18} {:>7.3} ms {:>7.3} ms  {:.4} s",
                     objective.to_string(),
+                    if uniform { "uniform" } else { "random" },
                     if pin_head { "yes" } else { "no" },
                     if holds_all {
                         "holds whole model"

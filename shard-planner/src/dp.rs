@@ -78,13 +78,6 @@ impl Ctx<'_> {
     fn x(&self, after_layer: usize, from: usize, to: usize) -> f64 {
         self.xfer[(after_layer * (self.k + 1) + from) * (self.k + 1) + to]
     }
-    /// Iterates the members of subset `s` of non-device nodes.
-    fn members(&self, s: usize) -> impl Iterator<Item = usize> {
-        (0..self.k).filter(move |j| s & (1 << j) != 0)
-    }
-    fn non_members(&self, s: usize) -> impl Iterator<Item = usize> {
-        (0..self.k).filter(move |j| s & (1 << j) == 0)
-    }
 }
 
 /// A monotone deque per `(S, j')` (sliding-window minimum / min label),
@@ -210,7 +203,7 @@ fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
         // 1. Finalise states whose last range ends at i.
         if i > start {
             for s2 in 1..t.subsets {
-                for jp in ctx.members(s2) {
+                for jp in bits(s2) {
                     let s = s2 & !(1 << jp);
                     let w = t.win(s, jp);
                     let lo = ctx.lo[jp][i];
@@ -232,14 +225,14 @@ fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
             if s != 0 && !t.live[i * t.subsets + s] {
                 continue;
             }
-            for jp in ctx.non_members(s) {
+            for jp in bits(!s & (t.subsets - 1)) {
                 let g = ctx.nd[jp];
                 let mut best = f64::INFINITY;
                 let mut from = DEVICE_FROM;
                 if s == 0 {
                     best = dev_val[i] + ctx.x(i - 1, ctx.k, jp);
                 } else {
-                    for j in ctx.members(s) {
+                    for j in bits(s) {
                         let c = t.vals[t.idx(i, s, j)] + ctx.x(i - 1, j, jp);
                         if c < best {
                             best = c;
@@ -300,7 +293,7 @@ impl Best {
 fn offer_chain_ends(ctx: &Ctx, t: &Table, best: &mut Best) {
     let n = ctx.n;
     for s in 1..t.subsets {
-        for j in ctx.members(s) {
+        for j in bits(s) {
             let v = t.vals[t.idx(n, s, j)] + ctx.x(n - 1, j, ctx.k);
             best.offer(v, || reconstruct(ctx, t, n, s, j));
         }
@@ -325,7 +318,7 @@ fn offer_u_ends(ctx: &Ctx, t: &Table, source: Option<usize>, best: &mut Best) {
             continue;
         }
         for s in 1..t.subsets {
-            for j in ctx.members(s) {
+            for j in bits(s) {
                 let v = t.vals[t.idx(end, s, j)] + ctx.x(end - 1, j, ctx.k) + suffix_comp;
                 best.offer(v, || reconstruct(ctx, t, end, s, j));
             }
@@ -437,12 +430,13 @@ fn throughput_feasible(ctx: &Ctx, t: &mut Table, lambda: f64) -> Option<Vec<usiz
         })
         .collect();
     for i in 1..=ctx.limit {
+        let reach_floor = i as f64;
         if i > 1 {
             for s2 in 1..t.subsets {
-                for jp in ctx.members(s2) {
+                for jp in bits(s2) {
                     let s = s2 & !(1 << jp);
                     let w = t.win(s, jp);
-                    if let Some(slot) = t.windows.front(w, |_, r| r as usize >= i) {
+                    if let Some(slot) = t.windows.front(w, |_, r| r >= reach_floor) {
                         let a = t.windows.pos[slot];
                         let id = t.idx(i, s2, jp);
                         t.labels[id] = t.windows.label[slot];
