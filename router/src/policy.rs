@@ -52,7 +52,7 @@ use toml::Spanned;
 
 use crate::classify::{compact_value, resolve_overlaps, Classification, Classifier};
 use crate::lexicon::{parse_terms, Lexicon, BUILTIN_CATEGORIES};
-use crate::recognizers::{self, Check, Pattern, Validator};
+use crate::recognizers::{self, Check, Pattern, Validator, WordSet};
 use crate::types::{Action, CategoryHit, Decision, EntityHit, EntityKind, RouteContext};
 
 /// A policy that could not be loaded.
@@ -499,7 +499,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
             group: 0,
             bounded: false,
             check: Check::Custom { validator, score },
-            context: r.context.iter().map(|w| w.to_lowercase()).collect(),
+            context: WordSet::new(&r.context),
             boost: 0.3,
             context_required: r.context_required,
             penalize_negative: false,

@@ -8,6 +8,9 @@
 //! need context; formats that are unmistakable (PEM keys, provider tokens, a
 //! mod-97-valid IBAN, a fully valid 18-digit resident ID) start above it.
 
+use std::sync::OnceLock;
+
+use aho_corasick::AhoCorasick;
 use regex::Regex;
 
 use crate::types::EntityKind;
@@ -69,7 +72,7 @@ pub(crate) struct Pattern {
     pub bounded: bool,
     pub check: Check,
     /// Lower-case context words; any one within the window adds `boost`.
-    pub context: Vec<String>,
+    pub context: WordSet,
     pub boost: f32,
     /// Without a context word the candidate is dropped.
     pub context_required: bool,
@@ -241,8 +244,54 @@ const MAC_CONTEXT: &[&str] = &[
     "mac地址",
 ];
 
-fn words(ws: &[&str]) -> Vec<String> {
-    ws.iter().map(|w| w.to_string()).collect()
+/// A set of context words matched in one Aho-Corasick pass, ASCII
+/// case-insensitively. ASCII words must stand alone (no letter or digit on
+/// either side); CJK words match anywhere.
+pub(crate) struct WordSet {
+    ac: Option<AhoCorasick>,
+    ascii: Vec<bool>,
+}
+
+impl WordSet {
+    pub fn new<S: AsRef<str>>(words: &[S]) -> WordSet {
+        let words: Vec<&str> = words
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|w| !w.is_empty())
+            .collect();
+        let ac = if words.is_empty() {
+            None
+        } else {
+            AhoCorasick::builder()
+                .ascii_case_insensitive(true)
+                .build(&words)
+                .ok()
+        };
+        WordSet {
+            ascii: words.iter().map(|w| w.is_ascii()).collect(),
+            ac,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ac.is_none()
+    }
+
+    /// Whether any word occurs in `hay` as a whole word.
+    pub fn any_in(&self, hay: &str) -> bool {
+        let Some(ac) = &self.ac else { return false };
+        let b = hay.as_bytes();
+        ac.find_overlapping_iter(hay).any(|m| {
+            !self.ascii[m.pattern().as_usize()]
+                || ((m.start() == 0 || !is_word_byte(b[m.start() - 1]))
+                    && (m.end() >= b.len() || !is_word_byte(b[m.end()])))
+        })
+    }
+}
+
+fn negative_words() -> &'static WordSet {
+    static SET: OnceLock<WordSet> = OnceLock::new();
+    SET.get_or_init(|| WordSet::new(NEGATIVE_WORDS))
 }
 
 fn is_word_byte(b: u8) -> bool {
@@ -271,32 +320,11 @@ fn ceil_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// Whether any of `ws` occurs as a whole word in `hay` (already lower-case).
-/// ASCII words need non-alphanumeric neighbours; CJK words match anywhere.
-pub(crate) fn contains_word(hay: &str, ws: &[String]) -> bool {
-    let hb = hay.as_bytes();
-    ws.iter().any(|w| {
-        let ascii = w.is_ascii();
-        hay.match_indices(w.as_str()).any(|(i, m)| {
-            if !ascii {
-                return true;
-            }
-            let before = i == 0 || !is_word_byte(hb[i - 1]);
-            let j = i + m.len();
-            let after = j >= hb.len() || !is_word_byte(hb[j]);
-            before && after
-        })
-    })
-}
-
-/// The lower-cased text around a span (not including it).
-fn around(text: &str, start: usize, end: usize) -> String {
+/// The text before and after a span, within the context window.
+fn around(text: &str, start: usize, end: usize) -> (&str, &str) {
     let a = floor_boundary(text, start.saturating_sub(WINDOW_BEFORE));
     let b = ceil_boundary(text, end + WINDOW_AFTER);
-    let mut s = text[a..start].to_lowercase();
-    s.push(' ');
-    s.push_str(&text[end..b].to_lowercase());
-    s
+    (&text[a..start], &text[end..b])
 }
 
 /// Neither neighbour of `[start, end)` is an ASCII letter or digit, and the
@@ -393,15 +421,16 @@ impl Pattern {
             let Some(sc) = scored else { return };
             let mut score = sc.score;
             if !self.context.is_empty() || self.penalize_negative {
-                let win = around(text, sc.start, sc.end);
-                let has_ctx = contains_word(&win, &self.context);
+                let (before, after) = around(text, sc.start, sc.end);
+                let has_ctx = self.context.any_in(before) || self.context.any_in(after);
                 if self.context_required && !has_ctx {
                     return;
                 }
                 if has_ctx {
                     score += self.boost;
                 }
-                if self.penalize_negative && contains_neg(&win) {
+                let neg = negative_words();
+                if self.penalize_negative && (neg.any_in(before) || neg.any_in(after)) {
                     score -= NEGATIVE_PENALTY;
                 }
             }
@@ -411,19 +440,6 @@ impl Pattern {
             out.push((self.kind.clone(), sc.start, sc.end, score));
         }
     }
-}
-
-fn contains_neg(win: &str) -> bool {
-    NEGATIVE_WORDS.iter().any(|w| {
-        let wb = win.as_bytes();
-        win.match_indices(w).any(|(i, m)| {
-            if !w.is_ascii() {
-                return true;
-            }
-            let j = i + m.len();
-            (i == 0 || !is_word_byte(wb[i - 1])) && (j >= wb.len() || !is_word_byte(wb[j]))
-        })
-    })
 }
 
 fn sc(start: usize, end: usize, score: f32) -> Option<Scored> {
@@ -926,7 +942,7 @@ fn pat(kind: EntityKind, re: &str, check: CheckFn, context: &[&str], boost: f32)
         group: 0,
         bounded: true,
         check: Check::Builtin(check),
-        context: words(context),
+        context: WordSet::new(context),
         boost,
         context_required: false,
         penalize_negative: true,
