@@ -102,3 +102,26 @@ pub fn q4k_scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
         )
     }
 }
+
+/// All 8 scales and 8 mins of a Q4_K block (llama.cpp's bit shuffle;
+/// equal to [`q4k_scale_min`] for j = 0..8).
+#[inline(always)]
+pub fn q4k_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f3f3f;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    const KMASK3: u32 = 0x03030303;
+    let u0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let u1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let u2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let m1 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let m0 = u1 & KMASK1;
+    let s1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let s0 = u0 & KMASK1;
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    sc[..4].copy_from_slice(&s0.to_le_bytes());
+    sc[4..].copy_from_slice(&s1.to_le_bytes());
+    mn[..4].copy_from_slice(&m0.to_le_bytes());
+    mn[4..].copy_from_slice(&m1.to_le_bytes());
+    (sc, mn)
+}

@@ -31,17 +31,26 @@ pub fn reduce8(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// Contribution of one Q4_K × Q8_K super-block:
-/// `sumi = Σ_j sc_j Σ q·x`, `summins = Σ_j m_j Σ x` (integers, exact).
+/// Q4_K × Q8_K super-block, lane-wise (8 lanes, kept until the row's end):
+/// `s[l] = Σ_c sc_c Σ_{k<4} q[32c+4l+k]·x[32c+4l+k]` (sub-block c, elements
+/// 4l..4l+4 of it) and `mm[l] = m_l (bsum16[2l] + bsum16[2l+1])`, both exact
+/// integers; `dd = d·dx`, `dm = dmin·dx`.
+/// `acc[l] += dd·s[l] − dm·mm[l]`.
 #[inline(always)]
-pub fn q4k_block(d: f32, dmin: f32, dx: f32, sumi: i32, summins: i32) -> f32 {
-    (d * dx) * sumi as f32 - (dmin * dx) * summins as f32
+pub fn q4k_lanes(acc: &mut [f32; 8], dd: f32, dm: f32, s: &[i32; 8], mm: &[i32; 8]) {
+    for l in 0..8 {
+        acc[l] += dd * s[l] as f32 - dm * mm[l] as f32;
+    }
 }
 
-/// Contribution of one Q6_K × Q8_K super-block: `sumi = Σ_j sc_j Σ (q-32)·x`.
+/// Q6_K × Q8_K super-block, lane-wise: `s[l] = Σ_c Σ_{k<4} sc(32c+4l+k)·q·x
+/// − 32 (sc_{2l} bsum16[2l] + sc_{2l+1} bsum16[2l+1])` (q unsigned 0..64),
+/// `dd = d·dx`. `acc[l] += dd·s[l]`.
 #[inline(always)]
-pub fn q6k_block(d: f32, dx: f32, sumi: i32) -> f32 {
-    (d * dx) * sumi as f32
+pub fn q6k_lanes(acc: &mut [f32; 8], dd: f32, s: &[i32; 8]) {
+    for l in 0..8 {
+        acc[l] += dd * s[l] as f32;
+    }
 }
 
 /// Lanes of the f32 dot product used for F32/F16 weights.

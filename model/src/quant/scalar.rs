@@ -146,9 +146,10 @@ pub fn row_group(
     }
 }
 
-/// Q4_K row × activation rows `t0..t0+tn` (Q8_K).
+/// Q4_K row × activation rows `t0..t0+tn` (Q8_K), lane-wise as in
+/// [`combine::q4k_lanes`].
 pub fn row_q4k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [0f32; TILE];
+    let mut acc = [[0f32; 8]; TILE];
     let mut u = Q4KUnpacked {
         q: [0; QK_K],
         sc: [0; 8],
@@ -161,27 +162,32 @@ pub fn row_q4k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TIL
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
             let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
-            let mut sumi = 0i32;
-            let mut summins = 0i32;
-            for j in 0..8 {
-                let s: i32 = u.q[32 * j..32 * j + 32]
-                    .iter()
-                    .zip(&xq[32 * j..32 * j + 32])
-                    .map(|(&q, &x)| q as i32 * x as i32)
-                    .sum();
-                sumi += u.sc[j] as i32 * s;
-                summins += u.mn[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
+            let mut s = [0i32; 8];
+            let mut mm = [0i32; 8];
+            for c in 0..8 {
+                for (l, s) in s.iter_mut().enumerate() {
+                    let e: i32 = (32 * c + 4 * l..32 * c + 4 * l + 4)
+                        .map(|k| u.q[k] as i32 * xq[k] as i32)
+                        .sum();
+                    *s += u.sc[c] as i32 * e;
+                }
+            }
+            for l in 0..8 {
+                mm[l] = u.mn[l] as i32 * (bs[2 * l] as i32 + bs[2 * l + 1] as i32);
             }
             let dx = act.row_d(t0 + t)[sb];
-            *acc += combine::q4k_block(u.d, u.dmin, dx, sumi, summins);
+            combine::q4k_lanes(acc, u.d * dx, u.dmin * dx, &s, &mm);
         }
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    for t in 0..tn {
+        res[t] = combine::reduce8(&acc[t]);
+    }
 }
 
-/// Q6_K row × activation rows `t0..t0+tn` (Q8_K).
+/// Q6_K row × activation rows `t0..t0+tn` (Q8_K), lane-wise as in
+/// [`combine::q6k_lanes`].
 pub fn row_q6k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [0f32; TILE];
+    let mut acc = [[0f32; 8]; TILE];
     let mut u = Q6KUnpacked {
         q: [0; QK_K],
         sc: [0; 16],
@@ -191,20 +197,27 @@ pub fn row_q6k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TIL
         unpack_q6k(b, &mut u);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
-            let mut sumi = 0i32;
-            for j in 0..16 {
-                let s: i32 = u.q[16 * j..16 * j + 16]
-                    .iter()
-                    .zip(&xq[16 * j..16 * j + 16])
-                    .map(|(&q, &x)| (q as i32 - 32) * x as i32)
-                    .sum();
-                sumi += u.sc[j] as i32 * s;
+            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
+            let mut s = [0i32; 8];
+            for c in 0..8 {
+                for (l, s) in s.iter_mut().enumerate() {
+                    for k in 32 * c + 4 * l..32 * c + 4 * l + 4 {
+                        *s += u.sc[k / 16] as i32 * (u.q[k] as i32 * xq[k] as i32);
+                    }
+                }
+            }
+            for (l, s) in s.iter_mut().enumerate() {
+                let corr = u.sc[2 * l] as i32 * bs[2 * l] as i32
+                    + u.sc[2 * l + 1] as i32 * bs[2 * l + 1] as i32;
+                *s -= 32 * corr;
             }
             let dx = act.row_d(t0 + t)[sb];
-            *acc += combine::q6k_block(u.d, dx, sumi);
+            combine::q6k_lanes(acc, u.d * dx, &s);
         }
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    for t in 0..tn {
+        res[t] = combine::reduce8(&acc[t]);
+    }
 }
 
 /// F32/F16 row × f32 activation rows: 16 lanes, separate multiply and add,

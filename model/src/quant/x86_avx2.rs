@@ -25,7 +25,7 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     }
 }
 
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 pub(super) struct A32<const N: usize>(pub [u8; N]);
 
 /// Sum of the 8 i32 lanes.
@@ -185,7 +185,44 @@ pub(super) fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
     }
 }
 
-/// Q4_K row × Q8_K activation rows.
+/// `acc += dd·cvt(s) − dm·cvt(mm)` lane-wise ([`combine::q4k_lanes`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4k_float(acc: __m256, dd: f32, dm: f32, s: __m256i, mm: __m256i) -> __m256 {
+    let p = _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s));
+    let q = _mm256_mul_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(mm));
+    _mm256_add_ps(acc, _mm256_sub_ps(p, q))
+}
+
+/// `acc += dd·cvt(s)` lane-wise ([`combine::q6k_lanes`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q6k_float(acc: __m256, dd: f32, s: __m256i) -> __m256 {
+    _mm256_add_ps(
+        acc,
+        _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s)),
+    )
+}
+
+/// Fixed-order sum of the 8 lanes ([`combine::reduce8`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn reduce8(v: __m256) -> f32 {
+    let mut a = [0f32; 8];
+    // SAFETY: 8 f32 into [f32; 8].
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+    combine::reduce8(&a)
+}
+
+/// The Q4_K mins duplicated per 16-element half: `[m0, m0, m1, m1, …]` as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4k_mins16(mn: [u8; 8]) -> __m256i {
+    let m = _mm_loadl_epi64(mn.as_ptr().cast());
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
+}
+
+/// Q4_K row × Q8_K activation rows (lane-wise, see [`combine::q4k_lanes`]).
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_q4k(
     _: QuantFormat,
@@ -195,43 +232,38 @@ unsafe fn row_q4k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [0f32; TILE];
+    let mut acc = [_mm256_setzero_ps(); TILE];
     let mut q = A32([0u8; QK_K]);
+    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
+    let (cols, nb) = (act.cols, act.nb);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         unpack_q4k_values(b, &mut q);
-        let mut sc = [0i16; 8];
-        let mut mn = [0i16; 16];
-        for j in 0..8 {
-            let (s, m) = q4k_scale_min(j, &b.scales);
-            sc[j] = s as i16;
-            mn[2 * j] = m as i16;
-            mn[2 * j + 1] = m as i16;
-        }
-        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j]));
-        // SAFETY: 16 i16 from a [i16; 16].
-        let mnv = unsafe { _mm256_loadu_si256(mn.as_ptr().cast()) };
+        let (sc, mn) = q4k_scales_mins(&b.scales);
+        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j] as i16));
+        let mnv = q4k_mins16(mn);
         let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
-            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
-            let mut s = _mm256_setzero_si256();
-            for (j, scv) in scv.iter().enumerate() {
-                // SAFETY: 32 bytes at 32j of the 256-byte block and buffer.
-                unsafe {
-                    let x = _mm256_loadu_si256(xq.as_ptr().add(32 * j).cast());
+            let r = t0 + t;
+            // SAFETY: row r < m, super-block sb < nb: all reads are inside the
+            // activation buffers (qs: m·cols, bsums: m·cols/16, d: m·nb).
+            unsafe {
+                let xq = qs.add(r * cols + sb * QK_K);
+                let mut s = _mm256_setzero_si256();
+                for (j, scv) in scv.iter().enumerate() {
+                    let x = _mm256_loadu_si256(xq.add(32 * j).cast());
                     let w = _mm256_load_si256(q.0.as_ptr().add(32 * j).cast());
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
                 }
+                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
+                let mm = _mm256_madd_epi16(bsv, mnv);
+                let dx = *ds.add(r * nb + sb);
+                *acc = q4k_float(*acc, d * dx, dmin * dx, s, mm);
             }
-            // SAFETY: 16 i16 from a 16-element slice.
-            let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-            let sumi = hsum_i32(s);
-            let summins = hsum_i32(_mm256_madd_epi16(bsv, mnv));
-            let dx = act.row_d(t0 + t)[sb];
-            *acc += combine::q4k_block(d, dmin, dx, sumi, summins);
         }
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    for t in 0..tn {
+        res[t] = reduce8(acc[t]);
+    }
 }
 
 /// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
@@ -272,7 +304,22 @@ pub(super) fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
     }
 }
 
-/// Q6_K row × Q8_K activation rows: `Σ sc_j Σ q·x − 32 Σ sc_j bsum_j`.
+/// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
+    let scv = std::array::from_fn(|c| {
+        _mm256_set_m128i(
+            _mm_set1_epi16(sc[2 * c + 1] as i16),
+            _mm_set1_epi16(sc[2 * c] as i16),
+        )
+    });
+    // SAFETY: 16 bytes from a [i8; 16].
+    let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
+    (scv, sc16)
+}
+
+/// Q6_K row × Q8_K activation rows (lane-wise, see [`combine::q6k_lanes`]).
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_q6k(
     _: QuantFormat,
@@ -282,35 +329,34 @@ unsafe fn row_q6k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [0f32; TILE];
+    let mut acc = [_mm256_setzero_ps(); TILE];
     let mut q = A32([0u8; QK_K]);
+    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
+    let (cols, nb) = (act.cols, act.nb);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
         unpack_q6k_values(b, &mut q);
-        let sc: [i16; 16] = std::array::from_fn(|j| b.scales[j] as i16);
-        let scv: [__m256i; 8] = std::array::from_fn(|c| {
-            _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]))
-        });
-        // SAFETY: 16 i16 from a [i16; 16].
-        let sc16 = unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) };
+        let (scv, sc16) = q6k_scale_vectors(&b.scales);
         let d = f16_le(b.d);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
-            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
-            let mut s = _mm256_setzero_si256();
-            for (c, scv) in scv.iter().enumerate() {
-                // SAFETY: 32 bytes at 32c of the 256-byte block and buffer.
-                unsafe {
-                    let x = _mm256_loadu_si256(xq.as_ptr().add(32 * c).cast());
+            let r = t0 + t;
+            // SAFETY: as in `row_q4k`.
+            unsafe {
+                let xq = qs.add(r * cols + sb * QK_K);
+                let mut s = _mm256_setzero_si256();
+                for (c, scv) in scv.iter().enumerate() {
+                    let x = _mm256_loadu_si256(xq.add(32 * c).cast());
                     let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
                 }
+                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
+                let corr = _mm256_madd_epi16(bsv, sc16);
+                let s = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
+                let dx = *ds.add(r * nb + sb);
+                *acc = q6k_float(*acc, d * dx, s);
             }
-            // SAFETY: 16 i16 from a 16-element slice.
-            let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-            let sumi = hsum_i32(s) - 32 * hsum_i32(_mm256_madd_epi16(bsv, sc16));
-            let dx = act.row_d(t0 + t)[sb];
-            *acc += combine::q6k_block(d, dx, sumi);
         }
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    for t in 0..tn {
+        res[t] = reduce8(acc[t]);
+    }
 }

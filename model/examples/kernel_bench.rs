@@ -1,0 +1,154 @@
+//! Quantized matmul micro-benchmark on the real model matrices.
+//!
+//! `cargo run --release -p tandem-model --example kernel_bench [-- --isa NAME|all] [--quick]`
+//!
+//! For one matrix of each format of the draft and target GGUFs, plus both output
+//! heads, prints for m = 1, 2, 3, 5, 9, 17 activation rows: time per call,
+//! effective weight-read bandwidth, cost(m)/cost(1), and candle's `QMatMul` on
+//! the same weights (loaded with candle's own GGUF reader) side by side.
+//! `TANDEM_ISA` or `--isa` picks the kernel path; threads: rayon's global pool
+//! (`RAYON_NUM_THREADS`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::{Device, Module, Tensor};
+use tandem_model::gguf::GgufFile;
+use tandem_model::quant::{matmul_with_isa, Isa, QMatrix, QuantFormat};
+
+const MS: [usize; 6] = [1, 2, 3, 5, 9, 17];
+
+fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/tandem/models")
+}
+
+/// Median seconds per call of `f`, over at least `min_time` and 5 calls.
+fn time_it(min_time: Duration, mut f: impl FnMut()) -> f64 {
+    f(); // warm-up
+    let mut v = Vec::new();
+    let start = Instant::now();
+    while v.len() < 5 || (start.elapsed() < min_time && v.len() < 2000) {
+        let t = Instant::now();
+        f();
+        v.push(t.elapsed().as_secs_f64());
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let min_time = Duration::from_millis(if quick { 100 } else { 400 });
+    let isas: Vec<Isa> = match args.iter().position(|a| a == "--isa") {
+        Some(p) => match args.get(p + 1).map(String::as_str) {
+            Some("all") => Isa::available(),
+            Some(n) => vec![Isa::from_name(n).ok_or(format!("unknown ISA {n}"))?],
+            None => return Err("--isa needs a value".into()),
+        },
+        None => vec![Isa::selected()],
+    };
+    println!(
+        "threads {}  ISAs available {:?}",
+        rayon::current_num_threads(),
+        Isa::available()
+    );
+    let dir = models_dir();
+    let plan: [(&str, &[&str]); 2] = [
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            &[
+                "blk.0.attn_q.weight",
+                "blk.0.attn_v.weight",
+                "blk.0.ffn_down.weight",
+                "blk.1.ffn_down.weight",
+                "output.weight",
+            ],
+        ),
+        (
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            &[
+                "blk.0.ffn_up.weight",
+                "blk.0.ffn_down.weight",
+                "blk.0.attn_v.weight",
+                "output.weight",
+            ],
+        ),
+    ];
+    println!(
+        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10} {:>8} {:>6} | {:>10} {:>6} {:>7}",
+        "model",
+        "tensor",
+        "format",
+        "rows x cols",
+        "m",
+        "isa",
+        "us/call",
+        "GB/s",
+        "c(m)/c1",
+        "candle us",
+        "c(m)/c1",
+        "speedup"
+    );
+    for (file, names) in plan {
+        let path = dir.join(file);
+        let g = GgufFile::open(&path)?;
+        let mut f = std::fs::File::open(&path)?;
+        let content = gguf_file::Content::read(&mut f)?;
+        let mut seen = Vec::new();
+        for &name in names {
+            let w: QMatrix = g.matrix(name)?;
+            if name != "output.weight" && seen.contains(&w.format) {
+                continue;
+            }
+            seen.push(w.format);
+            if w.format == QuantFormat::F32 || w.format == QuantFormat::F16 {
+                continue;
+            }
+            let qt = content.tensor(&mut f, name, &Device::Cpu)?;
+            let qmm = QMatMul::from_qtensor(qt)?;
+            let short = file.split('-').nth(2).unwrap_or(file);
+            for isa in &isas {
+                let mut base = (0f64, 0f64);
+                for m in MS {
+                    let x: Vec<f32> = (0..m * w.cols)
+                        .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
+                        .collect();
+                    let mut out = vec![0f32; m * w.rows];
+                    let t = time_it(min_time, || {
+                        matmul_with_isa(*isa, &w, &x, m, &mut out).expect("matmul");
+                    });
+                    let xt = Tensor::from_vec(x.clone(), (m, w.cols), &Device::Cpu)?;
+                    let tc = time_it(min_time, || {
+                        let y = qmm.forward(&xt).expect("candle forward");
+                        std::hint::black_box(y);
+                    });
+                    if m == 1 {
+                        base = (t, tc);
+                    }
+                    println!(
+                        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10.1} {:>8.1} {:>6.2} | {:>10.1} {:>6.2} {:>6.2}x",
+                        short,
+                        name,
+                        format!("{:?}", w.format),
+                        format!("{}x{}", w.rows, w.cols),
+                        m,
+                        isa.name(),
+                        t * 1e6,
+                        w.data.len() as f64 / t / 1e9,
+                        t / base.0,
+                        tc * 1e6,
+                        tc / base.1,
+                        tc / t
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
