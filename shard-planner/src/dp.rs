@@ -821,3 +821,99 @@ pub fn diagnose(p: &PlanProblem) -> String {
         mb(total)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LayerCost, LinkCost, NodeCost};
+
+    fn problem(budgets: [u64; 3], links: &[(usize, usize)]) -> PlanProblem {
+        let mut l = vec![vec![None; 3]; 3];
+        for &(a, b) in links {
+            l[a][b] = Some(LinkCost {
+                one_way_latency_s: 0.01,
+                bytes_per_s: 1e6,
+            });
+        }
+        PlanProblem {
+            layers: ["embedding", "blk.0", "blk.1", "head"]
+                .iter()
+                .map(|n| LayerCost {
+                    name: n.to_string(),
+                    memory_bytes: 10_000_000,
+                    cut_bytes: 100.0,
+                })
+                .collect(),
+            nodes: ["phone", "edge", "cloud"]
+                .iter()
+                .zip(budgets)
+                .map(|(n, b)| NodeCost {
+                    name: n.to_string(),
+                    memory_budget_bytes: b,
+                    compute_s: vec![0.01; 4],
+                })
+                .collect(),
+            links: l,
+            device: 0,
+            pin_head: false,
+        }
+    }
+
+    fn infeasible(p: &PlanProblem) -> String {
+        match solve(p, Objective::Latency) {
+            Err(PlanError::Infeasible(m)) => m,
+            other => panic!("expected infeasible, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_three_node_chain_is_used_when_memory_forces_it() {
+        // 40 MB model, 10 MB on each node except 20 MB on the last: the
+        // only plans run phone -> edge -> cloud (or the reverse order).
+        let all = [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2), (2, 0)];
+        let p = problem([10_000_000, 10_000_000, 20_000_000], &all);
+        let plan = solve(&p, Objective::Latency).unwrap();
+        let mut used = plan.assignment.clone();
+        used.sort_unstable();
+        assert_eq!(used, vec![0, 1, 2, 2]);
+        assert_eq!(plan.evaluation.transfers.len(), 3);
+    }
+
+    #[test]
+    fn diagnoses_name_the_failing_constraint() {
+        let all = [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2), (2, 0)];
+        let m = infeasible(&problem([5_000_000, 100_000_000, 100_000_000], &all));
+        assert!(m.contains("'phone'") && m.contains("embedding"), "{m}");
+
+        let mut p = problem([15_000_000, 100_000_000, 100_000_000], &all);
+        p.pin_head = true;
+        let m = infeasible(&p);
+        assert!(m.contains("--pin-head"), "{m}");
+
+        let mut p = problem([10_000_000, 100_000_000, 100_000_000], &all);
+        p.layers[2].memory_bytes = 200_000_000;
+        let m = infeasible(&p);
+        assert!(m.contains("'blk.1'") && m.contains("any node"), "{m}");
+
+        // The cloud is only reachable through nothing: phone <-> edge only.
+        let m = infeasible(&problem(
+            [10_000_000, 10_000_000, 100_000_000],
+            &[(0, 1), (1, 0)],
+        ));
+        assert!(m.contains("not reachable") && m.contains("cloud"), "{m}");
+
+        // Data can reach the cloud but nothing comes back to the phone.
+        let m = infeasible(&problem([10_000_000, 10_000_000, 100_000_000], &[(0, 2)]));
+        assert!(m.contains("link back to the device"), "{m}");
+    }
+
+    #[test]
+    fn too_many_nodes_is_an_error_not_a_hang() {
+        let mut p = problem([100_000_000; 3], &[]);
+        let node = p.nodes[1].clone();
+        p.nodes.resize(MAX_NODES + 1, node);
+        p.links = vec![vec![None; MAX_NODES + 1]; MAX_NODES + 1];
+        let e = solve(&p, Objective::Latency).unwrap_err().to_string();
+        assert!(e.contains("at most"), "{e}");
+    }
+}

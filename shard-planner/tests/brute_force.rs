@@ -13,7 +13,19 @@ fn close(a: f64, b: f64) -> bool {
 /// A random problem: 1..=6 layers, 1..=4 nodes, per-node compute, memory
 /// budgets between "one layer" and "the whole model", sparse random links.
 fn problem() -> impl Strategy<Value = PlanProblem> {
-    (1usize..=6, 1usize..=4).prop_flat_map(|(n, m)| {
+    sized_problem(1..=6, 1..=4)
+}
+
+/// Fewer layers, more nodes: exercises larger node subsets.
+fn wide_problem() -> impl Strategy<Value = PlanProblem> {
+    sized_problem(1..=5, 5..=5)
+}
+
+fn sized_problem(
+    layers: std::ops::RangeInclusive<usize>,
+    nodes: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = PlanProblem> {
+    (layers, nodes).prop_flat_map(|(n, m)| {
         (
             prop::collection::vec((1u64..=10, 0u32..=40), n),
             prop::collection::vec((0u64..=40, prop::collection::vec(0u32..=50, n)), m),
@@ -97,6 +109,16 @@ proptest! {
 
     #[test]
     fn throughput_matches_brute_force(p in problem()) {
+        check(&p, Objective::Throughput)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn five_nodes_match_brute_force(p in wide_problem()) {
+        check(&p, Objective::Latency)?;
         check(&p, Objective::Throughput)?;
     }
 }
