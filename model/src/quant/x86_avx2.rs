@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::act::Act;
 use super::blocks::{
-    cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP};
 use super::{QuantFormat, RowFn, TILE};
@@ -218,7 +218,8 @@ pub(super) fn reduce8(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn q4k_mins16(mn: [u8; 8]) -> __m256i {
-    let m = _mm_loadl_epi64(mn.as_ptr().cast());
+    // SAFETY: 8 bytes from a [u8; 8].
+    let m = unsafe { _mm_loadl_epi64(mn.as_ptr().cast()) };
     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
 }
 
