@@ -1,0 +1,697 @@
+//! `tandem bench`: Tandem's model core side by side with candle-transformers'
+//! `quantized_qwen2` and (when installed) llama.cpp through llama-cpp-python:
+//! load time, prefill and decode speed, the verify-cost curve and peak RSS per
+//! model and engine, plus greedy local speculative decoding vs target-only.
+//!
+//! Each (model, engine) pair runs in a fresh child process (this binary,
+//! re-executed with the hidden `--worker` flag, printing one JSON object), one
+//! after the other, so that peak RSS is that pair's alone and no two
+//! measurements compete for the cores.
+
+mod report;
+mod worker;
+
+use anyhow::{bail, Context, Result};
+use report::{
+    BenchReport, EngineRun, Machine, Measured, ModelReport, Ratios, Settings, SpecReport,
+    STATUS_FAILED, STATUS_NOT_INSTALLED, STATUS_OK,
+};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use tandem_fetch::{ensure_model, ModelRole, Progress};
+use worker::{MicroPlan, SpecPlan};
+
+/// The shared prompt set, built in so the binary runs from anywhere.
+pub(crate) const DEFAULT_PROMPTS: &str = include_str!("../../prompts/default.jsonl");
+/// The llama.cpp measurement script, built in and run with `python3 -c`.
+const LLAMA_CPP_SCRIPT: &str = include_str!("../../scripts/llama_cpp_bench.py");
+/// Verify block sizes of the cost curve (k = 1 is the reference).
+const VERIFY_KS: [usize; 6] = [1, 2, 3, 5, 9, 17];
+/// Prompt length for prefill and the verify context.
+const PROMPT_TOKENS: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchModel {
+    Draft,
+    Target,
+}
+
+impl BenchModel {
+    fn role(self) -> ModelRole {
+        match self {
+            Self::Draft => ModelRole::Draft,
+            Self::Target => ModelRole::Target,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Self::Draft => "draft",
+            Self::Target => "target",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// Tandem's own model core (tandem-model).
+    Tandem,
+    /// candle-transformers' quantized_qwen2.
+    Candle,
+    /// llama.cpp via llama-cpp-python (skipped when not installed).
+    LlamaCpp,
+}
+
+impl Engine {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Tandem => "tandem",
+            Self::Candle => "candle",
+            Self::LlamaCpp => "llama-cpp",
+        }
+    }
+}
+
+/// What a hidden worker invocation measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkerKind {
+    Micro,
+    Spec,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print one JSON object (schema in docs/cli.md) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Models to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values = ["draft", "target"])]
+    models: Vec<BenchModel>,
+    /// Engines to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values = ["tandem", "candle", "llama-cpp"])]
+    engines: Vec<Engine>,
+    /// Threads per engine (default: all logical CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Timed repeats of each measurement, after one warm-up (default 5, --quick 2).
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Short run: 2 repeats, 32 decode tokens, 3 speculative prompts capped at 32 tokens.
+    #[arg(long)]
+    quick: bool,
+    /// Prompts of the prompt set for the speculative comparison (default 10,
+    /// --quick 3; 0 skips it). Runs when tandem is among the engines and always
+    /// uses the draft + target pair.
+    #[arg(long)]
+    spec_prompts: Option<usize>,
+    /// Draft block length of the speculative comparison.
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Prompt set (JSON lines with id, kind, prompt, max_tokens); default: the
+    /// built-in prompts/default.jsonl.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Python interpreter for the llama.cpp column.
+    #[arg(long, env = "TANDEM_PYTHON", default_value = "python3")]
+    python: String,
+
+    /// Internal: run one measurement in this process and print its JSON.
+    #[arg(long, hide = true)]
+    worker: Option<WorkerKind>,
+    /// Internal: the prompt token ids for a micro worker.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    prompt_ids: Vec<u32>,
+    /// Internal: greedy tokens decoded one at a time.
+    #[arg(long, hide = true)]
+    decode_tokens: Option<usize>,
+}
+
+/// Effective settings after defaults and `--quick`.
+struct Resolved {
+    threads: usize,
+    repeats: usize,
+    decode_tokens: usize,
+    spec_prompts: usize,
+    spec_cap: Option<usize>,
+}
+
+impl Args {
+    fn resolve(&self) -> Result<Resolved> {
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        anyhow::ensure!(threads >= 1, "--threads must be at least 1");
+        let repeats = self.repeats.unwrap_or(if self.quick { 2 } else { 5 });
+        anyhow::ensure!(repeats >= 1, "--repeats must be at least 1");
+        anyhow::ensure!(
+            (1..=tandem_model::speculative::MAX_K).contains(&self.k),
+            "--k must be in 1..={}",
+            tandem_model::speculative::MAX_K
+        );
+        let decode_tokens = self
+            .decode_tokens
+            .unwrap_or(if self.quick { 32 } else { 64 });
+        anyhow::ensure!(decode_tokens >= 1, "--decode-tokens must be at least 1");
+        Ok(Resolved {
+            threads,
+            repeats,
+            decode_tokens,
+            spec_prompts: self.spec_prompts.unwrap_or(if self.quick { 3 } else { 10 }),
+            spec_cap: self.quick.then_some(32),
+        })
+    }
+
+    fn prompt_set(&self) -> Result<Vec<worker::PromptCase>> {
+        match &self.prompts {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading prompt set {}", p.display()))?;
+                worker::parse_prompts(&text)
+            }
+            None => worker::parse_prompts(DEFAULT_PROMPTS),
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let res = args.resolve()?;
+    match args.worker {
+        Some(kind) => run_worker(&args, &res, kind),
+        None => run_parent(&args, &res),
+    }
+}
+
+fn model_file(m: BenchModel) -> Result<PathBuf> {
+    ensure_model(m.role(), Progress::Auto)
+        .with_context(|| format!("getting the {} model (try `tandem models fetch`)", m.name()))
+}
+
+// ---------------------------------------------------------------- worker side
+
+fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
+    let json = match kind {
+        WorkerKind::Micro => {
+            let (&[model], &[engine]) = (args.models.as_slice(), args.engines.as_slice()) else {
+                bail!("a micro worker takes exactly one model and one engine");
+            };
+            anyhow::ensure!(
+                !args.prompt_ids.is_empty(),
+                "a micro worker needs --prompt-ids"
+            );
+            let plan = MicroPlan {
+                prompt: args.prompt_ids.clone(),
+                decode_tokens: res.decode_tokens,
+                ks: VERIFY_KS.to_vec(),
+                repeats: res.repeats,
+                threads: res.threads,
+            };
+            let path = model_file(model)?;
+            let m = match engine {
+                Engine::Tandem => worker::micro_tandem(&path, &plan)?,
+                Engine::Candle => worker::micro_candle(&path, &plan)?,
+                Engine::LlamaCpp => bail!("llama.cpp runs in its Python script"),
+            };
+            serde_json::to_string(&m)?
+        }
+        WorkerKind::Spec => {
+            let mut prompts = args.prompt_set()?;
+            prompts.truncate(res.spec_prompts);
+            let plan = SpecPlan {
+                prompts,
+                k: args.k,
+                max_tokens_cap: res.spec_cap,
+                threads: res.threads,
+            };
+            let draft = model_file(BenchModel::Draft)?;
+            let target = model_file(BenchModel::Target)?;
+            serde_json::to_string(&worker::speculative(&draft, &target, &plan)?)?
+        }
+    };
+    println!("{json}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------- parent side
+
+/// Run a child process to completion and parse the JSON on its last stdout line.
+fn run_child<T: serde::de::DeserializeOwned>(mut cmd: Command, what: &str) -> Result<T> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("starting the {what} worker"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "{what} worker failed ({}): {}",
+            out.status,
+            tail.join(" | ")
+        );
+    }
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .with_context(|| format!("{what} worker printed nothing"))?;
+    serde_json::from_str(line).with_context(|| format!("parsing the {what} worker's JSON"))
+}
+
+/// This binary, re-executed as a worker with the thread count in its environment.
+fn self_worker(res: &Resolved, kind: &str) -> Result<Command> {
+    // /proc/self/exe runs this very binary even when a rebuild has replaced
+    // the file on disk while the bench runs.
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe().context("locating the tandem binary")?
+    };
+    let mut cmd = Command::new(exe);
+    cmd.env("RAYON_NUM_THREADS", res.threads.to_string())
+        .args(["bench", "--worker", kind])
+        .args(["--threads", &res.threads.to_string()])
+        .args(["--repeats", &res.repeats.to_string()])
+        .args(["--decode-tokens", &res.decode_tokens.to_string()]);
+    Ok(cmd)
+}
+
+fn llama_cpp_installed(python: &str) -> bool {
+    Command::new(python)
+        .args(["-c", "import llama_cpp"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn ids_csv(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn measure(
+    args: &Args,
+    res: &Resolved,
+    model: BenchModel,
+    engine: Engine,
+    path: &Path,
+    prompt: &[u32],
+    llama_ok: bool,
+) -> Result<Option<Measured>> {
+    let what = format!("{} × {}", model.name(), engine.name());
+    let cmd = match engine {
+        Engine::Tandem | Engine::Candle => {
+            let mut c = self_worker(res, "micro")?;
+            c.args(["--models", model.name(), "--engines", engine.name()])
+                .args(["--prompt-ids", &ids_csv(prompt)]);
+            c
+        }
+        Engine::LlamaCpp => {
+            if !llama_ok {
+                return Ok(None);
+            }
+            let mut c = Command::new(&args.python);
+            c.args(["-c", LLAMA_CPP_SCRIPT])
+                .arg("--model")
+                .arg(path)
+                .args(["--threads", &res.threads.to_string()])
+                .args(["--repeats", &res.repeats.to_string()])
+                .args(["--decode-tokens", &res.decode_tokens.to_string()])
+                .args(["--ks", &ids_csv(&VERIFY_KS.map(|k| k as u32))])
+                .args(["--prompt-ids", &ids_csv(prompt)]);
+            c
+        }
+    };
+    run_child(cmd, &what).map(Some)
+}
+
+/// The ~128-token prompt: a fixed chat request, tokenized with the model's
+/// own tokenizer, repeated as needed and cut to exactly [`PROMPT_TOKENS`].
+fn bench_prompt(path: &Path) -> Result<Vec<u32>> {
+    use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+    let gguf = tandem_model::gguf::GgufFile::open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let text = "Review this Rust function and explain, step by step, how it could be made \
+                faster without changing its output:\n\nfn count_words(text: &str) -> \
+                std::collections::HashMap<String, usize> {\n    let mut m = \
+                std::collections::HashMap::new();\n    for w in text.split_whitespace() {\n        \
+                *m.entry(w.to_lowercase()).or_insert(0) += 1;\n    }\n    m\n}\n\nThen write a \
+                short benchmark for it and describe what results you would expect on a \
+                two-core laptop. 最后用一句中文总结。";
+    let one = tok.encode_chat(&[ChatMessage::user(text)], true)?;
+    anyhow::ensure!(!one.is_empty(), "the bench prompt tokenized to nothing");
+    Ok(one.iter().copied().cycle().take(PROMPT_TOKENS).collect())
+}
+
+fn loadavg() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| {
+            s.split_whitespace()
+                .take(3)
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` from the system clock.
+fn utc_now() -> String {
+    utc_from_secs(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    )
+}
+
+fn utc_from_secs(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Progress goes to stderr in both modes; stdout carries only the result.
+fn progress(msg: &str) {
+    eprintln!("bench: {msg}");
+}
+
+fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
+    anyhow::ensure!(!args.models.is_empty(), "--models is empty");
+    anyhow::ensure!(!args.engines.is_empty(), "--engines is empty");
+    let loadavg_before = loadavg();
+    let date_utc = utc_now();
+    let mut engines = args.engines.clone();
+    engines.dedup();
+    let mut models = args.models.clone();
+    models.dedup();
+    let llama_ok = engines.contains(&Engine::LlamaCpp) && llama_cpp_installed(&args.python);
+
+    let mut reports = Vec::new();
+    let mut all_ok = true;
+    for &model in &models {
+        let path = model_file(model)?;
+        let gguf_bytes = std::fs::metadata(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .len();
+        let prompt = bench_prompt(&path)?;
+        let mut runs = Vec::new();
+        for &engine in &engines {
+            progress(&format!("{} × {} ...", model.name(), engine.name()));
+            let run = match measure(args, res, model, engine, &path, &prompt, llama_ok) {
+                Ok(Some(m)) => EngineRun {
+                    engine: engine.name().into(),
+                    status: STATUS_OK.into(),
+                    error: None,
+                    rss_over_gguf: Some(m.peak_rss_bytes as f64 / gguf_bytes as f64),
+                    figures: Some(m),
+                },
+                Ok(None) => EngineRun {
+                    engine: engine.name().into(),
+                    status: STATUS_NOT_INSTALLED.into(),
+                    error: None,
+                    figures: None,
+                    rss_over_gguf: None,
+                },
+                Err(e) => {
+                    all_ok = false;
+                    EngineRun {
+                        engine: engine.name().into(),
+                        status: STATUS_FAILED.into(),
+                        error: Some(format!("{e:#}")),
+                        figures: None,
+                        rss_over_gguf: None,
+                    }
+                }
+            };
+            runs.push(run);
+        }
+        let mut ratios = BTreeMap::new();
+        if let Some(ours) = runs
+            .iter()
+            .find(|r| r.engine == "tandem")
+            .and_then(EngineRun::ok)
+        {
+            for other in runs.iter().filter(|r| r.engine != "tandem") {
+                if let Some(theirs) = other.ok() {
+                    ratios.insert(format!("tandem/{}", other.engine), Ratios::of(ours, theirs));
+                }
+            }
+        }
+        reports.push(ModelReport {
+            model: model.name().into(),
+            path: path.display().to_string(),
+            gguf_bytes,
+            engines: runs,
+            ratios,
+        });
+    }
+
+    let (mut speculative, mut speculative_error) = (None, None);
+    if engines.contains(&Engine::Tandem) && res.spec_prompts > 0 {
+        progress(&format!(
+            "speculative vs target-only on {} prompts ...",
+            res.spec_prompts
+        ));
+        let mut cmd = self_worker(res, "spec")?;
+        cmd.args(["--spec-prompts", &res.spec_prompts.to_string()])
+            .args(["--k", &args.k.to_string()]);
+        if args.quick {
+            cmd.arg("--quick");
+        }
+        if let Some(p) = &args.prompts {
+            cmd.arg("--prompts").arg(p);
+        }
+        match run_child::<SpecReport>(cmd, "speculative") {
+            Ok(s) => {
+                all_ok &= s.identical;
+                speculative = Some(s);
+            }
+            Err(e) => {
+                all_ok = false;
+                speculative_error = Some(format!("{e:#}"));
+            }
+        }
+    }
+
+    let report = BenchReport {
+        schema_version: report::SCHEMA_VERSION,
+        tandem_version: env!("CARGO_PKG_VERSION").into(),
+        date_utc,
+        machine: Machine {
+            cpu: cpu_model(),
+            logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            loadavg_before,
+            loadavg_after: loadavg(),
+        },
+        settings: Settings {
+            threads: res.threads,
+            repeats: res.repeats,
+            quick: args.quick,
+            prompt_tokens: PROMPT_TOKENS,
+            decode_tokens: res.decode_tokens,
+            verify_ks: VERIFY_KS.to_vec(),
+            spec_prompts: res.spec_prompts,
+            spec_k: args.k,
+            spec_max_tokens_cap: res.spec_cap,
+        },
+        models: reports,
+        speculative,
+        speculative_error,
+        ok: all_ok,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    if let Some(s) = &report.speculative {
+        if !s.identical {
+            eprintln!(
+                "MISMATCH: speculative output differs from target-only output on prompt(s) {}",
+                s.mismatches.join(", ")
+            );
+            bail!("speculative decoding changed the greedy output (MISMATCH)");
+        }
+    }
+    if !report.ok {
+        bail!("some measurements failed (see above)");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- tables
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn render(r: &BenchReport) -> String {
+    let mut o = String::new();
+    let s = &r.settings;
+    let _ = writeln!(
+        o,
+        "tandem bench {}: {} threads, {} repeats (median, after a warm-up), prompt {} tokens, \
+         decode {} tokens, verify at context {}",
+        r.date_utc, s.threads, s.repeats, s.prompt_tokens, s.decode_tokens, s.prompt_tokens
+    );
+    let _ = writeln!(
+        o,
+        "cpu: {} ({} logical), load average before {:?} after {:?}",
+        r.machine.cpu, r.machine.logical_cpus, r.machine.loadavg_before, r.machine.loadavg_after
+    );
+    let ks: Vec<usize> = s.verify_ks.iter().copied().filter(|&k| k != 1).collect();
+    for m in &r.models {
+        let _ = writeln!(
+            o,
+            "\n{} ({}, {:.0} MB GGUF)",
+            m.model,
+            m.path,
+            mb(m.gguf_bytes)
+        );
+        let mut head = format!(
+            "  {:<10} {:>8} {:>10} {:>9}",
+            "engine", "load ms", "prefill/s", "decode/s"
+        );
+        for k in &ks {
+            let _ = write!(head, " {:>6}", format!("c({k})"));
+        }
+        let _ = write!(head, " {:>9} {:>8}", "peak MB", "RSS/GGUF");
+        let _ = writeln!(o, "{head}");
+        for e in &m.engines {
+            match e.ok() {
+                Some(f) => {
+                    let mut line = format!(
+                        "  {:<10} {:>8.0} {:>10.1} {:>9.1}",
+                        e.engine, f.load_ms, f.prefill_tok_s, f.decode_tok_s
+                    );
+                    for k in &ks {
+                        let c = f.verify.iter().find(|v| v.k == *k).map(|v| v.cost_ratio);
+                        let _ = write!(line, " {:>6}", c.map_or("-".into(), |c| format!("{c:.2}")));
+                    }
+                    let _ = write!(
+                        line,
+                        " {:>9.0} {:>8.2}",
+                        mb(f.peak_rss_bytes),
+                        e.rss_over_gguf.unwrap_or(f64::NAN)
+                    );
+                    let _ = writeln!(o, "{line}");
+                }
+                None => {
+                    let why = e
+                        .error
+                        .as_deref()
+                        .map_or(e.status.clone(), |err| format!("{}: {err}", e.status));
+                    let _ = writeln!(o, "  {:<10} {why}", e.engine);
+                }
+            }
+        }
+        for (name, q) in &m.ratios {
+            let mut line = format!(
+                "  {:<10} {:>8.2} {:>10.2} {:>9.2}",
+                name, q.load_ms, q.prefill_tok_s, q.decode_tok_s
+            );
+            for k in &ks {
+                let c = q
+                    .verify_cost_ratio
+                    .iter()
+                    .find(|v| v.k == *k)
+                    .map(|v| v.ratio);
+                let _ = write!(line, " {:>6}", c.map_or("-".into(), |c| format!("{c:.2}")));
+            }
+            let _ = write!(line, " {:>9.2}", q.peak_rss_bytes);
+            let _ = writeln!(o, "{line}");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nc(k) = time of one forward over k tokens / over 1 token (Tandem computes logits \
+         for all k positions, candle only for the last). Ratio rows: tandem ÷ other \
+         (>1 is better for prefill/decode, <1 is better for load, c(k) and memory)."
+    );
+    if let Some(sp) = &r.speculative {
+        let _ = writeln!(
+            o,
+            "\nlocal speculative decoding (draft + target, greedy, k = {}, {} prompts, {} threads)",
+            sp.k, sp.prompts, sp.threads
+        );
+        let _ = writeln!(
+            o,
+            "  target only   {:>7.1} tok/s  ({} tokens in {:.1} s)",
+            sp.target_only.tok_s, sp.target_only.tokens, sp.target_only.seconds
+        );
+        let _ = writeln!(
+            o,
+            "  speculative   {:>7.1} tok/s  ({} tokens in {:.1} s)  {:.2}× target only",
+            sp.speculative.tok_s, sp.speculative.tokens, sp.speculative.seconds, sp.speedup
+        );
+        let _ = writeln!(
+            o,
+            "  acceptance {:.1} %, mean accepted length {:.2} per round of {}",
+            sp.acceptance_rate * 100.0,
+            sp.mean_accepted_len,
+            sp.k
+        );
+        if sp.identical {
+            let _ = writeln!(
+                o,
+                "  output identical to target-only on {}/{} prompts",
+                sp.prompts, sp.prompts
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "  !!! MISMATCH: output differs from target-only on {} of {} prompts: {} !!!",
+                sp.mismatches.len(),
+                sp.prompts,
+                sp.mismatches.join(", ")
+            );
+        }
+    }
+    if let Some(e) = &r.speculative_error {
+        let _ = writeln!(o, "\nlocal speculative decoding failed: {e}");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates_are_civil_dates() {
+        assert_eq!(utc_from_secs(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_from_secs(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_from_secs(1_798_761_599), "2026-12-31T23:59:59Z");
+    }
+}

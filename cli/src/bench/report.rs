@@ -1,0 +1,278 @@
+//! The figures `tandem bench` produces: what a worker process prints, what the
+//! parent assembles, and the ratios between engines. The JSON schema is
+//! documented in docs/cli.md ("tandem bench --json").
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the `--json` document; bump when a field changes meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Cost of one forward over `k` tokens at a context of `context` tokens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VerifyPoint {
+    pub k: usize,
+    /// Median wall time of the forward, milliseconds.
+    pub ms: f64,
+    /// `ms / ms(k = 1)`.
+    pub cost_ratio: f64,
+}
+
+/// What one (model, engine) worker measured. The llama.cpp script prints the
+/// same object.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Measured {
+    /// Engine build, e.g. the ISA Tandem's kernels dispatched to, or the
+    /// llama-cpp-python version.
+    pub version: String,
+    pub threads: usize,
+    pub load_ms: f64,
+    pub prefill_tokens: usize,
+    /// Prompt tokens / median prefill time.
+    pub prefill_tok_s: f64,
+    pub decode_tokens: usize,
+    /// Median over repeats of (greedy tokens decoded one at a time / time).
+    pub decode_tok_s: f64,
+    /// Context length at which the verify forwards run.
+    pub verify_context: usize,
+    pub verify: Vec<VerifyPoint>,
+    /// Resident memory right after loading, bytes.
+    pub rss_after_load_bytes: u64,
+    /// Peak resident memory of the worker process (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
+}
+
+/// Outcome of one engine on one model.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineRun {
+    /// `tandem`, `candle` or `llama-cpp`.
+    pub engine: String,
+    /// `ok`, `not installed` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub figures: Option<Measured>,
+    /// `peak_rss_bytes / gguf_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_over_gguf: Option<f64>,
+}
+
+impl EngineRun {
+    pub fn ok(&self) -> Option<&Measured> {
+        self.figures.as_ref().filter(|_| self.status == STATUS_OK)
+    }
+}
+
+pub const STATUS_OK: &str = "ok";
+pub const STATUS_NOT_INSTALLED: &str = "not installed";
+pub const STATUS_FAILED: &str = "failed";
+
+/// `tandem` figure divided by another engine's figure.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ratios {
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub load_ms: f64,
+    pub peak_rss_bytes: f64,
+    /// Per k: tandem's cost_ratio / the other engine's cost_ratio.
+    pub verify_cost_ratio: Vec<KRatio>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KRatio {
+    pub k: usize,
+    pub ratio: f64,
+}
+
+impl Ratios {
+    pub fn of(ours: &Measured, theirs: &Measured) -> Self {
+        let verify_cost_ratio = ours
+            .verify
+            .iter()
+            .filter_map(|a| {
+                let b = theirs.verify.iter().find(|b| b.k == a.k)?;
+                Some(KRatio {
+                    k: a.k,
+                    ratio: a.cost_ratio / b.cost_ratio,
+                })
+            })
+            .collect();
+        Self {
+            prefill_tok_s: ours.prefill_tok_s / theirs.prefill_tok_s,
+            decode_tok_s: ours.decode_tok_s / theirs.decode_tok_s,
+            load_ms: ours.load_ms / theirs.load_ms,
+            peak_rss_bytes: ours.peak_rss_bytes as f64 / theirs.peak_rss_bytes as f64,
+            verify_cost_ratio,
+        }
+    }
+}
+
+/// All engines on one model.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelReport {
+    /// `draft` or `target`.
+    pub model: String,
+    pub path: String,
+    pub gguf_bytes: u64,
+    pub engines: Vec<EngineRun>,
+    /// Keyed `tandem/candle`, `tandem/llama-cpp`; present when both ran.
+    pub ratios: BTreeMap<String, Ratios>,
+}
+
+/// One prompt of the local speculative run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SpecPrompt {
+    pub id: String,
+    pub kind: String,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub target_tokens: usize,
+    pub target_ms: f64,
+    pub speculative_tokens: usize,
+    pub speculative_ms: f64,
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub identical: bool,
+    /// First index where the two token sequences differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_difference: Option<usize>,
+}
+
+/// Throughput of one mode over all prompts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Throughput {
+    pub tokens: usize,
+    pub seconds: f64,
+    /// tokens / seconds (prefill included: end-to-end generation time).
+    pub tok_s: f64,
+}
+
+/// Greedy target-only vs speculative decoding, draft and target in one process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SpecReport {
+    pub k: usize,
+    pub threads: usize,
+    pub prompts: usize,
+    pub target_only: Throughput,
+    pub speculative: Throughput,
+    /// speculative.tok_s / target_only.tok_s.
+    pub speedup: f64,
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// accepted / drafted.
+    pub acceptance_rate: f64,
+    /// accepted / rounds.
+    pub mean_accepted_len: f64,
+    /// Every prompt's speculative tokens equal its target-only tokens.
+    pub identical: bool,
+    pub mismatches: Vec<String>,
+    pub per_prompt: Vec<SpecPrompt>,
+    pub peak_rss_bytes: u64,
+}
+
+/// The machine the run happened on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub logical_cpus: usize,
+    /// 1-, 5- and 15-minute load averages before and after the run.
+    pub loadavg_before: Vec<f64>,
+    pub loadavg_after: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    pub threads: usize,
+    pub repeats: usize,
+    pub quick: bool,
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    pub verify_ks: Vec<usize>,
+    pub spec_prompts: usize,
+    pub spec_k: usize,
+    pub spec_max_tokens_cap: Option<usize>,
+}
+
+/// The whole `--json` document.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub schema_version: u32,
+    pub tandem_version: String,
+    pub date_utc: String,
+    pub machine: Machine,
+    pub settings: Settings,
+    pub models: Vec<ModelReport>,
+    /// Absent when not run (`--spec-prompts 0`, or tandem not among the engines).
+    pub speculative: Option<SpecReport>,
+    /// Speculative-run failure, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative_error: Option<String>,
+    /// No worker failed and the speculative output matched.
+    pub ok: bool,
+}
+
+/// Median of a non-empty sample (mean of the middle two for even sizes).
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    fn m(prefill: f64, decode: f64, rss: u64, costs: &[(usize, f64)]) -> Measured {
+        Measured {
+            version: String::new(),
+            threads: 2,
+            load_ms: 10.0,
+            prefill_tokens: 128,
+            prefill_tok_s: prefill,
+            decode_tokens: 32,
+            decode_tok_s: decode,
+            verify_context: 128,
+            verify: costs
+                .iter()
+                .map(|&(k, c)| VerifyPoint {
+                    k,
+                    ms: c,
+                    cost_ratio: c,
+                })
+                .collect(),
+            rss_after_load_bytes: rss,
+            peak_rss_bytes: rss,
+        }
+    }
+
+    #[test]
+    fn ratios_divide_ours_by_theirs_and_match_k() {
+        let a = m(200.0, 40.0, 100, &[(1, 1.0), (5, 1.5), (9, 2.0)]);
+        let b = m(100.0, 20.0, 400, &[(1, 1.0), (5, 3.0)]);
+        let r = Ratios::of(&a, &b);
+        assert_eq!(r.prefill_tok_s, 2.0);
+        assert_eq!(r.decode_tok_s, 2.0);
+        assert_eq!(r.peak_rss_bytes, 0.25);
+        assert_eq!(r.verify_cost_ratio.len(), 2, "k = 9 has no counterpart");
+        assert_eq!(r.verify_cost_ratio[1].k, 5);
+        assert_eq!(r.verify_cost_ratio[1].ratio, 0.5);
+    }
+}

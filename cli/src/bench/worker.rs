@@ -1,0 +1,476 @@
+//! The measurements themselves. Each runs in its own child process (the parent
+//! re-executes `tandem bench --worker ...`), so that peak RSS belongs to one
+//! model under one engine.
+
+use super::report::{median, Measured, SpecPrompt, SpecReport, Throughput, VerifyPoint};
+use anyhow::{Context, Result};
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_qwen2::ModelWeights;
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Instant;
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::{argmax, SamplingParams};
+use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+
+/// What a micro-benchmark worker does.
+#[derive(Clone, Debug)]
+pub struct MicroPlan {
+    /// The ~128-token prompt (prefill) whose end is the verify context.
+    pub prompt: Vec<u32>,
+    pub decode_tokens: usize,
+    pub ks: Vec<usize>,
+    /// Timed repeats (one untimed warm-up runs first).
+    pub repeats: usize,
+    pub threads: usize,
+}
+
+impl MicroPlan {
+    fn capacity(&self) -> usize {
+        let k_max = self.ks.iter().copied().max().unwrap_or(1);
+        self.prompt.len() + self.decode_tokens.max(k_max) + 8
+    }
+
+    /// Tokens fed to the verify forwards (their content does not change the cost).
+    fn verify_tokens(&self) -> Vec<u32> {
+        let k_max = self.ks.iter().copied().max().unwrap_or(1);
+        self.prompt.iter().copied().cycle().take(k_max).collect()
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// A line of /proc/self/status in bytes (Linux); 0 elsewhere.
+fn status_bytes(key: &str) -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub fn rss_now() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+pub fn peak_rss() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+/// Assemble the figures from raw timings.
+fn figures(
+    plan: &MicroPlan,
+    version: String,
+    load_ms: f64,
+    rss_after_load_bytes: u64,
+    prefill_ms: &[f64],
+    decode_ms: &[f64],
+    verify_ms: &[Vec<f64>],
+) -> Measured {
+    let p = median(prefill_ms);
+    let rates: Vec<f64> = decode_ms
+        .iter()
+        .map(|ms| plan.decode_tokens as f64 / (ms / 1000.0))
+        .collect();
+    let one = median(&verify_ms[0]);
+    let verify = plan
+        .ks
+        .iter()
+        .zip(verify_ms)
+        .map(|(&k, xs)| {
+            let ms = median(xs);
+            VerifyPoint {
+                k,
+                ms,
+                cost_ratio: ms / one,
+            }
+        })
+        .collect();
+    Measured {
+        version,
+        threads: plan.threads,
+        load_ms,
+        prefill_tokens: plan.prompt.len(),
+        prefill_tok_s: plan.prompt.len() as f64 / (p / 1000.0),
+        decode_tokens: plan.decode_tokens,
+        decode_tok_s: median(&rates),
+        verify_context: plan.prompt.len(),
+        verify,
+        rss_after_load_bytes,
+        peak_rss_bytes: peak_rss(),
+    }
+}
+
+/// Tandem's own model core. Verify forwards return logits for every position,
+/// as the verifier needs them.
+pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
+    anyhow::ensure!(
+        plan.ks.first() == Some(&1),
+        "the verify curve starts at k = 1"
+    );
+    let t = Instant::now();
+    let model = Qwen2Model::load(
+        path,
+        LoadOptions {
+            max_seq_len: plan.capacity(),
+        },
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
+    let load_ms = ms_since(t);
+    let rss_load = rss_now();
+    let n = plan.prompt.len();
+    let mut cache = model.new_cache();
+    let (mut prefill_ms, mut decode_ms) = (Vec::new(), Vec::new());
+    for r in 0..=plan.repeats {
+        cache.truncate(0);
+        let t = Instant::now();
+        let logits = model.forward_last(&plan.prompt, 0, &mut cache)?;
+        let p = ms_since(t);
+        let mut tok = argmax(&logits);
+        let t = Instant::now();
+        for _ in 0..plan.decode_tokens {
+            let pos = cache.len();
+            tok = argmax(&model.forward(&[tok], pos, &mut cache)?);
+        }
+        let d = ms_since(t);
+        if r > 0 {
+            prefill_ms.push(p);
+            decode_ms.push(d);
+        }
+    }
+    let vt = plan.verify_tokens();
+    let mut verify_ms = vec![Vec::new(); plan.ks.len()];
+    for r in 0..=plan.repeats {
+        for (i, &k) in plan.ks.iter().enumerate() {
+            cache.truncate(n);
+            let t = Instant::now();
+            let logits = model.forward(&vt[..k], n, &mut cache)?;
+            let ms = ms_since(t);
+            anyhow::ensure!(logits.len() == k * model.config().vocab, "short logits");
+            if r > 0 {
+                verify_ms[i].push(ms);
+            }
+        }
+    }
+    let version = format!(
+        "tandem {} ({})",
+        env!("CARGO_PKG_VERSION"),
+        tandem_model::quant::Isa::selected().name()
+    );
+    Ok(figures(
+        plan,
+        version,
+        load_ms,
+        rss_load,
+        &prefill_ms,
+        &decode_ms,
+        &verify_ms,
+    ))
+}
+
+struct Candle {
+    w: ModelWeights,
+}
+
+impl Candle {
+    /// Logits of the last position of `toks` placed at `pos`.
+    fn step(&mut self, toks: &[u32], pos: usize) -> Result<Vec<f32>> {
+        let x = Tensor::new(toks, &Device::Cpu)?.unsqueeze(0)?;
+        let l = self.w.forward(&x, pos)?;
+        Ok(l.squeeze(0)?.to_vec1::<f32>()?)
+    }
+}
+
+/// candle-transformers' `quantized_qwen2`. Its forward returns the last
+/// position's logits only, and its KV cache cannot be truncated: each verify
+/// forward is preceded by a clear and an (untimed) re-prefill to the context.
+pub fn micro_candle(path: &Path, plan: &MicroPlan) -> Result<Measured> {
+    anyhow::ensure!(
+        plan.ks.first() == Some(&1),
+        "the verify curve starts at k = 1"
+    );
+    let t = Instant::now();
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let ct = gguf_file::Content::read(&mut f).context("reading GGUF metadata")?;
+    let w = ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).context("loading with candle")?;
+    let mut m = Candle { w };
+    let load_ms = ms_since(t);
+    let rss_load = rss_now();
+    let n = plan.prompt.len();
+    let (mut prefill_ms, mut decode_ms) = (Vec::new(), Vec::new());
+    for r in 0..=plan.repeats {
+        m.w.clear_kv_cache();
+        let t = Instant::now();
+        let logits = m.step(&plan.prompt, 0)?;
+        let p = ms_since(t);
+        let mut tok = argmax(&logits);
+        let t = Instant::now();
+        for i in 0..plan.decode_tokens {
+            tok = argmax(&m.step(&[tok], n + i)?);
+        }
+        let d = ms_since(t);
+        if r > 0 {
+            prefill_ms.push(p);
+            decode_ms.push(d);
+        }
+    }
+    let vt = plan.verify_tokens();
+    let mut verify_ms = vec![Vec::new(); plan.ks.len()];
+    for r in 0..=plan.repeats {
+        for (i, &k) in plan.ks.iter().enumerate() {
+            m.w.clear_kv_cache();
+            m.step(&plan.prompt, 0)?;
+            let t = Instant::now();
+            m.step(&vt[..k], n)?;
+            let ms = ms_since(t);
+            if r > 0 {
+                verify_ms[i].push(ms);
+            }
+        }
+    }
+    Ok(figures(
+        plan,
+        "candle-transformers 0.11 quantized_qwen2".into(),
+        load_ms,
+        rss_load,
+        &prefill_ms,
+        &decode_ms,
+        &verify_ms,
+    ))
+}
+
+/// One line of the prompt set (prompts/default.jsonl).
+#[derive(Clone, Debug, Deserialize)]
+pub struct PromptCase {
+    pub id: String,
+    #[serde(default)]
+    pub kind: String,
+    pub prompt: String,
+    pub max_tokens: usize,
+}
+
+pub fn parse_prompts(text: &str) -> Result<Vec<PromptCase>> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("prompt set line {}", i + 1)))
+        .collect()
+}
+
+/// What the speculative worker does.
+#[derive(Clone, Debug)]
+pub struct SpecPlan {
+    pub prompts: Vec<PromptCase>,
+    pub k: usize,
+    /// Cap on each prompt's max_tokens (`--quick`).
+    pub max_tokens_cap: Option<usize>,
+    pub threads: usize,
+}
+
+fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
+    if a == b {
+        return None;
+    }
+    Some(
+        a.iter()
+            .zip(b)
+            .position(|(x, y)| x != y)
+            .unwrap_or(a.len().min(b.len())),
+    )
+}
+
+/// Greedy target-only vs speculative decoding on each prompt, in this order
+/// per prompt so that drifting machine load hits both modes alike.
+pub fn speculative(draft_path: &Path, target_path: &Path, plan: &SpecPlan) -> Result<SpecReport> {
+    let opts = || LoadOptions { max_seq_len: 2048 };
+    let draft = Qwen2Model::load(draft_path, opts())
+        .with_context(|| format!("loading {}", draft_path.display()))?;
+    let target = Qwen2Model::load(target_path, opts())
+        .with_context(|| format!("loading {}", target_path.display()))?;
+    let tok = Tokenizer::from_gguf(target.gguf()).context("building the tokenizer")?;
+    let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
+    let cfg_for = |max_tokens: usize| GenerateConfig {
+        max_tokens: plan
+            .max_tokens_cap
+            .map_or(max_tokens, |c| max_tokens.min(c)),
+        k: plan.k,
+        sampling: SamplingParams::greedy(),
+        stop_tokens: stop_tokens.clone(),
+        ..GenerateConfig::default()
+    };
+    let encoded: Vec<Vec<u32>> = plan
+        .prompts
+        .iter()
+        .map(|p| tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true))
+        .collect::<std::result::Result<_, _>>()
+        .context("tokenizing the prompt set")?;
+    // Warm-up: touch both models' weights once.
+    if let Some(ids) = encoded.first() {
+        let cfg = cfg_for(4);
+        generate_single(&target, ids, &cfg, &mut |_| true)?;
+        generate_speculative(&draft, &target, ids, &cfg, &mut |_| true)?;
+    }
+    let mut per_prompt = Vec::new();
+    for (case, ids) in plan.prompts.iter().zip(&encoded) {
+        let cfg = cfg_for(case.max_tokens);
+        let a = generate_single(&target, ids, &cfg, &mut |_| true)
+            .with_context(|| format!("target-only generation on prompt {}", case.id))?;
+        let b = generate_speculative(&draft, &target, ids, &cfg, &mut |_| true)
+            .with_context(|| format!("speculative generation on prompt {}", case.id))?;
+        let diff = first_difference(&a.tokens, &b.tokens);
+        per_prompt.push(SpecPrompt {
+            id: case.id.clone(),
+            kind: case.kind.clone(),
+            prompt_tokens: ids.len(),
+            max_tokens: cfg.max_tokens,
+            target_tokens: a.tokens.len(),
+            target_ms: a.stats.total_ms,
+            speculative_tokens: b.tokens.len(),
+            speculative_ms: b.stats.total_ms,
+            rounds: b.stats.rounds,
+            drafted: b.stats.drafted,
+            accepted: b.stats.accepted,
+            identical: diff.is_none(),
+            first_difference: diff,
+        });
+    }
+    Ok(summarize(plan, per_prompt))
+}
+
+fn throughput(tokens: usize, ms: f64) -> Throughput {
+    let seconds = ms / 1000.0;
+    Throughput {
+        tokens,
+        seconds,
+        tok_s: if seconds > 0.0 {
+            tokens as f64 / seconds
+        } else {
+            0.0
+        },
+    }
+}
+
+fn summarize(plan: &SpecPlan, per_prompt: Vec<SpecPrompt>) -> SpecReport {
+    let sum_t: usize = per_prompt.iter().map(|p| p.target_tokens).sum();
+    let sum_s: usize = per_prompt.iter().map(|p| p.speculative_tokens).sum();
+    let ms_t: f64 = per_prompt.iter().map(|p| p.target_ms).sum();
+    let ms_s: f64 = per_prompt.iter().map(|p| p.speculative_ms).sum();
+    let rounds: u64 = per_prompt.iter().map(|p| p.rounds).sum();
+    let drafted: u64 = per_prompt.iter().map(|p| p.drafted).sum();
+    let accepted: u64 = per_prompt.iter().map(|p| p.accepted).sum();
+    let target_only = throughput(sum_t, ms_t);
+    let speculative = throughput(sum_s, ms_s);
+    let mismatches: Vec<String> = per_prompt
+        .iter()
+        .filter(|p| !p.identical)
+        .map(|p| p.id.clone())
+        .collect();
+    SpecReport {
+        k: plan.k,
+        threads: plan.threads,
+        prompts: per_prompt.len(),
+        speedup: speculative.tok_s / target_only.tok_s,
+        target_only,
+        speculative,
+        rounds,
+        drafted,
+        accepted,
+        acceptance_rate: if drafted > 0 {
+            accepted as f64 / drafted as f64
+        } else {
+            0.0
+        },
+        mean_accepted_len: if rounds > 0 {
+            accepted as f64 / rounds as f64
+        } else {
+            0.0
+        },
+        identical: mismatches.is_empty(),
+        mismatches,
+        per_prompt,
+        peak_rss_bytes: peak_rss(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_difference_finds_divergence_and_length_mismatch() {
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 2, 3]), None);
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 9, 3]), Some(1));
+        assert_eq!(first_difference(&[1, 2], &[1, 2, 3]), Some(2));
+    }
+
+    #[test]
+    fn prompt_set_parses_and_reports_bad_lines() {
+        let ok =
+            parse_prompts("{\"id\":\"a\",\"kind\":\"x\",\"prompt\":\"hi\",\"max_tokens\":8}\n\n")
+                .unwrap();
+        assert_eq!(ok.len(), 1);
+        assert_eq!(ok[0].max_tokens, 8);
+        let err = parse_prompts("{\"id\":\"a\"}\n").unwrap_err();
+        assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+
+    #[test]
+    fn the_shipped_prompt_set_parses() {
+        let p = parse_prompts(super::super::DEFAULT_PROMPTS).unwrap();
+        assert!(
+            p.len() >= 10,
+            "the bench needs at least 10 prompts, has {}",
+            p.len()
+        );
+    }
+
+    fn prompt(id: &str, tt: usize, tms: f64, st: usize, sms: f64, identical: bool) -> SpecPrompt {
+        SpecPrompt {
+            id: id.into(),
+            kind: String::new(),
+            prompt_tokens: 10,
+            max_tokens: 64,
+            target_tokens: tt,
+            target_ms: tms,
+            speculative_tokens: st,
+            speculative_ms: sms,
+            rounds: 4,
+            drafted: 16,
+            accepted: 8,
+            identical,
+            first_difference: if identical { None } else { Some(0) },
+        }
+    }
+
+    #[test]
+    fn summary_pools_tokens_and_time_and_lists_mismatches() {
+        let plan = SpecPlan {
+            prompts: Vec::new(),
+            k: 4,
+            max_tokens_cap: None,
+            threads: 2,
+        };
+        let r = summarize(
+            &plan,
+            vec![
+                prompt("a", 10, 1000.0, 10, 500.0, true),
+                prompt("b", 30, 1000.0, 30, 1500.0, false),
+            ],
+        );
+        assert_eq!(r.target_only.tokens, 40);
+        assert_eq!(r.target_only.tok_s, 20.0);
+        assert_eq!(r.speculative.tok_s, 20.0);
+        assert_eq!(r.speedup, 1.0);
+        assert_eq!(r.acceptance_rate, 0.5);
+        assert_eq!(r.mean_accepted_len, 2.0);
+        assert!(!r.identical);
+        assert_eq!(r.mismatches, vec!["b".to_string()]);
+    }
+}

@@ -1,0 +1,207 @@
+//! `tandem bench` as a user runs it: the built binary on the real models.
+//! The models are required (CI fetches them); a missing model fails the test.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn tandem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{key}` is not a number in {v}"))
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("`{key}` is not an unsigned integer in {v}"))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+#[test]
+fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
+    let out = tandem()
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--models",
+            "draft",
+            "--engines",
+            "tandem",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    assert_eq!(r["schema_version"], 1);
+    assert_eq!(r["ok"], true);
+    assert_eq!(r["settings"]["quick"], true);
+    let threads = u(&r["settings"], "threads");
+    assert!(threads >= 1);
+    assert_eq!(u(&r["settings"], "repeats"), 2);
+    let decode_tokens = u(&r["settings"], "decode_tokens");
+    assert!(decode_tokens >= 32);
+    assert_eq!(
+        r["settings"]["verify_ks"],
+        serde_json::json!([1, 2, 3, 5, 9, 17])
+    );
+    assert!(r["machine"]["logical_cpus"].as_u64().unwrap() >= 1);
+
+    let models = r["models"].as_array().unwrap();
+    assert_eq!(models.len(), 1);
+    let m = &models[0];
+    assert_eq!(m["model"], "draft");
+    let gguf = u(m, "gguf_bytes");
+    assert_eq!(
+        gguf,
+        std::fs::metadata(m["path"].as_str().unwrap())
+            .unwrap()
+            .len()
+    );
+    let engines = m["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 1);
+    let e = &engines[0];
+    assert_eq!(e["engine"], "tandem");
+    assert_eq!(e["status"], "ok", "{e}");
+    assert_eq!(u(e, "threads"), threads);
+    assert!(f(e, "load_ms") >= 0.0);
+    assert_eq!(u(e, "prefill_tokens"), 128);
+    assert!(f(e, "prefill_tok_s") > 0.0);
+    assert_eq!(u(e, "decode_tokens"), decode_tokens);
+    // A 0.5B model at 1 token/s or 100,000 tokens/s would be a broken clock or
+    // a loop that did not run.
+    let decode = f(e, "decode_tok_s");
+    assert!(decode > 1.0 && decode < 100_000.0, "decode {decode} tok/s");
+    assert_eq!(u(e, "verify_context"), 128);
+    let verify = e["verify"].as_array().unwrap();
+    let ks: Vec<u64> = verify.iter().map(|v| u(v, "k")).collect();
+    assert_eq!(ks, [1, 2, 3, 5, 9, 17]);
+    let ms1 = f(&verify[0], "ms");
+    assert!(ms1 > 0.0);
+    for v in verify {
+        assert!(f(v, "ms") > 0.0);
+        assert!(
+            close(f(v, "cost_ratio"), f(v, "ms") / ms1),
+            "cost_ratio is not ms/ms(k=1): {v}"
+        );
+    }
+    let peak = u(e, "peak_rss_bytes");
+    assert!(peak >= u(e, "rss_after_load_bytes") && peak > 0);
+    assert!(close(f(e, "rss_over_gguf"), peak as f64 / gguf as f64));
+    assert!(
+        m["ratios"].as_object().unwrap().is_empty(),
+        "no other engine ran, so no ratios: {}",
+        m["ratios"]
+    );
+
+    let s = &r["speculative"];
+    assert_eq!(u(s, "prompts"), 3);
+    assert_eq!(u(s, "k"), 4);
+    assert_eq!(s["identical"], true, "speculative output differs: {s}");
+    assert!(s["mismatches"].as_array().unwrap().is_empty());
+    for mode in ["target_only", "speculative"] {
+        let t = &s[mode];
+        assert!(u(t, "tokens") > 0);
+        assert!(f(t, "seconds") > 0.0);
+        assert!(close(
+            f(t, "tok_s"),
+            u(t, "tokens") as f64 / f(t, "seconds")
+        ));
+    }
+    assert!(close(
+        f(s, "speedup"),
+        f(&s["speculative"], "tok_s") / f(&s["target_only"], "tok_s")
+    ));
+    let (drafted, accepted, rounds) = (u(s, "drafted"), u(s, "accepted"), u(s, "rounds"));
+    assert!(drafted > 0 && rounds > 0 && accepted <= drafted);
+    assert!(close(
+        f(s, "acceptance_rate"),
+        accepted as f64 / drafted as f64
+    ));
+    assert!(close(
+        f(s, "mean_accepted_len"),
+        accepted as f64 / rounds as f64
+    ));
+    assert!(f(s, "mean_accepted_len") <= 4.0);
+    let per = s["per_prompt"].as_array().unwrap();
+    assert_eq!(per.len(), 3);
+    let mut sum_tokens = 0;
+    for p in per {
+        assert_eq!(p["identical"], true, "{p}");
+        assert_eq!(u(p, "target_tokens"), u(p, "speculative_tokens"));
+        assert!(
+            u(p, "target_tokens") <= 32,
+            "--quick caps outputs at 32 tokens"
+        );
+        sum_tokens += u(p, "target_tokens");
+    }
+    assert_eq!(sum_tokens, u(&s["target_only"], "tokens"));
+}
+
+#[test]
+fn human_tables_show_each_engine_and_the_cost_curve() {
+    let out = tandem()
+        .args([
+            "bench",
+            "--models",
+            "draft",
+            "--engines",
+            "tandem,llama-cpp",
+            "--repeats",
+            "1",
+            "--spec-prompts",
+            "0",
+        ])
+        // An interpreter that does not exist: the llama.cpp column must say
+        // "not installed" and the run must still succeed.
+        .env("TANDEM_PYTHON", "/nonexistent/python3")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in ["draft", "decode/s", "c(5)", "c(17)", "peak MB", "RSS/GGUF"] {
+        assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+    }
+    let tandem_row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("tandem "))
+        .unwrap_or_else(|| panic!("no tandem row in:\n{stdout}"));
+    // engine, load, prefill, decode, 5 cost ratios, peak MB, RSS/GGUF
+    assert_eq!(tandem_row.split_whitespace().count(), 11, "{tandem_row}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("llama-cpp") && l.contains("not installed")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("speculative"), "{stdout}");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_clear_message() {
+    for (args, needle) in [
+        (vec!["--k", "0"], "--k must be in 1..=16"),
+        (vec!["--k", "17"], "--k must be in 1..=16"),
+        (vec!["--repeats", "0"], "--repeats must be at least 1"),
+        (vec!["--engines", "gpu"], "invalid value 'gpu'"),
+    ] {
+        let out = tandem().arg("bench").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
