@@ -32,6 +32,17 @@ pub struct Act<'x> {
     pub d: Vec<f32>,
     /// Q8K only: 16 sums of 16 values per block: `m * cols / 16`
     pub bsums: Vec<i16>,
+    /// Q8_0, built on request by [`Act::interleave`]: per row, groups of 8
+    /// blocks (zero-padded); inside a group, 32-byte chunk k holds bytes
+    /// 4k..4k+4 of blocks 0..8 in turn, so 32-bit lane b of chunk k belongs
+    /// to block b. `m * ng * 256` bytes.
+    pub qsi: Vec<i8>,
+    /// Q8_0 interleaved: Σ q of each block, `m * ng * 8` (zero-padded).
+    pub xsum: Vec<i32>,
+    /// Q8_0 interleaved: block scales, `m * ng * 8` (zero-padded).
+    pub dpad: Vec<f32>,
+    /// Q8_0 interleaved: groups of 8 blocks per row.
+    pub ng: usize,
 }
 
 impl<'x> Act<'x> {
@@ -49,6 +60,10 @@ impl<'x> Act<'x> {
             qs: Vec::new(),
             d: Vec::new(),
             bsums: Vec::new(),
+            qsi: Vec::new(),
+            xsum: Vec::new(),
+            dpad: Vec::new(),
+            ng: 0,
         };
         match kind {
             ActKind::F32 => {}
@@ -78,6 +93,29 @@ impl<'x> Act<'x> {
             }
         }
         a
+    }
+
+    /// Build the interleaved copy of Q8_0 rows (a permutation of the same
+    /// quantized values, for kernels whose 32-bit lanes follow blocks).
+    pub fn interleave(&mut self, m: usize) {
+        let (nb, cols) = (self.nb, self.cols);
+        let ng = nb.div_ceil(8);
+        self.ng = ng;
+        self.qsi = vec![0; m * ng * 256];
+        self.xsum = vec![0; m * ng * 8];
+        self.dpad = vec![0.0; m * ng * 8];
+        for r in 0..m {
+            for b in 0..nb {
+                let (g, k) = (b / 8, b % 8);
+                let src = &self.qs[r * cols + b * QK..][..QK];
+                let dst = &mut self.qsi[(r * ng + g) * 256..][..256];
+                for (c, four) in src.chunks_exact(4).enumerate() {
+                    dst[c * 32 + k * 4..c * 32 + k * 4 + 4].copy_from_slice(four);
+                }
+                self.xsum[r * ng * 8 + b] = src.iter().map(|&v| v as i32).sum();
+                self.dpad[r * ng * 8 + b] = self.d[r * nb + b];
+            }
+        }
     }
 
     /// Quantized values of row `t`.

@@ -328,7 +328,10 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     if m == 0 || w.rows == 0 {
         return Ok(());
     }
-    let act = Act::new(act_kind(w.format), x, m, w.cols);
+    let mut act = Act::new(act_kind(w.format), x, m, w.cols);
+    if isa == Isa::Avx512Vnni && act_kind(w.format) == ActKind::Q8_0 {
+        act.interleave(m);
+    }
     let f = row_fn(isa, w.format);
     let out = OutPtr(out.as_mut_ptr());
     let rows = w.rows;

@@ -28,16 +28,6 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
 #[repr(C, align(64))]
 pub(super) struct A32<const N: usize>(pub [u8; N]);
 
-/// Sum of the 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn hsum_i32(v: __m256i) -> i32 {
-    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0x4E>(x));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0xB1>(x));
-    _mm_cvtsi128_si32(x)
-}
-
 /// `[Σ v0, Σ v1, …, Σ v7]` (each Σ over the 8 lanes of one vector).
 #[inline]
 #[target_feature(enable = "avx2")]

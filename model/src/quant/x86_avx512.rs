@@ -10,11 +10,11 @@
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K, QK, QK_K};
-use super::combine::{self, GROUP};
+use super::blocks::{cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K, QK_K};
+use super::combine::GROUP;
 use super::x86_avx2::{
-    hsum_8x8, q4k_float, q4k_mins16, q6k_float, q6k_scale_vectors, reduce8, unpack_block,
-    unpack_q4k_values, unpack_q6k_values, A32,
+    q4k_float, q4k_mins16, q6k_float, q6k_scale_vectors, reduce8, unpack_block, unpack_q4k_values,
+    unpack_q6k_values, A32,
 };
 use super::{QuantFormat, RowFn, TILE};
 
@@ -41,6 +41,43 @@ fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
+/// 8×8 transpose of 32-bit lanes: `c[k]` lane b = `r[b]` lane k.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+    let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+    let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    let u0 = _mm256_unpacklo_epi64(t0, t2);
+    let u1 = _mm256_unpackhi_epi64(t0, t2);
+    let u2 = _mm256_unpacklo_epi64(t1, t3);
+    let u3 = _mm256_unpackhi_epi64(t1, t3);
+    let u4 = _mm256_unpacklo_epi64(t4, t6);
+    let u5 = _mm256_unpackhi_epi64(t4, t6);
+    let u6 = _mm256_unpacklo_epi64(t5, t7);
+    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(u0, u4),
+        _mm256_permute2x128_si256::<0x20>(u1, u5),
+        _mm256_permute2x128_si256::<0x20>(u2, u6),
+        _mm256_permute2x128_si256::<0x20>(u3, u7),
+        _mm256_permute2x128_si256::<0x31>(u0, u4),
+        _mm256_permute2x128_si256::<0x31>(u1, u5),
+        _mm256_permute2x128_si256::<0x31>(u2, u6),
+        _mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
+/// Q4_0/Q5_0/Q8_0 row against the interleaved activations (`Act::interleave`):
+/// the 8 blocks of a group are unpacked, offset to unsigned (`w + 128`) and
+/// transposed so that 32-bit lane b of every chunk belongs to block b; then
+/// `vpdpbusd` over the 8 chunks yields all 8 block sums at once, and
+/// `isum_b = Σ (w+128)·x − 128 Σ x` (exact).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_group(
     format: QuantFormat,
@@ -51,42 +88,44 @@ unsafe fn row_group(
     res: &mut [f32; TILE],
 ) {
     let nb = act.nb;
-    let mut acc = [[0f32; GROUP]; TILE];
-    let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
-    let cols = act.cols;
-    for g in 0..nb.div_ceil(GROUP) {
+    let ng = act.ng;
+    let mut acc = [_mm256_setzero_ps(); TILE];
+    let (qsi, xsum, dpad) = (act.qsi.as_ptr(), act.xsum.as_ptr(), act.dpad.as_ptr());
+    let bias = _mm256_set1_epi8(-128);
+    for g in 0..ng {
         let nbg = GROUP.min(nb - g * GROUP);
-        let mut w = [_mm256_setzero_si256(); GROUP];
+        let mut w = [bias; GROUP];
         let mut dw = [0f32; GROUP];
         for k in 0..nbg {
-            (w[k], dw[k]) = unpack_block(format, wrow, g * GROUP + k);
+            let (v, d) = unpack_block(format, wrow, g * GROUP + k);
+            w[k] = _mm256_xor_si256(v, bias);
+            dw[k] = d;
         }
-        let aw: [__m256i; GROUP] = std::array::from_fn(|k| _mm256_abs_epi8(w[k]));
+        let c = transpose8(&w);
+        let wz: [__m512i; 4] = std::array::from_fn(|k| join(c[2 * k], c[2 * k + 1]));
+        // SAFETY: 8 f32 from an [f32; 8].
+        let dwv = unsafe { _mm256_loadu_ps(dw.as_ptr()) };
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let r = t0 + t;
-            let mut v = [_mm256_setzero_si256(); GROUP];
-            let mut dx = [0f32; GROUP];
-            // SAFETY: blocks g·8 + k < nb of row r < m: inside qs (m·cols) and d (m·nb).
+            // SAFETY: row r < m, group g < ng: inside qsi (m·ng·256), xsum and
+            // dpad (m·ng·8).
             unsafe {
-                let xq = qs.add(r * cols + g * GROUP * QK);
-                for k in 0..nbg {
-                    let x = _mm256_loadu_si256(xq.add(k * QK).cast());
-                    v[k] = _mm256_dpbusd_epi32(
-                        _mm256_setzero_si256(),
-                        aw[k],
-                        _mm256_sign_epi8(x, w[k]),
-                    );
-                    dx[k] = *ds.add(r * nb + g * GROUP + k);
+                let xq = qsi.add((r * ng + g) * 256);
+                let mut s = _mm512_setzero_si512();
+                for (k, wz) in wz.iter().enumerate() {
+                    s = _mm512_dpbusd_epi32(s, *wz, _mm512_loadu_si512(xq.add(64 * k).cast()));
                 }
+                let xs = _mm256_loadu_si256(xsum.add((r * ng + g) * 8).cast());
+                let isum = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<7>(xs));
+                let dx = _mm256_loadu_ps(dpad.add((r * ng + g) * 8));
+                // combine::combine_group, lane-wise: acc += (dw·dx)·isum
+                let p = _mm256_mul_ps(_mm256_mul_ps(dwv, dx), _mm256_cvtepi32_ps(isum));
+                *acc = _mm256_add_ps(*acc, p);
             }
-            let mut isum = [0i32; GROUP];
-            // SAFETY: 8 i32 into [i32; 8].
-            unsafe { _mm256_storeu_si256(isum.as_mut_ptr().cast(), hsum_8x8(&v)) };
-            combine::combine_group(acc, &dw, &dx, &isum);
         }
     }
     for t in 0..tn {
-        res[t] = combine::reduce8(&acc[t]);
+        res[t] = reduce8(acc[t]);
     }
 }
 
