@@ -593,29 +593,24 @@ fn solve_throughput(ctx: &Ctx, best: &mut Best) {
         lower = lower.max(p.nodes[dev].compute_s[0] + p.nodes[dev].compute_s[n - 1]);
     }
     let mut table = Table::new(n, ctx.k);
-    let Some(top) = cand.iter().copied().reduce(f64::max) else {
-        return;
-    };
-    let Some(mut witness) = throughput_feasible(ctx, &mut table, top) else {
-        return;
-    };
-    // The witness's own bottleneck is an upper bound, often far below `v`.
+    // The witness's own bottleneck is an upper bound, often far below the
+    // probed value.
     let actual = |a: &[usize]| p.evaluate(a).map_or(f64::INFINITY, |e| e.bottleneck_s);
-    let mut value = actual(&witness).min(top);
-    // Invariant: `witness` has bottleneck `<= value`; every candidate below
-    // `value` not yet found infeasible is in `cand`; the optimum is a
-    // candidate.
-    cand.retain(|&c| c < value && c >= lower * (1.0 - 1e-12));
+    let mut witness: Option<Vec<usize>> = None;
+    // Invariant: `witness` (if any) has bottleneck `<= bound`; every
+    // candidate below `bound` not yet found infeasible is in `cand`; the
+    // optimum is a candidate. If no probe is feasible, nothing is.
+    cand.retain(|&c| c >= lower * (1.0 - 1e-12));
     while !cand.is_empty() {
         let mid = cand.len() / 2;
         cand.select_nth_unstable_by(mid, f64::total_cmp);
         let v = cand[mid];
         match throughput_feasible(ctx, &mut table, v) {
             Some(a) => {
-                value = actual(&a).min(v);
-                witness = a;
+                let bound = actual(&a).min(v);
+                witness = Some(a);
                 cand.truncate(mid);
-                cand.retain(|&c| c < value);
+                cand.retain(|&c| c < bound);
             }
             None => {
                 cand.drain(..=mid);
@@ -623,6 +618,9 @@ fn solve_throughput(ctx: &Ctx, best: &mut Best) {
             }
         }
     }
+    let Some(witness) = witness else {
+        return;
+    };
     let value = actual(&witness);
     best.offer(value, || witness);
 }
