@@ -1,0 +1,214 @@
+//! The circuit breaker and the RTT tracker that sets per-verify deadlines.
+//!
+//! Breaker: `Closed` (verify normally) → `Open` after `threshold` consecutive
+//! failures (the device drafts alone) → `HalfOpen` when the background health probe
+//! sees the verifier serving (the next request is a trial) → `Closed` on success,
+//! back to `Open` on failure.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// State of a [`CircuitBreaker`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// Counts consecutive failures and decides whether the verifier may be used.
+#[derive(Clone, Debug)]
+pub struct CircuitBreaker {
+    state: BreakerState,
+    consecutive_failures: u32,
+    threshold: u32,
+    opens: u64,
+}
+
+impl CircuitBreaker {
+    pub fn new(threshold: u32) -> Self {
+        Self {
+            state: BreakerState::Closed,
+            consecutive_failures: 0,
+            threshold: threshold.max(1),
+            opens: 0,
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        self.state
+    }
+
+    /// Consecutive failures since the last success.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures
+    }
+
+    /// How many times the breaker has opened.
+    pub fn opens(&self) -> u64 {
+        self.opens
+    }
+
+    /// May a request go to the verifier now?
+    pub fn allows_request(&self) -> bool {
+        self.state != BreakerState::Open
+    }
+
+    pub fn on_success(&mut self) {
+        self.state = BreakerState::Closed;
+        self.consecutive_failures = 0;
+    }
+
+    /// Records a failure; returns true when this failure opened the breaker.
+    pub fn on_failure(&mut self) -> bool {
+        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+        let open = match self.state {
+            BreakerState::HalfOpen => true,
+            BreakerState::Closed => self.consecutive_failures >= self.threshold,
+            BreakerState::Open => false,
+        };
+        if open {
+            self.state = BreakerState::Open;
+            self.opens += 1;
+        }
+        open
+    }
+
+    /// The health probe saw the verifier serving.
+    pub fn probe_succeeded(&mut self) {
+        if self.state == BreakerState::Open {
+            self.state = BreakerState::HalfOpen;
+        }
+    }
+}
+
+/// The last RTT samples of verify round trips.
+#[derive(Clone, Debug, Default)]
+pub struct RttTracker {
+    samples: VecDeque<f64>,
+}
+
+/// How many recent samples the tracker keeps.
+pub const RTT_WINDOW: usize = 64;
+
+impl RttTracker {
+    pub fn record(&mut self, rtt: Duration) {
+        if self.samples.len() == RTT_WINDOW {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(rtt.as_secs_f64() * 1000.0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    pub fn mean_ms(&self) -> Option<f64> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        Some(self.samples.iter().sum::<f64>() / self.samples.len() as f64)
+    }
+
+    /// 95th percentile (nearest rank).
+    pub fn p95_ms(&self) -> Option<f64> {
+        percentile(self.samples.iter().copied().collect(), 0.95)
+    }
+
+    /// Deadline of the next verify: `initial` with no samples, else
+    /// clamp(p95 × factor, floor, max).
+    pub fn deadline(
+        &self,
+        initial: Duration,
+        floor: Duration,
+        factor: f64,
+        max: Duration,
+    ) -> Duration {
+        match self.p95_ms() {
+            None => initial,
+            Some(p95) => Duration::from_secs_f64(p95 * factor / 1000.0).clamp(floor, max),
+        }
+    }
+}
+
+/// Nearest-rank percentile of `v` (`q` in (0, 1]).
+pub fn percentile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaker_opens_after_threshold_and_recovers_through_half_open() {
+        let mut b = CircuitBreaker::new(3);
+        assert!(!b.on_failure());
+        assert!(!b.on_failure());
+        assert!(b.allows_request());
+        assert!(b.on_failure());
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(!b.allows_request());
+        b.probe_succeeded();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(b.allows_request());
+        // A failed trial re-opens at once.
+        assert!(b.on_failure());
+        assert_eq!(b.opens(), 2);
+        b.probe_succeeded();
+        b.on_success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.consecutive_failures(), 0);
+    }
+
+    #[test]
+    fn success_resets_the_failure_count() {
+        let mut b = CircuitBreaker::new(2);
+        b.on_failure();
+        b.on_success();
+        assert!(!b.on_failure());
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn deadline_follows_p95_within_bounds() {
+        let mut t = RttTracker::default();
+        let (init, floor, max) = (
+            Duration::from_millis(5000),
+            Duration::from_millis(100),
+            Duration::from_millis(2000),
+        );
+        assert_eq!(t.deadline(init, floor, 3.0, max), init);
+        for i in 1..=100u64 {
+            t.record(Duration::from_millis(i));
+        }
+        // Window keeps 37..=100; p95 by nearest rank = 98.
+        assert_eq!(t.len(), RTT_WINDOW);
+        assert_eq!(t.p95_ms(), Some(98.0));
+        assert_eq!(
+            t.deadline(init, floor, 3.0, max),
+            Duration::from_millis(294)
+        );
+        assert_eq!(t.deadline(init, floor, 100.0, max), max);
+        let mut small = RttTracker::default();
+        small.record(Duration::from_millis(1));
+        assert_eq!(small.deadline(init, floor, 3.0, max), floor);
+    }
+
+    #[test]
+    fn percentile_nearest_rank() {
+        assert_eq!(percentile(vec![], 0.95), None);
+        assert_eq!(percentile(vec![3.0, 1.0, 2.0], 0.5), Some(2.0));
+        assert_eq!(percentile(vec![3.0, 1.0, 2.0], 1.0), Some(3.0));
+    }
+}

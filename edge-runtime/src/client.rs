@@ -1,0 +1,314 @@
+//! The verifier client: channel setup (TLS, bearer token), one session stream with
+//! deadlines and byte counting, the health probe, and classification of failures.
+
+use crate::config::EdgeConfig;
+use crate::error::EdgeError;
+use prost::Message;
+use std::time::{Duration, Instant};
+use tandem_proto::v1::verifier_client::VerifierClient;
+use tandem_proto::v1::{client_message, server_message, ClientMessage, Reason, ServerMessage};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// How the runtime should react to a failed exchange.
+#[derive(Debug)]
+pub enum NetError {
+    /// No answer within the deadline.
+    Timeout,
+    /// Connection refused/reset, stream ended, server unavailable: an outage.
+    Unavailable(String),
+    /// The verifier lost the session (SESSION_UNKNOWN / SESSION_EVICTED): resend
+    /// the context at once; not a failure of the verifier.
+    Resend(String),
+    /// The context no longer fits (CONTEXT_FULL): end the generation.
+    ContextFull,
+    /// Retrying cannot help.
+    Fatal(EdgeError),
+}
+
+impl std::fmt::Display for NetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout => write!(f, "deadline exceeded"),
+            Self::Unavailable(m) => write!(f, "unavailable: {m}"),
+            Self::Resend(r) => write!(f, "session lost ({r})"),
+            Self::ContextFull => write!(f, "context full"),
+            Self::Fatal(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Everything in an error's source chain, for classification.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = format!("{e} {e:?}");
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(" | {c} {c:?}"));
+        cur = c.source();
+    }
+    s
+}
+
+fn looks_like_tls(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    t.contains("certificate") || t.contains("unknownissuer") || t.contains("handshake")
+}
+
+fn transport_error(e: &tonic::transport::Error) -> NetError {
+    let text = chain(e);
+    if looks_like_tls(&text) {
+        NetError::Fatal(EdgeError::Tls(text))
+    } else {
+        NetError::Unavailable(e.to_string())
+    }
+}
+
+/// Maps a gRPC status to what the device does about it (by `tandem-reason`).
+pub fn classify_status(s: &tonic::Status) -> NetError {
+    let reason = s
+        .metadata()
+        .get(tandem_proto::REASON_METADATA_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| s.message().split(':').next().map(str::to_owned))
+        .and_then(|n| Reason::from_str_name(n.trim()));
+    match reason {
+        Some(Reason::SessionUnknown | Reason::SessionEvicted) => {
+            NetError::Resend(s.message().to_owned())
+        }
+        Some(Reason::ContextFull) => NetError::ContextFull,
+        Some(
+            Reason::ShuttingDown
+            | Reason::RateLimited
+            | Reason::TooManySessions
+            | Reason::InternalError,
+        ) => NetError::Unavailable(s.message().to_owned()),
+        Some(r) => NetError::Fatal(EdgeError::Refused {
+            reason: r.as_str_name().to_owned(),
+            message: s.message().to_owned(),
+        }),
+        None => {
+            let text = match std::error::Error::source(s) {
+                Some(src) => format!("{} {}", s.message(), chain(src)),
+                None => s.message().to_owned(),
+            };
+            if looks_like_tls(&text) {
+                return NetError::Fatal(EdgeError::Tls(text));
+            }
+            match s.code() {
+                tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+                | tonic::Code::InvalidArgument
+                | tonic::Code::FailedPrecondition
+                | tonic::Code::Unimplemented => NetError::Fatal(EdgeError::Refused {
+                    reason: format!("{:?}", s.code()),
+                    message: s.message().to_owned(),
+                }),
+                _ => NetError::Unavailable(format!("{:?}: {}", s.code(), s.message())),
+            }
+        }
+    }
+}
+
+/// Builds the endpoint (TLS from files) once per runtime.
+#[derive(Clone, Debug)]
+pub struct Connector {
+    endpoint: Endpoint,
+    token: Option<String>,
+}
+
+impl Connector {
+    pub fn new(cfg: &EdgeConfig, url: &str) -> Result<Self, EdgeError> {
+        let read = |p: &std::path::PathBuf| {
+            std::fs::read(p).map_err(|source| EdgeError::Read {
+                path: p.clone(),
+                source,
+            })
+        };
+        let mut endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| EdgeError::Config(format!("verifier_url {url:?}: {e}")))?
+            .connect_timeout(cfg.connect_timeout())
+            .tcp_nodelay(true);
+        if let Some(ca) = &cfg.ca_cert_pem {
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(c), Some(k)) = (&cfg.client_cert_pem, &cfg.client_key_pem) {
+                tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
+            }
+            if let Some(d) = &cfg.tls_domain {
+                tls = tls.domain_name(d.clone());
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| EdgeError::Tls(chain(&e)))?;
+        }
+        Ok(Self {
+            endpoint,
+            token: cfg.bearer_token()?,
+        })
+    }
+
+    pub async fn channel(&self) -> Result<Channel, NetError> {
+        self.endpoint
+            .connect()
+            .await
+            .map_err(|e| transport_error(&e))
+    }
+
+    /// One `grpc.health.v1` check of the verifier service; true when SERVING.
+    pub async fn probe(&self, timeout: Duration) -> bool {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        use tonic_health::pb::HealthCheckRequest;
+        let fut = async {
+            let ch = self.channel().await.ok()?;
+            let mut c = HealthClient::new(ch);
+            let r = c
+                .check(HealthCheckRequest {
+                    service: tandem_proto::VERIFIER_SERVICE_NAME.into(),
+                })
+                .await
+                .ok()?;
+            Some(r.into_inner().status == ServingStatus::Serving as i32)
+        };
+        matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+    }
+
+    /// Opens a session stream and sends `first` (an Open); returns the stream
+    /// and the server's first message.
+    pub async fn open(
+        &self,
+        first: ClientMessage,
+        timeout: Duration,
+        counters: &mut Counters,
+    ) -> Result<(Stream, ServerMessage), NetError> {
+        let fut = async {
+            let ch = self.channel().await?;
+            let mut client = VerifierClient::new(ch);
+            let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+            counters.sent += first.encoded_len() as u64;
+            tx.send(first)
+                .await
+                .map_err(|_| NetError::Unavailable("stream closed".into()))?;
+            let mut req = tonic::Request::new(ReceiverStream::new(rx));
+            if let Some(t) = &self.token {
+                let v = format!("Bearer {t}").parse().map_err(|_| {
+                    NetError::Fatal(EdgeError::Config("token is not valid header text".into()))
+                })?;
+                req.metadata_mut().insert("authorization", v);
+            }
+            let resp = client.session(req).await.map_err(|s| classify_status(&s))?;
+            let mut stream = Stream {
+                tx,
+                rx: resp.into_inner(),
+            };
+            let first = stream.recv(counters).await?;
+            Ok((stream, first))
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(NetError::Timeout),
+        }
+    }
+}
+
+/// Bytes on the wire (encoded protobuf message sizes).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// One live session stream.
+pub struct Stream {
+    tx: mpsc::Sender<ClientMessage>,
+    rx: tonic::Streaming<ServerMessage>,
+}
+
+impl Stream {
+    async fn recv(&mut self, counters: &mut Counters) -> Result<ServerMessage, NetError> {
+        match self.rx.message().await {
+            Ok(Some(m)) => {
+                counters.received += m.encoded_len() as u64;
+                Ok(m)
+            }
+            Ok(None) => Err(NetError::Unavailable(
+                "the verifier ended the stream".into(),
+            )),
+            Err(s) => Err(classify_status(&s)),
+        }
+    }
+
+    /// Sends one message and waits for the answer within `deadline`; returns the
+    /// answer and the round-trip time.
+    pub async fn exchange(
+        &mut self,
+        msg: client_message::Msg,
+        deadline: Duration,
+        counters: &mut Counters,
+    ) -> Result<(server_message::Msg, Duration), NetError> {
+        let m = ClientMessage { msg: Some(msg) };
+        let start = Instant::now();
+        counters.sent += m.encoded_len() as u64;
+        let fut = async {
+            self.tx
+                .send(m)
+                .await
+                .map_err(|_| NetError::Unavailable("stream closed".into()))?;
+            self.recv(counters).await
+        };
+        let answer = match tokio::time::timeout(deadline, fut).await {
+            Ok(r) => r?,
+            Err(_) => return Err(NetError::Timeout),
+        };
+        let rtt = start.elapsed();
+        match answer.msg {
+            Some(a) => Ok((a, rtt)),
+            None => Err(NetError::Fatal(EdgeError::Protocol(
+                "empty server message".into(),
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, reason: &str) -> tonic::Status {
+        let mut s = tonic::Status::new(code, format!("{reason}: details"));
+        s.metadata_mut()
+            .insert(tandem_proto::REASON_METADATA_KEY, reason.parse().unwrap());
+        s
+    }
+
+    #[test]
+    fn reasons_map_to_actions() {
+        assert!(matches!(
+            classify_status(&status(tonic::Code::NotFound, "SESSION_EVICTED")),
+            NetError::Resend(_)
+        ));
+        assert!(matches!(
+            classify_status(&status(tonic::Code::NotFound, "SESSION_UNKNOWN")),
+            NetError::Resend(_)
+        ));
+        assert!(matches!(
+            classify_status(&status(tonic::Code::Unavailable, "SHUTTING_DOWN")),
+            NetError::Unavailable(_)
+        ));
+        match classify_status(&status(
+            tonic::Code::FailedPrecondition,
+            "FINGERPRINT_MISMATCH",
+        )) {
+            NetError::Fatal(EdgeError::Refused { reason, .. }) => {
+                assert_eq!(reason, "FINGERPRINT_MISMATCH")
+            }
+            other => panic!("{other}"),
+        }
+        // Without metadata, the message prefix is read.
+        let s = tonic::Status::new(tonic::Code::NotFound, "SESSION_UNKNOWN: gone");
+        assert!(matches!(classify_status(&s), NetError::Resend(_)));
+        let s = tonic::Status::new(tonic::Code::Unavailable, "connection reset");
+        assert!(matches!(classify_status(&s), NetError::Unavailable(_)));
+    }
+}

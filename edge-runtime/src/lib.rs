@@ -1,0 +1,31 @@
+//! `tandem-edge`: Tandem's device runtime, a library the app embeds.
+//!
+//! The device keeps the small **draft** model; [`EdgeRuntime::generate`] runs the
+//! speculative loop with the target replaced by the remote cloud verifier
+//! (`tandem.verifier.v1`, see `tandem-proto`): open a session, stream draft blocks,
+//! apply verdicts, roll the draft KV cache back. Every emitted token carries a
+//! [`TokenStatus`]: `Verified` (came through a verdict, so in greedy mode it is the
+//! target's own token), `Provisional` (drafted alone while the verifier was
+//! unreachable) or `Local` (the whole request ran on the device).
+//!
+//! Around the loop: per-verify deadlines derived from the measured RTT
+//! ([`breaker::RttTracker`]), retries with exponential backoff, and a circuit breaker
+//! ([`breaker::CircuitBreaker`]) whose half-open transition is driven by a background
+//! `grpc.health.v1` probe. After an outage the session resumes on the same
+//! generation by re-sending its context, the provisional span is checked by the
+//! verifier (a verify-only pass) and the differences are reported. Configured by
+//! one TOML-loadable [`EdgeConfig`] (documented in `docs/edge.md`).
+
+pub mod breaker;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod runtime;
+
+pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
+pub use config::EdgeConfig;
+pub use error::EdgeError;
+pub use runtime::{
+    EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
+    TokenStatus,
+};

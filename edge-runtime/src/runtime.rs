@@ -1,0 +1,882 @@
+//! [`EdgeRuntime`]: the speculative loop with a remote verifier, the offline
+//! fallback, and the provisional check after an outage.
+//!
+//! Invariants of the loop (see `docs/edge.md`):
+//! * `ctx` = prompt + every emitted token; the draft cache plus `pending` hold
+//!   exactly `ctx` (pending = tokens the draft has not run yet, never empty).
+//! * While a session stream is live and no provisional span is being checked, the
+//!   verifier holds `ctx` too (its `last` is `ctx`'s last token).
+
+use crate::breaker::{BreakerState, CircuitBreaker, RttTracker};
+use crate::client::{Connector, Counters, NetError, Stream};
+use crate::config::EdgeConfig;
+use crate::error::EdgeError;
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tandem_model::kv_cache::KvCache;
+use tandem_model::qwen2::Qwen2Model;
+use tandem_model::sampling::{
+    apply_repetition_penalty, argmax, distribution, top_k_truncate, Distribution, Sampler,
+    SamplingParams,
+};
+use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::tokenizer::Tokenizer;
+use tandem_proto::v1::{
+    self as pb, client_message::Msg as Cm, server_message::Msg as Sm, ClientMessage,
+};
+
+/// Where an emitted token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenStatus {
+    /// Came through a verdict of the verifier (greedy: the target's own token).
+    Verified,
+    /// Drafted on the device alone while the verifier was unreachable.
+    Provisional,
+    /// The whole request ran on the device (no verifier, or the router said so).
+    Local,
+}
+
+/// The verifier's judgement of one provisional span, after it came back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvisionalCheck {
+    /// Output positions `start..end` were provisional.
+    pub start: usize,
+    pub end: usize,
+    /// Output positions where the target (given the streamed tokens before it)
+    /// would have chosen a different token. Empty in sampled mode, where spans
+    /// are not checked (see `checked`).
+    pub mismatches: Vec<usize>,
+    /// False when the span was not checked (sampled mode).
+    pub checked: bool,
+}
+
+/// Summary of every provisional span of a generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvisionalReport {
+    pub provisional_tokens: usize,
+    /// Provisional tokens the verifier has checked.
+    pub checked_tokens: usize,
+    pub mismatched_tokens: usize,
+    /// First output position that differs from what the target would have produced.
+    pub first_mismatch: Option<usize>,
+    pub spans: Vec<ProvisionalCheck>,
+}
+
+/// What the runtime reports while generating.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EdgeEvent {
+    /// Output token number `index` (0-based), final as emitted.
+    Token {
+        index: usize,
+        id: u32,
+        status: TokenStatus,
+    },
+    /// The verifier came back and judged a provisional span.
+    ProvisionalChecked(ProvisionalCheck),
+}
+
+/// Statistics of one generation.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EdgeStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub verified_tokens: usize,
+    pub provisional_tokens: usize,
+    pub local_tokens: usize,
+    /// Speculative rounds answered by a verdict.
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// accepted / drafted.
+    pub acceptance_rate: f64,
+    /// Mean accepted draft tokens per round.
+    pub mean_accepted_len: f64,
+    /// Verify-only rounds over provisional spans (+ Resumes they needed).
+    pub check_rounds: u64,
+    /// Verify round trips of this generation.
+    pub rtt_mean_ms: f64,
+    pub rtt_p95_ms: f64,
+    /// Encoded protobuf bytes (prost `encoded_len`) sent / received.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Target forward passes the verifier ran for this generation: prefills
+    /// (Open/Resume) + verify rounds.
+    pub verifier_passes: u64,
+    pub verifier_passes_per_token: f64,
+    pub draft_forwards: u64,
+    /// Sessions opened (the first one plus every resume).
+    pub opens: u64,
+    /// SESSION_EVICTED / SESSION_UNKNOWN answers that made the device resend.
+    pub resends: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+    pub breaker_opens: u64,
+    pub ttft_ms: f64,
+    pub total_ms: f64,
+    pub tokens_per_s: f64,
+}
+
+/// The result of [`EdgeRuntime::generate`].
+#[derive(Clone, Debug)]
+pub struct EdgeGeneration {
+    pub tokens: Vec<u32>,
+    pub statuses: Vec<TokenStatus>,
+    pub stop: StopReason,
+    pub stats: EdgeStats,
+    pub provisional: ProvisionalReport,
+    /// The verifier's session id (last one), if any session was opened.
+    pub session_id: Option<String>,
+}
+
+/// The device runtime: draft model + verifier client + breaker. Reuse one runtime
+/// for many generations (the breaker and RTT history carry over).
+pub struct EdgeRuntime {
+    draft: Arc<Qwen2Model>,
+    cfg: EdgeConfig,
+    fingerprint: String,
+    connector: Option<Connector>,
+    rt: tokio::runtime::Runtime,
+    breaker: Arc<Mutex<CircuitBreaker>>,
+    rtt: RttTracker,
+    probe: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for EdgeRuntime {
+    fn drop(&mut self) {
+        if let Some(p) = self.probe.take() {
+            p.abort();
+        }
+    }
+}
+
+fn lock(b: &Mutex<CircuitBreaker>) -> MutexGuard<'_, CircuitBreaker> {
+    // A panic while holding this lock cannot leave the breaker inconsistent.
+    b.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k as u32,
+        top_p: p.top_p,
+        repetition_penalty: p.repetition_penalty,
+        seed: p.seed,
+    }
+}
+
+impl EdgeRuntime {
+    /// A runtime around a loaded draft model. The tokenizer fingerprint comes from
+    /// the draft GGUF (draft and target share the tokenizer) unless the config
+    /// overrides it.
+    pub fn new(draft: Arc<Qwen2Model>, cfg: EdgeConfig) -> Result<Self, EdgeError> {
+        cfg.validate()?;
+        let fingerprint = match &cfg.tokenizer_fingerprint {
+            Some(f) => f.clone(),
+            None => match Tokenizer::from_gguf(draft.gguf()) {
+                Ok(t) => t.fingerprint(),
+                Err(e) if cfg.verifier_url.is_some() => {
+                    return Err(EdgeError::Config(format!(
+                        "the draft GGUF has no tokenizer ({e}); set tokenizer_fingerprint"
+                    )))
+                }
+                Err(_) => String::new(),
+            },
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tandem-edge-io")
+            .enable_all()
+            .build()
+            .map_err(|e| EdgeError::Runtime(e.to_string()))?;
+        let connector = match &cfg.verifier_url {
+            Some(url) => {
+                let _g = rt.enter();
+                Some(Connector::new(&cfg, url)?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
+            draft,
+            cfg,
+            fingerprint,
+            connector,
+            rt,
+            rtt: RttTracker::default(),
+            probe: None,
+        })
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.cfg
+    }
+
+    pub fn breaker_state(&self) -> BreakerState {
+        lock(&self.breaker).state()
+    }
+
+    /// RTT samples of recent verifies (across generations), for the router.
+    pub fn rtt(&self) -> &RttTracker {
+        &self.rtt
+    }
+
+    /// Generates with the draft alone; every token is [`TokenStatus::Local`]
+    /// (nothing leaves the device).
+    pub fn generate_local(
+        &mut self,
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<EdgeGeneration, EdgeError> {
+        let mut run = Run::new(&self.draft, prompt, gen, on_event)?;
+        while run.stop.is_none() {
+            run.draft_alone(TokenStatus::Local)?;
+        }
+        Ok(run.finish(None, &RttTracker::default(), Counters::default()))
+    }
+
+    /// Speculative generation against the verifier (or local when none is
+    /// configured). `on_event` returns false to cancel.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<EdgeGeneration, EdgeError> {
+        let Some(connector) = self.connector.clone() else {
+            return self.generate_local(prompt, gen, on_event);
+        };
+        let mut run = Run::new(&self.draft, prompt, gen, on_event)?;
+        let mut net = Net {
+            cfg: &self.cfg,
+            fingerprint: &self.fingerprint,
+            connector,
+            rt: &self.rt,
+            breaker: &self.breaker,
+            rtt: &mut self.rtt,
+            probe: &mut self.probe,
+            gen_rtt: RttTracker::default(),
+            counters: Counters::default(),
+            stream: None,
+            session_id: None,
+            round: 0,
+            max_block: gen.k.min(tandem_model::speculative::MAX_K),
+            resends_in_a_row: 0,
+        };
+        let res = net.drive(&mut run);
+        if let Some(mut s) = net.stream.take() {
+            // Free the verifier's KV cache; an error here changes nothing.
+            let c = &mut net.counters;
+            let _ =
+                self.rt
+                    .block_on(s.exchange(Cm::Close(pb::Close {}), Duration::from_secs(1), c));
+        }
+        res?;
+        let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
+        Ok(run.finish(sid, &gen_rtt, counters))
+    }
+}
+
+/// Progress of checking a provisional span.
+struct Check {
+    start: usize,
+    next: usize,
+    mismatches: Vec<usize>,
+}
+
+/// One generation's device-side state.
+struct Run<'a, 'b> {
+    draft: &'a Qwen2Model,
+    gen: &'a GenerateConfig,
+    prompt_len: usize,
+    ctx: Vec<u32>,
+    statuses: Vec<TokenStatus>,
+    cache: KvCache,
+    pending: Vec<u32>,
+    capacity: usize,
+    rng: Sampler,
+    stop: Option<StopReason>,
+    on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    stats: EdgeStats,
+    report: ProvisionalReport,
+    check: Option<Check>,
+    start: Instant,
+    first: Option<Instant>,
+}
+
+impl<'a, 'b> Run<'a, 'b> {
+    fn new(
+        draft: &'a Qwen2Model,
+        prompt: &[u32],
+        gen: &'a GenerateConfig,
+        on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    ) -> Result<Self, EdgeError> {
+        gen.validate()?;
+        let cache = draft.new_cache();
+        let capacity = cache.capacity();
+        if prompt.is_empty() {
+            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
+                "the prompt is empty".into(),
+            )));
+        }
+        if prompt.len() >= capacity {
+            return Err(EdgeError::Model(
+                tandem_model::ModelError::SequenceTooLong {
+                    needed: prompt.len() + 1,
+                    capacity,
+                },
+            ));
+        }
+        let stop = (gen.max_tokens == 0).then_some(StopReason::MaxTokens);
+        Ok(Self {
+            draft,
+            gen,
+            prompt_len: prompt.len(),
+            ctx: prompt.to_vec(),
+            statuses: Vec::new(),
+            cache,
+            pending: prompt.to_vec(),
+            capacity,
+            rng: Sampler::from_params(&gen.sampling),
+            stop,
+            on_event,
+            stats: EdgeStats {
+                prompt_tokens: prompt.len(),
+                ..EdgeStats::default()
+            },
+            report: ProvisionalReport::default(),
+            check: None,
+            start: Instant::now(),
+            first: None,
+        })
+    }
+
+    fn out_len(&self) -> usize {
+        self.ctx.len() - self.prompt_len
+    }
+
+    fn out(&self) -> &[u32] {
+        &self.ctx[self.prompt_len..]
+    }
+
+    /// Emits one token (already in the draft's view via `pending` by the caller);
+    /// false when generation must end.
+    fn emit(&mut self, t: u32, status: TokenStatus) -> bool {
+        if self.stop.is_some() {
+            return false;
+        }
+        self.first.get_or_insert_with(Instant::now);
+        if self.gen.stop_tokens.contains(&t) {
+            self.stop = Some(StopReason::Stop);
+            return false;
+        }
+        self.ctx.push(t);
+        self.statuses.push(status);
+        let index = self.out_len() - 1;
+        if !(self.on_event)(&EdgeEvent::Token {
+            index,
+            id: t,
+            status,
+        }) {
+            self.stop = Some(StopReason::Cancelled);
+            return false;
+        }
+        if self.out_len() >= self.gen.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+            return false;
+        }
+        if self.ctx.len() >= self.capacity {
+            self.stop = Some(StopReason::ContextFull);
+            return false;
+        }
+        true
+    }
+
+    /// Runs the draft over `pending`; returns its next token (and, sampled, the
+    /// top-k distribution it was drawn from). Leaves `pending = [token]`.
+    fn draft_next(&mut self, hist: &[u32]) -> Result<(u32, Option<Distribution>), EdgeError> {
+        let pos = self.cache.len();
+        let logits = self
+            .draft
+            .forward_last(&self.pending, pos, &mut self.cache)?;
+        self.stats.draft_forwards += 1;
+        let params = &self.gen.sampling;
+        let (t, q) = if params.is_greedy() {
+            if params.repetition_penalty == 1.0 {
+                (argmax(&logits), None)
+            } else {
+                let mut l = logits;
+                apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
+                (argmax(&l), None)
+            }
+        } else {
+            let q = top_k_truncate(&distribution(params, &logits, hist), self.gen.draft_top_k);
+            (self.rng.sample(&q), Some(q))
+        };
+        self.pending.clear();
+        self.pending.push(t);
+        Ok((t, q))
+    }
+
+    /// One token from the draft alone.
+    fn draft_alone(&mut self, status: TokenStatus) -> Result<(), EdgeError> {
+        let hist = self.ctx.clone();
+        let (t, _) = self.draft_next(&hist)?;
+        if status == TokenStatus::Provisional && self.check.is_none() {
+            let n = self.out_len();
+            self.check = Some(Check {
+                start: n,
+                next: n,
+                mismatches: Vec::new(),
+            });
+        }
+        self.emit(t, status);
+        Ok(())
+    }
+
+    /// Undo a drafted block whose verdict never came: the draft holds `ctx`.
+    fn rollback_unverified(&mut self) {
+        let keep = self.ctx.len() - 1;
+        self.cache.truncate(keep.min(self.cache.len()));
+        if self.cache.len() < keep {
+            // Cannot happen after drafting (the cache covered ctx), but stay exact.
+            self.pending = self.ctx[self.cache.len()..].to_vec();
+        } else {
+            self.pending = vec![self.ctx[keep]];
+        }
+    }
+
+    fn finish(
+        mut self,
+        session_id: Option<String>,
+        gen_rtt: &RttTracker,
+        counters: Counters,
+    ) -> EdgeGeneration {
+        let mut s = std::mem::take(&mut self.stats);
+        let now = Instant::now();
+        s.total_ms = (now - self.start).as_secs_f64() * 1000.0;
+        if let Some(f) = self.first {
+            s.ttft_ms = (f - self.start).as_secs_f64() * 1000.0;
+        }
+        s.generated_tokens = self.out_len();
+        let count = |st| self.statuses.iter().filter(|&&x| x == st).count();
+        s.verified_tokens = count(TokenStatus::Verified);
+        s.provisional_tokens = count(TokenStatus::Provisional);
+        s.local_tokens = count(TokenStatus::Local);
+        if s.total_ms > 0.0 {
+            s.tokens_per_s = s.generated_tokens as f64 / (s.total_ms / 1000.0);
+        }
+        if s.drafted > 0 {
+            s.acceptance_rate = s.accepted as f64 / s.drafted as f64;
+        }
+        if s.rounds > 0 {
+            s.mean_accepted_len = s.accepted as f64 / s.rounds as f64;
+        }
+        s.rtt_mean_ms = gen_rtt.mean_ms().unwrap_or(0.0);
+        s.rtt_p95_ms = gen_rtt.p95_ms().unwrap_or(0.0);
+        s.bytes_sent = counters.sent;
+        s.bytes_received = counters.received;
+        if s.generated_tokens > 0 {
+            s.verifier_passes_per_token = s.verifier_passes as f64 / s.generated_tokens as f64;
+        }
+        // A span still unchecked at the end stays in the report as unchecked.
+        if let Some(c) = self.check.take() {
+            let end = self.out_len();
+            self.report.checked_tokens += c.next - c.start;
+            self.report.mismatched_tokens += c.mismatches.len();
+            if self.report.first_mismatch.is_none() {
+                self.report.first_mismatch = c.mismatches.first().copied();
+            }
+            self.report.spans.push(ProvisionalCheck {
+                start: c.start,
+                end,
+                mismatches: c.mismatches,
+                checked: false,
+            });
+        }
+        self.report.provisional_tokens = s.provisional_tokens;
+        let stop = self.stop.unwrap_or(StopReason::MaxTokens);
+        EdgeGeneration {
+            tokens: self.ctx[self.prompt_len..].to_vec(),
+            statuses: self.statuses,
+            stop,
+            stats: s,
+            provisional: self.report,
+            session_id,
+        }
+    }
+
+    /// Records a finished span check and tells the caller.
+    fn complete_check(&mut self, c: Check, checked: bool) {
+        let end = self.out_len();
+        let span = ProvisionalCheck {
+            start: c.start,
+            end,
+            mismatches: c.mismatches,
+            checked,
+        };
+        if checked {
+            self.report.checked_tokens += end - c.start;
+        }
+        self.report.mismatched_tokens += span.mismatches.len();
+        if self.report.first_mismatch.is_none() {
+            self.report.first_mismatch = span.mismatches.first().copied();
+        }
+        if !span.mismatches.is_empty() {
+            tracing::warn!(
+                start = span.start,
+                end = span.end,
+                mismatches = span.mismatches.len(),
+                "provisional tokens differ from the verifier's"
+            );
+        }
+        self.report.spans.push(span.clone());
+        if !(self.on_event)(&EdgeEvent::ProvisionalChecked(span)) && self.stop.is_none() {
+            self.stop = Some(StopReason::Cancelled);
+        }
+    }
+}
+
+/// The network side of one generation.
+struct Net<'a> {
+    cfg: &'a EdgeConfig,
+    fingerprint: &'a str,
+    connector: Connector,
+    rt: &'a tokio::runtime::Runtime,
+    breaker: &'a Arc<Mutex<CircuitBreaker>>,
+    rtt: &'a mut RttTracker,
+    probe: &'a mut Option<tokio::task::JoinHandle<()>>,
+    gen_rtt: RttTracker,
+    counters: Counters,
+    stream: Option<Stream>,
+    session_id: Option<String>,
+    round: u64,
+    max_block: usize,
+    resends_in_a_row: u32,
+}
+
+/// Outcome of a network step.
+enum Step {
+    Ok,
+    /// The stream is gone; the loop decides what next.
+    Lost,
+}
+
+impl Net<'_> {
+    fn drive(&mut self, run: &mut Run<'_, '_>) -> Result<(), EdgeError> {
+        while run.stop.is_none() {
+            let allowed = lock(self.breaker).allows_request();
+            if !allowed {
+                run.draft_alone(TokenStatus::Provisional)?;
+                continue;
+            }
+            if self.stream.is_none() {
+                if let Step::Lost = self.open(run)? {
+                    continue;
+                }
+                if let Step::Lost = self.check_provisional(run)? {
+                    continue;
+                }
+                continue;
+            }
+            self.round_trip(run)?;
+        }
+        Ok(())
+    }
+
+    fn deadline(&self) -> Duration {
+        let c = self.cfg;
+        self.rtt.deadline(
+            Duration::from_millis(c.deadline_initial_ms),
+            Duration::from_millis(c.deadline_floor_ms),
+            c.deadline_factor,
+            Duration::from_millis(c.deadline_max_ms),
+        )
+    }
+
+    /// Reacts to a failed exchange; Err only for fatal conditions.
+    fn fail(&mut self, run: &mut Run<'_, '_>, e: NetError) -> Result<Step, EdgeError> {
+        self.stream = None;
+        tracing::debug!(error = %e, session = ?self.session_id, "verifier exchange failed");
+        match e {
+            NetError::Fatal(e) => return Err(e),
+            NetError::ContextFull => {
+                run.stop.get_or_insert(StopReason::ContextFull);
+                return Ok(Step::Lost);
+            }
+            NetError::Resend(_) if self.resends_in_a_row < 3 => {
+                self.resends_in_a_row += 1;
+                run.stats.resends += 1;
+                return Ok(Step::Lost);
+            }
+            NetError::Timeout => run.stats.timeouts += 1,
+            NetError::Resend(_) | NetError::Unavailable(_) => {}
+        }
+        run.stats.failures += 1;
+        let (opened, attempt) = {
+            let mut b = lock(self.breaker);
+            (b.on_failure(), b.consecutive_failures())
+        };
+        if opened {
+            run.stats.breaker_opens += 1;
+            tracing::warn!(session = ?self.session_id, "verifier unreachable: circuit breaker open, drafting alone");
+            self.start_probe();
+        } else if lock(self.breaker).state() == BreakerState::Closed {
+            std::thread::sleep(self.cfg.backoff(attempt));
+        }
+        Ok(Step::Lost)
+    }
+
+    fn start_probe(&mut self) {
+        if let Some(p) = self.probe.take() {
+            p.abort();
+        }
+        let (b, c) = (self.breaker.clone(), self.connector.clone());
+        let (every, timeout) = (self.cfg.probe_interval(), self.cfg.probe_timeout());
+        *self.probe = Some(self.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if c.probe(timeout).await {
+                    lock(&b).probe_succeeded();
+                    tracing::info!("verifier healthy again: circuit breaker half-open");
+                    return;
+                }
+            }
+        }));
+    }
+
+    fn success(&mut self) {
+        lock(self.breaker).on_success();
+        self.resends_in_a_row = 0;
+    }
+
+    /// Opens (or resumes) the session with the context the verifier must hold.
+    fn open(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
+        let greedy = run.gen.sampling.is_greedy();
+        if !greedy {
+            // Sampled mode: provisional spans are not checked; send everything.
+            if let Some(c) = run.check.take() {
+                run.complete_check(c, false);
+            }
+        }
+        let upto = match &run.check {
+            Some(c) => run.prompt_len + c.next,
+            None => run.ctx.len(),
+        };
+        let open = pb::Open {
+            model_id: self.cfg.model_id.clone(),
+            tokenizer_fingerprint: self.fingerprint.to_owned(),
+            prompt_tokens: run.ctx[..upto].to_vec(),
+            sampling: Some(to_pb_sampling(&run.gen.sampling)),
+            resume_session_id: self.session_id.clone(),
+            first_round: self.round,
+        };
+        let msg = ClientMessage {
+            msg: Some(Cm::Open(open)),
+        };
+        let r = self.rt.block_on(self.connector.open(
+            msg,
+            self.cfg.open_timeout(),
+            &mut self.counters,
+        ));
+        match r {
+            Ok((
+                stream,
+                pb::ServerMessage {
+                    msg: Some(Sm::Opened(o)),
+                },
+            )) => {
+                if o.context_len != upto as u64 {
+                    return Err(EdgeError::Protocol(format!(
+                        "Opened.context_len {} != {upto}",
+                        o.context_len
+                    )));
+                }
+                self.success();
+                run.stats.opens += 1;
+                run.stats.verifier_passes += 1;
+                self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
+                if o.max_prompt_tokens > 0 {
+                    run.capacity = run.capacity.min(o.max_prompt_tokens as usize);
+                }
+                tracing::debug!(session = %o.session_id, resumed = o.resumed, "session open");
+                self.session_id = Some(o.session_id);
+                self.stream = Some(stream);
+                Ok(Step::Ok)
+            }
+            Ok(_) => Err(EdgeError::Protocol("first answer was not Opened".into())),
+            Err(e) => self.fail(run, e),
+        }
+    }
+
+    fn exchange(&mut self, msg: Cm) -> Result<(Sm, Duration), NetError> {
+        let deadline = self.deadline();
+        let Some(s) = self.stream.as_mut() else {
+            return Err(NetError::Unavailable("no session".into()));
+        };
+        self.rt
+            .block_on(s.exchange(msg, deadline, &mut self.counters))
+    }
+
+    fn verdict(&self, answer: Sm, k: usize, ctx_before: usize) -> Result<pb::Verdict, EdgeError> {
+        let Sm::Verdict(v) = answer else {
+            return Err(EdgeError::Protocol("expected a Verdict".into()));
+        };
+        let n = v.accepted as usize;
+        if v.round != self.round || n > k || v.context_len != (ctx_before + n + 1) as u64 {
+            return Err(EdgeError::Protocol(format!(
+                "verdict (round {}, accepted {n}, context {}) does not fit round {} with k = {k} at context {ctx_before}",
+                v.round, v.context_len, self.round
+            )));
+        }
+        Ok(v)
+    }
+
+    /// Verify-only pass over the provisional span (greedy): the verifier holds the
+    /// context up to `check.next`; send the streamed tokens as drafts and compare.
+    fn check_provisional(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
+        loop {
+            let Some(c) = run.check.as_ref() else {
+                return Ok(Step::Ok);
+            };
+            let (p, e) = (c.next, run.out_len());
+            if p >= e {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, true);
+                }
+                return Ok(Step::Ok);
+            }
+            let chunk = run.out()[p..e.min(p + self.max_block)].to_vec();
+            let k = chunk.len();
+            let draft = pb::Draft {
+                round: self.round,
+                tokens: chunk,
+                draft_dists: Vec::new(),
+            };
+            let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
+                Ok(a) => a,
+                Err(e) => return self.fail(run, e),
+            };
+            let v = self.verdict(answer, k, run.prompt_len + p)?;
+            self.record_rtt(rtt);
+            self.success();
+            self.round += 1;
+            run.stats.check_rounds += 1;
+            run.stats.verifier_passes += 1;
+            let n = v.accepted as usize;
+            if p + n < e {
+                let differs = v.next_token != run.out()[p + n];
+                if let Some(c) = run.check.as_mut() {
+                    c.next = p + n + 1;
+                    if differs {
+                        c.mismatches.push(p + n);
+                    }
+                }
+                if differs {
+                    let resume = pb::Resume {
+                        context_tokens: run.ctx[..run.prompt_len + p + n + 1].to_vec(),
+                        next_round: self.round,
+                    };
+                    match self.exchange(Cm::Resume(resume)) {
+                        Ok((Sm::Resumed(r), _)) => {
+                            if r.context_len != (run.prompt_len + p + n + 1) as u64 {
+                                return Err(EdgeError::Protocol(
+                                    "Resumed.context_len differs".into(),
+                                ));
+                            }
+                            run.stats.check_rounds += 1;
+                            run.stats.verifier_passes += 1;
+                        }
+                        Ok(_) => return Err(EdgeError::Protocol("expected Resumed".into())),
+                        Err(e) => return self.fail(run, e),
+                    }
+                }
+            } else {
+                // The whole rest matched; the verdict's token follows the span and
+                // is the target's own: emit it (the verifier already holds it).
+                if let Some(c) = run.check.take() {
+                    let mut c = c;
+                    c.next = e;
+                    run.complete_check(c, true);
+                }
+                run.pending.push(v.next_token);
+                run.emit(v.next_token, TokenStatus::Verified);
+                return Ok(Step::Ok);
+            }
+        }
+    }
+
+    fn record_rtt(&mut self, rtt: Duration) {
+        self.rtt.record(rtt);
+        self.gen_rtt.record(rtt);
+    }
+
+    /// One speculative round: draft k, verify remotely, apply the verdict.
+    fn round_trip(&mut self, run: &mut Run<'_, '_>) -> Result<(), EdgeError> {
+        let room_out = run.gen.max_tokens.saturating_sub(run.out_len());
+        let k = run
+            .gen
+            .k
+            .min(self.max_block)
+            .min(run.capacity.saturating_sub(run.ctx.len()))
+            .min(room_out.max(1));
+        if k == 0 {
+            run.stop = Some(StopReason::ContextFull);
+            return Ok(());
+        }
+        let ctx_before = run.ctx.len();
+        let mut hist = run.ctx.clone();
+        let mut block = Vec::with_capacity(k);
+        let mut dists = Vec::new();
+        for _ in 0..k {
+            let (d, q) = run.draft_next(&hist)?;
+            hist.push(d);
+            block.push(d);
+            if let Some(q) = q {
+                let (tokens, probs) = q.entries().iter().copied().unzip();
+                dists.push(pb::TokenDistribution { tokens, probs });
+            }
+        }
+        let draft = pb::Draft {
+            round: self.round,
+            tokens: block.clone(),
+            draft_dists: dists,
+        };
+        let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
+            Ok(a) => a,
+            Err(e) => {
+                run.rollback_unverified();
+                self.fail(run, e)?;
+                return Ok(());
+            }
+        };
+        let v = self.verdict(answer, k, ctx_before)?;
+        self.record_rtt(rtt);
+        self.success();
+        self.round += 1;
+        run.stats.rounds += 1;
+        run.stats.drafted += k as u64;
+        run.stats.accepted += v.accepted as u64;
+        run.stats.verifier_passes += 1;
+        let n = v.accepted as usize;
+        // The draft cache holds ctx_before + d1..d(k-1); keep ctx_before + d1..dn.
+        let keep = ctx_before + n;
+        if run.cache.len() >= keep {
+            run.cache.truncate(keep);
+            run.pending.clear();
+        } else {
+            // All k accepted: dk is pending already.
+            run.pending = vec![block[k - 1]];
+        }
+        for &t in &block[..n] {
+            if !run.emit(t, TokenStatus::Verified) {
+                return Ok(());
+            }
+        }
+        run.pending.push(v.next_token);
+        run.emit(v.next_token, TokenStatus::Verified);
+        Ok(())
+    }
+}
