@@ -22,6 +22,7 @@
 use crate::gguf::GgufFile;
 use crate::{ModelError, Result};
 use candle_core::quantized::gguf_file::Value;
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -361,11 +362,10 @@ impl Tokenizer {
             }
         }
 
-        let mut tokens = Vec::with_capacity(n);
-        let mut pieces = Vec::with_capacity(n);
-        let mut token_to_id = FxMap::with_capacity_and_hasher(n, Default::default());
-        for (id, (text, kind)) in token_texts.iter().zip(&kinds).enumerate() {
-            let piece = match kind {
+        // The two halves of the vocabulary work run side by side: the decoded
+        // bytes of every token (parallel) and the text -> id map (sequential).
+        let piece_of = |id: usize, text: &str, kind: TokenKind| -> Result<Vec<u8>> {
+            Ok(match kind {
                 TokenKind::Normal | TokenKind::Byte => {
                     let mut bytes = Vec::with_capacity(text.len());
                     for c in text.chars() {
@@ -380,11 +380,30 @@ impl Tokenizer {
                 }
                 TokenKind::Unused => Vec::new(),
                 _ => text.as_bytes().to_vec(),
-            };
-            tokens.push(text.to_string());
-            pieces.push(piece);
-            token_to_id.insert(text.to_string(), id as u32);
-        }
+            })
+        };
+        let ((pieces, tokens), token_to_id) = rayon::join(
+            || {
+                let pieces = token_texts
+                    .par_iter()
+                    .zip(kinds.par_iter())
+                    .enumerate()
+                    .map(|(id, (text, kind))| piece_of(id, text, *kind))
+                    .collect::<Result<Vec<_>>>();
+                let tokens: Vec<String> = token_texts.par_iter().map(|t| t.to_string()).collect();
+                (pieces, tokens)
+            },
+            || {
+                let mut map: FxMap<String, u32> =
+                    FxMap::with_capacity_and_hasher(n, Default::default());
+                for (id, text) in token_texts.iter().enumerate() {
+                    // As in llama.cpp, a duplicated text maps to its last id.
+                    map.insert(text.to_string(), id as u32);
+                }
+                map
+            },
+        );
+        let pieces = pieces?;
 
         let mut byte_to_id = [0u32; 256];
         for (b, c) in chars.iter().enumerate() {
@@ -396,26 +415,32 @@ impl Tokenizer {
         }
 
         let merge_texts = string_array(gguf, "tokenizer.ggml.merges")?;
-        let mut merges = FxMap::with_capacity_and_hasher(merge_texts.len(), Default::default());
-        let mut joined = String::new();
-        for (rank, m) in merge_texts.iter().enumerate() {
-            let (a, b) = m
-                .split_once(' ')
-                .ok_or_else(|| err(format!("merge {rank} `{m}` has no space")))?;
-            let lookup = |t: &str| {
-                token_to_id.get(t).copied().ok_or_else(|| {
-                    err(format!(
-                        "merge {rank} `{m}`: `{t}` is not in the vocabulary"
-                    ))
-                })
-            };
-            joined.clear();
-            joined.push_str(a);
-            joined.push_str(b);
-            let key = (lookup(a)?, lookup(b)?);
-            let merged = lookup(&joined)?;
+        // Resolving the merge strings to ids is read-only: do it in parallel,
+        // then insert in rank order.
+        let resolved = merge_texts
+            .par_iter()
+            .enumerate()
+            .map_init(String::new, |joined, (rank, m)| {
+                let (a, b) = m
+                    .split_once(' ')
+                    .ok_or_else(|| err(format!("merge {rank} `{m}` has no space")))?;
+                let lookup = |t: &str| {
+                    token_to_id.get(t).copied().ok_or_else(|| {
+                        err(format!(
+                            "merge {rank} `{m}`: `{t}` is not in the vocabulary"
+                        ))
+                    })
+                };
+                joined.clear();
+                joined.push_str(a);
+                joined.push_str(b);
+                Ok(((lookup(a)?, lookup(b)?), lookup(joined)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut merges = FxMap::with_capacity_and_hasher(resolved.len(), Default::default());
+        for (rank, (pair, merged)) in resolved.into_iter().enumerate() {
             // Like llama.cpp, the first (lowest-rank) occurrence of a pair wins.
-            merges.entry(key).or_insert((rank as u32, merged));
+            merges.entry(pair).or_insert((rank as u32, merged));
         }
 
         let mut specials: Vec<u32> = (0..n as u32)
