@@ -282,3 +282,32 @@ fn infeasible_and_invalid_inputs_name_the_constraint() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("block size 8"), "{}", stderr(&o));
 }
+
+#[test]
+fn context_flag_sizes_the_kv_cache() {
+    // Each block holds 1000 B of KV per context token; all 8 blocks run on
+    // the cloud, so its memory grows by 8 x 1000 B per extra token.
+    let (_d, p, n) = setup(8, &two_nodes(75.0, "network = \"lan\""));
+    let cloud_bytes = |ctx: &str| {
+        let v = plan_json(&[
+            "plan",
+            "--profile",
+            &p,
+            "--nodes",
+            &n,
+            "--json",
+            "--context",
+            ctx,
+        ]);
+        assert_eq!(v["context_tokens"].as_u64().unwrap().to_string(), ctx);
+        v["plan"]["memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["node"] == "cloud")
+            .unwrap()["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cloud_bytes("3000") - cloud_bytes("1000"), 8 * 1000 * 2000);
+}
