@@ -1,5 +1,6 @@
 //! The quantized matmul kernels: correctness against an f32 reference and the
 //! bit-exactness contract (independent of m, thread count and ISA).
+#![allow(clippy::unwrap_used)] // tests: a failure should panic
 
 mod quant_common;
 

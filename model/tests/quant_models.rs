@@ -1,6 +1,7 @@
 //! The kernels on real weights: one matrix of every format found in the draft
 //! and target GGUFs, plus both output heads. Needs the models (`tandem models
 //! fetch`); fails with a clear message if they are missing (CI fetches them).
+#![allow(clippy::unwrap_used)] // tests: a failure should panic
 
 mod quant_common;
 

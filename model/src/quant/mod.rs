@@ -26,6 +26,10 @@
 //! block is used for up to [`TILE`] activation rows while it is in L1, so a
 //! verify block of k ≤ 24 tokens reads the weights from memory once.
 
+// Index loops mirror ggml's block layouts (offsets like 32c + 4l + k) and are
+// clearer than iterator chains here.
+#![allow(clippy::needless_range_loop)]
+
 use crate::{ModelError, Result};
 use candle_core::quantized::GgmlDType;
 
@@ -81,7 +85,7 @@ impl QuantFormat {
     /// multiple of the block size.
     pub fn row_bytes(self, cols: usize) -> Result<usize> {
         let be = self.block_elems();
-        if cols % be != 0 {
+        if !cols.is_multiple_of(be) {
             return Err(ModelError::InvalidArgument(format!(
                 "{cols} columns is not a multiple of the {self:?} block size {be}"
             )));

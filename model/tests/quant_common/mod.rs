@@ -1,6 +1,7 @@
 //! Helpers shared by the `quant_*` tests: random matrices in every format,
 //! activations, references and bit comparison.
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used)] // test helpers: a failure should panic
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
