@@ -1,0 +1,242 @@
+//! The verifier's one configuration type, loaded from TOML (documented field by
+//! field in `docs/verifier.md` and `config/verifier.example.toml`).
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Everything `tandem serve-verifier` needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierConfig {
+    /// gRPC listen address.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Admin HTTP (healthz/readyz/metrics) listen address.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    /// Target model GGUF; default: the fetched target (`tandem models path target`).
+    #[serde(default)]
+    pub model_path: Option<PathBuf>,
+    /// Model id the device must name in Open.
+    #[serde(default = "default_model_id")]
+    pub model_id: String,
+    /// Tokenizer fingerprint devices must present; default: computed from the GGUF's
+    /// tokenizer (or from the model's shape when it has no tokenizer metadata).
+    #[serde(default)]
+    pub tokenizer_fingerprint: Option<String>,
+    /// KV cache capacity per session, in tokens.
+    #[serde(default = "default_max_seq_len")]
+    pub max_seq_len: usize,
+    /// Allow plain-text gRPC; only accepted when `listen` is a loopback address.
+    #[serde(default)]
+    pub insecure_loopback: bool,
+    /// TLS (required unless `insecure_loopback`).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Devices allowed to connect, each with its own bearer token.
+    #[serde(default)]
+    pub devices: Vec<DeviceConfig>,
+    /// Limits.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// TLS material (PEM files).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Server certificate chain (PEM).
+    pub cert_pem: PathBuf,
+    /// Server private key (PEM).
+    pub key_pem: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (mutual TLS).
+    #[serde(default)]
+    pub client_ca_pem: Option<PathBuf>,
+}
+
+/// One device identity.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Identity name (logged, used in metrics-free audit; sessions are bound to it).
+    pub id: String,
+    /// Bearer token, inline. Exactly one of `token` / `token_env` must be set.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name of an environment variable holding the bearer token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+/// Service limits; each refusal has its own status reason.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Most sessions held at once (idle ones are evicted LRU to make room).
+    pub max_sessions: usize,
+    /// Byte budget of all sessions' KV caches (LRU eviction above it).
+    pub session_budget_bytes: u64,
+    /// Sessions idle longer than this are evicted.
+    pub idle_ttl_secs: u64,
+    /// Longest context (prompt + generated) a session may hold.
+    pub max_prompt_tokens: usize,
+    /// Largest draft block k (at most 16).
+    pub max_block: usize,
+    /// Largest gRPC message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Sustained messages per second per identity.
+    pub rate_per_sec: f64,
+    /// Burst of messages per identity above the sustained rate.
+    pub rate_burst: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 64,
+            session_budget_bytes: 4 << 30,
+            idle_ttl_secs: 600,
+            max_prompt_tokens: 3072,
+            max_block: 16,
+            max_message_bytes: 1 << 20,
+            rate_per_sec: 200.0,
+            rate_burst: 400.0,
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 50051))
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9464))
+}
+fn default_model_id() -> String {
+    "qwen2.5-coder-1.5b-instruct-q4_k_m".into()
+}
+fn default_max_seq_len() -> usize {
+    4096
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// Hard cap on the block size (the protocol's promise to devices).
+pub const MAX_BLOCK_CAP: usize = 16;
+
+impl VerifierConfig {
+    /// Read and validate a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges and the TLS / loopback rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let l = &self.limits;
+        if l.max_block == 0 || l.max_block > MAX_BLOCK_CAP {
+            return bad(format!(
+                "limits.max_block must be in 1..={MAX_BLOCK_CAP}, got {}",
+                l.max_block
+            ));
+        }
+        if l.max_prompt_tokens == 0 || l.max_prompt_tokens + l.max_block + 1 > self.max_seq_len {
+            return bad(format!(
+                "limits.max_prompt_tokens ({}) + max_block ({}) + 1 must fit max_seq_len ({})",
+                l.max_prompt_tokens, l.max_block, self.max_seq_len
+            ));
+        }
+        if l.max_sessions == 0 {
+            return bad("limits.max_sessions must be at least 1".into());
+        }
+        if !(l.rate_per_sec > 0.0 && l.rate_burst >= 1.0) {
+            return bad("limits.rate_per_sec must be > 0 and limits.rate_burst >= 1".into());
+        }
+        if l.max_message_bytes < 1024 {
+            return bad("limits.max_message_bytes must be at least 1024".into());
+        }
+        match (&self.tls, self.insecure_loopback) {
+            (Some(_), true) => {
+                return bad("set either [tls] or insecure_loopback = true, not both".into())
+            }
+            (None, false) => {
+                return bad(
+                    "TLS is not configured: add a [tls] section (cert_pem, key_pem), or set \
+                     insecure_loopback = true to serve plain text on a loopback address"
+                        .into(),
+                )
+            }
+            (None, true) if !self.listen.ip().is_loopback() => {
+                return bad(format!(
+                    "insecure_loopback = true only allows a loopback listen address, got {}",
+                    self.listen
+                ))
+            }
+            _ => {}
+        }
+        if self.devices.is_empty() {
+            return bad("no [[devices]]: at least one device token is required".into());
+        }
+        for d in &self.devices {
+            if d.token.is_some() == d.token_env.is_some() {
+                return bad(format!(
+                    "device {:?}: set exactly one of token / token_env",
+                    d.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves every device's token (reading `token_env` variables).
+    pub fn device_tokens(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let tok = match (&d.token, &d.token_env) {
+                    (Some(t), _) => t.clone(),
+                    (None, Some(var)) => std::env::var(var).map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "device {:?}: environment variable {var} is not set",
+                            d.id
+                        ))
+                    })?,
+                    (None, None) => {
+                        return Err(ConfigError::Invalid(format!("device {:?}: no token", d.id)))
+                    }
+                };
+                if tok.len() < 16 {
+                    return Err(ConfigError::Invalid(format!(
+                        "device {:?}: token must be at least 16 characters",
+                        d.id
+                    )));
+                }
+                Ok((d.id.clone(), tok))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,158 @@
+//! TLS (self-signed cert from rcgen, untrusted CA), startup refusals, admin HTTP and
+//! the gRPC health service.
+
+mod common;
+
+use common::*;
+use tandem_verifier::model_fingerprint;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let code = buf[9..12].parse().unwrap();
+    (code, buf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_and_metrics_change_after_a_verify() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    assert_eq!(http_get(v.admin_addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(v.admin_addr, "/readyz").await.0, 200);
+    assert_eq!(http_get(v.admin_addr, "/nope").await.0, 404);
+    let (code, before) = http_get(v.admin_addr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        before.contains("tandem_verifier_verify_seconds_count 0"),
+        "{before}"
+    );
+    let fp = model_fingerprint(&load(&m.target));
+    let mut c = client(&v).await;
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(6))).await.unwrap();
+    s.draft(0, &[1, 2, 3]).await.unwrap();
+    let (_, after) = http_get(v.admin_addr, "/metrics").await;
+    assert!(
+        after.contains("tandem_verifier_verify_seconds_count 1"),
+        "{after}"
+    );
+    assert!(
+        after.contains("tandem_verifier_drafted_tokens_total 3"),
+        "{after}"
+    );
+    assert!(after.contains("tandem_verifier_sessions 1"), "{after}");
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_service_reports_serving() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let ch = Channel::from_shared(format!("http://{}", v.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(ch);
+    let r = h
+        .check(HealthCheckRequest {
+            service: tandem_proto::VERIFIER_SERVICE_NAME.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, 1, "SERVING");
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_without_tls_unless_loopback_plain_text_is_configured() {
+    let m = tiny_models();
+    let dir = m.dir.path();
+    let write = |s: String| {
+        let p = dir.join("bad.toml");
+        std::fs::write(&p, s).unwrap();
+        tandem_verifier::VerifierConfig::from_file(&p)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = write(config_toml(&m.target, "", ""));
+    assert!(e.contains("TLS is not configured"), "{e}");
+    let e = write(
+        config_toml(&m.target, "", "insecure_loopback = true")
+            .replace("127.0.0.1:0\"\nadmin", "0.0.0.0:0\"\nadmin"),
+    );
+    assert!(e.contains("only allows a loopback"), "{e}");
+    let e = write(config_toml(
+        &m.target,
+        "max_block = 17",
+        "insecure_loopback = true",
+    ));
+    assert!(e.contains("max_block"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_self_signed_cert_and_untrusted_ca_failure() {
+    let m = tiny_models();
+    let dir = m.dir.path();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), ck.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
+    let tls = format!(
+        "[tls]\ncert_pem = \"{}\"\nkey_pem = \"{}\"\n",
+        dir.join("cert.pem").display(),
+        dir.join("key.pem").display()
+    );
+    // [tls] must come after the top-level keys: put it at the very end.
+    let toml = format!("{}\n{tls}", config_toml(&m.target, "", ""));
+    let v = tandem_verifier::start(parse(dir, &toml)).await.unwrap();
+    let fp = model_fingerprint(&load(&m.target));
+    let url = format!("https://localhost:{}", v.grpc_addr.port());
+
+    let trusted = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ck.cert.pem()))
+        .domain_name("localhost");
+    let ch = Channel::from_shared(url.clone())
+        .unwrap()
+        .tls_config(trusted)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = tandem_proto::v1::verifier_client::VerifierClient::new(ch);
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(5))).await.unwrap();
+    let verdict = s.draft(0, &[3]).await.unwrap();
+    assert_eq!(verdict.round, 0);
+
+    // A client trusting another CA cannot connect.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let untrusted = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(other.cert.pem()))
+        .domain_name("localhost");
+    let r = Channel::from_shared(url)
+        .unwrap()
+        .tls_config(untrusted)
+        .unwrap()
+        .connect()
+        .await;
+    assert!(r.is_err(), "untrusted CA must fail the handshake");
+    // Plain text to a TLS port fails too.
+    let plain = tandem_proto::v1::verifier_client::VerifierClient::connect(format!(
+        "http://127.0.0.1:{}",
+        v.grpc_addr.port()
+    ))
+    .await;
+    if let Ok(mut pc) = plain {
+        assert!(connect(&mut pc, Some(TOKEN_A)).await.is_err());
+    }
+    v.shutdown().await.unwrap();
+}

@@ -1,0 +1,315 @@
+//! The verify service over a real gRPC connection on loopback, with tiny models.
+
+mod common;
+
+use common::*;
+use tandem_proto::v1::{client_message, server_message, Close, Reason, Resume};
+use tandem_verifier::model_fingerprint;
+
+/// Client-side speculative loop against the verifier: returns the generated tokens.
+/// Handles SESSION_EVICTED / SESSION_UNKNOWN by re-opening with the full context.
+async fn generate(
+    conn_for: &mut tonic_client::C,
+    fp: &str,
+    draft: &tandem_model::qwen2::Qwen2Model,
+    prompt: &[u32],
+    n: usize,
+    mut on_round: impl FnMut(u64, &str),
+) -> (Vec<u32>, usize) {
+    let mut client = conn_for.clone();
+    let mut conn = connect(&mut client, Some(TOKEN_A)).await.unwrap();
+    let opened = conn.open(open_msg(fp, prompt)).await.unwrap();
+    let mut sid = opened.session_id;
+    let mut ctx = prompt.to_vec();
+    let mut round = 0u64;
+    let mut resumes = 0;
+    while ctx.len() - prompt.len() < n {
+        on_round(round, &sid);
+        let k = (round % 5) as usize; // k = 0..4, including an empty block
+        let d = draft_greedy(draft, &ctx, k);
+        match conn.draft(round, &d).await {
+            Ok(v) => {
+                assert_eq!(v.round, round);
+                ctx.extend_from_slice(&d[..v.accepted as usize]);
+                ctx.push(v.next_token);
+                assert_eq!(v.context_len as usize, ctx.len());
+                round += 1;
+            }
+            Err(st) => {
+                let r = reason(&st);
+                assert!(
+                    matches!(r, Reason::SessionEvicted | Reason::SessionUnknown),
+                    "unexpected refusal {st:?}"
+                );
+                resumes += 1;
+                conn = connect(&mut client, Some(TOKEN_A)).await.unwrap();
+                let mut o = open_msg(fp, &ctx);
+                o.resume_session_id = Some(sid.clone());
+                o.first_round = round;
+                let opened = conn.open(o).await.unwrap();
+                assert_eq!(opened.context_len as usize, ctx.len());
+                sid = opened.session_id;
+            }
+        }
+    }
+    ctx.truncate(prompt.len() + n);
+    (ctx[prompt.len()..].to_vec(), resumes)
+}
+
+mod tonic_client {
+    pub type C = tandem_proto::v1::verifier_client::VerifierClient<tonic::transport::Channel>;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_rounds_reproduce_the_target_with_same_and_different_drafts() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let p = prompt(12);
+    let want = target_greedy(&target, &p, 30);
+    let mut c = client(&v).await;
+    // Perfect draft (the target itself): everything accepted.
+    let (got, _) = generate(&mut c, &fp, &target, &p, 30, |_, _| {}).await;
+    assert_eq!(got, want);
+    // A different tiny model: rejections and corrections.
+    let other = load(&m.draft);
+    let (got, _) = generate(&mut c, &fp, &other, &p, 30, |_, _| {}).await;
+    assert_eq!(got, want);
+    let metrics = v.state.render_metrics();
+    assert!(
+        metrics.contains("tandem_verifier_accepted_tokens_total"),
+        "{metrics}"
+    );
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_makes_the_device_resend_context_and_output_stays_identical() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let p = prompt(10);
+    let want = target_greedy(&target, &p, 24);
+    let mut c = client(&v).await;
+    let state = v.state.clone();
+    let (got, resumes) = generate(&mut c, &fp, &target, &p, 24, |round, sid| {
+        if round == 3 || round == 6 {
+            assert!(state.store().evict(sid));
+        }
+    })
+    .await;
+    assert_eq!(got, want);
+    assert_eq!(resumes, 2);
+    assert!(v
+        .state
+        .render_metrics()
+        .contains("tandem_verifier_evictions_total 2"));
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_budget_evicts_the_least_recently_used_session() {
+    let m = tiny_models();
+    let target = load(&m.target);
+    // One session of 40 tokens uses 40 * bytes_per_token; allow about one and a half.
+    let bpt = target.new_cache().bytes_per_token() as u64;
+    let v = start_plain(&m, &format!("session_budget_bytes = {}", bpt * 60)).await;
+    let fp = model_fingerprint(&target);
+    let mut c = client(&v).await;
+    let mut a = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    a.open(open_msg(&fp, &prompt(40))).await.unwrap();
+    let mut b = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    b.open(open_msg(&fp, &prompt(40))).await.unwrap();
+    let err = a.draft(0, &[1]).await.unwrap_err();
+    assert_eq!(reason(&err), Reason::SessionEvicted, "{err:?}");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    // The survivor still works.
+    b.draft(0, &[1, 2]).await.unwrap();
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_carry_clear_reasons_and_the_server_keeps_serving() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let mut c = client(&v).await;
+
+    // No token / wrong token.
+    let e = connect(&mut c, None).await.err().unwrap();
+    assert_eq!(
+        (e.code(), reason(&e)),
+        (tonic::Code::Unauthenticated, Reason::Unauthenticated)
+    );
+    let e = connect(&mut c, Some("not-a-valid-token-at-all"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(reason(&e), Reason::Unauthenticated);
+
+    // Fingerprint / model mismatch.
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let e = s
+        .open(open_msg("sha256-of-another-tokenizer", &prompt(4)))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&e), Reason::FingerprintMismatch);
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let mut o = open_msg(&fp, &prompt(4));
+    o.model_id = "other".into();
+    assert_eq!(reason(&s.open(o).await.unwrap_err()), Reason::ModelMismatch);
+
+    // Oversized / empty prompt, out-of-vocab prompt.
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    assert_eq!(
+        reason(&s.open(open_msg(&fp, &prompt(257))).await.unwrap_err()),
+        Reason::PromptTooLong
+    );
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    assert_eq!(
+        reason(&s.open(open_msg(&fp, &[])).await.unwrap_err()),
+        Reason::PromptTooLong
+    );
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    assert_eq!(
+        reason(&s.open(open_msg(&fp, &[1, 384])).await.unwrap_err()),
+        Reason::TokenOutOfVocab
+    );
+
+    // First message must be Open.
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    assert_eq!(
+        reason(&s.draft(0, &[1]).await.unwrap_err()),
+        Reason::BadRequest
+    );
+
+    // k = 17, out-of-vocab draft, round out of order: each on its own session.
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    let e = s.draft(0, &[1; 17]).await.unwrap_err();
+    assert_eq!(
+        (e.code(), reason(&e)),
+        (tonic::Code::InvalidArgument, Reason::BlockTooLarge)
+    );
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    s.draft(0, &[1; 16]).await.unwrap(); // k = 16 is fine
+    assert_eq!(
+        reason(&s.draft(1, &[1, 999]).await.unwrap_err()),
+        Reason::TokenOutOfVocab
+    );
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    s.draft(0, &[1]).await.unwrap();
+    let e = s.draft(2, &[1]).await.unwrap_err();
+    assert_eq!(reason(&e), Reason::RoundOutOfOrder);
+
+    // Another identity cannot take a session over.
+    let mut a = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let opened = a.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    let mut b = connect(&mut c, Some(TOKEN_B)).await.unwrap();
+    let mut o = open_msg(&fp, &prompt(4));
+    o.resume_session_id = Some(opened.session_id.clone());
+    let e = b.open(o).await.unwrap_err();
+    assert_eq!(
+        (e.code(), reason(&e)),
+        (tonic::Code::PermissionDenied, Reason::SessionForbidden)
+    );
+
+    // The owner's session is untouched and the server still serves.
+    let want = target_greedy(&target, &prompt(4), 1);
+    let v0 = a.draft(0, &[]).await.unwrap();
+    assert_eq!(v0.next_token, want[0]);
+    match a.call(client_message::Msg::Close(Close {})).await.unwrap() {
+        server_message::Msg::Closed(c) => assert_eq!(c.rounds, 1),
+        m => panic!("{m:?}"),
+    }
+    let metrics = v.state.render_metrics();
+    for r in [
+        "BLOCK_TOO_LARGE",
+        "TOKEN_OUT_OF_VOCAB",
+        "SESSION_FORBIDDEN",
+        "UNAUTHENTICATED",
+    ] {
+        assert!(
+            metrics.contains(&format!("tandem_verifier_errors_total{{reason=\"{r}\"}}")),
+            "{r}: {metrics}"
+        );
+    }
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_in_stream_reuses_the_common_prefix() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let p = prompt(8);
+    let want = target_greedy(&target, &p, 6);
+    let mut c = client(&v).await;
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &p)).await.unwrap();
+    // The device went offline and produced 3 provisional tokens of its own.
+    let mut ctx = p.clone();
+    ctx.extend_from_slice(&want[..3]);
+    let r = s
+        .call(client_message::Msg::Resume(Resume {
+            context_tokens: ctx.clone(),
+            next_round: 5,
+        }))
+        .await
+        .unwrap();
+    match r {
+        server_message::Msg::Resumed(r) => {
+            assert_eq!(r.context_len as usize, ctx.len());
+            assert_eq!(r.reused_tokens as usize, p.len() - 1);
+        }
+        m => panic!("{m:?}"),
+    }
+    let v5 = s.draft(5, &want[3..5]).await.unwrap();
+    assert_eq!((v5.accepted, v5.next_token), (2, want[5]));
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_per_identity() {
+    let m = tiny_models();
+    let v = start_plain(&m, "rate_per_sec = 0.5\nrate_burst = 3").await;
+    let fp = model_fingerprint(&load(&m.target));
+    let mut c = client(&v).await;
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    s.draft(0, &[1]).await.unwrap();
+    s.draft(1, &[1]).await.unwrap();
+    let e = s.draft(2, &[1]).await.unwrap_err();
+    assert_eq!(
+        (e.code(), reason(&e)),
+        (tonic::Code::ResourceExhausted, Reason::RateLimited)
+    );
+    // Another identity has its own bucket.
+    let mut b = connect(&mut c, Some(TOKEN_B)).await.unwrap();
+    b.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tells_open_sessions_to_go_elsewhere() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let fp = model_fingerprint(&load(&m.target));
+    let mut c = client(&v).await;
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(4))).await.unwrap();
+    s.draft(0, &[1, 2]).await.unwrap();
+    let stop = tokio::spawn(v.shutdown());
+    let e = s.rx.message().await.unwrap_err();
+    assert_eq!(
+        (e.code(), reason(&e)),
+        (tonic::Code::Unavailable, Reason::ShuttingDown)
+    );
+    stop.await.unwrap().unwrap();
+}
