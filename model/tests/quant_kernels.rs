@@ -1,6 +1,7 @@
 //! The quantized matmul kernels: correctness against an f32 reference and the
 //! bit-exactness contract (independent of m, thread count and ISA).
 #![allow(clippy::unwrap_used)] // tests: a failure should panic
+#![allow(clippy::needless_range_loop)] // (i, j) output indices read best as indices
 
 mod quant_common;
 

@@ -2,6 +2,7 @@
 //! and target GGUFs, plus both output heads. Needs the models (`tandem models
 //! fetch`); fails with a clear message if they are missing (CI fetches them).
 #![allow(clippy::unwrap_used)] // tests: a failure should panic
+#![allow(clippy::needless_range_loop)] // (i, j) output indices read best as indices
 
 mod quant_common;
 
