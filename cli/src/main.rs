@@ -8,6 +8,7 @@ mod common;
 mod demo;
 mod generate;
 mod models;
+mod netsim;
 mod plan;
 mod route;
 mod tokenize;
@@ -39,6 +40,8 @@ enum Command {
     Route(route::Args),
     /// Shard planner: split a model's layers across nodes.
     Plan(plan::Args),
+    /// Network simulator: a TCP proxy with a named profile or timeline.
+    Netsim(netsim::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Route(a) => route::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Netsim(a) => netsim::run(a),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,

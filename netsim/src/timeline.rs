@@ -48,7 +48,7 @@ impl Timeline {
     /// segment but the last and `reset`s has a duration.
     pub fn new(segments: Vec<Segment>) -> Result<Self, NetsimError> {
         let invalid = |reason: &str| NetsimError::InvalidTimeline {
-            timeline: format!("{segments:?}"),
+            timeline: describe(&segments),
             reason: reason.to_string(),
         };
         let initial = Self::check(&segments).map_err(|r| invalid(&r))?;
@@ -143,6 +143,21 @@ impl Timeline {
         Ok(Timeline { segments, initial })
     }
 
+    /// The conditions of the first segment (in force when it starts).
+    pub fn initial(&self) -> &NetConfig {
+        &self.initial
+    }
+
+    /// Checks every segment's conditions (after [`map_conditions`](Self::map_conditions)).
+    pub fn validate(&self) -> Result<(), NetsimError> {
+        Self::check(&self.segments)
+            .map(|_| ())
+            .map_err(|reason| NetsimError::InvalidTimeline {
+                timeline: describe(&self.segments),
+                reason,
+            })
+    }
+
     /// The segments in order.
     pub fn segments(&self) -> &[Segment] {
         &self.segments
@@ -193,6 +208,31 @@ impl Timeline {
             t += s.duration.unwrap_or_default();
         }
         out
+    }
+}
+
+/// `wifi 5s, offline 10s, fast-4g` — the parser's syntax (custom conditions
+/// show their name).
+fn describe(segments: &[Segment]) -> String {
+    segments
+        .iter()
+        .map(|s| {
+            let name = match &s.step {
+                Step::Conditions(c) => c.name.as_str(),
+                Step::Reset => "reset",
+            };
+            match s.duration {
+                Some(d) => format!("{name} {}ms", d.as_millis()),
+                None => name.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl std::fmt::Display for Timeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&describe(&self.segments))
     }
 }
 
@@ -286,6 +326,18 @@ mod tests {
             let e = Timeline::parse(text).unwrap_err().to_string();
             assert!(e.contains(why), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn displays_in_the_parser_syntax_and_validates_after_mapping() {
+        let t = Timeline::parse("wifi 5s, reset, offline 250ms, fast-4g").unwrap();
+        assert_eq!(t.to_string(), "wifi 5000ms, reset, offline 250ms, fast-4g");
+        assert_eq!(Timeline::parse(&t.to_string()).unwrap(), t);
+        assert_eq!(t.initial().name, "wifi");
+        assert!(t.validate().is_ok());
+        let bad = t.map_conditions(|c| c.with_loss(3.0));
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("loss") && e.contains("wifi 5000ms"), "{e}");
     }
 
     #[test]

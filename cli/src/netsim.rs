@@ -1,0 +1,178 @@
+//! `tandem netsim`: the network simulator as a standalone TCP proxy. Point a
+//! client at the printed address instead of the server; the link between
+//! them then behaves like the chosen profile or timeline. Runs until ctrl-c.
+
+use std::io::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tandem_netsim::{Jitter, NetConfig, Proxy, Timeline, PROFILES};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum JitterDist {
+    /// Uniform in [-J, +J].
+    Uniform,
+    /// Normal with standard deviation J.
+    Normal,
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("conditions").required(true).args(["profile", "timeline", "list"])))]
+pub struct Args {
+    /// Address to listen on (port 0 picks a free one; the bound address is
+    /// printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Server to forward to (host:port).
+    #[arg(long, required_unless_present = "list")]
+    upstream: Option<String>,
+    /// Named profile: loopback, lan, wifi, fast-4g, slow-4g, 3g, satellite,
+    /// offline.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Profiles over time, e.g. "wifi 5s, offline 10s, fast-4g" (the last
+    /// segment lasts forever; `reset` resets every connection).
+    #[arg(long)]
+    timeline: Option<String>,
+    /// Print the profile table and exit.
+    #[arg(long)]
+    list: bool,
+    /// Seed of the jitter, loss and reset draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Latency jitter in milliseconds, added to every profile, both ways.
+    #[arg(long)]
+    jitter_ms: Option<f64>,
+    /// Distribution of the jitter.
+    #[arg(long, value_enum, default_value = "uniform")]
+    jitter_dist: JitterDist,
+    /// Probability per chunk of a retransmission stall, both ways.
+    #[arg(long)]
+    loss: Option<f64>,
+    /// Length of a retransmission stall in milliseconds (default: 200 ms +
+    /// the profile's RTT).
+    #[arg(long)]
+    rto_ms: Option<f64>,
+    /// Probability per chunk that the connection is reset, both ways.
+    #[arg(long)]
+    reset_prob: Option<f64>,
+    /// Delay before a FIN is passed on, in milliseconds.
+    #[arg(long)]
+    close_delay_ms: Option<f64>,
+}
+
+fn millis(name: &str, ms: f64) -> anyhow::Result<Duration> {
+    if !(ms.is_finite() && ms >= 0.0) {
+        anyhow::bail!("--{name} must be a non-negative number of milliseconds, got {ms}");
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}
+
+/// The command-line overrides, applied to every profile.
+fn overrides(args: &Args) -> anyhow::Result<impl Fn(NetConfig) -> NetConfig> {
+    let jitter = args
+        .jitter_ms
+        .map(|j| millis("jitter-ms", j))
+        .transpose()?
+        .map(|d| match args.jitter_dist {
+            JitterDist::Uniform => Jitter::Uniform { max: d },
+            JitterDist::Normal => Jitter::Normal { std_dev: d },
+        });
+    let rto = args.rto_ms.map(|r| millis("rto-ms", r)).transpose()?;
+    let close = args
+        .close_delay_ms
+        .map(|c| millis("close-delay-ms", c))
+        .transpose()?;
+    let (loss, reset) = (args.loss, args.reset_prob);
+    Ok(move |c: NetConfig| {
+        c.map_links(|l| {
+            if let Some(j) = jitter {
+                l.jitter = j;
+            }
+            if let Some(p) = loss {
+                l.loss = p;
+            }
+            if let Some(r) = rto {
+                l.rto = r;
+            }
+            if let Some(p) = reset {
+                l.reset_prob = p;
+            }
+            if let Some(d) = close {
+                l.close_delay = d;
+            }
+        })
+    })
+}
+
+fn print_profiles() {
+    println!(
+        "{:<10} {:>9} {:>10} {:>10}  source",
+        "profile", "rtt_ms", "down_mbps", "up_mbps"
+    );
+    for p in PROFILES {
+        println!(
+            "{:<10} {:>9} {:>10} {:>10}  {}",
+            p.name, p.rtt_ms, p.down_mbps, p.up_mbps, p.source
+        );
+    }
+    println!(
+        "{:<10} {:>9} {:>10} {:>10}  blackhole both ways",
+        "offline", "-", "0", "0"
+    );
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.list {
+        print_profiles();
+        return Ok(());
+    }
+    let upstream_text = args.upstream.as_deref().unwrap_or_default();
+    let upstream = upstream_text
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve --upstream {upstream_text}"))?
+        .next()
+        .with_context(|| format!("--upstream {upstream_text} resolves to no address"))?;
+    let apply = overrides(&args)?;
+    let timeline = match (&args.profile, &args.timeline) {
+        (Some(p), _) => Timeline::constant(apply(NetConfig::profile(p)?)),
+        (None, Some(t)) => Timeline::parse(t)?.map_conditions(apply),
+        (None, None) => anyhow::bail!("give --profile or --timeline"),
+    };
+    timeline.validate()?;
+    let first = timeline.initial().clone();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let proxy = Proxy::start_seeded(args.listen, upstream, first, args.seed).await?;
+        let what = match (&args.profile, &args.timeline) {
+            (Some(p), _) => format!("profile {p}"),
+            (_, Some(t)) => format!("timeline \"{t}\""),
+            _ => String::new(),
+        };
+        // The first line of stdout is the contract: scripts read the address.
+        println!("listening on {}", proxy.local_addr());
+        std::io::stdout().flush().ok();
+        eprintln!(
+            "netsim: {} -> {upstream}, {what}, seed {} (ctrl-c to stop)",
+            proxy.local_addr(),
+            args.seed
+        );
+        proxy.set_timeline(timeline);
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for ctrl-c")?;
+        let stats = proxy.stats();
+        proxy.shutdown().await;
+        eprintln!(
+            "netsim: stopped; {} connections, {} B up, {} B down, {} stalls, {} resets",
+            stats.connections, stats.bytes_up, stats.bytes_down, stats.stalls, stats.resets
+        );
+        Ok(())
+    })
+}
