@@ -59,12 +59,19 @@ fn agrees_with_hf_tokenizers_on_nfc_text() {
     let hf = tokenizers::Tokenizer::from_gguf(&content).unwrap();
 
     let mut total = 0;
+    let mut bytes = 0;
+    let (mut ours_t, mut hf_t) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for text in corpus() {
         // Special-token strings are handled differently by design (HF always
         // splits them; we only with parse_special), so defuse them.
         let text = text.replace("<|", "< |").replace("[PAD", "[ PAD");
+        let t0 = std::time::Instant::now();
         let a = ours.encode(&text, false).unwrap();
+        let t1 = std::time::Instant::now();
         let b = hf.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        ours_t += t1 - t0;
+        hf_t += t1.elapsed();
+        bytes += text.len();
         if a != b {
             let first = a
                 .iter()
@@ -85,6 +92,10 @@ fn agrees_with_hf_tokenizers_on_nfc_text() {
         assert_eq!(hf.decode(&b, false).unwrap(), text);
         total += a.len();
     }
-    eprintln!("compared {total} tokens");
+    eprintln!(
+        "compared {total} tokens ({bytes} bytes); encode time: ours {:.1} ms, HF {:.1} ms",
+        ours_t.as_secs_f64() * 1e3,
+        hf_t.as_secs_f64() * 1e3
+    );
     assert!(total > 5_000, "corpus too small: {total} tokens");
 }
