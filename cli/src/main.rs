@@ -11,6 +11,7 @@ mod models;
 mod netsim;
 mod plan;
 mod route;
+mod serve_verifier;
 mod tokenize;
 
 #[derive(Parser)]
@@ -40,6 +41,8 @@ enum Command {
     Route(route::Args),
     /// Shard planner: split a model's layers across nodes.
     Plan(plan::Args),
+    /// Serve the cloud verifier (gRPC + admin HTTP) from a TOML config.
+    ServeVerifier(serve_verifier::Args),
     /// Network simulator: a TCP proxy with a named profile or timeline.
     Netsim(netsim::Args),
 }
@@ -61,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Route(a) => route::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::ServeVerifier(a) => serve_verifier::run(a),
         Command::Netsim(a) => netsim::run(a),
     };
     match res {
