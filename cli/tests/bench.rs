@@ -177,7 +177,7 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
     }
     let tandem_row = stdout
         .lines()
-        .find(|l| l.trim_start().starts_with("tandem "))
+        .find(|l| l.starts_with("  tandem "))
         .unwrap_or_else(|| panic!("no tandem row in:\n{stdout}"));
     // engine, load, prefill, decode, 5 cost ratios, peak MB, RSS/GGUF
     assert_eq!(tandem_row.split_whitespace().count(), 11, "{tandem_row}");
