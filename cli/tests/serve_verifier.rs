@@ -1,4 +1,5 @@
 //! `tandem serve-verifier`: the built binary with a tiny target model.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};

@@ -239,6 +239,8 @@ pub fn resync(
 
 /// One verify round on a state: one forward over `[last, d1..dk]`, the verdict, and
 /// the KV cache rolled back to the accepted prefix.
+// Rows 0..=k of the logits pair with draft tokens 0..k: an index loop is clearest.
+#[allow(clippy::needless_range_loop)]
 pub fn verify_round(
     model: &Qwen2Model,
     st: &mut SessionState,

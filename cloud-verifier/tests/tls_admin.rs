@@ -1,5 +1,6 @@
 //! TLS (self-signed cert from rcgen, untrusted CA), startup refusals, admin HTTP and
 //! the gRPC health service.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 mod common;
 

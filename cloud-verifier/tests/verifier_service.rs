@@ -1,4 +1,5 @@
 //! The verify service over a real gRPC connection on loopback, with tiny models.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 mod common;
 

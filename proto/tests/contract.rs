@@ -1,6 +1,7 @@
 //! The generated contract: messages round-trip through protobuf encoding, the
 //! reason enum names are what the verifier sends, and the descriptor set for
 //! reflection describes the service.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use prost::Message;
 use tandem_proto::v1::{client_message, ClientMessage, Draft, Reason, TokenDistribution};

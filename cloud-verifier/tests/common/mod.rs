@@ -1,5 +1,5 @@
 //! Shared helpers: tiny models, an in-process verifier on 127.0.0.1:0, a client.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
