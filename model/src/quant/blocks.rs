@@ -117,11 +117,9 @@ pub fn q4k_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let m0 = u1 & KMASK1;
     let s1 = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
     let s0 = u0 & KMASK1;
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    sc[..4].copy_from_slice(&s0.to_le_bytes());
-    sc[4..].copy_from_slice(&s1.to_le_bytes());
-    mn[..4].copy_from_slice(&m0.to_le_bytes());
-    mn[4..].copy_from_slice(&m1.to_le_bytes());
+    // Built as whole u64s: writing the halves separately and reading them back
+    // as one 8-byte value stalls store forwarding in the hot loop.
+    let sc = (s0 as u64 | (s1 as u64) << 32).to_le_bytes();
+    let mn = (m0 as u64 | (m1 as u64) << 32).to_le_bytes();
     (sc, mn)
 }
