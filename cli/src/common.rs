@@ -7,22 +7,6 @@ use tandem_fetch::{ensure_model, ModelRole, Progress};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
-/// Which model, on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Which {
-    Draft,
-    Target,
-}
-
-impl Which {
-    pub fn role(self) -> ModelRole {
-        match self {
-            Self::Draft => ModelRole::Draft,
-            Self::Target => ModelRole::Target,
-        }
-    }
-}
-
 /// The model file: an explicit path (must exist), else the cached model,
 /// fetched on first use.
 pub fn resolve_model(role: ModelRole, explicit: Option<&PathBuf>) -> Result<PathBuf> {

@@ -1,5 +1,6 @@
 //! `tandem bench` as a user runs it: the built binary on the real models.
 //! The models are required (CI fetches them); a missing model fails the test.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use serde_json::Value;
 use std::process::Command;

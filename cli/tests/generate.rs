@@ -1,5 +1,6 @@
 //! `tandem generate` as a user runs it: the real models, greedy speculative
 //! output equal to target-only output, JSON schema, and clear errors.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::process::Command;
 

@@ -1,4 +1,5 @@
 //! `tandem plan` through the built binary.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,6 +4,7 @@
 //! The real models must be in `~/.cache/tandem/models` (or
 //! `$TANDEM_MODELS_DIR`); a temp dir of symlinks to them is used, so the
 //! shared cache is never written.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::path::PathBuf;
 

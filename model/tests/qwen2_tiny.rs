@@ -1,5 +1,6 @@
 //! The transformer on tiny random models: batch invariance, rollback, layer
 //! ranges and error handling. Fast; no model files needed.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};

@@ -1,6 +1,7 @@
 //! Sampling as its callers meet it: parameters and their validation, argmax, the
 //! distribution pipeline (repetition penalty, temperature, top-k, top-p), top-k
 //! truncation for the draft, and the seeded sampler.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod verify_support;
 

@@ -1,5 +1,6 @@
 //! Local speculative decoding on tiny random models: greedy output equals the
 //! target's own greedy output for every k, and argument errors are clear.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::SamplingParams;

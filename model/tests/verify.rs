@@ -1,5 +1,6 @@
 //! Verification rules at the level the speculative loop and the verifier call them:
 //! greedy prefix matching, and the edge cases and errors of sampled verification.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::sampling::{Distribution, Sampler};
 use tandem_model::verify::{verify_greedy, verify_sampled, Verdict};

@@ -1,6 +1,7 @@
 //! Property tests: any text, however odd, classifies without panicking and
 //! yields well-formed spans (inside the text, on char boundaries, sorted,
 //! non-overlapping, scores in [0, 1]).
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::sync::OnceLock;
 

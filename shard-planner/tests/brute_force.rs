@@ -1,5 +1,6 @@
 //! The DP against exhaustive search on random small problems, with memory
 //! budgets drawn so that they bind, for both objectives and both pin options.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use proptest::prelude::*;
 use tandem_shard::{

@@ -1,6 +1,7 @@
 //! Shared helpers of the real-model tests. The models are required: a missing
 //! model is a test failure with instructions, never a skip (CI fetches them).
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;

@@ -1,7 +1,7 @@
 //! Statistics for the sampling and verification tests: Pearson's chi-square
 //! goodness-of-fit test with its p-value from the regularised incomplete gamma
 //! function (no stats crate needed).
-
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 #![allow(dead_code)] // each test file uses a different subset
 
 /// ln Γ(x) for x > 0 (Lanczos approximation, g = 7, n = 9; ~1e-15 relative).
