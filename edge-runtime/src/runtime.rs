@@ -694,7 +694,9 @@ impl Net<'_> {
                         o.context_len
                     )));
                 }
-                self.success();
+                // Not a success for the breaker yet: a verifier that opens sessions
+                // but never answers a verify must still trip it. The first verdict
+                // closes it.
                 run.stats.opens += 1;
                 run.stats.verifier_passes += 1;
                 self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
