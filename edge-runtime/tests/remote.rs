@@ -1,6 +1,8 @@
 //! The edge runtime against a real in-process `tandem-verifier` on 127.0.0.1 (tiny
 //! random models), plus a fake verifier that stalls.
 
+// Tests may unwrap (helpers outside #[test] functions included).
+#![allow(clippy::unwrap_used)]
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
