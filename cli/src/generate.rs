@@ -33,7 +33,8 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
     /// 0 = greedy (output identical to the target's own greedy output).
-    #[arg(long, default_value_t = 0.0)]
+    /// Negative values parse so that they get the sampler's clear error.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
