@@ -306,8 +306,10 @@ impl Qwen2Model {
         for l in range.clone() {
             cache.check_append(l, start_pos, n)?;
         }
+        // RoPE (cos, sin) per position, computed once for all layers and heads.
+        let rope = self.rope_table(start_pos, n);
         for l in range {
-            self.layer_forward(l, hidden, n, start_pos, cache);
+            self.layer_forward(l, hidden, n, start_pos, &rope, cache);
         }
         Ok(())
     }
@@ -363,6 +365,7 @@ impl Qwen2Model {
         hidden: &mut [f32],
         n: usize,
         start_pos: usize,
+        rope: &[(f32, f32)],
         cache: &mut KvCache,
     ) {
         let cfg = &self.cfg;
@@ -383,10 +386,11 @@ impl Qwen2Model {
         add_bias(&mut q, &layer.bq);
         add_bias(&mut k, &layer.bk);
         add_bias(&mut v, &layer.bv);
+        let half = hd / 2;
         for i in 0..n {
-            let pos = start_pos + i;
-            self.rope(&mut q[i * d..(i + 1) * d], pos);
-            self.rope(&mut k[i * kvd..(i + 1) * kvd], pos);
+            let table = &rope[i * half..(i + 1) * half];
+            apply_rope(&mut q[i * d..(i + 1) * d], hd, table);
+            apply_rope(&mut k[i * kvd..(i + 1) * kvd], hd, table);
         }
         cache.append(l, start_pos, &k, &v);
         let total = start_pos + n;
@@ -420,18 +424,29 @@ impl Qwen2Model {
         add_in_place(hidden, &o);
     }
 
-    /// NeoX-style rotary embedding over each head of `x` (`[heads * head_dim]`).
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let hd = self.cfg.head_dim;
-        let half = hd / 2;
-        for head in x.chunks_exact_mut(hd) {
-            for (j, f) in self.inv_freq.iter().enumerate() {
-                let (s, c) = (pos as f64 * f).sin_cos();
-                let (s, c) = (s as f32, c as f32);
-                let (a, b) = (head[j], head[j + half]);
-                head[j] = a * c - b * s;
-                head[j + half] = a * s + b * c;
-            }
+    /// `(cos, sin)` of `pos * inv_freq[j]` for positions `start_pos..start_pos + n`
+    /// (`[n, head_dim / 2]`); angles in f64, the same whatever the block.
+    fn rope_table(&self, start_pos: usize, n: usize) -> Vec<(f32, f32)> {
+        (start_pos..start_pos + n)
+            .flat_map(|pos| {
+                self.inv_freq.iter().map(move |f| {
+                    let (s, c) = (pos as f64 * f).sin_cos();
+                    (c as f32, s as f32)
+                })
+            })
+            .collect()
+    }
+}
+
+/// NeoX-style rotary embedding over each head of `x` (`[heads * head_dim]`)
+/// with one position's `(cos, sin)` table.
+fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)]) {
+    let half = hd / 2;
+    for head in x.chunks_exact_mut(hd) {
+        for (j, &(c, s)) in table.iter().enumerate() {
+            let (a, b) = (head[j], head[j + half]);
+            head[j] = a * c - b * s;
+            head[j + half] = a * s + b * c;
         }
     }
 }
