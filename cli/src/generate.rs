@@ -1,5 +1,6 @@
 //! `tandem generate`: one generation in this process (draft-only, target-only or
-//! local speculative decoding), streamed to stdout, with statistics.
+//! local speculative decoding), streamed to stdout, with statistics. With
+//! `--verifier URL` (or `--edge-config`) the target is remote: see `remote.rs`.
 
 use crate::common::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use anyhow::{Context, Result};
@@ -54,6 +55,8 @@ pub struct Args {
     pub draft_model: Option<PathBuf>,
     #[arg(long)]
     pub target_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -113,6 +116,17 @@ pub fn run(args: Args) -> Result<()> {
     };
     anyhow::ensure!(!prompt.trim().is_empty(), "the prompt is empty");
     let mode = args.mode.mode();
+    if args.remote.wanted() {
+        anyhow::ensure!(
+            mode == Mode::Speculative,
+            "--verifier/--edge-config need --mode speculative (the draft runs here, the target at the verifier)"
+        );
+        anyhow::ensure!(
+            args.target_model.is_none(),
+            "--target-model is not used with --verifier (the verifier loads the target)"
+        );
+        return crate::remote::run(&args, &prompt, cfg_probe);
+    }
     let need_draft = mode != Mode::Target;
     let need_target = mode != Mode::Draft;
     let draft = need_draft

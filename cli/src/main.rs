@@ -10,6 +10,7 @@ mod generate;
 mod models;
 mod netsim;
 mod plan;
+mod remote;
 mod route;
 mod serve_verifier;
 mod tokenize;
@@ -31,7 +32,8 @@ enum Command {
     Bench(bench::Args),
     /// Run the demo: a local speculative generation next to the target alone.
     Demo(demo::Args),
-    /// Generate text locally: draft-only, target-only or speculative.
+    /// Generate text: draft-only, target-only or speculative (locally, or with
+    /// --verifier URL against a remote verifier).
     Generate(generate::Args),
     /// Fetch, verify and list the real GGUF models.
     Models(models::Args),

@@ -1,0 +1,338 @@
+//! `tandem generate --verifier URL`: speculative decoding with the draft model in
+//! this process (the device) and the target behind a remote `tandem serve-verifier`,
+//! through `tandem-edge`. Streams text as it comes (provisional tokens dimmed on a
+//! terminal), or prints one JSON object with a per-token `status` array; ends with
+//! the edge statistics. JSON schema: docs/cli.md; usage: docs/edge.md.
+
+use crate::common::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
+use crate::generate::Args;
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tandem_edge::{
+    EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, TokenStatus,
+};
+use tandem_fetch::ModelRole;
+use tandem_model::sampling::SamplingParams;
+use tandem_model::speculative::{GenerateConfig, StopReason};
+
+/// The device-side flags of `tandem generate` (flattened into its `Args`).
+#[derive(clap::Args, Debug, Default)]
+pub struct RemoteArgs {
+    /// Verify remotely: the verifier's gRPC URL (`https://host:port`, or
+    /// `http://127.0.0.1:port` on loopback). Overrides `verifier_url` of
+    /// --edge-config.
+    #[arg(long)]
+    pub verifier: Option<String>,
+    /// Edge config (TOML, `EdgeConfig`; see docs/edge.md): TLS files, token,
+    /// deadlines, breaker. The flags below override its fields.
+    #[arg(long)]
+    pub edge_config: Option<PathBuf>,
+    /// File holding this device's bearer token (surrounding whitespace ignored).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// PEM of the CA that signed the verifier's certificate (needed for https).
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; goes with --client-key.
+    #[arg(long)]
+    pub client_cert: Option<PathBuf>,
+    /// Client private key (PEM) for mutual TLS.
+    #[arg(long)]
+    pub client_key: Option<PathBuf>,
+    /// Name to check the verifier's certificate against (default: the URL's host).
+    #[arg(long)]
+    pub tls_domain: Option<String>,
+}
+
+impl RemoteArgs {
+    /// True when this generation goes through the edge runtime.
+    pub fn wanted(&self) -> bool {
+        self.verifier.is_some() || self.edge_config.is_some()
+    }
+
+    /// The edge config: the file (or defaults) with the flags applied, validated.
+    pub fn edge_config(&self, k: usize) -> Result<EdgeConfig> {
+        let mut cfg = match &self.edge_config {
+            Some(p) => EdgeConfig::from_file(p)?,
+            None => EdgeConfig::default(),
+        };
+        if let Some(u) = &self.verifier {
+            cfg.verifier_url = Some(u.clone());
+        }
+        if let Some(p) = &self.ca_cert {
+            cfg.ca_cert_pem = Some(p.clone());
+        }
+        if let Some(p) = &self.client_cert {
+            cfg.client_cert_pem = Some(p.clone());
+        }
+        if let Some(p) = &self.client_key {
+            cfg.client_key_pem = Some(p.clone());
+        }
+        if let Some(d) = &self.tls_domain {
+            cfg.tls_domain = Some(d.clone());
+        }
+        if let Some(p) = &self.token_file {
+            cfg.token = Some(read_token(p)?);
+        }
+        cfg.k = k;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn read_token(p: &Path) -> Result<String> {
+    let t = std::fs::read_to_string(p)
+        .with_context(|| format!("reading the token file {}", p.display()))?;
+    let t = t.trim();
+    anyhow::ensure!(!t.is_empty(), "the token file {} is empty", p.display());
+    Ok(t.to_owned())
+}
+
+/// `--json` output of a remote generation (schema in docs/cli.md).
+#[derive(Serialize)]
+pub struct RemoteJson {
+    /// Always "remote".
+    pub mode: &'static str,
+    /// The verifier URL, or null when the edge config names none (all `local`).
+    pub verifier: Option<String>,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// One entry per token: "verified", "provisional" or "local".
+    pub status: Vec<TokenStatus>,
+    pub stop: StopReason,
+    pub k: usize,
+    pub sampling: SamplingParams,
+    pub load_ms: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub session_id: Option<String>,
+    pub stats: EdgeStats,
+    pub provisional: ProvisionalReport,
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// Runs one generation through the edge runtime. `gen` carries k and sampling
+/// (already validated); the stop tokens are added here.
+pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
+    let cfg = args.remote.edge_config(gen.k)?;
+    let draft = load_model(
+        ModelRole::Draft,
+        args.draft_model.as_ref(),
+        args.max_seq_len,
+    )?;
+    let load_ms = draft.load_ms;
+    let tok = tokenizer_of(&draft.model)?;
+    let ids = prompt_tokens(&tok, prompt, args.system.as_deref(), args.raw)?;
+    let gen = GenerateConfig {
+        max_tokens: args.max_tokens,
+        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        ..gen
+    };
+    let url = cfg.verifier_url.clone();
+    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+
+    let stdout = std::io::stdout();
+    let tty = stdout.is_terminal();
+    let mut out = stdout.lock();
+    let stream = !args.json;
+    let mut dec = tok.stream_decoder(true);
+    let mut dimmed = false;
+    let mut warned = false;
+    let mut write_err: Option<std::io::Error> = None;
+    let mut on_event = |ev: &EdgeEvent| -> bool {
+        match ev {
+            EdgeEvent::Token { id, status, .. } => {
+                if *status == TokenStatus::Provisional && !warned {
+                    warned = true;
+                    if stream {
+                        let _ = out.flush();
+                    }
+                    eprintln!(
+                        "\nwarning: the verifier is unreachable; continuing with the draft model alone (provisional tokens{})",
+                        if stream && tty { ", dimmed" } else { "" }
+                    );
+                }
+                if !stream {
+                    return true;
+                }
+                let Some(piece) = dec.push(*id) else {
+                    return true;
+                };
+                let want_dim = tty && *status == TokenStatus::Provisional;
+                let mut s = String::new();
+                if want_dim != dimmed {
+                    s.push_str(if want_dim { DIM } else { RESET });
+                    dimmed = want_dim;
+                }
+                s.push_str(&piece);
+                if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+                    write_err = Some(e);
+                    return false; // e.g. the reader of a pipe went away
+                }
+            }
+            EdgeEvent::ProvisionalChecked(c) => {
+                if stream {
+                    let _ = out.flush();
+                }
+                if !c.checked {
+                    eprintln!(
+                        "\nnote: the verifier is back; provisional tokens {}..{} were not checked (sampled mode)",
+                        c.start, c.end
+                    );
+                } else if c.mismatches.is_empty() {
+                    eprintln!(
+                        "\nnote: the verifier is back; provisional tokens {}..{} match the target's",
+                        c.start, c.end
+                    );
+                } else {
+                    eprintln!(
+                        "\nwarning: the verifier is back; {} of provisional tokens {}..{} differ from the target's (first at {})",
+                        c.mismatches.len(),
+                        c.start,
+                        c.end,
+                        c.mismatches[0]
+                    );
+                }
+            }
+        }
+        true
+    };
+    let res = edge.generate(&ids, &gen, &mut on_event);
+    let g = match res {
+        Ok(g) => g,
+        Err(e) => {
+            if stream && dimmed {
+                let _ = out.write_all(RESET.as_bytes());
+            }
+            return Err(explain(e));
+        }
+    };
+    if let Some(e) = write_err {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Ok(());
+        }
+        return Err(e).context("writing to stdout");
+    }
+    if stream {
+        let mut tail = dec.flush().unwrap_or_default();
+        if dimmed {
+            tail.push_str(RESET);
+        }
+        writeln!(out, "{tail}")?;
+        drop(out);
+        eprint!(
+            "{}",
+            human_stats(
+                url.as_deref(),
+                &g.stats,
+                &g.provisional,
+                gen.k,
+                g.stop,
+                load_ms
+            )
+        );
+    } else {
+        let j = RemoteJson {
+            mode: "remote",
+            verifier: url,
+            text: tok.decode(&g.tokens, true)?,
+            tokens: g.tokens.clone(),
+            status: g.statuses.clone(),
+            stop: g.stop,
+            k: gen.k,
+            sampling: gen.sampling,
+            load_ms,
+            peak_rss_bytes: peak_rss_bytes(),
+            session_id: g.session_id.clone(),
+            stats: g.stats.clone(),
+            provisional: g.provisional.clone(),
+        };
+        serde_json::to_writer_pretty(&mut out, &j)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Adds what the user should do to the errors a user can fix.
+fn explain(e: EdgeError) -> anyhow::Error {
+    let hint = match &e {
+        EdgeError::Refused { reason, .. } => match reason.as_str() {
+            "UNAUTHENTICATED" => {
+                Some("check the bearer token (--token-file, or token/token_env in --edge-config)")
+            }
+            "FINGERPRINT_MISMATCH" | "MODEL_MISMATCH" => {
+                Some("the verifier serves another model pair than this draft")
+            }
+            "PROMPT_TOO_LONG" => Some("the prompt is longer than the verifier accepts"),
+            _ => None,
+        },
+        EdgeError::Tls(_) => {
+            Some("check --ca-cert (the CA that signed the verifier's certificate) and --tls-domain")
+        }
+        _ => None,
+    };
+    match hint {
+        Some(h) => anyhow::Error::new(e).context(h.to_string()),
+        None => anyhow::Error::new(e),
+    }
+}
+
+/// The statistics block printed (stderr) after a streamed remote generation.
+pub fn human_stats(
+    url: Option<&str>,
+    s: &EdgeStats,
+    p: &ProvisionalReport,
+    k: usize,
+    stop: StopReason,
+    load_ms: f64,
+) -> String {
+    let mut o = String::new();
+    o.push_str(&format!(
+        "--- remote ({}): {} prompt tokens, {} generated ({stop:?}); draft load {load_ms:.0} ms\n",
+        url.unwrap_or("no verifier: local"),
+        s.prompt_tokens,
+        s.generated_tokens
+    ));
+    o.push_str(&format!(
+        "    tokens: {} verified, {} provisional, {} local\n",
+        s.verified_tokens, s.provisional_tokens, s.local_tokens
+    ));
+    o.push_str(&format!(
+        "    TTFT {:.0} ms, {:.1} tok/s, total {:.0} ms\n",
+        s.ttft_ms, s.tokens_per_s, s.total_ms
+    ));
+    o.push_str(&format!(
+        "    k={k} rounds {}, acceptance {:.1}%, mean accepted length {:.2}, verifier passes {} ({:.2} per token)\n",
+        s.rounds,
+        s.acceptance_rate * 100.0,
+        s.mean_accepted_len,
+        s.verifier_passes,
+        s.verifier_passes_per_token
+    ));
+    o.push_str(&format!(
+        "    RTT mean {:.1} ms, p95 {:.1} ms; bytes sent {}, received {}\n",
+        s.rtt_mean_ms, s.rtt_p95_ms, s.bytes_sent, s.bytes_received
+    ));
+    if s.opens > 1 || s.resends > 0 || s.failures > 0 || s.breaker_opens > 0 {
+        o.push_str(&format!(
+            "    sessions opened {}, resends {}, timeouts {}, failures {}, breaker opens {}\n",
+            s.opens, s.resends, s.timeouts, s.failures, s.breaker_opens
+        ));
+    }
+    if p.provisional_tokens > 0 {
+        o.push_str(&format!(
+            "    provisional: {} tokens, {} checked, {} differ from the target's{}\n",
+            p.provisional_tokens,
+            p.checked_tokens,
+            p.mismatched_tokens,
+            p.first_mismatch
+                .map(|i| format!(" (first at {i})"))
+                .unwrap_or_default()
+        ));
+    }
+    o
+}
