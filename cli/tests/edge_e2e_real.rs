@@ -1,0 +1,374 @@
+//! End to end with the real model pair and real processes: `tandem serve-verifier`
+//! (Qwen2.5-Coder-1.5B target), `tandem netsim` / the in-process netsim proxy, and
+//! `tandem generate --verifier` (0.5B draft). Greedy output must be the target's
+//! own output (`tandem generate --mode target`) except at provisional positions.
+//! Short on purpose (≤ 32 tokens per generation); the tests of this file run one
+//! at a time (a lock) so the timing of kills and outages is not at the mercy of
+//! three 1.5B verifiers sharing two cores.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "edge-e2e-token-0123456789";
+const PROMPTS: [&str; 2] = [
+    "Write a Rust function that returns the larger of two i32 values.",
+    "Write a Python function that reverses a list in place.",
+];
+
+fn tandem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn model_path(role: &str) -> PathBuf {
+    let out = tandem().args(["models", "path", role]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The target's own greedy tokens (cached per prompt and length).
+fn target_only(prompt: &str, max_tokens: usize) -> Vec<u64> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, usize), Vec<u64>>>> = OnceLock::new();
+    let mut c = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    c.entry((prompt.to_string(), max_tokens))
+        .or_insert_with(|| {
+            let out = tandem()
+                .args(["generate", "--mode", "target", "--json", "--prompt", prompt])
+                .args(["--max-tokens", &max_tokens.to_string()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            ids(&j)
+        })
+        .clone()
+}
+
+fn ids(j: &serde_json::Value) -> Vec<u64> {
+    j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+fn statuses(j: &serde_json::Value) -> Vec<String> {
+    j["status"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A `tandem serve-verifier` child with the real target; SIGKILLed on drop.
+struct Verifier {
+    child: Child,
+    grpc: String,
+    admin: String,
+}
+
+impl Drop for Verifier {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn verifier(dir: &Path, port: u16, limits: &str) -> Verifier {
+    let cfg = dir.join(format!("verifier-{port}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
+             max_seq_len = 1024\ninsecure_loopback = true\n\n[[devices]]\nid = \"dev\"\n\
+             token = \"{TOKEN}\"\n\n[limits]\nmax_prompt_tokens = 1000\n{limits}\n",
+            model_path("target")
+        ),
+    )
+    .unwrap();
+    let mut child = tandem()
+        .args(["serve-verifier", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("serving grpc="),
+        "verifier did not start: {line:?}"
+    );
+    let mut parts = line.split_whitespace().skip(1);
+    let grpc = parts.next().unwrap()["grpc=".len()..].to_string();
+    let admin = parts.next().unwrap()["admin=".len()..].to_string();
+    Verifier { child, grpc, admin }
+}
+
+/// One counter from the verifier's Prometheus `/metrics`.
+fn metric(admin: &str, name: &str) -> f64 {
+    let Ok(mut s) = TcpStream::connect(admin) else {
+        return 0.0;
+    };
+    let req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if s.write_all(req.as_bytes()).is_err() {
+        return 0.0;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until the verifier has emitted at least one verdict's tokens.
+fn wait_for_first_verdict(admin: &str, edge: &mut Child) {
+    let start = Instant::now();
+    while metric(admin, "tandem_verifier_emitted_tokens_total") < 1.0 {
+        assert!(
+            edge.try_wait().unwrap().is_none(),
+            "the edge ended before the first verdict"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no verdict in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `tandem netsim` child; killed on drop.
+struct Netsim {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Netsim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn netsim(upstream: &str, profile: &str) -> Netsim {
+    let mut child = tandem()
+        .args(["netsim", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .args(["--profile", profile])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("netsim did not start: {line:?}"))
+        .to_string();
+    Netsim { child, addr }
+}
+
+/// Edge config for the outage tests: give up on the verifier fast, probe often.
+fn edge_config(dir: &Path) -> PathBuf {
+    let p = dir.join("edge.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "token = \"{TOKEN}\"\nbreaker_failures = 1\nconnect_timeout_ms = 500\n\
+             backoff_base_ms = 20\nprobe_interval_ms = 100\nprobe_timeout_ms = 500\n\
+             deadline_floor_ms = 500\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn spawn_edge(addr: &str, edge_cfg: &Path, prompt: &str, max_tokens: usize, k: usize) -> Child {
+    tandem()
+        .args([
+            "generate",
+            "--json",
+            "--verifier",
+            &format!("http://{addr}"),
+        ])
+        .arg("--edge-config")
+        .arg(edge_cfg)
+        .args(["--prompt", prompt, "--max-tokens", &max_tokens.to_string()])
+        .args(["--k", &k.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(edge: Child) -> (serde_json::Value, String) {
+    let out = edge.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "edge failed: {err}");
+    (serde_json::from_slice(&out.stdout).unwrap(), err)
+}
+
+#[test]
+fn greedy_output_through_lan_and_fast_4g_equals_target_only() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let v = verifier(dir.path(), 0, "");
+    let cfg = dir.path().join("edge.toml");
+    std::fs::write(&cfg, format!("token = \"{TOKEN}\"\n")).unwrap();
+    for profile in ["lan", "fast-4g"] {
+        let n = netsim(&v.grpc, profile);
+        for prompt in PROMPTS {
+            let (j, err) = finish(spawn_edge(&n.addr, &cfg, prompt, 24, 4));
+            assert_eq!(ids(&j), target_only(prompt, 24), "{profile}: {prompt}");
+            assert_eq!(statuses(&j), vec!["verified".to_string(); 24], "{err}");
+            let s = &j["stats"];
+            assert_eq!(s["failures"], 0, "{profile}: {s}");
+            assert!(s["rtt_mean_ms"].as_f64().unwrap() > 0.0);
+            if profile == "fast-4g" {
+                // ~165 ms RTT on this profile: every verify crosses it.
+                assert!(s["rtt_mean_ms"].as_f64().unwrap() >= 150.0, "{s}");
+            }
+        }
+    }
+    eprintln!("lan + fast-4g: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Checks an output with an outage in the middle: verified before it, provisional
+/// during, verified again after; the verified prefix is the target's; when the
+/// verifier's check found no difference the whole output is the target's.
+fn check_outage_output(j: &serde_json::Value, want: &[u64], max_tokens: usize, err: &str) {
+    let got = ids(j);
+    let st = statuses(j);
+    assert_eq!(got.len(), max_tokens, "{err}");
+    assert_eq!(st.len(), max_tokens);
+    let first_prov = st.iter().position(|s| s == "provisional");
+    let last_prov = st.iter().rposition(|s| s == "provisional");
+    let (Some(first), Some(last)) = (first_prov, last_prov) else {
+        panic!("no provisional token: {st:?}\n{err}");
+    };
+    assert!(first > 0, "nothing verified before the outage: {st:?}");
+    assert!(
+        last + 1 < max_tokens,
+        "never resumed speculative: {st:?}\n{err}"
+    );
+    assert!(st[last + 1..].iter().all(|s| s == "verified"), "{st:?}");
+    assert_eq!(got[..first], want[..first], "verified prefix differs");
+    let p = &j["provisional"];
+    let prov = st.iter().filter(|s| *s == "provisional").count() as u64;
+    assert_eq!(p["provisional_tokens"].as_u64().unwrap(), prov);
+    assert_eq!(
+        p["checked_tokens"].as_u64().unwrap(),
+        prov,
+        "greedy: all checked: {p}"
+    );
+    match p["first_mismatch"].as_u64() {
+        None => assert_eq!(
+            got, want,
+            "no mismatch reported, so the output is the target's"
+        ),
+        Some(m) => {
+            let m = m as usize;
+            assert!(
+                st[m] == "provisional",
+                "a mismatch is at a provisional position"
+            );
+            assert_eq!(got[..m], want[..m]);
+            assert_ne!(got[m], want[m]);
+        }
+    }
+    assert!(
+        j["stats"]["opens"].as_u64().unwrap() >= 2,
+        "resumed: {}",
+        j["stats"]
+    );
+    assert!(j["stats"]["breaker_opens"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn verifier_killed_mid_generation_and_restarted_resumes_speculative() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut v = verifier(dir.path(), port, "");
+    let cfg = edge_config(dir.path());
+    let prompt = PROMPTS[0];
+    let want = target_only(prompt, 32);
+    let mut edge = spawn_edge(&v.grpc, &cfg, prompt, 32, 4);
+    wait_for_first_verdict(&v.admin, &mut edge);
+    v.child.kill().unwrap(); // SIGKILL: no goodbye to the device
+    v.child.wait().unwrap();
+    let v2 = verifier(dir.path(), port, "");
+    let (j, err) = finish(edge);
+    check_outage_output(&j, &want, 32, &err);
+    assert!(
+        err.contains("warning: the verifier is unreachable"),
+        "{err}"
+    );
+    assert!(err.contains("the verifier is back"), "{err}");
+    drop(v2);
+    eprintln!("kill -9 + restart: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn outage_window_from_a_netsim_timeline_then_speculative_again() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let v = verifier(dir.path(), 0, "");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let upstream = v.grpc.parse().unwrap();
+    let proxy = rt
+        .block_on(tandem_netsim::Proxy::start(
+            "127.0.0.1:0".parse().unwrap(),
+            upstream,
+            tandem_netsim::NetConfig::profile("lan").unwrap(),
+        ))
+        .unwrap();
+    let cfg = edge_config(dir.path());
+    let prompt = PROMPTS[1];
+    let want = target_only(prompt, 32);
+    let mut edge = spawn_edge(&proxy.local_addr().to_string(), &cfg, prompt, 32, 4);
+    wait_for_first_verdict(&v.admin, &mut edge);
+    // From now: 2.5 s blackhole (connections accepted, nothing forwarded), then lan.
+    proxy.set_timeline(tandem_netsim::Timeline::parse("offline 2500ms, lan").unwrap());
+    let (j, err) = finish(edge);
+    check_outage_output(&j, &want, 32, &err);
+    rt.block_on(proxy.shutdown());
+    eprintln!("outage window: {:.1} s", t0.elapsed().as_secs_f64());
+}
