@@ -15,16 +15,25 @@
 //! generation by re-sending its context, the provisional span is checked by the
 //! verifier (a verify-only pass) and the differences are reported. Configured by
 //! one TOML-loadable [`EdgeConfig`] (documented in `docs/edge.md`).
+//!
+//! In front of it, [`privacy::RoutedRuntime`] asks the privacy router
+//! (`tandem-router`) before any session is opened: `local` conversations are
+//! answered by the draft alone and nothing leaves the device. [`admin`] serves
+//! the local admin HTTP API (policy get/replace, explain, stats) and hot-reloads
+//! the policy file (see `docs/privacy.md`).
 
+pub mod admin;
 pub mod breaker;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod privacy;
 pub mod runtime;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use config::EdgeConfig;
 pub use error::EdgeError;
+pub use privacy::{DeviceState, RoutedDecision, RoutedGeneration, RoutedRuntime};
 pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,

@@ -302,6 +302,8 @@ pub struct Policy {
     thresholds: HashMap<EntityKind, f32>,
     rules: Vec<Rule>,
     classifier: Classifier,
+    /// The TOML this policy was compiled from (served by the edge admin API).
+    source: String,
 }
 
 impl fmt::Debug for Policy {
@@ -355,6 +357,11 @@ impl Policy {
         // The default is a constant checked by a unit test.
         #[allow(clippy::expect_used)]
         Policy::from_toml_str(DEFAULT_POLICY_TOML).expect("built-in default policy is valid")
+    }
+
+    /// The TOML text this policy was compiled from, as given.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -695,6 +702,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
     }
 
     Ok(Policy {
+        source: src.to_string(),
         default: raw.default,
         min_score,
         thresholds,

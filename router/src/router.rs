@@ -111,7 +111,9 @@ impl Router {
         last
     }
 
-    fn record(&self, d: &Decision) {
+    /// Count a decision taken outside [`Router::decide`] (e.g. by a caller
+    /// that replays a conversation with [`Conversation::decide_with`]).
+    pub fn record(&self, d: &Decision) {
         let mut s = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         s.total += 1;
         match d.action {

@@ -1,0 +1,258 @@
+//! [`RoutedRuntime`]: the privacy router in front of [`EdgeRuntime`].
+//!
+//! The app hands a whole conversation (an id and its messages) to
+//! [`RoutedRuntime::chat`]. Before any verifier session exists, every message
+//! is classified by the current policy of the shared [`Router`] in the live
+//! [`RouteContext`] (breaker state and RTT estimate from the runtime, device
+//! state from the app):
+//!
+//! * `local`: the draft model answers alone ([`EdgeRuntime::generate_local`],
+//!   tokens [`TokenStatus::Local`](crate::TokenStatus::Local)); no connection
+//!   is made, not one byte of the conversation leaves the device;
+//! * `speculative`: the normal [`EdgeRuntime::generate`].
+//!
+//! **Stickiness.** A conversation routed local because of its content (a rule
+//! with `entities`/`categories`) stays local: (1) every call replays all the
+//! messages it is given through a fresh [`Conversation`], so a sensitive
+//! message anywhere in the history pins the answer local even for a caller
+//! that invents a new id; (2) the runtime remembers pinned conversation ids,
+//! so a caller that sends only the newest message under the same id stays
+//! local too. Local decisions caused only by the network or device state do
+//! not pin.
+//!
+//! The [`RoutedDecision`] returned to the caller carries the rule, entity
+//! kinds, byte spans (into the message it names) and scores, never the text;
+//! it is also logged (`tracing`, target `tandem_edge::privacy`) without text.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tandem_model::speculative::GenerateConfig;
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_router::{Action, Conversation, Decision, RouteContext, Router};
+
+use crate::breaker::BreakerState;
+use crate::error::EdgeError;
+use crate::runtime::{EdgeEvent, EdgeGeneration, EdgeRuntime};
+
+/// Device state the app reports (goes into every [`RouteContext`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceState {
+    /// Battery charge in percent, if known.
+    pub battery_pct: Option<u8>,
+    /// Thermal throttling level (0 = nominal), if known.
+    pub thermal_level: Option<u8>,
+    /// The user asked that nothing leave the device.
+    pub user_opt_out: bool,
+}
+
+/// Why a conversation went where it went. Holds no text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RoutedDecision {
+    /// The decision: action, rule (`sticky:<rule>` when an earlier message or
+    /// an earlier call pinned the conversation), entities and categories.
+    pub decision: Decision,
+    /// Index (into the messages given) of the message the entity spans refer
+    /// to: the one whose content decided, or the last message. `None` when the
+    /// conversation was pinned by an earlier call whose message is not in this
+    /// history.
+    pub message: Option<usize>,
+    /// The live context the decision was taken in.
+    #[serde(serialize_with = "ser_ctx")]
+    pub context: RouteContext,
+    /// Generation of the policy that decided (see `RouteStats::generation`).
+    pub policy_generation: u64,
+}
+
+fn ser_ctx<S: serde::Serializer>(c: &RouteContext, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut st = s.serialize_struct("RouteContext", 5)?;
+    st.serialize_field("rtt_ms", &c.rtt_ms)?;
+    st.serialize_field("breaker_open", &c.breaker_open)?;
+    st.serialize_field("battery_pct", &c.battery_pct)?;
+    st.serialize_field("thermal_level", &c.thermal_level)?;
+    st.serialize_field("user_opt_out", &c.user_opt_out)?;
+    st.end()
+}
+
+impl RoutedDecision {
+    pub fn action(&self) -> Action {
+        self.decision.action
+    }
+}
+
+/// The result of [`RoutedRuntime::chat`].
+#[derive(Clone, Debug)]
+pub struct RoutedGeneration {
+    pub route: RoutedDecision,
+    pub generation: EdgeGeneration,
+}
+
+/// [`EdgeRuntime`] behind the privacy router. See the module docs.
+pub struct RoutedRuntime {
+    runtime: EdgeRuntime,
+    router: Arc<Router>,
+    tokenizer: Tokenizer,
+    device: DeviceState,
+    /// Conversation id -> the content rule that pinned it local.
+    pinned: HashMap<String, String>,
+}
+
+impl RoutedRuntime {
+    /// `tokenizer` must be the draft's (the chat template comes from it);
+    /// `router` may be shared with the admin API ([`crate::admin`]), which
+    /// swaps its policy.
+    pub fn new(runtime: EdgeRuntime, router: Arc<Router>, tokenizer: Tokenizer) -> Self {
+        Self {
+            runtime,
+            router,
+            tokenizer,
+            device: DeviceState::default(),
+            pinned: HashMap::new(),
+        }
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    pub fn runtime(&self) -> &EdgeRuntime {
+        &self.runtime
+    }
+
+    pub fn runtime_mut(&mut self) -> &mut EdgeRuntime {
+        &mut self.runtime
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Report the device state used by later decisions.
+    pub fn set_device_state(&mut self, device: DeviceState) {
+        self.device = device;
+    }
+
+    pub fn device_state(&self) -> &DeviceState {
+        &self.device
+    }
+
+    /// The live context a decision would be taken in now: breaker open, mean
+    /// RTT of recent verifies (none before the first), device state.
+    pub fn route_context(&self) -> RouteContext {
+        RouteContext {
+            rtt_ms: self.runtime.rtt().mean_ms(),
+            breaker_open: self.runtime.breaker_state() == BreakerState::Open,
+            battery_pct: self.device.battery_pct,
+            thermal_level: self.device.thermal_level,
+            user_opt_out: self.device.user_opt_out,
+        }
+    }
+
+    /// The content rule that pinned `conversation_id` local, if any.
+    pub fn pinned_by(&self, conversation_id: &str) -> Option<&str> {
+        self.pinned.get(conversation_id).map(String::as_str)
+    }
+
+    /// Drop what the runtime remembers about a conversation (its pin). A later
+    /// call that still carries the sensitive history is local again anyway.
+    pub fn forget(&mut self, conversation_id: &str) {
+        self.pinned.remove(conversation_id);
+    }
+
+    /// Decide where `messages` (oldest first, the newest last) may run,
+    /// count the decision in the router's stats, log it without text and pin
+    /// the conversation if its content made it local. Opens nothing.
+    pub fn route(&mut self, conversation_id: &str, messages: &[ChatMessage]) -> RoutedDecision {
+        let ctx = self.route_context();
+        let policy = self.router.policy();
+        let policy_generation = self.router.generation();
+        // Replay the history: the first content-local message pins the rest.
+        let mut conv = Conversation::new();
+        let mut last: Option<Decision> = None;
+        let mut pin: Option<(usize, Decision)> = None;
+        for (i, m) in messages.iter().enumerate() {
+            let d = conv.decide_with(&policy, &m.content, &ctx);
+            if pin.is_none() && conv.is_pinned_local() {
+                pin = Some((i, d.clone()));
+            }
+            last = Some(d);
+        }
+        let (mut decision, mut message) = match (pin, last) {
+            (Some((i, p)), Some(l)) if i + 1 < messages.len() => {
+                // Sticky within this history: show the evidence that pinned it.
+                let d = Decision {
+                    action: Action::Local,
+                    rule: l.rule,
+                    entities: p.entities,
+                    categories: p.categories,
+                    content_based: true,
+                };
+                (d, Some(i))
+            }
+            (_, Some(l)) => (l, Some(messages.len() - 1)),
+            (_, None) => (policy.decide("", &ctx), None),
+        };
+        if let Some(rule) = self.pinned.get(conversation_id) {
+            if !(decision.action == Action::Local && decision.content_based) {
+                // Pinned by an earlier call whose sensitive message this
+                // history may not carry any more.
+                decision = Decision {
+                    action: Action::Local,
+                    rule: format!("sticky:{rule}"),
+                    entities: Vec::new(),
+                    categories: Vec::new(),
+                    content_based: true,
+                };
+                message = None;
+            }
+        } else if decision.action == Action::Local && decision.content_based {
+            let rule = decision
+                .rule
+                .strip_prefix("sticky:")
+                .unwrap_or(&decision.rule)
+                .to_string();
+            self.pinned.insert(conversation_id.to_string(), rule);
+        }
+        self.router.record(&decision);
+        tracing::info!(
+            conversation = conversation_id,
+            messages = messages.len(),
+            action = decision.action.as_str(),
+            rule = %decision.rule,
+            message = ?message,
+            rtt_ms = ?ctx.rtt_ms,
+            breaker_open = ctx.breaker_open,
+            policy_generation,
+            decision = %decision,
+            "routed"
+        );
+        RoutedDecision {
+            decision,
+            message,
+            context: ctx,
+            policy_generation,
+        }
+    }
+
+    /// Route the conversation, then answer its last message: locally with the
+    /// draft alone, or speculatively with the verifier. The prompt is the
+    /// draft tokenizer's chat template over `messages` with the assistant
+    /// turn opened. `on_event` returns false to cancel.
+    pub fn chat(
+        &mut self,
+        conversation_id: &str,
+        messages: &[ChatMessage],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<RoutedGeneration, EdgeError> {
+        let route = self.route(conversation_id, messages);
+        let prompt = self.tokenizer.encode_chat(messages, true)?;
+        let generation = match route.decision.action {
+            Action::Local => self.runtime.generate_local(&prompt, gen, on_event)?,
+            Action::Speculative => self.runtime.generate(&prompt, gen, on_event)?,
+        };
+        Ok(RoutedGeneration { route, generation })
+    }
+}
