@@ -36,9 +36,12 @@ fn model_path(role: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// Target-only outputs by (prompt, max_tokens).
+type Cache = Mutex<HashMap<(String, usize), Vec<u64>>>;
+
 /// The target's own greedy tokens (cached per prompt and length).
 fn target_only(prompt: &str, max_tokens: usize) -> Vec<u64> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, usize), Vec<u64>>>> = OnceLock::new();
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut c = CACHE
         .get_or_init(Default::default)
         .lock()
