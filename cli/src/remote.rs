@@ -12,11 +12,14 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tandem_edge::{
-    EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, TokenStatus,
+    EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
+    RoutedRuntime, TokenStatus,
 };
 use tandem_fetch::ModelRole;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::tokenizer::ChatMessage;
+use tandem_router::Router;
 
 /// The device-side flags of `tandem generate` (flattened into its `Args`).
 #[derive(clap::Args, Debug, Default)]
@@ -45,12 +48,17 @@ pub struct RemoteArgs {
     /// Name to check the verifier's certificate against (default: the URL's host).
     #[arg(long)]
     pub tls_domain: Option<String>,
+    /// Privacy policy (TOML; docs/privacy.md): the router decides before any
+    /// verifier session; a `local` prompt is answered by the draft alone and
+    /// nothing is sent.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
 }
 
 impl RemoteArgs {
     /// True when this generation goes through the edge runtime.
     pub fn wanted(&self) -> bool {
-        self.verifier.is_some() || self.edge_config.is_some()
+        self.verifier.is_some() || self.edge_config.is_some() || self.policy.is_some()
     }
 
     /// The edge config: the file (or defaults) with the flags applied, validated.
@@ -110,6 +118,9 @@ pub struct RemoteJson {
     pub session_id: Option<String>,
     pub stats: EdgeStats,
     pub provisional: ProvisionalReport,
+    /// With --policy: the router's decision (rule, entity spans; no text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<RoutedDecision>,
 }
 
 const DIM: &str = "\x1b[2m";
@@ -119,6 +130,16 @@ const RESET: &str = "\x1b[0m";
 /// (already validated); the stop tokens are added here.
 pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
     let cfg = args.remote.edge_config(gen.k)?;
+    anyhow::ensure!(
+        args.remote.policy.is_none() || cfg.verifier_url.is_some(),
+        "--policy decides what may go to a verifier: give --verifier URL (or verifier_url in --edge-config)"
+    );
+    let router = args
+        .remote
+        .policy
+        .as_ref()
+        .map(Router::from_file)
+        .transpose()?;
     let draft = load_model(
         ModelRole::Draft,
         args.draft_model.as_ref(),
@@ -133,7 +154,13 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         ..gen
     };
     let url = cfg.verifier_url.clone();
-    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let routed = router.is_some();
+    let router = Arc::new(router.unwrap_or_else(Router::with_default_policy));
+    let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let mut edge = RoutedRuntime::new(edge, router, tok.clone());
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
+    messages.push(ChatMessage::user(prompt));
+    let mut route = None;
 
     let stdout = std::io::stdout();
     let tty = stdout.is_terminal();
@@ -201,7 +228,15 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         }
         true
     };
-    let res = edge.generate(&ids, &gen, &mut on_event);
+    let res = if routed {
+        edge.generate_routed("cli", &messages, &ids, &gen, &mut on_event)
+            .map(|g| {
+                route = Some(g.route);
+                g.generation
+            })
+    } else {
+        edge.runtime_mut().generate(&ids, &gen, &mut on_event)
+    };
     let g = match res {
         Ok(g) => g,
         Err(e) => {
@@ -224,6 +259,9 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         }
         writeln!(out, "{tail}")?;
         drop(out);
+        if let Some(r) = &route {
+            eprintln!("--- route: {}", r.decision);
+        }
         eprint!(
             "{}",
             human_stats(
@@ -250,6 +288,7 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
             session_id: g.session_id.clone(),
             stats: g.stats.clone(),
             provisional: g.provisional.clone(),
+            route,
         };
         serde_json::to_writer_pretty(&mut out, &j)?;
         writeln!(out)?;

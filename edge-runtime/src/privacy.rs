@@ -247,11 +247,26 @@ impl RoutedRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<RoutedGeneration, EdgeError> {
-        let route = self.route(conversation_id, messages);
         let prompt = self.tokenizer.encode_chat(messages, true)?;
+        self.generate_routed(conversation_id, messages, &prompt, gen, on_event)
+    }
+
+    /// As [`RoutedRuntime::chat`] with a prompt the caller tokenized itself
+    /// (its own template, or raw text). `prompt` must be the tokens of exactly
+    /// the text of `messages` plus template tokens: only what was routed may
+    /// be sent.
+    pub fn generate_routed(
+        &mut self,
+        conversation_id: &str,
+        messages: &[ChatMessage],
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<RoutedGeneration, EdgeError> {
+        let route = self.route(conversation_id, messages);
         let generation = match route.decision.action {
-            Action::Local => self.runtime.generate_local(&prompt, gen, on_event)?,
-            Action::Speculative => self.runtime.generate(&prompt, gen, on_event)?,
+            Action::Local => self.runtime.generate_local(prompt, gen, on_event)?,
+            Action::Speculative => self.runtime.generate(prompt, gen, on_event)?,
         };
         Ok(RoutedGeneration { route, generation })
     }
