@@ -292,6 +292,7 @@ async fn explain_shows_rule_spans_scores_and_categories_but_not_the_text() {
     )
     .await;
     assert_eq!(st, 200, "{body}");
+    println!("POST /v1/route/explain {req}\n{body}");
     for secret in ["11010519491231002X", "张伟", "糖尿病"] {
         assert!(!body.contains(secret), "explain echoed {secret}");
     }
@@ -365,6 +366,7 @@ async fn stats_count_decisions_by_rule_and_action() {
         },
     );
     let s = get_json(a.addr, "/v1/route/stats").await;
+    println!("GET /v1/route/stats\n{s}");
     assert_eq!(
         (&s["total"], &s["local"], &s["speculative"]),
         (&json!(5), &json!(3), &json!(2))
