@@ -429,3 +429,20 @@ fn tls_works_with_the_right_ca_and_fails_clearly_on_untrusted_or_expired_certs()
     assert!(err.contains("TLS with the verifier failed"), "{err}");
     assert!(err.to_lowercase().contains("expired"), "{err}");
 }
+
+#[test]
+fn edge_config_without_a_verifier_generates_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = dir.path().join("edge.toml");
+    std::fs::write(&edge, "k = 4\n").unwrap();
+    let out = generate(
+        &["--prompt", PROMPT, "--max-tokens", "6", "--json"],
+        &["--edge-config".as_ref(), edge.as_os_str()],
+    );
+    let j = json_of(&out);
+    assert_eq!(j["verifier"], serde_json::Value::Null);
+    assert_eq!(statuses(&j), vec!["local".to_string(); 6]);
+    assert_eq!(j["tokens"], draft_only("6")["tokens"]);
+    assert_eq!(j["stats"]["local_tokens"], 6);
+    assert_eq!(j["stats"]["verifier_passes"], 0);
+}

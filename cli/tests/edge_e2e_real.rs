@@ -200,7 +200,9 @@ fn netsim(upstream: &str, profile: &str) -> Netsim {
     Netsim { child, addr }
 }
 
-/// Edge config for the outage tests: give up on the verifier fast, probe often.
+/// Edge config for the outage tests: give up on the verifier fast (one failure
+/// opens the breaker; a verify deadline of at most 1.5 s, shorter than the 2.5 s
+/// outage window), probe often.
 fn edge_config(dir: &Path) -> PathBuf {
     let p = dir.join("edge.toml");
     std::fs::write(
@@ -208,7 +210,7 @@ fn edge_config(dir: &Path) -> PathBuf {
         format!(
             "token = \"{TOKEN}\"\nbreaker_failures = 1\nconnect_timeout_ms = 500\n\
              backoff_base_ms = 20\nprobe_interval_ms = 100\nprobe_timeout_ms = 500\n\
-             deadline_floor_ms = 500\n"
+             deadline_floor_ms = 500\ndeadline_max_ms = 1500\n"
         ),
     )
     .unwrap();
