@@ -446,3 +446,83 @@ fn edge_config_without_a_verifier_generates_locally() {
     assert_eq!(j["stats"]["local_tokens"], 6);
     assert_eq!(j["stats"]["verifier_passes"], 0);
 }
+
+/// A CA, a server certificate for `localhost` and a client certificate, both
+/// signed by the CA (PEM files in `dir`): (ca, server cert, server key, client
+/// cert, client key).
+fn mtls_files(dir: &Path) -> [PathBuf; 5] {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client_params = CertificateParams::new(vec!["device".to_string()]).unwrap();
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    let w = |name: &str, pem: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, pem).unwrap();
+        p
+    };
+    [
+        w("ca.pem", ca.pem()),
+        w("server.pem", server.pem()),
+        w("server-key.pem", server_key.serialize_pem()),
+        w("client.pem", client.pem()),
+        w("client-key.pem", client_key.serialize_pem()),
+    ]
+}
+
+#[test]
+fn mutual_tls_needs_the_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key, client, client_key] = mtls_files(dir.path());
+    let tok = token_file(dir.path(), TOKEN);
+    let v = verifier(
+        dir.path(),
+        &format!("[tls]\ncert_pem = {cert:?}\nkey_pem = {key:?}\nclient_ca_pem = {ca:?}"),
+        "",
+    );
+    let url = format!("https://localhost:{}", v.grpc.rsplit(':').next().unwrap());
+    let base = [
+        "--verifier",
+        &url,
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "4",
+        "--json",
+    ];
+    let mut with_tls: Vec<&std::ffi::OsStr> = vec![
+        "--token-file".as_ref(),
+        tok.as_os_str(),
+        "--ca-cert".as_ref(),
+        ca.as_os_str(),
+    ];
+    let out = generate(&base, &with_tls);
+    assert!(!out.status.success(), "no client certificate must not pass");
+    let err = stderr(&out);
+    assert!(err.contains("TLS"), "{err}");
+    with_tls.extend([
+        "--client-cert".as_ref(),
+        client.as_os_str(),
+        "--client-key".as_ref(),
+        client_key.as_os_str(),
+    ]);
+    let j = json_of(&generate(&base, &with_tls));
+    assert_eq!(statuses(&j), vec!["verified".to_string(); 4]);
+}
