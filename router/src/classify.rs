@@ -8,7 +8,11 @@ use regex::Regex;
 
 use crate::lexicon::Lexicon;
 use crate::recognizers::{DigitStats, Pattern};
-use crate::types::{CategoryHit, EntityHit};
+use crate::types::{CategoryHit, EntityHit, EntityKind};
+
+/// Bytes between a phone number and a postal address for the two to count
+/// as one contact record.
+const ADDRESS_NEAR: usize = 24;
 
 /// Raw classifier output: every candidate with its score, and every lexicon hit.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -54,19 +58,36 @@ impl Classifier {
         for p in self.patterns.iter().filter(|p| p.may_match(&stats)) {
             p.scan(text, &mut raw);
         }
+        let mut categories = self.lexicon.scan(text);
+        let addresses = crate::lexicon::address_hits(text);
         let entities = raw
             .into_iter()
             .filter(|(_, s, e, _)| !self.allowed(&text[*s..*e]))
-            .map(|(kind, start, end, score)| EntityHit {
-                kind,
-                start,
-                end,
-                score,
+            .map(|(kind, start, end, score)| {
+                // A phone number right next to a postal address is a contact
+                // record (a shipping label), whatever the words around it.
+                let score = if kind == EntityKind::Phone
+                    && addresses
+                        .iter()
+                        .any(|a| a.start < end + ADDRESS_NEAR && start < a.end + ADDRESS_NEAR)
+                {
+                    ((score + 0.3).min(1.0) * 100.0).round() / 100.0
+                } else {
+                    score
+                };
+                EntityHit {
+                    kind,
+                    start,
+                    end,
+                    score,
+                }
             })
             .collect();
+        categories.extend(addresses);
+        categories.sort_by_key(|h| (h.start, h.end));
         Classification {
             entities,
-            categories: self.lexicon.scan(text),
+            categories,
         }
     }
 

@@ -6,7 +6,10 @@
 //! word boundaries ("hiv" does not fire inside "archive"); other terms (Chinese)
 //! match anywhere.
 
+use std::sync::OnceLock;
+
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use regex::Regex;
 
 use crate::types::CategoryHit;
 
@@ -110,6 +113,48 @@ impl Lexicon {
             })
             .collect()
     }
+}
+
+/// Postal addresses found by their structure rather than by a term: a
+/// Chinese address down to the street number or the building
+/// (`北京市朝阳区建国路88号`, `…路15号…B栋1702`), or an English street line
+/// (`350 W 42nd St`, `221B Baker Street`). Tagged `location`.
+pub fn address_hits(text: &str) -> Vec<CategoryHit> {
+    static RES: OnceLock<(Option<Regex>, Option<Regex>)> = OnceLock::new();
+    let (zh, en) = RES.get_or_init(|| {
+        (
+            Regex::new(concat!(
+                // district level, then a street with a number
+                r"\p{Han}{1,7}(?:区|县|旗|镇|乡)\p{Han}{0,16}?(?:路|街|大道|大街|巷|弄|胡同)[0-9０-９]{1,5}(?:号|弄|巷)",
+                // a street with a number, then a building / unit / room
+                r"|(?:路|街|大道|大街|巷|弄)[0-9０-９]{1,5}号[^\n]{0,24}?[0-9A-Za-z一二三四五六七八九十]{1,4}(?:栋|幢|座|单元|号楼|室)",
+                // city and district, then a residential complex
+                r"|\p{Han}{1,7}(?:省|市)\p{Han}{1,7}(?:区|县)\p{Han}{1,12}?(?:小区|花园|公寓|新村|家园)",
+            ))
+            .ok(),
+            Regex::new(
+                r"\b[0-9]{1,5}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z0-9][A-Za-z0-9'.-]*\s+){1,3}(?:St|Street|Ave|Avenue|Rd|Road|Blvd|Boulevard|Ln|Lane|Way|Ct|Court|Pl|Place|Terrace|Crescent|Hwy|Highway)\b",
+            )
+            .ok(),
+        )
+    });
+    let mut out = Vec::new();
+    let han_markers = ['号', '室', '小', '花', '公', '新', '家'];
+    if let Some(zh) = zh.as_ref().filter(|_| text.contains(han_markers)) {
+        out.extend(zh.find_iter(text).map(|m| CategoryHit {
+            category: "location".to_string(),
+            start: m.start(),
+            end: m.end(),
+        }));
+    }
+    if let Some(en) = en {
+        out.extend(en.find_iter(text).map(|m| CategoryHit {
+            category: "location".to_string(),
+            start: m.start(),
+            end: m.end(),
+        }));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -175,6 +175,18 @@ const PHONE_CONTEXT: &[&str] = &[
     "微信",
     "座机",
     "拨打",
+    // A delivery or contact record: the number is someone's.
+    "shipping",
+    "ship to",
+    "deliver to",
+    "delivery",
+    "recipient",
+    "收货",
+    "收件",
+    "快递",
+    "配送",
+    "寄到",
+    "寄给",
 ];
 const CN_ID_CONTEXT: &[&str] = &[
     "身份证",
@@ -233,6 +245,19 @@ const IP_CONTEXT: &[&str] = &[
     "地址",
     "家里",
     "我的ip",
+    // A machine someone logs into or runs: its public address is theirs.
+    "ssh",
+    "sftp",
+    "scp",
+    "rdp",
+    "vps",
+    "my server",
+    "public ip",
+    "wan ip",
+    "external ip",
+    "服务器",
+    "公网",
+    "主机",
 ];
 const MAC_CONTEXT: &[&str] = &[
     "mac",
@@ -482,14 +507,84 @@ fn check_cn_mobile(text: &str, s: usize, e: usize) -> Option<Scored> {
     let m = &text[s..e];
     let prefixed = m.starts_with('+') || m.starts_with("0086");
     let separated = m.contains([' ', '-']);
-    let score = if prefixed {
+    let mut score = if prefixed {
         0.7
     } else if separated {
         0.55
     } else {
         0.4
     };
+    // `王建国 13700001111`: a name followed by the number is a contact record
+    // (shipping labels, address books), not a constant in code.
+    if name_before(text, s).is_some() {
+        score += 0.3;
+    }
     sc(s, e, score)
+}
+
+/// Separators allowed between a name and the phone number after it.
+fn is_record_sep(c: char) -> bool {
+    matches!(c, ' ' | '\t' | ',' | '，' | ':' | '：' | '、' | '/')
+}
+
+/// A Chinese name of 2–4 Han characters that ends right before `at` (after
+/// optional separators) and stands alone: not preceded by another Han
+/// character, starting with a common surname, free of particles. Returns its
+/// span.
+fn name_before(text: &str, at: usize) -> Option<(usize, usize)> {
+    let head = &text[..at];
+    let end = head.trim_end_matches(is_record_sep).len();
+    let mut start = end;
+    let mut n = 0;
+    for (i, c) in head[..end].char_indices().rev() {
+        if !is_han(c) {
+            break;
+        }
+        n += 1;
+        start = i;
+        if n > 4 {
+            return None;
+        }
+    }
+    if n < 2 {
+        return None;
+    }
+    let name = &text[start..end];
+    if name.chars().skip(1).any(|c| CN_NAME_STOP.contains(c)) {
+        return None;
+    }
+    let surname = CN_COMPOUND_SURNAMES.iter().any(|p| name.starts_with(p))
+        || name.chars().next().is_some_and(|c| CN_SURNAMES.contains(c));
+    surname.then_some((start, end))
+}
+
+fn is_han(c: char) -> bool {
+    ('\u{4e00}'..='\u{9fff}').contains(&c) || ('\u{3400}'..='\u{4dbf}').contains(&c)
+}
+
+/// A CN mobile number (optionally `+86`, separators) starting at `at`, not
+/// followed by another digit or letter: its end.
+fn cn_mobile_at(text: &str, at: usize) -> Option<usize> {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = RE
+        .get_or_init(|| {
+            Regex::new(r"^(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9](?:[ -]?[0-9]{4}){2}").ok()
+        })
+        .as_ref()?;
+    let m = re.find(&text[at..])?;
+    let end = at + m.end();
+    (end >= text.len() || bounded(text, at, end)).then_some(end)
+}
+
+/// `王建国 13700001111`: group 1 is a name directly followed by a CN mobile.
+fn check_cn_name_before_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let (ns, ne) = name_before(text, e)?;
+    if ns != s || ne != e {
+        return None;
+    }
+    let after = e + (text[e..].len() - text[e..].trim_start_matches(is_record_sep).len());
+    cn_mobile_at(text, after)?;
+    sc(s, e, 0.7)
 }
 
 fn digit_count(s: &str) -> usize {
@@ -806,7 +901,12 @@ fn check_assignment(text: &str, s: usize, e: usize) -> Option<Scored> {
         && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
     let has_digit = v.chars().any(|c| c.is_ascii_digit());
-    if !quoted && ident && !has_digit {
+    // `POSTGRES_PASSWORD=mysecretpassword` (shell, .env, `docker -e`,
+    // compose files): an environment variable's value is a literal; shell
+    // references start with `$`, which is excluded above. An all-caps value
+    // (`API_KEY=DEFAULT_KEY`) still reads as a constant's name.
+    let env_literal = env_style_key(text, s) && v.chars().any(|c| c.is_ascii_lowercase());
+    if !quoted && ident && !has_digit && !env_literal {
         return None; // `password = user_password`: a variable, not a literal
     }
     // The key word decides how much a low-entropy value counts.
@@ -837,6 +937,62 @@ fn check_assignment(text: &str, s: usize, e: usize) -> Option<Scored> {
         0.6
     } else {
         0.4
+    };
+    sc(s, e, score)
+}
+
+/// The key before an assignment's value at `s` is an environment-variable
+/// name (`DB_PASSWORD=`, `MYSQL_ROOT_PASSWORD: `): upper case with an
+/// underscore, followed by `=` (no spaces) or `: `.
+fn env_style_key(text: &str, s: usize) -> bool {
+    let head = &text[floor_boundary(text, s.saturating_sub(64))..s];
+    let head = head.trim_end_matches(['"', '\'']);
+    let (head, sep_ok) = if let Some(h) = head.strip_suffix('=') {
+        (h, true)
+    } else if let Some(h) = head.trim_end_matches(' ').strip_suffix(':') {
+        (h, true)
+    } else {
+        (head, false)
+    };
+    if !sep_ok {
+        return false;
+    }
+    let key_start = head
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
+    let key = &head[key_start..];
+    key.contains('_')
+        && key.bytes().any(|c| c.is_ascii_uppercase())
+        && !key.bytes().any(|c| c.is_ascii_lowercase())
+}
+
+/// A literal password given positionally or as a flag (auth tuples,
+/// `curl -u user:pw`, `mysql -pPW`, `--password PW`): the value is the
+/// evidence, scored by entropy; references and placeholders are not.
+fn check_password_literal(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let v = &text[s..e];
+    let l = v.to_lowercase();
+    if v.chars().count() < 4
+        || PLACEHOLDERS.contains(&l.as_str())
+        || l.starts_with(['$', '%', '<', '{'])
+        || l.contains("xxx")
+        || l.contains("***")
+        || l.contains("your")
+        || l.contains("example")
+        || v.chars().all(|c| c == v.chars().next().unwrap_or(' '))
+    {
+        return None;
+    }
+    let h = validate::shannon_entropy(v);
+    let n = v.chars().count();
+    let score = if h >= 3.5 && n >= 12 {
+        0.9
+    } else if n >= 6 {
+        0.75
+    } else {
+        0.5
     };
     sc(s, e, score)
 }
@@ -900,6 +1056,60 @@ const EN_NAME_STOP: &[&str] = &[
     "Claude", "Python", "Rust", "Java", "Bob", "Alice",
 ];
 
+/// Capitalised words that follow "I'm" without being a name.
+const EN_IM_STOP: &[&str] = &[
+    "New",
+    "Not",
+    "Sure",
+    "Also",
+    "Just",
+    "So",
+    "Still",
+    "Stuck",
+    "Happy",
+    "Sorry",
+    "Back",
+    "Here",
+    "On",
+    "In",
+    "At",
+    "From",
+    "With",
+    "Using",
+    "Trying",
+    "Working",
+    "Running",
+    "Getting",
+    "Going",
+    "Building",
+    "Writing",
+    "Looking",
+    "Seeing",
+    "Done",
+    "Fine",
+    "Ok",
+    "Okay",
+    "Good",
+    "Glad",
+    "Confused",
+    "Currently",
+    "Really",
+    "Very",
+    "A",
+    "An",
+    "Your",
+    "Chinese",
+    "English",
+    "American",
+    "British",
+    "Indian",
+    "German",
+    "French",
+    "Japanese",
+    "Korean",
+    "Canadian",
+];
+
 fn check_en_name(text: &str, s: usize, e: usize) -> Option<Scored> {
     let name = &text[s..e];
     let first = name.split([' ', '-']).next().unwrap_or("");
@@ -919,8 +1129,26 @@ fn check_en_name(text: &str, s: usize, e: usize) -> Option<Scored> {
     let head = text[floor_boundary(text, s.saturating_sub(24))..s].to_lowercase();
     let strong = head.contains("my name") || head.contains("called") || head.contains("full name");
     let words = name.split(' ').count();
+    // "I'm Priya and …", "I am Daniel Okafor,": an introduction when the
+    // words are not an adjective/verb and the name ends the phrase.
+    let h = head.trim_end();
+    let intro = h.ends_with("i'm") || h.ends_with("i’m") || h.ends_with("i am");
     let score = if strong {
         0.85
+    } else if intro {
+        if EN_IM_STOP.contains(&first) || first.ends_with("ing") || first.ends_with("ed") {
+            return None;
+        }
+        let rest = &text[e..];
+        let ends_phrase = rest.is_empty()
+            || rest.starts_with([',', '.', '!', ';', ')'])
+            || rest.starts_with(" and ")
+            || rest.starts_with(" from ");
+        match (words >= 2, ends_phrase) {
+            (true, true) => 0.8,
+            (false, true) | (true, false) => 0.6,
+            (false, false) => 0.3,
+        }
     } else if head.contains("call me") {
         0.6
     } else if words >= 2 {
@@ -1131,6 +1359,42 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             check_url_password,
         )
     });
+    // (user, password) pairs: `auth=('svc', 'pw')`, `HTTPBasicAuth("u", "pw")`,
+    // `BasicAuth::new("u", Some("pw"))`-like calls, `credentials: ["u", "pw"]`.
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r#"(?i)\b(?:auth|basic_?auth|http_?auth|httpbasicauth|httpdigestauth|digestauth|credentials?|creds|login)\s*(?:=|:|\(|::new\(|\.new\()\s*[(\[]?\s*["'][^"'\n]{1,64}["']\s*,\s*(?:some\()?["']([^"'\n]{4,128})["']"#,
+            check_password_literal,
+        )
+    });
+    // Passwords on a command line: `curl -u user:pw`, `mysql -pPW`,
+    // `sshpass -p PW`, `--password PW` / `--password=PW`.
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r#"(?:^|\s)(?:-u|--user)\s+["']?[^\s:"'$]+:([^\s"']{4,})"#,
+            check_password_literal,
+        )
+    });
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r#"\b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n|;&]*?\s-p([^\s"'-][^\s"']{3,})"#,
+            check_password_literal,
+        )
+    });
+    v.push(Pattern {
+        group: 1,
+        bounded: false,
+        ..secret(
+            r#"(?i)(?:\bsshpass\s+-p|--(?:password|passwd|pass|db-password|admin-password))\s+["']?([^\s"'-][^\s"']{3,})"#,
+            check_password_literal,
+        )
+    });
     v.push(Pattern {
         group: 1,
         bounded: false,
@@ -1143,13 +1407,29 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             0.0,
         )
     });
+    // A contact record: a name directly followed by a CN mobile number.
+    v.push(
+        Pattern {
+            group: 1,
+            bounded: false,
+            penalize_negative: false,
+            ..pat(
+                PersonName,
+                r"(?:^|[^\p{Han}])(\p{Han}{2,4})[ \t,，:：、/]*(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9]",
+                check_cn_name_before_phone,
+                &[],
+                0.0,
+            )
+        }
+        .needs(0, 11),
+    );
     v.push(Pattern {
         group: 1,
         bounded: false,
         penalize_negative: false,
         ..pat(
             PersonName,
-            r#"\b(?:(?i:my name is|my name's|i am called|i'm called|call me|full name\s*[:=]?|patient(?: name)?\s*[:=]|name\s*[:=])\s*["'`]?)([A-Z][a-z]+(?:[ -][A-Z][a-z]+){0,2})"#,
+            r#"\b(?:(?i:my name is|my name's|i am called|i'm called|call me|full name\s*[:=]?|patient(?: name)?\s*[:=]|name\s*[:=])\s*["'`]?|(?:I'm|I am|I’m) )([A-Z][a-z]+(?:[ -][A-Z][a-z]+){0,2})"#,
             check_en_name,
             &[],
             0.0,

@@ -283,23 +283,23 @@ fn corpus_precision_recall() {
     for m in &h2.misses {
         println!("  {m}");
     }
-    // The holdout is small (40 cases): loose floors, mainly to catch false
-    // positives creeping in.
-    assert!(
-        h.all.precision() >= 0.9,
-        "holdout precision {:.3}",
-        h.all.precision()
-    );
-    assert!(
-        h.all.recall() >= 0.65,
-        "holdout recall {:.3}",
-        h.all.recall()
-    );
-    assert!(
-        h.accuracy() >= 0.85,
-        "holdout decisions {:.3}",
-        h.accuracy()
-    );
+    // The holdouts are small (40 and 75 cases, one or two per entity type):
+    // loose floors on the totals, mainly to catch false positives creeping
+    // in. holdout2 was not tuned on; these floors were set before its
+    // after-fix figures were known (they are the first holdout's).
+    for (name, h) in [("holdout", &h), ("holdout2", &h2)] {
+        assert!(
+            h.all.precision() >= 0.9,
+            "{name} precision {:.3}",
+            h.all.precision()
+        );
+        assert!(
+            h.all.recall() >= 0.65,
+            "{name} recall {:.3}",
+            h.all.recall()
+        );
+        assert!(h.accuracy() >= 0.85, "{name} decisions {:.3}", h.accuracy());
+    }
     println!("errors:");
     for m in &r.misses {
         println!("  {m}");

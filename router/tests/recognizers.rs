@@ -295,3 +295,144 @@ fn builtin_kind_names_round_trip() {
     }
     assert_eq!(EntityKind::builtin("NOPE"), None);
 }
+
+/// Categories the default policy reports for `text`.
+fn cats(text: &str) -> Vec<String> {
+    let p = Policy::builtin_default();
+    p.decide(text, &RouteContext::default()).categories
+}
+
+#[test]
+fn contact_record_name_before_mobile() {
+    // A name directly followed by a CN mobile: both count, no context word.
+    assert!(has("订单备注：孙丽 15011112222", "PERSON_NAME", "孙丽"));
+    assert!(has("订单备注：孙丽 15011112222", "PHONE", "15011112222"));
+    assert!(has(
+        "欧阳娜娜，+86 150 1111 2222",
+        "PERSON_NAME",
+        "欧阳娜娜"
+    ));
+    assert!(has("孙丽15011112222", "PHONE", "15011112222"));
+    // A longer Han run is a sentence, not a name; no surname, no name.
+    assert!(none_of("把这段代码里的 15011112222 换掉", "PHONE"));
+    assert!(none_of("把这段代码里的 15011112222 换掉", "PERSON_NAME"));
+    assert!(none_of("测试账号 15011112222", "PHONE"));
+    assert!(none_of("测试账号 15011112222", "PERSON_NAME"));
+    // The number must be a whole mobile number.
+    assert!(none_of("孙丽 150111122223", "PERSON_NAME"));
+}
+
+#[test]
+fn contact_record_mobile_next_to_an_address() {
+    let t = "15011112222 上海市浦东新区张江路100号";
+    assert!(has(t, "PHONE", "15011112222"));
+    assert_eq!(cats(t), ["location"]);
+    // Far from any address the bare number still needs a context word.
+    assert!(none_of("15011112222 appears in the fixture list", "PHONE"));
+}
+
+#[test]
+fn structured_addresses_are_locations() {
+    assert_eq!(cats("寄到江苏省南京市鼓楼区中山路18号"), ["location"]);
+    assert_eq!(cats("公司在滨江路66号3栋502室"), ["location"]);
+    assert_eq!(cats("武汉市洪山区光谷花园"), ["location"]);
+    assert_eq!(cats("she lives at 1600 Pennsylvania Avenue"), ["location"]);
+    assert_eq!(cats("send it to 221B Baker Street"), ["location"]);
+    assert!(cats("写一个解析地址的函数，输入省市区和路名").is_empty());
+    assert!(cats("第3号参数是 port").is_empty());
+    assert!(cats("upload 2 files to Google Drive").is_empty());
+}
+
+#[test]
+fn ip_address_of_a_server_someone_logs_into() {
+    assert!(has("ssh root@81.70.12.9 hangs", "IP_ADDRESS", "81.70.12.9"));
+    assert!(has(
+        "我的服务器 81.70.12.9 被扫描",
+        "IP_ADDRESS",
+        "81.70.12.9"
+    ));
+    assert!(none_of("ping 81.70.12.9 drops packets", "IP_ADDRESS"));
+    assert!(none_of("ssh root@10.1.2.3", "IP_ADDRESS")); // private
+}
+
+#[test]
+fn secrets_env_var_literals() {
+    assert!(has(
+        "export REDIS_PASSWORD=opensesame",
+        "SECRET",
+        "opensesame"
+    ));
+    assert!(has(
+        "  DB_PASSWORD: letmeinplease",
+        "SECRET",
+        "letmeinplease"
+    ));
+    assert!(none_of("export REDIS_PASSWORD=$REDIS_PASSWORD", "SECRET"));
+    assert!(none_of("API_KEY=DEFAULT_API_KEY", "SECRET")); // a constant's name
+    assert!(none_of("password = user_password", "SECRET")); // a variable
+    assert!(none_of("db_password=vault_lookup", "SECRET")); // lower-case key: code
+}
+
+#[test]
+fn secrets_credential_pairs_and_cli_flags() {
+    assert!(has(
+        "session.auth = ('bob', 'Kx8#pq2Lm')",
+        "SECRET",
+        "Kx8#pq2Lm"
+    ));
+    assert!(has(
+        "HTTPBasicAuth(\"svc-user\", \"winter-is-here\")",
+        "SECRET",
+        "winter-is-here"
+    ));
+    assert!(none_of("auth=(user, password)", "SECRET"));
+    assert!(none_of("auth=('user', os.environ['PW'])", "SECRET"));
+    assert!(none_of("auth=('user', '<password>')", "SECRET"));
+    assert!(has(
+        "curl -u admin:Tr0ub4dor https://x.internal",
+        "SECRET",
+        "Tr0ub4dor"
+    ));
+    assert!(none_of("curl -u admin:$PASS https://x.internal", "SECRET"));
+    assert!(has(
+        "mysqldump -u root -pQz81kd shop > x.sql",
+        "SECRET",
+        "Qz81kd"
+    ));
+    assert!(none_of("mysql -u root -p shop", "SECRET")); // prompts for it
+    assert!(none_of("grep -pattern file", "SECRET"));
+    assert!(has("redis-cli --pass Lm9zQ2xw ping", "SECRET", "Lm9zQ2xw"));
+    assert!(has("sshpass -p 'Lm9zQ2xw' ssh host", "SECRET", "Lm9zQ2xw"));
+    assert!(none_of("redis-cli --pass \"$REDIS_PW\" ping", "SECRET"));
+}
+
+#[test]
+fn english_introductions() {
+    assert!(has(
+        "Hello, I'm Wei Zhang, a backend dev",
+        "PERSON_NAME",
+        "Wei Zhang"
+    ));
+    assert!(has(
+        "I'm Amara and I need a cover letter",
+        "PERSON_NAME",
+        "Amara"
+    ));
+    assert!(none_of("I'm Getting Started with Rust", "PERSON_NAME"));
+    assert!(none_of("I'm Stuck on this borrow error", "PERSON_NAME"));
+    assert!(none_of("I'm Chinese, is that relevant?", "PERSON_NAME"));
+    assert!(none_of("I'm Using Tokio here", "PERSON_NAME"));
+}
+
+#[test]
+fn health_symptoms_medications_pregnancy() {
+    assert_eq!(cats("发烧38度，能吃对乙酰氨基酚吗"), ["health"]);
+    assert_eq!(cats("we're expecting twins in June"), ["health"]);
+    assert_eq!(cats("I have a migraine again"), ["health"]);
+    assert_eq!(cats("最近失眠，医生开了安眠药"), ["health"]);
+    assert!(cats("the function has a side effect").is_empty());
+    assert!(cats("fix the memory leak symptoms").is_empty());
+    assert!(cats("CPU 发热严重，帮我优化这个循环").is_empty());
+    assert!(cats("模型的假阳性率太高").is_empty());
+    assert!(cats("grep on steroids: ripgrep").is_empty());
+}
