@@ -2,9 +2,10 @@
 //! (Qwen2.5-Coder-1.5B target), `tandem netsim` / the in-process netsim proxy, and
 //! `tandem generate --verifier` (0.5B draft). Greedy output must be the target's
 //! own output (`tandem generate --mode target`) except at provisional positions.
-//! Short on purpose (≤ 32 tokens per generation); the tests of this file run one
-//! at a time (a lock) so the timing of kills and outages is not at the mercy of
-//! three 1.5B verifiers sharing two cores.
+//! Short on purpose (≤ 64 tokens per generation); the tests of this file run one
+//! at a time (a lock) so three 1.5B verifiers do not share two cores. The outage
+//! tests do not race a clock: they end the outage only after the edge has said it
+//! went provisional, so they hold however fast or slow the machine is.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::collections::HashMap;
@@ -12,6 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -201,8 +203,7 @@ fn netsim(upstream: &str, profile: &str) -> Netsim {
 }
 
 /// Edge config for the outage tests: give up on the verifier fast (one failure
-/// opens the breaker; a verify deadline of at most 1.5 s, shorter than the 2.5 s
-/// outage window), probe often.
+/// opens the breaker; a verify deadline of at most 1.5 s), probe often.
 fn edge_config(dir: &Path) -> PathBuf {
     let p = dir.join("edge.toml");
     std::fs::write(
@@ -243,6 +244,57 @@ fn finish(edge: Child) -> (serde_json::Value, String) {
     (serde_json::from_slice(&out.stdout).unwrap(), err)
 }
 
+/// An edge child whose stderr is read line by line as it arrives, so a test can
+/// act on what the edge reports (e.g. "the verifier is unreachable").
+struct Watched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    all: std::thread::JoinHandle<String>,
+}
+
+fn watch(mut child: Child) -> Watched {
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    let all = std::thread::spawn(move || {
+        let mut acc = String::new();
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            acc.push_str(&line);
+            acc.push('\n');
+            let _ = tx.send(line);
+        }
+        acc
+    });
+    Watched { child, lines, all }
+}
+
+impl Watched {
+    /// Blocks until the edge prints a stderr line containing `needle`.
+    fn wait_for_line(&self, needle: &str) {
+        let start = Instant::now();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(1)) {
+                Ok(l) if l.contains(needle) => return,
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("the edge ended without printing {needle:?}")
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "no {needle:?} from the edge in 120 s"
+            );
+        }
+    }
+
+    fn finish(self) -> (serde_json::Value, String) {
+        let out = self.child.wait_with_output().unwrap();
+        let err = self.all.join().unwrap();
+        assert!(out.status.success(), "edge failed: {err}");
+        (serde_json::from_slice(&out.stdout).unwrap(), err)
+    }
+}
+
 #[test]
 fn greedy_output_through_lan_and_fast_4g_equals_target_only() {
     let _g = serial();
@@ -268,6 +320,10 @@ fn greedy_output_through_lan_and_fast_4g_equals_target_only() {
     }
     eprintln!("lan + fast-4g: {:.1} s", t0.elapsed().as_secs_f64());
 }
+
+/// Tokens generated in the outage tests: enough that the draft cannot finish
+/// alone before the health probe (every 100 ms) brings the verifier back.
+const N: usize = 64;
 
 /// Checks an output with an outage in the middle: verified before it, provisional
 /// during, verified again after; the verified prefix is the target's; when the
@@ -329,14 +385,17 @@ fn verifier_killed_mid_generation_and_restarted_resumes_speculative() {
     let mut v = verifier(dir.path(), port, "");
     let cfg = edge_config(dir.path());
     let prompt = PROMPTS[0];
-    let want = target_only(prompt, 32);
-    let mut edge = spawn_edge(&v.grpc, &cfg, prompt, 32, 4);
+    let want = target_only(prompt, N);
+    let mut edge = spawn_edge(&v.grpc, &cfg, prompt, N, 4);
     wait_for_first_verdict(&v.admin, &mut edge);
+    let edge = watch(edge);
     v.child.kill().unwrap(); // SIGKILL: no goodbye to the device
     v.child.wait().unwrap();
+    // Restart only once the edge has gone provisional, so the outage is seen.
+    edge.wait_for_line("the verifier is unreachable");
     let v2 = verifier(dir.path(), port, "");
-    let (j, err) = finish(edge);
-    check_outage_output(&j, &want, 32, &err);
+    let (j, err) = edge.finish();
+    check_outage_output(&j, &want, N, &err);
     assert!(
         err.contains("warning: the verifier is unreachable"),
         "{err}"
@@ -367,13 +426,17 @@ fn outage_window_from_a_netsim_timeline_then_speculative_again() {
         .unwrap();
     let cfg = edge_config(dir.path());
     let prompt = PROMPTS[1];
-    let want = target_only(prompt, 32);
-    let mut edge = spawn_edge(&proxy.local_addr().to_string(), &cfg, prompt, 32, 4);
+    let want = target_only(prompt, N);
+    let mut edge = spawn_edge(&proxy.local_addr().to_string(), &cfg, prompt, N, 4);
     wait_for_first_verdict(&v.admin, &mut edge);
-    // From now: 2.5 s blackhole (connections accepted, nothing forwarded), then lan.
-    proxy.set_timeline(tandem_netsim::Timeline::parse("offline 2500ms, lan").unwrap());
-    let (j, err) = finish(edge);
-    check_outage_output(&j, &want, 32, &err);
+    let edge = watch(edge);
+    // Blackhole (connections accepted, nothing forwarded) until the edge has
+    // given up on the verifier and gone provisional; then lan again.
+    proxy.set_timeline(tandem_netsim::Timeline::parse("offline 600s, lan").unwrap());
+    edge.wait_for_line("the verifier is unreachable");
+    proxy.set_timeline(tandem_netsim::Timeline::parse("lan").unwrap());
+    let (j, err) = edge.finish();
+    check_outage_output(&j, &want, N, &err);
     rt.block_on(proxy.shutdown());
     eprintln!("outage window: {:.1} s", t0.elapsed().as_secs_f64());
 }
