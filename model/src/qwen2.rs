@@ -308,9 +308,14 @@ impl Qwen2Model {
         }
         // RoPE (cos, sin) per position, computed once for all layers and heads.
         let rope = self.rope_table(start_pos, n);
-        for l in range {
-            self.layer_forward(l, hidden, n, start_pos, &rope, cache);
-        }
+        // Run the whole layer loop on a pool thread: the ~8 parallel calls per
+        // layer then split work from inside the pool instead of each injecting
+        // a job and parking the calling thread until it is done.
+        rayon::scope(|_| {
+            for l in range {
+                self.layer_forward(l, hidden, n, start_pos, &rope, cache);
+            }
+        });
         Ok(())
     }
 

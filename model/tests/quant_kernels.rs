@@ -219,6 +219,48 @@ fn every_isa_matches_the_scalar_reference_bit_for_bit() {
 }
 
 #[test]
+fn odd_block_counts_and_every_row_split_match_the_scalar_reference() {
+    // Rows of 1, 3, 5 and 7 blocks (the AVX-512 Q4_0/Q5_0/Q8_0 kernels take
+    // blocks in pairs; a lone last block takes the padded path) and every
+    // m from 1 to 19 (passes of up to 8 rows, then the remainder), with both
+    // an exact-activation reference check and bit-exactness against scalar.
+    for f in ALL_FORMATS {
+        let unit = if is_ggml_quant(f) {
+            f.block_elems()
+        } else {
+            16
+        };
+        for nblocks in [1, 3, 5, 7] {
+            let (rows, cols) = (11, unit * nblocks);
+            let data = random_bytes_matrix(f, rows, cols, 21 + nblocks as u64);
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let wd = dequant(&w);
+            let x = exact_x(19, cols, 22);
+            let full = run(Isa::Scalar, &w, &x, 19);
+            for i in 0..19 {
+                for j in 0..rows {
+                    let (r, tol) = reference(&wd, &x, cols, j, i);
+                    let got = full[i * rows + j] as f64;
+                    assert!(
+                        (got - r).abs() <= tol,
+                        "{f:?} {nblocks} blocks: out[{i},{j}] = {got}, reference {r}"
+                    );
+                }
+            }
+            for isa in Isa::available() {
+                for m in 1..=19 {
+                    assert_bits_eq(
+                        &run(isa, &w, &x[..m * cols], m),
+                        &full[..m * rows],
+                        &format!("{isa} {f:?} {nblocks} blocks m={m}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn extreme_activations_do_not_overflow() {
     // Every activation at ±max magnitude and weights of random bytes: the
     // widest integer sums the kernels meet (checks 16-bit saturation).

@@ -32,17 +32,13 @@ pub struct Act<'x> {
     pub d: Vec<f32>,
     /// Q8K only: 16 sums of 16 values per block: `m * cols / 16`
     pub bsums: Vec<i16>,
-    /// Q8_0, built on request by [`Act::interleave`]: per row, groups of 8
-    /// blocks (zero-padded); inside a group, 32-byte chunk k holds bytes
-    /// 4k..4k+4 of blocks 0..8 in turn, so 32-bit lane b of chunk k belongs
-    /// to block b. `m * ng * 256` bytes.
-    pub qsi: Vec<i8>,
-    /// Q8_0 interleaved: Σ q of each block, `m * ng * 8` (zero-padded).
-    pub xsum: Vec<i32>,
-    /// Q8_0 interleaved: block scales, `m * ng * 8` (zero-padded).
-    pub dpad: Vec<f32>,
-    /// Q8_0 interleaved: groups of 8 blocks per row.
-    pub ng: usize,
+    /// Q8_0, built on request by [`Act::prepare_unsigned`]: every block scale
+    /// repeated 8 times (one per 32-bit lane of the block), `m * nb * 8`.
+    pub d8: Vec<f32>,
+    /// Q8_0, built by [`Act::prepare_unsigned`]: `-off · Σ x` over each 4
+    /// consecutive values, `m * cols / 4` (the start value of a `vpdpbusd`
+    /// of weights offset to unsigned `w + off`).
+    pub corr4: Vec<i32>,
 }
 
 impl<'x> Act<'x> {
@@ -60,10 +56,8 @@ impl<'x> Act<'x> {
             qs: Vec::new(),
             d: Vec::new(),
             bsums: Vec::new(),
-            qsi: Vec::new(),
-            xsum: Vec::new(),
-            dpad: Vec::new(),
-            ng: 0,
+            d8: Vec::new(),
+            corr4: Vec::new(),
         };
         match kind {
             ActKind::F32 => {}
@@ -95,27 +89,15 @@ impl<'x> Act<'x> {
         a
     }
 
-    /// Build the interleaved copy of Q8_0 rows (a permutation of the same
-    /// quantized values, for kernels whose 32-bit lanes follow blocks).
-    pub fn interleave(&mut self, m: usize) {
-        let (nb, cols) = (self.nb, self.cols);
-        let ng = nb.div_ceil(8);
-        self.ng = ng;
-        self.qsi = vec![0; m * ng * 256];
-        self.xsum = vec![0; m * ng * 8];
-        self.dpad = vec![0.0; m * ng * 8];
-        for r in 0..m {
-            for b in 0..nb {
-                let (g, k) = (b / 8, b % 8);
-                let src = &self.qs[r * cols + b * QK..][..QK];
-                let dst = &mut self.qsi[(r * ng + g) * 256..][..256];
-                for (c, four) in src.chunks_exact(4).enumerate() {
-                    dst[c * 32 + k * 4..c * 32 + k * 4 + 4].copy_from_slice(four);
-                }
-                self.xsum[r * ng * 8 + b] = src.iter().map(|&v| v as i32).sum();
-                self.dpad[r * ng * 8 + b] = self.d[r * nb + b];
-            }
-        }
+    /// Build [`Act::d8`] and [`Act::corr4`] for kernels that multiply
+    /// unsigned weights `w + off` (exact integer arithmetic).
+    pub fn prepare_unsigned(&mut self, off: i32) {
+        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
+        self.corr4 = self
+            .qs
+            .chunks_exact(4)
+            .map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>())
+            .collect();
     }
 
     /// Quantized values of row `t`.
@@ -151,7 +133,7 @@ fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
         // `as` saturates (and maps NaN to 0); |v * id| <= 127 for finite input.
-        *q = (v * id).round() as i8;
+        *q = round_half_away(v * id) as i8;
     }
     d
 }
@@ -174,10 +156,82 @@ fn quantize_q8k(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (iscale * v).round().clamp(-128.0, 127.0) as i8;
+        *q = round_half_away(iscale * v).clamp(-128.0, 127.0) as i8;
     }
     for (s, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
         *s = q.iter().map(|&v| v as i16).sum();
     }
     1.0 / iscale
+}
+
+/// `v.round()` (halves away from zero) without the libm call that `round`
+/// compiles to on a baseline x86-64 build: truncate, then step by one when the
+/// exact remainder `v - trunc(v)` reaches a half. Equal to `v.round()` for
+/// every finite `v` with `|v| < 2^31` (the quantizers stay within ±128); beyond
+/// that, and for ±inf and NaN, it saturates the same way after `as i8`.
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let t = v as i32 as f32; // trunc for |v| < 2^31 (NaN -> 0)
+    let f = v - t; // exact: t and v share the same binade or t = 0
+    if f >= 0.5 {
+        t + 1.0
+    } else if f <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    #[test]
+    fn round_half_away_equals_round() {
+        let mut vals = vec![
+            0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, 126.5, -127.5, 127.49999,
+        ];
+        for b in [0.49999997f32, 0.5000001, 1.4999999, 1.5000001] {
+            vals.push(b);
+            vals.push(-b);
+        }
+        // every f32 in [-130, 130] with a step pattern that hits many binades
+        let mut v = -130.0f32;
+        while v < 130.0 {
+            vals.push(v);
+            v = f32::from_bits(v.to_bits().wrapping_add(if v < 0.0 {
+                -997i32 as u32
+            } else {
+                997
+            }));
+            if v.is_nan() || v.abs() < 1e-30 {
+                v = 1e-30;
+            }
+        }
+        for x in (0..200_000).map(|i| (i as f32 - 100_000.0) / 761.0) {
+            vals.push(x);
+        }
+        for &x in &vals {
+            assert_eq!(round_half_away(x) as i8, x.round() as i8, "{x:e}");
+            if x.abs() < 1e6 {
+                assert_eq!(round_half_away(x), x.round(), "{x:e}");
+            }
+        }
+        for x in [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e10,
+            -1e10,
+            3e9,
+            -3e9,
+        ] {
+            assert_eq!(round_half_away(x) as i8, x.round() as i8, "{x:e}");
+            assert_eq!(
+                round_half_away(x).clamp(-128.0, 127.0) as i8,
+                x.round().clamp(-128.0, 127.0) as i8,
+                "{x:e}"
+            );
+        }
+    }
 }

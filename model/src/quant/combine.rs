@@ -7,22 +7,30 @@
 //! contracts `a * b + c` into an FMA). This is what makes results identical
 //! across ISAs, thread counts and batch sizes.
 
-/// Blocks of 32 per group in the Q4_0/Q5_0/Q8_0 kernels: group `g` covers
-/// blocks `8g..8g+8` of a row, block `8g + k` is accumulated into lane `k`.
-pub const GROUP: usize = 8;
+/// Accumulator sets of the Q4_0/Q5_0/Q8_0 kernels: block `b` of a row is
+/// accumulated into set `b % GROUP_SETS` (8 lanes each), so consecutive
+/// blocks do not wait on one another's float add.
+pub const GROUP_SETS: usize = 4;
 
-/// `acc[k] += (dw[k] * dx[k]) * isum[k]` for the 8 blocks of one group
-/// (missing blocks past the row end have `dw = dx = isum = 0`, adding `+0.0`).
+/// One block of 32 (Q4_0/Q5_0/Q8_0 × Q8_0), lane-wise: `s[l] = Σ_{k<4}
+/// w[4l+k]·x[4l+k]` (exact integers), `dwdx = dw·dx`.
+/// `acc[l] += dwdx·s[l]`.
 #[inline(always)]
-pub fn combine_group(
-    acc: &mut [f32; GROUP],
-    dw: &[f32; GROUP],
-    dx: &[f32; GROUP],
-    isum: &[i32; GROUP],
-) {
-    for k in 0..GROUP {
-        acc[k] += (dw[k] * dx[k]) * isum[k] as f32;
+pub fn group_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8]) {
+    for l in 0..8 {
+        acc[l] += dwdx * s[l] as f32;
     }
+}
+
+/// The result of the [`GROUP_SETS`] accumulator sets, in a fixed order:
+/// `h[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l])`, then [`reduce8`].
+#[inline(always)]
+pub fn reduce_group(acc: &[[f32; 8]; GROUP_SETS]) -> f32 {
+    let mut h = [0f32; 8];
+    for l in 0..8 {
+        h[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    reduce8(&h)
 }
 
 /// Sum of 8 lanes in a fixed tree order.

@@ -12,8 +12,11 @@
 //! - each activation row is quantized once per call by scalar code
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
 //!   so its quantization does not depend on the other rows;
-//! - SIMD kernels compute only integer block sums, which are exact; every float
-//!   operation happens in the shared functions of `combine` in one fixed order;
+//! - SIMD kernels compute only integer sums (per 32-bit lane: 4 products of
+//!   one block, or a K-quant lane summed over sub-blocks), which are exact;
+//!   every float operation follows the shared functions of `combine` lane for
+//!   lane in one fixed order (Q4_0/Q5_0/Q8_0: block `b` into accumulator set
+//!   `b % 4`, so consecutive blocks do not wait on one float add);
 //! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
@@ -24,7 +27,9 @@
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
 //! block is used for up to [`TILE`] activation rows while it is in L1, so a
-//! verify block of k ≤ 24 tokens reads the weights from memory once.
+//! verify block of k ≤ 24 tokens reads the weights from memory once (the
+//! AVX-512 kernels take the tile in passes of up to 8 rows with register
+//! accumulators; the weight row is in L1 for the later passes).
 
 // Index loops mirror ggml's block layouts (offsets like 32c + 4l + k) and are
 // clearer than iterator chains here.
@@ -334,7 +339,11 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     }
     let mut act = Act::new(act_kind(w.format), x, m, w.cols);
     if isa == Isa::Avx512Vnni && act_kind(w.format) == ActKind::Q8_0 {
-        act.interleave(m);
+        act.prepare_unsigned(match w.format {
+            QuantFormat::Q4_0 => 8,
+            QuantFormat::Q5_0 => 16,
+            _ => 128,
+        });
     }
     let f = row_fn(isa, w.format);
     let out = OutPtr(out.as_mut_ptr());

@@ -5,60 +5,39 @@ use super::act::Act;
 use super::blocks::{
     cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
-use super::combine::{self, GROUP};
+use super::combine::{self, GROUP_SETS};
 use super::{QuantFormat, TILE};
 
-/// Unpack blocks `8g..min(8g+8, nb)` of a Q4_0/Q5_0/Q8_0 row into signed
-/// values (`buf[32k + l]`) and scales (`dw[k]`); lanes past the row end are
-/// zeroed. Returns the number of blocks in the group.
+/// Unpack block `b` of a Q4_0/Q5_0/Q8_0 row into signed values; returns its scale.
 #[inline(always)]
-pub fn unpack_group(
-    format: QuantFormat,
-    wrow: &[u8],
-    g: usize,
-    nb: usize,
-    buf: &mut [i8; GROUP * QK],
-    dw: &mut [f32; GROUP],
-) -> usize {
-    let b0 = g * GROUP;
-    let nbg = GROUP.min(nb - b0);
+pub fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize, o: &mut [i8; QK]) -> f32 {
     match format {
         QuantFormat::Q4_0 => {
-            for (k, b) in cast::<BlockQ4_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
-                dw[k] = f16_le(b.d);
-                let o = &mut buf[k * QK..(k + 1) * QK];
-                for l in 0..QK / 2 {
-                    o[l] = (b.qs[l] & 0xF) as i8 - 8;
-                    o[l + QK / 2] = (b.qs[l] >> 4) as i8 - 8;
-                }
+            let b = &cast::<BlockQ4_0>(wrow)[b];
+            for l in 0..QK / 2 {
+                o[l] = (b.qs[l] & 0xF) as i8 - 8;
+                o[l + QK / 2] = (b.qs[l] >> 4) as i8 - 8;
             }
+            f16_le(b.d)
         }
         QuantFormat::Q5_0 => {
-            for (k, b) in cast::<BlockQ5_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
-                dw[k] = f16_le(b.d);
-                let qh = u32::from_le_bytes(b.qh);
-                let o = &mut buf[k * QK..(k + 1) * QK];
-                for l in 0..QK / 2 {
-                    let h0 = ((qh >> l) & 1) as u8;
-                    let h1 = ((qh >> (l + 16)) & 1) as u8;
-                    o[l] = ((b.qs[l] & 0xF) | (h0 << 4)) as i8 - 16;
-                    o[l + QK / 2] = ((b.qs[l] >> 4) | (h1 << 4)) as i8 - 16;
-                }
+            let b = &cast::<BlockQ5_0>(wrow)[b];
+            let qh = u32::from_le_bytes(b.qh);
+            for l in 0..QK / 2 {
+                let h0 = ((qh >> l) & 1) as u8;
+                let h1 = ((qh >> (l + 16)) & 1) as u8;
+                o[l] = ((b.qs[l] & 0xF) | (h0 << 4)) as i8 - 16;
+                o[l + QK / 2] = ((b.qs[l] >> 4) | (h1 << 4)) as i8 - 16;
             }
+            f16_le(b.d)
         }
         QuantFormat::Q8_0 => {
-            for (k, b) in cast::<BlockQ8_0>(wrow)[b0..b0 + nbg].iter().enumerate() {
-                dw[k] = f16_le(b.d);
-                buf[k * QK..(k + 1) * QK].copy_from_slice(&b.qs);
-            }
+            let b = &cast::<BlockQ8_0>(wrow)[b];
+            o.copy_from_slice(&b.qs);
+            f16_le(b.d)
         }
-        _ => unreachable!("unpack_group called for {format:?}"),
+        _ => unreachable!("unpack_block called for {format:?}"),
     }
-    for k in nbg..GROUP {
-        dw[k] = 0.0;
-        buf[k * QK..(k + 1) * QK].fill(0);
-    }
-    nbg
 }
 
 /// Unpacked Q4_K super-block: values 0..16, 8 scales, 8 mins.
@@ -109,11 +88,8 @@ pub fn unpack_q6k(b: &BlockQ6K, u: &mut Q6KUnpacked) {
     u.d = f16_le(b.d);
 }
 
-fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
-    w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum()
-}
-
-/// Q4_0/Q5_0/Q8_0 row × activation rows `t0..t0+tn`.
+/// Q4_0/Q5_0/Q8_0 row × activation rows `t0..t0+tn`, lane-wise as in
+/// [`combine::group_block`], block `b` into accumulator set `b % 4`.
 pub fn row_group(
     format: QuantFormat,
     wrow: &[u8],
@@ -123,26 +99,22 @@ pub fn row_group(
     res: &mut [f32; TILE],
 ) {
     let nb = act.nb;
-    let mut acc = [[0f32; GROUP]; TILE];
-    let mut buf = [0i8; GROUP * QK];
-    let mut dw = [0f32; GROUP];
-    for g in 0..nb.div_ceil(GROUP) {
-        let nbg = unpack_group(format, wrow, g, nb, &mut buf, &mut dw);
+    let mut acc = [[[0f32; 8]; GROUP_SETS]; TILE];
+    let mut w = [0i8; QK];
+    for b in 0..nb {
+        let dw = unpack_block(format, wrow, b, &mut w);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = act.row_qs(t0 + t);
-            let xd = act.row_d(t0 + t);
-            let mut isum = [0i32; GROUP];
-            let mut dx = [0f32; GROUP];
-            for k in 0..nbg {
-                let b = g * GROUP + k;
-                isum[k] = dot_i8(&buf[k * QK..(k + 1) * QK], &xq[b * QK..(b + 1) * QK]);
-                dx[k] = xd[b];
+            let xq = &act.row_qs(t0 + t)[b * QK..(b + 1) * QK];
+            let dx = act.row_d(t0 + t)[b];
+            let mut s = [0i32; 8];
+            for (l, s) in s.iter_mut().enumerate() {
+                *s = (4 * l..4 * l + 4).map(|k| w[k] as i32 * xq[k] as i32).sum();
             }
-            combine::combine_group(acc, &dw, &dx, &isum);
+            combine::group_block(&mut acc[b % GROUP_SETS], dw * dx, &s);
         }
     }
     for t in 0..tn {
-        res[t] = combine::reduce8(&acc[t]);
+        res[t] = combine::reduce_group(&acc[t]);
     }
 }
 
@@ -270,16 +242,11 @@ pub fn dequantize_row(format: QuantFormat, data: &[u8], out: &mut [f32]) {
             }
         }
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => {
-            let nb = out.len() / QK;
-            let mut buf = [0i8; GROUP * QK];
-            let mut dw = [0f32; GROUP];
-            for g in 0..nb.div_ceil(GROUP) {
-                let nbg = unpack_group(format, data, g, nb, &mut buf, &mut dw);
-                for k in 0..nbg {
-                    let o = &mut out[(g * GROUP + k) * QK..][..QK];
-                    for (o, &q) in o.iter_mut().zip(&buf[k * QK..(k + 1) * QK]) {
-                        *o = q as f32 * dw[k];
-                    }
+            let mut buf = [0i8; QK];
+            for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+                let dw = unpack_block(format, data, b, &mut buf);
+                for (o, &q) in o.iter_mut().zip(&buf) {
+                    *o = q as f32 * dw;
                 }
             }
         }

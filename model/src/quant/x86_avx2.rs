@@ -13,7 +13,7 @@ use super::act::Act;
 use super::blocks::{
     cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
-use super::combine::{self, GROUP};
+use super::combine::{self, GROUP_SETS};
 use super::{QuantFormat, RowFn, TILE};
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
@@ -27,21 +27,6 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
 
 #[repr(C, align(64))]
 pub(super) struct A32<const N: usize>(pub [u8; N]);
-
-/// `[Σ v0, Σ v1, …, Σ v7]` (each Σ over the 8 lanes of one vector).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn hsum_8x8(v: &[__m256i; 8]) -> __m256i {
-    let s01 = _mm256_hadd_epi32(v[0], v[1]);
-    let s23 = _mm256_hadd_epi32(v[2], v[3]);
-    let s45 = _mm256_hadd_epi32(v[4], v[5]);
-    let s67 = _mm256_hadd_epi32(v[6], v[7]);
-    let s0123 = _mm256_hadd_epi32(s01, s23);
-    let s4567 = _mm256_hadd_epi32(s45, s67);
-    let lo = _mm256_permute2x128_si256::<0x20>(s0123, s4567);
-    let hi = _mm256_permute2x128_si256::<0x31>(s0123, s4567);
-    _mm256_add_epi32(lo, hi)
-}
 
 /// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
 #[inline]
@@ -94,8 +79,10 @@ pub(super) fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m25
     }
 }
 
-/// Q4_0/Q5_0/Q8_0 row: groups of 8 blocks are unpacked once (signed values and
-/// their magnitudes) and reused for every activation row of the tile.
+/// Q4_0/Q5_0/Q8_0 row (lane-wise, see [`combine::group_block`]): each block is
+/// unpacked once (signed values and their magnitudes) and used for every
+/// activation row of the tile; `maddubs(|w|, sign(x, w))` then `madd` with ones
+/// gives the 8 exact sums of 4 products.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_group(
     format: QuantFormat,
@@ -105,53 +92,38 @@ unsafe fn row_group(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let nb = act.nb;
-    let mut acc = [[0f32; GROUP]; TILE];
-    let mut w = A32([0u8; GROUP * QK]);
-    let mut aw = A32([0u8; GROUP * QK]);
-    let mut dw = [0f32; GROUP];
+    let (nb, cols) = (act.nb, act.cols);
+    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; TILE];
     let ones = _mm256_set1_epi16(1);
-    for g in 0..nb.div_ceil(GROUP) {
-        let nbg = GROUP.min(nb - g * GROUP);
-        for k in 0..GROUP {
-            let (v, d) = if k < nbg {
-                unpack_block(format, wrow, g * GROUP + k)
-            } else {
-                (_mm256_setzero_si256(), 0.0)
-            };
-            dw[k] = d;
-            // SAFETY: k * 32 + 32 <= 256 bytes, 32-byte aligned buffers.
-            unsafe {
-                _mm256_store_si256(w.0.as_mut_ptr().add(k * QK).cast(), v);
-                _mm256_store_si256(aw.0.as_mut_ptr().add(k * QK).cast(), _mm256_abs_epi8(v));
-            }
-        }
+    let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
+    for b in 0..nb {
+        let (v, dw) = unpack_block(format, wrow, b);
+        let av = _mm256_abs_epi8(v);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = &act.row_qs(t0 + t)[g * GROUP * QK..];
-            let xd = &act.row_d(t0 + t)[g * GROUP..];
-            let mut v = [_mm256_setzero_si256(); GROUP];
-            let mut dx = [0f32; GROUP];
-            for k in 0..nbg {
-                // SAFETY: block k of the group lies inside the row (k < nbg),
-                // and inside the 256-byte weight buffers.
-                unsafe {
-                    let x = _mm256_loadu_si256(xq.as_ptr().add(k * QK).cast());
-                    let wv = _mm256_load_si256(w.0.as_ptr().add(k * QK).cast());
-                    let av = _mm256_load_si256(aw.0.as_ptr().add(k * QK).cast());
-                    let p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, wv));
-                    v[k] = _mm256_madd_epi16(p, ones);
-                }
-                dx[k] = xd[k];
+            let r = t0 + t;
+            // SAFETY: row r < m and block b < nb: reads inside qs (m·cols) and d (m·nb).
+            unsafe {
+                let x = _mm256_loadu_si256(qs.add(r * cols + b * QK).cast());
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+                let dwdx = _mm256_set1_ps(dw * *ds.add(r * nb + b));
+                let a = &mut acc[b % GROUP_SETS];
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
             }
-            let mut isum = [0i32; GROUP];
-            // SAFETY: 8 i32 stored into an [i32; 8].
-            unsafe { _mm256_storeu_si256(isum.as_mut_ptr().cast(), hsum_8x8(&v)) };
-            combine::combine_group(acc, &dw, &dx, &isum);
         }
     }
     for t in 0..tn {
-        res[t] = combine::reduce8(&acc[t]);
+        res[t] = reduce_group(&acc[t]);
     }
+}
+
+/// [`combine::reduce_group`] of four 8-lane accumulator sets.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
+    reduce8(_mm256_add_ps(
+        _mm256_add_ps(a[0], a[2]),
+        _mm256_add_ps(a[1], a[3]),
+    ))
 }
 
 /// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).

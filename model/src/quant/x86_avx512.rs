@@ -1,22 +1,33 @@
 //! AVX-512 (F/BW/VL) + VNNI kernels (x86-64, detected at run time).
 //!
 //! Same integer sums and the same lane-wise float combination as the AVX2 and
-//! scalar paths (see `combine`): K-quant super-blocks are processed 64 bytes
-//! at a time and the two 256-bit halves of the i32 accumulator are added (an
-//! exact integer step) before the shared 8-lane float step. Q4_0/Q5_0/Q8_0
-//! blocks use `vpdpbusd` (sum of 4 u8·i8 products, no 16-bit saturation) on
-//! 256-bit vectors.
+//! scalar paths (see `combine`). Weights are unpacked in registers only (a
+//! broadcast load and a per-half variable shift put the low and high nibbles of
+//! 32 bytes side by side in element order; no store and reload, which would
+//! stall store forwarding), and up to [`MAX_R`] activation rows are processed
+//! per pass with their accumulators in registers; longer tiles take several
+//! passes over the weight row, which is then in L1.
+//!
+//! - Q4_K/Q6_K: 64 weights per vector, `maddubs` + `vpdpwssd` with the
+//!   sub-block scales; the two 256-bit halves of the i32 sums are added (exact)
+//!   before the shared 8-lane float step.
+//! - Q4_0/Q5_0/Q8_0: two blocks per vector, unsigned weights `u = w + off`
+//!   (`off` = 8, 16, 128) and `vpdpbusd` started from the activations'
+//!   precomputed `−off·Σ4 x`: `Σ4 w·x = Σ4 u·x − off·Σ4 x`, exact.
+//!   Block `b` of the pair lands in accumulator set `b % 4`, as in
+//!   `combine::group_block`.
 
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K, QK_K};
-use super::combine::GROUP;
-use super::x86_avx2::{
-    q4k_float, q4k_mins16, q6k_float, q6k_scale_vectors, reduce8, unpack_block, unpack_q4k_values,
-    unpack_q6k_values, A32,
+use super::blocks::{
+    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
+use super::x86_avx2::{q4k_float, q4k_mins16, q6k_float, reduce8};
 use super::{QuantFormat, RowFn, TILE};
+
+/// Activation rows per pass over a weight row.
+const MAX_R: usize = 8;
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
@@ -27,13 +38,6 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     }
 }
 
-/// Two 256-bit halves into one 512-bit vector.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
 /// Lanes 0..8 + lanes 8..16 (exact integer fold to the shared 8-lane layout).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -41,43 +45,65 @@ fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
-/// 8×8 transpose of 32-bit lanes: `c[k]` lane b = `r[b]` lane k.
+/// 32 i16 lanes: `a` in the low 16, `b` in the high 16.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
-    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
-    let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-    let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
-    let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-    let u0 = _mm256_unpacklo_epi64(t0, t2);
-    let u1 = _mm256_unpackhi_epi64(t0, t2);
-    let u2 = _mm256_unpacklo_epi64(t1, t3);
-    let u3 = _mm256_unpackhi_epi64(t1, t3);
-    let u4 = _mm256_unpacklo_epi64(t4, t6);
-    let u5 = _mm256_unpackhi_epi64(t4, t6);
-    let u6 = _mm256_unpacklo_epi64(t5, t7);
-    let u7 = _mm256_unpackhi_epi64(t5, t7);
-    [
-        _mm256_permute2x128_si256::<0x20>(u0, u4),
-        _mm256_permute2x128_si256::<0x20>(u1, u5),
-        _mm256_permute2x128_si256::<0x20>(u2, u6),
-        _mm256_permute2x128_si256::<0x20>(u3, u7),
-        _mm256_permute2x128_si256::<0x31>(u0, u4),
-        _mm256_permute2x128_si256::<0x31>(u1, u5),
-        _mm256_permute2x128_si256::<0x31>(u2, u6),
-        _mm256_permute2x128_si256::<0x31>(u3, u7),
-    ]
+#[target_feature(enable = "avx512f")]
+fn halves16(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+    )
 }
 
-/// Q4_0/Q5_0/Q8_0 row against the interleaved activations (`Act::interleave`):
-/// the 8 blocks of a group are unpacked, offset to unsigned (`w + 128`) and
-/// transposed so that 32-bit lane b of every chunk belongs to block b; then
-/// `vpdpbusd` over the 8 chunks yields all 8 block sums at once, and
-/// `isum_b = Σ (w+128)·x − 128 Σ x` (exact).
+/// 32 i16 lanes: lane i = `base + i / per`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn index16(base: i16, per: usize) -> __m512i {
+    let mut a = [0i16; 32];
+    for (i, v) in a.iter_mut().enumerate() {
+        *v = base + (i / per) as i16;
+    }
+    // SAFETY: 64 bytes from a [i16; 32].
+    unsafe { _mm512_loadu_si512(a.as_ptr().cast()) }
+}
+
+/// 32 bytes at `p`, in both halves of a 512-bit vector.
+///
+/// # Safety
+/// 32 readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn broadcast32(p: *const u8) -> __m512i {
+    // SAFETY: caller.
+    _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(p.cast()) })
+}
+
+/// Run `kernel::<R>` over the tile's rows in passes of at most [`MAX_R`].
+macro_rules! passes {
+    ($kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr) => {{
+        let mut t = 0;
+        while t < $tn {
+            let r = ($tn - t).min(MAX_R);
+            let out = &mut $res[t..];
+            let t1 = $t0 + t;
+            // SAFETY: the caller's contract (CPU features, rows inside `act`).
+            unsafe {
+                match r {
+                    1 => $kernel::<1>($format, $wrow, $act, t1, out),
+                    2 => $kernel::<2>($format, $wrow, $act, t1, out),
+                    3 => $kernel::<3>($format, $wrow, $act, t1, out),
+                    4 => $kernel::<4>($format, $wrow, $act, t1, out),
+                    5 => $kernel::<5>($format, $wrow, $act, t1, out),
+                    6 => $kernel::<6>($format, $wrow, $act, t1, out),
+                    7 => $kernel::<7>($format, $wrow, $act, t1, out),
+                    _ => $kernel::<8>($format, $wrow, $act, t1, out),
+                }
+            }
+            t += r;
+        }
+    }};
+}
+
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_group(
     format: QuantFormat,
@@ -87,137 +113,332 @@ unsafe fn row_group(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let nb = act.nb;
-    let ng = act.ng;
-    let mut acc = [_mm256_setzero_ps(); TILE];
-    let (qsi, xsum, dpad) = (act.qsi.as_ptr(), act.xsum.as_ptr(), act.dpad.as_ptr());
-    let bias = _mm256_set1_epi8(-128);
-    for g in 0..ng {
-        let nbg = GROUP.min(nb - g * GROUP);
-        let mut w = [bias; GROUP];
-        let mut dw = [0f32; GROUP];
-        for k in 0..nbg {
-            let (v, d) = unpack_block(format, wrow, g * GROUP + k);
-            w[k] = _mm256_xor_si256(v, bias);
-            dw[k] = d;
-        }
-        let c = transpose8(&w);
-        let wz: [__m512i; 4] = std::array::from_fn(|k| join(c[2 * k], c[2 * k + 1]));
-        // SAFETY: 8 f32 from an [f32; 8].
-        let dwv = unsafe { _mm256_loadu_ps(dw.as_ptr()) };
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: row r < m, group g < ng: inside qsi (m·ng·256), xsum and
-            // dpad (m·ng·8).
-            unsafe {
-                let xq = qsi.add((r * ng + g) * 256);
-                let mut s = _mm512_setzero_si512();
-                for (k, wz) in wz.iter().enumerate() {
-                    s = _mm512_dpbusd_epi32(s, *wz, _mm512_loadu_si512(xq.add(64 * k).cast()));
-                }
-                let xs = _mm256_loadu_si256(xsum.add((r * ng + g) * 8).cast());
-                let isum = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<7>(xs));
-                let dx = _mm256_loadu_ps(dpad.add((r * ng + g) * 8));
-                // combine::combine_group, lane-wise: acc += (dw·dx)·isum
-                let p = _mm256_mul_ps(_mm256_mul_ps(dwv, dx), _mm256_cvtepi32_ps(isum));
-                *acc = _mm256_add_ps(*acc, p);
-            }
-        }
-    }
-    for t in 0..tn {
-        res[t] = reduce8(acc[t]);
-    }
+    passes!(group_rows, format, wrow, act, t0, tn, res)
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_q4k(
-    _: QuantFormat,
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut q = A32([0u8; QK_K]);
-    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
-    let (cols, nb) = (act.cols, act.nb);
-    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
-        unpack_q4k_values(b, &mut q);
-        // SAFETY: 4 aligned 64-byte loads from the 256-byte, 64-aligned buffer.
-        let wv: [__m512i; 4] =
-            std::array::from_fn(|k| unsafe { _mm512_load_si512(q.0.as_ptr().add(64 * k).cast()) });
-        let (sc, mn) = q4k_scales_mins(&b.scales);
-        let scv: [__m512i; 4] = std::array::from_fn(|k| {
-            join(
-                _mm256_set1_epi16(sc[2 * k] as i16),
-                _mm256_set1_epi16(sc[2 * k + 1] as i16),
-            )
-        });
-        let mnv = q4k_mins16(mn);
-        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: row r < m, super-block sb < nb: reads inside the activation buffers.
-            unsafe {
-                let xq = qs.add(r * cols + sb * QK_K);
-                let mut s = _mm512_setzero_si512();
-                for k in 0..4 {
-                    let x = _mm512_loadu_si512(xq.add(64 * k).cast());
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[k], x), scv[k]);
-                }
-                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                let mm = _mm256_madd_epi16(bsv, mnv);
-                let dx = *ds.add(r * nb + sb);
-                *acc = q4k_float(*acc, d * dx, dmin * dx, fold(s), mm);
-            }
-        }
-    }
-    for t in 0..tn {
-        res[t] = reduce8(acc[t]);
-    }
+    passes!(q4k_rows, format, wrow, act, t0, tn, res)
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_q6k(
-    _: QuantFormat,
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut q = A32([0u8; QK_K]);
+    passes!(q6k_rows, format, wrow, act, t0, tn, res)
+}
+
+/// Low nibbles of 16 bytes then their high nibbles (elements 0..32 of a
+/// Q4_0/Q5_0 block), for block `a` in the low half and `b` (or zeros) in the
+/// high half.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
+    // Per 128-bit lane: shift 0 (low nibbles), 4 (high nibbles), 0, 4.
+    let h = _mm256_set_m128i(_mm_set1_epi16(4), _mm_set1_epi16(0));
+    let sh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), h);
+    // SAFETY: 16 bytes from each 16-byte array.
+    let ya = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qa.as_ptr().cast())) };
+    let z = match qb {
+        Some(qb) => {
+            // SAFETY: as above.
+            let yb = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qb.as_ptr().cast())) };
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ya), yb)
+        }
+        None => _mm512_zextsi256_si512(ya),
+    };
+    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xF))
+}
+
+/// `[da ×8, db ×8]` (db = 0 when absent), f16 → f32 with F16C (exact, as
+/// `half`'s conversion in the scalar path).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f")]
+fn scales(da: [u8; 2], db: Option<[u8; 2]>) -> __m512 {
+    let h = u16::from_le_bytes(da) as u32 | (db.map_or(0, u16::from_le_bytes) as u32) << 16;
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
+    let idx = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_setzero_si256()),
+        _mm256_set1_epi32(1),
+    );
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
+}
+
+/// Unsigned values of blocks `b` and `b + 1` (the second only if `TWO`,
+/// else zeros) and their scales `[dw_b ×8, dw_b+1 ×8]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn unpack_pair<const TWO: bool>(format: QuantFormat, wrow: &[u8], b: usize) -> (__m512i, __m512) {
+    match format {
+        QuantFormat::Q4_0 => {
+            let blk = cast::<BlockQ4_0>(wrow);
+            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
+            (
+                nibbles(&a.qs, c.map(|c| &c.qs)),
+                scales(a.d, c.map(|c| c.d)),
+            )
+        }
+        QuantFormat::Q5_0 => {
+            let blk = cast::<BlockQ5_0>(wrow);
+            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
+            let v = nibbles(&a.qs, c.map(|c| &c.qs));
+            let hbits = u32::from_le_bytes(a.qh) as u64
+                | (c.map_or(0, |c| u32::from_le_bytes(c.qh)) as u64) << 32;
+            let v = _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16));
+            (v, scales(a.d, c.map(|c| c.d)))
+        }
+        QuantFormat::Q8_0 => {
+            let blk = cast::<BlockQ8_0>(wrow);
+            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
+            // SAFETY: 32 bytes from each 32-byte array.
+            let ya = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
+            let z = match c {
+                // w + 128 as unsigned bytes.
+                Some(c) => {
+                    // SAFETY: as above.
+                    let yb = unsafe { _mm256_loadu_si256(c.qs.as_ptr().cast()) };
+                    _mm512_xor_si512(
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ya), yb),
+                        _mm512_set1_epi8(-128),
+                    )
+                }
+                // the high half stays zero
+                None => _mm512_zextsi256_si512(_mm256_xor_si256(ya, _mm256_set1_epi8(-128))),
+            };
+            (z, scales(a.d, c.map(|c| c.d)))
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// Blocks `b`, `b + 1` (if `TWO`) × rows `t0..t0 + R` into `acc` (one of the
+/// two accumulators of each row: sets 0 | 1 or sets 2 | 3).
+///
+/// # Safety
+/// Rows and blocks inside `act` / `wrow`, `Act::prepare_unsigned` done.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn group_pair<const R: usize, const TWO: bool>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    b: usize,
+    acc: &mut [__m512; R],
+) {
+    let (nb, cols) = (act.nb, act.cols);
+    let (u, dw) = unpack_pair::<TWO>(format, wrow, b);
+    let (qs, d8, corr) = (act.qs.as_ptr(), act.d8.as_ptr(), act.corr4.as_ptr());
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let row = t0 + r;
+        // SAFETY: row < m, blocks b (and b + 1) < nb: reads inside qs
+        // (m·cols) and d8 (m·nb·8).
+        unsafe {
+            let xp = qs.add(row * cols + b * QK);
+            let dp = d8.add((row * nb + b) * 8);
+            let cp = corr.add((row * cols + b * QK) / 4);
+            let (x, dx, c) = if TWO {
+                (
+                    _mm512_loadu_si512(xp.cast()),
+                    _mm512_loadu_ps(dp),
+                    _mm512_loadu_si512(cp.cast()),
+                )
+            } else {
+                (
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp.cast())),
+                    _mm512_zextps256_ps512(_mm256_loadu_ps(dp)),
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(cp.cast())),
+                )
+            };
+            // Σ4 u·x − off·Σ4 x = Σ4 w·x
+            let s = _mm512_dpbusd_epi32(c, u, x);
+            let p = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(s));
+            *acc = _mm512_add_ps(*acc, p);
+        }
+    }
+}
+
+/// Q4_0/Q5_0/Q8_0 weight row × activation rows `t0..t0 + R`: blocks in
+/// pairs, pairs alternating between the two accumulators of each row.
+///
+/// # Safety
+/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (with
+/// `Act::prepare_unsigned` done) and `wrow` has `act.nb` blocks.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn group_rows<const R: usize>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let nb = act.nb;
+    // a0: sets 0 | 1 (low | high 8 lanes), a1: sets 2 | 3.
+    let mut a0 = [_mm512_setzero_ps(); R];
+    let mut a1 = [_mm512_setzero_ps(); R];
+    let mut b = 0;
+    // SAFETY (all calls): the blocks named are < nb; the caller's contract.
+    unsafe {
+        while b + 4 <= nb {
+            group_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
+            group_pair::<R, true>(format, wrow, act, t0, b + 2, &mut a1);
+            b += 4;
+        }
+        match nb - b {
+            1 => group_pair::<R, false>(format, wrow, act, t0, b, &mut a0),
+            2 => group_pair::<R, true>(format, wrow, act, t0, b, &mut a0),
+            3 => {
+                group_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
+                group_pair::<R, false>(format, wrow, act, t0, b + 2, &mut a1);
+            }
+            _ => {}
+        }
+    }
+    for r in 0..R {
+        // combine::reduce_group: (set0 + set2) + (set1 + set3), then reduce8.
+        let v = _mm512_add_ps(a0[r], a1[r]);
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        res[r] = reduce8(_mm256_add_ps(lo, hi));
+    }
+}
+
+/// Q4_K weight row × activation rows `t0..t0 + R` (Q8_K).
+///
+/// # Safety
+/// As [`group_rows`] (Q8_K activations).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4k_rows<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
-    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
-        unpack_q6k_values(b, &mut q);
-        // SAFETY: 4 aligned 64-byte loads from the 256-byte, 64-aligned buffer.
-        let wv: [__m512i; 4] =
-            std::array::from_fn(|k| unsafe { _mm512_load_si512(q.0.as_ptr().add(64 * k).cast()) });
-        let (scv8, sc16) = q6k_scale_vectors(&b.scales);
-        let scv: [__m512i; 4] = std::array::from_fn(|k| join(scv8[2 * k], scv8[2 * k + 1]));
-        let d = f16_le(b.d);
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: as in `row_q4k`.
+    let sh = halves16(0, 4);
+    let lo4 = _mm512_set1_epi8(0xF);
+    let idx: [__m512i; 4] = std::array::from_fn(|k| index16(2 * k as i16, 16));
+    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        // Vector c: elements 64c..64c+64 (sub-blocks 2c and 2c+1).
+        let wv: [__m512i; 4] = std::array::from_fn(|c| {
+            // SAFETY: 32 bytes at 32c inside the 128-byte `qs`.
+            let z = unsafe { broadcast32(b.qs.as_ptr().add(32 * c)) };
+            _mm512_and_si512(_mm512_srlv_epi16(z, sh), lo4)
+        });
+        let (sc, mn) = q4k_scales_mins(&b.scales);
+        // SAFETY: 8 bytes from a [u8; 8].
+        let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(unsafe {
+            _mm_loadl_epi64(sc.as_ptr().cast())
+        }));
+        let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], sc16));
+        let mnv = q4k_mins16(mn);
+        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let row = t0 + r;
+            // SAFETY: row < m, super-block sb < nb: reads inside the activation buffers.
             unsafe {
-                let xq = qs.add(r * cols + sb * QK_K);
+                let xq = qs.add(row * cols + sb * QK_K);
                 let mut s = _mm512_setzero_si512();
                 for k in 0..4 {
                     let x = _mm512_loadu_si512(xq.add(64 * k).cast());
                     s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[k], x), scv[k]);
                 }
-                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
+                let bsv = _mm256_loadu_si256(bsums.add((row * nb + sb) * 16).cast());
+                let mm = _mm256_madd_epi16(bsv, mnv);
+                let dx = *ds.add(row * nb + sb);
+                *acc = q4k_float(*acc, d * dx, dmin * dx, fold(s), mm);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        res[r] = reduce8(*acc);
+    }
+}
+
+/// Q6_K weight row × activation rows `t0..t0 + R` (Q8_K).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_rows<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
+    let (cols, nb) = (act.cols, act.nb);
+    let lo4 = _mm512_set1_epi8(0xF);
+    let m30 = _mm512_set1_epi8(0x30);
+    // High bits to bit 4..6: element groups 0, 1, 2, 3 of a 128-element half
+    // take qh bits 0-1 (<< 4), 2-3 (<< 2), 4-5 (as is), 6-7 (>> 2).
+    let shl = halves16(4, 2);
+    let shr = halves16(0, 2);
+    let idx: [__m512i; 4] = std::array::from_fn(|k| index16(4 * k as i16, 8));
+    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            // SAFETY: 64 bytes at 64h inside the 128-byte `ql`; 32 bytes at
+            // 32h inside the 64-byte `qh`.
+            let (l, q) = unsafe {
+                (
+                    _mm512_loadu_si512(b.ql.as_ptr().add(64 * h).cast()),
+                    broadcast32(b.qh.as_ptr().add(32 * h)),
+                )
+            };
+            wv[2 * h] = _mm512_or_si512(
+                _mm512_and_si512(l, lo4),
+                _mm512_and_si512(_mm512_sllv_epi16(q, shl), m30),
+            );
+            wv[2 * h + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(l), lo4),
+                _mm512_and_si512(_mm512_srlv_epi16(q, shr), m30),
+            );
+        }
+        // SAFETY: 16 bytes from a [i8; 16].
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr().cast()) });
+        let scz = _mm512_castsi256_si512(sc16);
+        let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], scz));
+        let d = f16_le(b.d);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let row = t0 + r;
+            // SAFETY: as in `q4k_rows`.
+            unsafe {
+                let xq = qs.add(row * cols + sb * QK_K);
+                let mut s = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let x = _mm512_loadu_si512(xq.add(64 * k).cast());
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[k], x), scv[k]);
+                }
+                let bsv = _mm256_loadu_si256(bsums.add((row * nb + sb) * 16).cast());
                 let corr = _mm256_madd_epi16(bsv, sc16);
                 let s = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<5>(corr));
-                let dx = *ds.add(r * nb + sb);
+                let dx = *ds.add(row * nb + sb);
                 *acc = q6k_float(*acc, d * dx, s);
             }
         }
     }
-    for t in 0..tn {
-        res[t] = reduce8(acc[t]);
+    for (r, acc) in acc.iter().enumerate() {
+        res[r] = reduce8(*acc);
     }
 }

@@ -1,0 +1,253 @@
+//! Where one decode step of a real model spends its time.
+//!
+//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C]`
+//!
+//! Loads the model once, prefills `C` tokens (default 128), then:
+//! - times `N` one-token decode steps (`forward` of 1 token, cache truncated
+//!   back after each) and one forward over k = 5 and k = 9 tokens (`c(k)`);
+//! - times every matmul of one step on its own (`quant::matmul` with m = 1 on
+//!   the layer's weights, summed over layers) and the output head, so the
+//!   remainder (attention, norms, RoPE, SiLU, embedding, allocation) is the
+//!   step time minus the matmuls.
+//!
+//! Medians of repeated runs; threads: rayon's global pool (`RAYON_NUM_THREADS`);
+//! kernel path: `TANDEM_ISA`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tandem_model::gguf::GgufFile;
+use tandem_model::quant::{self, Isa, QMatrix};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+
+fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/tandem/models")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+}
+
+/// CPU time of all threads of this process so far, in seconds
+/// (`CLOCK_PROCESS_CPUTIME_ID`). Unlike wall time it does not grow while other
+/// processes hold the cores, so it compares runs on a loaded machine.
+fn cpu_seconds() -> f64 {
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec; Linux x86-64/aarch64 layout.
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Median wall seconds of `reps` calls of `f` after one warm-up; the median
+/// CPU seconds per call go to `cpu`.
+fn time_cpu(reps: usize, cpu: &mut f64, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut wall = Vec::new();
+    let mut cpus = Vec::new();
+    for _ in 0..reps {
+        let (t, c) = (Instant::now(), cpu_seconds());
+        f();
+        wall.push(t.elapsed().as_secs_f64());
+        cpus.push(cpu_seconds() - c);
+    }
+    *cpu = median(cpus);
+    median(wall)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let which = args
+        .iter()
+        .find(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
+        .map(String::as_str)
+        .unwrap_or("draft");
+    let num = |flag: &str, default: usize| -> usize {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|p| args.get(p + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let steps = num("--steps", 16);
+    let ctx = num("--ctx", 128);
+    let file = match which {
+        "draft" => "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "target" => "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        other => return Err(format!("unknown model {other} (draft|target)").into()),
+    };
+    let path = models_dir().join(file);
+    let model = Qwen2Model::load(&path, LoadOptions::default())?;
+    let cfg = model.config().clone();
+    println!(
+        "{which}: {} layers d={} ff={} vocab={}  threads {}  isa {}  load {:?}",
+        cfg.n_layer,
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.vocab,
+        rayon::current_num_threads(),
+        Isa::selected(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+
+    // Whole steps.
+    let prompt: Vec<u32> = (0..ctx as u32).map(|i| 1000 + i * 37 % 5000).collect();
+    let mut cache = model.new_cache();
+    model.forward_last(&prompt, 0, &mut cache)?;
+    let mut step_k = |k: usize, reps: usize| -> (f64, f64) {
+        let toks: Vec<u32> = (0..k as u32).map(|i| 2000 + i).collect();
+        let mut cpu = 0.0;
+        let wall = time_cpu(reps, &mut cpu, || {
+            cache.truncate(ctx);
+            let l = model.forward(&toks, ctx, &mut cache).expect("forward");
+            std::hint::black_box(l);
+        });
+        (wall, cpu)
+    };
+    let (t1, c1) = step_k(1, steps);
+    let (t5, c5) = step_k(5, steps.div_ceil(2));
+    let (t9, c9) = step_k(9, steps.div_ceil(2));
+    println!(
+        "cpu time: step {:.2} ms  k=5 {:.2} ms c(5)={:.2}  k=9 {:.2} ms c(9)={:.2}",
+        c1 * 1e3,
+        c5 * 1e3,
+        c5 / c1,
+        c9 * 1e3,
+        c9 / c1
+    );
+    println!(
+        "decode step {:.2} ms ({:.1} tok/s)   forward k=5 {:.2} ms c(5)={:.2}   k=9 {:.2} ms c(9)={:.2}",
+        t1 * 1e3,
+        1.0 / t1,
+        t5 * 1e3,
+        t5 / t1,
+        t9 * 1e3,
+        t9 / t1
+    );
+
+    if args.iter().any(|a| a == "--steps-only") {
+        return Ok(());
+    }
+    // Matmuls of one step in the order a step runs them (each weight read once
+    // per pass, as in a real step: the weights do not stay in cache), timed
+    // one by one and summed per kind.
+    let g = GgufFile::open(&path)?;
+    let names = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let head_name = if g.entry("output.weight").is_ok() {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let mut mats: Vec<(usize, QMatrix)> = Vec::new();
+    for l in 0..cfg.n_layer {
+        for (i, n) in names.iter().enumerate() {
+            mats.push((i, g.matrix(&format!("blk.{l}.{n}.weight"))?));
+        }
+    }
+    mats.push((names.len(), g.matrix(head_name)?));
+    let xs: Vec<Vec<f32>> = mats
+        .iter()
+        .map(|(_, w)| {
+            (0..w.cols)
+                .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
+                .collect()
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = mats.iter().map(|(_, w)| vec![0f32; w.rows]).collect();
+    let kinds = names.len() + 1;
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); kinds];
+    let mut cpu_samples: Vec<Vec<f64>> = vec![Vec::new(); kinds];
+    let mut pass_times = Vec::new();
+    for pass in 0..=steps {
+        let mut per = vec![0f64; kinds];
+        let mut per_cpu = vec![0f64; kinds];
+        let tp = Instant::now();
+        for (((kind, w), x), out) in mats.iter().zip(&xs).zip(outs.iter_mut()) {
+            let c = cpu_seconds();
+            let t = Instant::now();
+            quant::matmul(w, x, 1, out);
+            per[*kind] += t.elapsed().as_secs_f64();
+            per_cpu[*kind] += cpu_seconds() - c;
+        }
+        if pass > 0 {
+            pass_times.push(tp.elapsed().as_secs_f64());
+            for (s, p) in samples.iter_mut().zip(per) {
+                s.push(p);
+            }
+            for (s, p) in cpu_samples.iter_mut().zip(per_cpu) {
+                s.push(p);
+            }
+        }
+    }
+    println!(
+        "{:<12} {:>9} {:>12} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "matrix", "format", "rows x cols", "MB/step", "ms/step", "GB/s", "% step", "cpu ms"
+    );
+    let mut total_mm = 0.0;
+    for (kind, (s, cs)) in samples.into_iter().zip(cpu_samples).enumerate() {
+        let sel: Vec<&QMatrix> = mats
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, w)| w)
+            .collect();
+        let bytes: usize = sel.iter().map(|w| w.data.len()).sum();
+        let mut fmts: Vec<String> = sel.iter().map(|w| format!("{:?}", w.format)).collect();
+        fmts.sort();
+        fmts.dedup();
+        let t = median(s);
+        total_mm += t;
+        println!(
+            "{:<12} {:>9} {:>12} {:>9.1} {:>9.3} {:>7.1} {:>6.1}% {:>9.3}",
+            names.get(kind).copied().unwrap_or("head"),
+            fmts.join("/"),
+            format!("{}x{}", sel[0].rows, sel[0].cols),
+            bytes as f64 / 1e6,
+            t * 1e3,
+            bytes as f64 / t / 1e9,
+            100.0 * t / t1,
+            median(cs) * 1e3
+        );
+    }
+    let total_bytes: usize = mats.iter().map(|(_, w)| w.data.len()).sum();
+    let tp = median(pass_times);
+    println!(
+        "matmul pass {:.2} ms ({:.1} GB/s; sum of medians {:.2} ms = {:.1}% of the step)   rest of the step {:.2} ms",
+        tp * 1e3,
+        total_bytes as f64 / tp / 1e9,
+        total_mm * 1e3,
+        100.0 * total_mm / t1,
+        (t1 - tp) * 1e3
+    );
+    Ok(())
+}
