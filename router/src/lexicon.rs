@@ -139,15 +139,15 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
         )
     });
     let mut out = Vec::new();
-    let han_markers = ['号', '室', '小', '花', '公', '新', '家'];
-    if let Some(zh) = zh.as_ref().filter(|_| text.contains(han_markers)) {
+    let (zh_gate, en_gate) = address_gates(text);
+    if let Some(zh) = zh.as_ref().filter(|_| zh_gate) {
         out.extend(zh.find_iter(text).map(|m| CategoryHit {
             category: "location".to_string(),
             start: m.start(),
             end: m.end(),
         }));
     }
-    if let Some(en) = en {
+    if let Some(en) = en.as_ref().filter(|_| en_gate) {
         out.extend(en.find_iter(text).map(|m| CategoryHit {
             category: "location".to_string(),
             start: m.start(),
@@ -155,6 +155,61 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
         }));
     }
     out
+}
+
+/// Cheap necessary conditions for [`address_hits`], found in one pass:
+/// every Chinese form needs a number followed by 号/弄/巷 or a residential
+/// complex word; every English form a capitalised street word.
+fn address_gates(text: &str) -> (bool, bool) {
+    static GATE: OnceLock<Option<(AhoCorasick, usize)>> = OnceLock::new();
+    let Some((ac, n_zh)) = GATE
+        .get_or_init(|| {
+            let mut zh: Vec<String> = Vec::new();
+            for d in ('0'..='9').chain('０'..='９') {
+                for unit in ['号', '弄', '巷'] {
+                    zh.push(format!("{d}{unit}"));
+                }
+            }
+            zh.extend(["小区", "花园", "公寓", "新村", "家园"].map(String::from));
+            let en = [
+                " St",
+                " Street",
+                " Ave",
+                " Rd",
+                " Road",
+                " Blvd",
+                " Boulevard",
+                " Ln",
+                " Lane",
+                " Way",
+                " Ct",
+                " Court",
+                " Pl",
+                " Terrace",
+                " Crescent",
+                " Hwy",
+                " Highway",
+            ];
+            let n_zh = zh.len();
+            let all: Vec<String> = zh.into_iter().chain(en.map(String::from)).collect();
+            AhoCorasick::new(&all).ok().map(|ac| (ac, n_zh))
+        })
+        .as_ref()
+    else {
+        return (true, true);
+    };
+    let (mut zh, mut en) = (false, false);
+    for m in ac.find_iter(text) {
+        if m.pattern().as_usize() < *n_zh {
+            zh = true;
+        } else {
+            en = true;
+        }
+        if zh && en {
+            break;
+        }
+    }
+    (zh, en)
 }
 
 #[cfg(test)]

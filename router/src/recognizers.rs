@@ -562,29 +562,11 @@ fn is_han(c: char) -> bool {
     ('\u{4e00}'..='\u{9fff}').contains(&c) || ('\u{3400}'..='\u{4dbf}').contains(&c)
 }
 
-/// A CN mobile number (optionally `+86`, separators) starting at `at`, not
-/// followed by another digit or letter: its end.
-fn cn_mobile_at(text: &str, at: usize) -> Option<usize> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = RE
-        .get_or_init(|| {
-            Regex::new(r"^(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9](?:[ -]?[0-9]{4}){2}").ok()
-        })
-        .as_ref()?;
-    let m = re.find(&text[at..])?;
-    let end = at + m.end();
-    (end >= text.len() || bounded(text, at, end)).then_some(end)
-}
-
-/// `王建国 13700001111`: group 1 is a name directly followed by a CN mobile.
-fn check_cn_name_before_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
-    let (ns, ne) = name_before(text, e)?;
-    if ns != s || ne != e {
-        return None;
-    }
-    let after = e + (text[e..].len() - text[e..].trim_start_matches(is_record_sep).len());
-    cn_mobile_at(text, after)?;
-    sc(s, e, 0.7)
+/// `王建国 13700001111`: the match is the CN mobile number; the hit is the
+/// name right before it.
+fn check_cn_name_before_phone(text: &str, s: usize, _e: usize) -> Option<Scored> {
+    let (ns, ne) = name_before(text, s)?;
+    sc(ns, ne, 0.7)
 }
 
 fn digit_count(s: &str) -> usize {
@@ -997,6 +979,21 @@ fn check_password_literal(text: &str, s: usize, e: usize) -> Option<Scored> {
     sc(s, e, score)
 }
 
+/// `curl -u user:pw`: the flag must stand alone (`-u` not inside `--run`).
+fn check_user_flag_password(text: &str, s: usize, e: usize) -> Option<Scored> {
+    let head = &text[floor_boundary(text, s.saturating_sub(200))..s];
+    let flag = head.rfind("-u").max(head.rfind("--user"))?;
+    let flag = if head[..flag].ends_with('-') {
+        flag - 1
+    } else {
+        flag
+    };
+    if flag > 0 && !head[..flag].ends_with(char::is_whitespace) {
+        return None;
+    }
+    check_password_literal(text, s, e)
+}
+
 fn check_url_password(text: &str, s: usize, e: usize) -> Option<Scored> {
     let v = &text[s..e];
     let l = v.to_lowercase();
@@ -1375,8 +1372,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         group: 1,
         bounded: false,
         ..secret(
-            r#"(?:^|\s)(?:-u|--user)\s+["']?[^\s:"'$]+:([^\s"']{4,})"#,
-            check_password_literal,
+            r#"(?:-u|--user)\s+["']?[^\s:"'$]+:([^\s"']{4,})"#,
+            check_user_flag_password,
         )
     });
     v.push(Pattern {
@@ -1407,15 +1404,14 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             0.0,
         )
     });
-    // A contact record: a name directly followed by a CN mobile number.
+    // A contact record: a name directly followed by a CN mobile number (the
+    // regex finds the number, the check returns the name before it).
     v.push(
         Pattern {
-            group: 1,
-            bounded: false,
             penalize_negative: false,
             ..pat(
                 PersonName,
-                r"(?:^|[^\p{Han}])(\p{Han}{2,4})[ \t,，:：、/]*(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9]",
+                r"(?:\+86[ -]?|0086[ -]?)?1[3-9][0-9](?:[ -]?[0-9]{4}){2}",
                 check_cn_name_before_phone,
                 &[],
                 0.0,
