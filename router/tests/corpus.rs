@@ -270,6 +270,14 @@ fn corpus_precision_recall() {
         .iter()
         .filter(|c| c.id.starts_with("holdout2-"))
         .collect();
+    let main: Vec<&Case> = cases
+        .iter()
+        .filter(|c| !c.id.starts_with("holdout"))
+        .collect();
+    print_report(
+        "main corpus (generated, hand-written)",
+        &evaluate(&policy, &main),
+    );
     let r = evaluate(&policy, &tuned);
     print_report("tuned corpus (generated, hand-written, holdout)", &r);
     let h = evaluate(&policy, &holdout);
@@ -310,14 +318,14 @@ fn corpus_precision_recall() {
     // fails the test.
     for (k, c) in ent {
         assert!(c.precision() >= 0.95, "{k} precision {:.3}", c.precision());
-        assert!(c.recall() >= 0.9, "{k} recall {:.3}", c.recall());
+        assert!(c.recall() >= 0.95, "{k} recall {:.3}", c.recall());
     }
     assert!(
         all.precision() >= 0.95,
         "overall precision {:.3}",
         all.precision()
     );
-    assert!(all.recall() >= 0.97, "overall recall {:.3}", all.recall());
+    assert!(all.recall() >= 0.99, "overall recall {:.3}", all.recall());
     for (k, c) in cat {
         assert!(
             c.precision() >= 0.8,
@@ -326,5 +334,5 @@ fn corpus_precision_recall() {
         );
         assert!(c.recall() >= 0.8, "category {k} recall {:.3}", c.recall());
     }
-    assert!(acc >= 0.97, "decision accuracy {acc:.3}");
+    assert!(acc >= 0.99, "decision accuracy {acc:.3}");
 }
