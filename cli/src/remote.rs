@@ -50,9 +50,13 @@ pub struct RemoteArgs {
     pub tls_domain: Option<String>,
     /// Privacy policy (TOML; docs/privacy.md): the router decides before any
     /// verifier session; a `local` prompt is answered by the draft alone and
-    /// nothing is sent.
+    /// nothing is sent. Without it the built-in default policy decides.
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// Send the prompt to the verifier without asking the privacy router
+    /// (e.g. for benchmarks on known-clean prompts). Off by default.
+    #[arg(long, conflicts_with = "policy")]
+    pub no_privacy_router: bool,
 }
 
 impl RemoteArgs {
@@ -154,7 +158,9 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         ..gen
     };
     let url = cfg.verifier_url.clone();
-    let routed = router.is_some();
+    // Privacy by default: whenever a verifier could be contacted, the router
+    // (the given policy, else the built-in one) decides first.
+    let routed = url.is_some() && !args.remote.no_privacy_router;
     let router = Arc::new(router.unwrap_or_else(Router::with_default_policy));
     let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
     let mut edge = RoutedRuntime::new(edge, router, tok.clone());

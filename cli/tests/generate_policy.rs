@@ -126,3 +126,48 @@ fn a_clean_prompt_goes_to_the_verifier_and_a_broken_policy_is_refused() {
         .unwrap()
         .contains("--policy decides"));
 }
+
+#[test]
+fn without_policy_the_built_in_one_decides_and_opting_out_is_explicit() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let prompt = format!("我的身份证号是{ID}，帮我写个请假条");
+    let run = |extra: &[&str]| {
+        let out = tandem()
+            .args(["generate", "--json", "--verifier", &url])
+            .args(["--max-tokens", "4", "--prompt", &prompt])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // No --policy: the built-in default policy still keeps an ID number local.
+    let j = run(&[]);
+    assert_eq!(j["route"]["decision"]["action"], "local", "{j}");
+    assert_eq!(j["stats"]["bytes_sent"], 0);
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the built-in policy let a connection through"
+    );
+    // --no-privacy-router: the router is not asked, the device does connect
+    // (the connection is accepted and dropped, so the edge gives up fast).
+    listener.set_nonblocking(false).unwrap();
+    let acceptor = std::thread::spawn(move || listener.accept().is_ok());
+    let j = run(&["--no-privacy-router"]);
+    assert_eq!(j["route"], serde_json::Value::Null, "{j}");
+    assert!(
+        acceptor.join().unwrap(),
+        "--no-privacy-router should have tried the verifier"
+    );
+    // The opt-out and a policy contradict each other.
+    let out = tandem()
+        .args(["generate", "--verifier", &url, "--prompt", "x"])
+        .args(["--no-privacy-router", "--policy"])
+        .arg(policy())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
