@@ -1,6 +1,6 @@
 //! Where one decode step of a real model spends its time.
 //!
-//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C]`
+//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C] [--steps-only] [--only-k K]`
 //!
 //! Loads the model once, prefills `C` tokens (default 128), then:
 //! - times `N` one-token decode steps (`forward` of 1 token, cache truncated
@@ -127,6 +127,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         (wall, cpu)
     };
+    if let Some(k) = args
+        .iter()
+        .position(|a| a == "--only-k")
+        .and_then(|p| args.get(p + 1))
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // One block size only (for a profiler).
+        let (t, c) = step_k(k, steps);
+        println!(
+            "forward k={k}: {:.2} ms wall, {:.2} ms cpu",
+            t * 1e3,
+            c * 1e3
+        );
+        return Ok(());
+    }
     let (t1, c1) = step_k(1, steps);
     let (t5, c5) = step_k(5, steps.div_ceil(2));
     let (t9, c9) = step_k(9, steps.div_ceil(2));

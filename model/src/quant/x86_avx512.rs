@@ -81,9 +81,11 @@ unsafe fn broadcast32(p: *const u8) -> __m512i {
 /// Run `kernel::<R>` over the tile's rows in passes of at most [`MAX_R`].
 macro_rules! passes {
     ($kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr) => {{
+        // Passes of near-equal size (9 rows: 5 + 4, not 8 + 1).
+        let passes = $tn.div_ceil(MAX_R);
         let mut t = 0;
-        while t < $tn {
-            let r = ($tn - t).min(MAX_R);
+        for p in 0..passes {
+            let r = ($tn - t).div_ceil(passes - p);
             let out = &mut $res[t..];
             let t1 = $t0 + t;
             // SAFETY: the caller's contract (CPU features, rows inside `act`).
