@@ -5,69 +5,25 @@
 //! model's own greedy output. The real 0.5B/1.5B pair is in `edge_e2e_real.rs`.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::{start_verifier, statuses, tandem, Verifier, VerifierSpec};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 const TOKEN: &str = "edge-cli-token-0123456789";
 const PROMPT: &str = "Write a Rust function that returns the larger of two i32 values.";
 
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
-fn model_path(role: &str) -> PathBuf {
-    let out = tandem().args(["models", "path", role]).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-/// A `tandem serve-verifier` child; killed on drop.
-struct Verifier {
-    child: Child,
-    grpc: String,
-}
-
-impl Drop for Verifier {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn verifier(dir: &Path, extra_top: &str, limits: &str) -> Verifier {
-    let cfg = dir.join(format!("verifier-{}.toml", rand_suffix()));
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
-             max_seq_len = 1024\n{extra_top}\n\n[[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n\n\
-             [limits]\nmax_prompt_tokens = 1000\n{limits}\n",
-            model_path("draft")
-        ),
-    )
-    .unwrap();
-    let mut child = tandem()
-        .args(["serve-verifier", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.starts_with("serving grpc="),
-        "verifier did not start: {line:?}"
-    );
-    let grpc = line["serving grpc=".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
-    Verifier { child, grpc }
+    let spec = VerifierSpec {
+        listen: "127.0.0.1:0".into(),
+        model: "draft",
+        token: TOKEN,
+        extra_top,
+        limits,
+    };
+    start_verifier(dir, &spec)
 }
 
 fn rand_suffix() -> u128 {
@@ -120,15 +76,6 @@ fn draft_only(max_tokens: &str) -> serde_json::Value {
         ],
         &[],
     ))
-}
-
-fn statuses(j: &serde_json::Value) -> Vec<String> {
-    j["status"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
 }
 
 #[test]

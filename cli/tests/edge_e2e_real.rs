@@ -8,11 +8,15 @@
 //! went provisional, so they hold however fast or slow the machine is.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+mod common;
+
+use common::{start_verifier, statuses, tandem, Verifier, VerifierSpec};
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -23,19 +27,9 @@ const PROMPTS: [&str; 2] = [
     "Write a Python function that reverses a list in place.",
 ];
 
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn model_path(role: &str) -> PathBuf {
-    let out = tandem().args(["models", "path", role]).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// Target-only outputs by (prompt, max_tokens).
@@ -75,65 +69,21 @@ fn ids(j: &serde_json::Value) -> Vec<u64> {
         .collect()
 }
 
-fn statuses(j: &serde_json::Value) -> Vec<String> {
-    j["status"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
-}
-
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
 
-/// A `tandem serve-verifier` child with the real target; SIGKILLed on drop.
-struct Verifier {
-    child: Child,
-    grpc: String,
-    admin: String,
-}
-
-impl Drop for Verifier {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// A `tandem serve-verifier` child with the real 1.5B target on `port` (0: any).
 fn verifier(dir: &Path, port: u16, limits: &str) -> Verifier {
-    let cfg = dir.join(format!("verifier-{port}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
-             max_seq_len = 1024\ninsecure_loopback = true\n\n[[devices]]\nid = \"dev\"\n\
-             token = \"{TOKEN}\"\n\n[limits]\nmax_prompt_tokens = 1000\n{limits}\n",
-            model_path("target")
-        ),
-    )
-    .unwrap();
-    let mut child = tandem()
-        .args(["serve-verifier", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.starts_with("serving grpc="),
-        "verifier did not start: {line:?}"
-    );
-    let mut parts = line.split_whitespace().skip(1);
-    let grpc = parts.next().unwrap()["grpc=".len()..].to_string();
-    let admin = parts.next().unwrap()["admin=".len()..].to_string();
-    Verifier { child, grpc, admin }
+    let spec = VerifierSpec {
+        listen: format!("127.0.0.1:{port}"),
+        model: "target",
+        token: TOKEN,
+        extra_top: "insecure_loopback = true",
+        limits,
+    };
+    start_verifier(dir, &spec)
 }
 
 /// One counter from the verifier's Prometheus `/metrics`.
