@@ -48,6 +48,12 @@ def main(argv):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--ks", default="1,2,3,5,9,17")
+    ap.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="load without llama.cpp's extra buffer types (AMX, weight repacking); "
+        "a workaround for builds whose AMX path crashes",
+    )
     a = ap.parse_args(argv)
 
     prompt = [int(x) for x in a.prompt_ids.split(",") if x]
@@ -61,6 +67,19 @@ def main(argv):
 
     import llama_cpp
     import numpy as np
+
+    if a.no_extra_bufts:
+        # Llama() takes its model params from llama_model_default_params();
+        # there is no keyword for use_extra_bufts in llama-cpp-python 0.3.x.
+        default_params = llama_cpp.llama_model_default_params
+
+        def params_without_extra_bufts():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = params_without_extra_bufts
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params_without_extra_bufts
 
     n = len(prompt)
     n_ctx = n + max(a.decode_tokens, max(ks)) + 8
@@ -117,7 +136,9 @@ def main(argv):
 
     one = statistics.median(verify_ms[0])
     out = {
-        "version": "llama-cpp-python " + getattr(llama_cpp, "__version__", "?"),
+        "version": "llama-cpp-python "
+        + getattr(llama_cpp, "__version__", "?")
+        + (" (extra buffer types off)" if a.no_extra_bufts else ""),
         "threads": a.threads,
         "load_ms": load_ms,
         "prefill_tokens": n,

@@ -315,16 +315,29 @@ fn measure(
             if !llama_ok {
                 return Ok(None);
             }
-            let mut c = Command::new(&args.python);
-            c.args(["-c", LLAMA_CPP_SCRIPT])
-                .arg("--model")
-                .arg(path)
-                .args(["--threads", &res.threads.to_string()])
-                .args(["--repeats", &res.repeats.to_string()])
-                .args(["--decode-tokens", &res.decode_tokens.to_string()])
-                .args(["--ks", &ids_csv(&VERIFY_KS.map(|k| k as u32))])
-                .args(["--prompt-ids", &ids_csv(prompt)]);
-            c
+            let llama = |extra: &[&str]| {
+                let mut c = Command::new(&args.python);
+                c.args(["-c", LLAMA_CPP_SCRIPT])
+                    .arg("--model")
+                    .arg(path)
+                    .args(["--threads", &res.threads.to_string()])
+                    .args(["--repeats", &res.repeats.to_string()])
+                    .args(["--decode-tokens", &res.decode_tokens.to_string()])
+                    .args(["--ks", &ids_csv(&VERIFY_KS.map(|k| k as u32))])
+                    .args(["--prompt-ids", &ids_csv(prompt)])
+                    .args(extra);
+                c
+            };
+            // Native builds on AVX-512/AMX CPUs can crash in ggml's AMX matmul
+            // (seen in KVM guests): measure again without the extra buffer
+            // types, and say so in the engine's version string.
+            return match run_child(llama(&[]), &what) {
+                Err(e) if format!("{e:#}").contains("SIGSEGV") => {
+                    eprintln!("bench: {what} crashed ({e:#}); again without llama.cpp's extra buffer types (AMX, repacking)");
+                    run_child(llama(&["--no-extra-bufts"]), &what).map(Some)
+                }
+                r => r.map(Some),
+            };
         }
     };
     run_child(cmd, &what).map(Some)
