@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{start_verifier, statuses, tandem, Verifier, VerifierSpec};
+use common::{first_stdout_line, start_verifier, statuses, tandem, Verifier, VerifierSpec};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -140,10 +140,7 @@ fn netsim(upstream: &str, profile: &str) -> Netsim {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = first_stdout_line(&mut child);
     let addr = line
         .trim()
         .strip_prefix("listening on ")

@@ -1,7 +1,10 @@
 //! `tandem serve-verifier`: the built binary with a tiny target model.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::first_stdout_line;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
@@ -31,10 +34,7 @@ fn serves_health_and_metrics_then_stops_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = first_stdout_line(&mut child);
     assert!(line.starts_with("serving grpc=127.0.0.1:"), "{line}");
     let admin = line.trim().rsplit("admin=").next().unwrap().to_string();
     let mut s = std::net::TcpStream::connect(&admin).unwrap();

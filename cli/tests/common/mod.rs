@@ -76,10 +76,7 @@ pub fn start_verifier(dir: &Path, spec: &VerifierSpec) -> Verifier {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = first_stdout_line(&mut child);
     assert!(
         line.starts_with("serving grpc="),
         "verifier did not start: {line:?}"
@@ -88,6 +85,16 @@ pub fn start_verifier(dir: &Path, spec: &VerifierSpec) -> Verifier {
     let grpc = parts.next().unwrap()["grpc=".len()..].to_string();
     let admin = parts.next().unwrap()["admin=".len()..].to_string();
     Verifier { child, grpc, admin }
+}
+
+/// The first line a child prints on its (piped) stdout: the address line that
+/// `serve-verifier` and `netsim` print once they listen.
+pub fn first_stdout_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line
 }
 
 /// The per-token `status` array of a `generate --json` object.
