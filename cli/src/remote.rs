@@ -122,7 +122,8 @@ pub struct RemoteJson {
     pub session_id: Option<String>,
     pub stats: EdgeStats,
     pub provisional: ProvisionalReport,
-    /// With --policy: the router's decision (rule, entity spans; no text).
+    /// The privacy router's decision (rule, entity spans; no text); absent with
+    /// --no-privacy-router or without a verifier URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<RoutedDecision>,
 }
