@@ -1,0 +1,350 @@
+//! The C program `examples/c/tandem_example.c`, compiled with `cc` from PATH
+//! (or `$CC`) against the `libtandem_capi` cdylib that cargo built next to this
+//! test, run as a user would run it, on the real draft model:
+//!
+//! * local mode (no verifier): the text equals the draft model's own greedy
+//!   output, every piece `local`;
+//! * against a loopback verifier (in-process `tandem_verifier::start`, real
+//!   1.5B target): the text equals the target's own greedy output, every
+//!   piece `verified`; a prompt with an ID number stays on the device (the
+//!   verifier opens no session) and the JSON says which rule and entity type;
+//! * cancel from a second thread (and BUSY for a concurrent generation);
+//! * bad input: missing config, bad TOML, missing model -> code + message,
+//!   exit 2, no crash.
+//!
+//! Generations are at most 16 tokens. The tests take a lock (one model run at
+//! a time on 2 cores).
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+
+const N: usize = 16;
+const PROMPT: &str = "Write a Python function that adds two numbers.";
+const TOKEN: &str = "capi-test-device-token-0123456789";
+
+fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn draft_path() -> PathBuf {
+    tandem_fetch::model_path(tandem_fetch::ModelRole::Draft)
+}
+
+/// The directory holding `libtandem_capi.so` (`target/<profile>`): this test
+/// binary lives in `target/<profile>/deps`.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = format!(
+        "{}tandem_capi{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    // deps/ first: `cargo test` refreshes the cdylib there (the copy one level
+    // up is only updated by `cargo build`).
+    for d in [deps, deps.parent().unwrap()] {
+        if d.join(&name).exists() {
+            return d.to_path_buf();
+        }
+    }
+    panic!("{name} not found next to {}", exe.display());
+}
+
+/// Compiles the example once per test process.
+fn program() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tandem_example");
+        let lib = lib_dir();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let o = Command::new(&cc)
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
+            .arg("-I")
+            .arg(root.join("capi/include"))
+            .arg(root.join("examples/c/tandem_example.c"))
+            .arg("-o")
+            .arg(&out)
+            .arg("-L")
+            .arg(&lib)
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .args(["-ltandem_capi", "-lpthread"])
+            .output()
+            .unwrap_or_else(|e| panic!("running the C compiler {cc:?}: {e}"));
+        assert!(
+            o.status.success(),
+            "cc failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+fn run(config: &Path, prompt: &str, max_tokens: usize, extra: &[&str]) -> Output {
+    Command::new(program())
+        .arg(config)
+        .arg(prompt)
+        .arg(max_tokens.to_string())
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// A successful run's stdout lines.
+struct Report {
+    text: String,
+    pieces: String,
+    stats: String,
+    json: serde_json::Value,
+    rest: String,
+}
+
+fn report(o: &Output) -> Report {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "program failed: {o:?}\n{err}");
+    let line = |p: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p:?} line in {out}"))
+            .to_string()
+    };
+    let hex = line("text_hex ");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    Report {
+        text: String::from_utf8(bytes).unwrap(),
+        pieces: line("pieces "),
+        stats: line("stats "),
+        json: serde_json::from_str(&line("json ")).unwrap(),
+        rest: out,
+    }
+}
+
+fn stat(stats: &str, key: &str) -> f64 {
+    stats
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {stats}"))
+        .parse()
+        .unwrap()
+}
+
+/// Greedy output of `model` alone for the chat prompt, decoded.
+fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize) -> String {
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode_chat(&[ChatMessage::user(prompt)], true).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens: n,
+        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        ..GenerateConfig::default()
+    };
+    let g = generate_single(model, &ids, &cfg, &mut |_| true).unwrap();
+    tok.decode(&g.tokens, true).unwrap()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn local_config(dir: &Path) -> PathBuf {
+    write(
+        dir,
+        "local.toml",
+        &format!("draft_model = {:?}\nmax_seq_len = 512\n", draft_path()),
+    )
+}
+
+#[test]
+fn local_mode_streams_the_drafts_own_greedy_output() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let r = report(&run(&local_config(dir.path()), PROMPT, N, &[]));
+    let draft = Qwen2Model::load(draft_path(), LoadOptions { max_seq_len: 512 }).unwrap();
+    assert_eq!(r.text, greedy_text(&draft, PROMPT, N));
+    assert!(!r.text.is_empty());
+    assert!(r.stats.contains("route=local_no_verifier"), "{}", r.stats);
+    assert_eq!(stat(&r.stats, "generated"), N as f64, "{}", r.stats);
+    assert_eq!(stat(&r.stats, "local"), N as f64);
+    assert_eq!(stat(&r.stats, "verified"), 0.0);
+    assert!(
+        r.pieces.contains("verified=0 provisional=0"),
+        "{}",
+        r.pieces
+    );
+    assert!(!r.pieces.contains("local=0"), "{}", r.pieces);
+    assert_eq!(r.json["route"], "local_no_verifier");
+    assert_eq!(r.json["stats"]["local_tokens"], N);
+    assert!(r.json.get("decision").is_none(), "{}", r.json);
+    assert!(r.rest.starts_with("version 0.1.0\n"), "{}", r.rest);
+    eprintln!("local mode: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn cancel_from_another_thread_stops_the_generation() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        &local_config(dir.path()),
+        PROMPT,
+        64,
+        &["--cancel-after", "3"],
+    );
+    let r = report(&o);
+    assert!(r.stats.contains("stop=cancelled"), "{}", r.stats);
+    // The callback waits at its 3rd piece until the other thread cancelled;
+    // the runtime stops right after that token.
+    let generated = stat(&r.stats, "generated");
+    assert!((3.0..=4.0).contains(&generated), "{}", r.stats);
+    assert!(r.pieces.contains("local=3"), "{}", r.pieces);
+    assert!(
+        r.rest
+            .contains("cancel busy=BUSY stats_during=NO_GENERATION"),
+        "{}",
+        r.rest
+    );
+    eprintln!("cancel: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn bad_input_gives_a_code_and_a_message() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let err = |o: &Output| {
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let missing = dir.path().join("nope.toml");
+    let e = err(&run(&missing, PROMPT, 4, &[]));
+    assert!(e.contains("error IO: reading the config"), "{e}");
+    assert!(e.contains("nope.toml"), "{e}");
+
+    let bad = write(dir.path(), "bad.toml", "max_tokenz = 3\n");
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("max_tokenz"),
+        "{e}"
+    );
+
+    let bad = write(dir.path(), "k.toml", "[edge]\nk = 99\n");
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("k must be"),
+        "{e}"
+    );
+
+    let bad = write(dir.path(), "model.toml", "draft_model = \"no/such.gguf\"\n");
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(e.contains("error IO: draft model"), "{e}");
+    assert!(e.contains("no/such.gguf"), "{e}");
+
+    let not_gguf = write(dir.path(), "junk.gguf", "this is not a GGUF file");
+    let bad = write(
+        dir.path(),
+        "junk.toml",
+        &format!("draft_model = {not_gguf:?}\n"),
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(e.contains("error MODEL: loading the draft model"), "{e}");
+
+    let bad = write(
+        dir.path(),
+        "policy.toml",
+        &format!(
+            "draft_model = {:?}\npolicy = \"missing-policy.toml\"\n",
+            draft_path()
+        ),
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(e.contains("error IO: privacy policy"), "{e}");
+
+    // A https verifier without a CA is refused before anything loads.
+    let bad = write(
+        dir.path(),
+        "tls.toml",
+        "[edge]\nverifier_url = \"https://127.0.0.1:1\"\n",
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("ca_cert_pem"),
+        "{e}"
+    );
+}
+
+#[test]
+fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let vcfg: tandem_verifier::VerifierConfig = toml::from_str(&format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
+         max_seq_len = 512\ninsecure_loopback = true\n[[devices]]\nid = \"app\"\ntoken = \"{TOKEN}\"\n\
+         [limits]\nmax_prompt_tokens = 400\n",
+        tandem_fetch::model_path(tandem_fetch::ModelRole::Target)
+    ))
+    .unwrap();
+    let v = rt.block_on(tandem_verifier::start(vcfg)).unwrap();
+    let cfg = write(
+        dir.path(),
+        "remote.toml",
+        &format!(
+            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"http://{}\"\ntoken = \"{TOKEN}\"\nk = 4\n",
+            draft_path(),
+            v.grpc_addr
+        ),
+    );
+    let r = report(&run(&cfg, PROMPT, N, &[]));
+    let want = greedy_text(&v.state.model, PROMPT, N);
+    assert_eq!(r.text, want, "verified output must be the target's own");
+    assert!(r.stats.contains("route=speculative"), "{}", r.stats);
+    assert_eq!(stat(&r.stats, "verified"), N as f64, "{}", r.stats);
+    assert!(stat(&r.stats, "rounds") >= 1.0);
+    let acc = stat(&r.stats, "acceptance");
+    assert!((0.0..=1.0).contains(&acc), "{}", r.stats);
+    assert!(r.pieces.contains("provisional=0 local=0"), "{}", r.pieces);
+    assert_eq!(r.json["route"], "speculative");
+    assert_eq!(r.json["decision"]["decision"]["action"], "speculative");
+    let opened = |v: &tandem_verifier::RunningVerifier| -> String {
+        v.state
+            .render_metrics()
+            .lines()
+            .filter(|l| l.contains("sessions_opened") && !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let before = opened(&v);
+
+    // A synthetic resident ID number: the router keeps it on the device.
+    let id = "11010519491231002X";
+    let prompt = format!("My ID card number is {id}, write a leave request for me.");
+    let r = report(&run(&cfg, &prompt, 8, &[]));
+    assert!(r.stats.contains("route=local_by_router"), "{}", r.stats);
+    assert_eq!(stat(&r.stats, "verified"), 0.0);
+    assert_eq!(stat(&r.stats, "passes"), 0.0);
+    let d = &r.json["decision"]["decision"];
+    assert_eq!(d["action"], "local", "{}", r.json);
+    assert_eq!(d["entities"][0]["type"], "CN_RESIDENT_ID", "{}", r.json);
+    assert!(!r.rest.contains(id), "the ID must not be echoed");
+    assert_eq!(opened(&v), before, "no session for a local prompt");
+    rt.block_on(v.shutdown()).unwrap();
+    eprintln!("loopback verifier: {:.1} s", t0.elapsed().as_secs_f64());
+}
