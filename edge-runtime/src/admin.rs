@@ -278,6 +278,58 @@ pub async fn start(router: Arc<Router>, cfg: AdminConfig) -> Result<RunningAdmin
     })
 }
 
+/// The admin API as routes to mount inside another axum server (e.g. under
+/// `/admin` in [`crate::openai`]), with the same bearer-token check and, when
+/// `cfg.policy_file` is set, the hot-reload watcher. `cfg.listen` and
+/// `allow_non_loopback` are the host server's business and not used here.
+/// Call inside a tokio runtime.
+pub fn mount(router: Arc<Router>, cfg: &AdminConfig) -> Result<MountedAdmin, AdminError> {
+    if cfg.token.chars().count() < 16 {
+        return Err(AdminError::Config(
+            "token is required and must be at least 16 characters".into(),
+        ));
+    }
+    if cfg.poll_interval_ms == 0 {
+        return Err(AdminError::Config("poll_interval_ms must be > 0".into()));
+    }
+    let state = Arc::new(AdminState {
+        router,
+        token: cfg.token.clone(),
+        policy_file: cfg.policy_file.clone(),
+        reloads: Mutex::new(ReloadCounters::default()),
+    });
+    let watcher = cfg.policy_file.clone().map(|path| {
+        let every = Duration::from_millis(cfg.poll_interval_ms);
+        tokio::spawn(watch(state.clone(), path, every))
+    });
+    Ok(MountedAdmin {
+        routes: app(state.clone()),
+        state,
+        watcher,
+    })
+}
+
+/// Admin routes from [`mount`]; dropping it stops the file watcher.
+pub struct MountedAdmin {
+    pub routes: axum::Router,
+    state: Arc<AdminState>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl MountedAdmin {
+    pub fn reload_counters(&self) -> ReloadCounters {
+        self.state.reloads().clone()
+    }
+}
+
+impl Drop for MountedAdmin {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+}
+
 fn app(state: Arc<AdminState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/policy", get(get_policy).put(put_policy))

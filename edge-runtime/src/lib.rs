@@ -20,15 +20,20 @@
 //! (`tandem-router`) before any session is opened: `local` conversations are
 //! answered by the draft alone and nothing leaves the device. [`admin`] serves
 //! the local admin HTTP API (policy get/replace, explain, stats) and hot-reloads
-//! the policy file (see `docs/privacy.md`).
+//! the policy file (see `docs/privacy.md`). [`openai`] is the local
+//! OpenAI-compatible HTTP server (`tandem serve-edge`, see `docs/api.md`)
+//! with the admin API mounted under `/admin`.
 
+pub mod adaptive;
 pub mod admin;
 pub mod breaker;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod openai;
 pub mod privacy;
 pub mod runtime;
+pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use config::EdgeConfig;

@@ -1,0 +1,575 @@
+//! The local OpenAI-compatible HTTP server (`tandem serve-edge`).
+//!
+//! | method and path | answer |
+//! | --- | --- |
+//! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage` |
+//! | `POST /v1/completions` | text completion (raw prompt, no chat template), same options |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | the one served model id |
+//! | `GET /health` | `{"status":"ok"}` |
+//! | `/admin/v1/...` | the admin API of [`crate::admin`] (policy, explain, route stats) plus `GET /admin/v1/serve/stats`, behind a bearer token; 403 when no token is configured |
+//!
+//! Errors use OpenAI's shape `{"error": {message, type, param, code}}`.
+//! `temperature` 0 or absent is greedy (with a verifier: token for token the
+//! target's greedy output); > 0 samples (speculative sampling, lossless).
+//! Extension fields (`tandem` in every answer and chunk) carry per-token
+//! status, the routing decision (no text) and the edge statistics; the full
+//! reference is `docs/api.md`.
+//!
+//! Generation runs on one dedicated thread ([`worker`]) behind a bounded
+//! FIFO queue (429 when full); a client that goes away cancels its
+//! generation, which closes the verifier session.
+
+pub mod error;
+pub mod request;
+pub mod worker;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Json;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminConfig, MountedAdmin};
+use crate::privacy::RoutedRuntime;
+use crate::runtime::{ProvisionalCheck, TokenStatus};
+pub use error::{ApiError, ServeError};
+use request::{GenRequest, Limits};
+pub use worker::ServeCounters;
+use worker::{Event, Job, Worker};
+
+/// Configuration of [`start`].
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Address to bind; loopback unless `allow_non_loopback` (the `/v1` API
+    /// has no authentication).
+    pub listen: SocketAddr,
+    pub allow_non_loopback: bool,
+    /// The model id clients must name (`GET /v1/models` lists it).
+    pub model_id: String,
+    /// Requests that may wait while one generates; one more gets 429.
+    pub queue_depth: usize,
+    /// Largest `max_tokens` accepted (400 above).
+    pub max_tokens_limit: usize,
+    /// `max_tokens` when the request has none.
+    pub default_max_tokens: usize,
+    /// Ask the privacy router before each generation (`local` = draft only,
+    /// nothing leaves the device). Off: every request goes to the verifier
+    /// when one is configured.
+    pub routed: bool,
+    /// The admin API under `/admin` (token ≥ 16 chars, optional policy file
+    /// hot reload). `None`: `/admin/...` answers 403.
+    pub admin: Option<AdminConfig>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            allow_non_loopback: false,
+            model_id: "tandem".into(),
+            queue_depth: 8,
+            max_tokens_limit: 4096,
+            default_max_tokens: 256,
+            routed: true,
+            admin: None,
+        }
+    }
+}
+
+struct AppState {
+    cfg: ServeConfig,
+    worker: Worker,
+    admin_token: Option<String>,
+    created: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            model_id: &self.cfg.model_id,
+            max_tokens_limit: self.cfg.max_tokens_limit,
+            default_max_tokens: self.cfg.default_max_tokens,
+        }
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:04x}", self.created)
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A running server. Dropping it without [`RunningServer::shutdown`] aborts
+/// the server task and cancels generation.
+pub struct RunningServer {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+    admin: Option<MountedAdmin>,
+}
+
+impl RunningServer {
+    pub fn counters(&self) -> ServeCounters {
+        self.state.worker.counters()
+    }
+
+    /// Policy reload counters of the mounted admin API, if any.
+    pub fn reload_counters(&self) -> Option<admin::ReloadCounters> {
+        self.admin.as_ref().map(MountedAdmin::reload_counters)
+    }
+
+    /// Stops accepting, cancels the running and queued generations, and
+    /// waits for open connections to finish.
+    pub async fn shutdown(mut self) {
+        self.state.worker.stop();
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+
+    /// Serves until `trigger` resolves, then shuts down.
+    pub async fn run_until(self, trigger: impl std::future::Future<Output = ()>) {
+        trigger.await;
+        self.shutdown().await;
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.state.worker.stop();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Binds and serves (call inside a tokio runtime). The runtime moves to the
+/// generation thread.
+pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer, ServeError> {
+    if !cfg.listen.ip().is_loopback() && !cfg.allow_non_loopback {
+        return Err(ServeError::Config(format!(
+            "listen {} is not a loopback address; the /v1 API has no authentication (set allow_non_loopback to expose it)",
+            cfg.listen
+        )));
+    }
+    if cfg.model_id.is_empty() {
+        return Err(ServeError::Config("model_id must not be empty".into()));
+    }
+    if cfg.max_tokens_limit == 0 || cfg.default_max_tokens == 0 {
+        return Err(ServeError::Config(
+            "max_tokens_limit and default_max_tokens must be > 0".into(),
+        ));
+    }
+    let mounted = match &cfg.admin {
+        Some(a) => Some(admin::mount(rt.router().clone(), a)?),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let worker = Worker::spawn(rt, cfg.routed, cfg.queue_depth).map_err(ServeError::Worker)?;
+    let state = Arc::new(AppState {
+        admin_token: cfg.admin.as_ref().map(|a| a.token.clone()),
+        cfg,
+        worker,
+        created: now_secs(),
+        next_id: AtomicU64::new(0),
+    });
+    let app = app(state.clone(), mounted.as_ref().map(|m| m.routes.clone()));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "OpenAI-compatible server stopped");
+        }
+    });
+    tracing::info!(%addr, admin = mounted.is_some(), "OpenAI-compatible server listening");
+    Ok(RunningServer {
+        addr,
+        state,
+        stop: Some(stop),
+        task: Some(task),
+        admin: mounted,
+    })
+}
+
+fn app(state: Arc<AppState>, admin_routes: Option<axum::Router>) -> axum::Router {
+    let admin = match admin_routes {
+        Some(routes) => {
+            let own = axum::Router::new()
+                .route("/v1/serve/stats", get(serve_stats))
+                .layer(middleware::from_fn_with_state(state.clone(), admin_auth))
+                .with_state(state.clone());
+            routes.merge(own)
+        }
+        None => axum::Router::new().fallback(admin_disabled),
+    };
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .nest("/admin", admin)
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::not_found_route(method.as_str(), uri.path()).into_response()
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::not_found_route(method.as_str(), uri.path())
+    }
+    .into_response()
+}
+
+async fn admin_disabled() -> Response {
+    ApiError {
+        status: StatusCode::FORBIDDEN,
+        message: "the admin API is disabled: start the server with an admin token".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("admin_disabled"),
+    }
+    .into_response()
+}
+
+async fn admin_auth(State(s): State<Arc<AppState>>, req: Request<Body>, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let ok = match (&s.admin_token, presented) {
+        (Some(t), Some(p)) => bool::from(p.as_bytes().ct_eq(t.as_bytes())),
+        _ => false,
+    };
+    if !ok {
+        let mut r = (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "missing or wrong bearer token", "line": null, "field": null})),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
+    next.run(req).await
+}
+
+async fn serve_stats(State(s): State<Arc<AppState>>) -> Json<ServeCounters> {
+    Json(s.worker.counters())
+}
+
+fn model_object(s: &AppState) -> Value {
+    json!({"id": s.cfg.model_id, "object": "model", "created": s.created, "owned_by": "tandem"})
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == s.cfg.model_id {
+        Json(model_object(&s)).into_response()
+    } else {
+        ApiError::model_not_found(&id).into_response()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    match request::parse_chat(&body, &s.limits()) {
+        Ok(r) => generate(s, r, Endpoint::Chat).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    match request::parse_completion(&body, &s.limits()) {
+        Ok(r) => generate(s, r, Endpoint::Completion).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Sets the job's cancel flag when the request's future or stream is dropped
+/// (the client went away) — harmless after the job finished.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Everything the answer needs besides the text.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+}
+
+impl Meta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    /// One choice of a chunk (`delta` for chat, `text` for completions).
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, tandem: Value) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+            }
+        };
+        json!({
+            "id": self.id, "object": self.object(true), "created": self.created,
+            "model": self.model, "system_fingerprint": null,
+            "choices": [choice], "tandem": tandem,
+        })
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = CancelOnDrop(cancel.clone());
+    let (stream, include_usage) = (req.stream, req.include_usage);
+    if let Err(e) = s.worker.submit(Job {
+        req,
+        events: tx,
+        cancel,
+    }) {
+        return e.into_response();
+    }
+    let meta = Meta {
+        id: s.id(match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        }),
+        created: now_secs(),
+        model: s.cfg.model_id.clone(),
+        endpoint,
+    };
+    // Wait until the job starts (or fails before its first token) so that
+    // errors found then still get a proper HTTP status.
+    let (route, prompt_tokens) = match rx.recv().await {
+        Some(Event::Started {
+            route,
+            prompt_tokens,
+        }) => (route, prompt_tokens),
+        Some(Event::Failed(e)) => return e.into_response(),
+        _ => return ApiError::server("the generation worker stopped").into_response(),
+    };
+    let route = serde_json::to_value(route).unwrap_or(Value::Null);
+    if stream {
+        sse(meta, rx, guard, route, include_usage)
+    } else {
+        collect(meta, rx, guard, route, prompt_tokens).await
+    }
+}
+
+async fn collect(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    _guard: CancelOnDrop,
+    route: Value,
+    prompt_tokens: usize,
+) -> Response {
+    let (mut text, mut ids, mut statuses) = (String::new(), Vec::new(), Vec::<TokenStatus>::new());
+    let mut checks: Vec<ProvisionalCheck> = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Delta {
+                text: t,
+                ids: i,
+                statuses: st,
+            } => {
+                text.push_str(&t);
+                ids.extend(i);
+                statuses.extend(st);
+            }
+            Event::Checked(c) => checks.push(c),
+            Event::Failed(e) => return e.into_response(),
+            Event::Started { .. } => {}
+            Event::Done(d) => {
+                let choice = match meta.endpoint {
+                    Endpoint::Chat => json!({"index": 0,
+                        "message": {"role": "assistant", "content": text, "refusal": null},
+                        "logprobs": null, "finish_reason": d.finish_reason}),
+                    Endpoint::Completion => json!({"index": 0, "text": text,
+                        "logprobs": null, "finish_reason": d.finish_reason}),
+                };
+                let body = json!({
+                    "id": meta.id, "object": meta.object(false), "created": meta.created,
+                    "model": meta.model, "system_fingerprint": null,
+                    "choices": [choice],
+                    "usage": usage(d.prompt_tokens.max(prompt_tokens), d.completion_tokens),
+                    "tandem": {
+                        "token_ids": ids, "token_status": statuses, "route": route,
+                        "stats": d.stats, "provisional": d.provisional,
+                        "provisional_checks": checks, "session_id": d.session_id,
+                    },
+                });
+                return Json(body).into_response();
+            }
+        }
+    }
+    ApiError::server("the generation worker stopped").into_response()
+}
+
+fn sse(
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    route: Value,
+    include_usage: bool,
+) -> Response {
+    let (out, out_rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    let mut first = meta.chunk(Some(""), None, json!({"route": route}));
+    if meta.endpoint == Endpoint::Chat {
+        first["choices"][0]["delta"]["role"] = json!("assistant");
+    }
+    if include_usage {
+        first["usage"] = Value::Null;
+    }
+    let _ = out.send(data(first));
+    tokio::spawn(async move {
+        // Holds the guard: when the client is gone the body (and `out_rx`)
+        // is dropped, this task ends and the job is cancelled.
+        let _guard = guard;
+        let mut checks: Vec<ProvisionalCheck> = Vec::new();
+        loop {
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = out.closed() => return,
+            };
+            let msg = match ev {
+                Some(Event::Delta {
+                    text,
+                    ids,
+                    statuses,
+                }) => {
+                    let mut c = meta.chunk(
+                        Some(&text),
+                        None,
+                        json!({"token_ids": ids, "token_status": statuses,
+                               "provisional_checks": std::mem::take(&mut checks)}),
+                    );
+                    if include_usage {
+                        c["usage"] = Value::Null;
+                    }
+                    c
+                }
+                Some(Event::Checked(c)) => {
+                    checks.push(c);
+                    continue;
+                }
+                Some(Event::Started { .. }) => continue,
+                Some(Event::Failed(e)) => {
+                    let _ = out.send(data(e.body()));
+                    return;
+                }
+                Some(Event::Done(d)) => {
+                    let mut c = meta.chunk(
+                        None,
+                        Some(d.finish_reason),
+                        json!({"stats": d.stats, "provisional": d.provisional,
+                               "provisional_checks": checks, "session_id": d.session_id}),
+                    );
+                    if include_usage {
+                        c["usage"] = Value::Null;
+                    }
+                    let _ = out.send(data(c));
+                    if include_usage {
+                        let u = json!({
+                            "id": meta.id, "object": meta.object(true), "created": meta.created,
+                            "model": meta.model, "system_fingerprint": null, "choices": [],
+                            "usage": usage(d.prompt_tokens, d.completion_tokens),
+                        });
+                        let _ = out.send(data(u));
+                    }
+                    let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
+                    return;
+                }
+                None => {
+                    let e = ApiError::server("the generation worker stopped");
+                    let _ = out.send(data(e.body()));
+                    return;
+                }
+            };
+            if out.send(data(msg)).is_err() {
+                return;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,606 @@
+//! Parsing and validating OpenAI request bodies into a [`GenRequest`].
+//!
+//! Works on the JSON object directly (not serde derive) so every refusal can
+//! name its parameter (`param` of the error body): unknown fields are refused
+//! like OpenAI does, parameters this server does not implement are refused
+//! when they ask for something other than their default (`n: 1`,
+//! `logprobs: false`, `presence_penalty: 0`, … pass).
+
+use serde_json::{Map, Value};
+use tandem_model::sampling::SamplingParams;
+use tandem_model::tokenizer::{ChatMessage, Role};
+
+use super::error::ApiError;
+
+/// What to generate from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    /// `/v1/chat/completions`: the conversation, rendered with the chat template.
+    Chat(Vec<ChatMessage>),
+    /// `/v1/completions`: raw text, no template.
+    Text(String),
+}
+
+/// A validated generation request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenRequest {
+    pub input: Input,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Extension (as in vLLM): do not stop at end-of-turn tokens.
+    pub ignore_eos: bool,
+    /// Extension: the privacy router's conversation id (stickiness across
+    /// requests). Absent: every request is its own conversation.
+    pub conversation_id: Option<String>,
+    /// Stop sequences (text); the output ends before the first match.
+    pub stop: Vec<String>,
+}
+
+/// Limits the parser enforces.
+#[derive(Clone, Debug)]
+pub struct Limits<'a> {
+    pub model_id: &'a str,
+    pub max_tokens_limit: usize,
+    pub default_max_tokens: usize,
+}
+
+const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+];
+
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "logprobs",
+    "echo",
+    "best_of",
+    "suffix",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+];
+
+/// Extensions accepted on both endpoints.
+const EXTENSION_FIELDS: &[&str] = &[
+    "top_k",
+    "repetition_penalty",
+    "ignore_eos",
+    "conversation_id",
+];
+
+fn is_null(v: Option<&Value>) -> bool {
+    matches!(v, None | Some(Value::Null))
+}
+
+fn type_error(param: &str, expected: &str) -> ApiError {
+    ApiError::invalid(format!("`{param}` must be {expected}"), Some(param))
+}
+
+fn get_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| type_error(k, "a number")),
+    }
+}
+
+fn get_u64(o: &Map<String, Value>, k: &str) -> Result<Option<u64>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| type_error(k, "a non-negative integer")),
+    }
+}
+
+fn get_bool(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(type_error(k, "a boolean")),
+    }
+}
+
+/// Refuses a parameter unless it is absent, null or `allowed(value)`.
+fn only_default(
+    o: &Map<String, Value>,
+    k: &str,
+    what: &str,
+    allowed: impl Fn(&Value) -> bool,
+) -> Result<(), ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if allowed(v) => Ok(()),
+        Some(_) => Err(ApiError::unsupported(k, what)),
+    }
+}
+
+fn zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+
+fn empty(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.is_empty(),
+        Value::Object(m) => m.is_empty(),
+        _ => false,
+    }
+}
+
+/// Parses the body into a JSON object (400 for anything else).
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            format!("We could not parse the JSON body of your request: {e}"),
+            None,
+        )
+    })?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        )),
+    }
+}
+
+fn check_fields(o: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    for k in o.keys() {
+        if !known.contains(&k.as_str()) && !EXTENSION_FIELDS.contains(&k.as_str()) {
+            return Err(ApiError::invalid(
+                format!("Unrecognized request argument supplied: {k}"),
+                Some(k),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_model(o: &Map<String, Value>, lim: &Limits) -> Result<(), ApiError> {
+    match o.get("model") {
+        Some(Value::String(m)) if m == lim.model_id => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::model_not_found(m)),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            "you must provide a model parameter",
+            Some("model"),
+        )),
+        Some(_) => Err(type_error("model", "a string")),
+    }
+}
+
+/// Sampling, limits, streaming and extensions shared by both endpoints.
+fn common(
+    o: &Map<String, Value>,
+    lim: &Limits,
+    input: Input,
+    max_tokens: Option<u64>,
+) -> Result<GenRequest, ApiError> {
+    let max_param = if o.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let max_tokens = match max_tokens {
+        None => lim.default_max_tokens.min(lim.max_tokens_limit),
+        Some(n) if n == 0 || n > lim.max_tokens_limit as u64 => {
+            return Err(ApiError::invalid(
+                format!(
+                    "`{max_param}` must be in 1..={} (got {n})",
+                    lim.max_tokens_limit
+                ),
+                Some(max_param),
+            ))
+        }
+        Some(n) => n as usize,
+    };
+    only_default(o, "n", "n > 1 (several choices)", |v| v.as_u64() == Some(1))?;
+    only_default(
+        o,
+        "presence_penalty",
+        "a non-zero presence penalty (use the `repetition_penalty` extension)",
+        zero,
+    )?;
+    only_default(
+        o,
+        "frequency_penalty",
+        "a non-zero frequency penalty (use the `repetition_penalty` extension)",
+        zero,
+    )?;
+    only_default(o, "logit_bias", "logit_bias", empty)?;
+
+    let temperature = get_f64(o, "temperature")?.unwrap_or(0.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            format!("`temperature` must be in [0, 2] (got {temperature})"),
+            Some("temperature"),
+        ));
+    }
+    let top_p = get_f64(o, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            format!("`top_p` must be in (0, 1] (got {top_p})"),
+            Some("top_p"),
+        ));
+    }
+    let top_k = get_u64(o, "top_k")?.unwrap_or(0);
+    let repetition_penalty = get_f64(o, "repetition_penalty")?.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        return Err(ApiError::invalid(
+            format!("`repetition_penalty` must be > 0 (got {repetition_penalty})"),
+            Some("repetition_penalty"),
+        ));
+    }
+    let seed = match o.get("seed") {
+        None | Some(Value::Null) => None,
+        // OpenAI seeds are signed 64-bit integers; keep their bits.
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_i64().map(|i| i as u64))
+                .ok_or_else(|| type_error("seed", "an integer"))?,
+        ),
+    };
+    let seed = seed.unwrap_or_else(|| {
+        // Sampled mode without a seed: a fresh one per request, as OpenAI.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let sampling = SamplingParams {
+        temperature: temperature as f32,
+        top_k: usize::try_from(top_k).unwrap_or(usize::MAX),
+        top_p: top_p as f32,
+        repetition_penalty: repetition_penalty as f32,
+        seed,
+    };
+
+    let stream = get_bool(o, "stream")?.unwrap_or(false);
+    let include_usage = match o.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                Some("stream_options"),
+            ))
+        }
+        Some(Value::Object(so)) => {
+            for k in so.keys() {
+                if k != "include_usage" {
+                    return Err(ApiError::unsupported(
+                        &format!("stream_options.{k}"),
+                        "this stream option",
+                    ));
+                }
+            }
+            get_bool(so, "include_usage")
+                .map_err(|_| type_error("stream_options.include_usage", "a boolean"))?
+                .unwrap_or(false)
+        }
+        Some(_) => return Err(type_error("stream_options", "an object")),
+    };
+    let stop = match o.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| type_error("stop", "a string or an array of strings"))?,
+        Some(_) => return Err(type_error("stop", "a string or an array of strings")),
+    };
+    if stop.len() > 4 || stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            "`stop` takes up to 4 non-empty sequences",
+            Some("stop"),
+        ));
+    }
+    let conversation_id = match o.get("conversation_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
+        Some(_) => {
+            return Err(type_error(
+                "conversation_id",
+                "a non-empty string of at most 256 bytes",
+            ))
+        }
+    };
+    Ok(GenRequest {
+        input,
+        max_tokens,
+        sampling,
+        stream,
+        include_usage,
+        ignore_eos: get_bool(o, "ignore_eos")?.unwrap_or(false),
+        conversation_id,
+        stop,
+    })
+}
+
+fn message_content(i: usize, v: Option<&Value>) -> Result<String, ApiError> {
+    let param = format!("messages[{i}].content");
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some(t), _) => {
+                        return Err(ApiError::unsupported(
+                            &format!("{param}[{j}]"),
+                            &format!("content of type `{t}` (only text)"),
+                        ))
+                    }
+                    _ => return Err(type_error(&format!("{param}[{j}]"), "a text part")),
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(type_error(&param, "a string or an array of text parts")),
+    }
+}
+
+fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let arr = match o.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid(
+                "`messages` must not be empty",
+                Some("messages"),
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(
+                "Missing required parameter: 'messages'.",
+                Some("messages"),
+            ))
+        }
+        Some(_) => return Err(type_error("messages", "an array")),
+    };
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let Some(m) = m.as_object() else {
+            return Err(type_error(&format!("messages[{i}]"), "an object"));
+        };
+        for k in m.keys() {
+            if !matches!(k.as_str(), "role" | "content" | "name") {
+                return Err(ApiError::unsupported(
+                    &format!("messages[{i}].{k}"),
+                    "this message field",
+                ));
+            }
+        }
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("system") | Some("developer") => Role::System,
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            Some(r) => {
+                return Err(ApiError::unsupported(
+                    &format!("messages[{i}].role"),
+                    &format!("the role `{r}`"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}] needs a role"),
+                    Some(&format!("messages[{i}].role")),
+                ))
+            }
+        };
+        out.push(ChatMessage::new(
+            role,
+            message_content(i, m.get("content"))?,
+        ));
+    }
+    Ok(out)
+}
+
+/// `POST /v1/chat/completions`.
+pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
+    let o = object(body)?;
+    check_fields(&o, CHAT_FIELDS)?;
+    check_model(&o, lim)?;
+    let msgs = messages(&o)?;
+    if get_bool(&o, "logprobs")?.unwrap_or(false) {
+        return Err(ApiError::unsupported("logprobs", "logprobs"));
+    }
+    only_default(&o, "top_logprobs", "top_logprobs", |_| false)?;
+    only_default(&o, "tools", "tools (function calling)", empty)?;
+    only_default(&o, "tool_choice", "tool_choice", |v| v == "none")?;
+    only_default(&o, "functions", "functions (function calling)", empty)?;
+    only_default(&o, "function_call", "function_call", |v| v == "none")?;
+    only_default(
+        &o,
+        "response_format",
+        "a response_format other than text",
+        |v| v.get("type").and_then(Value::as_str) == Some("text"),
+    )?;
+    only_default(&o, "modalities", "modalities other than text", |v| {
+        v.as_array().is_some_and(|a| a.iter().all(|m| m == "text"))
+    })?;
+    for k in [
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+    ] {
+        only_default(&o, k, k, |_| false)?;
+    }
+    let max = match get_u64(&o, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => get_u64(&o, "max_tokens")?,
+    };
+    common(&o, lim, Input::Chat(msgs), max)
+}
+
+/// `POST /v1/completions`.
+pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
+    let o = object(body)?;
+    check_fields(&o, COMPLETION_FIELDS)?;
+    check_model(&o, lim)?;
+    let prompt = match o.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
+        Some(Value::Array(_)) => {
+            return Err(ApiError::unsupported(
+                "prompt",
+                "a batch of prompts or token-id prompts (send one string)",
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(
+                "Missing required parameter: 'prompt'.",
+                Some("prompt"),
+            ))
+        }
+        Some(_) => return Err(type_error("prompt", "a string")),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "`prompt` must not be empty",
+            Some("prompt"),
+        ));
+    }
+    if !is_null(o.get("logprobs")) {
+        return Err(ApiError::unsupported("logprobs", "logprobs"));
+    }
+    if get_bool(&o, "echo")?.unwrap_or(false) {
+        return Err(ApiError::unsupported("echo", "echo"));
+    }
+    only_default(&o, "best_of", "best_of > 1", |v| v.as_u64() == Some(1))?;
+    only_default(&o, "suffix", "suffix (insertion)", |_| false)?;
+    let max = get_u64(&o, "max_tokens")?;
+    common(&o, lim, Input::Text(prompt), max)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const LIM: Limits = Limits {
+        model_id: "tandem",
+        max_tokens_limit: 100,
+        default_max_tokens: 16,
+    };
+
+    fn chat(v: serde_json::Value) -> Result<GenRequest, ApiError> {
+        parse_chat(v.to_string().as_bytes(), &LIM)
+    }
+
+    #[test]
+    fn defaults_are_greedy_and_bounded() {
+        let r =
+            chat(serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]}))
+                .unwrap();
+        assert_eq!(r.max_tokens, 16);
+        assert!(r.sampling.is_greedy());
+        assert!(!r.stream);
+        assert_eq!(r.input, Input::Chat(vec![ChatMessage::user("hi")]));
+    }
+
+    #[test]
+    fn text_parts_are_concatenated() {
+        let r = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user",
+            "content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}),
+        )
+        .unwrap();
+        assert_eq!(r.input, Input::Chat(vec![ChatMessage::user("ab")]));
+        let e = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user",
+            "content":[{"type":"image_url","image_url":{"url":"x"}}]}]}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0]"));
+    }
+
+    #[test]
+    fn refusals_name_the_parameter() {
+        let base =
+            || serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});
+        let cases: Vec<(&str, serde_json::Value)> = vec![
+            ("n", serde_json::json!(2)),
+            ("logprobs", serde_json::json!(true)),
+            ("tools", serde_json::json!([{"type":"function"}])),
+            ("max_tokens", serde_json::json!(0)),
+            ("max_tokens", serde_json::json!(101)),
+            ("temperature", serde_json::json!(3)),
+            ("top_p", serde_json::json!(0)),
+            ("bogus", serde_json::json!(1)),
+            ("stream_options", serde_json::json!({"include_usage": true})),
+            ("presence_penalty", serde_json::json!(0.5)),
+        ];
+        for (k, v) in cases {
+            let mut b = base();
+            b[k] = v;
+            let e = chat(b).unwrap_err();
+            assert_eq!(e.status, 400, "{k}: {e:?}");
+            assert_eq!(e.param.as_deref(), Some(k), "{e:?}");
+            assert!(e.message.contains(k), "{e:?}");
+        }
+        // Defaults of unsupported parameters pass.
+        let mut b = base();
+        b["n"] = serde_json::json!(1);
+        b["logprobs"] = serde_json::json!(false);
+        b["presence_penalty"] = serde_json::json!(0);
+        b["tools"] = serde_json::json!([]);
+        chat(b).unwrap();
+    }
+
+    #[test]
+    fn unknown_model_is_404() {
+        let e =
+            chat(serde_json::json!({"model":"gpt-4","messages":[{"role":"user","content":"hi"}]}))
+                .unwrap_err();
+        assert_eq!(e.status, 404);
+        assert_eq!(e.code, Some("model_not_found"));
+    }
+}

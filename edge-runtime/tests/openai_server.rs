@@ -1,0 +1,795 @@
+//! The OpenAI-compatible server (`tandem_edge::openai`) against real HTTP on
+//! 127.0.0.1, with tiny random models (and a tiny byte-level tokenizer the
+//! test writes): request validation and error shape, non-streaming vs SSE
+//! streaming (same tokens, usage chunk, `[DONE]`), greedy output through a
+//! real in-process verifier equal to the target's own greedy output, the
+//! privacy router keeping an ID-number prompt local, the bounded FIFO queue
+//! and its 429, client disconnect cancelling generation and closing the
+//! verifier session, and the admin routes' bearer token.
+//!
+//! The real-model test with the official `openai` Python client is
+//! `cli/tests/serve_edge_openai.rs`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::gguf_file::{self, Value as GgufValue};
+use serde_json::{json, Value};
+use tandem_edge::admin::AdminConfig;
+use tandem_edge::openai::{self, RunningServer, ServeConfig};
+use tandem_edge::{EdgeConfig, EdgeRuntime, RoutedRuntime};
+use tandem_model::gguf::GgufFile;
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_router::Router;
+use tandem_verifier::RunningVerifier;
+
+const TOKEN: &str = "openai-test-token-0123456789";
+const ADMIN: &str = "openai-admin-token-0123456789";
+const VOCAB: usize = 384;
+
+// ---- tiny tokenizer (as in privacy_leak.rs) ----------------------------------
+
+fn byte_chars() -> Vec<char> {
+    let mut next = 256u32;
+    (0..256u32)
+        .map(|b| {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+            let cp = if printable {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(cp).unwrap()
+        })
+        .collect()
+}
+
+/// 256 byte tokens, 125 merges and the three Qwen control tokens (384 ids).
+fn write_tiny_tokenizer(path: &Path) {
+    let chars = byte_chars();
+    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+    let sp = chars[b' ' as usize];
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for c in ('a'..='z').chain('A'..='Z') {
+        pairs.push((sp.to_string(), c.to_string()));
+    }
+    'fill: for a in 'a'..='z' {
+        for b in 'a'..='z' {
+            if pairs.len() >= 125 {
+                break 'fill;
+            }
+            pairs.push((a.to_string(), b.to_string()));
+        }
+    }
+    let mut merges = Vec::new();
+    for (a, b) in pairs {
+        merges.push(format!("{a} {b}"));
+        tokens.push(format!("{a}{b}"));
+    }
+    let mut types = vec![1i32; tokens.len()];
+    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(s.to_string());
+        types.push(3);
+    }
+    assert_eq!(tokens.len(), VOCAB);
+    let s = |x: &str| GgufValue::String(x.to_string());
+    let md: Vec<(&str, GgufValue)> = vec![
+        ("tokenizer.ggml.model", s("gpt2")),
+        ("tokenizer.ggml.pre", s("qwen2")),
+        (
+            "tokenizer.ggml.tokens",
+            GgufValue::Array(tokens.iter().map(|t| s(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges",
+            GgufValue::Array(merges.iter().map(|m| s(m)).collect()),
+        ),
+        ("tokenizer.ggml.eos_token_id", GgufValue::U32(382)),
+    ];
+    let refs: Vec<(&str, &GgufValue)> = md.iter().map(|(k, v)| (*k, v)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &refs, &[]).unwrap();
+}
+
+// ---- fixture -------------------------------------------------------------------
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    draft: Arc<Qwen2Model>,
+    target: Arc<Qwen2Model>,
+    tok: Tokenizer,
+    rt: tokio::runtime::Runtime,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, draft, tokp) = (
+        dir.path().join("target.gguf"),
+        dir.path().join("draft.gguf"),
+        dir.path().join("tokenizer.gguf"),
+    );
+    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    write_tiny_tokenizer(&tokp);
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&tokp).unwrap()).unwrap();
+    let load = |p: &Path| Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 2048 }).unwrap());
+    Fixture {
+        draft: load(&draft),
+        target: load(&target),
+        tok,
+        rt: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap(),
+        dir,
+    }
+}
+
+impl Fixture {
+    fn verifier(&self) -> RunningVerifier {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
+             tokenizer_fingerprint = \"{}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+             [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n\
+             [limits]\nrate_per_sec = 100000.0\nrate_burst = 100000.0\n",
+            self.dir.path().join("target.gguf"),
+            self.tok.fingerprint()
+        );
+        let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
+        self.rt.block_on(tandem_verifier::start(cfg)).unwrap()
+    }
+
+    fn edge_config(&self, url: Option<String>) -> EdgeConfig {
+        EdgeConfig {
+            verifier_url: url,
+            token: Some(TOKEN.into()),
+            tokenizer_fingerprint: Some(self.tok.fingerprint()),
+            connect_timeout_ms: 1000,
+            backoff_base_ms: 5,
+            backoff_max_ms: 20,
+            breaker_failures: 1,
+            probe_interval_ms: 50,
+            probe_timeout_ms: 200,
+            ..EdgeConfig::default()
+        }
+    }
+
+    fn server(&self, edge: EdgeConfig, cfg: ServeConfig) -> RunningServer {
+        let rt = EdgeRuntime::new(self.draft.clone(), edge).unwrap();
+        let routed = RoutedRuntime::new(
+            rt,
+            Arc::new(Router::with_default_policy()),
+            self.tok.clone(),
+        );
+        let listen = "127.0.0.1:0".parse().unwrap();
+        self.rt
+            .block_on(openai::start(routed, ServeConfig { listen, ..cfg }))
+            .unwrap()
+    }
+}
+
+// ---- HTTP/1.1 by hand ------------------------------------------------------------
+
+struct Answer {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body.
+    fn events(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let Some((size, rest)) = raw.split_once("\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        raw = &rest[n + 2..];
+    }
+}
+
+fn send_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: &str,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(t) = auth {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+fn read_answer(mut s: TcpStream) -> Answer {
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = head.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>, body: &str) -> Answer {
+    read_answer(send_request(addr, method, path, auth, body))
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Answer {
+    http(addr, "POST", path, None, &body.to_string())
+}
+
+fn assert_error(a: &Answer, status: u16, param: Option<&str>) -> Value {
+    assert_eq!(a.status, status, "{}", a.body);
+    let j = a.json();
+    let e = &j["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{j}");
+    assert!(e["type"].is_string(), "{j}");
+    assert!(e.get("code").is_some() && e.get("param").is_some(), "{j}");
+    assert_eq!(e["param"].as_str(), param, "{j}");
+    j
+}
+
+fn chat_body(content: &str, extra: Value) -> Value {
+    let mut b = json!({"model": "tandem", "messages": [{"role": "user", "content": content}]});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+// ---- tests -------------------------------------------------------------------------
+
+#[test]
+fn requests_are_validated_with_openai_error_bodies() {
+    let f = fixture();
+    let s = f.server(
+        f.edge_config(None),
+        ServeConfig {
+            max_tokens_limit: 64,
+            ..ServeConfig::default()
+        },
+    );
+    let a = s.addr;
+    let bad_json = http(a, "POST", "/v1/chat/completions", None, "{\"model\": ");
+    let j = assert_error(&bad_json, 400, None);
+    assert_eq!(j["error"]["type"], "invalid_request_error");
+    let j = assert_error(
+        &post(
+            a,
+            "/v1/chat/completions",
+            &chat_body("hi", json!({"model": "gpt-4o"})),
+        ),
+        404,
+        Some("model"),
+    );
+    assert_eq!(j["error"]["code"], "model_not_found");
+    for (extra, param) in [
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"max_tokens": 65}), "max_tokens"),
+        (
+            json!({"max_completion_tokens": 100000}),
+            "max_completion_tokens",
+        ),
+        (json!({"n": 2}), "n"),
+        (json!({"logprobs": true}), "logprobs"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
+        (json!({"temperature": -1}), "temperature"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (json!({"frobnicate": 1}), "frobnicate"),
+    ] {
+        let j = assert_error(
+            &post(a, "/v1/chat/completions", &chat_body("hi", extra)),
+            400,
+            Some(param),
+        );
+        assert!(
+            j["error"]["message"].as_str().unwrap().contains(param),
+            "{j}"
+        );
+    }
+    assert_error(
+        &post(
+            a,
+            "/v1/chat/completions",
+            &json!({"model": "tandem", "messages": []}),
+        ),
+        400,
+        Some("messages"),
+    );
+    assert_error(
+        &post(
+            a,
+            "/v1/completions",
+            &json!({"model": "tandem", "prompt": "x", "echo": true}),
+        ),
+        400,
+        Some("echo"),
+    );
+    assert_error(&http(a, "GET", "/v1/nothing", None, ""), 404, None);
+    assert_error(&http(a, "GET", "/v1/chat/completions", None, ""), 405, None);
+    let m = http(a, "GET", "/v1/models", None, "");
+    assert_eq!(m.status, 200);
+    assert_eq!(m.json()["data"][0]["id"], "tandem");
+    assert_eq!(http(a, "GET", "/v1/models/tandem", None, "").status, 200);
+    assert_error(
+        &http(a, "GET", "/v1/models/other", None, ""),
+        404,
+        Some("model"),
+    );
+    // Nothing reached the worker.
+    let c = s.counters();
+    assert_eq!((c.admitted, c.completed), (0, 0), "{c:?}");
+}
+
+#[test]
+fn streaming_and_non_streaming_give_the_same_local_tokens() {
+    let f = fixture();
+    let s = f.server(f.edge_config(None), ServeConfig::default());
+    let req = chat_body(
+        "tell me a story",
+        json!({"max_tokens": 24, "ignore_eos": true}),
+    );
+    let whole = post(s.addr, "/v1/chat/completions", &req);
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    let w = whole.json();
+    assert_eq!(w["object"], "chat.completion");
+    assert_eq!(w["choices"][0]["finish_reason"], "length");
+    let ids = ids_of(&w["tandem"]["token_ids"]);
+    assert_eq!(ids.len(), 24);
+    assert_eq!(w["usage"]["completion_tokens"], 24);
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("tell me a story")], true)
+        .unwrap();
+    assert_eq!(w["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(w["usage"]["total_tokens"], prompt.len() + 24);
+    let st = w["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.len() == 24 && st.iter().all(|x| x == "local"), "{st:?}");
+    assert!(w["tandem"]["route"].is_null(), "no verifier: no routing");
+    // The draft's own greedy tokens, as the library generates them.
+    let expected = generate_single(
+        &f.draft,
+        &prompt,
+        &GenerateConfig {
+            max_tokens: 24,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(ids, expected);
+
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let streamed = post(s.addr, "/v1/chat/completions", &sreq);
+    assert_eq!(streamed.status, 200);
+    assert!(
+        streamed.headers.contains("content-type: text/event-stream"),
+        "{}",
+        streamed.headers
+    );
+    let ev = streamed.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let (mut text, mut sids) = (String::new(), Vec::new());
+    for c in &chunks[..chunks.len() - 1] {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert!(c["usage"].is_null());
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(i) = c["tandem"].get("token_ids") {
+            sids.extend(ids_of(i));
+        }
+    }
+    assert_eq!(sids, ids);
+    assert_eq!(
+        text,
+        w["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let fin = &chunks[chunks.len() - 2];
+    assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    assert_eq!(fin["tandem"]["stats"]["generated_tokens"], 24);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"], w["usage"]);
+
+    // /v1/completions: raw prompt, no template; a stop sequence cuts the text.
+    let full = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "the cat", "max_tokens": 12, "ignore_eos": true}),
+    )
+    .json();
+    assert_eq!(full["object"], "text_completion");
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(
+        full["usage"]["prompt_tokens"],
+        f.tok.encode("the cat", false).unwrap().len()
+    );
+    let cut: String = text.chars().skip(3).take(2).collect();
+    assert_eq!(cut.chars().count(), 2, "{full}");
+    {
+        let stopped = post(
+            s.addr,
+            "/v1/completions",
+            &json!({"model": "tandem", "prompt": "the cat", "max_tokens": 12, "ignore_eos": true, "stop": cut}),
+        )
+        .json();
+        let st = stopped["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(st, &text[..text.find(&cut).unwrap()], "{stopped}");
+        assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+#[test]
+fn greedy_through_the_verifier_is_the_targets_output_and_sensitive_prompts_stay_local() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let opened = || -> u64 {
+        let m = v.state.render_metrics();
+        let line = m
+            .lines()
+            .find(|l| l.starts_with("tandem_verifier_sessions_opened_total "))
+            .unwrap();
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    let w = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            "write a haiku",
+            json!({"max_tokens": 20, "ignore_eos": true, "temperature": 0}),
+        ),
+    );
+    assert_eq!(w.status, 200, "{}", w.body);
+    let w = w.json();
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let target_only = generate_single(
+        &f.target,
+        &prompt,
+        &GenerateConfig {
+            max_tokens: 20,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(ids_of(&w["tandem"]["token_ids"]), target_only);
+    let st = w["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+    assert_eq!(w["tandem"]["route"]["decision"]["action"], "speculative");
+    assert!(w["tandem"]["stats"]["rounds"].as_u64().unwrap() > 0);
+    assert_eq!(opened(), 1);
+
+    // A synthetic resident ID number: the router keeps it on the device.
+    let id_prompt = "my id is 11010519491231002X, remember it";
+    let l = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(id_prompt, json!({"max_tokens": 8})),
+    )
+    .json();
+    let route = &l["tandem"]["route"];
+    assert_eq!(route["decision"]["action"], "local", "{l}");
+    assert!(
+        !route.to_string().contains("11010519491231002X"),
+        "route leaks text: {route}"
+    );
+    let st = l["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "local"), "{st:?}");
+    assert_eq!(opened(), 1, "a local request opened a verifier session");
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn client_disconnect_cancels_generation_and_closes_the_verifier_session() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let req = chat_body(
+        "count to a thousand",
+        json!({"max_tokens": 1500, "ignore_eos": true, "stream": true}),
+    );
+    let mut conn = send_request(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &req.to_string(),
+    );
+    // Read until a few token chunks arrived: the generation is running.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&seen).matches("token_ids").count() < 3 {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        v.state.store().len(),
+        1,
+        "one verifier session while streaming"
+    );
+    assert!(s.counters().running);
+    drop(conn);
+    wait_for(
+        "the generation to be cancelled",
+        Duration::from_secs(30),
+        || s.counters().cancelled == 1,
+    );
+    let c = s.counters();
+    assert_eq!((c.completed, c.failed, c.running), (0, 0, false), "{c:?}");
+    wait_for(
+        "the verifier session to close",
+        Duration::from_secs(10),
+        || v.state.store().is_empty(),
+    );
+    // The worker is free for the next request.
+    let w = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("hi", json!({"max_tokens": 4, "ignore_eos": true})),
+    );
+    assert_eq!(w.status, 200, "{}", w.body);
+    wait_for("1 completed", Duration::from_secs(10), || {
+        s.counters().completed == 1
+    });
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+/// A "verifier" that accepts TCP connections and never answers: a request
+/// sent to it holds the generation worker until the test lets go.
+fn black_hole(rt: &tokio::runtime::Runtime) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    rt.spawn(async move {
+        let mut held = Vec::new();
+        tokio::select! {
+            _ = async { loop { if let Ok((c, _)) = listener.accept().await { held.push(c); } } } => {}
+            _ = released => {}
+        }
+        // Dropping the listener and the connections: connects are refused now.
+    });
+    (addr, release)
+}
+
+#[test]
+fn a_full_queue_answers_429_and_requests_run_in_arrival_order() {
+    let f = fixture();
+    let (hole, release) = black_hole(&f.rt);
+    let edge = EdgeConfig {
+        open_timeout_ms: 60_000,
+        ..f.edge_config(Some(format!("http://{hole}")))
+    };
+    let s = f.server(
+        edge,
+        ServeConfig {
+            queue_depth: 2,
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    let body = |i: usize| {
+        chat_body(
+            &format!("request {i}"),
+            json!({"max_tokens": 3, "ignore_eos": true}),
+        )
+        .to_string()
+    };
+    // A holds the worker (waiting for the black hole), B and C wait.
+    let a = send_request(s.addr, "POST", "/v1/chat/completions", None, &body(0));
+    wait_for("A to run", Duration::from_secs(10), || s.counters().running);
+    let b = send_request(s.addr, "POST", "/v1/chat/completions", None, &body(1));
+    wait_for("B to queue", Duration::from_secs(10), || {
+        s.counters().queued == 1
+    });
+    let c = send_request(s.addr, "POST", "/v1/chat/completions", None, &body(2));
+    wait_for("C to queue", Duration::from_secs(10), || {
+        s.counters().queued == 2
+    });
+    let d = http(s.addr, "POST", "/v1/chat/completions", None, &body(3));
+    let j = assert_error(&d, 429, None);
+    assert_eq!(j["error"]["code"], "rate_limit_exceeded");
+    assert!(d.headers.contains("retry-after: 1"), "{}", d.headers);
+    assert_eq!(s.counters().rejected_queue_full, 1);
+
+    release.send(()).unwrap();
+    // Each answer in its own thread; arrival order of the answers = run order.
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handles: Vec<_> = [(0, a), (1, b), (2, c)]
+        .into_iter()
+        .map(|(i, conn)| {
+            let order = order.clone();
+            std::thread::spawn(move || {
+                let ans = read_answer(conn);
+                order.lock().unwrap().push(i);
+                ans
+            })
+        })
+        .collect();
+    for h in handles {
+        let ans = h.join().unwrap();
+        assert_eq!(ans.status, 200, "{}", ans.body);
+        let st = ans.json()["tandem"]["token_status"].clone();
+        assert!(
+            st.as_array().unwrap().iter().all(|x| x == "provisional"),
+            "{st}"
+        );
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    // The worker counts a job after its last event went out.
+    wait_for("3 completed", Duration::from_secs(10), || {
+        s.counters().completed == 3
+    });
+}
+
+#[test]
+fn admin_routes_need_the_admin_token_and_are_off_without_one() {
+    let f = fixture();
+    let off = f.server(f.edge_config(None), ServeConfig::default());
+    let j = assert_error(
+        &http(off.addr, "GET", "/admin/v1/policy", Some(ADMIN), ""),
+        403,
+        None,
+    );
+    assert_eq!(j["error"]["code"], "admin_disabled");
+    drop(off);
+
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, tandem_router::DEFAULT_POLICY_TOML).unwrap();
+    let s = f.server(
+        f.edge_config(None),
+        ServeConfig {
+            admin: Some(AdminConfig {
+                token: ADMIN.into(),
+                policy_file: Some(policy),
+                poll_interval_ms: 50,
+                ..AdminConfig::default()
+            }),
+            ..ServeConfig::default()
+        },
+    );
+    for path in [
+        "/admin/v1/policy",
+        "/admin/v1/route/stats",
+        "/admin/v1/serve/stats",
+    ] {
+        let a = http(s.addr, "GET", path, None, "");
+        assert_eq!(a.status, 401, "{path}: {}", a.body);
+        assert!(
+            a.headers.contains("www-authenticate: bearer"),
+            "{}",
+            a.headers
+        );
+        assert_eq!(
+            http(s.addr, "GET", path, Some("wrong-token-wrong-token"), "").status,
+            401
+        );
+        let ok = http(s.addr, "GET", path, Some(ADMIN), "");
+        assert_eq!(ok.status, 200, "{path}: {}", ok.body);
+    }
+    let p = http(s.addr, "GET", "/admin/v1/policy", Some(ADMIN), "").json();
+    assert_eq!(p["generation"], 1);
+    let stats = http(s.addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "").json();
+    assert_eq!(stats["queue_depth"], 8);
+    let e = http(
+        s.addr,
+        "POST",
+        "/admin/v1/route/explain",
+        Some(ADMIN),
+        &json!({"text": "my id is 11010519491231002X"}).to_string(),
+    )
+    .json();
+    assert_eq!(e["action"], "local");
+    // A refused policy keeps the old one.
+    let bad = http(
+        s.addr,
+        "PUT",
+        "/admin/v1/policy",
+        Some(ADMIN),
+        "[[rules]]\nnope = 1\n",
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(
+        http(s.addr, "GET", "/admin/v1/policy", Some(ADMIN), "").json()["generation"],
+        1
+    );
+    // The OpenAI routes need no token.
+    assert_eq!(http(s.addr, "GET", "/v1/models", None, "").status, 200);
+}
