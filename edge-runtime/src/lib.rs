@@ -24,7 +24,6 @@
 //! OpenAI-compatible HTTP server (`tandem serve-edge`, see `docs/api.md`)
 //! with the admin API mounted under `/admin`.
 
-pub mod adaptive;
 pub mod admin;
 pub mod breaker;
 pub mod client;
@@ -33,7 +32,6 @@ pub mod error;
 pub mod openai;
 pub mod privacy;
 pub mod runtime;
-pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use config::EdgeConfig;
