@@ -10,14 +10,17 @@
 //! Around it: TLS with rustls (optional mutual TLS), per-device bearer tokens (a
 //! session is bound to the identity that opened it), limits with machine-readable
 //! refusal reasons, `grpc.health.v1` and reflection, an admin HTTP port (`/healthz`,
-//! `/readyz`, `/metrics`), and graceful shutdown. Configured by one TOML file
-//! ([`config::VerifierConfig`], documented in `docs/verifier.md`).
+//! `/readyz`, `/metrics`), and graceful shutdown. Split sessions ([`split`]) run
+//! only the target's layers `[s, N)` on hidden states the device computed.
+//! Configured by one TOML file ([`config::VerifierConfig`], documented in
+//! `docs/verifier.md`).
 
 pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod split;
 pub mod store;
 
 pub use config::VerifierConfig;

@@ -2,6 +2,7 @@
 
 use crate::error::Refusal;
 use crate::metrics::Metrics;
+use crate::split::{self, SplitAnswer, SplitSpec};
 use crate::store::{SessionState, SessionStore, StoreError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -239,8 +240,6 @@ pub fn resync(
 
 /// One verify round on a state: one forward over `[last, d1..dk]`, the verdict, and
 /// the KV cache rolled back to the accepted prefix.
-// Rows 0..=k of the logits pair with draft tokens 0..k: an index loop is clearest.
-#[allow(clippy::needless_range_loop)]
 pub fn verify_round(
     model: &Qwen2Model,
     st: &mut SessionState,
@@ -271,7 +270,30 @@ pub fn verify_round(
     let logits = model
         .forward(&input, base, &mut st.cache)
         .map_err(internal)?;
-    let vocab = model.config().vocab;
+    let verdict = verdict_from_logits(model.config().vocab, st, draft, draft_dists, &logits)?;
+    let n = verdict.accepted;
+    st.cache.truncate(base + 1 + n);
+    st.context.extend_from_slice(&draft[..n]);
+    st.context.push(verdict.next_token);
+    st.rounds += 1;
+    Ok(verdict)
+}
+
+/// The verdict for `draft` given the target's logits `[k + 1, vocab]` over
+/// `[last, d1..dk]` (greedy prefix match or the lossless rejection rule, with the
+/// session's sampling parameters, history and random source). Changes only the
+/// session's random source.
+// Rows 0..=k of the logits pair with draft tokens 0..k: an index loop is clearest.
+#[allow(clippy::needless_range_loop)]
+pub fn verdict_from_logits(
+    vocab: usize,
+    st: &mut SessionState,
+    draft: &[u32],
+    draft_dists: &[Distribution],
+    logits: &[f32],
+) -> Result<Verdict, Refusal> {
+    let internal = |e: tandem_model::ModelError| Refusal::new(Reason::InternalError, e.to_string());
+    let k = draft.len();
     let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
     let p = st.sampling;
     let mut hist = st.context.clone();
@@ -316,11 +338,6 @@ pub fn verify_round(
             })?
         }
     };
-    let n = verdict.accepted;
-    st.cache.truncate(base + 1 + n);
-    st.context.extend_from_slice(&draft[..n]);
-    st.context.push(verdict.next_token);
-    st.rounds += 1;
     Ok(verdict)
 }
 
@@ -360,8 +377,20 @@ impl VerifierService {
                 "the device's tokenizer fingerprint differs from the target's",
             ));
         }
-        s.check_context(&o.prompt_tokens)?;
+        let split = o
+            .split
+            .as_ref()
+            .map(|w| SplitSpec::from_wire(w, s.model.config().n_layer))
+            .transpose()?;
+        if split.is_some_and(|sp| sp.pin_head) {
+            // U-shape: no token ids; the context length comes from prompt_hidden.
+        } else {
+            s.check_context(&o.prompt_tokens)?;
+        }
         let sampling = sampling_from_wire(o.sampling)?;
+        if let Some(spec) = split {
+            return self.open_split(identity, o, spec, sampling).await;
+        }
         let ctx = o.prompt_tokens;
         let opened = |id: &str, resumed: bool| Opened {
             session_id: id.to_owned(),
@@ -371,6 +400,8 @@ impl VerifierService {
             max_block: s.limits.max_block as u32,
             max_prompt_tokens: s.limits.max_prompt_tokens as u32,
             context_len: ctx.len() as u64,
+            n_layer: s.model.config().n_layer as u32,
+            d_model: s.model.config().d_model as u32,
         };
         if let Some(rid) = &o.resume_session_id {
             let taken = s.store().take_over(rid, identity);
@@ -422,6 +453,7 @@ impl VerifierService {
                 rng: Sampler::from_params(&sampling),
                 next_round: o.first_round,
                 rounds: 0,
+                split: None,
             })
         })
         .await?
@@ -442,9 +474,67 @@ impl VerifierService {
         ))
     }
 
+    /// Opens a split session (always a fresh one: the device re-sends the hidden
+    /// states of its whole context, so a resume id is ignored).
+    async fn open_split(
+        &self,
+        identity: &str,
+        o: Open,
+        spec: SplitSpec,
+        sampling: SamplingParams,
+    ) -> Result<(Bound, Opened), Refusal> {
+        let s = &self.state;
+        let model = s.model.clone();
+        let max_context = s.limits.max_prompt_tokens;
+        let (tokens, hidden, first_round) = (o.prompt_tokens, o.prompt_hidden, o.first_round);
+        let st = VerifierState::blocking(move || {
+            split::open_state(
+                &model,
+                spec,
+                tokens,
+                hidden.as_ref(),
+                sampling,
+                first_round,
+                max_context,
+            )
+        })
+        .await??;
+        let context_len = st.context.len() as u64;
+        let id = new_session_id();
+        let epoch = s
+            .store()
+            .insert(id.clone(), identity.to_owned(), st)
+            .map_err(store_refusal)?;
+        s.metrics.session_opened();
+        tracing::info!(session = %id, context_len, split = spec.layer, pin_head = spec.pin_head, "split session opened");
+        let cfg = s.model.config();
+        Ok((
+            Bound {
+                id: id.clone(),
+                epoch,
+            },
+            Opened {
+                session_id: id,
+                resumed: false,
+                model_id: s.model_id.clone(),
+                vocab_size: cfg.vocab as u32,
+                max_block: s.limits.max_block as u32,
+                max_prompt_tokens: s.limits.max_prompt_tokens as u32,
+                context_len,
+                n_layer: cfg.n_layer as u32,
+                d_model: cfg.d_model as u32,
+            },
+        ))
+    }
+
     async fn draft(&self, identity: &str, b: &Bound, d: Draft) -> Result<ServerMessage, Refusal> {
         let s = &self.state;
-        let k = d.tokens.len();
+        // U-shape drafts carry no tokens: k is the hidden rows - 1.
+        let k = if d.tokens.is_empty() {
+            d.hidden.as_ref().map_or(0, |h| (h.rows as usize).saturating_sub(1))
+        } else {
+            d.tokens.len()
+        };
         if k > s.limits.max_block {
             return Err(Refusal::new(
                 Reason::BlockTooLarge,
@@ -486,7 +576,10 @@ impl VerifierService {
             ));
         }
         let greedy = st.sampling.is_greedy();
-        let bad_dists = if greedy {
+        let ushape = st.split.is_some_and(|sp| sp.pin_head);
+        let bad_dists = if ushape {
+            false // checked by split_round
+        } else if greedy {
             !dists.is_empty()
         } else {
             dists.len() != k
@@ -504,9 +597,14 @@ impl VerifierService {
         }
         let model = s.model.clone();
         let tokens = d.tokens;
+        let (hidden, start_pos) = (d.hidden, d.start_pos as usize);
         let t0 = Instant::now();
         let (mut st, r) = VerifierState::blocking(move || {
-            let r = verify_round(&model, &mut st, &tokens, &dists);
+            let r = if st.split.is_some() {
+                split::split_round(&model, &mut st, &tokens, &dists, hidden.as_ref(), start_pos)
+            } else {
+                verify_round(&model, &mut st, &tokens, &dists).map(SplitAnswer::Verdict)
+            };
             (st, r)
         })
         .await?;
@@ -525,14 +623,25 @@ impl VerifierService {
         st.next_round += 1;
         let ctx_len = st.context.len() as u64;
         s.store().checkin(&b.id, st);
-        s.metrics.verify(latency, k, verdict.accepted);
-        tracing::debug!(session = %b.id, round = d.round, k, accepted = verdict.accepted, "verified");
+        let (accepted, next_token, hidden) = match verdict {
+            SplitAnswer::Verdict(v) => (v.accepted, v.next_token, None),
+            // U-shape: context_len = positions cached = start_pos + k + 1.
+            SplitAnswer::Hidden(h) => (0, 0, Some(h)),
+        };
+        let ctx_len = if hidden.is_some() {
+            ctx_len - 1
+        } else {
+            ctx_len
+        };
+        s.metrics.verify(latency, k, accepted);
+        tracing::debug!(session = %b.id, round = d.round, k, accepted, "verified");
         Ok(msg(server_message::Msg::Verdict(
             tandem_proto::v1::Verdict {
                 round: d.round,
-                accepted: verdict.accepted as u32,
-                next_token: verdict.next_token,
+                accepted: accepted as u32,
+                next_token,
                 context_len: ctx_len,
+                hidden,
             },
         )))
     }
@@ -549,6 +658,13 @@ impl VerifierService {
             .store()
             .checkout(&b.id, identity, b.epoch)
             .map_err(store_refusal)?;
+        if st.split.is_some() {
+            s.store().checkin(&b.id, st);
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                "Resume is not supported in split sessions: open a new session with the context's hidden states",
+            ));
+        }
         let model = s.model.clone();
         let ctx = r.context_tokens;
         let (mut st, res) = VerifierState::blocking(move || {

@@ -21,6 +21,10 @@ pub struct SessionState {
     pub next_round: u64,
     /// Rounds verified so far.
     pub rounds: u64,
+    /// Split execution: the device runs layers `[0, split.layer)`; `None` = whole
+    /// target here. In U-shape sessions `context` holds placeholders (the verifier
+    /// never sees token ids), only its length is meaningful.
+    pub split: Option<crate::split::SplitSpec>,
 }
 
 impl SessionState {

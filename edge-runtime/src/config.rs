@@ -51,6 +51,10 @@ pub struct EdgeConfig {
     pub probe_interval_ms: u64,
     /// Timeout of one health probe.
     pub probe_timeout_ms: u64,
+    /// Split execution (`[split]`; see `crate::split` and docs/shard-planner.md):
+    /// the device runs target layers `[0, s)`. Needs the target model on the
+    /// device (`EdgeRuntime::set_split_target`).
+    pub split: Option<crate::split::SplitConfig>,
 }
 
 impl Default for EdgeConfig {
@@ -77,6 +81,7 @@ impl Default for EdgeConfig {
             breaker_failures: 3,
             probe_interval_ms: 1_000,
             probe_timeout_ms: 1_000,
+            split: None,
         }
     }
 }
@@ -133,6 +138,9 @@ impl EdgeConfig {
         }
         if self.deadline_floor_ms == 0 || self.deadline_floor_ms > self.deadline_max_ms {
             return bad("need 0 < deadline_floor_ms <= deadline_max_ms".into());
+        }
+        if let Some(sp) = &self.split {
+            sp.validate()?;
         }
         if self.breaker_failures == 0 {
             return bad("breaker_failures must be at least 1".into());

@@ -32,6 +32,7 @@ pub mod error;
 pub mod openai;
 pub mod privacy;
 pub mod runtime;
+pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use config::EdgeConfig;

@@ -116,6 +116,9 @@ pub struct EdgeStats {
     pub ttft_ms: f64,
     pub total_ms: f64,
     pub tokens_per_s: f64,
+    /// Split execution (when configured): s, format, per-round times, prediction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<crate::split::SplitReport>,
 }
 
 /// The result of [`EdgeRuntime::generate`].
@@ -141,6 +144,7 @@ pub struct EdgeRuntime {
     breaker: Arc<Mutex<CircuitBreaker>>,
     rtt: RttTracker,
     probe: Option<tokio::task::JoinHandle<()>>,
+    split: Option<crate::split::SplitExec>,
 }
 
 impl Drop for EdgeRuntime {
@@ -206,11 +210,24 @@ impl EdgeRuntime {
             rt,
             rtt: RttTracker::default(),
             probe: None,
+            split: None,
         })
     }
 
     pub fn config(&self) -> &EdgeConfig {
         &self.cfg
+    }
+
+    /// Gives the device the target model for split execution (the config's
+    /// `[split]`); without `[split]` this is an error.
+    pub fn set_split_target(&mut self, target: Arc<Qwen2Model>) -> Result<(), EdgeError> {
+        let Some(sc) = self.cfg.split.clone() else {
+            return Err(EdgeError::Config(
+                "set_split_target without [split] in the config".into(),
+            ));
+        };
+        self.split = Some(crate::split::SplitExec::new(target, sc, self.cfg.k)?);
+        Ok(())
     }
 
     pub fn breaker_state(&self) -> BreakerState {
@@ -264,6 +281,7 @@ impl EdgeRuntime {
             round: 0,
             max_block: gen.k.min(tandem_model::speculative::MAX_K),
             resends_in_a_row: 0,
+            split: self.split.as_mut(),
         };
         let res = net.drive(&mut run);
         if let Some(mut s) = net.stream.take() {
@@ -275,7 +293,9 @@ impl EdgeRuntime {
         }
         res?;
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
-        Ok(run.finish(sid, &gen_rtt, counters))
+        let mut g = run.finish(sid, &gen_rtt, counters);
+        g.stats.split = self.split.as_ref().map(|s| s.report.clone());
+        Ok(g)
     }
 }
 
@@ -555,6 +575,7 @@ struct Net<'a> {
     round: u64,
     max_block: usize,
     resends_in_a_row: u32,
+    split: Option<&'a mut crate::split::SplitExec>,
 }
 
 /// Outcome of a network step.
@@ -655,8 +676,9 @@ impl Net<'_> {
     /// Opens (or resumes) the session with the context the verifier must hold.
     fn open(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
         let greedy = run.gen.sampling.is_greedy();
-        if !greedy {
-            // Sampled mode: provisional spans are not checked; send everything.
+        if !greedy || self.split.is_some() {
+            // Sampled mode and split sessions: provisional spans are not checked;
+            // send everything.
             if let Some(c) = run.check.take() {
                 run.complete_check(c, false);
             }
@@ -672,6 +694,11 @@ impl Net<'_> {
             sampling: Some(to_pb_sampling(&run.gen.sampling)),
             resume_session_id: self.session_id.clone(),
             first_round: self.round,
+            ..pb::Open::default()
+        };
+        let open = match self.split.as_deref_mut() {
+            Some(sp) => sp.open_message(&run.ctx[..upto], &run.gen.sampling, open)?,
+            None => open,
         };
         let msg = ClientMessage {
             msg: Some(Cm::Open(open)),
@@ -693,6 +720,9 @@ impl Net<'_> {
                         "Opened.context_len {} != {upto}",
                         o.context_len
                     )));
+                }
+                if let Some(sp) = self.split.as_deref() {
+                    sp.check_opened(&o)?;
                 }
                 // Not a success for the breaker yet: a verifier that opens sessions
                 // but never answers a verify must still trip it. The first verdict
@@ -756,6 +786,7 @@ impl Net<'_> {
                 round: self.round,
                 tokens: chunk,
                 draft_dists: Vec::new(),
+                ..pb::Draft::default()
             };
             let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
                 Ok(a) => a,
@@ -845,16 +876,50 @@ impl Net<'_> {
             round: self.round,
             tokens: block.clone(),
             draft_dists: dists,
+            ..pb::Draft::default()
+        };
+        let draft = match self.split.as_deref_mut() {
+            Some(sp) => sp.draft_message(&run.ctx, draft)?,
+            None => draft,
         };
         let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
             Ok(a) => a,
             Err(e) => {
                 run.rollback_unverified();
+                if let Some(sp) = self.split.as_deref_mut() {
+                    sp.rollback(ctx_before);
+                }
                 self.fail(run, e)?;
                 return Ok(());
             }
         };
-        let v = self.verdict(answer, k, ctx_before)?;
+        let v = match (self.split.as_deref_mut(), answer) {
+            (Some(sp), Sm::Verdict(v)) if sp.pin_head() => {
+                if v.round != self.round {
+                    return Err(EdgeError::Protocol(format!(
+                        "verdict for round {}, expected {}",
+                        v.round, self.round
+                    )));
+                }
+                sp.local_verdict(&v, &run.ctx, &run.gen.sampling)?
+            }
+            (_, answer) => self.verdict(answer, k, ctx_before)?,
+        };
+        let replanned = match self.split.as_deref_mut() {
+            Some(sp) => sp.accept(ctx_before, v.accepted as usize, rtt.as_secs_f64() * 1e3, k),
+            None => false,
+        };
+        if replanned {
+            // auto chose another s: the next round opens a new split session.
+            if let Some(mut st) = self.stream.take() {
+                let c = &mut self.counters;
+                let _ = self.rt.block_on(st.exchange(
+                    Cm::Close(pb::Close {}),
+                    Duration::from_secs(1),
+                    c,
+                ));
+            }
+        }
         self.record_rtt(rtt);
         self.success();
         self.round += 1;

@@ -4,7 +4,9 @@
 //!
 //! This crate holds only the `.proto` file and the code tonic/prost generate from it
 //! (client and server), plus the encoded descriptor set for gRPC server reflection and
-//! the name of the metadata key that carries machine-readable error reasons. No logic.
+//! the name of the metadata key that carries machine-readable error reasons, and
+//! [`hidden`]: the byte encoding of split sessions' hidden states (both sides must
+//! agree on it bit for bit). No other logic.
 //! Code generation uses `protox`, a pure-Rust protobuf compiler: no system `protoc`.
 
 /// Version 1 of the verifier protocol.
@@ -30,3 +32,87 @@ pub const REASON_METADATA_KEY: &str = "tandem-reason";
 
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";
+
+/// Encoding of [`v1::HiddenStates`]: row-major `[rows, d_model]`, little-endian f32
+/// ([`v1::HiddenFormat::HiddenF32`], exact) or f16 ([`v1::HiddenFormat::HiddenF16`],
+/// round to nearest even, lossy).
+pub mod hidden {
+    use crate::v1::{HiddenFormat, HiddenStates};
+
+    /// Why a [`HiddenStates`] message cannot be decoded.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct HiddenError(pub String);
+
+    impl std::fmt::Display for HiddenError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for HiddenError {}
+
+    /// Bytes per element of `format`.
+    pub fn element_bytes(format: HiddenFormat) -> usize {
+        match format {
+            HiddenFormat::HiddenF32 => 4,
+            HiddenFormat::HiddenF16 => 2,
+        }
+    }
+
+    /// Encodes `values` (`rows * d_model` floats) as `rows` rows.
+    pub fn encode(values: &[f32], rows: usize, format: HiddenFormat) -> HiddenStates {
+        let mut data = Vec::with_capacity(values.len() * element_bytes(format));
+        match format {
+            HiddenFormat::HiddenF32 => {
+                for v in values {
+                    data.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            HiddenFormat::HiddenF16 => {
+                for v in values {
+                    data.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            }
+        }
+        HiddenStates {
+            rows: rows as u32,
+            data,
+        }
+    }
+
+    /// Decodes `h`, checking that it holds exactly `rows` rows of `d_model` values.
+    pub fn decode(
+        h: &HiddenStates,
+        rows: usize,
+        d_model: usize,
+        format: HiddenFormat,
+    ) -> Result<Vec<f32>, HiddenError> {
+        let eb = element_bytes(format);
+        if h.rows as usize != rows {
+            return Err(HiddenError(format!(
+                "hidden states have {} rows, expected {rows}",
+                h.rows
+            )));
+        }
+        if h.data.len() != rows * d_model * eb {
+            return Err(HiddenError(format!(
+                "hidden states hold {} bytes, expected {rows} rows x {d_model} x {eb} = {}",
+                h.data.len(),
+                rows * d_model * eb
+            )));
+        }
+        let out = match format {
+            HiddenFormat::HiddenF32 => h
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            HiddenFormat::HiddenF16 => h
+                .data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        };
+        Ok(out)
+    }
+}

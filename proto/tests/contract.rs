@@ -16,6 +16,7 @@ fn draft_round_trips_through_the_wire_encoding() {
                 tokens: vec![1, 2],
                 probs: vec![0.75, 0.25],
             }],
+            ..Draft::default()
         })),
     };
     let bytes = msg.encode_to_vec();

@@ -10,7 +10,9 @@
 //! - [`solve`] is the exact dynamic program for the [`Objective::Latency`] and
 //!   [`Objective::Throughput`] objectives, with the embedding pinned to the
 //!   device and optionally the head too (U-shape);
-//! - [`brute_force::solve`] is the exhaustive reference the tests compare with.
+//! - [`brute_force::solve`] is the exhaustive reference the tests compare with;
+//! - [`split`] evaluates the two-node split points the runtime executes (device
+//!   `[0, s)`, server `[s, N)`, head on either) with the same cost model.
 //!
 //! The recurrence, state and complexity are in `docs/shard-planner.md`.
 
@@ -22,6 +24,7 @@ pub mod network;
 pub mod problem;
 pub mod profile;
 pub mod report;
+pub mod split;
 
 pub use cluster::ClusterConfig;
 pub use cluster::PlanOptions;

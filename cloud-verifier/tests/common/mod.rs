@@ -140,6 +140,7 @@ impl Conn {
             round,
             tokens: tokens.to_vec(),
             draft_dists: vec![],
+            ..Draft::default()
         });
         match self.call(m).await? {
             server_message::Msg::Verdict(v) => Ok(v),
@@ -156,6 +157,7 @@ pub fn open_msg(fp: &str, prompt: &[u32]) -> Open {
         sampling: None,
         resume_session_id: None,
         first_round: 0,
+        ..Open::default()
     }
 }
 

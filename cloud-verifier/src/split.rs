@@ -1,0 +1,220 @@
+//! Split sessions: the device runs the embedding and target layers `[0, s)` and
+//! sends hidden states; this verifier runs layers `[s, N)` and either the head and
+//! the verdict (head here) or nothing more (U-shape: it returns the final hidden
+//! states and the device decides). The wire rules are in the `.proto` file comment.
+//!
+//! The verifier still maps the whole target GGUF (weights of layers `[0, s)` are
+//! mapped but never touched, so they cost address space, not RSS), and each split
+//! session's KV cache is allocated for all N layers with only `[s, N)` written
+//! (untouched capacity maps lazily). Shrinking both is future work.
+
+use crate::error::Refusal;
+use crate::service::verdict_from_logits;
+use crate::store::SessionState;
+use tandem_model::qwen2::Qwen2Model;
+use tandem_model::sampling::{Distribution, Sampler, SamplingParams};
+use tandem_model::verify::Verdict;
+use tandem_proto::hidden;
+use tandem_proto::v1::{HiddenFormat, HiddenStates, Reason};
+
+/// How a split session divides the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitSpec {
+    /// s: the device runs `[0, s)`, this verifier `[s, N)`.
+    pub layer: usize,
+    /// U-shape: head and verdict on the device.
+    pub pin_head: bool,
+    pub format: HiddenFormat,
+}
+
+impl SplitSpec {
+    /// Checks the wire message against the model.
+    pub fn from_wire(w: &tandem_proto::v1::Split, n_layer: usize) -> Result<Self, Refusal> {
+        let layer = w.layer as usize;
+        if layer > n_layer {
+            return Err(bad(format!(
+                "split.layer {layer} is beyond the target's {n_layer} layers"
+            )));
+        }
+        let format = HiddenFormat::try_from(w.format)
+            .map_err(|_| bad(format!("split.format {} is unknown", w.format)))?;
+        Ok(Self {
+            layer,
+            pin_head: w.pin_head,
+            format,
+        })
+    }
+}
+
+fn bad(m: impl Into<String>) -> Refusal {
+    Refusal::new(Reason::BadRequest, m)
+}
+
+fn internal(e: tandem_model::ModelError) -> Refusal {
+    Refusal::new(Reason::InternalError, e.to_string())
+}
+
+fn decode(
+    model: &Qwen2Model,
+    h: Option<&HiddenStates>,
+    rows: usize,
+    format: HiddenFormat,
+) -> Result<Vec<f32>, Refusal> {
+    let empty = HiddenStates::default();
+    hidden::decode(h.unwrap_or(&empty), rows, model.config().d_model, format)
+        .map_err(|e| bad(format!("hidden: {e}")))
+}
+
+/// Runs layers `[s, N)` over `h` at `start_pos` (nothing when s = N).
+fn run_suffix(
+    model: &Qwen2Model,
+    spec: &SplitSpec,
+    st: &mut SessionState,
+    h: &mut [f32],
+    start_pos: usize,
+) -> Result<(), Refusal> {
+    let n_layer = model.config().n_layer;
+    if spec.layer < n_layer && !h.is_empty() {
+        model
+            .forward_layers(spec.layer..n_layer, h, start_pos, &mut st.cache)
+            .map_err(internal)?;
+    }
+    Ok(())
+}
+
+/// A new split session from an Open: prefills layers `[s, N)` with the prompt's
+/// hidden states. `prompt_tokens` must already be checked (head-here sessions) or
+/// empty (U-shape). `max_context` bounds the context length.
+pub fn open_state(
+    model: &Qwen2Model,
+    spec: SplitSpec,
+    prompt_tokens: Vec<u32>,
+    prompt_hidden: Option<&HiddenStates>,
+    sampling: SamplingParams,
+    first_round: u64,
+    max_context: usize,
+) -> Result<SessionState, Refusal> {
+    let rows = prompt_hidden.map_or(0, |h| h.rows as usize);
+    let context = if spec.pin_head {
+        if !prompt_tokens.is_empty() {
+            return Err(bad(
+                "U-shape split sessions send no token ids: prompt_tokens must be empty",
+            ));
+        }
+        if rows + 1 > max_context {
+            return Err(Refusal::new(
+                Reason::PromptTooLong,
+                format!(
+                    "context of {} tokens exceeds max_prompt_tokens = {max_context}",
+                    rows + 1
+                ),
+            ));
+        }
+        vec![0; rows + 1]
+    } else {
+        if rows + 1 != prompt_tokens.len() {
+            return Err(bad(format!(
+                "prompt_hidden has {rows} rows; a context of {} tokens needs {}",
+                prompt_tokens.len(),
+                prompt_tokens.len().saturating_sub(1)
+            )));
+        }
+        prompt_tokens
+    };
+    let mut h = decode(model, prompt_hidden, rows, spec.format)?;
+    let mut st = SessionState {
+        cache: model.new_cache(),
+        context,
+        sampling,
+        rng: Sampler::from_params(&sampling),
+        next_round: first_round,
+        rounds: 0,
+        split: Some(spec),
+    };
+    if rows + 1 > st.cache.capacity() {
+        return Err(Refusal::new(
+            Reason::ContextFull,
+            "context exceeds the KV capacity",
+        ));
+    }
+    run_suffix(model, &spec, &mut st, &mut h, 0)?;
+    Ok(st)
+}
+
+/// What a split round answers.
+#[derive(Debug)]
+pub enum SplitAnswer {
+    /// Head here: the usual verdict.
+    Verdict(Verdict),
+    /// U-shape: final hidden states of the block's rows; the device decides.
+    Hidden(HiddenStates),
+}
+
+/// One split verify round. `draft`/`draft_dists` are the Draft's tokens and
+/// distributions (already checked against the vocabulary), `hidden` its rows.
+pub fn split_round(
+    model: &Qwen2Model,
+    st: &mut SessionState,
+    draft: &[u32],
+    draft_dists: &[Distribution],
+    hidden: Option<&HiddenStates>,
+    start_pos: usize,
+) -> Result<SplitAnswer, Refusal> {
+    let Some(spec) = st.split else {
+        return Err(Refusal::new(Reason::InternalError, "not a split session"));
+    };
+    let cached = st.context.len().saturating_sub(1);
+    let full = |n: usize| {
+        Refusal::new(
+            Reason::ContextFull,
+            format!(
+                "context of {n} positions would exceed the KV capacity of {} tokens",
+                st.cache.capacity()
+            ),
+        )
+    };
+    if spec.pin_head {
+        if !draft.is_empty() || !draft_dists.is_empty() {
+            return Err(bad(
+                "U-shape split sessions send no token ids: tokens and draft_dists must be empty",
+            ));
+        }
+        let rows = hidden.map_or(0, |h| h.rows as usize);
+        if rows == 0 {
+            return Err(bad("a U-shape Draft needs at least one hidden row"));
+        }
+        if start_pos > cached {
+            return Err(bad(format!(
+                "start_pos {start_pos} is beyond the {cached} positions this session holds"
+            )));
+        }
+        if start_pos + rows > st.cache.capacity() {
+            return Err(full(start_pos + rows));
+        }
+        let mut h = decode(model, hidden, rows, spec.format)?;
+        st.cache.truncate(start_pos);
+        run_suffix(model, &spec, st, &mut h, start_pos)?;
+        st.context.resize(start_pos + rows + 1, 0);
+        st.rounds += 1;
+        return Ok(SplitAnswer::Hidden(hidden::encode(&h, rows, spec.format)));
+    }
+    let k = draft.len();
+    if start_pos != cached {
+        return Err(bad(format!(
+            "start_pos {start_pos} differs from the {cached} positions this session holds"
+        )));
+    }
+    if cached + k + 1 > st.cache.capacity() {
+        return Err(full(cached + k + 1));
+    }
+    let mut h = decode(model, hidden, k + 1, spec.format)?;
+    run_suffix(model, &spec, st, &mut h, cached)?;
+    let logits = model.head(&h);
+    let verdict = verdict_from_logits(model.config().vocab, st, draft, draft_dists, &logits)?;
+    let n = verdict.accepted;
+    st.cache.truncate(cached + 1 + n);
+    st.context.extend_from_slice(&draft[..n]);
+    st.context.push(verdict.next_token);
+    st.rounds += 1;
+    Ok(SplitAnswer::Verdict(verdict))
+}

@@ -1,0 +1,737 @@
+//! Split execution on the device: the device also holds the target model and runs
+//! its embedding and layers `[0, s)` on every verify block, sending hidden states
+//! instead of leaving the whole forward to the verifier, which runs `[s, N)`
+//! (wire rules: the file comment of `verifier.proto`). With `pin_head` (U-shape)
+//! the verifier returns the final hidden states and the device runs the head and
+//! computes the verdict, so no token id leaves the device.
+//!
+//! `layer = "auto"`: the device picks `s` with the shard planner's cost model
+//! (`tandem_shard::split`) from its own profile (`tandem profile` JSON), the
+//! configured bandwidth and the network RTT it measures (round time minus the
+//! profile's prediction of the compute and transfer), and re-plans when that
+//! estimate moves by more than `replan_threshold` ([`AutoSplit::observe`]); a new
+//! `s` takes effect by opening a new session.
+//!
+//! Known limits: the device maps the whole target file and allocates its KV cache
+//! for all N layers (only `[0, s)` is written; untouched capacity maps lazily);
+//! provisional spans are not checked by the verifier in split sessions (as in
+//! sampled mode); bandwidth is configured, not measured.
+
+use crate::error::EdgeError;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tandem_model::kv_cache::KvCache;
+use tandem_model::qwen2::Qwen2Model;
+use tandem_model::sampling::{
+    apply_repetition_penalty, argmax, distribution, Distribution, Sampler, SamplingParams,
+};
+use tandem_model::verify::{verify_greedy, verify_sampled};
+use tandem_proto::hidden;
+use tandem_proto::v1::{self as pb, HiddenFormat};
+use tandem_shard::split::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
+use tandem_shard::ModelProfile;
+
+/// `layer = 12` or `layer = "auto"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SplitLayer {
+    Fixed(usize),
+    /// Must be `"auto"`.
+    Named(String),
+}
+
+impl Default for SplitLayer {
+    fn default() -> Self {
+        Self::Fixed(0)
+    }
+}
+
+/// `[split]` of the edge config (documented in `docs/shard-planner.md`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SplitConfig {
+    /// s (0..=N): the device runs the embedding and target layers `[0, s)`;
+    /// or `"auto"` (needs `profile`).
+    pub layer: SplitLayer,
+    /// U-shape: the head and the verdict stay on the device.
+    pub pin_head: bool,
+    /// Send hidden states as f16: half the bytes, LOSSY (greedy output may differ
+    /// from the target's). Default f32: bit-identical.
+    pub hidden_f16: bool,
+    /// `tandem profile --model target` JSON of this device: needed for `auto`, and
+    /// when given the stats report the cost model's predicted round time.
+    pub profile: Option<PathBuf>,
+    /// Link bandwidth the planner assumes, Mbit/s each way.
+    pub up_mbps: f64,
+    pub down_mbps: f64,
+    /// Server speed relative to this device (1 = same machine type).
+    pub server_speed: f64,
+    /// Network RTT (ms) assumed before any round was measured.
+    pub initial_rtt_ms: f64,
+    /// Re-plan when the RTT estimate differs from the one planned with by more
+    /// than this fraction (and by at least `replan_min_ms`).
+    pub replan_threshold: f64,
+    pub replan_min_ms: f64,
+}
+
+impl Default for SplitConfig {
+    fn default() -> Self {
+        Self {
+            layer: SplitLayer::Fixed(0),
+            pin_head: false,
+            hidden_f16: false,
+            profile: None,
+            up_mbps: 1000.0,
+            down_mbps: 1000.0,
+            server_speed: 1.0,
+            initial_rtt_ms: 1.0,
+            replan_threshold: 0.5,
+            replan_min_ms: 5.0,
+        }
+    }
+}
+
+impl SplitConfig {
+    /// True for `layer = "auto"`.
+    pub fn is_auto(&self) -> bool {
+        matches!(&self.layer, SplitLayer::Named(n) if n == "auto")
+    }
+
+    pub fn validate(&self) -> Result<(), EdgeError> {
+        let bad = |m: String| Err(EdgeError::Config(format!("split: {m}")));
+        if let SplitLayer::Named(n) = &self.layer {
+            if n != "auto" {
+                return bad(format!("layer must be a number or \"auto\", got {n:?}"));
+            }
+            if self.profile.is_none() {
+                return bad(
+                    "layer = \"auto\" needs profile (tandem profile --model target)".into(),
+                );
+            }
+        }
+        for (name, v) in [
+            ("up_mbps", self.up_mbps),
+            ("down_mbps", self.down_mbps),
+            ("server_speed", self.server_speed),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!("{name} must be positive, got {v}"));
+            }
+        }
+        for (name, v) in [
+            ("initial_rtt_ms", self.initial_rtt_ms),
+            ("replan_threshold", self.replan_threshold),
+            ("replan_min_ms", self.replan_min_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!("{name} must be >= 0, got {v}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn format(&self) -> HiddenFormat {
+        if self.hidden_f16 {
+            HiddenFormat::HiddenF16
+        } else {
+            HiddenFormat::HiddenF32
+        }
+    }
+}
+
+/// What a generation reports about its split (in `EdgeStats::split`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SplitReport {
+    /// s of the last session.
+    pub layer: usize,
+    pub n_layer: usize,
+    pub pin_head: bool,
+    /// "f32" or "f16".
+    pub hidden_format: String,
+    /// True with f16 hidden states: output may differ from the target's.
+    pub lossy: bool,
+    pub auto: bool,
+    /// Times `auto` chose a different s mid-run.
+    pub replans: u32,
+    /// Device-side time of each verify round: target layers `[0, s)`, the
+    /// exchange, and (U-shape) the head + verdict; ms.
+    pub round_ms: Vec<f64>,
+    /// The cost model's prediction of one round at the last RTT estimate, ms
+    /// (when a profile is configured).
+    pub predicted_round_ms: Option<f64>,
+    /// Network RTT estimate the last plan/prediction used, ms.
+    pub rtt_estimate_ms: Option<f64>,
+}
+
+/// `auto`: the split choice and its re-plan rule, pure (no model, no network).
+#[derive(Clone, Debug)]
+pub struct AutoSplit {
+    profile: ModelProfile,
+    link: TwoNodeLink,
+    pin_head: bool,
+    threshold: f64,
+    min_ms: f64,
+    /// RTT the current choice was planned with.
+    planned_rtt_ms: f64,
+    /// Smoothed network RTT estimate.
+    estimate_ms: f64,
+    layer: usize,
+    replans: u32,
+}
+
+impl AutoSplit {
+    pub fn new(
+        profile: ModelProfile,
+        cfg: &SplitConfig,
+        block_tokens: u32,
+    ) -> Result<Self, EdgeError> {
+        let link = TwoNodeLink {
+            rtt_ms: cfg.initial_rtt_ms,
+            up_mbps: cfg.up_mbps,
+            down_mbps: cfg.down_mbps,
+            server_speed: cfg.server_speed,
+        };
+        let mut a = Self {
+            profile,
+            link,
+            pin_head: cfg.pin_head,
+            threshold: cfg.replan_threshold,
+            min_ms: cfg.replan_min_ms,
+            planned_rtt_ms: cfg.initial_rtt_ms,
+            estimate_ms: cfg.initial_rtt_ms,
+            layer: 0,
+            replans: 0,
+        };
+        a.layer = a.plan(cfg.initial_rtt_ms, block_tokens)?;
+        Ok(a)
+    }
+
+    /// The best s for a network RTT of `rtt_ms`.
+    pub fn plan(&self, rtt_ms: f64, block_tokens: u32) -> Result<usize, EdgeError> {
+        let link = TwoNodeLink {
+            rtt_ms,
+            ..self.link
+        };
+        let p = two_node_problem(&self.profile, &link, block_tokens, self.pin_head)
+            .map_err(|e| EdgeError::Config(format!("split auto: {e}")))?;
+        let (s, _) = best_split(&p).map_err(|e| EdgeError::Config(format!("split auto: {e}")))?;
+        Ok(s)
+    }
+
+    /// The cost model's time of one round at split `s` (seconds).
+    pub fn predict_s(&self, s: usize, rtt_ms: f64, block_tokens: u32) -> Option<f64> {
+        predict(
+            &self.profile,
+            &TwoNodeLink {
+                rtt_ms,
+                ..self.link
+            },
+            self.pin_head,
+            s,
+            block_tokens,
+        )
+    }
+
+    pub fn layer(&self) -> usize {
+        self.layer
+    }
+
+    pub fn estimate_ms(&self) -> f64 {
+        self.estimate_ms
+    }
+
+    pub fn replans(&self) -> u32 {
+        self.replans
+    }
+
+    /// Feeds one network-RTT sample (ms). When the smoothed estimate has moved
+    /// from the RTT of the current plan by more than the threshold (relative and
+    /// absolute), re-plans; returns the new s when it differs.
+    pub fn observe(&mut self, net_rtt_ms: f64, block_tokens: u32) -> Option<usize> {
+        if !net_rtt_ms.is_finite() || net_rtt_ms < 0.0 {
+            return None;
+        }
+        // EWMA with weight 1/4 on the new sample: one outlier cannot re-plan alone
+        // unless it is very large.
+        self.estimate_ms = 0.75 * self.estimate_ms + 0.25 * net_rtt_ms;
+        let moved = (self.estimate_ms - self.planned_rtt_ms).abs();
+        if moved <= self.min_ms || moved <= self.threshold * self.planned_rtt_ms {
+            return None;
+        }
+        self.planned_rtt_ms = self.estimate_ms;
+        let s = self.plan(self.estimate_ms, block_tokens).ok()?;
+        if s == self.layer {
+            return None;
+        }
+        self.layer = s;
+        self.replans += 1;
+        Some(s)
+    }
+}
+
+/// The cost model's time of one round at split `s` (seconds), if the profile
+/// allows it.
+pub fn predict(
+    profile: &ModelProfile,
+    link: &TwoNodeLink,
+    pin_head: bool,
+    s: usize,
+    block_tokens: u32,
+) -> Option<f64> {
+    let p = two_node_problem(profile, link, block_tokens, pin_head).ok()?;
+    evaluate_split(&p, s).ok().map(|e| e.latency_s)
+}
+
+/// A split session's device side: the target, its KV cache for layers `[0, s)`,
+/// and (U-shape) the verdict's random source.
+pub struct SplitExec {
+    target: Arc<Qwen2Model>,
+    cfg: SplitConfig,
+    layer: usize,
+    format: HiddenFormat,
+    cache: KvCache,
+    rng: Sampler,
+    auto: Option<AutoSplit>,
+    profile: Option<ModelProfile>,
+    /// U-shape: the block and distributions of the Draft in flight.
+    pending: Vec<u32>,
+    pending_dists: Vec<Distribution>,
+    round_start: Option<Instant>,
+    /// Compute + transfer the model predicts for the current round (excl. RTT).
+    pub report: SplitReport,
+}
+
+impl SplitExec {
+    /// Device-side split state for `target` (block size `k + 1` for `auto`).
+    pub fn new(target: Arc<Qwen2Model>, cfg: SplitConfig, k: usize) -> Result<Self, EdgeError> {
+        cfg.validate()?;
+        let n = target.config().n_layer;
+        let profile = match &cfg.profile {
+            Some(p) => Some(
+                ModelProfile::load(p)
+                    .map_err(|e| EdgeError::Config(format!("split profile: {e}")))?,
+            ),
+            None => None,
+        };
+        if let Some(p) = &profile {
+            if p.layers.len() != n + 2 {
+                return Err(EdgeError::Config(format!(
+                    "split profile {} has {} layers; the target has {n} blocks (+ embedding, head)",
+                    p.model,
+                    p.layers.len()
+                )));
+            }
+        }
+        let auto = match (&profile, cfg.is_auto()) {
+            (Some(p), true) => Some(AutoSplit::new(p.clone(), &cfg, (k + 1) as u32)?),
+            _ => None,
+        };
+        let layer = match (&auto, &cfg.layer) {
+            (Some(a), _) => a.layer(),
+            (None, SplitLayer::Fixed(s)) => *s,
+            (None, SplitLayer::Named(_)) => {
+                return Err(EdgeError::Config("split: auto needs a profile".into()))
+            }
+        };
+        if layer > n {
+            return Err(EdgeError::Config(format!(
+                "split: layer {layer} is beyond the target's {n} layers"
+            )));
+        }
+        let format = cfg.format();
+        let report = SplitReport {
+            layer,
+            n_layer: n,
+            pin_head: cfg.pin_head,
+            hidden_format: if cfg.hidden_f16 { "f16" } else { "f32" }.into(),
+            lossy: cfg.hidden_f16,
+            auto: auto.is_some(),
+            ..SplitReport::default()
+        };
+        Ok(Self {
+            cache: target.new_cache(),
+            target,
+            layer,
+            format,
+            rng: Sampler::from_params(&SamplingParams::default()),
+            auto,
+            profile,
+            pending: Vec::new(),
+            pending_dists: Vec::new(),
+            round_start: None,
+            report,
+            cfg,
+        })
+    }
+
+    pub fn layer(&self) -> usize {
+        self.layer
+    }
+
+    pub fn pin_head(&self) -> bool {
+        self.cfg.pin_head
+    }
+
+    fn d_model(&self) -> usize {
+        self.target.config().d_model
+    }
+
+    /// Hidden states after layer s - 1 of `tokens` at `start_pos` (appending to
+    /// the device's cache of layers `[0, s)`).
+    fn prefix(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>, EdgeError> {
+        self.cache.truncate(start_pos);
+        let mut h = self.target.embed(tokens)?;
+        if self.layer > 0 {
+            self.target
+                .forward_layers(0..self.layer, &mut h, start_pos, &mut self.cache)?;
+        }
+        Ok(h)
+    }
+
+    /// Fills a split Open for the context `ctx` (recomputes the device's cache).
+    pub fn open_message(
+        &mut self,
+        ctx: &[u32],
+        sampling: &SamplingParams,
+        mut open: pb::Open,
+    ) -> Result<pb::Open, EdgeError> {
+        self.cache.clear();
+        self.rng = Sampler::from_params(sampling);
+        let rows = ctx.len().saturating_sub(1);
+        let h = if rows > 0 {
+            self.prefix(&ctx[..rows], 0)?
+        } else {
+            Vec::new()
+        };
+        open.prompt_hidden = Some(hidden::encode(&h, rows, self.format));
+        open.split = Some(pb::Split {
+            layer: self.layer as u32,
+            pin_head: self.cfg.pin_head,
+            format: self.format as i32,
+        });
+        if self.cfg.pin_head {
+            open.prompt_tokens.clear();
+            open.resume_session_id = None;
+        }
+        self.report.layer = self.layer;
+        Ok(open)
+    }
+
+    /// Checks the verifier's Opened against the local target.
+    pub fn check_opened(&self, o: &pb::Opened) -> Result<(), EdgeError> {
+        let c = self.target.config();
+        if o.n_layer as usize != c.n_layer || o.d_model as usize != c.d_model {
+            return Err(EdgeError::Protocol(format!(
+                "the verifier's target has {} layers x {} features; the device's split target has {} x {}",
+                o.n_layer, o.d_model, c.n_layer, c.d_model
+            )));
+        }
+        Ok(())
+    }
+
+    /// Turns a Draft of `block` after context `ctx` into a split Draft.
+    pub fn draft_message(
+        &mut self,
+        ctx: &[u32],
+        mut draft: pb::Draft,
+    ) -> Result<pb::Draft, EdgeError> {
+        self.round_start = Some(Instant::now());
+        let Some(&last) = ctx.last() else {
+            return Err(EdgeError::Protocol("empty context".into()));
+        };
+        let start_pos = ctx.len() - 1;
+        let mut rows = Vec::with_capacity(draft.tokens.len() + 1);
+        rows.push(last);
+        rows.extend_from_slice(&draft.tokens);
+        let h = self.prefix(&rows, start_pos)?;
+        draft.hidden = Some(hidden::encode(&h, rows.len(), self.format));
+        draft.start_pos = start_pos as u64;
+        if self.cfg.pin_head {
+            self.pending = std::mem::take(&mut draft.tokens);
+            self.pending_dists = std::mem::take(&mut draft.draft_dists)
+                .into_iter()
+                .map(|d| Distribution::from_pairs(d.tokens.into_iter().zip(d.probs)))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(draft)
+    }
+
+    /// U-shape: the verdict from the verifier's final hidden states, computed here
+    /// exactly as the verifier would (head, greedy prefix match or rejection rule).
+    /// `ctx` is the context before the block.
+    pub fn local_verdict(
+        &mut self,
+        v: &pb::Verdict,
+        ctx: &[u32],
+        sampling: &SamplingParams,
+    ) -> Result<pb::Verdict, EdgeError> {
+        let k = self.pending.len();
+        let start_pos = ctx.len().saturating_sub(1);
+        if v.context_len != (start_pos + k + 1) as u64 {
+            return Err(EdgeError::Protocol(format!(
+                "U-shape verdict holds {} positions, expected {}",
+                v.context_len,
+                start_pos + k + 1
+            )));
+        }
+        let h = v
+            .hidden
+            .as_ref()
+            .ok_or_else(|| EdgeError::Protocol("U-shape verdict without hidden states".into()))?;
+        let h = hidden::decode(h, k + 1, self.d_model(), self.format)
+            .map_err(|e| EdgeError::Protocol(format!("verdict hidden: {e}")))?;
+        let logits = self.target.head(&h);
+        let vocab = self.target.config().vocab;
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+        let draft = &self.pending;
+        let mut hist = ctx.to_vec();
+        let verdict = if sampling.is_greedy() {
+            let mut am = Vec::with_capacity(k + 1);
+            for (i, d) in draft.iter().map(Some).chain([None]).enumerate() {
+                am.push(if sampling.repetition_penalty == 1.0 {
+                    argmax(row(i))
+                } else {
+                    let mut l = row(i).to_vec();
+                    apply_repetition_penalty(&mut l, &hist, sampling.repetition_penalty);
+                    argmax(&l)
+                });
+                hist.extend(d);
+            }
+            if k == 0 {
+                tandem_model::verify::Verdict {
+                    accepted: 0,
+                    next_token: am[0],
+                }
+            } else {
+                verify_greedy(draft, &am)?
+            }
+        } else {
+            let mut ps = Vec::with_capacity(k + 1);
+            for (i, d) in draft.iter().map(Some).chain([None]).enumerate() {
+                ps.push(distribution(sampling, row(i), &hist));
+                hist.extend(d);
+            }
+            if k == 0 {
+                tandem_model::verify::Verdict {
+                    accepted: 0,
+                    next_token: self.rng.sample(&ps[0]),
+                }
+            } else {
+                verify_sampled(draft, &self.pending_dists, &ps, &mut self.rng)?
+            }
+        };
+        Ok(pb::Verdict {
+            round: v.round,
+            accepted: verdict.accepted as u32,
+            next_token: verdict.next_token,
+            context_len: (ctx.len() + verdict.accepted + 1) as u64,
+            hidden: None,
+        })
+    }
+
+    /// After a verdict: keep the accepted prefix in the device's cache, record the
+    /// round's time and let `auto` see the network. Returns true when `auto`
+    /// chose a new s (the caller re-opens the session).
+    pub fn accept(
+        &mut self,
+        ctx_before: usize,
+        accepted: usize,
+        exchange_ms: f64,
+        k: usize,
+    ) -> bool {
+        self.cache.truncate(ctx_before + accepted);
+        let round_ms = self
+            .round_start
+            .take()
+            .map(|t| t.elapsed().as_secs_f64() * 1e3);
+        if let Some(ms) = round_ms {
+            self.report.round_ms.push(ms);
+        }
+        let block = (k + 1) as u32;
+        let mut replanned = false;
+        let rtt_now = match (&self.profile, round_ms) {
+            (Some(p), Some(_)) => {
+                // Network RTT = exchange time minus what the model says the server
+                // computes and the link serialises (both RTT-free).
+                let link0 = TwoNodeLink {
+                    rtt_ms: 0.0,
+                    up_mbps: self.cfg.up_mbps,
+                    down_mbps: self.cfg.down_mbps,
+                    server_speed: self.cfg.server_speed,
+                };
+                let device_only = predict_device_s(p, &link0, self.cfg.pin_head, self.layer, block);
+                let no_rtt = predict(p, &link0, self.cfg.pin_head, self.layer, block);
+                match (no_rtt, device_only) {
+                    (Some(t), Some(d)) => Some((exchange_ms - (t - d) * 1e3).max(0.0)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let (Some(a), Some(rtt)) = (self.auto.as_mut(), rtt_now) {
+            if let Some(s) = a.observe(rtt, block) {
+                tracing::info!(
+                    from = self.layer,
+                    to = s,
+                    rtt_ms = a.estimate_ms(),
+                    "split re-planned"
+                );
+                self.layer = s;
+                replanned = true;
+            }
+            self.report.replans = a.replans();
+        }
+        let est = self.auto.as_ref().map(|a| a.estimate_ms()).or(rtt_now);
+        if let (Some(p), Some(rtt)) = (&self.profile, est) {
+            let link = TwoNodeLink {
+                rtt_ms: rtt,
+                up_mbps: self.cfg.up_mbps,
+                down_mbps: self.cfg.down_mbps,
+                server_speed: self.cfg.server_speed,
+            };
+            self.report.predicted_round_ms =
+                predict(p, &link, self.cfg.pin_head, self.report.layer, block).map(|s| s * 1e3);
+            self.report.rtt_estimate_ms = Some(rtt);
+        }
+        replanned
+    }
+
+    /// Undo a block whose verdict never came.
+    pub fn rollback(&mut self, ctx_len: usize) {
+        self.cache.truncate(ctx_len.saturating_sub(1));
+        self.round_start = None;
+    }
+}
+
+/// The device's own share of a round in the cost model (its compute), seconds.
+fn predict_device_s(
+    profile: &ModelProfile,
+    link: &TwoNodeLink,
+    pin_head: bool,
+    s: usize,
+    block_tokens: u32,
+) -> Option<f64> {
+    let p = two_node_problem(profile, link, block_tokens, pin_head).ok()?;
+    evaluate_split(&p, s)
+        .ok()
+        .and_then(|e| e.compute_s.get(tandem_shard::split::DEVICE).copied())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tandem_shard::profile::{LayerKind, LayerProfile};
+
+    /// 8 blocks of 10 ms (k=5 block) on the device; a 16x faster server.
+    fn profile() -> ModelProfile {
+        let layer = |name: String, kind, act: u64, t: f64| LayerProfile {
+            name,
+            kind,
+            weight_bytes: 1000,
+            kv_bytes_per_token: 0,
+            activation_bytes_per_token: act,
+            compute_seconds: [(5, t)].into_iter().collect(),
+        };
+        let mut layers = vec![layer("embedding".into(), LayerKind::Embedding, 6144, 0.0)];
+        for i in 0..8 {
+            layers.push(layer(format!("blk.{i}"), LayerKind::Block, 6144, 0.010));
+        }
+        layers.push(layer("head".into(), LayerKind::Head, 4, 0.020));
+        ModelProfile {
+            schema: ModelProfile::SCHEMA.into(),
+            model: "synthetic".into(),
+            measured: false,
+            note: String::new(),
+            machine: String::new(),
+            threads: None,
+            context_tokens: 64,
+            block_sizes: vec![5],
+            layers,
+        }
+    }
+
+    fn cfg() -> SplitConfig {
+        SplitConfig {
+            layer: SplitLayer::Named("auto".into()),
+            pin_head: true,
+            server_speed: 16.0,
+            up_mbps: 100.0,
+            down_mbps: 100.0,
+            initial_rtt_ms: 1.0,
+            replan_threshold: 0.5,
+            replan_min_ms: 5.0,
+            ..SplitConfig::default()
+        }
+    }
+
+    #[test]
+    fn auto_offloads_on_a_fast_link_and_keeps_local_on_a_slow_one() {
+        let a = AutoSplit::new(profile(), &cfg(), 5).unwrap();
+        assert_eq!(a.layer(), 0, "a 16x server 1 ms away takes every block");
+        // U-shape: 80 ms of device blocks vs 5 ms on the server + 2 x 2.5 ms of
+        // hidden states + one RTT: all-local wins past an RTT of ~70 ms.
+        assert_eq!(a.plan(200.0, 5).unwrap(), 8);
+        assert_eq!(a.plan(10.0, 5).unwrap(), 0);
+    }
+
+    #[test]
+    fn replans_only_when_the_estimate_moves_beyond_the_threshold() {
+        let mut a = AutoSplit::new(profile(), &cfg(), 5).unwrap();
+        // Jitter around the planned 1 ms: below replan_min_ms, never re-plans.
+        for rtt in [1.0, 3.0, 0.5, 4.0, 2.0, 1.0] {
+            assert_eq!(a.observe(rtt, 5), None);
+        }
+        // One 30 ms spike moves the EWMA by ~7 ms (> 5 ms and > 50 %): re-plans,
+        // but 8 ms still favours the server, so s stays 0.
+        assert_eq!(a.observe(30.0, 5), None);
+        assert_eq!(a.replans(), 0);
+        // The link turns into 300 ms: the estimate crosses the threshold and the
+        // plan moves everything to the device.
+        let mut moved = None;
+        for _ in 0..10 {
+            if let Some(s) = a.observe(300.0, 5) {
+                moved = Some(s);
+                break;
+            }
+        }
+        assert_eq!(moved, Some(8));
+        assert_eq!(a.layer(), 8);
+        assert_eq!(a.replans(), 1);
+        // Staying at 300 ms: no further re-plans.
+        for _ in 0..20 {
+            assert_eq!(a.observe(300.0, 5), None);
+        }
+        // Back to 1 ms: moves back to the server.
+        let mut back = None;
+        for _ in 0..40 {
+            if let Some(s) = a.observe(1.0, 5) {
+                back = Some(s);
+            }
+        }
+        assert_eq!(back, Some(0));
+        assert_eq!(a.replans(), 2);
+        // Garbage samples are ignored.
+        assert_eq!(a.observe(f64::NAN, 5), None);
+        assert_eq!(a.observe(-1.0, 5), None);
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let mut c = cfg();
+        c.profile = None;
+        assert!(c.validate().unwrap_err().to_string().contains("profile"));
+        let c = SplitConfig {
+            layer: SplitLayer::Named("half".into()),
+            ..SplitConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("\"half\""));
+        let c = SplitConfig {
+            up_mbps: 0.0,
+            ..SplitConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("up_mbps"));
+    }
+}

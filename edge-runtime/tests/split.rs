@@ -1,0 +1,257 @@
+//! Split execution (device runs target layers [0, s), the in-process verifier on
+//! 127.0.0.1 runs [s, N)) on tiny random models: greedy and sampled output equal
+//! the unsplit target's for every s including 0 and N, with and without the head
+//! pinned on the device (U-shape); f16 runs and reports itself lossy; `auto` picks
+//! a split from a profile and still matches.
+
+#![allow(clippy::unwrap_used)]
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tandem_edge::split::{SplitConfig, SplitLayer};
+use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::SamplingParams;
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_verifier::RunningVerifier;
+
+const TOKEN: &str = "split-test-token-0123456789";
+const FP: &str = "tiny-split-fingerprint";
+const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
+const N_LAYER: usize = 4;
+
+fn load(p: &Path) -> Arc<Qwen2Model> {
+    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+fn io_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> RunningVerifier {
+    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let text = format!(
+        "listen = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
+         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
+    rt.block_on(tandem_verifier::start(cfg)).unwrap()
+}
+
+fn edge(
+    url: &str,
+    split: SplitConfig,
+    draft: Arc<Qwen2Model>,
+    target: Arc<Qwen2Model>,
+) -> EdgeRuntime {
+    let cfg = EdgeConfig {
+        verifier_url: Some(url.into()),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        k: 4,
+        split: Some(split),
+        ..EdgeConfig::default()
+    };
+    let mut e = EdgeRuntime::new(draft, cfg).unwrap();
+    e.set_split_target(target).unwrap();
+    e
+}
+
+fn gen_cfg(sampling: SamplingParams) -> GenerateConfig {
+    GenerateConfig {
+        k: 4,
+        max_tokens: 24,
+        sampling,
+        ..GenerateConfig::default()
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    draft: Arc<Qwen2Model>,
+    target: Arc<Qwen2Model>,
+    target_path: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("target.gguf");
+    let d = dir.path().join("draft.gguf");
+    write_tiny_qwen2(
+        &t,
+        &TinyConfig {
+            n_layer: N_LAYER,
+            ..TinyConfig::default()
+        },
+    )
+    .unwrap();
+    write_tiny_qwen2(&d, &TinyConfig::draft_like()).unwrap();
+    Setup {
+        draft: load(&d),
+        target: load(&t),
+        target_path: t,
+        _dir: dir,
+    }
+}
+
+fn fixed(s: usize, pin_head: bool) -> SplitConfig {
+    SplitConfig {
+        layer: SplitLayer::Fixed(s),
+        pin_head,
+        ..SplitConfig::default()
+    }
+}
+
+#[test]
+fn greedy_split_equals_the_target_for_every_split_point_with_and_without_pinned_head() {
+    let m = setup();
+    let expected = generate_single(
+        &m.target,
+        PROMPT,
+        &gen_cfg(SamplingParams::default()),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(expected.len(), 24);
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    for pin_head in [false, true] {
+        for s in 0..=N_LAYER {
+            let mut e = edge(&url, fixed(s, pin_head), m.draft.clone(), m.target.clone());
+            let g = e
+                .generate(PROMPT, &gen_cfg(SamplingParams::default()), &mut |_| true)
+                .unwrap();
+            assert_eq!(g.tokens, expected, "s = {s}, pin_head = {pin_head}");
+            assert!(g.statuses.iter().all(|st| *st == TokenStatus::Verified));
+            let r = g.stats.split.as_ref().unwrap();
+            assert_eq!((r.layer, r.n_layer, r.pin_head), (s, N_LAYER, pin_head));
+            assert_eq!((r.hidden_format.as_str(), r.lossy), ("f32", false));
+            assert_eq!(r.round_ms.len() as u64, g.stats.rounds);
+            assert!(g.stats.rounds > 0);
+            // Hidden states went up: at least one f32 row of d_model per round.
+            assert!(g.stats.bytes_sent > g.stats.rounds * 256 * 4);
+        }
+    }
+}
+
+#[test]
+fn sampled_split_equals_unsplit_sampled_output_for_the_same_seed() {
+    let m = setup();
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    // Unsplit reference through the same verifier.
+    let cfg = EdgeConfig {
+        verifier_url: Some(url.clone()),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        k: 4,
+        ..EdgeConfig::default()
+    };
+    let mut plain = EdgeRuntime::new(m.draft.clone(), cfg).unwrap();
+    let expected = plain
+        .generate(PROMPT, &gen_cfg(sampling), &mut |_| true)
+        .unwrap()
+        .tokens;
+    for (s, pin_head) in [(0, false), (2, true), (N_LAYER, true)] {
+        let mut e = edge(&url, fixed(s, pin_head), m.draft.clone(), m.target.clone());
+        let g = e
+            .generate(PROMPT, &gen_cfg(sampling), &mut |_| true)
+            .unwrap();
+        assert_eq!(g.tokens, expected, "s = {s}, pin_head = {pin_head}");
+    }
+}
+
+#[test]
+fn f16_hidden_states_run_and_report_lossy() {
+    let m = setup();
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    let mut sent = Vec::new();
+    for f16 in [false, true] {
+        let cfg = SplitConfig {
+            hidden_f16: f16,
+            ..fixed(2, true)
+        };
+        let mut e = edge(&url, cfg, m.draft.clone(), m.target.clone());
+        let g = e
+            .generate(PROMPT, &gen_cfg(SamplingParams::default()), &mut |_| true)
+            .unwrap();
+        assert_eq!(g.tokens.len(), 24);
+        let r = g.stats.split.unwrap();
+        assert_eq!(r.lossy, f16);
+        assert_eq!(r.hidden_format, if f16 { "f16" } else { "f32" });
+        sent.push((g.stats.bytes_sent, g.stats.rounds));
+    }
+    // f16 sends about half the bytes per round.
+    let per_round = |(b, r): (u64, u64)| b as f64 / r as f64;
+    assert!(per_round(sent[1]) < 0.6 * per_round(sent[0]), "{sent:?}");
+}
+
+#[test]
+fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
+    let m = setup();
+    let expected = generate_single(
+        &m.target,
+        PROMPT,
+        &gen_cfg(SamplingParams::default()),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    // A synthetic profile: the server is 10x faster, so on loopback auto offloads
+    // every block (s = 0) when the head is on the server.
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.json");
+    let mut layers = vec![serde_json::json!({"name": "embedding", "kind": "embedding",
+        "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
+        "compute_seconds": {"5": 0.0}})];
+    for i in 0..N_LAYER {
+        layers.push(
+            serde_json::json!({"name": format!("blk.{i}"), "kind": "block",
+            "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
+            "compute_seconds": {"5": 0.01}}),
+        );
+    }
+    layers.push(
+        serde_json::json!({"name": "head", "kind": "head", "weight_bytes": 1000,
+        "kv_bytes_per_token": 0, "activation_bytes_per_token": 4, "compute_seconds": {"5": 0.01}}),
+    );
+    let p = serde_json::json!({"schema": "tandem.profile.v1", "model": "tiny",
+        "context_tokens": 16, "block_sizes": [5], "layers": layers});
+    std::fs::write(&profile, p.to_string()).unwrap();
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    let cfg = SplitConfig {
+        layer: SplitLayer::Named("auto".into()),
+        profile: Some(profile),
+        server_speed: 10.0,
+        ..SplitConfig::default()
+    };
+    let mut e = edge(&url, cfg, m.draft.clone(), m.target.clone());
+    let g = e
+        .generate(PROMPT, &gen_cfg(SamplingParams::default()), &mut |_| true)
+        .unwrap();
+    assert_eq!(g.tokens, expected);
+    let r = g.stats.split.unwrap();
+    assert!(r.auto);
+    assert_eq!(r.layer, 0);
+    let predicted = r.predicted_round_ms.unwrap();
+    assert!(predicted > 0.0 && predicted.is_finite());
+}
