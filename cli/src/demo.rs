@@ -1,91 +1,565 @@
-//! `tandem demo`: the README's first command. Fetches the models on first use
-//! (progress bar), then runs one local speculative generation next to the
-//! target alone on an embedded prompt, and prints both with their statistics.
+//! `tandem demo`: the README's first command, the product in one run.
 //!
-//! The networked demo (verifier over TLS, privacy routing, an outage) grows
-//! from this as those parts land.
+//! Fetches the models on first use (progress bar), then, all in this process
+//! and on loopback:
+//!
+//! * starts the cloud verifier (`tandem_verifier::start`, real 1.5B target)
+//!   with TLS from a freshly generated self-signed certificate (rcgen) and a
+//!   random device token;
+//! * puts a `tandem-netsim` proxy (profile `--profile`, default `lan`)
+//!   between the device and the verifier, so an outage can be injected;
+//! * starts the edge runtime (draft 0.5B, TLS to the verifier through the
+//!   proxy) behind the privacy router (built-in policy);
+//!
+//! and runs three requests:
+//!
+//! 1. a speculative generation (greedy) with acceptance statistics, checked
+//!    token for token against the target model's own greedy output;
+//! 2. a prompt with a synthetic ID number: the router keeps it on the device
+//!    and says why (rule, entity type, span); the proxy shows no byte sent;
+//! 3. an outage in the middle of a generation: after a few verified tokens
+//!    the proxy's timeline goes `offline` (blackhole); the edge falls back to
+//!    provisional tokens; after a few of those the link is back, the verifier
+//!    checks the provisional tokens and generation continues verified.
+//!
+//! Ends with a short summary. Exit code 1 when a part did not show what it
+//! should (e.g. the speculative output differs from the target's).
 
-use crate::common::{load_model, prompt_tokens, tokenizer_of};
-use crate::generate::human_stats;
-use anyhow::Result;
-use std::io::Write;
+use crate::common::{load_model, prompt_tokens, resolve_model, tokenizer_of};
+use anyhow::{Context, Result};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
-use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig, Mode};
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_netsim::{NetConfig, Proxy, ProxyHandle, Timeline};
+use tandem_router::{Action, Router};
 
 const DEMO_PROMPT: &str =
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.";
+/// A synthetic (checksum-valid, not a real person's) resident ID number.
+const PRIVATE_PROMPT: &str =
+    "My ID card number is 11010519491231002X. Write a short note asking my manager for a day off.";
+const OUTAGE_PROMPT: &str =
+    "Write a Rust function that counts the words in a string, with a doc comment and a unit test.";
+/// Verified tokens before the outage starts.
+const OUTAGE_AFTER_VERIFIED: usize = 8;
+/// Provisional tokens before the link comes back.
+const OUTAGE_PROVISIONAL: usize = 8;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The prompt to use instead of the embedded one.
+    /// The prompt of the speculative request (1) instead of the embedded one.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// Draft block length.
     #[arg(long, default_value_t = 4)]
     pub k: usize,
-    #[arg(long, default_value_t = 128)]
+    /// Tokens per request (at least 24: the outage needs room).
+    #[arg(long, default_value_t = 48)]
     pub max_tokens: usize,
+    /// Network profile between device and verifier (`tandem netsim --list`).
+    #[arg(long, default_value = "lan")]
+    pub profile: String,
+}
+
+/// What the summary reports per part.
+#[derive(Default)]
+struct Summary {
+    spec: Option<String>,
+    private: Option<String>,
+    outage: Option<String>,
+    problems: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let prompt = args.prompt.as_deref().unwrap_or(DEMO_PROMPT);
-    eprintln!("tandem demo: draft Qwen2.5-Coder-0.5B (device) + target Qwen2.5-Coder-1.5B (verifier), in one process");
+    anyhow::ensure!(
+        (1..=16).contains(&args.k),
+        "--k must be in 1..=16, got {}",
+        args.k
+    );
+    anyhow::ensure!(
+        (24..=512).contains(&args.max_tokens),
+        "--max-tokens must be in 24..=512 (the outage part needs room), got {}",
+        args.max_tokens
+    );
+    let net = NetConfig::profile(&args.profile)?;
+    println!("tandem demo: a draft model on this device (Qwen2.5-Coder-0.5B) proposes tokens,");
+    println!(
+        "a verifier in the cloud (Qwen2.5-Coder-1.5B) checks them; here both run on loopback.\n"
+    );
+
+    // Models first (fetched with a progress bar on first use).
+    let target_path = resolve_model(ModelRole::Target, None)?;
     let draft = load_model(ModelRole::Draft, None, 2048)?;
-    let target = load_model(ModelRole::Target, None, 2048)?;
     let tok = tokenizer_of(&draft.model)?;
-    let ids = prompt_tokens(&tok, prompt, None, false)?;
-    let cfg = GenerateConfig {
+
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let (cert, key) = self_signed_cert(dir.path())?;
+    let token = device_token();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tandem-demo-net")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+
+    let t = Instant::now();
+    let vcfg: tandem_verifier::VerifierConfig = serde_json::from_value(serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "admin_listen": "127.0.0.1:0",
+        "model_path": target_path,
+        "max_seq_len": 2048,
+        "tls": { "cert_pem": cert, "key_pem": key },
+        "devices": [{ "id": "demo-device", "token": token }],
+        "limits": { "max_prompt_tokens": 1536 },
+    }))
+    .context("building the verifier config")?;
+    let verifier = rt
+        .block_on(tandem_verifier::start(vcfg))
+        .context("starting the verifier")?;
+    let proxy = rt
+        .block_on(Proxy::start(
+            "127.0.0.1:0".parse()?,
+            verifier.grpc_addr,
+            net.clone(),
+        ))
+        .context("starting the netsim proxy")?;
+    println!(
+        "verifier  https://{} (TLS, self-signed certificate for \"localhost\" made just now; target loaded in {:.1} s)",
+        verifier.grpc_addr,
+        t.elapsed().as_secs_f64()
+    );
+    println!(
+        "network   netsim proxy {} -> verifier, profile {}",
+        proxy.local_addr(),
+        args.profile
+    );
+    let edge_cfg = EdgeConfig {
+        verifier_url: Some(format!("https://127.0.0.1:{}", proxy.local_addr().port())),
+        ca_cert_pem: Some(cert.clone()),
+        tls_domain: Some("localhost".into()),
+        token: Some(token.clone()),
+        k: args.k,
+        // Give up on a silent verifier within seconds; probe often to come back.
+        breaker_failures: 1,
+        connect_timeout_ms: 1_000,
+        open_timeout_ms: 20_000,
+        deadline_floor_ms: 1_000,
+        deadline_max_ms: 3_000,
+        backoff_base_ms: 20,
+        probe_interval_ms: 100,
+        probe_timeout_ms: 500,
+        ..EdgeConfig::default()
+    };
+    let edge = EdgeRuntime::new(Arc::new(draft.model), edge_cfg)?;
+    let mut edge = RoutedRuntime::new(edge, Arc::new(Router::with_default_policy()), tok.clone());
+    println!(
+        "device    draft loaded in {:.1} s, privacy router with the built-in policy, k={}\n",
+        draft.load_ms / 1000.0,
+        args.k
+    );
+
+    let gen = GenerateConfig {
         k: args.k,
         max_tokens: args.max_tokens,
         stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
         ..GenerateConfig::default()
     };
-    println!("prompt: {prompt}\n");
-    println!(
-        "== speculative (draft proposes k={} tokens, target verifies each block in one pass) ==",
-        cfg.k
-    );
-    let mut dec = tok.stream_decoder(true);
-    let mut out = std::io::stdout();
-    let spec = generate_speculative(&draft.model, &target.model, &ids, &cfg, &mut |t| {
-        if let Some(p) = dec.push(t) {
-            let _ = out.write_all(p.as_bytes());
-            let _ = out.flush();
+    let mut summary = Summary::default();
+    let prompt = args.prompt.as_deref().unwrap_or(DEMO_PROMPT);
+    let res = speculative_part(&mut edge, &tok, &verifier, prompt, &gen, &mut summary)
+        .and_then(|()| private_part(&mut edge, &tok, &proxy, &gen, &mut summary))
+        .and_then(|()| outage_part(&mut edge, &tok, &proxy, &args.profile, &gen, &mut summary));
+    drop(edge);
+    rt.block_on(proxy.shutdown());
+    let _ = rt.block_on(verifier.shutdown());
+    res?;
+
+    println!("== summary ==");
+    for (n, s) in [&summary.spec, &summary.private, &summary.outage]
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(s) = s {
+            println!("{}. {s}", n + 1);
+        }
+    }
+    if !summary.problems.is_empty() {
+        for p in &summary.problems {
+            eprintln!("problem: {p}");
+        }
+        anyhow::bail!("the demo did not show everything it should (see above)");
+    }
+    Ok(())
+}
+
+/// A self-signed certificate for `localhost` (PEM files in `dir`).
+fn self_signed_cert(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+        .context("generating a self-signed certificate")?;
+    let cert = dir.join("verifier-cert.pem");
+    let key = dir.join("verifier-key.pem");
+    std::fs::write(&cert, ck.cert.pem())?;
+    std::fs::write(&key, ck.signing_key.serialize_pem())?;
+    Ok((cert, key))
+}
+
+/// A per-run bearer token (loopback only; not a secret worth more).
+fn device_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("demo-{:x}-{:x}", nanos, std::process::id())
+}
+
+/// Streams decoded text to stdout, provisional pieces dimmed on a terminal.
+struct Printer {
+    dec: tandem_model::tokenizer::StreamDecoder,
+    tty: bool,
+    dimmed: bool,
+}
+
+impl Printer {
+    fn new(tok: &Tokenizer) -> Self {
+        print!("   | ");
+        Self {
+            dec: tok.stream_decoder(true),
+            tty: std::io::stdout().is_terminal(),
+            dimmed: false,
+        }
+    }
+
+    fn push(&mut self, id: u32, status: TokenStatus) {
+        let Some(piece) = self.dec.push(id) else {
+            return;
+        };
+        let dim = self.tty && status == TokenStatus::Provisional;
+        let mut s = String::new();
+        if dim != self.dimmed {
+            s.push_str(if dim { "\x1b[2m" } else { "\x1b[0m" });
+            self.dimmed = dim;
+        }
+        s.push_str(&piece.replace('\n', "\n   | "));
+        let mut out = std::io::stdout();
+        let _ = out.write_all(s.as_bytes());
+        let _ = out.flush();
+    }
+
+    /// A note in the text stream (dimmed on a terminal), e.g. the link going down.
+    fn note(&mut self, text: &str) {
+        let s = if self.tty {
+            format!("\x1b[2m[{text}]\x1b[0m")
+        } else {
+            format!("[{text}]")
+        };
+        self.dimmed = false;
+        let mut out = std::io::stdout();
+        let _ = out.write_all(s.as_bytes());
+        let _ = out.flush();
+    }
+
+    fn finish(mut self) {
+        let mut s = self
+            .dec
+            .flush()
+            .unwrap_or_default()
+            .replace('\n', "\n   | ");
+        if self.dimmed {
+            s.push_str("\x1b[0m");
+        }
+        println!("{s}");
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn speculative_part(
+    edge: &mut RoutedRuntime,
+    tok: &Tokenizer,
+    verifier: &tandem_verifier::RunningVerifier,
+    prompt: &str,
+    gen: &GenerateConfig,
+    summary: &mut Summary,
+) -> Result<()> {
+    println!("[1/3] speculative generation (greedy): the draft proposes blocks of k={}, the verifier checks each block in one target pass", gen.k);
+    println!("   prompt: {prompt}");
+    let messages = [ChatMessage::user(prompt)];
+    let mut p = Printer::new(tok);
+    let g = edge.chat("demo-1", &messages, gen, &mut |ev| {
+        if let EdgeEvent::Token { id, status, .. } = ev {
+            p.push(*id, *status);
         }
         true
     })?;
-    if let Some(rest) = dec.flush() {
-        print!("{rest}");
-    }
-    println!();
-    print!(
-        "{}",
-        human_stats(
-            Mode::Speculative,
-            &spec,
-            &cfg,
-            draft.load_ms + target.load_ms
-        )
-    );
-    println!("\n== target alone (the reference) ==");
-    let reference = generate_single(&target.model, &ids, &cfg, &mut |_| true)?;
-    print!(
-        "{}",
-        human_stats(Mode::Target, &reference, &cfg, target.load_ms)
-    );
-    let same = reference.tokens == spec.tokens;
+    p.finish();
+    let s = &g.generation.stats;
+    println!("   router: {} (nothing sensitive found)", g.route.decision);
     println!(
-        "\nspeculative output identical to the target's own greedy output: {}",
-        if same { "yes" } else { "NO" }
+        "   {} tokens: {} verified, {} provisional; {} rounds, acceptance {} ({} of {} drafted), mean accepted {:.2}/round",
+        s.generated_tokens,
+        s.verified_tokens,
+        s.provisional_tokens,
+        s.rounds,
+        pct(s.acceptance_rate),
+        s.accepted,
+        s.drafted,
+        s.mean_accepted_len
     );
     println!(
-        "speed-up over the target alone: {:.2}x ({:.1} vs {:.1} tok/s)",
-        spec.stats.tokens_per_s / reference.stats.tokens_per_s.max(1e-9),
-        spec.stats.tokens_per_s,
+        "   target passes {} ({:.2} per token, vs 1 per token for the target alone); RTT mean {:.0} ms; {:.1} tok/s",
+        s.verifier_passes, s.verifier_passes_per_token, s.rtt_mean_ms, s.tokens_per_s
+    );
+    // The invariant, checked: the target alone, greedy, on the same prompt.
+    let ids = prompt_tokens(tok, prompt, None, false)?;
+    let t = Instant::now();
+    let reference = generate_single(&verifier.state.model, &ids, gen, &mut |_| true)?;
+    let out = &g.generation.tokens;
+    let same = &reference.tokens == out;
+    let prov = s.provisional_tokens;
+    println!(
+        "   identical to the target model's own greedy output: {} ({} tokens compared; the target alone, same process: {:.1} s, {:.1} tok/s)\n",
+        if same { "yes" } else { "NO" },
+        reference.tokens.len().max(out.len()),
+        t.elapsed().as_secs_f64(),
         reference.stats.tokens_per_s
     );
-    anyhow::ensure!(
-        same,
-        "speculative output differs from the target's greedy output"
+    if !same && prov == 0 {
+        summary
+            .problems
+            .push("speculative output differs from the target's greedy output".into());
+    }
+    summary.spec = Some(format!(
+        "speculative: {} tokens, {} verified, acceptance {}, {:.2} target passes/token; = target's own greedy output: {}",
+        s.generated_tokens,
+        s.verified_tokens,
+        pct(s.acceptance_rate),
+        s.verifier_passes_per_token,
+        if same { "yes" } else { "no" }
+    ));
+    Ok(())
+}
+
+/// The prompt with every entity span the router found replaced by its type.
+fn masked(prompt: &str, d: &tandem_router::Decision) -> String {
+    let mut out = String::new();
+    let mut at = 0;
+    for e in &d.entities {
+        if e.start < at || e.end > prompt.len() {
+            continue;
+        }
+        if let (Some(before), true) = (prompt.get(at..e.start), prompt.is_char_boundary(e.end)) {
+            out.push_str(before);
+            out.push_str(&format!("[{}]", e.kind.as_str()));
+            at = e.end;
+        }
+    }
+    out.push_str(prompt.get(at..).unwrap_or_default());
+    out
+}
+
+fn private_part(
+    edge: &mut RoutedRuntime,
+    tok: &Tokenizer,
+    proxy: &ProxyHandle,
+    gen: &GenerateConfig,
+    summary: &mut Summary,
+) -> Result<()> {
+    println!("[2/3] a prompt with a (synthetic) ID number: the privacy router decides before anything is sent");
+    let messages = [ChatMessage::user(PRIVATE_PROMPT)];
+    let before = proxy.stats();
+    let mut p = Printer::new(tok);
+    let g = edge.chat("demo-2", &messages, gen, &mut |ev| {
+        if let EdgeEvent::Token { id, status, .. } = ev {
+            p.push(*id, *status);
+        }
+        true
+    })?;
+    p.finish();
+    let after = proxy.stats();
+    let d = &g.route.decision;
+    println!(
+        "   prompt (as the router saw it): {}",
+        masked(PRIVATE_PROMPT, d)
     );
+    let entities: Vec<String> = d
+        .entities
+        .iter()
+        .map(|e| {
+            format!(
+                "{} at bytes {}..{} (score {:.2})",
+                e.kind.as_str(),
+                e.start,
+                e.end,
+                e.score
+            )
+        })
+        .collect();
+    let why = if entities.is_empty() {
+        "no entity".to_string()
+    } else {
+        entities.join(", ")
+    };
+    println!("   decision: {} by rule \"{}\": {why}", d.action, d.rule);
+    let sent = (after.bytes_up - before.bytes_up) + (after.connections - before.connections);
+    let s = &g.generation.stats;
+    println!(
+        "   answered by the draft alone: {} tokens, all local ({} local); bytes sent to the verifier: {}, new connections: {}\n",
+        s.generated_tokens,
+        s.local_tokens,
+        after.bytes_up - before.bytes_up,
+        after.connections - before.connections
+    );
+    if d.action != Action::Local || s.local_tokens != s.generated_tokens || sent != 0 {
+        summary
+            .problems
+            .push("the ID-number prompt was not kept on the device".into());
+    }
+    let kinds: Vec<&str> = d.entities.iter().map(|e| e.kind.as_str()).collect();
+    summary.private = Some(format!(
+        "privacy: kept on the device by rule \"{}\" ({}), {} local tokens, 0 bytes sent: {}",
+        d.rule,
+        if kinds.is_empty() {
+            "-".to_string()
+        } else {
+            kinds.join(", ")
+        },
+        s.local_tokens,
+        if sent == 0 { "yes" } else { "NO" }
+    ));
+    Ok(())
+}
+
+fn outage_part(
+    edge: &mut RoutedRuntime,
+    tok: &Tokenizer,
+    proxy: &ProxyHandle,
+    profile: &str,
+    gen: &GenerateConfig,
+    summary: &mut Summary,
+) -> Result<()> {
+    println!(
+        "[3/3] an outage in the middle of a generation: after {OUTAGE_AFTER_VERIFIED} verified tokens the netsim timeline goes offline (blackhole), back after {OUTAGE_PROVISIONAL} provisional tokens"
+    );
+    println!("   prompt: {OUTAGE_PROMPT}");
+    // Blackhole (connections accepted, nothing forwarded) until cut short.
+    let offline = Timeline::parse(&format!("offline 600s, {profile}"))?;
+    let back = Timeline::parse(profile)?;
+    let messages = [ChatMessage::user(OUTAGE_PROMPT)];
+    let mut p = Printer::new(tok);
+    let (mut verified, mut provisional) = (0usize, 0usize);
+    let mut down_at: Option<Instant> = None;
+    let mut detected: Option<Duration> = None;
+    let mut up_at: Option<Instant> = None;
+    let mut recovered: Option<Duration> = None;
+    let g = edge.chat("demo-3", &messages, gen, &mut |ev| {
+        match ev {
+            EdgeEvent::Token { id, status, .. } => {
+                p.push(*id, *status);
+                match status {
+                    TokenStatus::Verified => {
+                        verified += 1;
+                        if up_at.is_some() && recovered.is_none() {
+                            recovered = up_at.map(|t| t.elapsed());
+                        }
+                        if verified == OUTAGE_AFTER_VERIFIED && down_at.is_none() {
+                            proxy.set_timeline(offline.clone());
+                            down_at = Some(Instant::now());
+                            p.note("link down");
+                        }
+                    }
+                    TokenStatus::Provisional => {
+                        provisional += 1;
+                        if detected.is_none() {
+                            detected = down_at.map(|t| t.elapsed());
+                        }
+                        if provisional == OUTAGE_PROVISIONAL && up_at.is_none() {
+                            proxy.set_timeline(back.clone());
+                            up_at = Some(Instant::now());
+                            p.note("link up");
+                        }
+                    }
+                    TokenStatus::Local => {}
+                }
+            }
+            EdgeEvent::ProvisionalChecked(c) => p.note(&format!(
+                "verifier back: provisional tokens {}..{} checked, {} differ",
+                c.start,
+                c.end,
+                c.mismatches.len()
+            )),
+        }
+        true
+    })?;
+    p.finish();
+    // Whatever happened, leave the link up.
+    proxy.set_timeline(back);
+    let s = &g.generation.stats;
+    let r = &g.generation.provisional;
+    let statuses = &g.generation.statuses;
+    let last_prov = statuses
+        .iter()
+        .rposition(|s| *s == TokenStatus::Provisional);
+    let verified_after = last_prov.map_or(0, |i| {
+        statuses[i + 1..]
+            .iter()
+            .filter(|s| **s == TokenStatus::Verified)
+            .count()
+    });
+    let ms =
+        |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.1} s", d.as_secs_f64()));
+    println!(
+        "   tokens: {} verified, {} provisional (during the outage), then {} verified again",
+        s.verified_tokens, s.provisional_tokens, verified_after
+    );
+    println!(
+        "   outage noticed after {} (verify deadline), link back -> verified again after {}; breaker opened {}x, sessions opened {}",
+        ms(detected),
+        ms(recovered),
+        s.breaker_opens,
+        s.opens
+    );
+    let check = if r.provisional_tokens == 0 {
+        "no provisional token".to_string()
+    } else if r.mismatched_tokens == 0 && r.checked_tokens == r.provisional_tokens {
+        format!(
+            "all {} provisional tokens checked by the verifier: each is what the target would have chosen",
+            r.checked_tokens
+        )
+    } else {
+        format!(
+            "{} of {} provisional tokens checked, {} differ from the target's choice{}",
+            r.checked_tokens,
+            r.provisional_tokens,
+            r.mismatched_tokens,
+            r.first_mismatch
+                .map(|i| format!(" (first at token {i})"))
+                .unwrap_or_default()
+        )
+    };
+    println!("   provisional check: {check}\n");
+    if down_at.is_none() {
+        summary.problems.push(format!(
+            "the generation ended before {OUTAGE_AFTER_VERIFIED} verified tokens; no outage was injected"
+        ));
+    } else if r.provisional_tokens == 0 {
+        summary
+            .problems
+            .push("no provisional token during the outage".into());
+    } else if verified_after == 0 {
+        summary
+            .problems
+            .push("the generation did not return to verified tokens after the outage".into());
+    }
+    summary.outage = Some(format!(
+        "outage: {} provisional tokens while offline, {} checked, {} differ; recovered: {} verified tokens after it",
+        r.provisional_tokens, r.checked_tokens, r.mismatched_tokens, verified_after
+    ));
     Ok(())
 }

@@ -30,7 +30,8 @@ struct Cli {
 enum Command {
     /// Benchmark Tandem's model core against candle and llama.cpp.
     Bench(bench::Args),
-    /// Run the demo: a local speculative generation next to the target alone.
+    /// Run the demo: speculative decoding over TLS, privacy routing and an
+    /// outage with recovery, all on loopback (fetches the models first).
     Demo(demo::Args),
     /// Generate text: draft-only, target-only or speculative (locally, or with
     /// --verifier URL against a remote verifier).

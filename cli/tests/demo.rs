@@ -1,0 +1,113 @@
+//! `tandem demo` as a user runs it (the README's first command), on the real
+//! models, shortened to 32 tokens per request: the three parts appear with
+//! sane numbers, the ID number of part 2 is never printed (stdout or logs),
+//! and the outage of part 3 falls back to provisional tokens and recovers.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use std::process::Command;
+use std::time::Instant;
+
+const ID: &str = "11010519491231002X";
+
+/// The number right before `word` in `line` ("48 verified" -> 48).
+fn num_before(line: &str, word: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches([',', ';', '(', ')']) == word)
+        .unwrap_or_else(|| panic!("no {word:?} in {line:?}"));
+    words[i - 1]
+        .trim_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before {word:?} in {line:?}"))
+}
+
+/// The first line of the demo's own output (not of generated text, which is
+/// printed after `   | `) that contains `needle`.
+fn line_with<'a>(out: &'a str, needle: &str) -> &'a str {
+    out.lines()
+        .filter(|l| !l.starts_with("   | "))
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+}
+
+#[test]
+fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
+    let t0 = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["demo", "--max-tokens", "32"])
+        .env("TANDEM_LOG", "info") // the logs must not carry the ID either
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    for part in ["[1/3]", "[2/3]", "[3/3]", "== summary =="] {
+        assert!(stdout.contains(part), "{part} missing:\n{stdout}");
+    }
+
+    // 1. speculative: every token verified, the target's own output.
+    let l = line_with(&stdout, "tokens: ");
+    let (n, v) = (num_before(l, "tokens:"), num_before(l, "verified"));
+    assert!(n > 0 && n <= 32, "{l}");
+    assert_eq!(v, n, "all verified: {l}");
+    assert!(num_before(l, "rounds") >= 1, "{l}");
+    let acc = num_before(l, "drafted");
+    assert!(num_before(l, "of") <= acc && acc > 0, "{l}");
+    assert!(
+        stdout.contains("identical to the target model's own greedy output: yes"),
+        "{stdout}"
+    );
+    let passes = line_with(&stdout, "target passes");
+    let per_token: f64 = passes
+        .split(" per token")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{passes}"));
+    assert!(
+        per_token > 0.0 && per_token < 1.0,
+        "fewer target passes than tokens: {passes}"
+    );
+
+    // 2. privacy: local, with rule and entity type; nothing sent; ID never shown.
+    let d = line_with(&stdout, "decision: ");
+    assert!(d.contains("decision: local by rule"), "{d}");
+    assert!(d.contains("CN_RESIDENT_ID"), "{d}");
+    assert!(
+        stdout.contains("bytes sent to the verifier: 0, new connections: 0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("[CN_RESIDENT_ID]"), "masked prompt shown");
+    assert!(!stdout.contains(ID), "the ID is printed:\n{stdout}");
+    assert!(!stderr.contains(ID), "the ID is logged:\n{stderr}");
+    assert!(
+        stderr.contains("routed"),
+        "the decision is logged (without text): {stderr}"
+    );
+
+    // 3. outage: provisional tokens, all checked, then verified again.
+    let l = line_with(&stdout, "(during the outage)");
+    let prov = num_before(l, "provisional");
+    assert!(prov >= 1, "{l}");
+    assert!(num_before(l, "verified") >= 1, "verified before: {l}");
+    let after = l
+        .rsplit("then ")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap();
+    assert!(after >= 1, "recovered: {l}");
+    let c = line_with(&stdout, "provisional check:");
+    assert!(
+        c.contains(&format!("all {prov} provisional tokens checked"))
+            || c.contains(&format!("of {prov} provisional tokens checked")),
+        "{c}"
+    );
+    assert!(stdout.contains("[link down]") && stdout.contains("[link up]"));
+    assert!(stdout.contains("verifier back: provisional tokens"));
+    eprintln!(
+        "tandem demo --max-tokens 32: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
