@@ -12,6 +12,7 @@ mod netsim;
 mod plan;
 mod remote;
 mod route;
+mod serve_edge;
 mod serve_verifier;
 mod tokenize;
 
@@ -46,6 +47,8 @@ enum Command {
     Plan(plan::Args),
     /// Serve the cloud verifier (gRPC + admin HTTP) from a TOML config.
     ServeVerifier(serve_verifier::Args),
+    /// Serve the OpenAI-compatible local API (chat/completions, SSE) on the device.
+    ServeEdge(serve_edge::Args),
     /// Network simulator: a TCP proxy with a named profile or timeline.
     Netsim(netsim::Args),
 }
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Route(a) => route::run(a),
         Command::Plan(a) => plan::run(a),
         Command::ServeVerifier(a) => serve_verifier::run(a),
+        Command::ServeEdge(a) => serve_edge::run(a),
         Command::Netsim(a) => netsim::run(a),
     };
     match res {

@@ -188,13 +188,20 @@ fn run_worker(
             continue;
         }
         lock(&counters).running = true;
-        let outcome = run_job(&mut rt, &tok, routed, &job, &shutdown);
-        let mut c = lock(&counters);
-        c.running = false;
-        match outcome {
-            Outcome::Completed => c.completed += 1,
-            Outcome::Cancelled => c.cancelled += 1,
-            Outcome::Failed => c.failed += 1,
+        let (outcome, last) = run_job(&mut rt, &tok, routed, &job, &shutdown);
+        {
+            // Counted before the last event goes out: a client that has its
+            // answer sees it in the counters.
+            let mut c = lock(&counters);
+            c.running = false;
+            match outcome {
+                Outcome::Completed => c.completed += 1,
+                Outcome::Cancelled => c.cancelled += 1,
+                Outcome::Failed => c.failed += 1,
+            }
+        }
+        if let Some(ev) = last {
+            let _ = job.events.send(ev);
         }
     }
     tracing::debug!("generation worker stopped");
@@ -278,19 +285,18 @@ impl<'a> StopScan<'a> {
     }
 }
 
+/// Runs one job, streaming its events; returns the outcome and the last
+/// event (`Done` or `Failed`), which the caller sends after counting.
 fn run_job(
     rt: &mut RoutedRuntime,
     tok: &Tokenizer,
     routed: bool,
     job: &Job,
     shutdown: &AtomicBool,
-) -> Outcome {
+) -> (Outcome, Option<Event>) {
     let req = &job.req;
     let send = |e: Event| job.events.send(e).is_ok();
-    let fail = |e: ApiError| {
-        send(Event::Failed(e));
-        Outcome::Failed
-    };
+    let fail = |e: ApiError| (Outcome::Failed, Some(Event::Failed(e)));
     let (messages, prompt) = match &req.input {
         Input::Chat(m) => (m.clone(), tok.encode_chat(m, true)),
         Input::Text(t) => (vec![ChatMessage::user(t.clone())], tok.encode(t, false)),
@@ -328,7 +334,7 @@ fn run_job(
         route: route.map(Box::new),
         prompt_tokens: prompt.len(),
     }) {
-        return Outcome::Cancelled;
+        return (Outcome::Cancelled, None);
     }
     let mut dec = tok.stream_decoder(true);
     let mut scan = StopScan::new(&req.stop);
@@ -382,7 +388,7 @@ fn run_job(
         }
     };
     if gone {
-        return Outcome::Cancelled;
+        return (Outcome::Cancelled, None);
     }
     let mut tail = String::new();
     if !scan.hit {
@@ -403,15 +409,15 @@ fn run_job(
         StopReason::Stop | StopReason::Cancelled => "stop",
         StopReason::MaxTokens | StopReason::ContextFull => "length",
     };
-    send(Event::Done(Box::new(Done {
+    let done = Event::Done(Box::new(Done {
         finish_reason,
         prompt_tokens: prompt.len(),
         completion_tokens: g.tokens.len(),
         stats: g.stats,
         provisional: g.provisional,
         session_id: g.session_id,
-    })));
-    Outcome::Completed
+    }));
+    (Outcome::Completed, Some(done))
 }
 
 #[cfg(test)]

@@ -1,0 +1,148 @@
+//! `tandem serve-edge`: the local OpenAI-compatible HTTP server
+//! (`tandem_edge::openai`) around the device runtime: the draft model here,
+//! the target behind `--verifier` (or nothing: every answer local), the
+//! privacy router in front, the admin API under `/admin` when an admin token
+//! is given. Prints `serving http://ADDR model=ID` as its first stdout line,
+//! then serves until Ctrl-C. Reference: docs/api.md.
+
+use crate::common::{load_model, tokenizer_of};
+use crate::remote::RemoteArgs;
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tandem_edge::admin::AdminConfig;
+use tandem_edge::openai::{self, ServeConfig};
+use tandem_edge::{EdgeRuntime, RoutedRuntime};
+use tandem_fetch::ModelRole;
+use tandem_router::Router;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to serve on (port 0: any free port; the first stdout line
+    /// says which). Non-loopback needs --allow-non-loopback.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Serve on a non-loopback address (the /v1 API has no authentication).
+    #[arg(long)]
+    pub allow_non_loopback: bool,
+    /// The model id clients name in their requests.
+    #[arg(long, default_value = "tandem")]
+    pub model_name: String,
+    /// Requests that may wait while one generates; one more gets 429.
+    #[arg(long, default_value_t = 8)]
+    pub queue_depth: usize,
+    /// Largest max_tokens a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_limit: usize,
+    /// max_tokens of a request that gives none.
+    #[arg(long, default_value_t = 256)]
+    pub default_max_tokens: usize,
+    /// Draft block length (1..=16).
+    #[arg(long, default_value_t = 4)]
+    pub k: usize,
+    /// KV cache capacity in tokens (prompt + output).
+    #[arg(long, default_value_t = 4096)]
+    pub max_seq_len: usize,
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Environment variable holding the admin bearer token (>= 16 chars);
+    /// enables /admin/v1/... (policy, explain, route and serve stats) and the
+    /// --policy file hot reload. Without it /admin answers 403.
+    #[arg(long)]
+    pub admin_token_env: Option<String>,
+    /// How often the --policy file is re-read for hot reload (ms).
+    #[arg(long, default_value_t = 500)]
+    pub policy_poll_ms: u64,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    // Fail before loading any model.
+    anyhow::ensure!(
+        args.listen.ip().is_loopback() || args.allow_non_loopback,
+        "--listen {} is not a loopback address; the /v1 API has no authentication (add --allow-non-loopback to expose it)",
+        args.listen
+    );
+    let cfg = args.remote.edge_config(args.k)?;
+    let admin_token = match &args.admin_token_env {
+        Some(var) => {
+            let t = std::env::var(var)
+                .with_context(|| format!("--admin-token-env: environment variable {var}"))?;
+            let t = t.trim().to_string();
+            anyhow::ensure!(
+                t.chars().count() >= 16,
+                "the admin token in {var} must be at least 16 characters"
+            );
+            Some(t)
+        }
+        None => None,
+    };
+    let router = match &args.remote.policy {
+        Some(p) => Router::from_file(p)?,
+        None => Router::with_default_policy(),
+    };
+    let routed = cfg.verifier_url.is_some() && !args.remote.no_privacy_router;
+    let draft = load_model(
+        ModelRole::Draft,
+        args.draft_model.as_ref(),
+        args.max_seq_len,
+    )?;
+    let tok = tokenizer_of(&draft.model)?;
+    let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let routed_rt = RoutedRuntime::new(edge, Arc::new(router), tok);
+    let serve = ServeConfig {
+        listen: args.listen,
+        allow_non_loopback: args.allow_non_loopback,
+        model_id: args.model_name.clone(),
+        queue_depth: args.queue_depth,
+        max_tokens_limit: args.max_tokens_limit,
+        default_max_tokens: args.default_max_tokens,
+        routed,
+        admin: admin_token.map(|token| AdminConfig {
+            token,
+            policy_file: args.remote.policy.clone(),
+            poll_interval_ms: args.policy_poll_ms,
+            ..AdminConfig::default()
+        }),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let server = openai::start(routed_rt, serve).await?;
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "serving http://{} model={}",
+                server.addr, args.model_name
+            )?;
+            out.flush()?;
+        }
+        eprintln!(
+            "tandem serve-edge: OpenAI-compatible API on http://{}/v1 ({}; {}); Ctrl-C stops",
+            server.addr,
+            if routed {
+                "privacy router on"
+            } else {
+                "no privacy routing"
+            },
+            if args.admin_token_env.is_some() {
+                "admin API under /admin"
+            } else {
+                "admin API off"
+            }
+        );
+        server
+            .run_until(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await;
+        anyhow::Ok(())
+    })
+}

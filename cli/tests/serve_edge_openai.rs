@@ -1,0 +1,231 @@
+//! `tandem serve-edge` as a user runs it, judged by the official `openai`
+//! Python client (PyPI, pinned in .ci/run): the built binary serves the real
+//! draft model with a loopback `tandem serve-verifier` child behind it (which
+//! serves the real *draft* GGUF as its target, as in edge_cli.rs, so the
+//! greedy answer must equal `tandem generate --mode draft`'s and every token
+//! is `verified`). tests/openai/test_client.py runs chat, streaming with
+//! include_usage, usage numbers, completions and three error cases through
+//! the client; this test adds what the client cannot see: the privacy route
+//! of an ID-number prompt and the admin API behind its token.
+//!
+//! The Python comes from `TANDEM_OPENAI_PYTHON` (exported by .ci/run), else
+//! `~/.cache/tandem/venv/bin/python`; without either the test fails and says
+//! how to create it.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{first_stdout_line, start_verifier, tandem, VerifierSpec};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+
+const TOKEN: &str = "serve-edge-token-0123456789";
+const ADMIN: &str = "serve-edge-admin-0123456789";
+const PROMPT: &str = "Write a Rust function that returns the larger of two i32 values.";
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TANDEM_OPENAI_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let p = home.join(".cache/tandem/venv/bin/python");
+    assert!(
+        p.exists(),
+        "no Python with the openai client: set TANDEM_OPENAI_PYTHON, or run \
+         `python3 -m venv ~/.cache/tandem/venv && ~/.cache/tandem/venv/bin/pip install openai==3.57.0` \
+         (.ci/run does this)"
+    );
+    p
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; (status, body).
+fn http(addr: &str, method: &str, path: &str, auth: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(t) = auth {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        rest.to_string(),
+    )
+}
+
+#[test]
+fn the_openai_python_client_accepts_serve_edge() {
+    let t0 = std::time::Instant::now();
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let v = start_verifier(
+        dir.path(),
+        &VerifierSpec {
+            listen: "127.0.0.1:0".into(),
+            model: "draft",
+            token: TOKEN,
+            extra_top: "insecure_loopback = true",
+            limits: "",
+        },
+    );
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let mut child = tandem()
+        .args([
+            "serve-edge",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token-env",
+            "TANDEM_TEST_ADMIN",
+        ])
+        .args(["--verifier", &format!("http://{}", v.grpc)])
+        .arg("--token-file")
+        .arg(&token_file)
+        .env("TANDEM_TEST_ADMIN", ADMIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_stdout_line(&mut child);
+    let server = Server(child);
+    let addr = line
+        .strip_prefix("serving http://")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    assert!(line.trim_end().ends_with("model=tandem"), "{line:?}");
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_client.py");
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .arg(format!("http://{addr}/v1"))
+        .args(["tandem", PROMPT])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client test failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    eprintln!("openai client report: {report}");
+    let status = report["token_status"].as_array().unwrap();
+    assert!(
+        !status.is_empty() && status.iter().all(|s| s == "verified"),
+        "{report}"
+    );
+
+    // Greedy through the verifier = the verifier's model's own greedy text.
+    let own = tandem()
+        .args([
+            "generate",
+            "--mode",
+            "draft",
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            "16",
+            "--json",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        own.status.success(),
+        "{}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    let own: serde_json::Value = serde_json::from_slice(&own.stdout).unwrap();
+    assert_eq!(
+        report["content"], own["text"],
+        "served text differs from the model's own"
+    );
+
+    // The router keeps a prompt with a (synthetic) resident ID on the device.
+    let body = serde_json::json!({"model": "tandem", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "my id is 11010519491231002X, remember it"}]});
+    let (code, body) = http(
+        &addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &body.to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(j["tandem"]["route"]["decision"]["action"], "local", "{j}");
+    assert!(j["tandem"]["token_status"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s == "local"));
+
+    // Admin API: token required; serve stats count the requests above
+    // (chat, stream, completion, the local chat).
+    let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
+    assert_eq!(code, 401);
+    let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
+    assert_eq!(code, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(stats["completed"], 4, "{stats}");
+    let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
+    assert_eq!(code, 200, "{body}");
+    let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (r["local"].as_u64(), r["speculative"].as_u64()),
+        (Some(1), Some(3)),
+        "{r}"
+    );
+    drop(server);
+    eprintln!("serve_edge_openai: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn serve_edge_refuses_bad_flags_before_loading_a_model() {
+    let out = tandem()
+        .args(["serve-edge", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a loopback address"));
+    let out = tandem()
+        .args([
+            "serve-edge",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token-env",
+            "TANDEM_TEST_SHORT",
+        ])
+        .env("TANDEM_TEST_SHORT", "short")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

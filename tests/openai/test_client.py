@@ -1,0 +1,117 @@
+"""The official `openai` Python client against `tandem serve-edge`.
+
+Usage: python test_client.py BASE_URL MODEL PROMPT
+(BASE_URL like http://127.0.0.1:8080/v1). Driven by cli/tests/serve_edge_openai.rs,
+which starts the server and compares the greedy text with the model's own.
+The client is the judge of compatibility: every answer goes through its
+parsing (pydantic models, SSE decoding, error classes). Exits non-zero on the
+first failed check; prints one JSON line with what the Rust test compares.
+"""
+
+import json
+import sys
+
+import openai
+from openai import OpenAI
+
+MAX_TOKENS = 16
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main():
+    base_url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
+    client = OpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=600)
+
+    ids = [m.id for m in client.models.list().data]
+    check(ids == [model], f"models.list: {ids}")
+
+    messages = [{"role": "user", "content": prompt}]
+    r = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+    )
+    check(r.object == "chat.completion", r.object)
+    check(len(r.choices) == 1, r.choices)
+    choice = r.choices[0]
+    check(choice.message.role == "assistant", choice.message)
+    check(choice.finish_reason in ("stop", "length"), choice.finish_reason)
+    text = choice.message.content
+    check(isinstance(text, str) and text, f"content {text!r}")
+    u = r.usage
+    check(0 < u.completion_tokens <= MAX_TOKENS, u)
+    check(u.prompt_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
+    ext = r.model_extra["tandem"]  # the extension field, kept by the client as an extra
+    check(len(ext["token_status"]) == u.completion_tokens, ext["token_status"])
+
+    # Streaming with a usage chunk at the end.
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, finish, usage, chunks = [], None, None, 0
+    for chunk in stream:
+        chunks += 1
+        check(chunk.object == "chat.completion.chunk", chunk.object)
+        if chunk.usage is not None:
+            usage = chunk.usage
+            check(chunk.choices == [], "the usage chunk has no choices")
+            continue
+        delta = chunk.choices[0].delta
+        if delta.content:
+            parts.append(delta.content)
+        if chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    streamed = "".join(parts)
+    check(streamed == text, f"streamed {streamed!r} != {text!r}")
+    check(finish == choice.finish_reason, finish)
+    check(usage is not None, "no usage chunk with include_usage")
+    check(
+        (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+        == (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+        f"stream usage {usage} != {u}",
+    )
+
+    # Legacy completions: raw prompt.
+    c = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=8, temperature=0)
+    check(c.object == "text_completion", c.object)
+    check(0 < c.usage.completion_tokens <= 8 and c.choices[0].text, c)
+
+    # Errors, as the client classifies them.
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+        check(False, "unknown model accepted")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.code == "model_not_found", e)
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=0)
+        check(False, "max_tokens=0 accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "max_tokens", e)
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
+        check(False, "n=2 accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "n" and "n" in str(e.message), e)
+
+    print(
+        json.dumps(
+            {
+                "openai_version": openai.__version__,
+                "content": text,
+                "token_status": ext["token_status"],
+                "usage": [u.prompt_tokens, u.completion_tokens, u.total_tokens],
+                "stream_chunks": chunks,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
