@@ -9,8 +9,9 @@
 //! of an ID-number prompt and the admin API behind its token.
 //!
 //! The Python comes from `TANDEM_OPENAI_PYTHON` (exported by .ci/run), else
-//! `~/.cache/tandem/venv/bin/python`; without either the test fails and says
-//! how to create it.
+//! `~/.cache/tandem/venv/bin/python`, which the test creates with the pinned
+//! client (tests/openai/requirements.txt) when it cannot import `openai`; if
+//! that fails too, the test fails and says how to create it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -27,19 +28,49 @@ const PROMPT: &str = "Write a Rust function that returns the larger of two i32 v
 
 fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("TANDEM_OPENAI_PYTHON") {
-        return PathBuf::from(p);
+        let p = PathBuf::from(p);
+        assert!(
+            p.exists(),
+            "TANDEM_OPENAI_PYTHON={} does not exist",
+            p.display()
+        );
+        return p;
     }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_default();
-    let p = home.join(".cache/tandem/venv/bin/python");
-    assert!(
-        p.exists(),
-        "no Python with the openai client: set TANDEM_OPENAI_PYTHON, or run \
-         `python3 -m venv ~/.cache/tandem/venv && ~/.cache/tandem/venv/bin/pip install openai==3.57.0` \
-         (.ci/run does this)"
-    );
-    p
+    let venv = home.join(".cache/tandem/venv");
+    let py = venv.join("bin/python");
+    let has_openai = |py: &PathBuf| {
+        std::process::Command::new(py)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_openai(&py) {
+        // The README's `cargo test --workspace` on a machine where .ci/run
+        // has not prepared the venv: create it with the pinned client.
+        let req =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/requirements.txt");
+        eprintln!("creating {} with {}", venv.display(), req.display());
+        let ok = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success())
+            && std::process::Command::new(venv.join("bin/pip"))
+                .args(["install", "-q", "-r"])
+                .arg(&req)
+                .status()
+                .is_ok_and(|s| s.success());
+        assert!(
+            ok && has_openai(&py),
+            "no Python with the openai client: set TANDEM_OPENAI_PYTHON, or run \
+             `python3 -m venv ~/.cache/tandem/venv && ~/.cache/tandem/venv/bin/pip install -r tests/openai/requirements.txt` \
+             (needs python3-venv; .ci/run does this)"
+        );
+    }
+    py
 }
 
 struct Server(Child);
