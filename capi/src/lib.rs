@@ -789,3 +789,99 @@ pub extern "C" fn tandem_version() -> *const c_char {
         };
     V.as_ptr()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn take(msg: *mut c_char) -> String {
+        assert!(!msg.is_null());
+        // SAFETY: from c_string.
+        let s = unsafe { CStr::from_ptr(msg) }.to_str().unwrap().to_owned();
+        unsafe { tandem_string_free(msg) };
+        s
+    }
+
+    #[test]
+    fn a_panic_becomes_a_code_and_a_message() {
+        let mut msg: *mut c_char = ptr::null_mut();
+        let code = unsafe { guard(&mut msg, || panic!("boom in a test")) };
+        assert_eq!(code, TandemStatus::Panic);
+        let m = take(msg);
+        assert!(
+            m.contains("panic caught") && m.contains("boom in a test"),
+            "{m}"
+        );
+        // Success clears a stale message pointer.
+        msg = c_string("stale");
+        let stale = msg;
+        assert_eq!(unsafe { guard(&mut msg, || Ok(())) }, TandemStatus::Ok);
+        assert!(msg.is_null());
+        unsafe { tandem_string_free(stale) };
+    }
+
+    #[test]
+    fn null_and_non_utf8_arguments_are_invalid_not_crashes() {
+        let mut msg: *mut c_char = ptr::null_mut();
+        let mut rt: *mut TandemRuntime = ptr::null_mut();
+        let code = unsafe { tandem_runtime_new(ptr::null(), &mut rt, &mut msg) };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        assert!(rt.is_null());
+        assert!(take(msg).contains("config_path is NULL"));
+
+        let bad = [0xffu8, 0xfe, 0];
+        let code = unsafe { tandem_runtime_new(bad.as_ptr().cast(), &mut rt, &mut msg) };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        assert!(take(msg).contains("not valid UTF-8"));
+
+        let code = unsafe { tandem_runtime_new(c"x.toml".as_ptr(), ptr::null_mut(), &mut msg) };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        assert!(take(msg).contains("out_runtime is NULL"));
+
+        let code = unsafe {
+            tandem_generate(
+                ptr::null(),
+                c"hi".as_ptr(),
+                0,
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut msg,
+            )
+        };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        assert!(take(msg).contains("runtime is NULL"));
+        assert_eq!(
+            unsafe { tandem_cancel(ptr::null()) },
+            TandemStatus::InvalidArgument
+        );
+        let mut s = std::mem::MaybeUninit::<TandemStats>::uninit();
+        assert_eq!(
+            unsafe { tandem_runtime_stats(ptr::null(), s.as_mut_ptr()) },
+            TandemStatus::InvalidArgument
+        );
+        // NULL error_message is allowed; NULL free is a no-op.
+        let code = unsafe { tandem_runtime_new(ptr::null(), &mut rt, ptr::null_mut()) };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        unsafe { tandem_runtime_free(ptr::null_mut()) };
+        unsafe { tandem_string_free(ptr::null_mut()) };
+    }
+
+    #[test]
+    fn status_names_match_the_codes() {
+        let name = |c: TandemStatus| {
+            unsafe { CStr::from_ptr(tandem_status_name(c as i32)) }
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(name(TandemStatus::Ok), "OK");
+        assert_eq!(name(TandemStatus::NoGeneration), "NO_GENERATION");
+        assert_eq!(name(TandemStatus::Panic), "PANIC");
+        let unknown = unsafe { CStr::from_ptr(tandem_status_name(99)) };
+        assert_eq!(unknown.to_str().unwrap(), "UNKNOWN");
+        let v = unsafe { CStr::from_ptr(tandem_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+}

@@ -4,8 +4,8 @@
 //!
 //! * local mode (no verifier): the text equals the draft model's own greedy
 //!   output, every piece `local`;
-//! * against a loopback verifier (in-process `tandem_verifier::start`, real
-//!   1.5B target): the text equals the target's own greedy output, every
+//! * against a loopback verifier over TLS (in-process `tandem_verifier::start`,
+//!   real 1.5B target, self-signed certificate): the text equals the target's own greedy output, every
 //!   piece `verified`; a prompt with an ID number stays on the device (the
 //!   verifier opens no session) and the JSON says which rule and entity type;
 //! * cancel from a second thread (and BUSY for a concurrent generation);
@@ -295,9 +295,14 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
         .enable_all()
         .build()
         .unwrap();
+    // TLS with a self-signed certificate for "localhost"; the app's config
+    // names the CA file relative to itself.
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = write(dir.path(), "ca.pem", &ck.cert.pem());
+    let key = write(dir.path(), "key.pem", &ck.signing_key.serialize_pem());
     let vcfg: tandem_verifier::VerifierConfig = toml::from_str(&format!(
         "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {:?}\n\
-         max_seq_len = 512\ninsecure_loopback = true\n[[devices]]\nid = \"app\"\ntoken = \"{TOKEN}\"\n\
+         max_seq_len = 512\n[tls]\ncert_pem = {cert:?}\nkey_pem = {key:?}\n[[devices]]\nid = \"app\"\ntoken = \"{TOKEN}\"\n\
          [limits]\nmax_prompt_tokens = 400\n",
         tandem_fetch::model_path(tandem_fetch::ModelRole::Target)
     ))
@@ -307,9 +312,10 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
         dir.path(),
         "remote.toml",
         &format!(
-            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"http://{}\"\ntoken = \"{TOKEN}\"\nk = 4\n",
+            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"https://127.0.0.1:{}\"\n\
+             ca_cert_pem = \"ca.pem\"\ntls_domain = \"localhost\"\ntoken = \"{TOKEN}\"\nk = 4\n",
             draft_path(),
-            v.grpc_addr
+            v.grpc_addr.port()
         ),
     );
     let r = report(&run(&cfg, PROMPT, N, &[]));
@@ -345,6 +351,25 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     assert_eq!(d["entities"][0]["type"], "CN_RESIDENT_ID", "{}", r.json);
     assert!(!r.rest.contains(id), "the ID must not be echoed");
     assert_eq!(opened(&v), before, "no session for a local prompt");
+
+    // A CA that did not sign the verifier's certificate: a TLS error with a
+    // message, not provisional output.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    write(dir.path(), "other-ca.pem", &other.cert.pem());
+    let untrusted = write(
+        dir.path(),
+        "untrusted.toml",
+        &format!(
+            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"https://127.0.0.1:{}\"\n\
+             ca_cert_pem = \"other-ca.pem\"\ntls_domain = \"localhost\"\ntoken = \"{TOKEN}\"\n",
+            draft_path(),
+            v.grpc_addr.port()
+        ),
+    );
+    let o = run(&untrusted, PROMPT, 4, &[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(e.contains("error TLS:"), "{e}");
     rt.block_on(v.shutdown()).unwrap();
     eprintln!("loopback verifier: {:.1} s", t0.elapsed().as_secs_f64());
 }
