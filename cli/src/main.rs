@@ -10,6 +10,7 @@ mod generate;
 mod models;
 mod netsim;
 mod plan;
+mod profile;
 mod remote;
 mod route;
 mod serve_edge;
@@ -45,6 +46,8 @@ enum Command {
     Route(route::Args),
     /// Shard planner: split a model's layers across nodes.
     Plan(plan::Args),
+    /// Measure a model's per-layer costs here (the shard planner's profile JSON).
+    Profile(profile::Args),
     /// Serve the cloud verifier (gRPC + admin HTTP) from a TOML config.
     ServeVerifier(serve_verifier::Args),
     /// Serve the OpenAI-compatible local API (chat/completions, SSE) on the device.
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Route(a) => route::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::ServeVerifier(a) => serve_verifier::run(a),
         Command::ServeEdge(a) => serve_edge::run(a),
         Command::Netsim(a) => netsim::run(a),

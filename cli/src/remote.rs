@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tandem_edge::split::SplitLayer;
 use tandem_edge::{
     EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
     RoutedRuntime, TokenStatus,
@@ -57,12 +58,32 @@ pub struct RemoteArgs {
     /// (e.g. for benchmarks on known-clean prompts). Off by default.
     #[arg(long, conflicts_with = "policy")]
     pub no_privacy_router: bool,
+    /// Split execution: this process also loads the target and runs its layers
+    /// [0, S) on every verify block, sending hidden states; the verifier runs
+    /// [S, N). `auto` picks S with the shard planner (needs --split-profile).
+    /// Overrides `[split] layer` of --edge-config. See docs/shard-planner.md.
+    #[arg(long, value_name = "S|auto")]
+    pub split: Option<String>,
+    /// With --split: keep the head on the device too (U-shape; no token id is sent).
+    #[arg(long)]
+    pub pin_head: bool,
+    /// With --split: send hidden states as f16 (half the bytes, LOSSY: the output
+    /// may differ from the target's).
+    #[arg(long)]
+    pub hidden_f16: bool,
+    /// With --split: this device's `tandem profile --model target` JSON (for
+    /// `auto`, and for the predicted round time in the stats).
+    #[arg(long)]
+    pub split_profile: Option<PathBuf>,
 }
 
 impl RemoteArgs {
     /// True when this generation goes through the edge runtime.
     pub fn wanted(&self) -> bool {
-        self.verifier.is_some() || self.edge_config.is_some() || self.policy.is_some()
+        self.verifier.is_some()
+            || self.edge_config.is_some()
+            || self.policy.is_some()
+            || self.split.is_some()
     }
 
     /// The edge config: the file (or defaults) with the flags applied, validated.
@@ -90,6 +111,36 @@ impl RemoteArgs {
             cfg.token = Some(read_token(p)?);
         }
         cfg.k = k;
+        if let Some(s) = &self.split {
+            let mut sc = cfg.split.take().unwrap_or_default();
+            sc.layer =
+                if s == "auto" {
+                    SplitLayer::Named(s.clone())
+                } else {
+                    SplitLayer::Fixed(s.parse().with_context(|| {
+                        format!("--split takes a layer number or auto, not {s:?}")
+                    })?)
+                };
+            cfg.split = Some(sc);
+        }
+        let split_flags = self.pin_head || self.hidden_f16 || self.split_profile.is_some();
+        match cfg.split.as_mut() {
+            Some(sc) => {
+                sc.pin_head |= self.pin_head;
+                sc.hidden_f16 |= self.hidden_f16;
+                if let Some(p) = &self.split_profile {
+                    sc.profile = Some(p.clone());
+                }
+            }
+            None => anyhow::ensure!(
+                !split_flags,
+                "--pin-head, --hidden-f16 and --split-profile go with --split"
+            ),
+        }
+        anyhow::ensure!(
+            cfg.split.is_none() || cfg.verifier_url.is_some(),
+            "split execution needs a verifier: give --verifier URL"
+        );
         cfg.validate()?;
         Ok(cfg)
     }
@@ -163,7 +214,17 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
     // (the given policy, else the built-in one) decides first.
     let routed = url.is_some() && !args.remote.no_privacy_router;
     let router = Arc::new(router.unwrap_or_else(Router::with_default_policy));
-    let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let split = cfg.split.is_some();
+    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    if split {
+        // The device runs the target's first layers itself.
+        let target = load_model(
+            ModelRole::Target,
+            args.target_model.as_ref(),
+            args.max_seq_len,
+        )?;
+        edge.set_split_target(Arc::new(target.model))?;
+    }
     let mut edge = RoutedRuntime::new(edge, router, tok.clone());
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
     messages.push(ChatMessage::user(prompt));
@@ -367,6 +428,25 @@ pub fn human_stats(
         o.push_str(&format!(
             "    sessions opened {}, resends {}, timeouts {}, failures {}, breaker opens {}\n",
             s.opens, s.resends, s.timeouts, s.failures, s.breaker_opens
+        ));
+    }
+    if let Some(sp) = &s.split {
+        let mean = if sp.round_ms.is_empty() {
+            0.0
+        } else {
+            sp.round_ms.iter().sum::<f64>() / sp.round_ms.len() as f64
+        };
+        o.push_str(&format!(
+            "    split: device runs layers [0, {}) of {}{}, hidden {}{}; round {:.1} ms mean{}\n",
+            sp.layer,
+            sp.n_layer,
+            if sp.pin_head { " + head (U-shape)" } else { "" },
+            sp.hidden_format,
+            if sp.lossy { " (LOSSY)" } else { "" },
+            mean,
+            sp.predicted_round_ms
+                .map(|p| format!(", predicted {p:.1} ms"))
+                .unwrap_or_default()
         ));
     }
     if p.provisional_tokens > 0 {
