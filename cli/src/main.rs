@@ -7,6 +7,7 @@ mod bench;
 mod common;
 mod demo;
 mod generate;
+mod lab;
 mod models;
 mod netsim;
 mod plan;
@@ -54,6 +55,8 @@ enum Command {
     ServeEdge(serve_edge::Args),
     /// Network simulator: a TCP proxy with a named profile or timeline.
     Netsim(netsim::Args),
+    /// Latency experiments: modes x network profiles x prompts (docs/lab.md).
+    Lab(lab::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -77,6 +80,7 @@ fn main() -> std::process::ExitCode {
         Command::ServeVerifier(a) => serve_verifier::run(a),
         Command::ServeEdge(a) => serve_edge::run(a),
         Command::Netsim(a) => netsim::run(a),
+        Command::Lab(a) => lab::run(a),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,

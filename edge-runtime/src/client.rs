@@ -239,6 +239,35 @@ impl Stream {
         }
     }
 
+    /// Sends one message without waiting for its answer (requests in flight; the
+    /// answers come in order, see [`Stream::next_answer`]).
+    pub async fn send(
+        &mut self,
+        msg: client_message::Msg,
+        counters: &mut Counters,
+    ) -> Result<(), NetError> {
+        let m = ClientMessage { msg: Some(msg) };
+        counters.sent += m.encoded_len() as u64;
+        self.tx
+            .send(m)
+            .await
+            .map_err(|_| NetError::Unavailable("stream closed".into()))
+    }
+
+    /// The next answer within `deadline`.
+    pub async fn next_answer(
+        &mut self,
+        deadline: Duration,
+        counters: &mut Counters,
+    ) -> Result<server_message::Msg, NetError> {
+        match tokio::time::timeout(deadline, self.recv(counters)).await {
+            Ok(r) => r?.msg.ok_or_else(|| {
+                NetError::Fatal(EdgeError::Protocol("empty server message".into()))
+            }),
+            Err(_) => Err(NetError::Timeout),
+        }
+    }
+
     /// Sends one message and waits for the answer within `deadline`; returns the
     /// answer and the round-trip time.
     pub async fn exchange(

@@ -51,6 +51,9 @@ pub struct EdgeConfig {
     pub probe_interval_ms: u64,
     /// Timeout of one health probe.
     pub probe_timeout_ms: u64,
+    /// Adaptive k, pipelined drafting, target streaming (`[speculation]`; see
+    /// `crate::adaptive::SpeculationConfig`).
+    pub speculation: crate::adaptive::SpeculationConfig,
     /// Split execution (`[split]`; see `crate::split` and docs/shard-planner.md):
     /// the device runs target layers `[0, s)`. Needs the target model on the
     /// device (`EdgeRuntime::set_split_target`).
@@ -81,6 +84,7 @@ impl Default for EdgeConfig {
             breaker_failures: 3,
             probe_interval_ms: 1_000,
             probe_timeout_ms: 1_000,
+            speculation: Default::default(),
             split: None,
         }
     }
@@ -139,6 +143,7 @@ impl EdgeConfig {
         if self.deadline_floor_ms == 0 || self.deadline_floor_ms > self.deadline_max_ms {
             return bad("need 0 < deadline_floor_ms <= deadline_max_ms".into());
         }
+        self.speculation.validate().map_err(EdgeError::Config)?;
         if let Some(sp) = &self.split {
             sp.validate()?;
         }

@@ -24,6 +24,7 @@
 //! OpenAI-compatible HTTP server (`tandem serve-edge`, see `docs/api.md`)
 //! with the admin API mounted under `/admin`.
 
+pub mod adaptive;
 pub mod admin;
 pub mod breaker;
 pub mod client;

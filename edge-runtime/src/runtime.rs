@@ -26,6 +26,11 @@ use tandem_proto::v1::{
     self as pb, client_message::Msg as Cm, server_message::Msg as Sm, ClientMessage,
 };
 
+// Adaptive k, pipelined drafting, target streaming: a child module, so it works on
+// `Run`/`Net` directly (see `crate::adaptive`).
+#[path = "pipeline.rs"]
+mod pipeline;
+
 /// Where an emitted token came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -144,6 +149,7 @@ pub struct EdgeRuntime {
     breaker: Arc<Mutex<CircuitBreaker>>,
     rtt: RttTracker,
     probe: Option<tokio::task::JoinHandle<()>>,
+    spec: crate::adaptive::SpecState,
     split: Option<crate::split::SplitExec>,
 }
 
@@ -203,6 +209,8 @@ impl EdgeRuntime {
         };
         Ok(Self {
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
+            spec: crate::adaptive::SpecState::new(&cfg.speculation),
+            split: None,
             draft,
             cfg,
             fingerprint,
@@ -210,7 +218,6 @@ impl EdgeRuntime {
             rt,
             rtt: RttTracker::default(),
             probe: None,
-            split: None,
         })
     }
 
@@ -281,6 +288,7 @@ impl EdgeRuntime {
             round: 0,
             max_block: gen.k.min(tandem_model::speculative::MAX_K),
             resends_in_a_row: 0,
+            spec: self.spec.begin(),
             split: self.split.as_mut(),
         };
         let res = net.drive(&mut run);
@@ -575,6 +583,7 @@ struct Net<'a> {
     round: u64,
     max_block: usize,
     resends_in_a_row: u32,
+    spec: &'a mut crate::adaptive::SpecState,
     split: Option<&'a mut crate::split::SplitExec>,
 }
 
@@ -602,7 +611,11 @@ impl Net<'_> {
                 }
                 continue;
             }
-            self.round_trip(run)?;
+            if self.spec.active() && self.split.is_none() {
+                self.round_trip_spec(run)?;
+            } else {
+                self.round_trip(run)?;
+            }
         }
         Ok(())
     }

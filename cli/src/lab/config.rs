@@ -1,0 +1,282 @@
+//! The experiment matrix (`--config F.toml`, or the built-in `lab/default.toml` /
+//! `lab/quick.toml`) and the prompt set (`lab/prompts.jsonl`, built in).
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_TOML: &str = include_str!("../../../lab/default.toml");
+pub const QUICK_TOML: &str = include_str!("../../../lab/quick.toml");
+pub const PROMPTS_JSONL: &str = include_str!("../../../lab/prompts.jsonl");
+
+/// One lab run's settings (every field documented in docs/lab.md).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LabConfig {
+    /// Prompt set (JSONL: id, prompt, max_tokens, tags); relative to the config
+    /// file. None: the built-in lab/prompts.jsonl.
+    pub prompts: Option<PathBuf>,
+    /// Use only the prompts with these ids (empty: all, then `prompt_limit`).
+    pub prompt_ids: Vec<String>,
+    /// At most this many prompts (0: all).
+    pub prompt_limit: usize,
+    /// Cap on each prompt's max_tokens (0: the prompt's own).
+    pub max_tokens_cap: usize,
+    pub repetitions: usize,
+    /// `draft-only`, `target-only`, `spec-kN`, `adaptive`, `pipeline-kN`,
+    /// `adaptive-pipeline`.
+    pub modes: Vec<String>,
+    /// netsim profile names (`tandem netsim --list`).
+    pub profiles: Vec<String>,
+    /// Named netsim timelines; a fresh proxy per run, so each run sees the whole
+    /// timeline from its start.
+    pub timelines: BTreeMap<String, String>,
+    /// Modes run under the timelines.
+    pub timeline_modes: Vec<String>,
+    /// `taskset -c` core lists; empty string = no pinning.
+    pub device_cores: String,
+    pub verifier_cores: String,
+    /// RAYON_NUM_THREADS of every child process.
+    pub threads: usize,
+    /// 0 = greedy (and the identity check against target-only).
+    pub temperature: f32,
+    /// Tokens generated once per device process before measuring (0: none).
+    pub warmup_tokens: usize,
+    /// Window of in-flight k = 0 requests of target-only streaming.
+    pub stream_window: usize,
+    pub max_seq_len: usize,
+    pub draft_model: Option<PathBuf>,
+    pub target_model: Option<PathBuf>,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        Self {
+            prompts: None,
+            prompt_ids: Vec::new(),
+            prompt_limit: 0,
+            max_tokens_cap: 0,
+            repetitions: 1,
+            modes: vec!["draft-only".into(), "target-only".into(), "spec-k4".into()],
+            profiles: vec!["lan".into()],
+            timelines: BTreeMap::new(),
+            timeline_modes: Vec::new(),
+            device_cores: "0".into(),
+            verifier_cores: "1".into(),
+            threads: 1,
+            temperature: 0.0,
+            warmup_tokens: 0,
+            stream_window: 4,
+            max_seq_len: 2048,
+            draft_model: None,
+            target_model: None,
+        }
+    }
+}
+
+/// What the device does in one mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The draft alone on the device (no network).
+    DraftOnly,
+    /// The verifier's target generates; k = 0 requests stream its tokens.
+    TargetOnly,
+    Spec {
+        k: usize,
+        adaptive: bool,
+        pipeline: bool,
+    },
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Result<Self> {
+        let k_of = |rest: &str| -> Result<usize> {
+            let k: usize = rest
+                .parse()
+                .with_context(|| format!("mode {s:?}: k is not a number"))?;
+            anyhow::ensure!((1..=16).contains(&k), "mode {s:?}: k must be in 1..=16");
+            Ok(k)
+        };
+        Ok(match s {
+            "draft-only" => Self::DraftOnly,
+            "target-only" => Self::TargetOnly,
+            "adaptive" => Self::Spec {
+                k: 4,
+                adaptive: true,
+                pipeline: false,
+            },
+            "adaptive-pipeline" => Self::Spec {
+                k: 4,
+                adaptive: true,
+                pipeline: true,
+            },
+            _ => {
+                if let Some(r) = s.strip_prefix("spec-k") {
+                    Self::Spec {
+                        k: k_of(r)?,
+                        adaptive: false,
+                        pipeline: false,
+                    }
+                } else if let Some(r) = s.strip_prefix("pipeline-k") {
+                    Self::Spec {
+                        k: k_of(r)?,
+                        adaptive: false,
+                        pipeline: true,
+                    }
+                } else {
+                    bail!("unknown mode {s:?} (draft-only, target-only, spec-kN, adaptive, pipeline-kN, adaptive-pipeline)")
+                }
+            }
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match *self {
+            Self::DraftOnly => "draft-only".into(),
+            Self::TargetOnly => "target-only".into(),
+            Self::Spec {
+                k,
+                adaptive,
+                pipeline,
+            } => match (adaptive, pipeline) {
+                (true, false) => "adaptive".into(),
+                (true, true) => "adaptive-pipeline".into(),
+                (false, false) => format!("spec-k{k}"),
+                (false, true) => format!("pipeline-k{k}"),
+            },
+        }
+    }
+}
+
+/// One prompt of the set.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Prompt {
+    pub id: String,
+    pub prompt: String,
+    pub max_tokens: usize,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+pub fn parse_prompts(text: &str, origin: &str) -> Result<Vec<Prompt>> {
+    let mut v = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let p: Prompt = serde_json::from_str(line)
+            .with_context(|| format!("{origin} line {}: not a prompt object", i + 1))?;
+        anyhow::ensure!(
+            !p.prompt.trim().is_empty() && p.max_tokens > 0,
+            "{origin} line {}: empty prompt or max_tokens = 0",
+            i + 1
+        );
+        v.push(p);
+    }
+    let mut ids: Vec<&str> = v.iter().map(|p| p.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    anyhow::ensure!(ids.len() == v.len(), "{origin}: prompt ids repeat");
+    Ok(v)
+}
+
+impl LabConfig {
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
+        let c: Self = toml::from_str(text).with_context(|| format!("parsing {origin}"))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut c = Self::from_toml(&text, &path.display().to_string())?;
+        if let (Some(p), Some(dir)) = (&c.prompts, path.parent()) {
+            if p.is_relative() {
+                c.prompts = Some(dir.join(p));
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        anyhow::ensure!(self.repetitions >= 1, "repetitions must be at least 1");
+        anyhow::ensure!(!self.modes.is_empty(), "modes is empty");
+        anyhow::ensure!(self.threads >= 1, "threads must be at least 1");
+        anyhow::ensure!(
+            (1..=8).contains(&self.stream_window),
+            "stream_window must be in 1..=8"
+        );
+        for m in self.modes.iter().chain(&self.timeline_modes) {
+            Mode::parse(m)?;
+        }
+        for p in &self.profiles {
+            tandem_netsim::NetConfig::profile(p).with_context(|| format!("profile {p:?}"))?;
+        }
+        for (name, t) in &self.timelines {
+            tandem_netsim::Timeline::parse(t).with_context(|| format!("timeline {name:?}"))?;
+        }
+        let needs_net = self
+            .modes
+            .iter()
+            .any(|m| !matches!(Mode::parse(m), Ok(Mode::DraftOnly)));
+        anyhow::ensure!(
+            !needs_net || !self.profiles.is_empty(),
+            "modes other than draft-only need at least one profile"
+        );
+        if self.temperature == 0.0 {
+            anyhow::ensure!(
+                self.modes.iter().any(|m| m == "target-only"),
+                "greedy runs are checked against target-only output: add \"target-only\" to modes"
+            );
+            anyhow::ensure!(
+                self.timelines.is_empty() || !self.profiles.is_empty(),
+                "timelines need a profile for the target-only reference"
+            );
+        }
+        Ok(())
+    }
+
+    pub fn modes(&self) -> Vec<Mode> {
+        self.modes
+            .iter()
+            .filter_map(|m| Mode::parse(m).ok())
+            .collect()
+    }
+
+    pub fn timeline_modes(&self) -> Vec<Mode> {
+        self.timeline_modes
+            .iter()
+            .filter_map(|m| Mode::parse(m).ok())
+            .collect()
+    }
+
+    /// The prompts of this run (file or built-in, filtered, capped).
+    pub fn load_prompts(&self) -> Result<Vec<Prompt>> {
+        let mut v = match &self.prompts {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                parse_prompts(&text, &p.display().to_string())?
+            }
+            None => parse_prompts(PROMPTS_JSONL, "lab/prompts.jsonl")?,
+        };
+        if !self.prompt_ids.is_empty() {
+            for id in &self.prompt_ids {
+                anyhow::ensure!(v.iter().any(|p| &p.id == id), "no prompt with id {id:?}");
+            }
+            v.retain(|p| self.prompt_ids.contains(&p.id));
+        }
+        if self.prompt_limit > 0 {
+            v.truncate(self.prompt_limit);
+        }
+        if self.max_tokens_cap > 0 {
+            for p in &mut v {
+                p.max_tokens = p.max_tokens.min(self.max_tokens_cap);
+            }
+        }
+        anyhow::ensure!(!v.is_empty(), "no prompts selected");
+        Ok(v)
+    }
+}

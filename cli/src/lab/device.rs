@@ -1,0 +1,172 @@
+//! `tandem lab device` (hidden): the device side of the lab. Loads the draft once,
+//! then reads one job per stdin line and answers one result per stdout line, so
+//! a mode's many runs share one model load. Runs pinned to the device core(s).
+
+use super::config::Mode;
+use crate::common::{load_model, prompt_tokens, tokenizer_of};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tandem_edge::adaptive::{RoundRecord, SpeculationConfig};
+use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, TokenStatus};
+use tandem_fetch::ModelRole;
+use tandem_model::sampling::SamplingParams;
+use tandem_model::speculative::GenerateConfig;
+
+#[derive(clap::Args, Debug)]
+pub struct DeviceArgs {
+    /// The lab mode (draft-only, target-only, spec-kN, adaptive, pipeline-kN,
+    /// adaptive-pipeline).
+    #[arg(long)]
+    pub mode: String,
+    /// Bearer token for the verifier.
+    #[arg(long, default_value = "")]
+    pub token: String,
+    #[arg(long, default_value_t = 2048)]
+    pub max_seq_len: usize,
+    #[arg(long, default_value_t = 4)]
+    pub stream_window: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+}
+
+/// One generation to run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub job: usize,
+    pub prompt: String,
+    pub max_tokens: usize,
+    /// Verifier URL (through a netsim proxy); None for draft-only.
+    pub url: Option<String>,
+}
+
+/// What the device measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DeviceResult {
+    pub job: usize,
+    pub error: Option<String>,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub statuses: Vec<TokenStatus>,
+    /// Milliseconds from the start of the generation call to each token.
+    pub token_ms: Vec<f64>,
+    pub stop: String,
+    pub stats: EdgeStats,
+    pub rounds: Vec<RoundRecord>,
+    pub provisional: ProvisionalReport,
+    pub load_ms: f64,
+}
+
+fn speculation(mode: Mode, window: usize) -> SpeculationConfig {
+    let mut s = SpeculationConfig {
+        record_rounds: true,
+        stream_window: window,
+        ..SpeculationConfig::default()
+    };
+    match mode {
+        Mode::DraftOnly => {}
+        Mode::TargetOnly => s.target_stream = true,
+        Mode::Spec {
+            adaptive, pipeline, ..
+        } => {
+            s.adaptive_k = adaptive;
+            s.pipeline = pipeline;
+        }
+    }
+    s
+}
+
+pub fn run(args: DeviceArgs) -> Result<()> {
+    let mode = Mode::parse(&args.mode)?;
+    let draft = load_model(
+        ModelRole::Draft,
+        args.draft_model.as_ref(),
+        args.max_seq_len,
+    )?;
+    let load_ms = draft.load_ms;
+    let tok = tokenizer_of(&draft.model)?;
+    let fingerprint = tok.fingerprint();
+    let model = Arc::new(draft.model);
+    let k = match mode {
+        Mode::Spec { k, .. } => k,
+        _ => 4,
+    };
+    let mut runtimes: HashMap<Option<String>, EdgeRuntime> = HashMap::new();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    for line in stdin.lock().lines() {
+        let line = line.context("reading a job")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let job: Job = serde_json::from_str(&line).context("parsing a job")?;
+        let rt = match runtimes.entry(job.url.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let cfg = EdgeConfig {
+                    verifier_url: job.url.clone(),
+                    token: (!args.token.is_empty()).then(|| args.token.clone()),
+                    tokenizer_fingerprint: Some(fingerprint.clone()),
+                    k,
+                    speculation: speculation(mode, args.stream_window),
+                    ..EdgeConfig::default()
+                };
+                e.insert(EdgeRuntime::new(model.clone(), cfg)?)
+            }
+        };
+        let gen = GenerateConfig {
+            max_tokens: job.max_tokens,
+            k,
+            sampling: SamplingParams {
+                temperature: args.temperature,
+                ..SamplingParams::default()
+            },
+            stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+            ..GenerateConfig::default()
+        };
+        let ids = prompt_tokens(&tok, &job.prompt, None, false)?;
+        let mut token_ms = Vec::new();
+        let start = Instant::now();
+        let mut on_event = |ev: &EdgeEvent| {
+            if let EdgeEvent::Token { .. } = ev {
+                token_ms.push(start.elapsed().as_secs_f64() * 1000.0);
+            }
+            true
+        };
+        let res = match mode {
+            Mode::DraftOnly => rt.generate_local(&ids, &gen, &mut on_event),
+            _ => rt.generate(&ids, &gen, &mut on_event),
+        };
+        let result = match res {
+            Ok(g) => DeviceResult {
+                job: job.job,
+                error: None,
+                text: tok.decode(&g.tokens, true).unwrap_or_default(),
+                tokens: g.tokens,
+                statuses: g.statuses,
+                token_ms,
+                stop: format!("{:?}", g.stop),
+                stats: g.stats,
+                rounds: rt.last_rounds().to_vec(),
+                provisional: g.provisional,
+                load_ms,
+            },
+            Err(e) => DeviceResult {
+                job: job.job,
+                error: Some(e.to_string()),
+                load_ms,
+                ..DeviceResult::default()
+            },
+        };
+        serde_json::to_writer(&mut out, &result)?;
+        writeln!(out)?;
+        out.flush()?;
+    }
+    Ok(())
+}

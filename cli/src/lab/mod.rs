@@ -1,0 +1,489 @@
+//! `tandem lab`: latency experiments. Runs a matrix of modes (draft-only,
+//! target-only streaming, speculative with fixed/adaptive k, pipelined drafting)
+//! × netsim profiles (and timelines with outages) × prompts × repetitions, with
+//! the device and the verifier as separate processes pinned to separate cores,
+//! and writes runs.jsonl, summary.csv, SVG plots and report.md (docs/lab.md).
+//!
+//! Processes: `tandem serve-verifier` (verifier cores), one `tandem netsim` per
+//! profile (verifier cores; a fresh one per run for timelines), and per mode one
+//! long-lived `tandem lab device` (device cores) that loads the draft once and
+//! runs the jobs it reads on stdin.
+
+mod config;
+mod device;
+mod report;
+
+use anyhow::{bail, Context, Result};
+use config::{LabConfig, Mode, Prompt};
+use device::{DeviceResult, Job};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    /// Experiment matrix (TOML; fields in docs/lab.md). Default: the built-in
+    /// lab/default.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The small built-in matrix (lab/quick.toml): a few minutes.
+    #[arg(long, conflicts_with = "config")]
+    pub quick: bool,
+    /// Output directory (created).
+    #[arg(long, default_value = "lab-out")]
+    pub out: PathBuf,
+    /// Print the matrix (runs per mode and profile) and exit.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(subcommand)]
+    pub cmd: Option<LabCmd>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum LabCmd {
+    /// The device side (started by `tandem lab`; jobs on stdin, results on stdout).
+    #[command(hide = true)]
+    Device(device::DeviceArgs),
+}
+
+const TOKEN: &str = "tandem-lab-device-token-0123456789";
+
+/// One planned run.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub mode: Mode,
+    /// Profile name, timeline name, or "device" (draft-only).
+    pub profile: String,
+    /// Some for timelines: the timeline text.
+    pub timeline: Option<String>,
+    pub prompt: Prompt,
+    pub rep: usize,
+}
+
+fn plan(cfg: &LabConfig, prompts: &[Prompt]) -> Vec<Planned> {
+    let mut v = Vec::new();
+    let mut push = |mode: Mode, profile: &str, timeline: Option<&String>| {
+        for rep in 0..cfg.repetitions {
+            for p in prompts {
+                v.push(Planned {
+                    mode,
+                    profile: profile.to_owned(),
+                    timeline: timeline.cloned(),
+                    prompt: p.clone(),
+                    rep,
+                });
+            }
+        }
+    };
+    // target-only first: it is the reference of the identity check.
+    let mut modes = cfg.modes();
+    modes.sort_by_key(|m| *m != Mode::TargetOnly);
+    for m in modes {
+        if m == Mode::DraftOnly {
+            push(m, "device", None);
+            continue;
+        }
+        for p in &cfg.profiles {
+            push(m, p, None);
+        }
+    }
+    for m in cfg.timeline_modes() {
+        for (name, t) in &cfg.timelines {
+            push(m, name, Some(t));
+        }
+    }
+    v
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if let Some(LabCmd::Device(d)) = args.cmd {
+        return device::run(d);
+    }
+    let (cfg, origin) = match (&args.config, args.quick) {
+        (Some(p), _) => (LabConfig::from_file(p)?, p.display().to_string()),
+        (None, true) => (
+            LabConfig::from_toml(config::QUICK_TOML, "lab/quick.toml")?,
+            "lab/quick.toml (built in)".into(),
+        ),
+        (None, false) => (
+            LabConfig::from_toml(config::DEFAULT_TOML, "lab/default.toml")?,
+            "lab/default.toml (built in)".into(),
+        ),
+    };
+    let prompts = cfg.load_prompts()?;
+    let planned = plan(&cfg, &prompts);
+    if args.dry_run {
+        let mut counts: std::collections::BTreeMap<(String, String), usize> = Default::default();
+        for p in &planned {
+            *counts
+                .entry((p.mode.name(), p.profile.clone()))
+                .or_default() += 1;
+        }
+        for ((m, p), n) in counts {
+            println!("{m}\t{p}\t{n} runs");
+        }
+        println!("total\t{} runs, {} prompts", planned.len(), prompts.len());
+        return Ok(());
+    }
+    std::fs::create_dir_all(args.out.join("logs"))
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let started = chrono_now();
+    let t0 = Instant::now();
+    let load_before = loadavg();
+    let results = execute(&cfg, &planned, &args.out)?;
+    let meta = report::Meta {
+        origin,
+        started,
+        wall_s: t0.elapsed().as_secs_f64(),
+        load_before,
+        load_after: loadavg(),
+        config: toml::to_string(&cfg).unwrap_or_default(),
+        prompts: prompts.len(),
+    };
+    let flagged = report::write_all(&args.out, &cfg, &planned, &results, &meta)?;
+    eprintln!(
+        "lab: {} runs in {:.0} s; report: {}",
+        planned.len(),
+        meta.wall_s,
+        args.out.join("report.md").display()
+    );
+    if flagged > 0 {
+        eprintln!(
+            "lab: WARNING: {flagged} greedy run(s) differ from target-only output (see report.md)"
+        );
+    }
+    Ok(())
+}
+
+fn chrono_now() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        Err(_) => "?".into(),
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn taskset_works() -> bool {
+    Command::new("taskset")
+        .args(["-c", "0", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// `exe args...`, under `taskset -c cores` when pinning.
+fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Command> {
+    let exe = std::env::current_exe().context("finding the tandem binary")?;
+    let mut c = if pin && !cores.is_empty() {
+        let mut c = Command::new("taskset");
+        c.arg("-c").arg(cores).arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    c.args(args)
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .env_remove("TANDEM_LOG");
+    Ok(c)
+}
+
+/// Starts a server child and waits (≤ timeout) for its first stdout line
+/// starting with `prefix`; returns the rest of that line.
+fn start_server(
+    mut cmd: Command,
+    name: &str,
+    prefix: &str,
+    logs: &Path,
+    timeout: Duration,
+) -> Result<(Proc, String)> {
+    let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let proc = Proc {
+        child,
+        name: name.to_owned(),
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        // Keep draining so the child never blocks on a full pipe.
+        let mut sink = String::new();
+        while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    let line = rx
+        .recv_timeout(timeout)
+        .map_err(|_| anyhow::anyhow!("{name} did not start (see {}/{name}.log)", logs.display()))?;
+    let Some(rest) = line.trim().strip_prefix(prefix) else {
+        bail!(
+            "{name} printed {line:?}, not {prefix:?} (see {}/{name}.log)",
+            logs.display()
+        );
+    };
+    Ok((proc, rest.trim().to_owned()))
+}
+
+fn start_netsim(
+    cfg: &LabConfig,
+    pin: bool,
+    grpc: &str,
+    how: (&str, &str),
+    name: &str,
+    logs: &Path,
+) -> Result<(Proc, String)> {
+    let args: Vec<String> = vec![
+        "netsim".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--upstream".into(),
+        grpc.into(),
+        how.0.into(),
+        how.1.into(),
+    ];
+    start_server(
+        command(&cfg.verifier_cores, pin, 1, &args)?,
+        name,
+        "listening on ",
+        logs,
+        Duration::from_secs(30),
+    )
+}
+
+/// One `tandem lab device` child.
+struct Device {
+    _proc: Proc,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Device {
+    fn start(cfg: &LabConfig, pin: bool, mode: Mode, logs: &Path) -> Result<Self> {
+        let mut args: Vec<String> = vec![
+            "lab".into(),
+            "device".into(),
+            "--mode".into(),
+            mode.name(),
+            "--token".into(),
+            TOKEN.into(),
+            "--max-seq-len".into(),
+            cfg.max_seq_len.to_string(),
+            "--stream-window".into(),
+            cfg.stream_window.to_string(),
+            "--temperature".into(),
+            cfg.temperature.to_string(),
+        ];
+        if let Some(p) = &cfg.draft_model {
+            args.push("--draft-model".into());
+            args.push(p.display().to_string());
+        }
+        let name = format!("device-{}", mode.name());
+        let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+        let mut child = command(&cfg.device_cores, pin, cfg.threads, &args)?
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let stdin = child.stdin.take().context("device stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("device stdout")?);
+        Ok(Self {
+            _proc: Proc { child, name },
+            stdin,
+            stdout,
+        })
+    }
+
+    fn run(&mut self, job: &Job) -> Result<DeviceResult> {
+        serde_json::to_writer(&mut self.stdin, job)?;
+        self.stdin.write_all(b"\n")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line)?;
+        if n == 0 {
+            bail!(
+                "the device process ({}) exited; see its log",
+                self._proc.name
+            );
+        }
+        serde_json::from_str(&line).context("parsing a device result")
+    }
+}
+
+fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<DeviceResult>> {
+    let logs = out.join("logs");
+    let pin = taskset_works();
+    if !pin {
+        eprintln!("lab: taskset is not available: processes are NOT pinned");
+    }
+    let needs_net = planned.iter().any(|p| p.mode != Mode::DraftOnly);
+    // The verifier (target model) and one proxy per profile.
+    let mut _verifier = None;
+    let mut grpc = String::new();
+    let mut proxies: std::collections::HashMap<String, (Proc, String)> = Default::default();
+    if needs_net {
+        let vt = logs.join("verifier.toml");
+        let model = cfg
+            .target_model
+            .as_ref()
+            .map(|p| format!("model_path = {:?}\n", p.display().to_string()))
+            .unwrap_or_default();
+        std::fs::write(
+            &vt,
+            format!(
+                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ninsecure_loopback = true\n\
+                 {model}[[devices]]\nid = \"lab\"\ntoken = \"{TOKEN}\"\n"
+            ),
+        )?;
+        let args = vec![
+            "serve-verifier".to_string(),
+            "--config".into(),
+            vt.display().to_string(),
+        ];
+        let (p, rest) = start_server(
+            command(&cfg.verifier_cores, pin, cfg.threads, &args)?,
+            "verifier",
+            "serving ",
+            &logs,
+            Duration::from_secs(300),
+        )?;
+        grpc = rest
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .context("verifier address")?
+            .to_owned();
+        _verifier = Some(p);
+        for prof in &cfg.profiles {
+            let (p, addr) = start_netsim(
+                cfg,
+                pin,
+                &grpc,
+                ("--profile", prof),
+                &format!("netsim-{prof}"),
+                &logs,
+            )?;
+            proxies.insert(prof.clone(), (p, addr));
+        }
+    }
+    let bar = indicatif::ProgressBar::new(planned.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} runs, ETA {eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut results: Vec<Option<DeviceResult>> = vec![None; planned.len()];
+    // Group by mode (one device process each), in plan order.
+    let mut order: Vec<Mode> = Vec::new();
+    for p in planned {
+        if !order.contains(&p.mode) {
+            order.push(p.mode);
+        }
+    }
+    for mode in order {
+        bar.set_message(format!("{} (loading)", mode.name()));
+        let mut dev = Device::start(cfg, pin, mode, &logs)?;
+        if cfg.warmup_tokens > 0 {
+            let url = cfg
+                .profiles
+                .first()
+                .and_then(|p| proxies.get(p))
+                .map(|(_, a)| format!("http://{a}"));
+            let warm = Job {
+                job: usize::MAX,
+                prompt: "Say hello.".into(),
+                max_tokens: cfg.warmup_tokens,
+                url: if mode == Mode::DraftOnly { None } else { url },
+            };
+            dev.run(&warm)?;
+        }
+        for (i, p) in planned.iter().enumerate().filter(|(_, p)| p.mode == mode) {
+            bar.set_message(format!("{} / {}", mode.name(), p.profile));
+            let mut fresh = None;
+            let url = if mode == Mode::DraftOnly {
+                None
+            } else if let Some(t) = &p.timeline {
+                let (proc, addr) = start_netsim(
+                    cfg,
+                    pin,
+                    &grpc,
+                    ("--timeline", t),
+                    &format!("netsim-{}", p.profile),
+                    &logs,
+                )?;
+                fresh = Some(proc);
+                Some(format!("http://{addr}"))
+            } else {
+                let (_, addr) = proxies
+                    .get(&p.profile)
+                    .with_context(|| format!("no proxy for {}", p.profile))?;
+                Some(format!("http://{addr}"))
+            };
+            let job = Job {
+                job: i,
+                prompt: p.prompt.prompt.clone(),
+                max_tokens: p.prompt.max_tokens,
+                url,
+            };
+            let r = dev.run(&job)?;
+            drop(fresh);
+            if let Some(e) = &r.error {
+                bar.println(format!(
+                    "run {i} ({} / {} / {}): error: {e}",
+                    mode.name(),
+                    p.profile,
+                    p.prompt.id
+                ));
+            }
+            results[i] = Some(r);
+            bar.inc(1);
+        }
+    }
+    bar.finish_with_message("done");
+    Ok(results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.unwrap_or_else(|| DeviceResult {
+                job: i,
+                error: Some("not run".into()),
+                ..DeviceResult::default()
+            })
+        })
+        .collect())
+}

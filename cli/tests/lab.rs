@@ -1,0 +1,174 @@
+//! `tandem lab` through the built binary: the quick matrix on the real models
+//! (what CI runs), plus the matrix/config checks that need no model.
+
+#![allow(clippy::unwrap_used)]
+use std::process::Command;
+
+fn tandem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+}
+
+#[test]
+fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lab");
+    let t = std::time::Instant::now();
+    let o = tandem()
+        .args(["lab", "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "tandem lab --quick failed: {stderr}");
+    eprintln!("tandem lab --quick: {:.0} s", t.elapsed().as_secs_f64());
+
+    // summary.csv: one row per (mode, profile); every greedy row = target-only.
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (mode, profile, runs, errors, matches, tps) = (
+        col("mode"),
+        col("profile"),
+        col("runs"),
+        col("errors"),
+        col("matches_target"),
+        col("tokens_per_s"),
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let modes = ["target-only", "spec-k4", "adaptive", "pipeline-k4"];
+    for m in modes {
+        for p in ["lan", "fast-4g"] {
+            let r = rows
+                .iter()
+                .find(|r| r[mode] == m && r[profile] == p)
+                .unwrap_or_else(|| panic!("no row {m} / {p} in\n{csv}"));
+            assert_eq!(r[runs], "2", "{csv}");
+            assert_eq!(r[errors], "0", "{csv}");
+            assert_eq!(
+                r[matches], "yes",
+                "greedy identity broken: {m} / {p}\n{csv}"
+            );
+            assert!(r[tps].parse::<f64>().unwrap() > 0.0, "{csv}");
+        }
+    }
+    let draft = rows.iter().find(|r| r[mode] == "draft-only").unwrap();
+    assert_eq!(draft[matches], "n/a");
+    assert_eq!(rows.len(), 9, "{csv}");
+
+    // runs.jsonl: one line per run with the per-run measurements.
+    let runs_text = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    let recs: Vec<serde_json::Value> = runs_text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 18);
+    for r in &recs {
+        assert!(r["error"].is_null(), "{r}");
+        assert!(r["generated"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["ttft_ms"].as_f64().unwrap() > 0.0);
+        if r["mode"] == "spec-k4" {
+            assert!(!r["round_log"].as_array().unwrap().is_empty());
+            assert!(r["passes_per_token"].as_f64().unwrap() < 1.0, "{r}");
+        }
+    }
+
+    // Plots and the report that embeds them.
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for svg in [
+        "tokens_per_s.svg",
+        "tokens_per_s_vs_rtt.svg",
+        "acceptance_by_position.svg",
+        "verifier_passes_per_token.svg",
+    ] {
+        let s = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(s.contains("<svg") && s.contains("</svg>"), "{svg}");
+        assert!(report.contains(&format!("]({svg})")), "{svg} not embedded");
+    }
+    let bars = std::fs::read_to_string(out.join("tokens_per_s.svg")).unwrap();
+    assert!(
+        bars.contains("fast-4g") && bars.contains("spec-k4"),
+        "labels missing"
+    );
+    assert!(!report.contains("WARNING"), "{report}");
+    for needle in [
+        "machine:",
+        "commit:",
+        "draft (device):",
+        "target (verifier):",
+        "| / target-only |",
+        "```toml",
+    ] {
+        assert!(report.contains(needle), "report lacks {needle:?}");
+    }
+}
+
+#[test]
+fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
+    let o = tandem()
+        .args(["lab", "--quick", "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("total\t18 runs, 2 prompts"), "{s}");
+    assert!(s.contains("pipeline-k4\tfast-4g\t2 runs"), "{s}");
+
+    // The default matrix: every shipped prompt id exists, the outage timeline parses.
+    let o = tandem().args(["lab", "--dry-run"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("spec-k4\toutage"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "modes = [\"spec-k99\"]\nprofiles = [\"lan\"]\n",
+            "k must be in 1..=16",
+        ),
+        ("modes = [\"warp\"]\n", "unknown mode"),
+        (
+            "modes = [\"target-only\"]\nprofiles = [\"moon\"]\n",
+            "profile",
+        ),
+        (
+            "modes = [\"spec-k4\"]\nprofiles = [\"lan\"]\n",
+            "add \"target-only\"",
+        ),
+        (
+            "modes = [\"target-only\"]\nprofiles = [\"lan\"]\nprompt_ids = [\"nope\"]\n",
+            "no prompt with id",
+        ),
+        ("bogus = 1\n", "bogus"),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&p, text).unwrap();
+        let o = tandem()
+            .args(["lab", "--dry-run", "--config"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{text} was accepted");
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
+
+#[test]
+fn shipped_prompt_set_has_30_plus_prompts_of_every_kind() {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../lab/prompts.jsonl"))
+            .unwrap();
+    let v: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(v.len() >= 30);
+    for tag in ["code", "prose", "en", "zh", "short", "long"] {
+        let n = v
+            .iter()
+            .filter(|p| p["tags"].as_array().unwrap().iter().any(|t| t == tag))
+            .count();
+        assert!(n >= 5, "only {n} prompts tagged {tag}");
+    }
+}

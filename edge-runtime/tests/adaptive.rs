@@ -1,0 +1,147 @@
+//! Adaptive k against a real in-process verifier (tiny random models): greedy
+//! output equals the target's own whatever k the chooser picks, the chosen k
+//! stays in range, and behind a 40 ms round trip the chooser moves to long blocks
+//! with a draft that is always right (draft = target) and to k <= 3 with one that
+//! is always wrong.
+
+#![allow(clippy::unwrap_used)]
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_edge::adaptive::SpeculationConfig;
+use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "adaptive-test-token-0123456789";
+const FP: &str = "tiny-test-fingerprint";
+const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
+
+fn load(p: &Path) -> Arc<Qwen2Model> {
+    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+/// A TCP proxy that delays every chunk by `delay` in each direction.
+fn start_delay_proxy(
+    rt: &tokio::runtime::Runtime,
+    upstream: SocketAddr,
+    delay: Duration,
+) -> SocketAddr {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pump(cr, sw, delay));
+            tokio::spawn(pump(sr, cw, delay));
+        }
+    });
+    addr
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        tokio::time::sleep(delay).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
+    GenerateConfig {
+        k,
+        max_tokens,
+        ..GenerateConfig::default()
+    }
+}
+
+#[test]
+fn adaptive_k_keeps_greedy_identity_and_adapts() {
+    let dir = tempfile::tempdir().unwrap();
+    let target_path = dir.path().join("target.gguf");
+    let draft_path = dir.path().join("draft.gguf");
+    write_tiny_qwen2(&target_path, &TinyConfig::default()).unwrap();
+    write_tiny_qwen2(&draft_path, &TinyConfig::draft_like()).unwrap();
+    let target = load(&target_path);
+    let expected = generate_single(&target, PROMPT, &gen_cfg(1, 32), &mut |_| true)
+        .unwrap()
+        .tokens;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target_path:?}\n\
+         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let v = rt
+        .block_on(tandem_verifier::start(toml::from_str(&text).unwrap()))
+        .unwrap();
+    // 20 ms each way: a round trip costs far more than a tiny draft's forward,
+    // as on a real link.
+    let proxy = start_delay_proxy(&rt, v.grpc_addr, Duration::from_millis(20));
+    let mut mean_k = Vec::new();
+    for (draft, pipeline) in [
+        (&target_path, false),
+        (&draft_path, false),
+        (&target_path, true),
+        (&draft_path, true),
+    ] {
+        let spec = SpeculationConfig {
+            adaptive_k: true,
+            k_min: 1,
+            k_max: 10,
+            pipeline,
+            ..SpeculationConfig::default()
+        };
+        let cfg = EdgeConfig {
+            verifier_url: Some(format!("http://{proxy}")),
+            token: Some(TOKEN.into()),
+            tokenizer_fingerprint: Some(FP.into()),
+            speculation: spec,
+            ..EdgeConfig::default()
+        };
+        let mut e = EdgeRuntime::new(load(draft), cfg).unwrap();
+        let mut ks = Vec::new();
+        // Several generations: the chooser's estimates carry over.
+        for _ in 0..2 {
+            let g = e.generate(PROMPT, &gen_cfg(4, 32), &mut |_| true).unwrap();
+            assert_eq!(g.tokens, expected, "pipeline {pipeline}");
+            assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+            let rounds = e.last_rounds();
+            assert_eq!(rounds.len() as u64, g.stats.rounds);
+            assert!(rounds.iter().all(|r| (1..=10).contains(&r.k)), "{rounds:?}");
+            ks.extend(rounds.iter().map(|r| r.k));
+        }
+        // The last rounds of the last generation show where the chooser settled.
+        let tail = &ks[ks.len().saturating_sub(4)..];
+        mean_k.push(tail.iter().sum::<usize>() as f64 / tail.len() as f64);
+    }
+    // Always right -> long blocks; always wrong -> short ones.
+    assert!(mean_k[0] > mean_k[1], "{mean_k:?}");
+    assert!(mean_k[1] <= 3.0, "{mean_k:?}");
+    assert!(mean_k[2] > mean_k[3], "{mean_k:?}");
+}

@@ -1,0 +1,195 @@
+//! Pipelined drafting and target-only streaming against a real in-process
+//! verifier (tiny random models) behind a small delaying TCP proxy (so a verify
+//! is in flight long enough to draft ahead): greedy output must equal the
+//! target's own, whether the pre-drafted tokens are used (draft = target) or
+//! discarded (a different draft).
+
+#![allow(clippy::unwrap_used)]
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_edge::adaptive::SpeculationConfig;
+use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "pipeline-test-token-0123456789";
+const FP: &str = "tiny-test-fingerprint";
+const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
+
+fn load(p: &Path) -> Arc<Qwen2Model> {
+    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+fn io_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn models(dir: &Path) -> (PathBuf, PathBuf) {
+    let target = dir.join("target.gguf");
+    let draft = dir.join("draft.gguf");
+    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    (target, draft)
+}
+
+fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> tandem_verifier::RunningVerifier {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
+         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
+    rt.block_on(tandem_verifier::start(cfg)).unwrap()
+}
+
+/// A TCP proxy that delays every chunk by `delay` in each direction.
+fn start_delay_proxy(
+    rt: &tokio::runtime::Runtime,
+    upstream: SocketAddr,
+    delay: Duration,
+) -> SocketAddr {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pump(cr, sw, delay));
+            tokio::spawn(pump(sr, cw, delay));
+        }
+    });
+    addr
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        tokio::time::sleep(delay).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn edge(draft: &Path, url: String, spec: SpeculationConfig) -> EdgeRuntime {
+    let cfg = EdgeConfig {
+        verifier_url: Some(url),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        connect_timeout_ms: 2000,
+        speculation: spec,
+        ..EdgeConfig::default()
+    };
+    EdgeRuntime::new(load(draft), cfg).unwrap()
+}
+
+fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
+    GenerateConfig {
+        k,
+        max_tokens,
+        ..GenerateConfig::default()
+    }
+}
+
+#[test]
+fn pipelined_greedy_output_equals_target_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target_path, draft_path) = models(dir.path());
+    let target = load(&target_path);
+    let expected = generate_single(&target, PROMPT, &gen_cfg(1, 40), &mut |_| true)
+        .unwrap()
+        .tokens;
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &target_path);
+    let proxy = start_delay_proxy(&rt, v.grpc_addr, Duration::from_millis(15));
+    let url = format!("http://{proxy}");
+    let spec = SpeculationConfig {
+        pipeline: true,
+        ..SpeculationConfig::default()
+    };
+    // Draft = target: every block accepted and every bonus guessed, so the
+    // pre-drafted tokens start the next blocks.
+    let mut same = edge(&target_path, url.clone(), spec.clone());
+    for k in [1, 4] {
+        let g = same
+            .generate(PROMPT, &gen_cfg(k, 40), &mut |_| true)
+            .unwrap();
+        assert_eq!(g.tokens, expected, "draft = target, k = {k}");
+        assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+        assert_eq!(g.stop, StopReason::MaxTokens);
+        let rounds = same.last_rounds();
+        assert_eq!(rounds.len() as u64, g.stats.rounds);
+        let reused: usize = rounds.iter().map(|r| r.reused).sum();
+        assert!(
+            reused > 0,
+            "k = {k}: no pre-drafted token was used: {rounds:?}"
+        );
+        assert!(rounds.iter().all(|r| r.accepted == r.k));
+    }
+    // A different draft: rejections discard the pre-drafted continuation.
+    let mut other = edge(&draft_path, url, spec);
+    for k in [1, 3, 8] {
+        let g = other
+            .generate(PROMPT, &gen_cfg(k, 40), &mut |_| true)
+            .unwrap();
+        assert_eq!(g.tokens, expected, "different draft, k = {k}");
+        assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+        assert!(other.last_rounds().iter().any(|r| r.accepted < r.k));
+    }
+}
+
+#[test]
+fn target_stream_output_equals_target_only_with_requests_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target_path, draft_path) = models(dir.path());
+    let target = load(&target_path);
+    let expected = generate_single(&target, PROMPT, &gen_cfg(1, 30), &mut |_| true)
+        .unwrap()
+        .tokens;
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &target_path);
+    let proxy = start_delay_proxy(&rt, v.grpc_addr, Duration::from_millis(10));
+    for window in [1, 4] {
+        let spec = SpeculationConfig {
+            target_stream: true,
+            stream_window: window,
+            ..SpeculationConfig::default()
+        };
+        let mut e = edge(&draft_path, format!("http://{proxy}"), spec);
+        let g = e.generate(PROMPT, &gen_cfg(4, 30), &mut |_| true).unwrap();
+        assert_eq!(g.tokens, expected, "window {window}");
+        assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+        assert_eq!(g.stats.drafted, 0);
+        assert_eq!(g.stats.draft_forwards, 0, "the draft never ran");
+        assert_eq!(g.stats.rounds, 30);
+        // One Open prefill + one target pass per token.
+        assert_eq!(g.stats.verifier_passes, 31);
+        // A second generation on the same runtime (late verdicts of the first
+        // stream must not leak into it).
+        let g2 = e.generate(PROMPT, &gen_cfg(4, 12), &mut |_| true).unwrap();
+        assert_eq!(g2.tokens, expected[..12].to_vec());
+    }
+}
