@@ -793,3 +793,60 @@ fn admin_routes_need_the_admin_token_and_are_off_without_one() {
     // The OpenAI routes need no token.
     assert_eq!(http(s.addr, "GET", "/v1/models", None, "").status, 200);
 }
+
+#[test]
+fn sampled_mode_through_the_verifier_is_reproducible_with_a_seed() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let run = |seed: u64| {
+        let body = chat_body(
+            "write a haiku",
+            json!({"max_tokens": 24, "ignore_eos": true, "temperature": 0.9, "top_p": 0.95, "seed": seed}),
+        );
+        let a = post(s.addr, "/v1/chat/completions", &body);
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()
+    };
+    let (a, b, c) = (run(7), run(7), run(8));
+    let ids = |j: &Value| ids_of(&j["tandem"]["token_ids"]);
+    assert_eq!(ids(&a), ids(&b), "same seed, same tokens");
+    assert_ne!(ids(&a), ids(&c), "another seed, other tokens");
+    for j in [&a, &c] {
+        let st = j["tandem"]["token_status"].as_array().unwrap();
+        assert!(
+            st.len() == 24 && st.iter().all(|x| x == "verified"),
+            "{st:?}"
+        );
+        assert!(j["tandem"]["stats"]["rounds"].as_u64().unwrap() > 0);
+    }
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn a_non_streaming_client_that_goes_away_cancels_too() {
+    let f = fixture();
+    let s = f.server(f.edge_config(None), ServeConfig::default());
+    let body = chat_body("go on", json!({"max_tokens": 1500, "ignore_eos": true}));
+    let conn = send_request(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &body.to_string(),
+    );
+    wait_for("the generation to run", Duration::from_secs(10), || {
+        s.counters().running
+    });
+    drop(conn);
+    wait_for(
+        "the generation to be cancelled",
+        Duration::from_secs(30),
+        || s.counters().cancelled == 1,
+    );
+    assert_eq!(s.counters().completed, 0);
+}
