@@ -14,7 +14,7 @@ use super::blocks::{
     cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
-use super::{QuantFormat, RowFn, TILE};
+use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
@@ -96,7 +96,9 @@ unsafe fn row_group(
     let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; TILE];
     let ones = _mm256_set1_epi16(1);
     let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
+    let bsz = format.block_bytes();
     for b in 0..nb {
+        prefetch_ahead::<1>(wrow.as_ptr().wrapping_add(b * bsz));
         let (v, dw) = unpack_block(format, wrow, b);
         let av = _mm256_abs_epi8(v);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
@@ -200,6 +202,7 @@ unsafe fn row_q4k(
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        prefetch_ahead::<3>(b.qs.as_ptr());
         unpack_q4k_values(b, &mut q);
         let (sc, mn) = q4k_scales_mins(&b.scales);
         let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j] as i16));
@@ -297,6 +300,7 @@ unsafe fn row_q6k(
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        prefetch_ahead::<4>(b.ql.as_ptr());
         unpack_q6k_values(b, &mut q);
         let (scv, sc16) = q6k_scale_vectors(&b.scales);
         let d = f16_le(b.d);

@@ -24,7 +24,7 @@ use super::blocks::{
     cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::x86_avx2::{q4k_float, q4k_mins16, q6k_float, reduce8};
-use super::{QuantFormat, RowFn, TILE};
+use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
 const MAX_R: usize = 8;
@@ -292,9 +292,11 @@ unsafe fn group_rows<const R: usize>(
     let mut a0 = [_mm512_setzero_ps(); R];
     let mut a1 = [_mm512_setzero_ps(); R];
     let mut b = 0;
+    let bsz = format.block_bytes();
     // SAFETY (all calls): the blocks named are < nb; the caller's contract.
     unsafe {
         while b + 4 <= nb {
+            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz));
             group_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
             group_pair::<R, true>(format, wrow, act, t0, b + 2, &mut a1);
             b += 4;
@@ -338,6 +340,7 @@ unsafe fn q4k_rows<const R: usize>(
     let lo4 = _mm512_set1_epi8(0xF);
     let idx: [__m512i; 4] = std::array::from_fn(|k| index16(2 * k as i16, 16));
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        prefetch_ahead::<3>(b.qs.as_ptr());
         // Vector c: elements 64c..64c+64 (sub-blocks 2c and 2c+1).
         let wv: [__m512i; 4] = std::array::from_fn(|c| {
             // SAFETY: 32 bytes at 32c inside the 128-byte `qs`.
@@ -398,6 +401,7 @@ unsafe fn q6k_rows<const R: usize>(
     let shr = halves16(0, 2);
     let idx: [__m512i; 4] = std::array::from_fn(|k| index16(4 * k as i16, 8));
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        prefetch_ahead::<4>(b.ql.as_ptr());
         let mut wv = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
             // SAFETY: 64 bytes at 64h inside the 128-byte `ql`; 32 bytes at
