@@ -261,9 +261,9 @@ impl Stream {
         counters: &mut Counters,
     ) -> Result<server_message::Msg, NetError> {
         match tokio::time::timeout(deadline, self.recv(counters)).await {
-            Ok(r) => r?.msg.ok_or_else(|| {
-                NetError::Fatal(EdgeError::Protocol("empty server message".into()))
-            }),
+            Ok(r) => r?
+                .msg
+                .ok_or_else(|| NetError::Fatal(EdgeError::Protocol("empty server message".into()))),
             Err(_) => Err(NetError::Timeout),
         }
     }
