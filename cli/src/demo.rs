@@ -149,7 +149,8 @@ pub fn run(args: Args) -> Result<()> {
         connect_timeout_ms: 1_000,
         open_timeout_ms: 20_000,
         deadline_floor_ms: 1_000,
-        deadline_max_ms: 3_000,
+        // ... but not so fast that a loaded machine's slow verify looks like one.
+        deadline_max_ms: 6_000,
         backoff_base_ms: 20,
         probe_interval_ms: 100,
         probe_timeout_ms: 500,
