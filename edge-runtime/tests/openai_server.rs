@@ -689,29 +689,22 @@ fn a_full_queue_answers_429_and_requests_run_in_arrival_order() {
     assert_eq!(s.counters().rejected_queue_full, 1);
 
     release.send(()).unwrap();
-    // Each answer in its own thread; arrival order of the answers = run order.
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let handles: Vec<_> = [(0, a), (1, b), (2, c)]
+    // The server numbers generations in run order: A, B, C.
+    let jobs: Vec<u64> = [a, b, c]
         .into_iter()
-        .map(|(i, conn)| {
-            let order = order.clone();
-            std::thread::spawn(move || {
-                let ans = read_answer(conn);
-                order.lock().unwrap().push(i);
-                ans
-            })
+        .map(|conn| {
+            let ans = read_answer(conn);
+            assert_eq!(ans.status, 200, "{}", ans.body);
+            let j = ans.json();
+            let st = &j["tandem"]["token_status"];
+            assert!(
+                st.as_array().unwrap().iter().all(|x| x == "provisional"),
+                "{st}"
+            );
+            j["tandem"]["job"].as_u64().unwrap()
         })
         .collect();
-    for h in handles {
-        let ans = h.join().unwrap();
-        assert_eq!(ans.status, 200, "{}", ans.body);
-        let st = ans.json()["tandem"]["token_status"].clone();
-        assert!(
-            st.as_array().unwrap().iter().all(|x| x == "provisional"),
-            "{st}"
-        );
-    }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    assert_eq!(jobs, vec![1, 2, 3]);
     // The worker counts a job after its last event went out.
     wait_for("3 completed", Duration::from_secs(10), || {
         s.counters().completed == 3
@@ -849,4 +842,46 @@ fn a_non_streaming_client_that_goes_away_cancels_too() {
         || s.counters().cancelled == 1,
     );
     assert_eq!(s.counters().completed, 0);
+}
+
+#[test]
+fn an_edited_policy_file_decides_the_next_request() {
+    let f = fixture();
+    let v = f.verifier();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, tandem_router::DEFAULT_POLICY_TOML).unwrap();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig {
+            admin: Some(AdminConfig {
+                token: ADMIN.into(),
+                policy_file: Some(policy.clone()),
+                poll_interval_ms: 20,
+                ..AdminConfig::default()
+            }),
+            ..ServeConfig::default()
+        },
+    );
+    let ask = || {
+        let a = post(
+            s.addr,
+            "/v1/chat/completions",
+            &chat_body("write a haiku", json!({"max_tokens": 4})),
+        );
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()["tandem"]["route"].clone()
+    };
+    let before = ask();
+    assert_eq!(before["decision"]["action"], "speculative", "{before}");
+    assert_eq!(before["policy_generation"], 1);
+    std::fs::write(&policy, "version = 1\ndefault = \"local\"\n").unwrap();
+    wait_for("the policy file reload", Duration::from_secs(10), || {
+        s.reload_counters().unwrap().file_ok == 1
+    });
+    let after = ask();
+    assert_eq!(after["decision"]["action"], "local", "{after}");
+    assert_eq!(after["policy_generation"], 2);
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
 }

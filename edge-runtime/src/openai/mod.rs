@@ -403,6 +403,7 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
         req,
         events: tx,
         cancel,
+        admitted: std::time::Instant::now(),
     }) {
         return e.into_response();
     }
@@ -473,6 +474,7 @@ async fn collect(
                         "token_ids": ids, "token_status": statuses, "route": route,
                         "stats": d.stats, "provisional": d.provisional,
                         "provisional_checks": checks, "session_id": d.session_id,
+                        "job": d.job, "queue_wait_ms": d.queue_wait_ms,
                     },
                 });
                 return Json(body).into_response();
@@ -540,7 +542,8 @@ fn sse(
                         None,
                         Some(d.finish_reason),
                         json!({"stats": d.stats, "provisional": d.provisional,
-                               "provisional_checks": checks, "session_id": d.session_id}),
+                               "provisional_checks": checks, "session_id": d.session_id,
+                               "job": d.job, "queue_wait_ms": d.queue_wait_ms}),
                     );
                     if include_usage {
                         c["usage"] = Value::Null;

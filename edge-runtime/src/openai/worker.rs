@@ -57,6 +57,10 @@ pub struct Done {
     pub stats: EdgeStats,
     pub provisional: ProvisionalReport,
     pub session_id: Option<String>,
+    /// The server's sequence number of this generation (1, 2, …: run order).
+    pub job: u64,
+    /// Time the request waited in the queue.
+    pub queue_wait_ms: f64,
 }
 
 /// One queued request.
@@ -64,6 +68,8 @@ pub struct Job {
     pub req: GenRequest,
     pub events: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
+    /// When the request was admitted.
+    pub admitted: std::time::Instant,
 }
 
 /// Counters of the server's life (`GET /admin/v1/serve/stats`). No text.
@@ -178,6 +184,7 @@ fn run_worker(
     let tok = rt.tokenizer().clone();
     // Without a verifier nothing can leave the device: no decision to take.
     let routed = routed && rt.runtime().config().verifier_url.is_some();
+    let mut seq = 0u64;
     for job in rx {
         queued.fetch_sub(1, Ordering::SeqCst);
         if job.cancel.load(Ordering::SeqCst)
@@ -188,7 +195,8 @@ fn run_worker(
             continue;
         }
         lock(&counters).running = true;
-        let (outcome, last) = run_job(&mut rt, &tok, routed, &job, &shutdown);
+        seq += 1;
+        let (outcome, last) = run_job(&mut rt, &tok, routed, &job, seq, &shutdown);
         {
             // Counted before the last event goes out: a client that has its
             // answer sees it in the counters.
@@ -292,8 +300,10 @@ fn run_job(
     tok: &Tokenizer,
     routed: bool,
     job: &Job,
+    seq: u64,
     shutdown: &AtomicBool,
 ) -> (Outcome, Option<Event>) {
+    let queue_wait_ms = job.admitted.elapsed().as_secs_f64() * 1000.0;
     let req = &job.req;
     let send = |e: Event| job.events.send(e).is_ok();
     let fail = |e: ApiError| (Outcome::Failed, Some(Event::Failed(e)));
@@ -416,6 +426,8 @@ fn run_job(
         stats: g.stats,
         provisional: g.provisional,
         session_id: g.session_id,
+        job: seq,
+        queue_wait_ms,
     }));
     (Outcome::Completed, Some(done))
 }
