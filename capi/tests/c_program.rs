@@ -373,3 +373,34 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     rt.block_on(v.shutdown()).unwrap();
     eprintln!("loopback verifier: {:.1} s", t0.elapsed().as_secs_f64());
 }
+
+#[test]
+fn unreachable_verifier_gives_provisional_pieces_not_an_error() {
+    let _g = serial();
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    // A port nobody listens on: connections are refused.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = write(
+        dir.path(),
+        "down.toml",
+        &format!(
+            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"http://127.0.0.1:{port}\"\n",
+            draft_path()
+        ),
+    );
+    let n = 8;
+    let r = report(&run(&cfg, PROMPT, n, &[]));
+    assert!(r.stats.contains("route=speculative"), "{}", r.stats);
+    assert_eq!(stat(&r.stats, "provisional"), n as f64, "{}", r.stats);
+    assert!(r.pieces.contains("verified=0") && r.pieces.contains("local=0"));
+    assert!(!r.pieces.contains("provisional=0"), "{}", r.pieces);
+    assert!(r.json["stats"]["breaker_opens"].as_u64().unwrap() >= 1);
+    // Provisional greedy tokens are the draft's own.
+    let draft = Qwen2Model::load(draft_path(), LoadOptions { max_seq_len: 512 }).unwrap();
+    assert_eq!(r.text, greedy_text(&draft, PROMPT, n));
+    eprintln!("unreachable verifier: {:.1} s", t0.elapsed().as_secs_f64());
+}
