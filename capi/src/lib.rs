@@ -230,6 +230,13 @@ pub struct TandemRuntime {
     last: Mutex<Option<LastGeneration>>,
 }
 
+// The thread-safety promised in the header rests on this: the handle may be
+// used from any thread (generations serialized by the engine's mutex).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<TandemRuntime>();
+};
+
 /// An error on its way to C: a code and a message.
 struct Failure(TandemStatus, String);
 
