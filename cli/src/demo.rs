@@ -319,6 +319,8 @@ fn speculative_part(
     );
     // The invariant, checked: the target alone, greedy, on the same prompt.
     let ids = prompt_tokens(tok, prompt, None, false)?;
+    print!("   checking: the target model alone on the same prompt ...\r");
+    let _ = std::io::stdout().flush();
     let t = Instant::now();
     let reference = generate_single(&verifier.state.model, &ids, gen, &mut |_| true)?;
     let out = &g.generation.tokens;
