@@ -217,6 +217,13 @@ fn cancel_from_another_thread_stops_the_generation() {
         "{}",
         r.rest
     );
+    // The same runtime generates again, and the earlier cancel (plus one made
+    // while nothing ran) does not touch it.
+    assert!(
+        r.rest.contains("second stop=max_tokens generated=4"),
+        "{}",
+        r.rest
+    );
     eprintln!("cancel: {:.1} s", t0.elapsed().as_secs_f64());
 }
 

@@ -18,6 +18,8 @@
  *         rounds=.. drafted=.. accepted=.. acceptance=.. passes=..
  *   json {...}
  *   cancel busy=<status name> stats_during=<status name>   (with --cancel-after)
+ *   second stop=S generated=N   (with --cancel-after: a second generation on
+ *                                the same runtime, 4 tokens, no callback)
  * Errors: "error <STATUS>: <message>" on stderr, exit code 2.
  *
  * Build: see examples/c/README.md.
@@ -193,6 +195,17 @@ int main(int argc, char **argv) {
     if (st.cancel_after > 0) {
         printf("cancel busy=%s stats_during=%s\n", tandem_status_name(st.busy_status),
                tandem_status_name(st.stats_status));
+        /* The runtime is reusable, and a cancel while nothing runs does not
+         * cancel the next generation. */
+        tandem_cancel(rt);
+        TandemStats second;
+        rc = tandem_generate(rt, argv[2], 4, NULL, NULL, &second, &err);
+        if (rc != TANDEM_STATUS_OK) {
+            tandem_runtime_free(rt);
+            return fail(rc, err);
+        }
+        printf("second stop=%s generated=%llu\n", stop_name(second.stop),
+               (unsigned long long)second.generated_tokens);
     }
     tandem_runtime_free(rt);
     free(st.text);
