@@ -1,12 +1,14 @@
 //! `tandem serve-edge` as a user runs it, judged by the official `openai`
-//! Python client (PyPI, pinned in .ci/run): the built binary serves the real
-//! draft model with a loopback `tandem serve-verifier` child behind it (which
-//! serves the real *draft* GGUF as its target, as in edge_cli.rs, so the
-//! greedy answer must equal `tandem generate --mode draft`'s and every token
-//! is `verified`). tests/openai/test_client.py runs chat, streaming with
-//! include_usage, usage numbers, completions and three error cases through
-//! the client; this test adds what the client cannot see: the privacy route
-//! of an ID-number prompt and the admin API behind its token.
+//! Python client (PyPI, pinned in tests/openai/requirements.txt): the built
+//! binary serves the real draft model with a loopback `tandem serve-verifier`
+//! child behind it serving the real *target*, so a temperature-0 chat answer
+//! must be, token for token, `tandem generate --mode target`'s greedy output
+//! (issue 8: temperature 0 = greedy = bit-exact target output), with every
+//! token `verified` (non-streaming and streamed). tests/openai/test_client.py
+//! runs chat, streaming with include_usage, usage numbers, completions and
+//! three error cases through the client; this test adds what the client
+//! cannot see: the privacy route of an ID-number prompt and the admin API
+//! behind its token.
 //!
 //! The Python comes from `TANDEM_OPENAI_PYTHON` (exported by .ci/run), else
 //! `~/.cache/tandem/venv/bin/python`, which the test creates with the pinned
@@ -114,7 +116,7 @@ fn the_openai_python_client_accepts_serve_edge() {
         dir.path(),
         &VerifierSpec {
             listen: "127.0.0.1:0".into(),
-            model: "draft",
+            model: "target",
             token: TOKEN,
             extra_top: "insecure_loopback = true",
             limits: "",
@@ -163,18 +165,27 @@ fn the_openai_python_client_accepts_serve_edge() {
     let report: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
     eprintln!("openai client report: {report}");
-    let status = report["token_status"].as_array().unwrap();
-    assert!(
-        !status.is_empty() && status.iter().all(|s| s == "verified"),
-        "{report}"
-    );
+    for key in ["token_status", "stream_token_status"] {
+        let status = report[key].as_array().unwrap();
+        assert!(
+            !status.is_empty() && status.iter().all(|s| s == "verified"),
+            "{key}: {report}"
+        );
+    }
+    for key in ["route", "stream_route"] {
+        assert_eq!(
+            report[key]["decision"]["action"], "speculative",
+            "{key}: {report}"
+        );
+    }
 
-    // Greedy through the verifier = the verifier's model's own greedy text.
+    // Greedy through the verifier = the target's own greedy output, run
+    // target-only by `tandem generate` (same prompt, same 16 tokens).
     let own = tandem()
         .args([
             "generate",
             "--mode",
-            "draft",
+            "target",
             "--prompt",
             PROMPT,
             "--max-tokens",
@@ -191,9 +202,23 @@ fn the_openai_python_client_accepts_serve_edge() {
     );
     let own: serde_json::Value = serde_json::from_slice(&own.stdout).unwrap();
     assert_eq!(
-        report["content"], own["text"],
-        "served text differs from the model's own"
+        report["token_ids"], own["tokens"],
+        "served token ids differ from the target's own greedy ids"
     );
+    assert_eq!(
+        report["content"], own["text"],
+        "served text differs from the target's own"
+    );
+    assert_eq!(
+        report["usage"][0], own["stats"]["prompt_tokens"],
+        "{report}"
+    );
+    let finish = if own["stop"] == "max_tokens" {
+        "length"
+    } else {
+        "stop"
+    };
+    assert_eq!(report["finish_reason"], finish, "{report} vs {own}");
 
     // The router keeps a prompt with a (synthetic) resident ID on the device.
     let body = serde_json::json!({"model": "tandem", "max_tokens": 4,

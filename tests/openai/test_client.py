@@ -2,7 +2,8 @@
 
 Usage: python test_client.py BASE_URL MODEL PROMPT
 (BASE_URL like http://127.0.0.1:8080/v1). Driven by cli/tests/serve_edge_openai.rs,
-which starts the server and compares the greedy text with the model's own.
+which starts the server in front of a verifier with the real target and compares
+the greedy (temperature 0) text and token ids with `tandem generate --mode target`.
 The client is the judge of compatibility: every answer goes through its
 parsing (pydantic models, SSE decoding, error classes). Exits non-zero on the
 first failed check; prints one JSON line with what the Rust test compares.
@@ -45,6 +46,7 @@ def main():
     check(u.prompt_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
     ext = r.model_extra["tandem"]  # the extension field, kept by the client as an extra
     check(len(ext["token_status"]) == u.completion_tokens, ext["token_status"])
+    check(len(ext["token_ids"]) == u.completion_tokens, ext["token_ids"])
 
     # Streaming with a usage chunk at the end.
     stream = client.chat.completions.create(
@@ -56,6 +58,7 @@ def main():
         stream_options={"include_usage": True},
     )
     parts, finish, usage, chunks = [], None, None, 0
+    stream_ids, stream_status, route = [], [], None
     for chunk in stream:
         chunks += 1
         check(chunk.object == "chat.completion.chunk", chunk.object)
@@ -63,13 +66,20 @@ def main():
             usage = chunk.usage
             check(chunk.choices == [], "the usage chunk has no choices")
             continue
+        cext = (chunk.model_extra or {}).get("tandem") or {}
+        if "route" in cext:
+            route = cext["route"]
+        stream_ids += cext.get("token_ids", [])
+        stream_status += cext.get("token_status", [])
         delta = chunk.choices[0].delta
         if delta.content:
             parts.append(delta.content)
         if chunk.choices[0].finish_reason:
+            check(finish is None, "two chunks with a finish_reason")
             finish = chunk.choices[0].finish_reason
     streamed = "".join(parts)
     check(streamed == text, f"streamed {streamed!r} != {text!r}")
+    check(stream_ids == ext["token_ids"], f"streamed ids {stream_ids} != {ext['token_ids']}")
     check(finish == choice.finish_reason, finish)
     check(usage is not None, "no usage chunk with include_usage")
     check(
@@ -105,7 +115,12 @@ def main():
             {
                 "openai_version": openai.__version__,
                 "content": text,
+                "finish_reason": choice.finish_reason,
+                "token_ids": ext["token_ids"],
                 "token_status": ext["token_status"],
+                "stream_token_status": stream_status,
+                "route": ext["route"],
+                "stream_route": route,
                 "usage": [u.prompt_tokens, u.completion_tokens, u.total_tokens],
                 "stream_chunks": chunks,
             }
