@@ -183,7 +183,9 @@ pub fn split_round(
         if rows == 0 {
             return Err(bad("a U-shape Draft needs at least one hidden row"));
         }
-        if start_pos > cached {
+        // At s = N no KV is held here: an all-local device skips rounds, so any
+        // start_pos is consistent.
+        if start_pos > cached && spec.layer < model.config().n_layer {
             return Err(bad(format!(
                 "start_pos {start_pos} is beyond the {cached} positions this session holds"
             )));

@@ -895,16 +895,24 @@ impl Net<'_> {
             Some(sp) => sp.draft_message(&run.ctx, draft)?,
             None => draft,
         };
-        let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
-            Ok(a) => a,
-            Err(e) => {
-                run.rollback_unverified();
-                if let Some(sp) = self.split.as_deref_mut() {
-                    sp.rollback(ctx_before);
+        // U-shape at s = N: the device computed everything; no exchange.
+        let local = match self.split.as_deref_mut() {
+            Some(sp) => sp.local_answer(self.round, ctx_before),
+            None => None,
+        };
+        let (answer, rtt) = match local {
+            Some(v) => (Sm::Verdict(v), None),
+            None => match self.exchange(Cm::Draft(draft)) {
+                Ok((a, rtt)) => (a, Some(rtt)),
+                Err(e) => {
+                    run.rollback_unverified();
+                    if let Some(sp) = self.split.as_deref_mut() {
+                        sp.rollback(ctx_before);
+                    }
+                    self.fail(run, e)?;
+                    return Ok(());
                 }
-                self.fail(run, e)?;
-                return Ok(());
-            }
+            },
         };
         let v = match (self.split.as_deref_mut(), answer) {
             (Some(sp), Sm::Verdict(v)) if sp.pin_head() => {
@@ -919,7 +927,12 @@ impl Net<'_> {
             (_, answer) => self.verdict(answer, k, ctx_before)?,
         };
         let replanned = match self.split.as_deref_mut() {
-            Some(sp) => sp.accept(ctx_before, v.accepted as usize, rtt.as_secs_f64() * 1e3, k),
+            Some(sp) => sp.accept(
+                ctx_before,
+                v.accepted as usize,
+                rtt.map(|r| r.as_secs_f64() * 1e3),
+                k,
+            ),
             None => false,
         };
         if replanned {
@@ -933,8 +946,10 @@ impl Net<'_> {
                 ));
             }
         }
-        self.record_rtt(rtt);
-        self.success();
+        if let Some(rtt) = rtt {
+            self.record_rtt(rtt);
+            self.success();
+        }
         self.round += 1;
         run.stats.rounds += 1;
         run.stats.drafted += k as u64;

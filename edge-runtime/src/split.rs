@@ -68,7 +68,8 @@ pub struct SplitConfig {
     pub down_mbps: f64,
     /// Server speed relative to this device (1 = same machine type).
     pub server_speed: f64,
-    /// Network RTT (ms) assumed before any round was measured.
+    /// Network RTT (ms) assumed before any round was measured; also the RTT of
+    /// the link `SplitReport::predicted_round_ms` is predicted for.
     pub initial_rtt_ms: f64,
     /// Re-plan when the RTT estimate differs from the one planned with by more
     /// than this fraction (and by at least `replan_min_ms`).
@@ -141,6 +142,10 @@ impl SplitConfig {
     }
 }
 
+/// All-local `auto` sessions still exchange one round in this many, to keep
+/// measuring the network.
+pub const LOCAL_PROBE_EVERY: u32 = 8;
+
 /// What a generation reports about its split (in `EdgeStats::split`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SplitReport {
@@ -155,13 +160,24 @@ pub struct SplitReport {
     pub auto: bool,
     /// Times `auto` chose a different s mid-run.
     pub replans: u32,
+    /// Rounds that ran entirely on the device (U-shape at s = N: no exchange).
+    pub local_rounds: u64,
     /// Device-side time of each verify round: target layers `[0, s)`, the
     /// exchange, and (U-shape) the head + verdict; ms.
     pub round_ms: Vec<f64>,
-    /// The cost model's prediction of one round at the last RTT estimate, ms
-    /// (when a profile is configured).
+    /// The device's own compute in each round (layers `[0, s)`, and the head
+    /// when pinned), ms.
+    pub device_ms: Vec<f64>,
+    /// The cost model's prediction of one round of the last session's s (when a
+    /// profile is configured) on the configured link (`initial_rtt_ms`,
+    /// `up_mbps`, `down_mbps`, `server_speed`), and its parts, ms: device compute,
+    /// server compute, network (half RTT + bytes / bandwidth per crossing).
     pub predicted_round_ms: Option<f64>,
-    /// Network RTT estimate the last plan/prediction used, ms.
+    pub predicted_device_ms: Option<f64>,
+    pub predicted_server_ms: Option<f64>,
+    pub predicted_network_ms: Option<f64>,
+    /// Network RTT estimate (round time minus the model's compute and
+    /// serialisation), smoothed when `auto`; ms.
     pub rtt_estimate_ms: Option<f64>,
 }
 
@@ -299,7 +315,12 @@ pub struct SplitExec {
     pending: Vec<u32>,
     pending_dists: Vec<Distribution>,
     round_start: Option<Instant>,
-    /// Compute + transfer the model predicts for the current round (excl. RTT).
+    /// All-local rounds (U-shape at s = N): the final hidden states computed here.
+    local_hidden: Option<Vec<f32>>,
+    /// Rounds since the last exchange while all-local.
+    local_rounds: u32,
+    /// Device compute of the round in flight, seconds.
+    device_s: f64,
     pub report: SplitReport,
 }
 
@@ -361,6 +382,9 @@ impl SplitExec {
             pending: Vec::new(),
             pending_dists: Vec::new(),
             round_start: None,
+            local_hidden: None,
+            local_rounds: 0,
+            device_s: 0.0,
             report,
             cfg,
         })
@@ -445,9 +469,12 @@ impl SplitExec {
         let mut rows = Vec::with_capacity(draft.tokens.len() + 1);
         rows.push(last);
         rows.extend_from_slice(&draft.tokens);
+        let t = Instant::now();
         let h = self.prefix(&rows, start_pos)?;
+        self.device_s = t.elapsed().as_secs_f64();
         draft.hidden = Some(hidden::encode(&h, rows.len(), self.format));
         draft.start_pos = start_pos as u64;
+        self.local_hidden = self.all_local().then_some(h);
         if self.cfg.pin_head {
             self.pending = std::mem::take(&mut draft.tokens);
             self.pending_dists = std::mem::take(&mut draft.draft_dists)
@@ -482,7 +509,9 @@ impl SplitExec {
             .ok_or_else(|| EdgeError::Protocol("U-shape verdict without hidden states".into()))?;
         let h = hidden::decode(h, k + 1, self.d_model(), self.format)
             .map_err(|e| EdgeError::Protocol(format!("verdict hidden: {e}")))?;
+        let t = Instant::now();
         let logits = self.target.head(&h);
+        self.device_s += t.elapsed().as_secs_f64();
         let vocab = self.target.config().vocab;
         let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
         let draft = &self.pending;
@@ -538,7 +567,7 @@ impl SplitExec {
         &mut self,
         ctx_before: usize,
         accepted: usize,
-        exchange_ms: f64,
+        exchange_ms: Option<f64>,
         k: usize,
     ) -> bool {
         self.cache.truncate(ctx_before + accepted);
@@ -546,13 +575,17 @@ impl SplitExec {
             .round_start
             .take()
             .map(|t| t.elapsed().as_secs_f64() * 1e3);
+        if exchange_ms.is_none() {
+            self.report.local_rounds += 1;
+        }
         if let Some(ms) = round_ms {
             self.report.round_ms.push(ms);
+            self.report.device_ms.push(self.device_s * 1e3);
         }
         let block = (k + 1) as u32;
         let mut replanned = false;
-        let rtt_now = match (&self.profile, round_ms) {
-            (Some(p), Some(_)) => {
+        let rtt_now = match (&self.profile, exchange_ms) {
+            (Some(p), Some(exchange_ms)) => {
                 // Network RTT = exchange time minus what the model says the server
                 // computes and the link serialises (both RTT-free).
                 let link0 = TwoNodeLink {
@@ -583,19 +616,52 @@ impl SplitExec {
             }
             self.report.replans = a.replans();
         }
-        let est = self.auto.as_ref().map(|a| a.estimate_ms()).or(rtt_now);
-        if let (Some(p), Some(rtt)) = (&self.profile, est) {
+        self.report.rtt_estimate_ms = self.auto.as_ref().map(|a| a.estimate_ms()).or(rtt_now);
+        if let Some(p) = &self.profile {
             let link = TwoNodeLink {
-                rtt_ms: rtt,
+                rtt_ms: self.cfg.initial_rtt_ms,
                 up_mbps: self.cfg.up_mbps,
                 down_mbps: self.cfg.down_mbps,
                 server_speed: self.cfg.server_speed,
             };
-            self.report.predicted_round_ms =
-                predict(p, &link, self.cfg.pin_head, self.report.layer, block).map(|s| s * 1e3);
-            self.report.rtt_estimate_ms = Some(rtt);
+            let e = two_node_problem(p, &link, block, self.cfg.pin_head)
+                .ok()
+                .and_then(|prob| evaluate_split(&prob, self.report.layer).ok());
+            if let Some(e) = e {
+                let ms = |v: f64| Some(v * 1e3);
+                self.report.predicted_round_ms = ms(e.latency_s);
+                self.report.predicted_device_ms = ms(e.compute_s[tandem_shard::split::DEVICE]);
+                self.report.predicted_server_ms = ms(e.compute_s[tandem_shard::split::SERVER]);
+                self.report.predicted_network_ms =
+                    ms(e.transfers.iter().map(|t| t.crossing_s).sum());
+            }
         }
         replanned
+    }
+
+    /// U-shape at s = N: everything runs here, the verifier runs no layer.
+    pub fn all_local(&self) -> bool {
+        self.cfg.pin_head && self.layer == self.target.config().n_layer
+    }
+
+    /// All-local rounds skip the exchange: the answer is the final hidden
+    /// states computed here (as the verifier would have returned them). With
+    /// `auto`, every `LOCAL_PROBE_EVERY`-th round still goes to the verifier so
+    /// that the RTT estimate keeps seeing the network. `None`: exchange.
+    pub fn local_answer(&mut self, round: u64, ctx_len: usize) -> Option<pb::Verdict> {
+        let h = self.local_hidden.take()?;
+        self.local_rounds += 1;
+        if self.auto.is_some() && self.local_rounds >= LOCAL_PROBE_EVERY {
+            self.local_rounds = 0;
+            return None;
+        }
+        let rows = h.len() / self.d_model();
+        Some(pb::Verdict {
+            round,
+            context_len: (ctx_len - 1 + rows) as u64,
+            hidden: Some(hidden::encode(&h, rows, self.format)),
+            ..pb::Verdict::default()
+        })
     }
 
     /// Undo a block whose verdict never came.
