@@ -6,7 +6,8 @@
 //! (issue 8: temperature 0 = greedy = bit-exact target output), with every
 //! token `verified` (non-streaming and streamed). tests/openai/test_client.py
 //! runs chat, streaming with include_usage, usage numbers, completions and
-//! three error cases through the client; this test adds what the client
+//! four error cases (404 model, max_tokens 0, n = 2, a 3 MB body → 413 in
+//! OpenAI's shape) through the client; this test adds what the client
 //! cannot see: the privacy route of an ID-number prompt and the admin API
 //! behind its token.
 //!
@@ -255,6 +256,11 @@ fn the_openai_python_client_accepts_serve_edge() {
         (Some(1), Some(3)),
         "{r}"
     );
+    // A path axum cannot decode is refused in OpenAI's shape too.
+    let (code, body) = http(&addr, "GET", "/v1/models/%FF", None, "");
+    assert_eq!(code, 400, "{body}");
+    let e: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
     drop(server);
     eprintln!("serve_edge_openai: {:.1} s", t0.elapsed().as_secs_f64());
 }
@@ -284,4 +290,38 @@ fn serve_edge_refuses_bad_flags_before_loading_a_model() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `serve-edge` with the given extra args must exit with an error that
+/// contains `want`, print no address line, and not panic (the device runtime
+/// used to be dropped inside the async context on these paths).
+fn refuses_to_start(extra: &[&str], want: &str) {
+    let out = tandem()
+        .arg("serve-edge")
+        .args(extra)
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(err.contains(want), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn serve_edge_refuses_a_zero_queue_depth() {
+    // Every request would get 429 (the queue counts a request until the
+    // worker takes it), so the server refuses to start.
+    refuses_to_start(
+        &["--listen", "127.0.0.1:0", "--queue-depth", "0"],
+        "queue_depth must be at least 1",
+    );
+}
+
+#[test]
+fn serve_edge_reports_a_port_in_use() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    refuses_to_start(&["--listen", &addr], &format!("binding {addr}"));
 }

@@ -110,6 +110,18 @@ def main():
     except openai.BadRequestError as e:
         check(e.param == "n" and "n" in str(e.message), e)
 
+    # A body over the server's 2 MB limit: 413 in OpenAI's error shape (the
+    # client parses `error` into .code), not a plain-text refusal.
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x" * 3_000_000}], max_tokens=1
+        )
+        check(False, "a 3 MB body accepted")
+    except openai.APIStatusError as e:
+        check(e.status_code == 413, e)
+        check(e.response.headers.get("content-type") == "application/json", e.response.headers)
+        check(e.code == "request_too_large" and isinstance(e.body, dict), f"{e.code} {e.body!r:.200}")
+
     print(
         json.dumps(
             {

@@ -119,6 +119,23 @@ impl ApiError {
         }
     }
 
+    /// A request axum refused before our handler saw it (body over the size
+    /// limit: 413 `request_too_large`; unreadable body or path), in OpenAI's
+    /// shape instead of axum's plain text.
+    pub fn rejected(status: StatusCode, message: String) -> Self {
+        Self {
+            status,
+            message,
+            kind: if status.is_server_error() {
+                "server_error"
+            } else {
+                "invalid_request_error"
+            },
+            param: None,
+            code: (status == StatusCode::PAYLOAD_TOO_LARGE).then_some("request_too_large"),
+        }
+    }
+
     pub fn not_found_route(method: &str, path: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,

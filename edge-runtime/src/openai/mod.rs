@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -168,9 +169,23 @@ impl Drop for RunningServer {
     }
 }
 
-/// Binds and serves (call inside a tokio runtime). The runtime moves to the
-/// generation thread.
-pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer, ServeError> {
+/// Drops the runtime on a plain thread: it owns a tokio runtime, which
+/// panics when dropped from async code — as it would be when [`start`]
+/// fails before the worker took it (port in use, bad config).
+fn drop_off_async(rt: RoutedRuntime) {
+    let dropper = std::thread::Builder::new()
+        .name("tandem-serve-drop".into())
+        .spawn(move || drop(rt));
+    if let Ok(h) = dropper {
+        let _ = h.join();
+    }
+}
+
+/// Everything [`start`] checks and binds before the worker takes the runtime.
+async fn prepare(
+    router: Arc<tandem_router::Router>,
+    cfg: &ServeConfig,
+) -> Result<(Option<MountedAdmin>, tokio::net::TcpListener, SocketAddr), ServeError> {
     if !cfg.listen.ip().is_loopback() && !cfg.allow_non_loopback {
         return Err(ServeError::Config(format!(
             "listen {} is not a loopback address; the /v1 API has no authentication (set allow_non_loopback to expose it)",
@@ -180,13 +195,21 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
     if cfg.model_id.is_empty() {
         return Err(ServeError::Config("model_id must not be empty".into()));
     }
+    if cfg.queue_depth == 0 {
+        // The worker admits a request only while fewer than `queue_depth`
+        // wait (the running one included until the worker takes it): with 0
+        // every request would get 429, even on an idle server.
+        return Err(ServeError::Config(
+            "queue_depth must be at least 1 (requests that may wait while one generates)".into(),
+        ));
+    }
     if cfg.max_tokens_limit == 0 || cfg.default_max_tokens == 0 {
         return Err(ServeError::Config(
             "max_tokens_limit and default_max_tokens must be > 0".into(),
         ));
     }
     let mounted = match &cfg.admin {
-        Some(a) => Some(admin::mount(rt.router().clone(), a)?),
+        Some(a) => Some(admin::mount(router, a)?),
         None => None,
     };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -199,6 +222,19 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
         addr: cfg.listen,
         source,
     })?;
+    Ok((mounted, listener, addr))
+}
+
+/// Binds and serves (call inside a tokio runtime). The runtime moves to the
+/// generation thread.
+pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer, ServeError> {
+    let (mounted, listener, addr) = match prepare(rt.router().clone(), &cfg).await {
+        Ok(p) => p,
+        Err(e) => {
+            drop_off_async(rt);
+            return Err(e);
+        }
+    };
     let worker = Worker::spawn(rt, cfg.routed, cfg.queue_depth).map_err(ServeError::Worker)?;
     let state = Arc::new(AppState {
         admin_token: cfg.admin.as_ref().map(|a| a.token.clone()),
@@ -313,7 +349,14 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [model_object(&s)]}))
 }
 
-async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+async fn model(
+    State(s): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(e) => return ApiError::rejected(e.status(), e.body_text()).into_response(),
+    };
     if id == s.cfg.model_id {
         Json(model_object(&s)).into_response()
     } else {
@@ -327,14 +370,34 @@ enum Endpoint {
     Completion,
 }
 
-async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+/// The body, or axum's refusal (413 above its 2 MB limit, a broken upload)
+/// as an OpenAI error body instead of axum's plain text.
+fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError::rejected(e.status(), e.body_text()))
+}
+
+async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_or_error(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     match request::parse_chat(&body, &s.limits()) {
         Ok(r) => generate(s, r, Endpoint::Chat).await,
         Err(e) => e.into_response(),
     }
 }
 
-async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_or_error(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     match request::parse_completion(&body, &s.limits()) {
         Ok(r) => generate(s, r, Endpoint::Completion).await,
         Err(e) => e.into_response(),
