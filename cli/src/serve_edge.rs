@@ -91,7 +91,14 @@ pub fn run(args: Args) -> Result<()> {
         args.max_seq_len,
     )?;
     let tok = tokenizer_of(&draft.model)?;
-    let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let split = cfg.split.is_some();
+    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    if split {
+        // --split: the device runs the target's first layers itself (as in
+        // `generate --verifier --split`); without this the flag was ignored.
+        let target = load_model(ModelRole::Target, None, args.max_seq_len)?;
+        edge.set_split_target(Arc::new(target.model))?;
+    }
     let routed_rt = RoutedRuntime::new(edge, Arc::new(router), tok);
     let serve = ServeConfig {
         listen: args.listen,

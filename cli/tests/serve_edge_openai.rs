@@ -108,6 +108,27 @@ fn http(addr: &str, method: &str, path: &str, auth: Option<&str>, body: &str) ->
     )
 }
 
+/// Starts `tandem serve-edge --listen 127.0.0.1:0 EXTRA…` (admin token in
+/// `TANDEM_TEST_ADMIN`); (server, addr, first stdout line).
+fn serve_edge(extra: &[&str]) -> (Server, String, String) {
+    let mut child = tandem()
+        .args(["serve-edge", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("TANDEM_TEST_ADMIN", ADMIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_stdout_line(&mut child);
+    let server = Server(child);
+    let addr = line
+        .strip_prefix("serving http://")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (server, addr, line)
+}
+
 #[test]
 fn the_openai_python_client_accepts_serve_edge() {
     let t0 = std::time::Instant::now();
@@ -125,29 +146,15 @@ fn the_openai_python_client_accepts_serve_edge() {
     );
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
-    let mut child = tandem()
-        .args([
-            "serve-edge",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-token-env",
-            "TANDEM_TEST_ADMIN",
-        ])
-        .args(["--verifier", &format!("http://{}", v.grpc)])
-        .arg("--token-file")
-        .arg(&token_file)
-        .env("TANDEM_TEST_ADMIN", ADMIN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let line = first_stdout_line(&mut child);
-    let server = Server(child);
-    let addr = line
-        .strip_prefix("serving http://")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let verifier_url = format!("http://{}", v.grpc);
+    let (server, addr, line) = serve_edge(&[
+        "--admin-token-env",
+        "TANDEM_TEST_ADMIN",
+        "--verifier",
+        &verifier_url,
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]);
     assert!(line.trim_end().ends_with("model=tandem"), "{line:?}");
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_client.py");
@@ -262,6 +269,39 @@ fn the_openai_python_client_accepts_serve_edge() {
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
     drop(server);
+
+    // --split 14: the device runs the target's layers [0, 14) itself and
+    // ships hidden states (f32: exact); still the target's greedy tokens.
+    let (split_server, split_addr, _) = serve_edge(&[
+        "--verifier",
+        &verifier_url,
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--split",
+        "14",
+    ]);
+    let body = serde_json::json!({"model": "tandem", "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "user", "content": PROMPT}]});
+    let (code, body) = http(
+        &split_addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &body.to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(j["tandem"]["token_ids"], own["tokens"], "split: {j}");
+    assert!(
+        j["tandem"]["token_status"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s == "verified"),
+        "{j}"
+    );
+    assert_eq!(j["tandem"]["stats"]["split"]["layer"], 14, "{j}");
+    drop(split_server);
     eprintln!("serve_edge_openai: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
