@@ -2,7 +2,8 @@
 //! child (1.5B target) and `tandem generate --verifier --split S` (this process
 //! also loads the target and runs its layers [0, S)). Greedy output must equal
 //! the target's own (`tandem generate --mode target`) for S = 0, 14 and 28 (= N),
-//! and for the U-shape (--pin-head) at S = 14. Short: 24 tokens per generation.
+//! and for the U-shape (--pin-head) at S = 14 and 28 (all-local: no round goes to
+//! the verifier). Short: 24 tokens per generation.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -23,7 +24,7 @@ fn json_of(out: std::process::Output) -> serde_json::Value {
 }
 
 #[test]
-fn split_output_equals_the_target_for_s_0_14_28_and_the_u_shape() {
+fn split_output_equals_the_target_for_s_0_14_28_and_the_u_shape_at_14_28() {
     let dir = tempfile::tempdir().unwrap();
     let expected = json_of(
         tandem()
@@ -46,7 +47,7 @@ fn split_output_equals_the_target_for_s_0_14_28_and_the_u_shape() {
     );
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
-    for (s, pin_head) in [(0, false), (14, false), (28, false), (14, true)] {
+    for (s, pin_head) in [(0, false), (14, false), (28, false), (14, true), (28, true)] {
         let mut cmd = tandem();
         cmd.args(["generate", "--json", "--no-privacy-router", "--k", "4"])
             .args(["--verifier", &format!("http://{}", v.grpc)])
@@ -69,6 +70,12 @@ fn split_output_equals_the_target_for_s_0_14_28_and_the_u_shape() {
             sp["round_ms"].as_array().unwrap().len() as u64,
             j["stats"]["rounds"].as_u64().unwrap()
         );
+        let local = if pin_head && s == 28 {
+            j["stats"]["rounds"].clone()
+        } else {
+            0.into()
+        };
+        assert_eq!(sp["local_rounds"], local);
     }
     // f16 is an explicit lossy option: it runs and says so.
     let j = json_of(

@@ -50,3 +50,29 @@ fn descriptor_set_names_the_service() {
     assert_eq!(svc.method[0].name(), "Session");
     assert!(svc.method[0].client_streaming() && svc.method[0].server_streaming());
 }
+
+#[test]
+fn hidden_states_encode_exactly_in_f32_and_lossily_in_f16() {
+    use tandem_proto::hidden::{decode, encode};
+    use tandem_proto::v1::HiddenFormat;
+    let v: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) * 0.123_456_7).collect();
+    let h = encode(&v, 3, HiddenFormat::HiddenF32);
+    assert_eq!((h.rows, h.data.len()), (3, 48));
+    assert_eq!(decode(&h, 3, 4, HiddenFormat::HiddenF32).unwrap(), v);
+    let h16 = encode(&v, 3, HiddenFormat::HiddenF16);
+    assert_eq!(h16.data.len(), 24);
+    let back = decode(&h16, 3, 4, HiddenFormat::HiddenF16).unwrap();
+    assert_ne!(back, v, "f16 is lossy");
+    for (a, b) in back.iter().zip(&v) {
+        assert!((a - b).abs() <= b.abs() * 1e-3 + 1e-6, "{a} vs {b}");
+    }
+    // Wrong row count or byte count is an error naming it.
+    assert!(decode(&h, 2, 4, HiddenFormat::HiddenF32)
+        .unwrap_err()
+        .to_string()
+        .contains("rows"));
+    assert!(decode(&h, 3, 5, HiddenFormat::HiddenF32)
+        .unwrap_err()
+        .to_string()
+        .contains("bytes"));
+}
