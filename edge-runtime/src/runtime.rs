@@ -949,8 +949,9 @@ impl Net<'_> {
         if let Some(rtt) = rtt {
             self.record_rtt(rtt);
             self.success();
+            // Round numbers count the verifier's rounds (all-local ones are not).
+            self.round += 1;
         }
-        self.round += 1;
         run.stats.rounds += 1;
         run.stats.drafted += k as u64;
         run.stats.accepted += v.accepted as u64;

@@ -224,23 +224,7 @@ fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
     // every block (s = 0) when the head is on the server.
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("p.json");
-    let mut layers = vec![serde_json::json!({"name": "embedding", "kind": "embedding",
-        "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
-        "compute_seconds": {"5": 0.0}})];
-    for i in 0..N_LAYER {
-        layers.push(
-            serde_json::json!({"name": format!("blk.{i}"), "kind": "block",
-            "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
-            "compute_seconds": {"5": 0.01}}),
-        );
-    }
-    layers.push(
-        serde_json::json!({"name": "head", "kind": "head", "weight_bytes": 1000,
-        "kv_bytes_per_token": 0, "activation_bytes_per_token": 4, "compute_seconds": {"5": 0.01}}),
-    );
-    let p = serde_json::json!({"schema": "tandem.profile.v1", "model": "tiny",
-        "context_tokens": 16, "block_sizes": [5], "layers": layers});
-    std::fs::write(&profile, p.to_string()).unwrap();
+    write_profile(&profile);
     let rt = io_runtime();
     let v = start_verifier(&rt, &m.target_path);
     let url = format!("http://{}", v.grpc_addr);
@@ -260,4 +244,66 @@ fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
     assert_eq!(r.layer, 0);
     let predicted = r.predicted_round_ms.unwrap();
     assert!(predicted > 0.0 && predicted.is_finite());
+}
+
+/// Tiny-model profile: 4 blocks and the head at 10 ms each (block of 5).
+fn write_profile(path: &Path) {
+    let mut layers = vec![serde_json::json!({"name": "embedding", "kind": "embedding",
+        "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
+        "compute_seconds": {"5": 0.0}})];
+    for i in 0..N_LAYER {
+        layers.push(
+            serde_json::json!({"name": format!("blk.{i}"), "kind": "block",
+            "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
+            "compute_seconds": {"5": 0.01}}),
+        );
+    }
+    layers.push(
+        serde_json::json!({"name": "head", "kind": "head", "weight_bytes": 1000,
+        "kv_bytes_per_token": 0, "activation_bytes_per_token": 4, "compute_seconds": {"5": 0.01}}),
+    );
+    let p = serde_json::json!({"schema": "tandem.profile.v1", "model": "tiny",
+        "context_tokens": 16, "block_sizes": [5], "layers": layers});
+    std::fs::write(path, p.to_string()).unwrap();
+}
+
+#[test]
+fn auto_u_shape_starts_all_local_on_a_slow_link_and_moves_to_the_server_when_the_rtt_drops() {
+    let m = setup();
+    let gen = GenerateConfig {
+        max_tokens: 64,
+        ..gen_cfg(SamplingParams::default())
+    };
+    let expected = generate_single(&m.target, PROMPT, &gen, &mut |_| true)
+        .unwrap()
+        .tokens;
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.json");
+    write_profile(&profile);
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    // U-shape, 10x server: all-local costs 50 ms a round, s = 0 costs 14 ms + one
+    // RTT. Assumed RTT 60 ms: all-local. The probe rounds (1 in 8) measure ~1 ms
+    // on loopback; the smoothed estimate falls below ~36 ms and auto moves to s = 0.
+    let cfg = SplitConfig {
+        layer: SplitLayer::Named("auto".into()),
+        pin_head: true,
+        profile: Some(profile),
+        server_speed: 10.0,
+        initial_rtt_ms: 60.0,
+        replan_threshold: 0.1,
+        replan_min_ms: 1.0,
+        ..SplitConfig::default()
+    };
+    let mut e = edge(&url, cfg, m.draft.clone(), m.target.clone());
+    let g = e.generate(PROMPT, &gen, &mut |_| true).unwrap();
+    assert_eq!(g.tokens, expected);
+    let r = g.stats.split.unwrap();
+    assert_eq!(r.replans, 1, "{r:?}");
+    assert_eq!(r.layer, 0, "{r:?}");
+    assert!(r.local_rounds >= 8, "{r:?}");
+    assert!(g.stats.rounds > r.local_rounds + 2, "{r:?}");
+    assert!(g.stats.opens >= 2, "re-planning opens a new session");
+    assert!(r.rtt_estimate_ms.unwrap() < 36.0, "{r:?}");
 }
