@@ -17,7 +17,8 @@ use crate::error::EdgeError;
 pub enum ServeError {
     #[error("serve config: {0}")]
     Config(String),
-    #[error("binding {addr}: {source}")]
+    /// The reason is the error's source (anyhow's `{:#}` prints it once).
+    #[error("binding {addr}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
