@@ -5,7 +5,8 @@
 //! must be, token for token, `tandem generate --mode target`'s greedy output
 //! (issue 8: temperature 0 = greedy = bit-exact target output), with every
 //! token `verified` (non-streaming and streamed). tests/openai/test_client.py
-//! runs chat, streaming with include_usage, usage numbers, completions and
+//! runs chat, streaming with include_usage, a streamed stop list, usage
+//! numbers, completions and
 //! four error cases (404 model, max_tokens 0, n = 2, a 3 MB body → 413 in
 //! OpenAI's shape) through the client; this test adds what the client
 //! cannot see: the privacy route of an ID-number prompt and the admin API
@@ -248,19 +249,19 @@ fn the_openai_python_client_accepts_serve_edge() {
         .all(|s| s == "local"));
 
     // Admin API: token required; serve stats count the requests above
-    // (chat, stream, completion, the local chat).
+    // (chat, stream, stream with stop, completion, the local chat).
     let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
     assert_eq!(code, 401);
     let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats["completed"], 4, "{stats}");
+    assert_eq!(stats["completed"], 5, "{stats}");
     let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let r: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (r["local"].as_u64(), r["speculative"].as_u64()),
-        (Some(1), Some(3)),
+        (Some(1), Some(4)),
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.

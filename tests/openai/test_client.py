@@ -88,6 +88,30 @@ def main():
         f"stream usage {usage} != {u}",
     )
 
+    # A stop list, streamed: greedy output is deterministic, so the answer is
+    # the text above cut before the first match (a 5-character piece from its
+    # middle, which may span tokens), with finish_reason "stop".
+    mid = len(text) // 2
+    cut = text[mid : mid + 5]
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stop=["<never-in-the-text>", cut],
+    )
+    parts, stop_finish = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            stop_finish = chunk.choices[0].finish_reason
+    cut_text = "".join(parts)
+    check(len(cut) == 5, f"text too short for the stop check: {text!r}")
+    check(cut_text == text[: text.find(cut)], f"stop {cut!r}: {cut_text!r} from {text!r}")
+    check(stop_finish == "stop", stop_finish)
+
     # Legacy completions: raw prompt.
     c = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=8, temperature=0)
     check(c.object == "text_completion", c.object)
