@@ -16,7 +16,7 @@
 #      PROFILE (a target profile JSON; measured first when missing),
 #      REPROFILE=1 (measure the profile again right before each network's runs,
 #      so a shared machine's drifting load hits prediction and measurement alike),
-#      PIN_HEAD=1 (U-shape), K (4), NETS ("lan fast-4g").
+#      PIN_HEAD=1 (U-shape), K (4), NETS ("lan fast-4g"; `direct` = no proxy).
 # Prints a markdown table on stdout, progress on stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,9 +83,14 @@ pin_flag=()
 echo "| network | s | head | predicted ms (device + network + server) | measured ms median (device + rest) | error | rounds |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 for net in $NETS; do
-  read -r rtt down up <<<"$(link "$net")"
-  start_bg "listening on" "$tmp/n-$net.out" taskset -c 1 "$BIN" netsim --listen 127.0.0.1:0 --upstream "$grpc" --profile "$net"
-  addr=$(sed -n 's/^listening on //p' "$tmp/n-$net.out")
+  if [ "$net" = direct ]; then
+    # No proxy: the edge talks to the verifier directly (the model's link: 0 ms, 10 Gbit/s).
+    rtt=0; down=10000; up=10000; addr=${grpc#http://}
+  else
+    read -r rtt down up <<<"$(link "$net")"
+    start_bg "listening on" "$tmp/n-$net.out" taskset -c "${NETSIM_CORE:-1}" "$BIN" netsim --listen 127.0.0.1:0 --upstream "$grpc" --profile "$net"
+    addr=$(sed -n 's/^listening on //p' "$tmp/n-$net.out")
+  fi
   [ "${REPROFILE:-0}" = 1 ] && measure_profile
   cat > "$tmp/edge-$net.toml" <<TOML
 token = "$TOKEN"

@@ -18,6 +18,7 @@ use tandem_proto::v1::verifier_server::VerifierServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 /// Why the verifier could not start or stopped.
@@ -244,9 +245,21 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         .add_service(svc);
     let mut grpc_stop = stop_rx.clone();
     let h2 = health.clone();
+    // `Server::tcp_nodelay` only applies to listeners tonic binds itself; with
+    // our own listener, Nagle stays on unless set here, and a verdict (a small
+    // write after the previous one is still unacknowledged) then waits for the
+    // peer's delayed ACK — tens of ms per round (docs/verifier.md, pitfalls).
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(stream) = &conn {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
+            }
+        }
+        conn
+    });
     let task = tokio::spawn(async move {
         router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
                 h2.set_service_status(
                     tandem_proto::VERIFIER_SERVICE_NAME,
