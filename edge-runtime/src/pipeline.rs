@@ -79,20 +79,28 @@ impl Net<'_> {
         hist.extend_from_slice(&held);
         let mut dists = Vec::new();
         let t0 = Instant::now();
-        let mut fresh = 0;
+        // Draft time per token for the chooser, without forwards that also
+        // (pre)filled more than a couple of pending tokens (the prompt's prefill in
+        // the first round, a catch-up after target streaming).
+        let (mut timed, mut timed_ms) = (0usize, 0.0f64);
         while held.len() < k {
+            let catch_up = run.pending.len() > 2;
+            let t = Instant::now();
             let (d, q) = run.draft_next(&hist)?;
+            if !catch_up {
+                timed += 1;
+                timed_ms += ms(t.elapsed());
+            }
             hist.push(d);
             held.push(d);
-            fresh += 1;
             if let Some(q) = q {
                 let (tokens, probs) = q.entries().iter().copied().unzip();
                 dists.push(pb::TokenDistribution { tokens, probs });
             }
         }
         let draft_ms = ms(t0.elapsed());
-        if fresh > 0 {
-            self.spec.chooser.observe_draft(fresh, draft_ms);
+        if timed > 0 {
+            self.spec.chooser.observe_draft(timed, timed_ms);
         }
         let block = held[..k].to_vec();
         let msg = Cm::Draft(pb::Draft {

@@ -407,6 +407,8 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = Instant::now();
     let mut results: Vec<Option<DeviceResult>> = vec![None; planned.len()];
     // Group by mode (one device process each), in plan order.
     let mut order: Vec<Mode> = Vec::new();
@@ -470,8 +472,26 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
                     p.prompt.id
                 ));
             }
-            results[i] = Some(r);
             bar.inc(1);
+            if !tty {
+                // No terminal (CI, a log file): one line per run instead of the bar.
+                let done = bar.position() as f64;
+                let el = started.elapsed().as_secs_f64();
+                eprintln!(
+                    "lab: {}/{} {} / {} / {}: {} tokens in {:.0} ms{} (elapsed {:.0} s, ETA {:.0} s)",
+                    done,
+                    planned.len(),
+                    mode.name(),
+                    p.profile,
+                    p.prompt.id,
+                    r.tokens.len(),
+                    r.stats.total_ms,
+                    if r.error.is_some() { ", FAILED" } else { "" },
+                    el,
+                    el / done * (planned.len() as f64 - done)
+                );
+            }
+            results[i] = Some(r);
         }
     }
     bar.finish_with_message("done");

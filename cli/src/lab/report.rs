@@ -426,6 +426,51 @@ fn ratios(cells: &[Cell], profiles: &[String]) -> String {
     s
 }
 
+/// Per profile: adaptive (and adaptive-pipeline) against the best fixed spec-kN,
+/// and each pipeline-kN against spec-kN.
+fn comparisons(cells: &[Cell], profiles: &[String]) -> String {
+    let mut s = String::from(
+        "| profile | mode | tok/s | compared with | its tok/s | ratio |\n| --- | --- | ---: | --- | ---: | ---: |\n",
+    );
+    let mut rows = 0;
+    for p in profiles {
+        let here: Vec<&Cell> = cells.iter().filter(|c| &c.profile == p).collect();
+        let best_fixed = here
+            .iter()
+            .filter(|c| c.mode.starts_with("spec-k"))
+            .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s));
+        for c in &here {
+            let other = if c.mode.starts_with("adaptive") {
+                best_fixed.copied()
+            } else if let Some(k) = c.mode.strip_prefix("pipeline-k") {
+                here.iter()
+                    .find(|o| o.mode == format!("spec-k{k}"))
+                    .copied()
+            } else {
+                None
+            };
+            if let Some(o) = other {
+                if o.tokens_per_s > 0.0 {
+                    rows += 1;
+                    let _ = writeln!(
+                        s,
+                        "| {p} | {} | {:.2} | {} | {:.2} | {:.2} |",
+                        c.mode,
+                        c.tokens_per_s,
+                        o.mode,
+                        o.tokens_per_s,
+                        c.tokens_per_s / o.tokens_per_s
+                    );
+                }
+            }
+        }
+    }
+    if rows == 0 {
+        return "(no adaptive or pipeline modes next to fixed-k ones in this matrix)\n".into();
+    }
+    s
+}
+
 type Series = Vec<(String, Vec<f64>)>;
 
 fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
@@ -851,6 +896,9 @@ pub fn write_all(
     for (f, cap) in figs {
         let _ = writeln!(md, "### {cap}\n\n![{cap}]({f})\n");
     }
+    md.push_str("\n## Adaptive k vs the best fixed k, pipelining vs plain (tokens/s)\n\n");
+    md.push_str(&comparisons(&cells, &cfg.profiles));
+    md.push('\n');
     let mut adaptive = String::new();
     for c in cells.iter().filter(|c| c.mode.starts_with("adaptive")) {
         let _ = writeln!(
