@@ -14,7 +14,7 @@ mod worker;
 use anyhow::{bail, Context, Result};
 use report::{
     BenchReport, EngineRun, Machine, Measured, ModelReport, Ratios, Settings, SpecReport,
-    STATUS_FAILED, STATUS_NOT_INSTALLED, STATUS_OK,
+    VerifyPoint, STATUS_FAILED, STATUS_NOT_INSTALLED, STATUS_OK,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -570,6 +570,40 @@ fn mb(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// The absolute times behind c(k): one row per engine, plus Tandem's
+/// last-position-only forward (the work candle's forward does).
+fn forward_ms_rows(o: &mut String, m: &ModelReport, ks: &[usize]) {
+    let mut rows: Vec<(String, &[VerifyPoint])> = Vec::new();
+    for e in &m.engines {
+        if let Some(f) = e.ok() {
+            rows.push((e.engine.clone(), &f.verify));
+            if !f.verify_last_only.is_empty() {
+                rows.push((format!("{} last-only", e.engine), &f.verify_last_only));
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let mut head = format!("  {:<16}", "forward ms");
+    for k in ks {
+        let _ = write!(head, " {:>7}", format!("k={k}"));
+    }
+    let _ = writeln!(o, "{head}");
+    for (name, points) in rows {
+        let mut line = format!("  {name:<16}");
+        for k in ks {
+            let ms = points.iter().find(|v| v.k == *k).map(|v| v.ms);
+            let _ = write!(
+                line,
+                " {:>7}",
+                ms.map_or("-".into(), |ms| format!("{ms:.1}"))
+            );
+        }
+        let _ = writeln!(o, "{line}");
+    }
+}
+
 fn render(r: &BenchReport) -> String {
     let mut o = String::new();
     let s = &r.settings;
@@ -646,12 +680,16 @@ fn render(r: &BenchReport) -> String {
             let _ = write!(line, " {:>9.2}", q.peak_rss_bytes);
             let _ = writeln!(o, "{line}");
         }
+        forward_ms_rows(&mut o, m, &s.verify_ks);
     }
     let _ = writeln!(
         o,
         "\nc(k) = time of one forward over k tokens / over 1 token (Tandem computes logits \
          for all k positions, candle only for the last). Ratio rows: tandem ÷ other \
-         (>1 is better for prefill/decode, <1 is better for load, c(k) and memory)."
+         (>1 is better for prefill/decode, <1 is better for load, c(k) and memory). \
+         \"forward ms\" rows: the median time of those forwards; \"tandem last-only\" is \
+         Tandem's forward with the head over the last position only, the same work as \
+         candle's forward."
     );
     if let Some(sp) = &r.speculative {
         let _ = writeln!(

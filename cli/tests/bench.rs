@@ -95,6 +95,13 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
             "cost_ratio is not ms/ms(k=1): {v}"
         );
     }
+    // Tandem also times the last-position-only forward (candle's work).
+    let last = e["verify_last_only"].as_array().unwrap();
+    let lks: Vec<u64> = last.iter().map(|v| u(v, "k")).collect();
+    assert_eq!(lks, ks);
+    for v in last {
+        assert!(f(v, "ms") > 0.0);
+    }
     let peak = u(e, "peak_rss_bytes");
     assert!(peak >= u(e, "rss_after_load_bytes") && peak > 0);
     assert!(close(f(e, "rss_over_gguf"), peak as f64 / gguf as f64));

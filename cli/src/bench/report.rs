@@ -36,6 +36,12 @@ pub struct Measured {
     /// Context length at which the verify forwards run.
     pub verify_context: usize,
     pub verify: Vec<VerifyPoint>,
+    /// Tandem only: the same forwards with the head over the last position
+    /// only — the work candle's forward does (verification needs every
+    /// position's logits, so `verify` is the figure that matters for Tandem;
+    /// this one makes the kernels comparable with candle's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verify_last_only: Vec<VerifyPoint>,
     /// Resident memory right after loading, bytes.
     pub rss_after_load_bytes: u64,
     /// Peak resident memory of the worker process (VmHWM), bytes.
@@ -250,6 +256,7 @@ mod tests {
             decode_tokens: 32,
             decode_tok_s: decode,
             verify_context: 128,
+            verify_last_only: Vec::new(),
             verify: costs
                 .iter()
                 .map(|&(k, c)| VerifyPoint {

@@ -65,6 +65,22 @@ pub fn peak_rss() -> u64 {
 }
 
 /// Assemble the figures from raw timings.
+/// Median time per k and its ratio to k = 1 (the first entry).
+fn verify_points(ks: &[usize], ms: &[Vec<f64>]) -> Vec<VerifyPoint> {
+    let one = ms.first().map_or(f64::NAN, |xs| median(xs));
+    ks.iter()
+        .zip(ms)
+        .map(|(&k, xs)| {
+            let ms = median(xs);
+            VerifyPoint {
+                k,
+                ms,
+                cost_ratio: ms / one,
+            }
+        })
+        .collect()
+}
+
 fn figures(
     plan: &MicroPlan,
     version: String,
@@ -79,20 +95,7 @@ fn figures(
         .iter()
         .map(|ms| plan.decode_tokens as f64 / (ms / 1000.0))
         .collect();
-    let one = median(&verify_ms[0]);
-    let verify = plan
-        .ks
-        .iter()
-        .zip(verify_ms)
-        .map(|(&k, xs)| {
-            let ms = median(xs);
-            VerifyPoint {
-                k,
-                ms,
-                cost_ratio: ms / one,
-            }
-        })
-        .collect();
+    let verify = verify_points(&plan.ks, verify_ms);
     Measured {
         version,
         threads: plan.threads,
@@ -103,6 +106,7 @@ fn figures(
         decode_tok_s: median(&rates),
         verify_context: plan.prompt.len(),
         verify,
+        verify_last_only: Vec::new(),
         rss_after_load_bytes,
         peak_rss_bytes: peak_rss(),
     }
@@ -147,15 +151,26 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
     }
     let vt = plan.verify_tokens();
     let mut verify_ms = vec![Vec::new(); plan.ks.len()];
+    let mut last_ms = vec![Vec::new(); plan.ks.len()];
+    let vocab = model.config().vocab;
     for r in 0..=plan.repeats {
         for (i, &k) in plan.ks.iter().enumerate() {
-            cache.truncate(n);
-            let t = Instant::now();
-            let logits = model.forward(&vt[..k], n, &mut cache)?;
-            let ms = ms_since(t);
-            anyhow::ensure!(logits.len() == k * model.config().vocab, "short logits");
-            if r > 0 {
-                verify_ms[i].push(ms);
+            // All positions' logits (what verification needs), then the
+            // last position's only (candle's work), alternating.
+            for (all, out) in [(true, &mut verify_ms[i]), (false, &mut last_ms[i])] {
+                cache.truncate(n);
+                let t = Instant::now();
+                let logits = if all {
+                    model.forward(&vt[..k], n, &mut cache)?
+                } else {
+                    model.forward_last(&vt[..k], n, &mut cache)?
+                };
+                let ms = ms_since(t);
+                let want = if all { k * vocab } else { vocab };
+                anyhow::ensure!(logits.len() == want, "short logits");
+                if r > 0 {
+                    out.push(ms);
+                }
             }
         }
     }
@@ -164,7 +179,7 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
         env!("CARGO_PKG_VERSION"),
         tandem_model::quant::Isa::selected().name()
     );
-    Ok(figures(
+    let mut m = figures(
         plan,
         version,
         load_ms,
@@ -172,7 +187,9 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
         &prefill_ms,
         &decode_ms,
         &verify_ms,
-    ))
+    );
+    m.verify_last_only = verify_points(&plan.ks, &last_ms);
+    Ok(m)
 }
 
 struct Candle {
