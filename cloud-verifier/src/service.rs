@@ -531,7 +531,9 @@ impl VerifierService {
         let s = &self.state;
         // U-shape drafts carry no tokens: k is the hidden rows - 1.
         let k = if d.tokens.is_empty() {
-            d.hidden.as_ref().map_or(0, |h| (h.rows as usize).saturating_sub(1))
+            d.hidden
+                .as_ref()
+                .map_or(0, |h| (h.rows as usize).saturating_sub(1))
         } else {
             d.tokens.len()
         };
