@@ -5,7 +5,9 @@
 //! is always wrong.
 
 #![allow(clippy::unwrap_used)]
-use std::net::SocketAddr;
+
+mod common;
+use common::start_delay_proxy;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,6 @@ use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "adaptive-test-token-0123456789";
 const FP: &str = "tiny-test-fingerprint";
@@ -22,50 +23,6 @@ const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
 fn load(p: &Path) -> Arc<Qwen2Model> {
     Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
-}
-
-/// A TCP proxy that delays every chunk by `delay` in each direction.
-fn start_delay_proxy(
-    rt: &tokio::runtime::Runtime,
-    upstream: SocketAddr,
-    delay: Duration,
-) -> SocketAddr {
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                continue;
-            };
-            let _ = client.set_nodelay(true);
-            let _ = server.set_nodelay(true);
-            let (cr, cw) = client.into_split();
-            let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, delay));
-            tokio::spawn(pump(sr, cw, delay));
-        }
-    });
-    addr
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        tokio::time::sleep(delay).await;
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {

@@ -5,7 +5,9 @@
 //! discarded (a different draft).
 
 #![allow(clippy::unwrap_used)]
-use std::net::SocketAddr;
+
+mod common;
+use common::start_delay_proxy;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,6 @@ use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "pipeline-test-token-0123456789";
 const FP: &str = "tiny-test-fingerprint";
@@ -48,50 +49,6 @@ fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> tandem_verifie
     );
     let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
     rt.block_on(tandem_verifier::start(cfg)).unwrap()
-}
-
-/// A TCP proxy that delays every chunk by `delay` in each direction.
-fn start_delay_proxy(
-    rt: &tokio::runtime::Runtime,
-    upstream: SocketAddr,
-    delay: Duration,
-) -> SocketAddr {
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                continue;
-            };
-            let _ = client.set_nodelay(true);
-            let _ = server.set_nodelay(true);
-            let (cr, cw) = client.into_split();
-            let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, delay));
-            tokio::spawn(pump(sr, cw, delay));
-        }
-    });
-    addr
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        tokio::time::sleep(delay).await;
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
 }
 
 fn edge(draft: &Path, url: String, spec: SpeculationConfig) -> EdgeRuntime {
