@@ -461,7 +461,12 @@ fn mutual_tls_needs_the_client_certificate() {
         ca.as_os_str(),
     ];
     let out = generate(&base, &with_tls);
-    assert!(!out.status.success(), "no client certificate must not pass");
+    assert!(
+        !out.status.success(),
+        "no client certificate must not pass; stdout: {} stderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
     let err = stderr(&out);
     assert!(err.contains("TLS"), "{err}");
     with_tls.extend([

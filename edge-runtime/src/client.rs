@@ -3,6 +3,7 @@
 
 use crate::config::EdgeConfig;
 use crate::error::EdgeError;
+use crate::mtls_probe::MtlsProbe;
 use prost::Message;
 use std::time::{Duration, Instant};
 use tandem_proto::v1::verifier_client::VerifierClient;
@@ -116,6 +117,9 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
 pub struct Connector {
     endpoint: Endpoint,
     token: Option<String>,
+    /// Set when TLS is on without a client identity (see [`MtlsProbe`]).
+    mtls_probe: Option<MtlsProbe>,
+    connect_timeout: Duration,
 }
 
 impl Connector {
@@ -130,10 +134,14 @@ impl Connector {
             .map_err(|e| EdgeError::Config(format!("verifier_url {url:?}: {e}")))?
             .connect_timeout(cfg.connect_timeout())
             .tcp_nodelay(true);
+        let mut mtls_probe = None;
         if let Some(ca) = &cfg.ca_cert_pem {
-            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            let ca_pem = read(ca)?;
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca_pem));
             if let (Some(c), Some(k)) = (&cfg.client_cert_pem, &cfg.client_key_pem) {
                 tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
+            } else {
+                mtls_probe = MtlsProbe::new(url, &ca_pem, cfg.tls_domain.as_deref());
             }
             if let Some(d) = &cfg.tls_domain {
                 tls = tls.domain_name(d.clone());
@@ -145,6 +153,8 @@ impl Connector {
         Ok(Self {
             endpoint,
             token: cfg.bearer_token()?,
+            mtls_probe,
+            connect_timeout: cfg.connect_timeout(),
         })
     }
 
@@ -205,10 +215,24 @@ impl Connector {
             let first = stream.recv(counters).await?;
             Ok((stream, first))
         };
-        match tokio::time::timeout(timeout, fut).await {
+        let r = match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(NetError::Timeout),
+        };
+        if let (Err(NetError::Unavailable(_)), Some(probe)) = (&r, &self.mtls_probe) {
+            if probe
+                .server_requires_client_cert(self.connect_timeout)
+                .await
+            {
+                return Err(NetError::Fatal(EdgeError::Tls(
+                    "the verifier requires a client certificate (mutual TLS) and none is \
+                     configured: set client_cert_pem and client_key_pem in the edge config \
+                     (tandem generate: --client-cert/--client-key)"
+                        .into(),
+                )));
+            }
         }
+        r
     }
 }
 

@@ -30,6 +30,7 @@ pub mod breaker;
 pub mod client;
 pub mod config;
 pub mod error;
+mod mtls_probe;
 pub mod openai;
 pub mod privacy;
 pub mod runtime;
