@@ -348,23 +348,36 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn auth(State(s): State<Arc<AdminState>>, req: Request<Body>, next: Next) -> Response {
+/// The admin API's bearer-token check (constant-time comparison): the 401
+/// answer when `req` does not carry `token` (or no token is set), `None` when
+/// it does. Shared with the OpenAI server, which mounts these routes.
+pub(crate) fn unauthorized(req: &Request<Body>, token: Option<&str>) -> Option<Response> {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let ok = presented.is_some_and(|t| bool::from(t.as_bytes().ct_eq(s.token.as_bytes())));
-    if !ok {
-        let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return r;
+    let ok = match (token, presented) {
+        (Some(t), Some(p)) => bool::from(p.as_bytes().ct_eq(t.as_bytes())),
+        _ => false,
+    };
+    if ok {
+        return None;
     }
-    next.run(req).await
+    let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    Some(r)
+}
+
+async fn auth(State(s): State<Arc<AdminState>>, req: Request<Body>, next: Next) -> Response {
+    match unauthorized(&req, Some(&s.token)) {
+        Some(r) => r,
+        None => next.run(req).await,
+    }
 }
 
 async fn get_policy(State(s): State<Arc<AdminState>>) -> Json<PolicyResponse> {

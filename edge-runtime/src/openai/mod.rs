@@ -32,14 +32,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -312,29 +311,10 @@ async fn admin_disabled() -> Response {
 }
 
 async fn admin_auth(State(s): State<Arc<AppState>>, req: Request<Body>, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let ok = match (&s.admin_token, presented) {
-        (Some(t), Some(p)) => bool::from(p.as_bytes().ct_eq(t.as_bytes())),
-        _ => false,
-    };
-    if !ok {
-        let mut r = (
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"error": "missing or wrong bearer token", "line": null, "field": null})),
-        )
-            .into_response();
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return r;
+    match admin::unauthorized(&req, s.admin_token.as_deref()) {
+        Some(r) => r,
+        None => next.run(req).await,
     }
-    next.run(req).await
 }
 
 async fn serve_stats(State(s): State<Arc<AppState>>) -> Json<ServeCounters> {
