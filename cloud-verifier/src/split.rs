@@ -152,7 +152,35 @@ pub enum SplitAnswer {
 
 /// One split verify round. `draft`/`draft_dists` are the Draft's tokens and
 /// distributions (already checked against the vocabulary), `hidden` its rows.
+///
+/// Logs the round's compute here (decode, layers `[s, N)`, head + verdict or
+/// encode) at debug level on target `tandem_verifier::split`, so the cost
+/// model's server term can be checked against the server's own clock
+/// (`scripts/split_table.sh` reads it).
 pub fn split_round(
+    model: &Qwen2Model,
+    st: &mut SessionState,
+    draft: &[u32],
+    draft_dists: &[Distribution],
+    hidden: Option<&HiddenStates>,
+    start_pos: usize,
+) -> Result<SplitAnswer, Refusal> {
+    let t = std::time::Instant::now();
+    let r = split_round_inner(model, st, draft, draft_dists, hidden, start_pos);
+    if let (Ok(_), Some(spec)) = (&r, st.split) {
+        tracing::debug!(
+            target: "tandem_verifier::split",
+            layer = spec.layer,
+            pin_head = spec.pin_head,
+            rows = hidden.map_or(0, |h| h.rows),
+            server_ms = t.elapsed().as_secs_f64() * 1e3,
+            "split round computed"
+        );
+    }
+    r
+}
+
+fn split_round_inner(
     model: &Qwen2Model,
     st: &mut SessionState,
     draft: &[u32],

@@ -66,8 +66,16 @@ pub struct SplitConfig {
     /// Link bandwidth the planner assumes, Mbit/s each way.
     pub up_mbps: f64,
     pub down_mbps: f64,
+    /// The same target profiled on the server (`tandem profile` run there): the
+    /// cost model then uses the server's measured times instead of `profile`'s
+    /// divided by `server_speed` (give one or the other).
+    pub server_profile: Option<PathBuf>,
     /// Server speed relative to this device (1 = same machine type).
     pub server_speed: f64,
+    /// Measured fixed cost of one exchange beyond the network RTT (gRPC framing,
+    /// hidden-state encode/decode, the verifier's bookkeeping), ms; charged in
+    /// the cost model to every round that crosses the link.
+    pub round_overhead_ms: f64,
     /// Network RTT (ms) assumed before any round was measured; also the RTT of
     /// the link `SplitReport::predicted_round_ms` is predicted for.
     pub initial_rtt_ms: f64,
@@ -84,9 +92,11 @@ impl Default for SplitConfig {
             pin_head: false,
             hidden_f16: false,
             profile: None,
+            server_profile: None,
             up_mbps: 1000.0,
             down_mbps: 1000.0,
             server_speed: 1.0,
+            round_overhead_ms: 0.0,
             initial_rtt_ms: 1.0,
             replan_threshold: 0.5,
             replan_min_ms: 5.0,
@@ -121,8 +131,14 @@ impl SplitConfig {
                 return bad(format!("{name} must be positive, got {v}"));
             }
         }
+        if self.server_profile.is_some() && self.server_speed != 1.0 {
+            return bad(
+                "give server_profile (measured on the server) or server_speed, not both".into(),
+            );
+        }
         for (name, v) in [
             ("initial_rtt_ms", self.initial_rtt_ms),
+            ("round_overhead_ms", self.round_overhead_ms),
             ("replan_threshold", self.replan_threshold),
             ("replan_min_ms", self.replan_min_ms),
         ] {
@@ -171,7 +187,8 @@ pub struct SplitReport {
     /// The cost model's prediction of one round of the last session's s (when a
     /// profile is configured) on the configured link (`initial_rtt_ms`,
     /// `up_mbps`, `down_mbps`, `server_speed`), and its parts, ms: device compute,
-    /// server compute, network (half RTT + bytes / bandwidth per crossing).
+    /// server compute, network (half RTT + bytes / bandwidth per crossing, and
+    /// `round_overhead_ms` when the round crosses the link).
     pub predicted_round_ms: Option<f64>,
     pub predicted_device_ms: Option<f64>,
     pub predicted_server_ms: Option<f64>,
@@ -181,10 +198,88 @@ pub struct SplitReport {
     pub rtt_estimate_ms: Option<f64>,
 }
 
+impl SplitConfig {
+    /// The link the cost model assumes, at `rtt_ms`.
+    pub fn link(&self, rtt_ms: f64) -> TwoNodeLink {
+        TwoNodeLink {
+            rtt_ms,
+            up_mbps: self.up_mbps,
+            down_mbps: self.down_mbps,
+            server_speed: self.server_speed,
+            round_overhead_ms: self.round_overhead_ms,
+        }
+    }
+}
+
+/// The device's profile and, when calibrated, the server's (same layers).
+#[derive(Clone, Debug)]
+pub struct Profiles {
+    pub device: ModelProfile,
+    pub server: Option<ModelProfile>,
+}
+
+impl Profiles {
+    /// Loads `profile` and `server_profile` of `cfg` (None without `profile`)
+    /// and checks them against a target of `n_layer` blocks.
+    pub fn load(cfg: &SplitConfig, n_layer: usize) -> Result<Option<Self>, EdgeError> {
+        let load = |p: &PathBuf, what: &str| {
+            let m = ModelProfile::load(p)
+                .map_err(|e| EdgeError::Config(format!("split {what}: {e}")))?;
+            if m.layers.len() != n_layer + 2 {
+                return Err(EdgeError::Config(format!(
+                    "split {what} {} has {} layers; the target has {n_layer} blocks (+ embedding, head)",
+                    m.model,
+                    m.layers.len()
+                )));
+            }
+            Ok(m)
+        };
+        let Some(p) = &cfg.profile else {
+            if cfg.server_profile.is_some() {
+                return Err(EdgeError::Config(
+                    "split: server_profile needs profile (this device's, --split-profile)".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let device = load(p, "profile")?;
+        let server = match &cfg.server_profile {
+            Some(p) => {
+                let s = load(p, "server_profile")?;
+                if !device.same_layers(&s) {
+                    return Err(EdgeError::Config(format!(
+                        "split server_profile {} does not have profile {}'s layers",
+                        s.model, device.model
+                    )));
+                }
+                Some(s)
+            }
+            None => None,
+        };
+        Ok(Some(Self { device, server }))
+    }
+
+    /// The two-node problem for `link`.
+    pub fn problem(
+        &self,
+        link: &TwoNodeLink,
+        block_tokens: u32,
+        pin_head: bool,
+    ) -> Result<tandem_shard::PlanProblem, tandem_shard::PlanError> {
+        two_node_problem(
+            &self.device,
+            self.server.as_ref(),
+            link,
+            block_tokens,
+            pin_head,
+        )
+    }
+}
+
 /// `auto`: the split choice and its re-plan rule, pure (no model, no network).
 #[derive(Clone, Debug)]
 pub struct AutoSplit {
-    profile: ModelProfile,
+    profile: Profiles,
     link: TwoNodeLink,
     pin_head: bool,
     threshold: f64,
@@ -198,17 +293,8 @@ pub struct AutoSplit {
 }
 
 impl AutoSplit {
-    pub fn new(
-        profile: ModelProfile,
-        cfg: &SplitConfig,
-        block_tokens: u32,
-    ) -> Result<Self, EdgeError> {
-        let link = TwoNodeLink {
-            rtt_ms: cfg.initial_rtt_ms,
-            up_mbps: cfg.up_mbps,
-            down_mbps: cfg.down_mbps,
-            server_speed: cfg.server_speed,
-        };
+    pub fn new(profile: Profiles, cfg: &SplitConfig, block_tokens: u32) -> Result<Self, EdgeError> {
+        let link = cfg.link(cfg.initial_rtt_ms);
         let mut a = Self {
             profile,
             link,
@@ -230,7 +316,9 @@ impl AutoSplit {
             rtt_ms,
             ..self.link
         };
-        let p = two_node_problem(&self.profile, &link, block_tokens, self.pin_head)
+        let p = self
+            .profile
+            .problem(&link, block_tokens, self.pin_head)
             .map_err(|e| EdgeError::Config(format!("split auto: {e}")))?;
         let (s, _) = best_split(&p).map_err(|e| EdgeError::Config(format!("split auto: {e}")))?;
         Ok(s)
@@ -290,13 +378,13 @@ impl AutoSplit {
 /// The cost model's time of one round at split `s` (seconds), if the profile
 /// allows it.
 pub fn predict(
-    profile: &ModelProfile,
+    profile: &Profiles,
     link: &TwoNodeLink,
     pin_head: bool,
     s: usize,
     block_tokens: u32,
 ) -> Option<f64> {
-    let p = two_node_problem(profile, link, block_tokens, pin_head).ok()?;
+    let p = profile.problem(link, block_tokens, pin_head).ok()?;
     evaluate_split(&p, s).ok().map(|e| e.latency_s)
 }
 
@@ -310,7 +398,7 @@ pub struct SplitExec {
     cache: KvCache,
     rng: Sampler,
     auto: Option<AutoSplit>,
-    profile: Option<ModelProfile>,
+    profile: Option<Profiles>,
     /// U-shape: the block and distributions of the Draft in flight.
     pending: Vec<u32>,
     pending_dists: Vec<Distribution>,
@@ -329,22 +417,7 @@ impl SplitExec {
     pub fn new(target: Arc<Qwen2Model>, cfg: SplitConfig, k: usize) -> Result<Self, EdgeError> {
         cfg.validate()?;
         let n = target.config().n_layer;
-        let profile = match &cfg.profile {
-            Some(p) => Some(
-                ModelProfile::load(p)
-                    .map_err(|e| EdgeError::Config(format!("split profile: {e}")))?,
-            ),
-            None => None,
-        };
-        if let Some(p) = &profile {
-            if p.layers.len() != n + 2 {
-                return Err(EdgeError::Config(format!(
-                    "split profile {} has {} layers; the target has {n} blocks (+ embedding, head)",
-                    p.model,
-                    p.layers.len()
-                )));
-            }
-        }
+        let profile = Profiles::load(&cfg, n)?;
         let auto = match (&profile, cfg.is_auto()) {
             (Some(p), true) => Some(AutoSplit::new(p.clone(), &cfg, (k + 1) as u32)?),
             _ => None,
@@ -588,12 +661,8 @@ impl SplitExec {
             (Some(p), Some(exchange_ms)) => {
                 // Network RTT = exchange time minus what the model says the server
                 // computes and the link serialises (both RTT-free).
-                let link0 = TwoNodeLink {
-                    rtt_ms: 0.0,
-                    up_mbps: self.cfg.up_mbps,
-                    down_mbps: self.cfg.down_mbps,
-                    server_speed: self.cfg.server_speed,
-                };
+                // The per-round overhead is part of the model, not of the RTT.
+                let link0 = self.cfg.link(0.0);
                 let device_only = predict_device_s(p, &link0, self.cfg.pin_head, self.layer, block);
                 let no_rtt = predict(p, &link0, self.cfg.pin_head, self.layer, block);
                 match (no_rtt, device_only) {
@@ -618,13 +687,9 @@ impl SplitExec {
         }
         self.report.rtt_estimate_ms = self.auto.as_ref().map(|a| a.estimate_ms()).or(rtt_now);
         if let Some(p) = &self.profile {
-            let link = TwoNodeLink {
-                rtt_ms: self.cfg.initial_rtt_ms,
-                up_mbps: self.cfg.up_mbps,
-                down_mbps: self.cfg.down_mbps,
-                server_speed: self.cfg.server_speed,
-            };
-            let e = two_node_problem(p, &link, block, self.cfg.pin_head)
+            let link = self.cfg.link(self.cfg.initial_rtt_ms);
+            let e = p
+                .problem(&link, block, self.cfg.pin_head)
                 .ok()
                 .and_then(|prob| evaluate_split(&prob, self.report.layer).ok());
             if let Some(e) = e {
@@ -673,13 +738,13 @@ impl SplitExec {
 
 /// The device's own share of a round in the cost model (its compute), seconds.
 fn predict_device_s(
-    profile: &ModelProfile,
+    profile: &Profiles,
     link: &TwoNodeLink,
     pin_head: bool,
     s: usize,
     block_tokens: u32,
 ) -> Option<f64> {
-    let p = two_node_problem(profile, link, block_tokens, pin_head).ok()?;
+    let p = profile.problem(link, block_tokens, pin_head).ok()?;
     evaluate_split(&p, s)
         .ok()
         .and_then(|e| e.compute_s.get(tandem_shard::split::DEVICE).copied())
@@ -719,6 +784,13 @@ mod tests {
         }
     }
 
+    fn profiles() -> Profiles {
+        Profiles {
+            device: profile(),
+            server: None,
+        }
+    }
+
     fn cfg() -> SplitConfig {
         SplitConfig {
             layer: SplitLayer::Named("auto".into()),
@@ -735,7 +807,7 @@ mod tests {
 
     #[test]
     fn auto_offloads_on_a_fast_link_and_keeps_local_on_a_slow_one() {
-        let a = AutoSplit::new(profile(), &cfg(), 5).unwrap();
+        let a = AutoSplit::new(profiles(), &cfg(), 5).unwrap();
         assert_eq!(a.layer(), 0, "a 16x server 1 ms away takes every block");
         // U-shape: 80 ms of device blocks vs 5 ms on the server + 2 x 2.5 ms of
         // hidden states + one RTT: all-local wins past an RTT of ~70 ms.
@@ -745,7 +817,7 @@ mod tests {
 
     #[test]
     fn replans_only_when_the_estimate_moves_beyond_the_threshold() {
-        let mut a = AutoSplit::new(profile(), &cfg(), 5).unwrap();
+        let mut a = AutoSplit::new(profiles(), &cfg(), 5).unwrap();
         // Jitter around the planned 1 ms: below replan_min_ms, never re-plans.
         for rtt in [1.0, 3.0, 0.5, 4.0, 2.0, 1.0] {
             assert_eq!(a.observe(rtt, 5), None);
@@ -799,5 +871,58 @@ mod tests {
             ..SplitConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("up_mbps"));
+        let c = SplitConfig {
+            profile: Some("device.json".into()),
+            server_profile: Some("server.json".into()),
+            server_speed: 2.0,
+            ..cfg()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("not both"));
+        let c = SplitConfig {
+            round_overhead_ms: -3.0,
+            ..SplitConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("round_overhead_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_slow_measured_server_and_the_round_overhead_move_auto_to_the_device() {
+        // The server measured 2x slower than the device (instead of cfg()'s
+        // nominal 16x faster): every block stays on the device even at 1 ms.
+        let mut slow = profile();
+        for l in &mut slow.layers {
+            for t in l.compute_seconds.values_mut() {
+                *t *= 2.0;
+            }
+        }
+        let c = SplitConfig {
+            server_speed: 1.0,
+            ..cfg()
+        };
+        let calibrated = Profiles {
+            device: profile(),
+            server: Some(slow),
+        };
+        let a = AutoSplit::new(calibrated.clone(), &c, 5).unwrap();
+        assert_eq!(a.layer(), 8);
+        // A round overhead makes every exchanging split dearer by exactly it.
+        let with = SplitConfig {
+            round_overhead_ms: 40.0,
+            ..c.clone()
+        };
+        let a0 = AutoSplit::new(calibrated.clone(), &c, 5).unwrap();
+        let a40 = AutoSplit::new(calibrated, &with, 5).unwrap();
+        let (p0, p40) = (
+            a0.predict_s(4, 1.0, 5).unwrap(),
+            a40.predict_s(4, 1.0, 5).unwrap(),
+        );
+        assert!((p40 - p0 - 0.040).abs() < 1e-9, "{p0} {p40}");
+        // All-local (s = N, head pinned): no exchange, no overhead.
+        let (l0, l40) = (
+            a0.predict_s(8, 1.0, 5).unwrap(),
+            a40.predict_s(8, 1.0, 5).unwrap(),
+        );
+        assert!((l40 - l0).abs() < 1e-12);
     }
 }

@@ -4,6 +4,13 @@
 //! assignments [`PlanProblem::evaluate`] allows; here every split point is
 //! evaluated with that same cost model, so a prediction for a given `s` is exactly
 //! what `tandem plan` would charge for that assignment.
+//!
+//! Calibration (as EdgeShard does it: every node gets a *measured* profile): the
+//! server's compute comes from a profile measured on the server when one is
+//! given, else from the device's profile divided by `server_speed`; and a
+//! measured fixed cost per exchange (`round_overhead_ms`: gRPC framing, hidden
+//! state encode/decode, the verifier's session bookkeeping) is charged like extra
+//! round-trip time, half on each crossing, whenever a round crosses the link.
 
 use crate::problem::{Evaluation, LayerCost, LinkCost, NodeCost, Objective, PlanProblem};
 use crate::profile::ModelProfile;
@@ -23,8 +30,13 @@ pub struct TwoNodeLink {
     pub up_mbps: f64,
     /// Server -> device Mbit/s.
     pub down_mbps: f64,
-    /// Server speed relative to the profile's machine (1 = same).
+    /// Server speed relative to the profile it uses (the server's own profile
+    /// when given, else the device's; 1 = as profiled).
     pub server_speed: f64,
+    /// Fixed cost of one exchange (request + answer) on top of the RTT, ms:
+    /// charged half per crossing, so a round with a split pays it once and an
+    /// all-local round not at all.
+    pub round_overhead_ms: f64,
 }
 
 /// The profile's compute times for `block_tokens`, or for the nearest block size
@@ -40,14 +52,28 @@ pub fn nearest_block(profile: &ModelProfile, block_tokens: u32) -> Result<u32, P
 
 /// A device + server problem (memory unbounded: the runtime's device holds the
 /// whole target file mapped anyway) for one forward of `block_tokens` tokens.
+/// `profile` is measured on the device; `server`, if given, on the server (same
+/// layers), else the server runs the device's profile `server_speed` times faster.
 pub fn two_node_problem(
     profile: &ModelProfile,
+    server: Option<&ModelProfile>,
     link: &TwoNodeLink,
     block_tokens: u32,
     pin_head: bool,
 ) -> Result<PlanProblem, PlanError> {
     profile.validate()?;
     let bad = |m: String| Err(PlanError::InvalidNodes(m));
+    if let Some(sp) = server {
+        sp.validate()?;
+        if !profile.same_layers(sp) {
+            return Err(PlanError::InvalidProfile(format!(
+                "server profile '{}' does not have the device profile's layers ({} vs {})",
+                sp.model,
+                sp.layers.len(),
+                profile.layers.len()
+            )));
+        }
+    }
     if !(link.up_mbps > 0.0
         && link.down_mbps > 0.0
         && link.up_mbps.is_finite()
@@ -61,6 +87,12 @@ pub fn two_node_problem(
     if !(link.rtt_ms.is_finite() && link.rtt_ms >= 0.0) {
         return bad(format!("rtt_ms must be >= 0, got {}", link.rtt_ms));
     }
+    if !(link.round_overhead_ms.is_finite() && link.round_overhead_ms >= 0.0) {
+        return bad(format!(
+            "round_overhead_ms must be >= 0, got {}",
+            link.round_overhead_ms
+        ));
+    }
     if !(link.server_speed.is_finite() && link.server_speed > 0.0) {
         return bad(format!(
             "server_speed must be positive, got {}",
@@ -68,6 +100,10 @@ pub fn two_node_problem(
         ));
     }
     let compute = profile.compute_for_block(nearest_block(profile, block_tokens)?)?;
+    let server_compute = match server {
+        Some(sp) => sp.compute_for_block(nearest_block(sp, block_tokens)?)?,
+        None => compute.clone(),
+    };
     let layers = profile
         .layers
         .iter()
@@ -77,12 +113,12 @@ pub fn two_node_problem(
             cut_bytes: l.activation_bytes_per_token as f64 * f64::from(block_tokens),
         })
         .collect();
-    let node = |name: &str, f: f64| NodeCost {
+    let node = |name: &str, times: &[f64], f: f64| NodeCost {
         name: name.into(),
         memory_budget_bytes: u64::MAX,
-        compute_s: compute.iter().map(|c| c / f).collect(),
+        compute_s: times.iter().map(|c| c / f).collect(),
     };
-    let half = link.rtt_ms / 2.0 / 1e3;
+    let half = (link.rtt_ms + link.round_overhead_ms) / 2.0 / 1e3;
     let up = LinkCost {
         one_way_latency_s: half,
         bytes_per_s: link.up_mbps * 1e6 / 8.0,
@@ -93,7 +129,10 @@ pub fn two_node_problem(
     };
     Ok(PlanProblem {
         layers,
-        nodes: vec![node("device", 1.0), node("server", link.server_speed)],
+        nodes: vec![
+            node("device", &compute, 1.0),
+            node("server", &server_compute, link.server_speed),
+        ],
         links: vec![vec![None, Some(up)], vec![Some(down), None]],
         device: DEVICE,
         pin_head,
@@ -182,15 +221,16 @@ mod tests {
             up_mbps: 100.0,
             down_mbps: 100.0,
             server_speed: 1.0,
+            round_overhead_ms: 0.0,
         };
-        let prob = two_node_problem(&p, &link, 5, false).unwrap();
+        let prob = two_node_problem(&p, None, &link, 5, false).unwrap();
         // s = 2: device emb + 2 blocks, server 2 blocks + head; one crossing each way.
         let e = evaluate_split(&prob, 2).unwrap();
         let up = 0.005 + 4096.0 * 5.0 / 12.5e6;
         let down = 0.005 + 4.0 * 5.0 / 12.5e6;
         assert!((e.latency_s - (0.02 * 4.0 + 0.04 + up + down)).abs() < 1e-12);
         // s = N and head pinned: nothing crosses.
-        let prob = two_node_problem(&p, &link, 5, true).unwrap();
+        let prob = two_node_problem(&p, None, &link, 5, true).unwrap();
         let e = evaluate_split(&prob, 4).unwrap();
         assert!(e.transfers.is_empty());
         // A much faster server pulls everything to it; a same-speed one keeps it local.
@@ -199,13 +239,13 @@ mod tests {
             ..link
         };
         assert_eq!(
-            best_split(&two_node_problem(&p, &fast, 5, false).unwrap())
+            best_split(&two_node_problem(&p, None, &fast, 5, false).unwrap())
                 .unwrap()
                 .0,
             0
         );
         assert_eq!(
-            best_split(&two_node_problem(&p, &link, 5, true).unwrap())
+            best_split(&two_node_problem(&p, None, &link, 5, true).unwrap())
                 .unwrap()
                 .0,
             4
@@ -213,5 +253,50 @@ mod tests {
         assert!(evaluate_split(&prob, 5).is_err());
         assert_eq!(nearest_block(&p, 4).unwrap(), 5);
         assert_eq!(nearest_block(&p, 2).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_measured_server_profile_and_the_round_overhead_are_charged() {
+        let p = profile(4);
+        // The server measured 1.5x slower than the device per layer.
+        let mut slow = p.clone();
+        for l in &mut slow.layers {
+            for t in l.compute_seconds.values_mut() {
+                *t *= 1.5;
+            }
+        }
+        let link = TwoNodeLink {
+            rtt_ms: 10.0,
+            up_mbps: 100.0,
+            down_mbps: 100.0,
+            server_speed: 1.0,
+            round_overhead_ms: 6.0,
+        };
+        let prob = two_node_problem(&p, Some(&slow), &link, 5, false).unwrap();
+        let e = evaluate_split(&prob, 2).unwrap();
+        // Device: emb + 2 blocks at 0.02; server: 2 blocks + head at 1.5x.
+        assert!((e.compute_s[DEVICE] - 0.04).abs() < 1e-12);
+        assert!((e.compute_s[SERVER] - 1.5 * (0.04 + 0.04)).abs() < 1e-12);
+        // The overhead: 3 ms on each of the two crossings.
+        let net: f64 = e.transfers.iter().map(|t| t.crossing_s).sum();
+        let bytes = (4096.0 + 4.0) * 5.0 / 12.5e6;
+        assert!((net - (0.010 + 0.006 + bytes)).abs() < 1e-12, "{net}");
+        // All-local U-shape: no crossing, so no overhead either.
+        let prob = two_node_problem(&p, Some(&slow), &link, 5, true).unwrap();
+        let e = evaluate_split(&prob, 4).unwrap();
+        assert!((e.latency_s - (0.02 * 4.0 + 0.04)).abs() < 1e-12);
+        // A slow server pulls the best split to the device.
+        let prob = two_node_problem(&p, Some(&slow), &link, 5, false).unwrap();
+        assert_eq!(best_split(&prob).unwrap().0, 4);
+        // Bad inputs are named.
+        let other = profile(5);
+        let e = two_node_problem(&p, Some(&other), &link, 5, false).unwrap_err();
+        assert!(e.to_string().contains("server profile"), "{e}");
+        let neg = TwoNodeLink {
+            round_overhead_ms: -1.0,
+            ..link
+        };
+        let e = two_node_problem(&p, None, &neg, 5, false).unwrap_err();
+        assert!(e.to_string().contains("round_overhead_ms"), "{e}");
     }
 }
