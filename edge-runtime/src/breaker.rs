@@ -136,6 +136,43 @@ impl RttTracker {
     }
 }
 
+/// The measured cost of opening a session: the time from the response headers to
+/// `Opened` (the verifier's prefill plus about a round trip) per context token,
+/// over the last few opens. Sets the deadline of a re-open, so that it scales
+/// with the context instead of waiting for the whole `open_timeout_ms`.
+#[derive(Clone, Debug, Default)]
+pub struct OpenCost {
+    ms_per_token: VecDeque<f64>,
+}
+
+/// How many recent opens [`OpenCost`] keeps.
+pub const OPEN_COST_WINDOW: usize = 8;
+
+impl OpenCost {
+    /// One open of `context_len` tokens whose `Opened` came `after_headers` after
+    /// the response headers.
+    pub fn record(&mut self, context_len: usize, after_headers: Duration) {
+        if context_len == 0 {
+            return;
+        }
+        if self.ms_per_token.len() == OPEN_COST_WINDOW {
+            self.ms_per_token.pop_front();
+        }
+        self.ms_per_token
+            .push_back(after_headers.as_secs_f64() * 1000.0 / context_len as f64);
+    }
+
+    /// Expected headers-to-`Opened` time for a context of `context_len` tokens:
+    /// the dearest recent open per token, times the context (a fixed part of the
+    /// prefill is scaled too: errs long). None before any open was measured.
+    pub fn estimate(&self, context_len: usize) -> Option<Duration> {
+        let worst = self.ms_per_token.iter().copied().reduce(f64::max)?;
+        Some(Duration::from_secs_f64(
+            worst * context_len.max(1) as f64 / 1000.0,
+        ))
+    }
+}
+
 /// Nearest-rank percentile of `v` (`q` in (0, 1]).
 pub fn percentile(mut v: Vec<f64>, q: f64) -> Option<f64> {
     if v.is_empty() {
@@ -203,6 +240,22 @@ mod tests {
         let mut small = RttTracker::default();
         small.record(Duration::from_millis(1));
         assert_eq!(small.deadline(init, floor, 3.0, max), floor);
+    }
+
+    #[test]
+    fn open_cost_scales_the_dearest_recent_open_with_the_context() {
+        let mut c = OpenCost::default();
+        assert_eq!(c.estimate(100), None);
+        c.record(50, Duration::from_millis(1000)); // 20 ms per token
+        c.record(100, Duration::from_millis(1000)); // 10 ms per token
+        assert_eq!(c.estimate(200), Some(Duration::from_millis(4000)));
+        // Only the last OPEN_COST_WINDOW opens count.
+        for _ in 0..OPEN_COST_WINDOW {
+            c.record(100, Duration::from_millis(500));
+        }
+        assert_eq!(c.estimate(200), Some(Duration::from_millis(1000)));
+        c.record(0, Duration::from_secs(9));
+        assert_eq!(c.estimate(200), Some(Duration::from_millis(1000)));
     }
 
     #[test]

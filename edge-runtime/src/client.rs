@@ -19,6 +19,9 @@ pub enum NetError {
     Timeout,
     /// Connection refused/reset, stream ended, server unavailable: an outage.
     Unavailable(String),
+    /// The verifier answered but cannot serve now (SHUTTING_DOWN, RATE_LIMITED,
+    /// TOO_MANY_SESSIONS, INTERNAL_ERROR): a failure, but the link works.
+    Busy(String),
     /// The verifier lost the session (SESSION_UNKNOWN / SESSION_EVICTED): resend
     /// the context at once; not a failure of the verifier.
     Resend(String),
@@ -33,6 +36,7 @@ impl std::fmt::Display for NetError {
         match self {
             Self::Timeout => write!(f, "deadline exceeded"),
             Self::Unavailable(m) => write!(f, "unavailable: {m}"),
+            Self::Busy(m) => write!(f, "verifier busy: {m}"),
             Self::Resend(r) => write!(f, "session lost ({r})"),
             Self::ContextFull => write!(f, "context full"),
             Self::Fatal(e) => write!(f, "{e}"),
@@ -84,7 +88,7 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
             | Reason::RateLimited
             | Reason::TooManySessions
             | Reason::InternalError,
-        ) => NetError::Unavailable(s.message().to_owned()),
+        ) => NetError::Busy(s.message().to_owned()),
         Some(r) => NetError::Fatal(EdgeError::Refused {
             reason: r.as_str_name().to_owned(),
             message: s.message().to_owned(),
@@ -184,38 +188,53 @@ impl Connector {
         matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
     }
 
-    /// Opens a session stream and sends `first` (an Open); returns the stream
-    /// and the server's first message.
+    /// Opens a session stream and sends `first` (an Open); returns the stream,
+    /// the server's first message and how long that message took after the
+    /// response headers (the verifier's prefill, as the device sees it).
+    ///
+    /// Two deadlines (see [`OpenDeadlines`]): the verifier answers the response
+    /// headers before it prefills, so a silent link is detected after
+    /// `d.headers` whatever the context length; `d.opened` bounds the prefill.
     pub async fn open(
         &self,
         first: ClientMessage,
-        timeout: Duration,
+        d: OpenDeadlines,
         counters: &mut Counters,
-    ) -> Result<(Stream, ServerMessage), NetError> {
+    ) -> Result<(Stream, ServerMessage, Duration), NetError> {
         let fut = async {
-            let ch = self.channel().await?;
-            let mut client = VerifierClient::new(ch);
-            let (tx, rx) = mpsc::channel::<ClientMessage>(8);
-            counters.sent += first.encoded_len() as u64;
-            tx.send(first)
-                .await
-                .map_err(|_| NetError::Unavailable("stream closed".into()))?;
-            let mut req = tonic::Request::new(ReceiverStream::new(rx));
-            if let Some(t) = &self.token {
-                let v = format!("Bearer {t}").parse().map_err(|_| {
-                    NetError::Fatal(EdgeError::Config("token is not valid header text".into()))
-                })?;
-                req.metadata_mut().insert("authorization", v);
-            }
-            let resp = client.session(req).await.map_err(|s| classify_status(&s))?;
-            let mut stream = Stream {
-                tx,
-                rx: resp.into_inner(),
+            let headers = async {
+                let ch = self.channel().await?;
+                let mut client = VerifierClient::new(ch);
+                let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+                counters.sent += first.encoded_len() as u64;
+                tx.send(first)
+                    .await
+                    .map_err(|_| NetError::Unavailable("stream closed".into()))?;
+                let mut req = tonic::Request::new(ReceiverStream::new(rx));
+                if let Some(t) = &self.token {
+                    let v = format!("Bearer {t}").parse().map_err(|_| {
+                        NetError::Fatal(EdgeError::Config("token is not valid header text".into()))
+                    })?;
+                    req.metadata_mut().insert("authorization", v);
+                }
+                let resp = client.session(req).await.map_err(|s| classify_status(&s))?;
+                Ok::<_, NetError>(Stream {
+                    tx,
+                    rx: resp.into_inner(),
+                })
             };
-            let first = stream.recv(counters).await?;
-            Ok((stream, first))
+            let mut stream = match tokio::time::timeout(d.headers, headers).await {
+                Ok(r) => r?,
+                Err(_) => return Err(NetError::Timeout),
+            };
+            let t = Instant::now();
+            let first = match tokio::time::timeout(d.opened, stream.recv(counters)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(NetError::Timeout),
+            };
+            Ok((stream, first, t.elapsed()))
         };
-        let r = match tokio::time::timeout(timeout, fut).await {
+        let r = match tokio::time::timeout(d.total, fut).await {
             Ok(r) => r,
             Err(_) => Err(NetError::Timeout),
         };
@@ -236,11 +255,31 @@ impl Connector {
     }
 }
 
+/// Deadlines of one session open ([`Connector::open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenDeadlines {
+    /// Connect (TCP, TLS) + the response headers, which the verifier sends
+    /// before it prefills: about one round trip on a live link.
+    pub headers: Duration,
+    /// From the headers to `Opened` (the verifier prefills the context).
+    pub opened: Duration,
+    /// The whole open (`open_timeout_ms`).
+    pub total: Duration,
+}
+
 /// Bytes on the wire (encoded protobuf message sizes).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
     pub sent: u64,
     pub received: u64,
+}
+
+impl Counters {
+    /// Adds the bytes counted elsewhere (a background task).
+    pub fn add(&mut self, other: Counters) {
+        self.sent += other.sent;
+        self.received += other.received;
+    }
 }
 
 /// One live session stream.
@@ -347,7 +386,7 @@ mod tests {
         ));
         assert!(matches!(
             classify_status(&status(tonic::Code::Unavailable, "SHUTTING_DOWN")),
-            NetError::Unavailable(_)
+            NetError::Busy(_)
         ));
         match classify_status(&status(
             tonic::Code::FailedPrecondition,

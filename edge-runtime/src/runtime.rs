@@ -7,8 +7,8 @@
 //! * While a session stream is live and no provisional span is being checked, the
 //!   verifier holds `ctx` too (its `last` is `ctx`'s last token).
 
-use crate::breaker::{BreakerState, CircuitBreaker, RttTracker};
-use crate::client::{Connector, Counters, NetError, Stream};
+use crate::breaker::{BreakerState, CircuitBreaker, OpenCost, RttTracker};
+use crate::client::{Connector, Counters, NetError, OpenDeadlines, Stream};
 use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use serde::{Deserialize, Serialize};
@@ -113,6 +113,10 @@ pub struct EdgeStats {
     pub draft_forwards: u64,
     /// Sessions opened (the first one plus every resume).
     pub opens: u64,
+    /// Opens started in the background after a failure (the device drafted
+    /// alone, provisional, while they were in flight).
+    #[serde(default)]
+    pub background_opens: u64,
     /// SESSION_EVICTED / SESSION_UNKNOWN answers that made the device resend.
     pub resends: u64,
     pub timeouts: u64,
@@ -148,6 +152,7 @@ pub struct EdgeRuntime {
     rt: tokio::runtime::Runtime,
     breaker: Arc<Mutex<CircuitBreaker>>,
     rtt: RttTracker,
+    open_cost: OpenCost,
     probe: Option<tokio::task::JoinHandle<()>>,
     spec: crate::adaptive::SpecState,
     split: Option<crate::split::SplitExec>,
@@ -217,6 +222,7 @@ impl EdgeRuntime {
             connector,
             rt,
             rtt: RttTracker::default(),
+            open_cost: OpenCost::default(),
             probe: None,
         })
     }
@@ -280,6 +286,12 @@ impl EdgeRuntime {
             rt: &self.rt,
             breaker: &self.breaker,
             rtt: &mut self.rtt,
+            open_cost: &mut self.open_cost,
+            opening: None,
+            retry_at: None,
+            // A breaker left open by an earlier generation: the verifier was
+            // unreachable, so do not wait for the next open either.
+            outage: lock(&self.breaker).state() != BreakerState::Closed,
             probe: &mut self.probe,
             gen_rtt: RttTracker::default(),
             counters: Counters::default(),
@@ -292,6 +304,11 @@ impl EdgeRuntime {
             split: self.split.as_mut(),
         };
         let res = net.drive(&mut run);
+        if let Some(op) = net.opening.take() {
+            // The generation ended while a re-open was in flight: drop it (the
+            // verifier frees the session when the stream goes away).
+            op.task.abort();
+        }
         if let Some(mut s) = net.stream.take() {
             // Free the verifier's KV cache; an error here changes nothing.
             let c = &mut net.counters;
@@ -575,6 +592,15 @@ struct Net<'a> {
     rt: &'a tokio::runtime::Runtime,
     breaker: &'a Arc<Mutex<CircuitBreaker>>,
     rtt: &'a mut RttTracker,
+    open_cost: &'a mut OpenCost,
+    /// A session open running in the background (after a failure) while the
+    /// device drafts alone.
+    opening: Option<Opening>,
+    /// No new open before this instant (backoff after a failure); the device
+    /// drafts alone meanwhile.
+    retry_at: Option<Instant>,
+    /// The last failure was a timeout or a broken link (not a busy verifier).
+    outage: bool,
     probe: &'a mut Option<tokio::task::JoinHandle<()>>,
     gen_rtt: RttTracker,
     counters: Counters,
@@ -587,6 +613,15 @@ struct Net<'a> {
     split: Option<&'a mut crate::split::SplitExec>,
 }
 
+type OpenResult = Result<(Stream, pb::ServerMessage, Duration), NetError>;
+
+/// A session open in flight on the I/O runtime.
+struct Opening {
+    task: tokio::task::JoinHandle<(OpenResult, Counters)>,
+    /// The context length the Open carries (the verifier will hold `ctx[..upto]`).
+    upto: usize,
+}
+
 /// Outcome of a network step.
 enum Step {
     Ok,
@@ -597,12 +632,42 @@ enum Step {
 impl Net<'_> {
     fn drive(&mut self, run: &mut Run<'_, '_>) -> Result<(), EdgeError> {
         while run.stop.is_none() {
+            if let Some(op) = self.opening.take() {
+                if !op.task.is_finished() {
+                    // The verifier is not (yet) reachable: keep generating alone.
+                    self.opening = Some(op);
+                    run.draft_alone(TokenStatus::Provisional)?;
+                    continue;
+                }
+                let (r, c) = match self.rt.block_on(op.task) {
+                    Ok(x) => x,
+                    Err(e) => (
+                        Err(NetError::Unavailable(format!("open task failed: {e}"))),
+                        Counters::default(),
+                    ),
+                };
+                self.counters.add(c);
+                if let Step::Lost = self.opened(run, r, op.upto)? {
+                    continue;
+                }
+                self.check_provisional(run)?;
+                continue;
+            }
             let allowed = lock(self.breaker).allows_request();
             if !allowed {
                 run.draft_alone(TokenStatus::Provisional)?;
                 continue;
             }
             if self.stream.is_none() {
+                if self.open_in_background() {
+                    if self.retry_at.is_some_and(|t| Instant::now() < t) {
+                        run.draft_alone(TokenStatus::Provisional)?;
+                    } else {
+                        self.retry_at = None;
+                        self.spawn_open(run)?;
+                    }
+                    continue;
+                }
                 if let Step::Lost = self.open(run)? {
                     continue;
                 }
@@ -620,6 +685,42 @@ impl Net<'_> {
         Ok(())
     }
 
+    /// After a failure the device does not wait for a session: it opens one in
+    /// the background and drafts alone (provisional) until it is there. Split
+    /// sessions always open in the foreground (the device's layers would have
+    /// to follow the provisional tokens).
+    fn open_in_background(&self) -> bool {
+        self.outage && self.split.is_none() && lock(self.breaker).consecutive_failures() > 0
+    }
+
+    /// Deadlines of the next open of a context of `ctx_len` tokens. The headers
+    /// come after about one round trip on a live link; `Opened` after the
+    /// prefill, estimated from the measured cost of earlier opens scaled by the
+    /// context. Both double with every consecutive failure (a slow verifier is
+    /// eventually waited for), within `open_timeout_ms`.
+    fn open_deadlines(&self, ctx_len: usize) -> OpenDeadlines {
+        let c = self.cfg;
+        let total = c.open_timeout();
+        let fails = lock(self.breaker).consecutive_failures();
+        let scale = f64::from(1u32 << fails.clamp(1, 5).saturating_sub(1));
+        let headers = (c.connect_timeout() + self.deadline()).mul_f64(scale);
+        let opened = match self.open_cost.estimate(ctx_len) {
+            Some(est) if fails > 0 => {
+                let rtt = Duration::from_secs_f64(self.rtt.p95_ms().unwrap_or(0.0) / 1000.0);
+                (est + rtt)
+                    .mul_f64(c.deadline_factor)
+                    .max(Duration::from_millis(c.deadline_floor_ms))
+                    .mul_f64(scale)
+            }
+            _ => total,
+        };
+        OpenDeadlines {
+            headers: headers.min(total),
+            opened: opened.min(total),
+            total,
+        }
+    }
+
     fn deadline(&self) -> Duration {
         let c = self.cfg;
         self.rtt.deadline(
@@ -634,6 +735,9 @@ impl Net<'_> {
     fn fail(&mut self, run: &mut Run<'_, '_>, e: NetError) -> Result<Step, EdgeError> {
         self.stream = None;
         tracing::debug!(error = %e, session = ?self.session_id, "verifier exchange failed");
+        // Only a silent or broken link makes the next open a background one; a
+        // verifier that answers (busy, evicting) is retried in the foreground.
+        let outage = matches!(e, NetError::Timeout | NetError::Unavailable(_));
         match e {
             NetError::Fatal(e) => return Err(e),
             NetError::ContextFull => {
@@ -646,9 +750,11 @@ impl Net<'_> {
                 return Ok(Step::Lost);
             }
             NetError::Timeout => run.stats.timeouts += 1,
-            NetError::Resend(_) | NetError::Unavailable(_) => {}
+            NetError::Resend(_) | NetError::Unavailable(_) | NetError::Busy(_) => {}
         }
+
         run.stats.failures += 1;
+        self.outage = outage;
         let (opened, attempt) = {
             let mut b = lock(self.breaker);
             (b.on_failure(), b.consecutive_failures())
@@ -658,7 +764,12 @@ impl Net<'_> {
             tracing::warn!(session = ?self.session_id, "verifier unreachable: circuit breaker open, drafting alone");
             self.start_probe();
         } else if lock(self.breaker).state() == BreakerState::Closed {
-            std::thread::sleep(self.cfg.backoff(attempt));
+            if self.open_in_background() {
+                // The device drafts alone until then (see `drive`).
+                self.retry_at = Some(Instant::now() + self.cfg.backoff(attempt));
+            } else {
+                std::thread::sleep(self.cfg.backoff(attempt));
+            }
         }
         Ok(Step::Lost)
     }
@@ -682,12 +793,14 @@ impl Net<'_> {
     }
 
     fn success(&mut self) {
+        self.outage = false;
         lock(self.breaker).on_success();
         self.resends_in_a_row = 0;
     }
 
-    /// Opens (or resumes) the session with the context the verifier must hold.
-    fn open(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
+    /// The Open (or resume) carrying the context the verifier must hold, and that
+    /// context's length.
+    fn open_message(&mut self, run: &mut Run<'_, '_>) -> Result<(ClientMessage, usize), EdgeError> {
         let greedy = run.gen.sampling.is_greedy();
         if !greedy || self.split.is_some() {
             // Sampled mode and split sessions: provisional spans are not checked;
@@ -716,17 +829,50 @@ impl Net<'_> {
         let msg = ClientMessage {
             msg: Some(Cm::Open(open)),
         };
-        let r = self.rt.block_on(self.connector.open(
-            msg,
-            self.cfg.open_timeout(),
-            &mut self.counters,
-        ));
+        Ok((msg, upto))
+    }
+
+    /// Opens (or resumes) the session and waits for it.
+    fn open(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
+        let (msg, upto) = self.open_message(run)?;
+        let d = self.open_deadlines(upto);
+        let r = self
+            .rt
+            .block_on(self.connector.open(msg, d, &mut self.counters));
+        self.opened(run, r, upto)
+    }
+
+    /// Starts opening the session on the I/O runtime; `drive` drafts alone until
+    /// it completes.
+    fn spawn_open(&mut self, run: &mut Run<'_, '_>) -> Result<(), EdgeError> {
+        let (msg, upto) = self.open_message(run)?;
+        let d = self.open_deadlines(upto);
+        let connector = self.connector.clone();
+        let task = self.rt.spawn(async move {
+            let mut c = Counters::default();
+            let r = connector.open(msg, d, &mut c).await;
+            (r, c)
+        });
+        run.stats.background_opens += 1;
+        tracing::debug!(session = ?self.session_id, context = upto, ?d, "re-opening in the background");
+        self.opening = Some(Opening { task, upto });
+        Ok(())
+    }
+
+    /// Applies the answer to an Open of `ctx[..upto]`.
+    fn opened(
+        &mut self,
+        run: &mut Run<'_, '_>,
+        r: OpenResult,
+        upto: usize,
+    ) -> Result<Step, EdgeError> {
         match r {
             Ok((
                 stream,
                 pb::ServerMessage {
                     msg: Some(Sm::Opened(o)),
                 },
+                after_headers,
             )) => {
                 if o.context_len != upto as u64 {
                     return Err(EdgeError::Protocol(format!(
@@ -742,6 +888,7 @@ impl Net<'_> {
                 // closes it.
                 run.stats.opens += 1;
                 run.stats.verifier_passes += 1;
+                self.open_cost.record(upto, after_headers);
                 self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
                 if o.max_prompt_tokens > 0 {
                     run.capacity = run.capacity.min(o.max_prompt_tokens as usize);
@@ -749,9 +896,44 @@ impl Net<'_> {
                 tracing::debug!(session = %o.session_id, resumed = o.resumed, "session open");
                 self.session_id = Some(o.session_id);
                 self.stream = Some(stream);
+                if upto < run.ctx.len() {
+                    // Opened in the background while the device drafted alone.
+                    // Greedy: `check_provisional` verifies those tokens from
+                    // `upto` on. Otherwise they are not checked: give the
+                    // verifier the rest of the context.
+                    let checks = run.gen.sampling.is_greedy()
+                        && self.split.is_none()
+                        && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
+                    if !checks {
+                        if let Some(c) = run.check.take() {
+                            run.complete_check(c, false);
+                        }
+                        return self.resume_to_end(run);
+                    }
+                }
                 Ok(Step::Ok)
             }
             Ok(_) => Err(EdgeError::Protocol("first answer was not Opened".into())),
+            Err(e) => self.fail(run, e),
+        }
+    }
+
+    /// Sends the whole context (`Resume`) to a session that holds a prefix of it.
+    fn resume_to_end(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
+        let n = run.ctx.len();
+        let resume = pb::Resume {
+            context_tokens: run.ctx.clone(),
+            next_round: self.round,
+        };
+        match self.exchange(Cm::Resume(resume)) {
+            Ok((Sm::Resumed(r), _)) => {
+                if r.context_len != n as u64 {
+                    return Err(EdgeError::Protocol("Resumed.context_len differs".into()));
+                }
+                run.stats.verifier_passes += 1;
+                Ok(Step::Ok)
+            }
+            Ok(_) => Err(EdgeError::Protocol("expected Resumed".into())),
             Err(e) => self.fail(run, e),
         }
     }

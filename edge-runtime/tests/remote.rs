@@ -296,7 +296,10 @@ fn verifier_killed_mid_generation_then_restarted_resumes_without_loss() {
         |e| matches!(e, EdgeEvent::ProvisionalChecked(c) if c.mismatches == expected_mismatches)
     ));
     let s = &g.stats;
-    assert!(s.breaker_opens >= 1 && s.failures >= 2);
+    // The re-open after the first failure runs in the background while the
+    // device drafts alone; whether the breaker opened before the restart
+    // depends on how fast the refused connects come back.
+    assert!(s.failures >= 1);
     assert!(s.opens >= 2, "the session was reopened");
     assert!(s.check_rounds >= 1);
     assert_eq!(edge.breaker_state(), BreakerState::Closed);
@@ -410,8 +413,15 @@ fn stalling_verifier_opens_the_breaker_and_drafting_continues_alone() {
     cfg.breaker_failures = 2;
     cfg.probe_interval_ms = 50;
     let mut edge = EdgeRuntime::new(draft.clone(), cfg).unwrap();
+    // After the first timeout the device drafts alone while it re-opens in the
+    // background; a device slower than the tiny model (10 ms per token) lets
+    // that open (answered at once by the fake) complete, so the provisional
+    // check's verify times out too and the breaker opens.
     let g = edge
-        .generate(PROMPT, &gen_cfg(4, 16), &mut |_| true)
+        .generate(PROMPT, &gen_cfg(4, 16), &mut |_| {
+            std::thread::sleep(Duration::from_millis(10));
+            true
+        })
         .unwrap();
     let draft_only = generate_single(&draft, PROMPT, &gen_cfg(1, 16), &mut |_| true)
         .unwrap()
@@ -420,6 +430,7 @@ fn stalling_verifier_opens_the_breaker_and_drafting_continues_alone() {
     assert!(g.statuses.iter().all(|s| *s == TokenStatus::Provisional));
     assert_eq!(g.stats.timeouts, 2);
     assert_eq!(g.stats.breaker_opens, 1);
+    assert_eq!(g.stats.background_opens, 1);
     // The fake has no health service: the breaker stays open.
     assert_eq!(edge.breaker_state(), BreakerState::Open);
     assert_eq!(g.provisional.checked_tokens, 0);

@@ -1,8 +1,11 @@
-//! Helpers shared by the speculation tests (adaptive k, pipelining).
+//! Helpers shared by the speculation and outage tests: a delaying TCP proxy whose
+//! link can go silent.
 
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -12,12 +15,34 @@ pub fn start_delay_proxy(
     upstream: SocketAddr,
     delay: Duration,
 ) -> SocketAddr {
+    start_switchable_proxy(rt, upstream, delay).0
+}
+
+/// Like [`start_delay_proxy`], plus a switch: while it is true the link is
+/// **silent** — connections are still accepted, every byte (both directions, on
+/// old and new connections) is read and dropped, nothing is refused or reset.
+/// A connection accepted while silent stays a black hole after the link is back;
+/// connections opened afterwards are proxied again.
+pub fn start_switchable_proxy(
+    rt: &tokio::runtime::Runtime,
+    upstream: SocketAddr,
+    delay: Duration,
+) -> (SocketAddr, Arc<AtomicBool>) {
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
+    let silent = Arc::new(AtomicBool::new(false));
+    let s = silent.clone();
     rt.spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if s.load(Ordering::SeqCst) {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+                continue;
+            }
             let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                 continue;
             };
@@ -25,17 +50,18 @@ pub fn start_delay_proxy(
             let _ = server.set_nodelay(true);
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, delay));
-            tokio::spawn(pump(sr, cw, delay));
+            tokio::spawn(pump(cr, sw, delay, s.clone()));
+            tokio::spawn(pump(sr, cw, delay, s.clone()));
         }
     });
-    addr
+    (addr, silent)
 }
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay: Duration,
+    silent: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -43,6 +69,9 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if silent.load(Ordering::SeqCst) {
+            continue;
+        }
         tokio::time::sleep(delay).await;
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -1,0 +1,284 @@
+//! A link that goes **silent** (connections accepted, every byte dropped, nothing
+//! refused) in the middle of a generation, then comes back: the device must keep
+//! producing tokens (provisional) while it is silent — it used to stall in a
+//! re-Open that waited for `open_timeout_ms` (30 s) — and, once the link is back,
+//! reconnect, check the provisional span and continue verified. Tiny random
+//! models, a real in-process verifier behind the switchable proxy of
+//! `tests/common`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+use common::start_switchable_proxy;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_edge::adaptive::SpeculationConfig;
+use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::argmax;
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+
+const TOKEN: &str = "outage-test-token-0123456789";
+const FP: &str = "tiny-test-fingerprint";
+const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
+const MAX: usize = 200;
+/// The link goes silent when this output index is emitted...
+const SILENT_AT: usize = 6;
+/// ...for this long.
+const SILENCE: Duration = Duration::from_millis(1000);
+
+fn load(p: &Path) -> Arc<Qwen2Model> {
+    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+fn io_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn models(dir: &Path) -> (PathBuf, PathBuf) {
+    let target = dir.join("target.gguf");
+    let draft = dir.join("draft.gguf");
+    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    (target, draft)
+}
+
+fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> tandem_verifier::RunningVerifier {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
+         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
+    rt.block_on(tandem_verifier::start(cfg)).unwrap()
+}
+
+/// Greedy prediction of `model` for every output position of `PROMPT + out`.
+fn greedy_predictions(model: &Qwen2Model, out: &[u32]) -> Vec<u32> {
+    let mut all = PROMPT.to_vec();
+    all.extend_from_slice(out);
+    let mut cache = model.new_cache();
+    let logits = model.forward(&all, 0, &mut cache).unwrap();
+    let v = model.config().vocab;
+    (0..out.len())
+        .map(|i| {
+            let row = PROMPT.len() - 1 + i;
+            argmax(&logits[row * v..(row + 1) * v])
+        })
+        .collect()
+}
+
+struct Outcome {
+    g: EdgeGeneration,
+    /// Per output token: was the link silent when it was emitted?
+    while_silent: Vec<bool>,
+    checked_events: usize,
+    breaker: BreakerState,
+}
+
+/// One generation through the proxy; the link goes silent at token `SILENT_AT`
+/// for `SILENCE`. The edge config keeps the default `open_timeout_ms` (30 s),
+/// the budget the old re-open waited for.
+fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig) -> Outcome {
+    let vrt = io_runtime();
+    let v = start_verifier(&vrt, target);
+    let (addr, silent) = start_switchable_proxy(&vrt, v.grpc_addr, Duration::from_millis(2));
+    let cfg = EdgeConfig {
+        verifier_url: Some(format!("http://{addr}")),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        connect_timeout_ms: 500,
+        backoff_base_ms: 5,
+        backoff_max_ms: 20,
+        breaker_failures: 2,
+        probe_interval_ms: 20,
+        probe_timeout_ms: 300,
+        speculation: spec,
+        ..EdgeConfig::default()
+    };
+    assert_eq!(cfg.open_timeout_ms, 30_000);
+    let mut edge = EdgeRuntime::new(load(draft), cfg).unwrap();
+    let gen = GenerateConfig {
+        k: 4,
+        max_tokens: MAX,
+        ..GenerateConfig::default()
+    };
+    let mut while_silent = Vec::new();
+    let mut checked_events = 0;
+    let mut restorer = None;
+    let g = edge
+        .generate(PROMPT, &gen, &mut |e| {
+            match e {
+                EdgeEvent::Token { index, status, .. } => {
+                    while_silent.push(silent.load(Ordering::SeqCst));
+                    if *index == SILENT_AT && restorer.is_none() {
+                        silent.store(true, Ordering::SeqCst);
+                        let s: Arc<AtomicBool> = silent.clone();
+                        restorer = Some(std::thread::spawn(move || {
+                            std::thread::sleep(SILENCE);
+                            s.store(false, Ordering::SeqCst);
+                        }));
+                    }
+                    if *status == TokenStatus::Provisional {
+                        // A device slower than the tiny model, so the generation
+                        // outlasts the outage.
+                        std::thread::sleep(Duration::from_millis(8));
+                    }
+                }
+                EdgeEvent::ProvisionalChecked(_) => checked_events += 1,
+            }
+            true
+        })
+        .unwrap();
+    restorer.unwrap().join().unwrap();
+    let breaker = edge.breaker_state();
+    vrt.block_on(v.shutdown()).unwrap();
+    Outcome {
+        g,
+        while_silent,
+        checked_events,
+        breaker,
+    }
+}
+
+/// What every outage run must show: verified, then provisional tokens that were
+/// emitted while the link was silent, then verified again; the span checked.
+fn check_common(o: &Outcome) -> (usize, usize) {
+    let g = &o.g;
+    assert_eq!(g.tokens.len(), MAX, "output complete");
+    let st = &g.statuses;
+    let first = st
+        .iter()
+        .position(|s| *s == TokenStatus::Provisional)
+        .expect("no provisional token");
+    let last = st
+        .iter()
+        .rposition(|s| *s == TokenStatus::Provisional)
+        .unwrap();
+    assert!(first > SILENT_AT, "tokens before the outage were verified");
+    assert!(st[..first].iter().all(|s| *s == TokenStatus::Verified));
+    // The point: tokens kept flowing while the verifier was unreachable.
+    let during = (0..MAX)
+        .filter(|&i| o.while_silent[i] && st[i] == TokenStatus::Provisional)
+        .count();
+    assert!(
+        during >= 5,
+        "only {during} provisional tokens while the link was silent: the device stalled ({st:?})"
+    );
+    assert!(
+        st[first..=last]
+            .iter()
+            .all(|s| *s == TokenStatus::Provisional),
+        "one provisional span"
+    );
+    assert!(last + 1 < MAX, "speculative again after the outage");
+    assert!(st[last + 1..].iter().all(|s| *s == TokenStatus::Verified));
+    let r = &g.provisional;
+    assert_eq!(r.provisional_tokens, last + 1 - first);
+    assert_eq!(
+        r.checked_tokens, r.provisional_tokens,
+        "greedy: all checked"
+    );
+    assert_eq!(r.spans.len(), 1);
+    assert!(r.spans[0].checked);
+    assert_eq!((r.spans[0].start, r.spans[0].end), (first, last + 1));
+    assert_eq!(o.checked_events, 1);
+    let s = &g.stats;
+    assert!(s.timeouts >= 1 && s.failures >= 1, "{s:?}");
+    assert!(s.background_opens >= 1, "{s:?}");
+    assert!(s.opens >= 2 && s.check_rounds >= 1, "{s:?}");
+    assert_eq!(o.breaker, BreakerState::Closed);
+    (first, last)
+}
+
+#[test]
+fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target_p, draft_p) = models(dir.path());
+    let (target, draft) = (load(&target_p), load(&draft_p));
+    let t = std::time::Instant::now();
+    for spec in [
+        SpeculationConfig::default(),
+        SpeculationConfig {
+            adaptive_k: true,
+            pipeline: true,
+            ..SpeculationConfig::default()
+        },
+    ] {
+        let o = generate_through_outage(&draft_p, &target_p, spec.clone());
+        let (first, last) = check_common(&o);
+        let g = &o.g;
+        // Verified tokens are the target's greedy choice given the streamed
+        // prefix, provisional ones the draft's; mismatches are reported exactly.
+        let t_pred = greedy_predictions(&target, &g.tokens);
+        let d_pred = greedy_predictions(&draft, &g.tokens);
+        let mut mismatches = Vec::new();
+        for i in 0..MAX {
+            if i < first || i > last {
+                assert_eq!(g.tokens[i], t_pred[i], "verified token {i} ({spec:?})");
+            } else {
+                assert_eq!(g.tokens[i], d_pred[i], "provisional token {i}");
+                if t_pred[i] != g.tokens[i] {
+                    mismatches.push(i);
+                }
+            }
+        }
+        assert_eq!(g.provisional.spans[0].mismatches, mismatches);
+        assert_eq!(g.provisional.first_mismatch, mismatches.first().copied());
+        let target_only = generate_single(
+            &target,
+            PROMPT,
+            &GenerateConfig {
+                k: 1,
+                max_tokens: MAX,
+                ..GenerateConfig::default()
+            },
+            &mut |_| true,
+        )
+        .unwrap()
+        .tokens;
+        assert_eq!(g.tokens[..first], target_only[..first]);
+    }
+    eprintln!(
+        "two outage runs (random draft): {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
+    // Draft = target: every provisional token is the target's, so after the
+    // check the whole output is the target-only output, nothing mismatched.
+    let dir = tempfile::tempdir().unwrap();
+    let (target_p, _) = models(dir.path());
+    let target = load(&target_p);
+    let t = std::time::Instant::now();
+    let o = generate_through_outage(&target_p, &target_p, SpeculationConfig::default());
+    check_common(&o);
+    let want = generate_single(
+        &target,
+        PROMPT,
+        &GenerateConfig {
+            k: 1,
+            max_tokens: MAX,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(o.g.tokens, want);
+    assert_eq!(o.g.provisional.mismatched_tokens, 0);
+    assert_eq!(o.g.provisional.first_mismatch, None);
+    eprintln!(
+        "outage run (perfect draft): {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
