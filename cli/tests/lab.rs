@@ -139,6 +139,30 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
             "no prompt with id",
         ),
         ("bogus = 1\n", "bogus"),
+        (
+            "modes = [\"target-only\"]\n[edge]\nverifier_url = \"http://x:1\"\n",
+            "the lab sets it",
+        ),
+        (
+            "modes = [\"target-only\"]\n[edge]\nopen_timeout_ms = 0\n",
+            "timeouts",
+        ),
+        (
+            "modes = [\"target-only\"]\n[edge]\nwarp_speed = 9\n",
+            "warp_speed",
+        ),
+        (
+            "modes = [\"target-only\"]\n[edge.speculation]\npipeline = true\n",
+            "the mode sets it",
+        ),
+        (
+            "modes = [\"target-only\"]\n[edge_by_mode.adaptive]\nk = 2\n",
+            "the lab sets it",
+        ),
+        (
+            "modes = [\"target-only\"]\n[edge_by_mode.adaptive]\nbreaker_failures = 2\n",
+            "not a mode of this matrix",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let p = dir.path().join(format!("c{i}.toml"));
@@ -171,4 +195,52 @@ fn shipped_prompt_set_has_30_plus_prompts_of_every_kind() {
             .count();
         assert!(n >= 5, "only {n} prompts tagged {tag}");
     }
+}
+
+/// `[edge]` reaches the device process of every mode, `[edge_by_mode]` only its
+/// mode: a model id the verifier does not serve is refused for spec-k4 only.
+#[test]
+fn edge_table_is_applied_to_the_device_per_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("edge.toml");
+    std::fs::write(
+        &cfg,
+        "prompt_ids = [\"code-rust-fizzbuzz\"]\nmax_tokens_cap = 4\n\
+         modes = [\"target-only\", \"spec-k4\"]\nprofiles = [\"lan\"]\n\
+         [edge]\nopen_timeout_ms = 60000\nbreaker_failures = 5\n\
+         [edge.speculation]\nk_max = 8\n\
+         [edge_by_mode.\"spec-k4\"]\nmodel_id = \"no-such-model\"\n",
+    )
+    .unwrap();
+    let out = dir.path().join("lab");
+    let t = std::time::Instant::now();
+    let o = tandem()
+        .args(["lab", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    eprintln!("tandem lab with [edge]: {:.0} s", t.elapsed().as_secs_f64());
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(out.join("runs.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        if r["mode"] == "spec-k4" {
+            let e = r["error"].as_str().unwrap_or_default();
+            assert!(e.contains("MODEL_MISMATCH"), "{r}");
+        } else {
+            assert!(r["error"].is_null(), "{r}");
+            assert_eq!(r["generated"].as_u64().unwrap(), 4, "{r}");
+        }
+    }
+    let written = std::fs::read_to_string(out.join("logs/edge-spec-k4.toml")).unwrap();
+    assert!(written.contains("open_timeout_ms = 60000") && written.contains("k_max = 8"));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("no-such-model"), "settings recorded");
 }

@@ -48,6 +48,13 @@ pub struct LabConfig {
     pub max_seq_len: usize,
     pub draft_model: Option<PathBuf>,
     pub target_model: Option<PathBuf>,
+    /// The device's `EdgeConfig` for every run (`[edge]`, the edge config file's
+    /// fields: deadlines, breaker, open timeout, `[edge.speculation]` limits, ...).
+    /// The lab sets the link (URL, token, fingerprint), k and the mode's
+    /// speculation switches itself.
+    pub edge: toml::Table,
+    /// Per-mode additions to `edge` (`[edge_by_mode."spec-k4"]`), merged over it.
+    pub edge_by_mode: BTreeMap<String, toml::Table>,
 }
 
 impl Default for LabConfig {
@@ -71,6 +78,41 @@ impl Default for LabConfig {
             max_seq_len: 2048,
             draft_model: None,
             target_model: None,
+            edge: toml::Table::new(),
+            edge_by_mode: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[edge]` fields the lab sets itself (per mode and per run).
+const LAB_OWNED_EDGE_FIELDS: &[&str] = &[
+    "verifier_url",
+    "token",
+    "token_env",
+    "tokenizer_fingerprint",
+    "ca_cert_pem",
+    "client_cert_pem",
+    "client_key_pem",
+    "tls_domain",
+    "k",
+    "split",
+];
+const LAB_OWNED_SPECULATION_FIELDS: &[&str] = &[
+    "adaptive_k",
+    "pipeline",
+    "target_stream",
+    "stream_window",
+    "record_rounds",
+];
+
+/// `over` merged into `base`: tables recursively, everything else replaced.
+fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
         }
     }
 }
@@ -200,6 +242,50 @@ impl LabConfig {
         Ok(c)
     }
 
+    /// The `[edge]` table of `mode` (with its `edge_by_mode` additions), as
+    /// edge config TOML text.
+    pub fn edge_toml(&self, mode: &str) -> String {
+        let mut t = self.edge.clone();
+        if let Some(o) = self.edge_by_mode.get(mode) {
+            merge(&mut t, o);
+        }
+        toml::to_string(&t).unwrap_or_default()
+    }
+
+    fn validate_edge(&self) -> Result<()> {
+        for (name, t) in std::iter::once(("edge".to_string(), &self.edge)).chain(
+            self.edge_by_mode
+                .iter()
+                .map(|(m, t)| (format!("edge_by_mode.{m:?}"), t)),
+        ) {
+            for f in LAB_OWNED_EDGE_FIELDS {
+                anyhow::ensure!(
+                    !t.contains_key(*f),
+                    "[{name}] {f}: the lab sets it (per mode and run)"
+                );
+            }
+            if let Some(toml::Value::Table(sp)) = t.get("speculation") {
+                for f in LAB_OWNED_SPECULATION_FIELDS {
+                    anyhow::ensure!(
+                        !sp.contains_key(*f),
+                        "[{name}.speculation] {f}: the mode sets it (see modes)"
+                    );
+                }
+            }
+        }
+        for m in self.edge_by_mode.keys() {
+            anyhow::ensure!(
+                self.modes.contains(m) || self.timeline_modes.contains(m),
+                "edge_by_mode.{m:?}: not a mode of this matrix"
+            );
+        }
+        for m in self.modes.iter().chain(&self.timeline_modes) {
+            tandem_edge::EdgeConfig::from_toml(&self.edge_toml(m))
+                .map_err(|e| anyhow::anyhow!("[edge] for mode {m}: {e}"))?;
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<()> {
         anyhow::ensure!(self.repetitions >= 1, "repetitions must be at least 1");
         anyhow::ensure!(!self.modes.is_empty(), "modes is empty");
@@ -217,6 +303,7 @@ impl LabConfig {
         for (name, t) in &self.timelines {
             tandem_netsim::Timeline::parse(t).with_context(|| format!("timeline {name:?}"))?;
         }
+        self.validate_edge()?;
         let needs_net = self
             .modes
             .iter()

@@ -34,6 +34,10 @@ pub struct DeviceArgs {
     pub temperature: f32,
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
+    /// The device's edge config (the lab's `[edge]` table); the link, k and the
+    /// mode's speculation switches are set by the lab over it.
+    #[arg(long)]
+    pub edge_config: Option<PathBuf>,
 }
 
 /// One generation to run.
@@ -63,11 +67,14 @@ pub struct DeviceResult {
     pub load_ms: f64,
 }
 
-fn speculation(mode: Mode, window: usize) -> SpeculationConfig {
+fn speculation(mode: Mode, window: usize, base: &SpeculationConfig) -> SpeculationConfig {
     let mut s = SpeculationConfig {
         record_rounds: true,
         stream_window: window,
-        ..SpeculationConfig::default()
+        adaptive_k: false,
+        pipeline: false,
+        target_stream: false,
+        ..base.clone()
     };
     match mode {
         Mode::DraftOnly => {}
@@ -97,6 +104,10 @@ pub fn run(args: DeviceArgs) -> Result<()> {
         Mode::Spec { k, .. } => k,
         _ => 4,
     };
+    let base = match &args.edge_config {
+        Some(p) => EdgeConfig::from_file(p)?,
+        None => EdgeConfig::default(),
+    };
     let mut runtimes: HashMap<Option<String>, EdgeRuntime> = HashMap::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
@@ -114,8 +125,8 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                     token: (!args.token.is_empty()).then(|| args.token.clone()),
                     tokenizer_fingerprint: Some(fingerprint.clone()),
                     k,
-                    speculation: speculation(mode, args.stream_window),
-                    ..EdgeConfig::default()
+                    speculation: speculation(mode, args.stream_window, &base.speculation),
+                    ..base.clone()
                 };
                 e.insert(EdgeRuntime::new(model.clone(), cfg)?)
             }

@@ -312,6 +312,11 @@ impl Device {
             args.push(p.display().to_string());
         }
         let name = format!("device-{}", mode.name());
+        let edge = logs.join(format!("edge-{}.toml", mode.name()));
+        std::fs::write(&edge, cfg.edge_toml(&mode.name()))
+            .with_context(|| format!("writing {}", edge.display()))?;
+        args.push("--edge-config".into());
+        args.push(edge.display().to_string());
         let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
         let mut child = command(&cfg.device_cores, pin, cfg.threads, &args)?
             .stdin(Stdio::piped())

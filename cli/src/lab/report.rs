@@ -48,6 +48,15 @@ pub struct RunRecord {
     pub bytes_down_per_token: f64,
     pub rtt_mean_ms: f64,
     pub pipelined_drafts_used: usize,
+    /// Provisional tokens the verifier checked after an outage, and those that
+    /// differ from the target's choice.
+    pub provisional_checked: usize,
+    pub provisional_mismatched: usize,
+    /// Verify/open failures, breaker openings, and session opens started in the
+    /// background (the device drafting alone meanwhile).
+    pub failures: u64,
+    pub breaker_opens: u64,
+    pub background_opens: u64,
     /// Greedy: output equals target-only output (None: not applicable).
     pub matches_target: Option<bool>,
     pub first_difference: Option<usize>,
@@ -152,6 +161,11 @@ fn record(i: usize, p: &Planned, r: &DeviceResult) -> RunRecord {
         bytes_down_per_token: s.bytes_received as f64 / gen,
         rtt_mean_ms: s.rtt_mean_ms,
         pipelined_drafts_used: reused,
+        provisional_checked: r.provisional.checked_tokens,
+        provisional_mismatched: r.provisional.mismatched_tokens,
+        failures: s.failures,
+        breaker_opens: s.breaker_opens,
+        background_opens: s.background_opens,
         matches_target: None,
         first_difference: None,
         stop: r.stop.clone(),
@@ -166,7 +180,8 @@ fn record(i: usize, p: &Planned, r: &DeviceResult) -> RunRecord {
 
 /// The identity check: greedy runs against target-only output of the same prompt
 /// (first profile, same repetition). Runs with provisional tokens must match up to
-/// the first provisional token the verifier reported as different.
+/// the first provisional token the verifier reported as different, or the first
+/// one it never checked (the generation ended before the verifier was back).
 fn check_identity(cfg: &LabConfig, recs: &mut [RunRecord], results: &[DeviceResult]) {
     if cfg.temperature != 0.0 {
         return;
@@ -193,7 +208,18 @@ fn check_identity(cfg: &LabConfig, recs: &mut [RunRecord], results: &[DeviceResu
         }
         let d = first_diff(&r.tokens, want);
         r.first_difference = d;
-        r.matches_target = Some(match (d, res.provisional.first_mismatch) {
+        let unchecked = res
+            .provisional
+            .spans
+            .iter()
+            .filter(|s| !s.checked)
+            .map(|s| s.start)
+            .min();
+        let free_from = match (res.provisional.first_mismatch, unchecked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        r.matches_target = Some(match (d, free_from) {
             (None, _) => true,
             // After a provisional token the target would not have chosen, the
             // output legitimately follows the streamed token.
