@@ -21,7 +21,8 @@
 #      PROFILE / SERVER_PROFILE (target profile JSONs of core 0 / core 1; measured
 #      first when missing; SERVER_PROFILE=none: server = device profile, speed 1),
 #      REPROFILE=1 (measure both profiles again right before each network's runs,
-#      so a shared machine's drifting load hits prediction and measurement alike),
+#      so a shared machine's drifting load hits prediction and measurement alike;
+#      REPROFILE=each: before every split point),
 #      OVERHEAD_MS (per-round fixed cost in the model, ms; default 0; `auto`:
 #      measured first with a direct round trip at s = CAL_SPLIT (14)),
 #      PIN_HEAD=1 (U-shape), K (4), NETS ("lan fast-4g"; `direct` = no proxy).
@@ -168,6 +169,7 @@ for net in $NETS; do
   edge_config "$tmp/edge-$net.toml" "$rtt" "$down" "$up" "$OVERHEAD_MS"
   for s in $SPLITS; do
     echo "$net s=$s ..." >&2
+    [ "${REPROFILE:-0}" = each ] && measure_profile
     run_split "$addr" "$tmp/edge-$net.toml" "$s"
     printf '| %s | %s | %s | %.0f (%.0f + %.0f + %.0f) | %.0f (%.0f + %.0f + %.0f) | %+.0f %% | %s |\n' \
       "$net" "$s" "$head" "$p" "$pd" "$pn" "$ps" "$m" "$md" "$mn" "$ms" \

@@ -70,6 +70,17 @@ struct Header<'a> {
     context_tokens: u64,
     pin_head: bool,
     device: &'a str,
+    /// Links with a fixed per-exchange overhead (`overhead_ms`), included in
+    /// their transfer times.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    link_overheads: Vec<LinkOverhead>,
+}
+
+#[derive(Serialize)]
+struct LinkOverhead {
+    a: String,
+    b: String,
+    overhead_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -106,6 +117,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         context_tokens: cluster.context_for(&profile, &opts),
         pin_head: args.pin_head,
         device: &cluster.device,
+        link_overheads: cluster
+            .links
+            .iter()
+            .filter_map(|l| {
+                let ms = l.overhead_ms.unwrap_or(0.0);
+                (ms > 0.0).then(|| LinkOverhead {
+                    a: l.a.clone(),
+                    b: l.b.clone(),
+                    overhead_ms: ms,
+                })
+            })
+            .collect(),
     };
     let plan_for = |c: &ClusterConfig| -> Result<PlanReport, tandem_shard::PlanError> {
         let problem = c.to_problem(&profile, &opts)?;
@@ -217,4 +240,10 @@ fn print_header(h: &Header) {
         h.device,
         if h.pin_head { "yes" } else { "no" }
     );
+    for o in &h.link_overheads {
+        println!(
+            "link {} <-> {}: {} ms fixed overhead per exchange (half per crossing, included in transfer)",
+            o.a, o.b, o.overhead_ms
+        );
+    }
 }

@@ -159,6 +159,46 @@ fn json_plan_is_consistent_and_respects_budgets() {
 }
 
 #[test]
+fn link_overhead_is_charged_per_exchange_and_printed() {
+    // Same problem with and without a measured 40 ms fixed cost per exchange on
+    // the link: a plan that crosses pays it once per round trip (20 ms on each
+    // of its two crossings); the text output names it.
+    let plan = |link: &str| {
+        let (_d, p, n) = setup(8, &two_nodes(75.0, link));
+        let v = plan_json(&["plan", "--profile", &p, "--nodes", &n, "--json"]);
+        let o = tandem(&["plan", "--profile", &p, "--nodes", &n]);
+        assert!(o.status.success(), "stderr: {}", stderr(&o));
+        (v, stdout(&o))
+    };
+    let (base, base_text) = plan("network = \"lan\"");
+    let (with, text) = plan("network = \"lan\"\noverhead_ms = 40");
+    assert_eq!(base["plan"]["assignment"], with["plan"]["assignment"]);
+    let transfers = |v: &Value| -> Vec<f64> {
+        v["plan"]["transfers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["seconds"].as_f64().unwrap())
+            .collect()
+    };
+    let (t0, t1) = (transfers(&base), transfers(&with));
+    assert_eq!(t0.len(), 2, "one crossing there, the result back");
+    for (a, b) in t0.iter().zip(&t1) {
+        assert!((b - a - 0.020).abs() < 1e-9, "{a} -> {b}");
+    }
+    let l0 = base["plan"]["latency_seconds"].as_f64().unwrap();
+    let l1 = with["plan"]["latency_seconds"].as_f64().unwrap();
+    assert!((l1 - l0 - 0.040).abs() < 1e-9, "{l0} -> {l1}");
+    assert_eq!(with["link_overheads"][0]["overhead_ms"], 40.0);
+    assert!(base.get("link_overheads").is_none());
+    assert!(
+        text.contains("phone <-> cloud: 40 ms fixed overhead per exchange"),
+        "{text}"
+    );
+    assert!(!base_text.contains("overhead"), "{base_text}");
+}
+
+#[test]
 fn throughput_objective_reports_the_bottleneck() {
     // Equal speeds, 10 equal layers, negligible transfers: the best
     // pipeline splits 5 / 5.

@@ -246,8 +246,85 @@ fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
     assert!(predicted > 0.0 && predicted.is_finite());
 }
 
+#[test]
+fn a_measured_server_profile_and_round_overhead_drive_auto_and_the_prediction() {
+    let m = setup();
+    let expected = generate_single(
+        &m.target,
+        PROMPT,
+        &gen_cfg(SamplingParams::default()),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    // The server's own profile says it is 10x *slower* per layer than the
+    // device (as a loaded server core can be): auto keeps every block on the
+    // device; the prediction charges the server's measured head time and the
+    // round overhead.
+    let dir = tempfile::tempdir().unwrap();
+    let (device, server) = (dir.path().join("d.json"), dir.path().join("s.json"));
+    write_profile_scaled(&device, 1.0);
+    write_profile_scaled(&server, 10.0);
+    let rt = io_runtime();
+    let v = start_verifier(&rt, &m.target_path);
+    let url = format!("http://{}", v.grpc_addr);
+    let cfg = SplitConfig {
+        layer: SplitLayer::Named("auto".into()),
+        profile: Some(device.clone()),
+        server_profile: Some(server.clone()),
+        round_overhead_ms: 20.0,
+        ..SplitConfig::default()
+    };
+    let mut e = edge(&url, cfg, m.draft.clone(), m.target.clone());
+    let g = e
+        .generate(PROMPT, &gen_cfg(SamplingParams::default()), &mut |_| true)
+        .unwrap();
+    assert_eq!(g.tokens, expected);
+    let r = g.stats.split.unwrap();
+    assert_eq!(r.layer, N_LAYER, "{r:?}");
+    assert!(
+        (r.predicted_device_ms.unwrap() - 40.0).abs() < 1e-6,
+        "{r:?}"
+    );
+    assert!(
+        (r.predicted_server_ms.unwrap() - 100.0).abs() < 1e-6,
+        "{r:?}"
+    );
+    // 1 ms assumed RTT + 20 ms overhead + at most 5 x 1024 B up and 5 x 4 B down
+    // at 1 Gbit/s (the last round's block may be shorter).
+    let bytes_ms = r.predicted_network_ms.unwrap() - 21.0;
+    assert!(
+        bytes_ms > 0.0 && bytes_ms <= 5.0 * 1028.0 * 8.0 / 1e6 + 1e-9,
+        "{r:?}"
+    );
+    // A server profile needs the device's own.
+    let cfg = SplitConfig {
+        server_profile: Some(server),
+        ..fixed(2, false)
+    };
+    let cfg = EdgeConfig {
+        verifier_url: Some(url),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        k: 4,
+        split: Some(cfg),
+        ..EdgeConfig::default()
+    };
+    let mut e = EdgeRuntime::new(m.draft.clone(), cfg).unwrap();
+    let err = e
+        .set_split_target(m.target.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("server_profile needs profile"), "{err}");
+}
+
 /// Tiny-model profile: 4 blocks and the head at 10 ms each (block of 5).
 fn write_profile(path: &Path) {
+    write_profile_scaled(path, 1.0)
+}
+
+/// As [`write_profile`], every compute time multiplied by `f`.
+fn write_profile_scaled(path: &Path, f: f64) {
     let mut layers = vec![serde_json::json!({"name": "embedding", "kind": "embedding",
         "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
         "compute_seconds": {"5": 0.0}})];
@@ -255,12 +332,12 @@ fn write_profile(path: &Path) {
         layers.push(
             serde_json::json!({"name": format!("blk.{i}"), "kind": "block",
             "weight_bytes": 1000, "kv_bytes_per_token": 0, "activation_bytes_per_token": 1024,
-            "compute_seconds": {"5": 0.01}}),
+            "compute_seconds": {"5": 0.01 * f}}),
         );
     }
     layers.push(
         serde_json::json!({"name": "head", "kind": "head", "weight_bytes": 1000,
-        "kv_bytes_per_token": 0, "activation_bytes_per_token": 4, "compute_seconds": {"5": 0.01}}),
+        "kv_bytes_per_token": 0, "activation_bytes_per_token": 4, "compute_seconds": {"5": 0.01 * f}}),
     );
     let p = serde_json::json!({"schema": "tandem.profile.v1", "model": "tiny",
         "context_tokens": 16, "block_sizes": [5], "layers": layers});

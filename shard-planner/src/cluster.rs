@@ -53,6 +53,12 @@ pub struct LinkConfig {
     /// `b -> a` bandwidth in Mbit/s.
     #[serde(default)]
     pub b_to_a_mbps: Option<f64>,
+    /// Measured fixed cost of one exchange (a message there and one back) on
+    /// top of the RTT, ms: serialisation, framing, the receiver's bookkeeping.
+    /// Charged half per crossing, like the RTT. Allowed with `network` (it is a
+    /// property of the software, not of the link). Default 0.
+    #[serde(default)]
+    pub overhead_ms: Option<f64>,
 }
 
 /// The link parameters after resolving a named network.
@@ -64,6 +70,8 @@ pub struct ResolvedLink {
     pub a_to_b_mbps: f64,
     /// `b -> a` in Mbit/s.
     pub b_to_a_mbps: f64,
+    /// Fixed cost per exchange in ms (0 unless configured).
+    pub overhead_ms: f64,
 }
 
 /// The nodes TOML: which node is the device, the nodes, the links.
@@ -120,6 +128,7 @@ impl LinkConfig {
                     rtt_ms: p.rtt_ms,
                     a_to_b_mbps: p.up_mbps,
                     b_to_a_mbps: p.down_mbps,
+                    overhead_ms: 0.0,
                 }
             }
             None => match explicit {
@@ -127,6 +136,7 @@ impl LinkConfig {
                     rtt_ms,
                     a_to_b_mbps,
                     b_to_a_mbps,
+                    overhead_ms: 0.0,
                 },
                 _ => {
                     return invalid(format!(
@@ -135,6 +145,16 @@ impl LinkConfig {
                 }
             },
         };
+        let r = ResolvedLink {
+            overhead_ms: self.overhead_ms.unwrap_or(0.0),
+            ..r
+        };
+        if !(r.overhead_ms.is_finite() && r.overhead_ms >= 0.0) {
+            return invalid(format!(
+                "{what}: overhead_ms must be >= 0, got {}",
+                r.overhead_ms
+            ));
+        }
         for (field, v) in [
             ("a_to_b_mbps", r.a_to_b_mbps),
             ("b_to_a_mbps", r.b_to_a_mbps),
@@ -348,7 +368,8 @@ impl ClusterConfig {
             let (Some(a), Some(b)) = (self.index(&l.a), self.index(&l.b)) else {
                 return invalid(format!("link {} <-> {}: unknown node", l.a, l.b));
             };
-            let half = r.rtt_ms / 2.0 / 1e3;
+            // The fixed per-exchange overhead is charged like the RTT: half per crossing.
+            let half = (r.rtt_ms + r.overhead_ms) / 2.0 / 1e3;
             links[a][b] = Some(LinkCost {
                 one_way_latency_s: half,
                 bytes_per_s: r.a_to_b_mbps * 1e6 / 8.0,
@@ -427,5 +448,51 @@ network = "fast-4g"
         assert!(e.to_string().contains("speed_factor"), "{e}");
         let e = parse(&TOML.replace("memory_mb = 1.5", "memory_mb = 1.5\nram = 3")).unwrap_err();
         assert!(e.to_string().contains("ram"), "{e}");
+        let e = parse(&TOML.replace("fast-4g\"", "fast-4g\"\noverhead_ms = -2")).unwrap_err();
+        assert!(e.to_string().contains("overhead_ms"), "{e}");
+    }
+
+    #[test]
+    fn overhead_is_charged_half_per_crossing_and_survives_a_sweep() {
+        let c = parse(&TOML.replace("fast-4g\"", "fast-4g\"\noverhead_ms = 6")).unwrap();
+        let r = c.links[0].resolve().unwrap();
+        assert_eq!((r.rtt_ms, r.overhead_ms), (165.0, 6.0));
+        let swept = c.with_device_network("lan").unwrap();
+        assert_eq!(swept.links[0].resolve().unwrap().overhead_ms, 6.0);
+        let mut p = crate::profile::ModelProfile {
+            schema: crate::profile::ModelProfile::SCHEMA.into(),
+            model: "m".into(),
+            measured: false,
+            note: String::new(),
+            machine: String::new(),
+            threads: None,
+            context_tokens: 1,
+            block_sizes: vec![1],
+            layers: Vec::new(),
+        };
+        for (name, kind) in [
+            ("embedding", crate::profile::LayerKind::Embedding),
+            ("blk.0", crate::profile::LayerKind::Block),
+            ("head", crate::profile::LayerKind::Head),
+        ] {
+            p.layers.push(crate::profile::LayerProfile {
+                name: name.into(),
+                kind,
+                weight_bytes: 1,
+                kv_bytes_per_token: 0,
+                activation_bytes_per_token: 4,
+                compute_seconds: [(1, 0.001)].into_iter().collect(),
+            });
+        }
+        let opts = PlanOptions {
+            block_tokens: 1,
+            context_tokens: None,
+            pin_head: false,
+        };
+        let prob = c.to_problem(&p, &opts).unwrap();
+        let l = prob.links[0][1].unwrap();
+        assert!((l.one_way_latency_s - (0.165 + 0.006) / 2.0).abs() < 1e-12);
+        let l = prob.links[1][0].unwrap();
+        assert!((l.one_way_latency_s - (0.165 + 0.006) / 2.0).abs() < 1e-12);
     }
 }
