@@ -54,6 +54,35 @@ fn profile_of_a_tiny_model_is_valid_and_plannable() {
         assert!(l.compute_seconds[&1] > 0.0 || l.kind == LayerKind::Embedding);
         assert!(l.compute_seconds[&3].is_finite());
     }
+    // The layers are scaled to add up to the median whole pass the command
+    // reports ("block K: X ms per forward (median pass; ...").
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    for k in [1u32, 3] {
+        let line = err
+            .lines()
+            .find(|l| {
+                let w: Vec<&str> = l.split_whitespace().take(2).collect();
+                w == ["block", &format!("{k}:")]
+            })
+            .unwrap_or_else(|| panic!("no line for block {k} in {err}"));
+        let pass_ms: f64 = line
+            .split(':')
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let sum_ms: f64 = p.layers.iter().map(|l| l.compute_seconds[&k]).sum::<f64>() * 1e3;
+        // Printed with 2 decimals.
+        assert!(
+            (sum_ms - pass_ms).abs() <= 0.005 + 1e-9,
+            "{sum_ms} vs {line}"
+        );
+        assert!(
+            line.contains("median pass") && line.contains("scaled x"),
+            "{line}"
+        );
+    }
     // Blocks hold every blk.* tensor: weights add up to (nearly) the whole file.
     let weights: u64 = p.layers.iter().map(|l| l.weight_bytes).sum();
     let file = std::fs::metadata(&model).unwrap().len();
