@@ -695,8 +695,9 @@ impl Net<'_> {
 
     /// Deadlines of the next open of a context of `ctx_len` tokens. The headers
     /// come after about one round trip on a live link; `Opened` after the
-    /// prefill, estimated from the measured cost of earlier opens scaled by the
-    /// context. Both double with every consecutive failure (a slow verifier is
+    /// prefill, estimated from the measured cost of earlier opens of this
+    /// runtime scaled by the context (none measured yet: `open_timeout_ms`).
+    /// Both double with every consecutive failure (a slow verifier is
     /// eventually waited for), within `open_timeout_ms`.
     fn open_deadlines(&self, ctx_len: usize) -> OpenDeadlines {
         let c = self.cfg;
@@ -705,7 +706,7 @@ impl Net<'_> {
         let scale = f64::from(1u32 << fails.clamp(1, 5).saturating_sub(1));
         let headers = (c.connect_timeout() + self.deadline()).mul_f64(scale);
         let opened = match self.open_cost.estimate(ctx_len) {
-            Some(est) if fails > 0 => {
+            Some(est) => {
                 let rtt = Duration::from_secs_f64(self.rtt.p95_ms().unwrap_or(0.0) / 1000.0);
                 (est + rtt)
                     .mul_f64(c.deadline_factor)

@@ -62,6 +62,8 @@ pub struct RunRecord {
     pub first_difference: Option<usize>,
     pub stop: String,
     pub tokens: Vec<u32>,
+    /// Per token: verified, provisional or local.
+    pub statuses: Vec<tandem_edge::TokenStatus>,
     pub text: String,
     /// Every verify round: k, accepted, RTT, drafting time on the critical path,
     /// drafts reused from pipelining.
@@ -170,6 +172,7 @@ fn record(i: usize, p: &Planned, r: &DeviceResult) -> RunRecord {
         first_difference: None,
         stop: r.stop.clone(),
         tokens: r.tokens.clone(),
+        statuses: r.statuses.clone(),
         text: r.text.clone(),
         round_log: r.rounds.clone(),
         token_ms: r.token_ms.clone(),
