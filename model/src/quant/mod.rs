@@ -12,11 +12,19 @@
 //! - each activation row is quantized once per call by scalar code
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
 //!   so its quantization does not depend on the other rows;
-//! - SIMD kernels compute only integer sums (per 32-bit lane: 4 products of
-//!   one block, or a K-quant lane summed over sub-blocks), which are exact;
-//!   every float operation follows the shared functions of `combine` lane for
-//!   lane in one fixed order (Q4_0/Q5_0/Q8_0: block `b` into accumulator set
-//!   `b % 4`, so consecutive blocks do not wait on one float add);
+//! - SIMD and AMX kernels only compute integer sums, which are exact; every
+//!   float operation follows the shared functions of `combine` in one fixed
+//!   order:
+//!   - Q4_K/Q6_K: the unit is the **whole super-block**: per (activation
+//!     row, weight row, super-block) one exact i32 `S = Σ_c sc_c · dot_c`
+//!     (and for Q4_K `M = Σ_c m_c · bsum_c`), then one float step
+//!     (`combine::q4k_step` / `q6k_step`) into a single accumulator, in
+//!     super-block order. No partial lane sums leak into the floats, so a
+//!     kernel may form `S` any way it likes (AMX tiles, VNNI lanes, scalar);
+//!   - Q4_0/Q5_0/Q8_0: 8 lanes of 4 products per block (exact), block `b`
+//!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
+//!     so consecutive blocks do not wait on one float add. (An AMX path for
+//!     these would first need a whole-block contract like the K-quants'.)
 //! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
