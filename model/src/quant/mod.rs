@@ -339,10 +339,10 @@ impl OutPtr {
 /// tiles (below, the AVX-512 VNNI kernels; results are identical either
 /// way, so the thresholds are a speed choice only). Measured in
 /// docs/model-core.md ("AMX").
-pub const AMX_MIN_ROWS_Q4K: usize = 4;
+pub const AMX_MIN_ROWS_Q4K: usize = 6;
 /// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (16-element scale groups make
 /// twice as many, half-size tile products, so AMX pays later).
-pub const AMX_MIN_ROWS_Q6K: usize = 9;
+pub const AMX_MIN_ROWS_Q6K: usize = 10;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
 /// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot

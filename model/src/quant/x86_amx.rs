@@ -226,6 +226,67 @@ unsafe fn write_out(acc: &[__m512; TN], out: OutPtr, rows: usize, j0: usize, t0:
     }
 }
 
+/// Four tile products `C_i = A_i · B_i` (i < 4) stored to `c + 1024·i`:
+/// A_i at `a + a_step·i` (stride `cols`), B_i at `b + b_step·i` (stride 64).
+/// `SIGNED_B`: `tdpbssd` (signed weights), else `tdpbsud` (unsigned).
+///
+/// # Safety
+/// Tiles configured; every tile inside its buffer.
+#[inline(always)]
+unsafe fn tiles4<const A_STEP: usize, const B_STEP: usize, const SIGNED_B: bool>(
+    a: *const i8,
+    cols: usize,
+    b: *const u8,
+    c: *mut i32,
+) {
+    macro_rules! body {
+        ($op:literal) => {
+            // SAFETY: caller.
+            unsafe {
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    "tileloadd tmm4, [{a}+{sa}*1]",
+                    "tileloadd tmm6, [{b}+{s64}*1]",
+                    concat!($op, " tmm0, tmm4, tmm6"),
+                    "tileloadd tmm5, [{a}+{sa}*1+{a1}]",
+                    "tileloadd tmm7, [{b}+{s64}*1+{b1}]",
+                    concat!($op, " tmm1, tmm5, tmm7"),
+                    "tileloadd tmm4, [{a}+{sa}*1+{a2}]",
+                    "tileloadd tmm6, [{b}+{s64}*1+{b2}]",
+                    concat!($op, " tmm2, tmm4, tmm6"),
+                    "tileloadd tmm5, [{a}+{sa}*1+{a3}]",
+                    "tileloadd tmm7, [{b}+{s64}*1+{b3}]",
+                    concat!($op, " tmm3, tmm5, tmm7"),
+                    "tilestored [{c}+{s64}*1], tmm0",
+                    "tilestored [{c}+{s64}*1+1024], tmm1",
+                    "tilestored [{c}+{s64}*1+2048], tmm2",
+                    "tilestored [{c}+{s64}*1+3072], tmm3",
+                    a = in(reg) a,
+                    b = in(reg) b,
+                    c = in(reg) c,
+                    sa = in(reg) cols,
+                    s64 = in(reg) 64usize,
+                    a1 = const A_STEP,
+                    a2 = const 2 * A_STEP,
+                    a3 = const 3 * A_STEP,
+                    b1 = const B_STEP,
+                    b2 = const 2 * B_STEP,
+                    b3 = const 3 * B_STEP,
+                    options(nostack),
+                )
+            }
+        };
+    }
+    if SIGNED_B {
+        body!("tdpbssd")
+    } else {
+        body!("tdpbsud")
+    }
+}
+
 /// Run `tiles` over the activation rows in groups of at most 16 with the
 /// tile configuration for that group's size.
 macro_rules! row_groups {
@@ -265,7 +326,7 @@ pub(super) unsafe fn q4k_groups(
     // scales (8 × 16 i32), min pairs (4 × 16 i32), d and dmin (16 f32 each).
     const SB: usize = 4096 + 8 * 64 + 4 * 64 + 2 * 64;
     let mut wbuf = vec![Aligned([0u8; SB]); nb];
-    let mut cbuf = Aligned([0i32; 8 * 256]);
+    let mut cbuf = Aligned([0i32; 2 * 8 * 256]);
     let lo4 = _mm512_set1_epi8(0xF);
     for g in 0..ng {
         let jg = j0 + g * GROUP;
@@ -319,47 +380,27 @@ pub(super) unsafe fn q4k_groups(
         }
         row_groups!(m, 32, 8, |t0, tn| {
             let mut acc = [_mm512_setzero_ps(); TN];
+            // The tile products of super-block sb + 1 are issued before the
+            // vector work of sb (two C buffers), so the two overlap.
+            // SAFETY: A: `tn` rows of 32 bytes at stride `cols` from row t0,
+            // column 256·sb + 128h + 32i, inside `act.qs`; B: 8 rows of 64
+            // bytes at 512·(4h + i) inside `wbuf[sb]`; C: 8 KB inside `cbuf`.
+            let issue = |sb: usize, c: *mut i32| unsafe {
+                let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K);
+                let b = wbuf[sb].0.as_ptr();
+                tiles4::<32, 512, false>(a, cols, b, c);
+                tiles4::<32, 512, false>(a.add(128), cols, b.add(2048), c.add(1024));
+            };
+            issue(0, cbuf.0.as_mut_ptr());
             for (sb, wb) in wbuf.iter().enumerate() {
                 let w = wb.0.as_ptr();
-                for h in 0..2 {
-                    // SAFETY: A: `tn` rows of 32 bytes at stride `cols` from
-                    // row t0, column 256·sb + 128h + 32i (i < 4), inside
-                    // `act.qs`; B: 8 rows of 64 bytes at 512·(4h + i) inside
-                    // `wb`; C: 4 KB at 4096h inside `cbuf`. Tiles configured.
-                    unsafe {
-                        let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K + 128 * h);
-                        let b = w.add(2048 * h);
-                        let c = cbuf.0.as_mut_ptr().add(1024 * h);
-                        asm!(
-                            "tilezero tmm0",
-                            "tilezero tmm1",
-                            "tilezero tmm2",
-                            "tilezero tmm3",
-                            "tileloadd tmm4, [{a}+{sa}*1]",
-                            "tileloadd tmm6, [{b}+{s64}*1]",
-                            "tdpbsud tmm0, tmm4, tmm6",
-                            "tileloadd tmm5, [{a}+{sa}*1+32]",
-                            "tileloadd tmm7, [{b}+{s64}*1+512]",
-                            "tdpbsud tmm1, tmm5, tmm7",
-                            "tileloadd tmm4, [{a}+{sa}*1+64]",
-                            "tileloadd tmm6, [{b}+{s64}*1+1024]",
-                            "tdpbsud tmm2, tmm4, tmm6",
-                            "tileloadd tmm5, [{a}+{sa}*1+96]",
-                            "tileloadd tmm7, [{b}+{s64}*1+1536]",
-                            "tdpbsud tmm3, tmm5, tmm7",
-                            "tilestored [{c}+{s64}*1], tmm0",
-                            "tilestored [{c}+{s64}*1+1024], tmm1",
-                            "tilestored [{c}+{s64}*1+2048], tmm2",
-                            "tilestored [{c}+{s64}*1+3072], tmm3",
-                            a = in(reg) a,
-                            b = in(reg) b,
-                            c = in(reg) c,
-                            sa = in(reg) cols,
-                            s64 = in(reg) 64usize,
-                            options(nostack),
-                        );
-                    }
+                if sb + 1 < nb {
+                    issue(
+                        sb + 1,
+                        cbuf.0.as_mut_ptr().wrapping_add(2048 * ((sb + 1) & 1)),
+                    );
                 }
+                let cb = cbuf.0.as_ptr().wrapping_add(2048 * (sb & 1));
                 // SAFETY: scales, min pairs and d/dmin inside `wb`; C rows
                 // t < tn inside `cbuf`; row t0 + t < m.
                 unsafe {
@@ -371,7 +412,7 @@ pub(super) unsafe fn q4k_groups(
                     let dv = _mm512_load_ps(w.add(4096 + 768).cast());
                     let dmv = _mm512_load_ps(w.add(4096 + 832).cast());
                     for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                        let cp = cbuf.0.as_ptr().add(16 * t);
+                        let cp = cb.add(16 * t);
                         let mut s = _mm512_setzero_si512();
                         for (c, sc) in sc.iter().enumerate() {
                             let cv = _mm512_load_si512(cp.add(256 * c).cast());
@@ -421,7 +462,7 @@ pub(super) unsafe fn q6k_groups(
     // (16 × 16 i32), d (16 f32).
     const SB: usize = 4096 + 1024 + 64;
     let mut wbuf = vec![Aligned([0u8; SB]); nb];
-    let mut cbuf = Aligned([0i32; 16 * 256]);
+    let mut cbuf = Aligned([0i32; 2 * 16 * 256]);
     let lo4 = _mm512_set1_epi8(0xF);
     let m3 = _mm512_set1_epi8(3);
     let m30 = _mm512_set1_epi8(0x30);
@@ -488,47 +529,27 @@ pub(super) unsafe fn q6k_groups(
         }
         row_groups!(m, 16, 4, |t0, tn| {
             let mut acc = [_mm512_setzero_ps(); TN];
+            // As in `q4k_groups`, one super-block ahead.
+            // SAFETY: A: `tn` rows of 16 bytes at stride `cols` from row t0,
+            // column 256·sb + 16g, inside `act.qs`; B: 4 rows of 64 bytes at
+            // 256g inside `wbuf[sb]`; C: 16 KB inside `cbuf`.
+            let issue = |sb: usize, c: *mut i32| unsafe {
+                let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K);
+                let b = wbuf[sb].0.as_ptr();
+                for i in 0..4 {
+                    tiles4::<16, 256, true>(a.add(64 * i), cols, b.add(1024 * i), c.add(1024 * i));
+                }
+            };
+            issue(0, cbuf.0.as_mut_ptr());
             for (sb, wb) in wbuf.iter().enumerate() {
                 let w = wb.0.as_ptr();
-                for i in 0..4 {
-                    // SAFETY: A: `tn` rows of 16 bytes at stride `cols` from
-                    // row t0, column 256·sb + 64i + 16e (e < 4), inside
-                    // `act.qs`; B: 4 rows of 64 bytes at 1024i + 256e inside
-                    // `wb`; C: 4 KB at 4096i inside `cbuf`. Tiles configured.
-                    unsafe {
-                        let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K + 64 * i);
-                        let b = w.add(1024 * i);
-                        let c = cbuf.0.as_mut_ptr().add(1024 * i);
-                        asm!(
-                            "tilezero tmm0",
-                            "tilezero tmm1",
-                            "tilezero tmm2",
-                            "tilezero tmm3",
-                            "tileloadd tmm4, [{a}+{sa}*1]",
-                            "tileloadd tmm6, [{b}+{s64}*1]",
-                            "tdpbssd tmm0, tmm4, tmm6",
-                            "tileloadd tmm5, [{a}+{sa}*1+16]",
-                            "tileloadd tmm7, [{b}+{s64}*1+256]",
-                            "tdpbssd tmm1, tmm5, tmm7",
-                            "tileloadd tmm4, [{a}+{sa}*1+32]",
-                            "tileloadd tmm6, [{b}+{s64}*1+512]",
-                            "tdpbssd tmm2, tmm4, tmm6",
-                            "tileloadd tmm5, [{a}+{sa}*1+48]",
-                            "tileloadd tmm7, [{b}+{s64}*1+768]",
-                            "tdpbssd tmm3, tmm5, tmm7",
-                            "tilestored [{c}+{s64}*1], tmm0",
-                            "tilestored [{c}+{s64}*1+1024], tmm1",
-                            "tilestored [{c}+{s64}*1+2048], tmm2",
-                            "tilestored [{c}+{s64}*1+3072], tmm3",
-                            a = in(reg) a,
-                            b = in(reg) b,
-                            c = in(reg) c,
-                            sa = in(reg) cols,
-                            s64 = in(reg) 64usize,
-                            options(nostack),
-                        );
-                    }
+                if sb + 1 < nb {
+                    issue(
+                        sb + 1,
+                        cbuf.0.as_mut_ptr().wrapping_add(4096 * ((sb + 1) & 1)),
+                    );
                 }
+                let cb = cbuf.0.as_ptr().wrapping_add(4096 * (sb & 1));
                 // SAFETY: scales and d inside `wb`; C rows t < tn inside
                 // `cbuf`; row t0 + t < m.
                 unsafe {
@@ -536,7 +557,7 @@ pub(super) unsafe fn q6k_groups(
                         std::array::from_fn(|k| _mm512_load_si512(w.add(4096 + 64 * k).cast()));
                     let dv = _mm512_load_ps(w.add(4096 + 1024).cast());
                     for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                        let cp = cbuf.0.as_ptr().add(16 * t);
+                        let cp = cb.add(16 * t);
                         let mut s = _mm512_setzero_si512();
                         for (k, sc) in sc.iter().enumerate() {
                             let cv = _mm512_load_si512(cp.add(256 * k).cast());
