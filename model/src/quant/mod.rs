@@ -29,8 +29,9 @@
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
-//! available), `x86_avx2` / `x86_avx512` (runtime-detected). A NEON path drops
-//! in as one more module and one more [`Isa`] variant.
+//! available), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
+//! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"). A NEON
+//! path drops in as one more module and one more [`Isa`] variant.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
