@@ -326,3 +326,41 @@ fn isa_names_round_trip() {
     assert!(Isa::Scalar.is_available());
     assert!(Isa::best().is_available());
 }
+
+#[test]
+fn every_block_size_and_thread_count_matches_the_scalar_reference() {
+    // k = 1..=24 activation rows (below and above the AMX threshold, one
+    // and two tile groups of 16, partial groups), weight rows that are not a
+    // multiple of 16 (AMX takes 16 at a time, the rest per row), and thread
+    // counts that split the rows into chunks.
+    let isas = Isa::available();
+    for f in ALL_FORMATS {
+        let cols = if is_ggml_quant(f) { 512 } else { 64 };
+        for (rows, seed) in [(53, 31), (16, 32)] {
+            let data = random_bytes_matrix(f, rows, cols, seed);
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let x = gauss_x(24, cols, seed + 100);
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let expect = one.install(|| run(Isa::Scalar, &w, &x, 24));
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for &isa in &isas {
+                    for k in 1..=24 {
+                        let got = pool.install(|| run(isa, &w, &x[..k * cols], k));
+                        assert_bits_eq(
+                            &got,
+                            &expect[..k * rows],
+                            &format!("{isa} {f:?} rows={rows} k={k} threads={threads}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -21,6 +21,8 @@ pub enum ActKind {
 
 /// `m` quantized activation rows of `cols` elements (structure of arrays).
 pub struct Act<'x> {
+    /// rows
+    pub m: usize,
     pub cols: usize,
     /// blocks per row
     pub nb: usize,
@@ -32,6 +34,9 @@ pub struct Act<'x> {
     pub d: Vec<f32>,
     /// Q8K only: 16 sums of 16 values per block: `m * cols / 16`
     pub bsums: Vec<i16>,
+    /// Q8K only: the block scales transposed, `dt[sb * m + t] = d[t * nb + sb]`
+    /// (the scales of all rows for one super-block, side by side).
+    pub dt: Vec<f32>,
     /// Q8_0, built on request by [`Act::prepare_unsigned`]: every block scale
     /// repeated 8 times (one per 32-bit lane of the block), `m * nb * 8`.
     pub d8: Vec<f32>,
@@ -50,12 +55,14 @@ impl<'x> Act<'x> {
             ActKind::Q8K => cols / QK_K,
         };
         let mut a = Act {
+            m,
             cols,
             nb,
             x,
             qs: Vec::new(),
             d: Vec::new(),
             bsums: Vec::new(),
+            dt: Vec::new(),
             d8: Vec::new(),
             corr4: Vec::new(),
         };
@@ -84,6 +91,7 @@ impl<'x> Act<'x> {
                 {
                     *d = quantize_q8k(x, q, s);
                 }
+                a.dt = (0..nb * m).map(|i| a.d[(i % m) * nb + i / m]).collect();
             }
         }
         a

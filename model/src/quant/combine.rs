@@ -1,9 +1,9 @@
 //! The floating-point half of every quantized dot product, shared by all
 //! instruction-set paths.
 //!
-//! SIMD kernels only compute *integer* block sums (exact, so their order does
-//! not matter); every float operation that turns those sums into the result is
-//! done here, in one fixed order, with separate multiplies and adds (Rust never
+//! SIMD and AMX kernels only compute *integer* block sums (exact, so their
+//! order does not matter); every float operation that turns those sums into
+//! the result is done here, in one fixed order, with separate multiplies and adds (Rust never
 //! contracts `a * b + c` into an FMA). This is what makes results identical
 //! across ISAs, thread counts and batch sizes.
 
@@ -39,26 +39,29 @@ pub fn reduce8(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// Q4_K × Q8_K super-block, lane-wise (8 lanes, kept until the row's end):
-/// `s[l] = Σ_c sc_c Σ_{k<4} q[32c+4l+k]·x[32c+4l+k]` (sub-block c, elements
-/// 4l..4l+4 of it) and `mm[l] = m_l (bsum16[2l] + bsum16[2l+1])`, both exact
-/// integers; `dd = d·dx`, `dm = dmin·dx`.
-/// `acc[l] += dd·s[l] − dm·mm[l]`.
+/// Q4_K × Q8_K super-block step (one activation row, one weight row):
+/// `s = Σ_c sc_c · Σ_{k<32} q[32c+k]·x[32c+k]` over the 8 sub-blocks and
+/// `mm = Σ_c m_c · (bsum16[2c] + bsum16[2c+1])`, both exact integers (every
+/// path computes the same integers, in any order); `dd = d·dx`,
+/// `dm = dmin·dx`. Returns `acc + (dd·s − dm·mm)`; super-blocks are stepped
+/// in order from `acc = 0`.
+///
+/// i32 bounds: |Σ_k q·x| ≤ 32·15·128 = 61,440; × sc ≤ 63, 8 sub-blocks:
+/// |s| ≤ 30,965,760. |mm| ≤ 8·63·32·128 = 2,064,384. (`s as f32` may round
+/// above 2^24, identically on every path.)
 #[inline(always)]
-pub fn q4k_lanes(acc: &mut [f32; 8], dd: f32, dm: f32, s: &[i32; 8], mm: &[i32; 8]) {
-    for l in 0..8 {
-        acc[l] += dd * s[l] as f32 - dm * mm[l] as f32;
-    }
+pub fn q4k_step(acc: f32, dd: f32, dm: f32, s: i32, mm: i32) -> f32 {
+    acc + (dd * s as f32 - dm * mm as f32)
 }
 
-/// Q6_K × Q8_K super-block, lane-wise: `s[l] = Σ_c Σ_{k<4} sc(32c+4l+k)·q·x
-/// − 32 (sc_{2l} bsum16[2l] + sc_{2l+1} bsum16[2l+1])` (q unsigned 0..64),
-/// `dd = d·dx`. `acc[l] += dd·s[l]`.
+/// Q6_K × Q8_K super-block step: `s = Σ_g sc_g · Σ_{k<16} (q[16g+k] − 32)·x[16g+k]`
+/// over the 16 groups (exact integer), `dd = d·dx`. Returns `acc + dd·s`.
+///
+/// i32 bounds: |Σ_k (q−32)·x| ≤ 16·32·128 = 65,536; × |sc| ≤ 128, 16 groups:
+/// |s| ≤ 134,217,728 < 2^31.
 #[inline(always)]
-pub fn q6k_lanes(acc: &mut [f32; 8], dd: f32, s: &[i32; 8]) {
-    for l in 0..8 {
-        acc[l] += dd * s[l] as f32;
-    }
+pub fn q6k_step(acc: f32, dd: f32, s: i32) -> f32 {
+    acc + dd * s as f32
 }
 
 /// Lanes of the f32 dot product used for F32/F16 weights.

@@ -12,17 +12,26 @@
 //! - each activation row is quantized once per call by scalar code
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
 //!   so its quantization does not depend on the other rows;
-//! - SIMD kernels compute only integer sums (per 32-bit lane: 4 products of
-//!   one block, or a K-quant lane summed over sub-blocks), which are exact;
-//!   every float operation follows the shared functions of `combine` lane for
-//!   lane in one fixed order (Q4_0/Q5_0/Q8_0: block `b` into accumulator set
-//!   `b % 4`, so consecutive blocks do not wait on one float add);
+//! - SIMD and AMX kernels only compute integer sums, which are exact; every
+//!   float operation follows the shared functions of `combine` in one fixed
+//!   order:
+//!   - Q4_K/Q6_K: the unit is the **whole super-block**: per (activation
+//!     row, weight row, super-block) one exact i32 `S = Σ_c sc_c · dot_c`
+//!     (and for Q4_K `M = Σ_c m_c · bsum_c`), then one float step
+//!     (`combine::q4k_step` / `q6k_step`) into a single accumulator, in
+//!     super-block order. No partial lane sums leak into the floats, so a
+//!     kernel may form `S` any way it likes (AMX tiles, VNNI lanes, scalar);
+//!   - Q4_0/Q5_0/Q8_0: 8 lanes of 4 products per block (exact), block `b`
+//!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
+//!     so consecutive blocks do not wait on one float add. (An AMX path for
+//!     these would first need a whole-block contract like the K-quants'.)
 //! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
-//! available), `x86_avx2` / `x86_avx512` (runtime-detected). A NEON path drops
-//! in as one more module and one more [`Isa`] variant.
+//! available), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
+//! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"). A NEON
+//! path drops in as one more module and one more [`Isa`] variant.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
@@ -143,6 +152,8 @@ mod blocks;
 mod combine;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
+mod x86_amx;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512;
@@ -184,11 +195,14 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL with VNNI.
     Avx512Vnni,
+    /// [`Isa::Avx512Vnni`] plus AMX-INT8 tiles for Q4_K/Q6_K weights times
+    /// at least [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] activation rows.
+    Amx,
 }
 
 impl Isa {
     /// Every variant, best last.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
 
     /// The name used by `TANDEM_ISA`.
     pub fn name(self) -> &'static str {
@@ -196,6 +210,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 
@@ -220,6 +235,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512Vnni.is_available() && x86_amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -297,7 +314,7 @@ fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86_avx2::row_fn(f).unwrap_or(scalar),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => x86_avx512::row_fn(f)
+        Isa::Avx512Vnni | Isa::Amx => x86_avx512::row_fn(f)
             .or_else(|| x86_avx2::row_fn(f))
             .unwrap_or(scalar),
         #[cfg(not(target_arch = "x86_64"))]
@@ -317,6 +334,33 @@ impl OutPtr {
     fn get(self) -> *mut f32 {
         self.0
     }
+}
+
+/// From this many activation rows on, [`Isa::Amx`] runs Q4_K weights on AMX
+/// tiles (below, the AVX-512 VNNI kernels; results are identical either
+/// way, so the thresholds are a speed choice only). Measured in
+/// docs/model-core.md ("AMX").
+pub const AMX_MIN_ROWS_Q4K: usize = 6;
+/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (16-element scale groups make
+/// twice as many, half-size tile products, so AMX pays later).
+pub const AMX_MIN_ROWS_Q6K: usize = 10;
+
+/// The AMX threshold for `format` (`None`: no AMX kernel), or
+/// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot
+/// change a result).
+fn amx_min_rows(format: QuantFormat) -> Option<usize> {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *V.get_or_init(|| {
+        std::env::var("TANDEM_AMX_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    let default = match format {
+        QuantFormat::Q4K => AMX_MIN_ROWS_Q4K,
+        QuantFormat::Q6K => AMX_MIN_ROWS_Q6K,
+        _ => return None,
+    };
+    Some(env.unwrap_or(default))
 }
 
 /// Below this many weight bytes × rows, a call runs on the calling thread.
@@ -360,7 +404,7 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
         return Ok(());
     }
     let mut act = Act::new(act_kind(w.format), x, m, w.cols);
-    if isa == Isa::Avx512Vnni && act_kind(w.format) == ActKind::Q8_0 {
+    if matches!(isa, Isa::Avx512Vnni | Isa::Amx) && act_kind(w.format) == ActKind::Q8_0 {
         act.prepare_unsigned(match w.format {
             QuantFormat::Q4_0 => 8,
             QuantFormat::Q5_0 => 16,
@@ -370,7 +414,32 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     let f = row_fn(isa, w.format);
     let out = OutPtr(out.as_mut_ptr());
     let rows = w.rows;
+    #[cfg(target_arch = "x86_64")]
+    let amx = (isa == Isa::Amx && amx_min_rows(w.format).is_some_and(|n| m >= n))
+        .then(|| x86_amx::AmxAct::new(&act, w.format));
+    #[cfg(not(target_arch = "x86_64"))]
+    let amx: Option<()> = None;
+    // Rows per parallel chunk are a multiple of this (AMX takes 16 weight
+    // rows per tile step; the rest of a chunk goes through `f`).
+    let align = if amx.is_some() { 16 } else { 1 };
     let run = |j0: usize, j1: usize| {
+        #[cfg(target_arch = "x86_64")]
+        let j0 = match &amx {
+            Some(amx) => {
+                let ng = (j1 - j0) / x86_amx::GROUP;
+                // SAFETY: `Isa::Amx` is available (checked above); rows
+                // j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
+                unsafe {
+                    if w.format == QuantFormat::Q4K {
+                        x86_amx::q4k_groups(w.data, rows, j0, ng, &act, amx, out)
+                    } else {
+                        x86_amx::q6k_groups(w.data, rows, j0, ng, &act, out)
+                    }
+                };
+                j0 + ng * x86_amx::GROUP
+            }
+            None => j0,
+        };
         let mut res = [0f32; TILE];
         for t0 in (0..m).step_by(TILE) {
             let tn = TILE.min(m - t0);
@@ -392,6 +461,7 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     }
     let row_bytes = (w.data.len() / rows).max(1);
     let chunk = (CHUNK_BYTES / row_bytes).clamp(1, rows.div_ceil(threads * 2).max(1));
+    let chunk = chunk.next_multiple_of(align);
     let nchunks = rows.div_ceil(chunk);
     use rayon::prelude::*;
     (0..nchunks)

@@ -118,10 +118,10 @@ pub fn row_group(
     }
 }
 
-/// Q4_K row × activation rows `t0..t0+tn` (Q8_K), lane-wise as in
-/// [`combine::q4k_lanes`].
+/// Q4_K row × activation rows `t0..t0+tn` (Q8_K): one exact integer pair
+/// per super-block, stepped in order by [`combine::q4k_step`].
 pub fn row_q4k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [[0f32; 8]; TILE];
+    let mut acc = [0f32; TILE];
     let mut u = Q4KUnpacked {
         q: [0; QK_K],
         sc: [0; 8],
@@ -134,32 +134,26 @@ pub fn row_q4k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TIL
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
             let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
-            let mut s = [0i32; 8];
-            let mut mm = [0i32; 8];
+            let mut s = 0i32;
+            let mut mm = 0i32;
             for c in 0..8 {
-                for (l, s) in s.iter_mut().enumerate() {
-                    let e: i32 = (32 * c + 4 * l..32 * c + 4 * l + 4)
-                        .map(|k| u.q[k] as i32 * xq[k] as i32)
-                        .sum();
-                    *s += u.sc[c] as i32 * e;
-                }
-            }
-            for l in 0..8 {
-                mm[l] = u.mn[l] as i32 * (bs[2 * l] as i32 + bs[2 * l + 1] as i32);
+                let e: i32 = (32 * c..32 * c + 32)
+                    .map(|k| u.q[k] as i32 * xq[k] as i32)
+                    .sum();
+                s += u.sc[c] as i32 * e;
+                mm += u.mn[c] as i32 * (bs[2 * c] as i32 + bs[2 * c + 1] as i32);
             }
             let dx = act.row_d(t0 + t)[sb];
-            combine::q4k_lanes(acc, u.d * dx, u.dmin * dx, &s, &mm);
+            *acc = combine::q4k_step(*acc, u.d * dx, u.dmin * dx, s, mm);
         }
     }
-    for t in 0..tn {
-        res[t] = combine::reduce8(&acc[t]);
-    }
+    res[..tn].copy_from_slice(&acc[..tn]);
 }
 
-/// Q6_K row × activation rows `t0..t0+tn` (Q8_K), lane-wise as in
-/// [`combine::q6k_lanes`].
+/// Q6_K row × activation rows `t0..t0+tn` (Q8_K): one exact integer per
+/// super-block, stepped in order by [`combine::q6k_step`].
 pub fn row_q6k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [[0f32; 8]; TILE];
+    let mut acc = [0f32; TILE];
     let mut u = Q6KUnpacked {
         q: [0; QK_K],
         sc: [0; 16],
@@ -169,27 +163,18 @@ pub fn row_q6k(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TIL
         unpack_q6k(b, &mut u);
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let xq = &act.row_qs(t0 + t)[sb * QK_K..(sb + 1) * QK_K];
-            let bs = &act.row_bsums(t0 + t)[sb * 16..(sb + 1) * 16];
-            let mut s = [0i32; 8];
-            for c in 0..8 {
-                for (l, s) in s.iter_mut().enumerate() {
-                    for k in 32 * c + 4 * l..32 * c + 4 * l + 4 {
-                        *s += u.sc[k / 16] as i32 * (u.q[k] as i32 * xq[k] as i32);
-                    }
-                }
-            }
-            for (l, s) in s.iter_mut().enumerate() {
-                let corr = u.sc[2 * l] as i32 * bs[2 * l] as i32
-                    + u.sc[2 * l + 1] as i32 * bs[2 * l + 1] as i32;
-                *s -= 32 * corr;
+            let mut s = 0i32;
+            for g in 0..16 {
+                let e: i32 = (16 * g..16 * g + 16)
+                    .map(|k| (u.q[k] as i32 - 32) * xq[k] as i32)
+                    .sum();
+                s += u.sc[g] as i32 * e;
             }
             let dx = act.row_d(t0 + t)[sb];
-            combine::q6k_lanes(acc, u.d * dx, &s);
+            *acc = combine::q6k_step(*acc, u.d * dx, s);
         }
     }
-    for t in 0..tn {
-        res[t] = combine::reduce8(&acc[t]);
-    }
+    res[..tn].copy_from_slice(&acc[..tn]);
 }
 
 /// F32/F16 row × f32 activation rows: 16 lanes, separate multiply and add,

@@ -149,23 +149,16 @@ pub(super) fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
     }
 }
 
-/// `acc += dd·cvt(s) − dm·cvt(mm)` lane-wise ([`combine::q4k_lanes`]).
+/// `(Σ a, Σ b)` over the 8 i32 lanes of each (exact; order free).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn q4k_float(acc: __m256, dd: f32, dm: f32, s: __m256i, mm: __m256i) -> __m256 {
-    let p = _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s));
-    let q = _mm256_mul_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(mm));
-    _mm256_add_ps(acc, _mm256_sub_ps(p, q))
-}
-
-/// `acc += dd·cvt(s)` lane-wise ([`combine::q6k_lanes`]).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn q6k_float(acc: __m256, dd: f32, s: __m256i) -> __m256 {
-    _mm256_add_ps(
-        acc,
-        _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(s)),
-    )
+pub(super) fn hsum2(a: __m256i, b: __m256i) -> (i32, i32) {
+    // [a01, a23, b01, b23 | a45, a67, b45, b67]
+    let h = _mm256_hadd_epi32(a, b);
+    let x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    // [Σa, Σb, Σa, Σb]
+    let y = _mm_hadd_epi32(x, x);
+    (_mm_cvtsi128_si32(y), _mm_extract_epi32::<1>(y))
 }
 
 /// Fixed-order sum of the 8 lanes ([`combine::reduce8`]).
@@ -187,7 +180,7 @@ pub(super) fn q4k_mins16(mn: [u8; 8]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
 }
 
-/// Q4_K row × Q8_K activation rows (lane-wise, see [`combine::q4k_lanes`]).
+/// Q4_K row × Q8_K activation rows ([`combine::q4k_step`] per super-block).
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_q4k(
     _: QuantFormat,
@@ -197,7 +190,7 @@ unsafe fn row_q4k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [_mm256_setzero_ps(); TILE];
+    let mut acc = [0f32; TILE];
     let mut q = A32([0u8; QK_K]);
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
@@ -221,15 +214,13 @@ unsafe fn row_q4k(
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
                 }
                 let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                let mm = _mm256_madd_epi16(bsv, mnv);
+                let (s, mm) = hsum2(s, _mm256_madd_epi16(bsv, mnv));
                 let dx = *ds.add(r * nb + sb);
-                *acc = q4k_float(*acc, d * dx, dmin * dx, s, mm);
+                *acc = combine::q4k_step(*acc, d * dx, dmin * dx, s, mm);
             }
         }
     }
-    for t in 0..tn {
-        res[t] = reduce8(acc[t]);
-    }
+    res[..tn].copy_from_slice(&acc[..tn]);
 }
 
 /// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
@@ -285,7 +276,7 @@ pub(super) fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
     (scv, sc16)
 }
 
-/// Q6_K row × Q8_K activation rows (lane-wise, see [`combine::q6k_lanes`]).
+/// Q6_K row × Q8_K activation rows ([`combine::q6k_step`] per super-block).
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_q6k(
     _: QuantFormat,
@@ -295,7 +286,7 @@ unsafe fn row_q6k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [_mm256_setzero_ps(); TILE];
+    let mut acc = [0f32; TILE];
     let mut q = A32([0u8; QK_K]);
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
@@ -318,12 +309,11 @@ unsafe fn row_q6k(
                 let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
                 let corr = _mm256_madd_epi16(bsv, sc16);
                 let s = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
+                let (s, _) = hsum2(s, s);
                 let dx = *ds.add(r * nb + sb);
-                *acc = q6k_float(*acc, d * dx, s);
+                *acc = combine::q6k_step(*acc, d * dx, s);
             }
         }
     }
-    for t in 0..tn {
-        res[t] = reduce8(acc[t]);
-    }
+    res[..tn].copy_from_slice(&acc[..tn]);
 }

@@ -9,8 +9,10 @@
 //! passes over the weight row, which is then in L1.
 //!
 //! - Q4_K/Q6_K: 64 weights per vector, `maddubs` + `vpdpwssd` with the
-//!   sub-block scales; the two 256-bit halves of the i32 sums are added (exact)
-//!   before the shared 8-lane float step.
+//!   sub-block scales; per super-block the i32 lanes of all rows of the pass
+//!   are reduced at once (a `hadd` tree: lane r = row r's exact sum), then
+//!   the shared float step (`combine::q4k_step` / `q6k_step`) runs for the
+//!   rows as the lanes of one vector.
 //! - Q4_0/Q5_0/Q8_0: two blocks per vector, unsigned weights `u = w + off`
 //!   (`off` = 8, 16, 128) and `vpdpbusd` started from the activations'
 //!   precomputed `−off·Σ4 x`: `Σ4 w·x = Σ4 u·x − off·Σ4 x`, exact.
@@ -23,7 +25,8 @@ use super::act::Act;
 use super::blocks::{
     cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
-use super::x86_avx2::{q4k_float, q4k_mins16, q6k_float, reduce8};
+use super::combine;
+use super::x86_avx2::{hsum2, q4k_mins16, reduce8};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
@@ -320,7 +323,51 @@ unsafe fn group_rows<const R: usize>(
     }
 }
 
-/// Q4_K weight row × activation rows `t0..t0 + R` (Q8_K).
+/// Lane r = Σ of the 8 i32 lanes of `v[r]`, for r < `R` ≤ 8 (exact; lanes
+/// from `R` on are unspecified).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_rows<const R: usize>(v: &[__m256i; R]) -> __m256i {
+    let z = _mm256_setzero_si256();
+    let g = |i: usize| if i < R { v[i] } else { z };
+    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(g(0), g(1)), _mm256_hadd_epi32(g(2), g(3)));
+    if R <= 4 {
+        // [v0..v3 low-half sums | v0..v3 high-half sums]
+        let s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+        return _mm256_zextsi128_si256(s);
+    }
+    let b = _mm256_hadd_epi32(_mm256_hadd_epi32(g(4), g(5)), _mm256_hadd_epi32(g(6), g(7)));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
+}
+
+/// The activation scales of rows `t0..t0 + R` for super-block `sb`
+/// (zeros beyond `R`).
+///
+/// # Safety
+/// Rows `t0..t0 + R` and super-block `sb` exist in `act` (Q8_K).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512vl")]
+unsafe fn row_scales<const R: usize>(act: &Act, t0: usize, sb: usize) -> __m256 {
+    // SAFETY: `dt` holds m floats per super-block; the mask reads rows t0..t0+R only.
+    unsafe { _mm256_maskz_loadu_ps(u8::MAX >> (8 - R), act.dt.as_ptr().add(sb * act.m + t0)) }
+}
+
+/// Store the first `R` lanes of `acc` into `res`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_rows<const R: usize>(acc: __m256, res: &mut [f32]) {
+    let mut a = [0f32; 8];
+    // SAFETY: 8 f32 into [f32; 8].
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
+    res[..R].copy_from_slice(&a[..R]);
+}
+
+/// Q4_K weight row × activation rows `t0..t0 + R` (Q8_K): per super-block
+/// the exact pair (S, M) of every row, reduced across the rows at once, then
+/// [`super::combine::q4k_step`] vectorized over the rows.
 ///
 /// # Safety
 /// As [`group_rows`] (Q8_K activations).
@@ -333,7 +380,8 @@ unsafe fn q4k_rows<const R: usize>(
     t0: usize,
     res: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = _mm256_setzero_ps();
+    let mut acc1 = 0f32;
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     let sh = halves16(0, 4);
@@ -355,7 +403,9 @@ unsafe fn q4k_rows<const R: usize>(
         let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], sc16));
         let mnv = q4k_mins16(mn);
         let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
-        for (r, acc) in acc.iter_mut().enumerate() {
+        let mut sv = [_mm256_setzero_si256(); R];
+        let mut mv = [_mm256_setzero_si256(); R];
+        for r in 0..R {
             let row = t0 + r;
             // SAFETY: row < m, super-block sb < nb: reads inside the activation buffers.
             unsafe {
@@ -366,18 +416,37 @@ unsafe fn q4k_rows<const R: usize>(
                     s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[k], x), scv[k]);
                 }
                 let bsv = _mm256_loadu_si256(bsums.add((row * nb + sb) * 16).cast());
-                let mm = _mm256_madd_epi16(bsv, mnv);
-                let dx = *ds.add(row * nb + sb);
-                *acc = q4k_float(*acc, d * dx, dmin * dx, fold(s), mm);
+                sv[r] = fold(s);
+                mv[r] = _mm256_madd_epi16(bsv, mnv);
             }
         }
+        if R == 1 {
+            let (s, mm) = hsum2(sv[0], mv[0]);
+            // SAFETY: row t0 < m, sb < nb.
+            let dx = unsafe { *ds.add(t0 * nb + sb) };
+            acc1 = combine::q4k_step(acc1, d * dx, dmin * dx, s, mm);
+        } else {
+            let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
+            // SAFETY: the caller's contract.
+            let dx = unsafe { row_scales::<R>(act, t0, sb) };
+            let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+            let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), dx);
+            let p = _mm256_sub_ps(
+                _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s)),
+                _mm256_mul_ps(dm, _mm256_cvtepi32_ps(mm)),
+            );
+            acc = _mm256_add_ps(acc, p);
+        }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        res[r] = reduce8(*acc);
+    if R == 1 {
+        res[0] = acc1;
+    } else {
+        store_rows::<R>(acc, res);
     }
 }
 
-/// Q6_K weight row × activation rows `t0..t0 + R` (Q8_K).
+/// Q6_K weight row × activation rows `t0..t0 + R` (Q8_K), as [`q4k_rows`]
+/// with [`super::combine::q6k_step`].
 ///
 /// # Safety
 /// As [`q4k_rows`].
@@ -390,7 +459,8 @@ unsafe fn q6k_rows<const R: usize>(
     t0: usize,
     res: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = _mm256_setzero_ps();
+    let mut acc1 = 0f32;
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     let lo4 = _mm512_set1_epi8(0xF);
@@ -426,7 +496,8 @@ unsafe fn q6k_rows<const R: usize>(
         let scz = _mm512_castsi256_si512(sc16);
         let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], scz));
         let d = f16_le(b.d);
-        for (r, acc) in acc.iter_mut().enumerate() {
+        let mut sv = [_mm256_setzero_si256(); R];
+        for r in 0..R {
             let row = t0 + r;
             // SAFETY: as in `q4k_rows`.
             unsafe {
@@ -438,13 +509,25 @@ unsafe fn q6k_rows<const R: usize>(
                 }
                 let bsv = _mm256_loadu_si256(bsums.add((row * nb + sb) * 16).cast());
                 let corr = _mm256_madd_epi16(bsv, sc16);
-                let s = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<5>(corr));
-                let dx = *ds.add(row * nb + sb);
-                *acc = q6k_float(*acc, d * dx, s);
+                sv[r] = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<5>(corr));
             }
         }
+        if R == 1 {
+            let (s, _) = hsum2(sv[0], sv[0]);
+            // SAFETY: row t0 < m, sb < nb.
+            let dx = unsafe { *ds.add(t0 * nb + sb) };
+            acc1 = combine::q6k_step(acc1, d * dx, s);
+        } else {
+            let s = hsum_rows(&sv);
+            // SAFETY: the caller's contract.
+            let dx = unsafe { row_scales::<R>(act, t0, sb) };
+            let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(s)));
+        }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        res[r] = reduce8(*acc);
+    if R == 1 {
+        res[0] = acc1;
+    } else {
+        store_rows::<R>(acc, res);
     }
 }
