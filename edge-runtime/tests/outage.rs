@@ -9,56 +9,24 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::start_switchable_proxy;
-use std::path::{Path, PathBuf};
+use common::{io_runtime, load, start_switchable_proxy, start_tiny_verifier, tiny_models, FP};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::argmax;
 use tandem_model::speculative::{generate_single, GenerateConfig};
-use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 const TOKEN: &str = "outage-test-token-0123456789";
-const FP: &str = "tiny-test-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 const MAX: usize = 200;
 /// The link goes silent when this output index is emitted...
 const SILENT_AT: usize = 6;
 /// ...for this long.
 const SILENCE: Duration = Duration::from_millis(1000);
-
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
-}
-
-fn io_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn models(dir: &Path) -> (PathBuf, PathBuf) {
-    let target = dir.join("target.gguf");
-    let draft = dir.join("draft.gguf");
-    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
-    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
-    (target, draft)
-}
-
-fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> tandem_verifier::RunningVerifier {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
-         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
-         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
-    rt.block_on(tandem_verifier::start(cfg)).unwrap()
-}
 
 /// Greedy prediction of `model` for every output position of `PROMPT + out`.
 fn greedy_predictions(model: &Qwen2Model, out: &[u32]) -> Vec<u32> {
@@ -88,7 +56,7 @@ struct Outcome {
 /// the budget the old re-open waited for.
 fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig) -> Outcome {
     let vrt = io_runtime();
-    let v = start_verifier(&vrt, target);
+    let v = start_tiny_verifier(&vrt, target, TOKEN);
     let (addr, silent) = start_switchable_proxy(&vrt, v.grpc_addr, Duration::from_millis(2));
     let cfg = EdgeConfig {
         verifier_url: Some(format!("http://{addr}")),
@@ -201,7 +169,7 @@ fn check_common(o: &Outcome) -> (usize, usize) {
 #[test]
 fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
     let dir = tempfile::tempdir().unwrap();
-    let (target_p, draft_p) = models(dir.path());
+    let (target_p, draft_p) = tiny_models(dir.path());
     let (target, draft) = (load(&target_p), load(&draft_p));
     let t = std::time::Instant::now();
     for spec in [
@@ -257,7 +225,7 @@ fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
     // Draft = target: every provisional token is the target's, so after the
     // check the whole output is the target-only output, nothing mismatched.
     let dir = tempfile::tempdir().unwrap();
-    let (target_p, _) = models(dir.path());
+    let (target_p, _) = tiny_models(dir.path());
     let target = load(&target_p);
     let t = std::time::Instant::now();
     let o = generate_through_outage(&target_p, &target_p, SpeculationConfig::default());

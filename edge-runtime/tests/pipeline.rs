@@ -7,49 +7,15 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::start_delay_proxy;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use common::{io_runtime, load, start_delay_proxy, start_tiny_verifier, tiny_models, FP};
+use std::path::Path;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
-use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 const TOKEN: &str = "pipeline-test-token-0123456789";
-const FP: &str = "tiny-test-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
-
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
-}
-
-fn io_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn models(dir: &Path) -> (PathBuf, PathBuf) {
-    let target = dir.join("target.gguf");
-    let draft = dir.join("draft.gguf");
-    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
-    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
-    (target, draft)
-}
-
-fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> tandem_verifier::RunningVerifier {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
-         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
-         [[devices]]\nid = \"dev\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
-    rt.block_on(tandem_verifier::start(cfg)).unwrap()
-}
 
 fn edge(draft: &Path, url: String, spec: SpeculationConfig) -> EdgeRuntime {
     let cfg = EdgeConfig {
@@ -74,13 +40,13 @@ fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
 #[test]
 fn pipelined_greedy_output_equals_target_only() {
     let dir = tempfile::tempdir().unwrap();
-    let (target_path, draft_path) = models(dir.path());
+    let (target_path, draft_path) = tiny_models(dir.path());
     let target = load(&target_path);
     let expected = generate_single(&target, PROMPT, &gen_cfg(1, 40), &mut |_| true)
         .unwrap()
         .tokens;
     let rt = io_runtime();
-    let v = start_verifier(&rt, &target_path);
+    let v = start_tiny_verifier(&rt, &target_path, TOKEN);
     let proxy = start_delay_proxy(&rt, v.grpc_addr, Duration::from_millis(15));
     let url = format!("http://{proxy}");
     let spec = SpeculationConfig {
@@ -121,13 +87,13 @@ fn pipelined_greedy_output_equals_target_only() {
 #[test]
 fn target_stream_output_equals_target_only_with_requests_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let (target_path, draft_path) = models(dir.path());
+    let (target_path, draft_path) = tiny_models(dir.path());
     let target = load(&target_path);
     let expected = generate_single(&target, PROMPT, &gen_cfg(1, 30), &mut |_| true)
         .unwrap()
         .tokens;
     let rt = io_runtime();
-    let v = start_verifier(&rt, &target_path);
+    let v = start_tiny_verifier(&rt, &target_path, TOKEN);
     let proxy = start_delay_proxy(&rt, v.grpc_addr, Duration::from_millis(10));
     for window in [1, 4] {
         let spec = SpeculationConfig {

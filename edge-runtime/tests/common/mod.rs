@@ -1,13 +1,56 @@
-//! Helpers shared by the speculation and outage tests: a delaying TCP proxy whose
-//! link can go silent.
+//! Helpers shared by the speculation and outage tests: tiny random models, an
+//! in-process verifier for them, and a delaying TCP proxy whose link can go silent.
 
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The tokenizer fingerprint the tiny verifiers are configured with.
+pub const FP: &str = "tiny-test-fingerprint";
+
+pub fn load(p: &Path) -> Arc<Qwen2Model> {
+    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+/// A small I/O runtime for the in-process verifier.
+pub fn io_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Writes a tiny random target and a draft-like model into `dir`: (target, draft).
+pub fn tiny_models(dir: &Path) -> (PathBuf, PathBuf) {
+    let target = dir.join("target.gguf");
+    let draft = dir.join("draft.gguf");
+    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    (target, draft)
+}
+
+/// An in-process verifier on loopback serving `target` to one device with `token`.
+pub fn start_tiny_verifier(
+    rt: &tokio::runtime::Runtime,
+    target: &Path,
+    token: &str,
+) -> tandem_verifier::RunningVerifier {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmodel_path = {target:?}\n\
+         tokenizer_fingerprint = \"{FP}\"\nmax_seq_len = 4096\ninsecure_loopback = true\n\
+         [[devices]]\nid = \"dev\"\ntoken = \"{token}\"\n"
+    );
+    let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
+    rt.block_on(tandem_verifier::start(cfg)).unwrap()
+}
 
 /// A TCP proxy that delays every chunk by `delay` in each direction.
 pub fn start_delay_proxy(
