@@ -9,16 +9,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{io_runtime, load, start_switchable_proxy, start_tiny_verifier, tiny_models, FP};
+use common::{
+    greedy_predictions, io_runtime, load, start_switchable_proxy, start_tiny_verifier,
+    target_greedy, tiny_models, FP,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::argmax;
-use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::speculative::GenerateConfig;
 
 const TOKEN: &str = "outage-test-token-0123456789";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
@@ -27,21 +28,6 @@ const MAX: usize = 200;
 const SILENT_AT: usize = 6;
 /// ...for this long.
 const SILENCE: Duration = Duration::from_millis(1000);
-
-/// Greedy prediction of `model` for every output position of `PROMPT + out`.
-fn greedy_predictions(model: &Qwen2Model, out: &[u32]) -> Vec<u32> {
-    let mut all = PROMPT.to_vec();
-    all.extend_from_slice(out);
-    let mut cache = model.new_cache();
-    let logits = model.forward(&all, 0, &mut cache).unwrap();
-    let v = model.config().vocab;
-    (0..out.len())
-        .map(|i| {
-            let row = PROMPT.len() - 1 + i;
-            argmax(&logits[row * v..(row + 1) * v])
-        })
-        .collect()
-}
 
 struct Outcome {
     g: EdgeGeneration,
@@ -171,6 +157,7 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
     let dir = tempfile::tempdir().unwrap();
     let (target_p, draft_p) = tiny_models(dir.path());
     let (target, draft) = (load(&target_p), load(&draft_p));
+    let target_only = target_greedy(&target, PROMPT, MAX);
     let t = std::time::Instant::now();
     for spec in [
         SpeculationConfig::default(),
@@ -185,8 +172,8 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
         let g = &o.g;
         // Verified tokens are the target's greedy choice given the streamed
         // prefix, provisional ones the draft's; mismatches are reported exactly.
-        let t_pred = greedy_predictions(&target, &g.tokens);
-        let d_pred = greedy_predictions(&draft, &g.tokens);
+        let t_pred = greedy_predictions(&target, PROMPT, &g.tokens);
+        let d_pred = greedy_predictions(&draft, PROMPT, &g.tokens);
         let mut mismatches = Vec::new();
         for i in 0..MAX {
             if i < first || i > last {
@@ -200,18 +187,6 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
         }
         assert_eq!(g.provisional.spans[0].mismatches, mismatches);
         assert_eq!(g.provisional.first_mismatch, mismatches.first().copied());
-        let target_only = generate_single(
-            &target,
-            PROMPT,
-            &GenerateConfig {
-                k: 1,
-                max_tokens: MAX,
-                ..GenerateConfig::default()
-            },
-            &mut |_| true,
-        )
-        .unwrap()
-        .tokens;
         assert_eq!(g.tokens[..first], target_only[..first]);
     }
     eprintln!(
@@ -230,18 +205,7 @@ fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
     let t = std::time::Instant::now();
     let o = generate_through_outage(&target_p, &target_p, SpeculationConfig::default());
     check_common(&o);
-    let want = generate_single(
-        &target,
-        PROMPT,
-        &GenerateConfig {
-            k: 1,
-            max_tokens: MAX,
-            ..GenerateConfig::default()
-        },
-        &mut |_| true,
-    )
-    .unwrap()
-    .tokens;
+    let want = target_greedy(&target, PROMPT, MAX);
     assert_eq!(o.g.tokens, want);
     assert_eq!(o.g.provisional.mismatched_tokens, 0);
     assert_eq!(o.g.provisional.first_mismatch, None);

@@ -3,13 +3,14 @@
 
 // Tests may unwrap (helpers outside #[test] functions included).
 #![allow(clippy::unwrap_used)]
+mod common;
+use common::{greedy_predictions, load, target_greedy};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-use tandem_model::sampling::argmax;
+use tandem_model::qwen2::Qwen2Model;
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_verifier::RunningVerifier;
@@ -35,10 +36,6 @@ fn models() -> Models {
         target,
         draft,
     }
-}
-
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
 }
 
 fn io_runtime() -> tokio::runtime::Runtime {
@@ -84,26 +81,8 @@ fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
     }
 }
 
-/// Greedy prediction of `model` for every output position of `prompt + out`
-/// (row i = the model's argmax for out[i] given everything before it).
-fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Vec<u32> {
-    let mut all = prompt.to_vec();
-    all.extend_from_slice(out);
-    let mut cache = model.new_cache();
-    let logits = model.forward(&all, 0, &mut cache).unwrap();
-    let v = model.config().vocab;
-    (0..out.len())
-        .map(|i| {
-            let row = prompt.len() - 1 + i;
-            argmax(&logits[row * v..(row + 1) * v])
-        })
-        .collect()
-}
-
 fn target_only(target: &Qwen2Model, max_tokens: usize) -> Vec<u32> {
-    generate_single(target, PROMPT, &gen_cfg(1, max_tokens), &mut |_| true)
-        .unwrap()
-        .tokens
+    target_greedy(target, PROMPT, max_tokens)
 }
 
 #[test]

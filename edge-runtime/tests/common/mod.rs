@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::argmax;
+use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,6 +19,34 @@ pub const FP: &str = "tiny-test-fingerprint";
 
 pub fn load(p: &Path) -> Arc<Qwen2Model> {
     Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+}
+
+/// The model's own greedy output for `prompt` (one token per forward).
+pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let cfg = GenerateConfig {
+        k: 1,
+        max_tokens,
+        ..GenerateConfig::default()
+    };
+    generate_single(model, prompt, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+/// Greedy prediction of `model` for every output position of `prompt + out`
+/// (row i = the model's argmax for out[i] given everything before it).
+pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Vec<u32> {
+    let mut all = prompt.to_vec();
+    all.extend_from_slice(out);
+    let mut cache = model.new_cache();
+    let logits = model.forward(&all, 0, &mut cache).unwrap();
+    let v = model.config().vocab;
+    (0..out.len())
+        .map(|i| {
+            let row = prompt.len() - 1 + i;
+            argmax(&logits[row * v..(row + 1) * v])
+        })
+        .collect()
 }
 
 /// A small I/O runtime for the in-process verifier.
