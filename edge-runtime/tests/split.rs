@@ -100,6 +100,19 @@ fn setup() -> Setup {
     }
 }
 
+/// The target's own greedy output for `PROMPT` (what every greedy split run
+/// must reproduce).
+fn target_greedy(m: &Setup) -> Vec<u32> {
+    generate_single(
+        &m.target,
+        PROMPT,
+        &gen_cfg(SamplingParams::default()),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens
+}
+
 fn fixed(s: usize, pin_head: bool) -> SplitConfig {
     SplitConfig {
         layer: SplitLayer::Fixed(s),
@@ -111,14 +124,7 @@ fn fixed(s: usize, pin_head: bool) -> SplitConfig {
 #[test]
 fn greedy_split_equals_the_target_for_every_split_point_with_and_without_pinned_head() {
     let m = setup();
-    let expected = generate_single(
-        &m.target,
-        PROMPT,
-        &gen_cfg(SamplingParams::default()),
-        &mut |_| true,
-    )
-    .unwrap()
-    .tokens;
+    let expected = target_greedy(&m);
     assert_eq!(expected.len(), 24);
     let rt = io_runtime();
     let v = start_verifier(&rt, &m.target_path);
@@ -212,14 +218,7 @@ fn f16_hidden_states_run_and_report_lossy() {
 #[test]
 fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
     let m = setup();
-    let expected = generate_single(
-        &m.target,
-        PROMPT,
-        &gen_cfg(SamplingParams::default()),
-        &mut |_| true,
-    )
-    .unwrap()
-    .tokens;
+    let expected = target_greedy(&m);
     // A synthetic profile: the server is 10x faster, so on loopback auto offloads
     // every block (s = 0) when the head is on the server.
     let dir = tempfile::tempdir().unwrap();
@@ -249,14 +248,7 @@ fn auto_picks_a_split_from_the_profile_and_matches_the_target() {
 #[test]
 fn a_measured_server_profile_and_round_overhead_drive_auto_and_the_prediction() {
     let m = setup();
-    let expected = generate_single(
-        &m.target,
-        PROMPT,
-        &gen_cfg(SamplingParams::default()),
-        &mut |_| true,
-    )
-    .unwrap()
-    .tokens;
+    let expected = target_greedy(&m);
     // The server's own profile says it is 10x *slower* per layer than the
     // device (as a loaded server core can be): auto keeps every block on the
     // device; the prediction charges the server's measured head time and the
