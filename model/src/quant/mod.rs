@@ -147,6 +147,32 @@ impl<'a> QMatrix<'a> {
     }
 }
 
+/// Run `kernel::<R>` over a tile's `tn` rows in passes of at most `max` rows
+/// (near-equal sizes: 9 rows in passes of 8 are 5 + 4, not 8 + 1). The
+/// literals name the instantiated pass sizes; the one after `;` takes the
+/// rest (it must be `max`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! passes {
+    ($max:expr, $kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr;
+     $($n:literal)* ; $last:literal) => {{
+        let passes = $tn.div_ceil($max);
+        let mut t = 0;
+        for p in 0..passes {
+            let r = ($tn - t).div_ceil(passes - p);
+            let out = &mut $res[t..];
+            let t1 = $t0 + t;
+            // SAFETY: the caller's contract (CPU features, rows inside `act`).
+            unsafe {
+                match r {
+                    $($n => $kernel::<$n>($format, $wrow, $act, t1, out),)*
+                    _ => $kernel::<$last>($format, $wrow, $act, t1, out),
+                }
+            }
+            t += r;
+        }
+    }};
+}
+
 mod act;
 mod blocks;
 mod combine;

@@ -1,8 +1,23 @@
-//! AVX2 kernels (x86-64, detected at run time).
+//! AVX2 kernels (x86-64, detected at run time; the path of CPUs without
+//! AVX-512, e.g. AMD Zen 3).
 //!
 //! Only the integer block sums are computed with SIMD; they are exact, so
-//! their summation order is free. The float combination calls the same
-//! `combine` functions as the scalar reference, which keeps results bit-identical.
+//! their summation order is free. The float combination does the same IEEE
+//! operations as the `combine` functions of the scalar reference, in the same
+//! order (lane-wise over rows where it is vectorized), which keeps results
+//! bit-identical.
+//!
+//! Two shapes per format, chosen by the number of activation rows `tn` of
+//! the tile (results are identical either way):
+//! - short tiles (decode, and the draft's 2–3-token catch-ups; up to
+//!   [`MAX_R_GROUP`] / [`SMALL_K`] rows): accumulators in registers, each
+//!   weight block unpacked in registers (no store and reload);
+//! - longer tiles (verify blocks, prefill): each block or super-block is
+//!   unpacked once into L1 and used for every row of the tile.
+//!
+//! For Q4_K/Q6_K, per super-block the exact sums of up to 4 rows are reduced
+//! at once (a `hadd` tree: lane r = row r) and the float step runs for those
+//! rows as the lanes of one vector.
 //! `_mm256_maddubs_epi16` saturates at ±32767: every use below multiplies an
 //! unsigned weight ≤ 128 (|Q8_0| incl. -128, Q4 ≤ 15, Q6 ≤ 63) by an activation
 //! in [-127, 127], so a pair sums to at most 2 · 128 · 127 = 32512.
@@ -11,10 +26,25 @@ use std::arch::x86_64::*;
 
 use super::act::Act;
 use super::blocks::{
-    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
+
+/// Tiles of up to this many activation rows take the Q4_0/Q5_0/Q8_0 kernel
+/// with register accumulators (each row holds [`GROUP_SETS`] 8-lane
+/// accumulators: 2 rows use 8 of the 16 registers); longer tiles unpack each
+/// block once for all their rows ([`group_tile`]).
+const MAX_R_GROUP: usize = 2;
+/// Tiles of up to this many rows take the Q4_K/Q6_K kernels that unpack in
+/// registers per pass; longer tiles unpack each super-block once into L1 for
+/// all their rows ([`q4k_tile`], [`q6k_tile`]). Measured crossover on a Zen 3
+/// core: re-unpacking per pass wins up to 3 rows, unpacking once from 4–5 on
+/// (docs/model-core.md, "AVX2").
+const SMALL_K: usize = 3;
+
+#[repr(C, align(64))]
+struct A32<const N: usize>([u8; N]);
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
@@ -25,8 +55,15 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     }
 }
 
-#[repr(C, align(64))]
-pub(super) struct A32<const N: usize>(pub [u8; N]);
+/// f16 (little-endian bytes) → f32 with F16C; exact, as `half`'s conversion
+/// in the scalar path.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16c(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(
+        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+    ))
+}
 
 /// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
 #[inline]
@@ -45,8 +82,8 @@ fn bytes_from_bits_32(bits: u32) -> __m256i {
 
 /// Unpack one Q4_0/Q5_0/Q8_0 block to 32 signed bytes.
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m256i, f32) {
+#[target_feature(enable = "avx2,f16c")]
+fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m256i, f32) {
     let lo4 = _mm256_set1_epi8(0xF);
     match format {
         QuantFormat::Q4_0 => {
@@ -55,7 +92,7 @@ pub(super) fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m25
             let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
             let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
             let v = _mm256_sub_epi8(_mm256_and_si256(v, lo4), _mm256_set1_epi8(8));
-            (v, f16_le(blk.d))
+            (v, f16c(blk.d))
         }
         QuantFormat::Q5_0 => {
             let blk = &cast::<BlockQ5_0>(wrow)[b];
@@ -67,22 +104,18 @@ pub(super) fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m25
                 _mm256_set1_epi8(0x10),
             );
             let v = _mm256_sub_epi8(_mm256_or_si256(v, hb), _mm256_set1_epi8(16));
-            (v, f16_le(blk.d))
+            (v, f16c(blk.d))
         }
         QuantFormat::Q8_0 => {
             let blk = &cast::<BlockQ8_0>(wrow)[b];
             // SAFETY: 32 bytes read from a 32-byte array.
             let v = unsafe { _mm256_loadu_si256(blk.qs.as_ptr().cast()) };
-            (v, f16_le(blk.d))
+            (v, f16c(blk.d))
         }
         _ => unreachable!(),
     }
 }
 
-/// Q4_0/Q5_0/Q8_0 row (lane-wise, see [`combine::group_block`]): each block is
-/// unpacked once (signed values and their magnitudes) and used for every
-/// activation row of the tile; `maddubs(|w|, sign(x, w))` then `madd` with ones
-/// gives the 8 exact sums of 4 products.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn row_group(
     format: QuantFormat,
@@ -92,61 +125,133 @@ unsafe fn row_group(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
+    if tn <= MAX_R_GROUP {
+        passes!(MAX_R_GROUP, group_rows, format, wrow, act, t0, tn, res; 1; 2)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { group_tile(format, wrow, act, t0, tn, res) }
+    }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q4k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    if tn <= SMALL_K {
+        passes!(SMALL_K, q4k_rows, format, wrow, act, t0, tn, res; 1 2; 3)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { q4k_tile(wrow, act, t0, tn, res) }
+    }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q6k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    if tn <= SMALL_K {
+        passes!(SMALL_K, q6k_rows, format, wrow, act, t0, tn, res; 1 2; 3)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { q6k_tile(wrow, act, t0, tn, res) }
+    }
+}
+
+/// Block `b` (accumulator set `S = b % GROUP_SETS`) × rows `t0..t0 + R`:
+/// `maddubs(|w|, sign(x, w))` then `madd` with ones gives the 8 exact sums
+/// of 4 products ([`combine::group_block`]: `acc += (dw·dx)·s`, lane-wise).
+///
+/// # Safety
+/// Rows `t0..t0 + R` exist in `act` (Q8_0) and block `b < act.nb`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn group_block<const R: usize, const S: usize>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    b: usize,
+    acc: &mut [[__m256; GROUP_SETS]; R],
+) {
     let (nb, cols) = (act.nb, act.cols);
-    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; TILE];
-    let ones = _mm256_set1_epi16(1);
     let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
-    let bsz = format.block_bytes();
-    for b in 0..nb {
-        prefetch_ahead::<1>(wrow.as_ptr().wrapping_add(b * bsz));
-        let (v, dw) = unpack_block(format, wrow, b);
-        let av = _mm256_abs_epi8(v);
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: row r < m and block b < nb: reads inside qs (m·cols) and d (m·nb).
-            unsafe {
-                let x = _mm256_loadu_si256(qs.add(r * cols + b * QK).cast());
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
-                let dwdx = _mm256_set1_ps(dw * *ds.add(r * nb + b));
-                let a = &mut acc[b % GROUP_SETS];
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
-            }
+    let (v, dw) = unpack_block(format, wrow, b);
+    let av = _mm256_abs_epi8(v);
+    let ones = _mm256_set1_epi16(1);
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let row = t0 + r;
+        // SAFETY: row < m and b < nb: reads inside qs (m·cols) and d (m·nb).
+        unsafe {
+            let x = _mm256_loadu_si256(qs.add(row * cols + b * QK).cast());
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+            let dwdx = _mm256_set1_ps(dw * *ds.add(row * nb + b));
+            acc[S] = _mm256_add_ps(acc[S], _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
         }
     }
-    for t in 0..tn {
-        res[t] = reduce_group(&acc[t]);
+}
+
+/// Q4_0/Q5_0/Q8_0 weight row × activation rows `t0..t0 + R` (Q8_0), four
+/// blocks per step so that every accumulator index is a constant (the
+/// accumulators stay in registers).
+///
+/// # Safety
+/// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn group_rows<const R: usize>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let nb = act.nb;
+    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; R];
+    let bsz = format.block_bytes();
+    let mut b = 0;
+    // SAFETY (all calls): the blocks named are < nb; the caller's contract.
+    unsafe {
+        while b + GROUP_SETS <= nb {
+            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz));
+            group_block::<R, 0>(format, wrow, act, t0, b, &mut acc);
+            group_block::<R, 1>(format, wrow, act, t0, b + 1, &mut acc);
+            group_block::<R, 2>(format, wrow, act, t0, b + 2, &mut acc);
+            group_block::<R, 3>(format, wrow, act, t0, b + 3, &mut acc);
+            b += GROUP_SETS;
+        }
+        if b < nb {
+            group_block::<R, 0>(format, wrow, act, t0, b, &mut acc);
+        }
+        if b + 1 < nb {
+            group_block::<R, 1>(format, wrow, act, t0, b + 1, &mut acc);
+        }
+        if b + 2 < nb {
+            group_block::<R, 2>(format, wrow, act, t0, b + 2, &mut acc);
+        }
+    }
+    for r in 0..R {
+        res[r] = reduce_group(&acc[r]);
     }
 }
 
 /// [`combine::reduce_group`] of four 8-lane accumulator sets.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
+fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
     reduce8(_mm256_add_ps(
         _mm256_add_ps(a[0], a[2]),
         _mm256_add_ps(a[1], a[3]),
     ))
-}
-
-/// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
-    let lo4 = _mm256_set1_epi8(0xF);
-    for c in 0..4 {
-        // SAFETY: 32 bytes at 32c within the 128-byte `qs`; stores within 256 bytes.
-        unsafe {
-            let v = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
-            _mm256_store_si256(
-                q.0.as_mut_ptr().add(64 * c).cast(),
-                _mm256_and_si256(v, lo4),
-            );
-            _mm256_store_si256(
-                q.0.as_mut_ptr().add(64 * c + 32).cast(),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v), lo4),
-            );
-        }
-    }
 }
 
 /// `(Σ a, Σ b)` over the 8 i32 lanes of each (exact; order free).
@@ -171,6 +276,47 @@ pub(super) fn reduce8(v: __m256) -> f32 {
     combine::reduce8(&a)
 }
 
+/// Lane r = Σ of the 8 i32 lanes of `v[r]`, for r < `R` ≤ 4 (exact; the
+/// other lanes are unspecified).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_rows<const R: usize>(v: &[__m256i; R]) -> __m128i {
+    let z = _mm256_setzero_si256();
+    let g = |i: usize| if i < R { v[i] } else { z };
+    // Per 128-bit half: [Σ v0, Σ v1, Σ v2, Σ v3] of that half.
+    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(g(0), g(1)), _mm256_hadd_epi32(g(2), g(3)));
+    _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a))
+}
+
+/// The activation scales of rows `t0..t0 + R` for super-block `sb` as the
+/// lanes of a vector (lanes from `R` on are 0).
+///
+/// # Safety
+/// Rows `t0..t0 + R` and super-block `sb` exist in `act` (Q8_K), `R` ≤ 4.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn row_scales<const R: usize>(act: &Act, t0: usize, sb: usize) -> __m128 {
+    let mask = _mm_set_epi32(
+        -((R > 3) as i32),
+        -((R > 2) as i32),
+        -((R > 1) as i32),
+        -((R > 0) as i32),
+    );
+    // SAFETY: `dt` holds m floats per super-block; the mask reads rows
+    // t0..t0 + R only (masked lanes are not accessed).
+    unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0), mask) }
+}
+
+/// Store the first `R` lanes of `acc` into `res`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_rows<const R: usize>(acc: __m128, res: &mut [f32]) {
+    let mut a = [0f32; 4];
+    // SAFETY: 4 f32 into [f32; 4].
+    unsafe { _mm_storeu_ps(a.as_mut_ptr(), acc) };
+    res[..R].copy_from_slice(&a[..R]);
+}
+
 /// The Q4_K mins duplicated per 16-element half: `[m0, m0, m1, m1, …]` as i16.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -180,53 +326,183 @@ pub(super) fn q4k_mins16(mn: [u8; 8]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
 }
 
-/// Q4_K row × Q8_K activation rows ([`combine::q4k_step`] per super-block).
+/// Q4_K weight row × activation rows `t0..t0 + R` (Q8_K): per super-block
+/// the exact pair (S, M) of every row ([`combine::q4k_step`]), reduced across
+/// the rows at once, then the float step for the rows as lanes:
+/// `acc + ((d·dx)·S − (dmin·dx)·M)`.
+///
+/// # Safety
+/// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn row_q4k(
+unsafe fn q4k_rows<const R: usize>(
     _: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
+    res: &mut [f32],
 ) {
-    let mut acc = [0f32; TILE];
-    let mut q = A32([0u8; QK_K]);
-    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
+    let mut acc = _mm_setzero_ps();
+    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
+    let lo4 = _mm256_set1_epi8(0xF);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         prefetch_ahead::<3>(b.qs.as_ptr());
-        unpack_q4k_values(b, &mut q);
         let (sc, mn) = q4k_scales_mins(&b.scales);
-        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j] as i16));
-        let mnv = q4k_mins16(mn);
-        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: row r < m, super-block sb < nb: all reads are inside the
-            // activation buffers (qs: m·cols, bsums: m·cols/16, d: m·nb).
-            unsafe {
-                let xq = qs.add(r * cols + sb * QK_K);
-                let mut s = _mm256_setzero_si256();
-                for (j, scv) in scv.iter().enumerate() {
-                    let x = _mm256_loadu_si256(xq.add(32 * j).cast());
-                    let w = _mm256_load_si256(q.0.as_ptr().add(32 * j).cast());
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+        let mut sv = [_mm256_setzero_si256(); R];
+        for c in 0..4 {
+            // Elements 64c..64c+32 (sub-block 2c) are the low nibbles of
+            // qs[32c..32c+32], elements 64c+32..64c+64 (2c+1) the high ones.
+            // SAFETY: 32 bytes at 32c inside the 128-byte `qs`.
+            let raw = unsafe { _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast()) };
+            let w0 = _mm256_and_si256(raw, lo4);
+            let w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4);
+            let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
+            let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            for (r, sv) in sv.iter_mut().enumerate() {
+                // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
+                unsafe {
+                    let xq = qs.add((t0 + r) * cols + sb * QK_K + 64 * c);
+                    let x0 = _mm256_loadu_si256(xq.cast());
+                    let x1 = _mm256_loadu_si256(xq.add(32).cast());
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), s0);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), s1);
+                    *sv = _mm256_add_epi32(*sv, _mm256_add_epi32(p0, p1));
                 }
-                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                let (s, mm) = hsum2(s, _mm256_madd_epi16(bsv, mnv));
-                let dx = *ds.add(r * nb + sb);
-                *acc = combine::q4k_step(*acc, d * dx, dmin * dx, s, mm);
             }
         }
+        let mnv = q4k_mins16(mn);
+        let mv: [__m256i; R] = std::array::from_fn(|r| {
+            // SAFETY: 16 sums per super-block of row t0 + r < m.
+            let bsv = unsafe { _mm256_loadu_si256(bsums.add(((t0 + r) * nb + sb) * 16).cast()) };
+            _mm256_madd_epi16(bsv, mnv)
+        });
+        let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
+        // SAFETY: the caller's contract.
+        let dx = unsafe { row_scales::<R>(act, t0, sb) };
+        let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
+        let dm = _mm_mul_ps(_mm_set1_ps(f16c(b.dmin)), dx);
+        let p = _mm_sub_ps(
+            _mm_mul_ps(dd, _mm_cvtepi32_ps(s)),
+            _mm_mul_ps(dm, _mm_cvtepi32_ps(mm)),
+        );
+        acc = _mm_add_ps(acc, p);
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    store_rows::<R>(acc, res);
+}
+
+/// Q6_K weight row × activation rows `t0..t0 + R` (Q8_K), as [`q4k_rows`]
+/// with [`combine::q6k_step`]: `acc + (d·dx)·S`, where
+/// `S = Σ_g sc_g · Σ (q − 32)·x = Σ sc·q·x − 32 · Σ_g sc_g · bsum_g`.
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q6k_rows<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let mut acc = _mm_setzero_ps();
+    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
+    let (cols, nb) = (act.cols, act.nb);
+    let lo4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(0x03);
+    let m30 = _mm256_set1_epi8(0x30);
+    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+        prefetch_ahead::<4>(b.ql.as_ptr());
+        let mut sv = [_mm256_setzero_si256(); R];
+        for h in 0..2 {
+            // Chunks 4h..4h+4 (32 values each, 0..64) from ql[64h..64h+64] and
+            // qh[32h..32h+32], as in `unpack_q6k_values` of the scalar layout.
+            // SAFETY: reads within ql (128 B) and qh (64 B).
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast()),
+                    _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast()),
+                    _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast()),
+                )
+            };
+            let w = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, lo4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, lo4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), lo4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), lo4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                ),
+            ];
+            for (i, w) in w.iter().enumerate() {
+                let c = 4 * h + i;
+                // Groups 2c and 2c + 1 (16 values each): one i16 scale per half.
+                let scv = _mm256_set_m128i(
+                    _mm_set1_epi16(b.scales[2 * c + 1] as i16),
+                    _mm_set1_epi16(b.scales[2 * c] as i16),
+                );
+                for (r, sv) in sv.iter_mut().enumerate() {
+                    // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
+                    unsafe {
+                        let x =
+                            _mm256_loadu_si256(qs.add((t0 + r) * cols + sb * QK_K + 32 * c).cast());
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*w, x), scv);
+                        *sv = _mm256_add_epi32(*sv, p);
+                    }
+                }
+            }
+        }
+        // SAFETY: 16 bytes from a [i8; 16].
+        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr().cast()) });
+        for (r, sv) in sv.iter_mut().enumerate() {
+            // SAFETY: 16 sums per super-block of row t0 + r < m.
+            let bsv = unsafe { _mm256_loadu_si256(bsums.add(((t0 + r) * nb + sb) * 16).cast()) };
+            let corr = _mm256_madd_epi16(bsv, sc16);
+            *sv = _mm256_sub_epi32(*sv, _mm256_slli_epi32::<5>(corr));
+        }
+        let s = hsum_rows(&sv);
+        // SAFETY: the caller's contract.
+        let dx = unsafe { row_scales::<R>(act, t0, sb) };
+        let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
+        acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
+    }
+    store_rows::<R>(acc, res);
+}
+/// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    for c in 0..4 {
+        // SAFETY: 32 bytes at 32c within the 128-byte `qs`; stores within 256 bytes.
+        unsafe {
+            let v = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
+            _mm256_store_si256(
+                q.0.as_mut_ptr().add(64 * c).cast(),
+                _mm256_and_si256(v, lo4),
+            );
+            _mm256_store_si256(
+                q.0.as_mut_ptr().add(64 * c + 32).cast(),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), lo4),
+            );
+        }
+    }
 }
 
 /// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
+fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
     let lo4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(0x03);
     let m30 = _mm256_set1_epi8(0x30);
@@ -264,7 +540,7 @@ pub(super) fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
 /// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
+fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
     let scv = std::array::from_fn(|c| {
         _mm256_set_m128i(
             _mm_set1_epi16(sc[2 * c + 1] as i16),
@@ -276,44 +552,177 @@ pub(super) fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
     (scv, sc16)
 }
 
-/// Q6_K row × Q8_K activation rows ([`combine::q6k_step`] per super-block).
+/// Q4_0/Q5_0/Q8_0 weight row × a tile of `tn` rows: each block is unpacked
+/// once (signed values and their magnitudes) and used for every row of the
+/// tile, whose accumulators live in L1 (only the `tn` used are initialized).
+///
+/// # Safety
+/// CPU features; rows `t0..t0 + tn` exist in `act`; `tn <= TILE`.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn row_q6k(
-    _: QuantFormat,
+unsafe fn group_tile(
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [0f32; TILE];
+    let (nb, cols) = (act.nb, act.cols);
+    let mut acc = std::mem::MaybeUninit::<[[__m256; GROUP_SETS]; TILE]>::uninit();
+    let accp = acc.as_mut_ptr().cast::<[__m256; GROUP_SETS]>();
+    for t in 0..tn {
+        // SAFETY: t < tn <= TILE: inside the array.
+        unsafe { accp.add(t).write([_mm256_setzero_ps(); GROUP_SETS]) };
+    }
+    let ones = _mm256_set1_epi16(1);
+    let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
+    let bsz = format.block_bytes();
+    for b in 0..nb {
+        prefetch_ahead::<1>(wrow.as_ptr().wrapping_add(b * bsz));
+        let (v, dw) = unpack_block(format, wrow, b);
+        let av = _mm256_abs_epi8(v);
+        for t in 0..tn {
+            let r = t0 + t;
+            // SAFETY: row r < m and block b < nb: reads inside qs (m·cols) and
+            // d (m·nb); accumulator t < tn was initialized above.
+            unsafe {
+                let x = _mm256_loadu_si256(qs.add(r * cols + b * QK).cast());
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+                let dwdx = _mm256_set1_ps(dw * *ds.add(r * nb + b));
+                let a = &mut (*accp.add(t))[b % GROUP_SETS];
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
+            }
+        }
+    }
+    for t in 0..tn {
+        // SAFETY: initialized above.
+        res[t] = reduce_group(unsafe { &*accp.add(t) });
+    }
+}
+
+/// Mask of the first `n` (≤ 4) lanes of an SSE vector.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lanes(n: usize) -> __m128i {
+    _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_set_epi32(3, 2, 1, 0))
+}
+
+/// Q4_K weight row × a tile of `tn` rows: each super-block is unpacked once
+/// into L1 and used for every row; rows go in groups of 4 whose exact (S, M)
+/// are reduced at once and stepped as the lanes of one vector, as in
+/// [`q4k_rows`].
+///
+/// # Safety
+/// CPU features; rows `t0..t0 + tn` exist in `act`; `tn <= TILE`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    let mut acc = [_mm_setzero_ps(); TILE / 4];
     let mut q = A32([0u8; QK_K]);
-    let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
+    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
+    let groups = tn.div_ceil(4);
+    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+        prefetch_ahead::<3>(b.qs.as_ptr());
+        unpack_q4k_values(b, &mut q);
+        let (sc, mn) = q4k_scales_mins(&b.scales);
+        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j] as i16));
+        let mnv = q4k_mins16(mn);
+        let (d, dmin) = (_mm_set1_ps(f16c(b.d)), _mm_set1_ps(f16c(b.dmin)));
+        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+            let n = (tn - 4 * g).min(4);
+            let mut sv = [_mm256_setzero_si256(); 4];
+            let mut mv = [_mm256_setzero_si256(); 4];
+            for i in 0..n {
+                let r = t0 + 4 * g + i;
+                // SAFETY: row r < m, super-block sb < nb: all reads are inside
+                // the activation buffers (qs: m·cols, bsums: m·cols/16).
+                unsafe {
+                    let xq = qs.add(r * cols + sb * QK_K);
+                    let mut s = _mm256_setzero_si256();
+                    for (j, scv) in scv.iter().enumerate() {
+                        let x = _mm256_loadu_si256(xq.add(32 * j).cast());
+                        let w = _mm256_load_si256(q.0.as_ptr().add(32 * j).cast());
+                        s = _mm256_add_epi32(
+                            s,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv),
+                        );
+                    }
+                    sv[i] = s;
+                    let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
+                    mv[i] = _mm256_madd_epi16(bsv, mnv);
+                }
+            }
+            let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
+            // SAFETY: `dt` holds m floats per super-block; lanes ≥ n are not read.
+            let dx =
+                unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0 + 4 * g), lanes(n)) };
+            let p = _mm_sub_ps(
+                _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)),
+                _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(mm)),
+            );
+            *acc = _mm_add_ps(*acc, p);
+        }
+    }
+    for (g, acc) in acc.iter().enumerate().take(groups) {
+        let n = (tn - 4 * g).min(4);
+        let mut a = [0f32; 4];
+        // SAFETY: 4 f32 into [f32; 4].
+        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
+        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
+    }
+}
+
+/// Q6_K weight row × a tile of `tn` rows, as [`q4k_tile`] with the Q6_K
+/// sums of [`q6k_rows`].
+///
+/// # Safety
+/// As [`q4k_tile`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    let mut acc = [_mm_setzero_ps(); TILE / 4];
+    let mut q = A32([0u8; QK_K]);
+    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
+    let (cols, nb) = (act.cols, act.nb);
+    let groups = tn.div_ceil(4);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
         prefetch_ahead::<4>(b.ql.as_ptr());
         unpack_q6k_values(b, &mut q);
         let (scv, sc16) = q6k_scale_vectors(&b.scales);
-        let d = f16_le(b.d);
-        for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let r = t0 + t;
-            // SAFETY: as in `row_q4k`.
-            unsafe {
-                let xq = qs.add(r * cols + sb * QK_K);
-                let mut s = _mm256_setzero_si256();
-                for (c, scv) in scv.iter().enumerate() {
-                    let x = _mm256_loadu_si256(xq.add(32 * c).cast());
-                    let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+        let d = _mm_set1_ps(f16c(b.d));
+        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+            let n = (tn - 4 * g).min(4);
+            let mut sv = [_mm256_setzero_si256(); 4];
+            for i in 0..n {
+                let r = t0 + 4 * g + i;
+                // SAFETY: as in `q4k_tile`.
+                unsafe {
+                    let xq = qs.add(r * cols + sb * QK_K);
+                    let mut s = _mm256_setzero_si256();
+                    for (c, scv) in scv.iter().enumerate() {
+                        let x = _mm256_loadu_si256(xq.add(32 * c).cast());
+                        let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
+                        s = _mm256_add_epi32(
+                            s,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv),
+                        );
+                    }
+                    let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
+                    let corr = _mm256_madd_epi16(bsv, sc16);
+                    sv[i] = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
                 }
-                let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                let corr = _mm256_madd_epi16(bsv, sc16);
-                let s = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
-                let (s, _) = hsum2(s, s);
-                let dx = *ds.add(r * nb + sb);
-                *acc = combine::q6k_step(*acc, d * dx, s);
             }
+            let s = hsum_rows(&sv);
+            // SAFETY: as in `q4k_tile`.
+            let dx =
+                unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0 + 4 * g), lanes(n)) };
+            *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
         }
     }
-    res[..tn].copy_from_slice(&acc[..tn]);
+    for (g, acc) in acc.iter().enumerate().take(groups) {
+        let n = (tn - 4 * g).min(4);
+        let mut a = [0f32; 4];
+        // SAFETY: 4 f32 into [f32; 4].
+        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
+        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
+    }
 }

@@ -81,34 +81,6 @@ unsafe fn broadcast32(p: *const u8) -> __m512i {
     _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(p.cast()) })
 }
 
-/// Run `kernel::<R>` over the tile's rows in passes of at most [`MAX_R`].
-macro_rules! passes {
-    ($kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr) => {{
-        // Passes of near-equal size (9 rows: 5 + 4, not 8 + 1).
-        let passes = $tn.div_ceil(MAX_R);
-        let mut t = 0;
-        for p in 0..passes {
-            let r = ($tn - t).div_ceil(passes - p);
-            let out = &mut $res[t..];
-            let t1 = $t0 + t;
-            // SAFETY: the caller's contract (CPU features, rows inside `act`).
-            unsafe {
-                match r {
-                    1 => $kernel::<1>($format, $wrow, $act, t1, out),
-                    2 => $kernel::<2>($format, $wrow, $act, t1, out),
-                    3 => $kernel::<3>($format, $wrow, $act, t1, out),
-                    4 => $kernel::<4>($format, $wrow, $act, t1, out),
-                    5 => $kernel::<5>($format, $wrow, $act, t1, out),
-                    6 => $kernel::<6>($format, $wrow, $act, t1, out),
-                    7 => $kernel::<7>($format, $wrow, $act, t1, out),
-                    _ => $kernel::<8>($format, $wrow, $act, t1, out),
-                }
-            }
-            t += r;
-        }
-    }};
-}
-
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_group(
     format: QuantFormat,
@@ -118,7 +90,7 @@ unsafe fn row_group(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(group_rows, format, wrow, act, t0, tn, res)
+    passes!(MAX_R, group_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -130,7 +102,7 @@ unsafe fn row_q4k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(q4k_rows, format, wrow, act, t0, tn, res)
+    passes!(MAX_R, q4k_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -142,7 +114,7 @@ unsafe fn row_q6k(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(q6k_rows, format, wrow, act, t0, tn, res)
+    passes!(MAX_R, q6k_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
 /// Low nibbles of 16 bytes then their high nibbles (elements 0..32 of a
