@@ -79,17 +79,24 @@ impl Net<'_> {
         hist.extend_from_slice(&held);
         let mut dists = Vec::new();
         let t0 = Instant::now();
-        // Draft time per token for the chooser, without forwards that also
-        // (pre)filled more than a couple of pending tokens (the prompt's prefill in
-        // the first round, a catch-up after target streaming).
-        let (mut timed, mut timed_ms) = (0usize, 0.0f64);
+        // Draft times for the chooser: the block's first forward (it also runs
+        // the verifier's token) apart from the later ones, without forwards that
+        // also (pre)filled more than a couple of pending tokens (the prompt's
+        // prefill in the first round, a catch-up after target streaming).
+        let (mut first, mut timed, mut timed_ms) = (None, 0usize, 0.0f64);
         while held.len() < k {
             let catch_up = run.pending.len() > 2;
+            let is_first = held.is_empty();
             let t = Instant::now();
             let (d, q) = run.draft_next(&hist)?;
+            let took = ms(t.elapsed());
             if !catch_up {
-                timed += 1;
-                timed_ms += ms(t.elapsed());
+                if is_first {
+                    first = Some(took);
+                } else {
+                    timed += 1;
+                    timed_ms += took;
+                }
             }
             hist.push(d);
             held.push(d);
@@ -99,9 +106,9 @@ impl Net<'_> {
             }
         }
         let draft_ms = ms(t0.elapsed());
-        if timed > 0 {
-            self.spec.chooser.observe_draft(timed, timed_ms);
-        }
+        self.spec
+            .chooser
+            .observe_draft_forwards(first, timed, timed_ms);
         let block = held[..k].to_vec();
         let msg = Cm::Draft(pb::Draft {
             round: self.round,
