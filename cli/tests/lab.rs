@@ -36,7 +36,13 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         col("tokens_per_s"),
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    let modes = ["target-only", "spec-k4", "adaptive", "pipeline-k4"];
+    let modes = [
+        "target-only",
+        "spec-k4",
+        "adaptive",
+        "pipeline-k4",
+        "gated-k4-0.9",
+    ];
     for m in modes {
         for p in ["lan", "fast-4g"] {
             let r = rows
@@ -54,7 +60,7 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
     }
     let draft = rows.iter().find(|r| r[mode] == "draft-only").unwrap();
     assert_eq!(draft[matches], "n/a");
-    assert_eq!(rows.len(), 9, "{csv}");
+    assert_eq!(rows.len(), 11, "{csv}");
 
     // runs.jsonl: one line per run with the per-run measurements.
     let runs_text = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
@@ -62,7 +68,7 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 18);
+    assert_eq!(recs.len(), 22);
     for r in &recs {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["generated"].as_u64().unwrap() > 0, "{r}");
@@ -97,6 +103,8 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         "draft (device):",
         "target (verifier):",
         "| / target-only |",
+        "## Uncertainty-gated verification",
+        "| lan | gated-k4-0.9 |",
         "```toml",
     ] {
         assert!(report.contains(needle), "report lacks {needle:?}");
@@ -111,7 +119,7 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
         .unwrap();
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
-    assert!(s.contains("total\t18 runs, 2 prompts"), "{s}");
+    assert!(s.contains("total\t22 runs, 2 prompts"), "{s}");
     assert!(s.contains("pipeline-k4\tfast-4g\t2 runs"), "{s}");
 
     // The default matrix: every shipped prompt id exists, the outage timeline parses.
@@ -126,6 +134,12 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
             "k must be in 1..=16",
         ),
         ("modes = [\"warp\"]\n", "unknown mode"),
+        ("modes = [\"gated-k4\"]\n", "needs a confidence"),
+        ("modes = [\"gated-k4-1.5\"]\n", "confidence must be in"),
+        (
+            "modes = [\"target-only\", \"gated-k4-0.9\"]\n[edge.gate]\nconfidence = 0.5\n",
+            "the mode sets it (gated-kN-T)",
+        ),
         (
             "modes = [\"target-only\"]\nprofiles = [\"moon\"]\n",
             "profile",

@@ -58,6 +58,56 @@ pub struct EdgeConfig {
     /// the device runs target layers `[0, s)`. Needs the target model on the
     /// device (`EdgeRuntime::set_split_target`).
     pub split: Option<crate::split::SplitConfig>,
+    /// Uncertainty-gated verification (`[gate]`; see [`GateConfig`]).
+    pub gate: GateConfig,
+}
+
+/// Uncertainty-gated verification (`[gate]`, greedy only; docs/edge.md "Gated
+/// verification"): a drafted block whose every token the draft is confident
+/// about (top-1 probability ≥ `confidence`) is shown at once as provisional and
+/// not sent; it is verified together with the next block that is sent. A
+/// provisional token the verifier disagrees with is reported (a
+/// `ProvisionalChecked` event with its position), as after an outage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GateConfig {
+    /// Minimum top-1 probability of every token of a block to skip its round
+    /// trip, in (0, 1]; 0 = off (every block is verified before it is shown).
+    pub confidence: f64,
+    /// At most this many gated tokens wait for verification; a block that
+    /// would exceed it is sent (with them). 1..=15.
+    pub max_span: usize,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self {
+            confidence: 0.0,
+            max_span: 8,
+        }
+    }
+}
+
+impl GateConfig {
+    pub fn enabled(&self) -> bool {
+        self.confidence > 0.0
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.confidence.is_finite() && (0.0..=1.0).contains(&self.confidence)) {
+            return Err(format!(
+                "gate.confidence must be in [0, 1] (0 = off), got {}",
+                self.confidence
+            ));
+        }
+        if self.max_span == 0 || self.max_span > 15 {
+            return Err(format!(
+                "gate.max_span must be in 1..=15, got {}",
+                self.max_span
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for EdgeConfig {
@@ -86,6 +136,7 @@ impl Default for EdgeConfig {
             probe_timeout_ms: 1_000,
             speculation: Default::default(),
             split: None,
+            gate: GateConfig::default(),
         }
     }
 }
@@ -144,6 +195,14 @@ impl EdgeConfig {
             return bad("need 0 < deadline_floor_ms <= deadline_max_ms".into());
         }
         self.speculation.validate().map_err(EdgeError::Config)?;
+        self.gate.validate().map_err(EdgeError::Config)?;
+        let sp = &self.speculation;
+        if self.gate.enabled() && (sp.adaptive_k || sp.pipeline || sp.target_stream) {
+            return bad(
+                "gate.confidence cannot be combined with speculation.adaptive_k, pipeline or target_stream"
+                    .into(),
+            );
+        }
         if let Some(sp) = &self.split {
             sp.validate()?;
         }

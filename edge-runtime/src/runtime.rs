@@ -30,6 +30,9 @@ use tandem_proto::v1::{
 // `Run`/`Net` directly (see `crate::adaptive`).
 #[path = "pipeline.rs"]
 mod pipeline;
+// Uncertainty-gated verification (`[gate]`), the same way.
+#[path = "gate.rs"]
+mod gate;
 
 /// Where an emitted token came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +120,12 @@ pub struct EdgeStats {
     /// alone, provisional, while they were in flight).
     #[serde(default)]
     pub background_opens: u64,
+    /// Drafted blocks shown as provisional without a round trip (`[gate]`),
+    /// and their tokens.
+    #[serde(default)]
+    pub gated_rounds: u64,
+    #[serde(default)]
+    pub gated_tokens: u64,
     /// SESSION_EVICTED / SESSION_UNKNOWN answers that made the device resend.
     pub resends: u64,
     pub timeouts: u64,
@@ -279,6 +288,7 @@ impl EdgeRuntime {
             return self.generate_local(prompt, gen, on_event);
         };
         let mut run = Run::new(&self.draft, prompt, gen, on_event)?;
+        run.want_conf = self.cfg.gate.enabled() && gen.sampling.is_greedy();
         let mut net = Net {
             cfg: &self.cfg,
             fingerprint: &self.fingerprint,
@@ -347,6 +357,12 @@ struct Run<'a, 'b> {
     stats: EdgeStats,
     report: ProvisionalReport,
     check: Option<Check>,
+    /// The open `check` is a gated span (verified with the next block sent).
+    gated: bool,
+    /// Compute `conf` in greedy drafting (gating is on).
+    want_conf: bool,
+    /// The draft's top-1 probability of its last greedy token (`want_conf`).
+    conf: f32,
     start: Instant,
     first: Option<Instant>,
 }
@@ -393,6 +409,9 @@ impl<'a, 'b> Run<'a, 'b> {
             },
             report: ProvisionalReport::default(),
             check: None,
+            gated: false,
+            want_conf: false,
+            conf: 1.0,
             start: Instant::now(),
             first: None,
         })
@@ -449,13 +468,15 @@ impl<'a, 'b> Run<'a, 'b> {
         self.stats.draft_forwards += 1;
         let params = &self.gen.sampling;
         let (t, q) = if params.is_greedy() {
-            if params.repetition_penalty == 1.0 {
-                (argmax(&logits), None)
-            } else {
-                let mut l = logits;
+            let mut l = logits;
+            if params.repetition_penalty != 1.0 {
                 apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
-                (argmax(&l), None)
             }
+            let t = argmax(&l);
+            if self.want_conf {
+                self.conf = gate::top1_prob(&l, t);
+            }
+            (t, None)
         } else {
             let q = top_k_truncate(&distribution(params, &logits, hist), self.gen.draft_top_k);
             (self.rng.sample(&q), Some(q))
@@ -676,11 +697,18 @@ impl Net<'_> {
                 }
                 continue;
             }
-            if self.spec.active() && self.split.is_none() {
+            if run.want_conf && self.split.is_none() {
+                self.gated_round(run)?;
+            } else if self.spec.active() && self.split.is_none() {
                 self.round_trip_spec(run)?;
             } else {
                 self.round_trip(run)?;
             }
+        }
+        // Gated tokens still waiting at the end: verify them now (one pass), so
+        // the report says whether they were right.
+        if run.gated && run.check.is_some() && self.stream.is_some() {
+            self.check_provisional(run)?;
         }
         Ok(())
     }
@@ -1004,22 +1032,8 @@ impl Net<'_> {
                     }
                 }
                 if differs {
-                    let resume = pb::Resume {
-                        context_tokens: run.ctx[..run.prompt_len + p + n + 1].to_vec(),
-                        next_round: self.round,
-                    };
-                    match self.exchange(Cm::Resume(resume)) {
-                        Ok((Sm::Resumed(r), _)) => {
-                            if r.context_len != (run.prompt_len + p + n + 1) as u64 {
-                                return Err(EdgeError::Protocol(
-                                    "Resumed.context_len differs".into(),
-                                ));
-                            }
-                            run.stats.check_rounds += 1;
-                            run.stats.verifier_passes += 1;
-                        }
-                        Ok(_) => return Err(EdgeError::Protocol("expected Resumed".into())),
-                        Err(e) => return self.fail(run, e),
+                    if let Step::Lost = self.resume_shown(run, run.prompt_len + p + n + 1)? {
+                        return Ok(Step::Lost);
                     }
                 }
             } else {
@@ -1034,6 +1048,27 @@ impl Net<'_> {
                 run.emit(v.next_token, TokenStatus::Verified);
                 return Ok(Step::Ok);
             }
+        }
+    }
+
+    /// After a verdict that disagreed with a shown (provisional) token: move the
+    /// verifier's session to the shown context `ctx[..upto]`.
+    fn resume_shown(&mut self, run: &mut Run<'_, '_>, upto: usize) -> Result<Step, EdgeError> {
+        let resume = pb::Resume {
+            context_tokens: run.ctx[..upto].to_vec(),
+            next_round: self.round,
+        };
+        match self.exchange(Cm::Resume(resume)) {
+            Ok((Sm::Resumed(r), _)) => {
+                if r.context_len != upto as u64 {
+                    return Err(EdgeError::Protocol("Resumed.context_len differs".into()));
+                }
+                run.stats.check_rounds += 1;
+                run.stats.verifier_passes += 1;
+                Ok(Step::Ok)
+            }
+            Ok(_) => Err(EdgeError::Protocol("expected Resumed".into())),
+            Err(e) => self.fail(run, e),
         }
     }
 

@@ -8,6 +8,12 @@
 //! the same weights (loaded with candle's own GGUF reader) side by side.
 //! `TANDEM_ISA` or `--isa` picks the kernel path; threads: rayon's global pool
 //! (`RAYON_NUM_THREADS`).
+//!
+//! `--cpu` times process CPU time instead of wall time (with
+//! `RAYON_NUM_THREADS=1` the call runs on the calling thread, so this compares
+//! kernels on a loaded machine: time spent descheduled does not count);
+//! `--no-candle` skips the candle column; `--only SUBSTR` keeps the tensors
+//! whose name or format contains SUBSTR.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -27,15 +33,45 @@ fn models_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/tandem/models")
 }
 
-/// Median seconds per call of `f`, over at least `min_time` and 5 calls.
-fn time_it(min_time: Duration, mut f: impl FnMut()) -> f64 {
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+}
+
+/// CPU time of this process so far (`CLOCK_PROCESS_CPUTIME_ID`), seconds.
+fn cpu_seconds() -> f64 {
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec; Linux x86-64/aarch64 layout.
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Median seconds per call of `f` (wall, or process CPU with `cpu`), over at
+/// least `min_time` and 5 calls.
+fn time_it(min_time: Duration, cpu: bool, mut f: impl FnMut()) -> f64 {
     f(); // warm-up
     let mut v = Vec::new();
     let start = Instant::now();
     while v.len() < 5 || (start.elapsed() < min_time && v.len() < 2000) {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), if cpu { cpu_seconds() } else { 0.0 });
         f();
-        v.push(t.elapsed().as_secs_f64());
+        v.push(if cpu {
+            cpu_seconds() - c
+        } else {
+            t.elapsed().as_secs_f64()
+        });
     }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -44,6 +80,13 @@ fn time_it(min_time: Duration, mut f: impl FnMut()) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let cpu = args.iter().any(|a| a == "--cpu");
+    let candle = !args.iter().any(|a| a == "--no-candle");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|p| args.get(p + 1))
+        .cloned();
     let min_time = Duration::from_millis(if quick { 100 } else { 400 });
     let isas: Vec<Isa> = match args.iter().position(|a| a == "--isa") {
         Some(p) => match args.get(p + 1).map(String::as_str) {
@@ -110,6 +153,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if w.format == QuantFormat::F32 || w.format == QuantFormat::F16 {
                 continue;
             }
+            if let Some(o) = &only {
+                if !name.contains(o.as_str()) && !format!("{:?}", w.format).contains(o.as_str()) {
+                    continue;
+                }
+            }
             let qt = content.tensor(&mut f, name, &Device::Cpu)?;
             let qmm = QMatMul::from_qtensor(qt)?;
             let short = file.split('-').nth(2).unwrap_or(file);
@@ -120,14 +168,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
                         .collect();
                     let mut out = vec![0f32; m * w.rows];
-                    let t = time_it(min_time, || {
+                    let t = time_it(min_time, cpu, || {
                         matmul_with_isa(*isa, &w, &x, m, &mut out).expect("matmul");
                     });
                     let xt = Tensor::from_vec(x.clone(), (m, w.cols), &Device::Cpu)?;
-                    let tc = time_it(min_time, || {
-                        let y = qmm.forward(&xt).expect("candle forward");
-                        std::hint::black_box(y);
-                    });
+                    let tc = if candle {
+                        time_it(min_time, cpu, || {
+                            let y = qmm.forward(&xt).expect("candle forward");
+                            std::hint::black_box(y);
+                        })
+                    } else {
+                        f64::NAN
+                    };
                     if m == 1 {
                         base = (t, tc);
                     }

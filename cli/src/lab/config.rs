@@ -97,6 +97,8 @@ const LAB_OWNED_EDGE_FIELDS: &[&str] = &[
     "k",
     "split",
 ];
+/// `[edge.gate]` fields the mode sets (`gated-kN-T`).
+const LAB_OWNED_GATE_FIELDS: &[&str] = &["confidence"];
 const LAB_OWNED_SPECULATION_FIELDS: &[&str] = &[
     "adaptive_k",
     "pipeline",
@@ -129,6 +131,9 @@ pub enum Mode {
         adaptive: bool,
         pipeline: bool,
     },
+    /// Speculative with fixed k and uncertainty-gated verification at
+    /// confidence `permille / 1000` (`gated-kN-T`, e.g. `gated-k4-0.95`).
+    Gated { k: usize, permille: u16 },
 }
 
 impl Mode {
@@ -166,8 +171,28 @@ impl Mode {
                         adaptive: false,
                         pipeline: true,
                     }
+                } else if let Some(r) = s.strip_prefix("gated-k") {
+                    let (k, t) = r.split_once('-').with_context(|| {
+                        format!("mode {s:?}: gated-kN-T needs a confidence T, e.g. gated-k4-0.95")
+                    })?;
+                    let tau: f64 = t
+                        .parse()
+                        .with_context(|| format!("mode {s:?}: confidence {t:?} is not a number"))?;
+                    anyhow::ensure!(
+                        tau > 0.0 && tau <= 1.0,
+                        "mode {s:?}: confidence must be in (0, 1]"
+                    );
+                    let permille = (tau * 1000.0).round();
+                    anyhow::ensure!(
+                        (permille / 1000.0 - tau).abs() < 1e-9,
+                        "mode {s:?}: confidence has more than 3 decimals"
+                    );
+                    Self::Gated {
+                        k: k_of(k)?,
+                        permille: permille as u16,
+                    }
                 } else {
-                    bail!("unknown mode {s:?} (draft-only, target-only, spec-kN, adaptive, pipeline-kN, adaptive-pipeline)")
+                    bail!("unknown mode {s:?} (draft-only, target-only, spec-kN, adaptive, pipeline-kN, adaptive-pipeline, gated-kN-T)")
                 }
             }
         })
@@ -187,6 +212,15 @@ impl Mode {
                 (false, false) => format!("spec-k{k}"),
                 (false, true) => format!("pipeline-k{k}"),
             },
+            Self::Gated { k, permille } => format!("gated-k{k}-{}", f64::from(permille) / 1000.0),
+        }
+    }
+
+    /// The gate confidence of a gated mode.
+    pub fn gate_confidence(&self) -> Option<f64> {
+        match *self {
+            Self::Gated { permille, .. } => Some(f64::from(permille) / 1000.0),
+            _ => None,
         }
     }
 }
@@ -263,6 +297,14 @@ impl LabConfig {
                     !t.contains_key(*f),
                     "[{name}] {f}: the lab sets it (per mode and run)"
                 );
+            }
+            if let Some(toml::Value::Table(g)) = t.get("gate") {
+                for f in LAB_OWNED_GATE_FIELDS {
+                    anyhow::ensure!(
+                        !g.contains_key(*f),
+                        "[{name}.gate] {f}: the mode sets it (gated-kN-T)"
+                    );
+                }
             }
             if let Some(toml::Value::Table(sp)) = t.get("speculation") {
                 for f in LAB_OWNED_SPECULATION_FIELDS {

@@ -85,6 +85,7 @@ fn speculation(mode: Mode, window: usize, base: &SpeculationConfig) -> Speculati
             s.adaptive_k = adaptive;
             s.pipeline = pipeline;
         }
+        Mode::Gated { .. } => {}
     }
     s
 }
@@ -101,7 +102,7 @@ pub fn run(args: DeviceArgs) -> Result<()> {
     let fingerprint = tok.fingerprint();
     let model = Arc::new(draft.model);
     let k = match mode {
-        Mode::Spec { k, .. } => k,
+        Mode::Spec { k, .. } | Mode::Gated { k, .. } => k,
         _ => 4,
     };
     let base = match &args.edge_config {
@@ -126,6 +127,10 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                     tokenizer_fingerprint: Some(fingerprint.clone()),
                     k,
                     speculation: speculation(mode, args.stream_window, &base.speculation),
+                    gate: tandem_edge::config::GateConfig {
+                        confidence: mode.gate_confidence().unwrap_or(0.0),
+                        ..base.gate.clone()
+                    },
                     ..base.clone()
                 };
                 e.insert(EdgeRuntime::new(model.clone(), cfg)?)

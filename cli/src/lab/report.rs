@@ -257,6 +257,10 @@ pub struct Cell {
     pub matches_target: String,
     pub pos_reached: Vec<u64>,
     pub pos_accepted: Vec<u64>,
+    /// Provisional tokens / all tokens, and of those the share the verifier
+    /// disagreed with (gated modes, outages).
+    pub provisional_share: f64,
+    pub provisional_wrong_share: f64,
 }
 
 fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
@@ -331,6 +335,9 @@ fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
                     0.0
                 },
                 passes_per_token: sum(&|r| r.verifier_passes as f64) / tk,
+                provisional_share: sum(&|r| r.provisional as f64) / tk,
+                provisional_wrong_share: sum(&|r| r.provisional_mismatched as f64)
+                    / sum(&|r| r.provisional as f64).max(1.0),
                 bytes_up_per_token: sum(&|r| r.bytes_up_per_token * r.generated as f64) / tk,
                 bytes_down_per_token: sum(&|r| r.bytes_down_per_token * r.generated as f64) / tk,
                 rtt_mean_ms: if ok.is_empty() {
@@ -498,6 +505,49 @@ fn comparisons(cells: &[Cell], profiles: &[String]) -> String {
         return "(no adaptive or pipeline modes next to fixed-k ones in this matrix)\n".into();
     }
     s
+}
+
+/// Uncertainty-gated verification: each `gated-kN-T` cell next to `spec-kN` on
+/// the same profile (round trips and uplink saved vs shown tokens that were wrong).
+fn gating(cells: &[Cell], profiles: &[String]) -> Option<String> {
+    let mut s = String::from(
+        "| profile | mode | tok/s | verifier passes / token | bytes up / token | provisional | provisional wrong | vs spec-kN tok/s | vs spec-kN passes |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut rows = 0;
+    for p in profiles {
+        for c in cells
+            .iter()
+            .filter(|c| &c.profile == p && c.mode.starts_with("gated-k"))
+        {
+            let k = c
+                .mode
+                .trim_start_matches("gated-k")
+                .split('-')
+                .next()
+                .unwrap_or("");
+            let plain = cells
+                .iter()
+                .find(|o| &o.profile == p && o.mode == format!("spec-k{k}"));
+            let ratio = |a: f64, b: Option<f64>| match b {
+                Some(b) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            rows += 1;
+            let _ = writeln!(
+                s,
+                "| {p} | {} | {:.2} | {:.2} | {:.0} | {:.0}% | {:.1}% | {} | {} |",
+                c.mode,
+                c.tokens_per_s,
+                c.passes_per_token,
+                c.bytes_up_per_token,
+                c.provisional_share * 100.0,
+                c.provisional_wrong_share * 100.0,
+                ratio(c.tokens_per_s, plain.map(|o| o.tokens_per_s)),
+                ratio(c.passes_per_token, plain.map(|o| o.passes_per_token)),
+            );
+        }
+    }
+    (rows > 0).then_some(s)
 }
 
 type Series = Vec<(String, Vec<f64>)>;
@@ -928,6 +978,11 @@ pub fn write_all(
     md.push_str("\n## Adaptive k vs the best fixed k, pipelining vs plain (tokens/s)\n\n");
     md.push_str(&comparisons(&cells, &cfg.profiles));
     md.push('\n');
+    if let Some(g) = gating(&cells, &cfg.profiles) {
+        md.push_str("## Uncertainty-gated verification (gated-kN-T vs spec-kN)\n\n");
+        md.push_str(&g);
+        md.push('\n');
+    }
     let mut adaptive = String::new();
     for c in cells.iter().filter(|c| c.mode.starts_with("adaptive")) {
         let _ = writeln!(
