@@ -20,7 +20,10 @@
 //! 3. an outage in the middle of a generation: after a few verified tokens
 //!    the proxy's timeline goes `offline` (blackhole); the edge falls back to
 //!    provisional tokens; after a few of those the link is back, the verifier
-//!    checks the provisional tokens and generation continues verified.
+//!    checks the provisional tokens and generation continues verified (this
+//!    part ends 8 verified tokens after the link is back, whatever
+//!    `--max-tokens` says: a re-open on a busy machine can take longer than
+//!    the draft needs for the rest of a short budget).
 //!
 //! Ends with a short summary. Exit code 1 when a part did not show what it
 //! should (e.g. the speculative output differs from the target's).
@@ -49,6 +52,12 @@ const OUTAGE_PROMPT: &str =
 const OUTAGE_AFTER_VERIFIED: usize = 8;
 /// Provisional tokens before the link comes back.
 const OUTAGE_PROVISIONAL: usize = 8;
+/// The outage part ends this many verified tokens after the link is back (its
+/// token budget is raised so that a slow re-open, e.g. a verifier prefilling on
+/// a busy machine while a fast draft keeps going, cannot use it all up first).
+const OUTAGE_RECOVERED: usize = 8;
+/// Token budget of the outage part (it normally stops much earlier).
+const OUTAGE_MAX_TOKENS: usize = 256;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -461,7 +470,12 @@ fn outage_part(
     let mut detected: Option<Duration> = None;
     let mut up_at: Option<Instant> = None;
     let mut recovered: Option<Duration> = None;
-    let g = edge.chat("demo-3", &messages, gen, &mut |ev| {
+    let mut verified_since_up = 0usize;
+    let gen = GenerateConfig {
+        max_tokens: gen.max_tokens.max(OUTAGE_MAX_TOKENS),
+        ..gen.clone()
+    };
+    let g = edge.chat("demo-3", &messages, &gen, &mut |ev| {
         match ev {
             EdgeEvent::Token { id, status, .. } => {
                 p.push(*id, *status);
@@ -470,6 +484,12 @@ fn outage_part(
                         verified += 1;
                         if up_at.is_some() && recovered.is_none() {
                             recovered = up_at.map(|t| t.elapsed());
+                        }
+                        if up_at.is_some() {
+                            verified_since_up += 1;
+                            if verified_since_up >= OUTAGE_RECOVERED {
+                                return false;
+                            }
                         }
                         if verified == OUTAGE_AFTER_VERIFIED && down_at.is_none() {
                             proxy.set_timeline(offline.clone());
