@@ -8,7 +8,8 @@
 
 mod common;
 use common::{
-    greedy_predictions, io_runtime, load, start_tiny_verifier, target_greedy, tiny_models, FP,
+    greedy_predictions, io_runtime, load, start_tiny_verifier, target_greedy, tiny_edge,
+    tiny_models,
 };
 use std::path::Path;
 use tandem_edge::config::GateConfig;
@@ -19,15 +20,7 @@ const TOKEN: &str = "gate-test-token-0123456789abcdef";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
 fn edge(draft: &Path, url: &str, gate: GateConfig) -> EdgeRuntime {
-    let cfg = EdgeConfig {
-        verifier_url: Some(url.into()),
-        token: Some(TOKEN.into()),
-        tokenizer_fingerprint: Some(FP.into()),
-        connect_timeout_ms: 2000,
-        gate,
-        ..EdgeConfig::default()
-    };
-    EdgeRuntime::new(load(draft), cfg).unwrap()
+    tiny_edge(draft, url, TOKEN, |c| c.gate = gate)
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {

@@ -7,26 +7,18 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{io_runtime, load, start_delay_proxy, start_tiny_verifier, tiny_models, FP};
+use common::{io_runtime, load, start_delay_proxy, start_tiny_verifier, tiny_edge, tiny_models};
 use std::path::Path;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
-use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
+use tandem_edge::{EdgeRuntime, TokenStatus};
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
 
 const TOKEN: &str = "pipeline-test-token-0123456789";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
 fn edge(draft: &Path, url: String, spec: SpeculationConfig) -> EdgeRuntime {
-    let cfg = EdgeConfig {
-        verifier_url: Some(url),
-        token: Some(TOKEN.into()),
-        tokenizer_fingerprint: Some(FP.into()),
-        connect_timeout_ms: 2000,
-        speculation: spec,
-        ..EdgeConfig::default()
-    };
-    EdgeRuntime::new(load(draft), cfg).unwrap()
+    tiny_edge(draft, &url, TOKEN, |c| c.speculation = spec)
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {

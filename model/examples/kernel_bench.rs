@@ -33,30 +33,9 @@ fn models_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/tandem/models")
 }
 
-#[repr(C)]
-struct Timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-}
-
-/// CPU time of this process so far (`CLOCK_PROCESS_CPUTIME_ID`), seconds.
-fn cpu_seconds() -> f64 {
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut ts = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a timespec; Linux x86-64/aarch64 layout.
-    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+#[path = "support/cputime.rs"]
+mod cputime;
+use cputime::cpu_seconds;
 
 /// Median seconds per call of `f` (wall, or process CPU with `cpu`), over at
 /// least `min_time` and 5 calls.

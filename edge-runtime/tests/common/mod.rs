@@ -49,6 +49,25 @@ pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Ve
         .collect()
 }
 
+/// An edge runtime with `draft` talking to the tiny verifier at `url` (plain
+/// HTTP on loopback) with `token`; `tweak` sets the rest of the config.
+pub fn tiny_edge(
+    draft: &Path,
+    url: &str,
+    token: &str,
+    tweak: impl FnOnce(&mut tandem_edge::EdgeConfig),
+) -> tandem_edge::EdgeRuntime {
+    let mut cfg = tandem_edge::EdgeConfig {
+        verifier_url: Some(url.into()),
+        token: Some(token.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        connect_timeout_ms: 2000,
+        ..tandem_edge::EdgeConfig::default()
+    };
+    tweak(&mut cfg);
+    tandem_edge::EdgeRuntime::new(load(draft), cfg).unwrap()
+}
+
 /// A small I/O runtime for the in-process verifier.
 pub fn io_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

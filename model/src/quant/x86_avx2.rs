@@ -288,25 +288,6 @@ fn hsum_rows<const R: usize>(v: &[__m256i; R]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a))
 }
 
-/// The activation scales of rows `t0..t0 + R` for super-block `sb` as the
-/// lanes of a vector (lanes from `R` on are 0).
-///
-/// # Safety
-/// Rows `t0..t0 + R` and super-block `sb` exist in `act` (Q8_K), `R` ≤ 4.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn row_scales<const R: usize>(act: &Act, t0: usize, sb: usize) -> __m128 {
-    let mask = _mm_set_epi32(
-        -((R > 3) as i32),
-        -((R > 2) as i32),
-        -((R > 1) as i32),
-        -((R > 0) as i32),
-    );
-    // SAFETY: `dt` holds m floats per super-block; the mask reads rows
-    // t0..t0 + R only (masked lanes are not accessed).
-    unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0), mask) }
-}
-
 /// Store the first `R` lanes of `acc` into `res`.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -379,7 +360,7 @@ unsafe fn q4k_rows<const R: usize>(
         });
         let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
         // SAFETY: the caller's contract.
-        let dx = unsafe { row_scales::<R>(act, t0, sb) };
+        let dx = unsafe { group_scales(act, sb, t0, R) };
         let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
         let dm = _mm_mul_ps(_mm_set1_ps(f16c(b.dmin)), dx);
         let p = _mm_sub_ps(
@@ -472,7 +453,7 @@ unsafe fn q6k_rows<const R: usize>(
         }
         let s = hsum_rows(&sv);
         // SAFETY: the caller's contract.
-        let dx = unsafe { row_scales::<R>(act, t0, sb) };
+        let dx = unsafe { group_scales(act, sb, t0, R) };
         let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
         acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
     }
@@ -600,11 +581,51 @@ unsafe fn group_tile(
     }
 }
 
-/// Mask of the first `n` (≤ 4) lanes of an SSE vector.
+/// `Σ_c madd(maddubs(q[32c..], x[32c..]), scv[c])` over the 8 chunks of a
+/// super-block: 8 i32 lanes whose sum is the exact scaled dot product.
+///
+/// # Safety
+/// 256 readable bytes at `xq`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lanes(n: usize) -> __m128i {
-    _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_set_epi32(3, 2, 1, 0))
+unsafe fn dot_chunks(xq: *const i8, q: &A32<QK_K>, scv: &[__m256i; 8]) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for (c, scv) in scv.iter().enumerate() {
+        // SAFETY: chunk c < 8 of the 256 bytes at xq and of q.
+        unsafe {
+            let x = _mm256_loadu_si256(xq.add(32 * c).cast());
+            let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+        }
+    }
+    s
+}
+
+/// The activation scales of rows `r0..r0 + n` (n ≤ 4) for super-block `sb` as
+/// SSE lanes (lanes from `n` on are 0).
+///
+/// # Safety
+/// Those rows and `sb` exist in `act` (Q8_K).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn group_scales(act: &Act, sb: usize, r0: usize, n: usize) -> __m128 {
+    let mask = _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_set_epi32(3, 2, 1, 0));
+    // SAFETY: `dt` holds m floats per super-block; masked lanes are not read.
+    unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + r0), mask) }
+}
+
+/// The lanes of the per-group accumulators into `res[..tn]` (group g holds
+/// rows 4g..4g + 4).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_groups(acc: &[__m128; TILE / 4], tn: usize, res: &mut [f32; TILE]) {
+    for (g, acc) in acc.iter().enumerate().take(tn.div_ceil(4)) {
+        let n = (tn - 4 * g).min(4);
+        let mut a = [0f32; 4];
+        // SAFETY: 4 f32 into [f32; 4].
+        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
+        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
+    }
 }
 
 /// Q4_K weight row × a tile of `tn` rows: each super-block is unpacked once
@@ -637,25 +658,14 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                 // SAFETY: row r < m, super-block sb < nb: all reads are inside
                 // the activation buffers (qs: m·cols, bsums: m·cols/16).
                 unsafe {
-                    let xq = qs.add(r * cols + sb * QK_K);
-                    let mut s = _mm256_setzero_si256();
-                    for (j, scv) in scv.iter().enumerate() {
-                        let x = _mm256_loadu_si256(xq.add(32 * j).cast());
-                        let w = _mm256_load_si256(q.0.as_ptr().add(32 * j).cast());
-                        s = _mm256_add_epi32(
-                            s,
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv),
-                        );
-                    }
-                    sv[i] = s;
+                    sv[i] = dot_chunks(qs.add(r * cols + sb * QK_K), &q, &scv);
                     let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
                     mv[i] = _mm256_madd_epi16(bsv, mnv);
                 }
             }
             let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
-            // SAFETY: `dt` holds m floats per super-block; lanes ≥ n are not read.
-            let dx =
-                unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0 + 4 * g), lanes(n)) };
+            // SAFETY: rows t0 + 4g .. + n exist, sb < nb.
+            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             let p = _mm_sub_ps(
                 _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)),
                 _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(mm)),
@@ -663,13 +673,7 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
             *acc = _mm_add_ps(*acc, p);
         }
     }
-    for (g, acc) in acc.iter().enumerate().take(groups) {
-        let n = (tn - 4 * g).min(4);
-        let mut a = [0f32; 4];
-        // SAFETY: 4 f32 into [f32; 4].
-        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
-        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
-    }
+    store_groups(&acc, tn, res);
 }
 
 /// Q6_K weight row × a tile of `tn` rows, as [`q4k_tile`] with the Q6_K
@@ -696,16 +700,7 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                 let r = t0 + 4 * g + i;
                 // SAFETY: as in `q4k_tile`.
                 unsafe {
-                    let xq = qs.add(r * cols + sb * QK_K);
-                    let mut s = _mm256_setzero_si256();
-                    for (c, scv) in scv.iter().enumerate() {
-                        let x = _mm256_loadu_si256(xq.add(32 * c).cast());
-                        let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
-                        s = _mm256_add_epi32(
-                            s,
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv),
-                        );
-                    }
+                    let s = dot_chunks(qs.add(r * cols + sb * QK_K), &q, &scv);
                     let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
                     let corr = _mm256_madd_epi16(bsv, sc16);
                     sv[i] = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
@@ -713,16 +708,9 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
             }
             let s = hsum_rows(&sv);
             // SAFETY: as in `q4k_tile`.
-            let dx =
-                unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + t0 + 4 * g), lanes(n)) };
+            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
         }
     }
-    for (g, acc) in acc.iter().enumerate().take(groups) {
-        let n = (tn - 4 * g).min(4);
-        let mut a = [0f32; 4];
-        // SAFETY: 4 f32 into [f32; 4].
-        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
-        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
-    }
+    store_groups(&acc, tn, res);
 }
