@@ -165,23 +165,8 @@ impl Net<'_> {
             draft_ms,
             reused: 0,
         });
-        // Roll the draft back to ctx_before + block[..a] (it holds ctx_before +
-        // block[..k-1], pending = [block[k-1]]).
-        let keep = ctx_before + a;
-        let cache_len = run.cache.len();
-        if cache_len >= keep {
-            run.cache.truncate(keep);
-            run.pending.clear();
-        } else {
-            run.pending = block[cache_len.saturating_sub(ctx_before)..a].to_vec();
-        }
-        run.pending.push(t);
-        for &x in &block[..a] {
-            if !run.emit(x, TokenStatus::Verified) {
-                return Ok(());
-            }
-        }
-        run.emit(t, TokenStatus::Verified);
+        // The draft holds ctx_before + block[..k-1], pending = [block[k-1]].
+        run.accept(ctx_before, &block, a, t);
         Ok(())
     }
 }

@@ -169,22 +169,8 @@ impl Net<'_> {
             }
             return Ok(());
         }
-        // Roll the draft back to ctx_before + d1..dn (it holds ctx_before + held).
-        let keep = ctx_before + n;
-        let cache_len = run.cache.len();
-        if cache_len >= keep {
-            run.cache.truncate(keep);
-            run.pending.clear();
-        } else {
-            run.pending = held[cache_len.saturating_sub(ctx_before)..n].to_vec();
-        }
-        run.pending.push(t);
-        for &x in &block[..n] {
-            if !run.emit(x, TokenStatus::Verified) {
-                return Ok(());
-            }
-        }
-        run.emit(t, TokenStatus::Verified);
+        // The draft holds ctx_before + a prefix of `held` (+ pending).
+        run.accept(ctx_before, &held, n, t);
         Ok(())
     }
 

@@ -502,6 +502,29 @@ impl<'a, 'b> Run<'a, 'b> {
         Ok(())
     }
 
+    /// Applies a verdict: `n` of `drafted` (drafted from a context of
+    /// `ctx_before` tokens; the draft cache holds ctx_before + a prefix of them,
+    /// the rest is pending) are accepted, then the verifier's token `t`. Rolls
+    /// the draft back to ctx_before + drafted[..n], queues `t`, and emits
+    /// drafted[..n] and `t` as verified.
+    fn accept(&mut self, ctx_before: usize, drafted: &[u32], n: usize, t: u32) {
+        let keep = ctx_before + n;
+        let cache_len = self.cache.len();
+        if cache_len >= keep {
+            self.cache.truncate(keep);
+            self.pending.clear();
+        } else {
+            self.pending = drafted[cache_len.saturating_sub(ctx_before)..n].to_vec();
+        }
+        self.pending.push(t);
+        for &x in &drafted[..n] {
+            if !self.emit(x, TokenStatus::Verified) {
+                return;
+            }
+        }
+        self.emit(t, TokenStatus::Verified);
+    }
+
     /// Undo a drafted block whose verdict never came: the draft holds `ctx`.
     fn rollback_unverified(&mut self) {
         let keep = self.ctx.len() - 1;
@@ -1174,23 +1197,7 @@ impl Net<'_> {
         run.stats.drafted += k as u64;
         run.stats.accepted += v.accepted as u64;
         run.stats.verifier_passes += 1;
-        let n = v.accepted as usize;
-        // The draft cache holds ctx_before + d1..d(k-1); keep ctx_before + d1..dn.
-        let keep = ctx_before + n;
-        if run.cache.len() >= keep {
-            run.cache.truncate(keep);
-            run.pending.clear();
-        } else {
-            // All k accepted: dk is pending already.
-            run.pending = vec![block[k - 1]];
-        }
-        for &t in &block[..n] {
-            if !run.emit(t, TokenStatus::Verified) {
-                return Ok(());
-            }
-        }
-        run.pending.push(v.next_token);
-        run.emit(v.next_token, TokenStatus::Verified);
+        run.accept(ctx_before, &block, v.accepted as usize, v.next_token);
         Ok(())
     }
 }
