@@ -729,8 +729,10 @@ impl Net<'_> {
             }
         }
         // Gated tokens still waiting at the end: verify them now (one pass), so
-        // the report says whether they were right.
-        if run.gated && run.check.is_some() && self.stream.is_some() {
+        // the report says whether they were right (not after a cancel: nobody
+        // is listening).
+        let cancelled = run.stop == Some(StopReason::Cancelled);
+        if run.gated && run.check.is_some() && self.stream.is_some() && !cancelled {
             self.check_provisional(run)?;
         }
         Ok(())
