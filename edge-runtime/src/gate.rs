@@ -25,20 +25,6 @@
 use super::*;
 use crate::adaptive::RoundRecord;
 
-/// Softmax probability of token `t` under `logits` (its top-1 probability when
-/// `t` is the argmax).
-pub(super) fn top1_prob(logits: &[f32], t: u32) -> f32 {
-    let Some(&m) = logits.get(t as usize) else {
-        return 0.0;
-    };
-    let z: f64 = logits.iter().map(|&l| f64::from(l - m).exp()).sum();
-    if z.is_finite() && z > 0.0 {
-        (1.0 / z) as f32
-    } else {
-        0.0
-    }
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }

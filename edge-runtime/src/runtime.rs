@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::{
-    apply_repetition_penalty, argmax, distribution, top_k_truncate, Distribution, Sampler,
-    SamplingParams,
+    apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
+    Sampler, SamplingParams,
 };
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::Tokenizer;
@@ -474,7 +474,7 @@ impl<'a, 'b> Run<'a, 'b> {
             }
             let t = argmax(&l);
             if self.want_conf {
-                self.conf = gate::top1_prob(&l, t);
+                self.conf = token_prob(&l, t);
             }
             (t, None)
         } else {

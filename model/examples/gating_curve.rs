@@ -29,6 +29,7 @@
 use std::path::PathBuf;
 
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::{argmax, token_prob};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
 fn models_dir() -> PathBuf {
@@ -39,16 +40,10 @@ fn models_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/tandem/models")
 }
 
+/// The greedy token and the softmax probability the model gives it.
 fn argmax_prob(logits: &[f32]) -> (u32, f32) {
-    let (mut best, mut bi) = (f32::NEG_INFINITY, 0usize);
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best {
-            best = v;
-            bi = i;
-        }
-    }
-    let z: f64 = logits.iter().map(|&v| ((v - best) as f64).exp()).sum();
-    (bi as u32, (1.0 / z) as f32)
+    let t = argmax(logits);
+    (t, token_prob(logits, t))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

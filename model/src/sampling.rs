@@ -113,6 +113,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
+/// Softmax probability of token `t` under `logits` (temperature 1), computed in
+/// f64 relative to `logits[t]`: the draft's confidence in its greedy token when
+/// `t` is the [`argmax`]. 0 when `t` is out of range or the sum is not finite.
+pub fn token_prob(logits: &[f32], t: u32) -> f32 {
+    let Some(&m) = logits.get(t as usize) else {
+        return 0.0;
+    };
+    let z: f64 = logits.iter().map(|&l| f64::from(l - m).exp()).sum();
+    if z.is_finite() && z > 0.0 {
+        (1.0 / z) as f32
+    } else {
+        0.0
+    }
+}
+
 /// A probability distribution over token ids, stored sparsely.
 ///
 /// Entries are `(token, prob)` sorted by ascending token id, token ids are unique,

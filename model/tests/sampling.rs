@@ -6,8 +6,8 @@
 mod verify_support;
 
 use tandem_model::sampling::{
-    apply_repetition_penalty, argmax, distribution, top_k_truncate, Distribution, Sampler,
-    SamplingParams, REPETITION_WINDOW,
+    apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
+    Sampler, SamplingParams, REPETITION_WINDOW,
 };
 use tandem_model::ModelError;
 
@@ -179,6 +179,22 @@ fn params_serde_round_trip_and_defaults_for_missing_fields() {
 }
 
 // ---------- argmax ----------
+
+#[test]
+fn token_prob_is_the_softmax_probability() {
+    assert!((token_prob(&[0.0; 4], 2) - 0.25).abs() < 1e-7);
+    let l = [1.0f32, 3.0, 2.0];
+    let z: f64 = l.iter().map(|&v| f64::from(v).exp()).sum();
+    for t in 0..3u32 {
+        let want = f64::from(l[t as usize]).exp() / z;
+        assert!(
+            (f64::from(token_prob(&l, t)) - want).abs() < 1e-6,
+            "token {t}"
+        );
+    }
+    assert_eq!(token_prob(&l, 3), 0.0, "out of range");
+    assert_eq!(token_prob(&[0.0, f32::INFINITY], 0), 0.0, "sum not finite");
+}
 
 #[test]
 fn argmax_breaks_ties_toward_lowest_index_and_ignores_nan() {
