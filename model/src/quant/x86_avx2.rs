@@ -167,9 +167,27 @@ unsafe fn row_q6k(
     }
 }
 
-/// Block `b` (accumulator set `S = b % GROUP_SETS`) × rows `t0..t0 + R`:
-/// `maddubs(|w|, sign(x, w))` then `madd` with ones gives the 8 exact sums
-/// of 4 products ([`combine::group_block`]: `acc += (dw·dx)·s`, lane-wise).
+/// One block (signed values `v`, magnitudes `av`) × one activation row at
+/// `xp`: `maddubs(|w|, sign(x, w))` then `madd` with ones gives the 8 exact
+/// sums of 4 products `s`; returns `dwdx·s` lane-wise, the term that
+/// [`combine::group_block`] adds to its accumulator set.
+///
+/// # Safety
+/// 32 readable bytes at `xp`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn group_term(v: __m256i, av: __m256i, xp: *const i8, dwdx: f32) -> __m256 {
+    // SAFETY: the caller's contract.
+    let x = unsafe { _mm256_loadu_si256(xp.cast()) };
+    let s = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)),
+        _mm256_set1_epi16(1),
+    );
+    _mm256_mul_ps(_mm256_set1_ps(dwdx), _mm256_cvtepi32_ps(s))
+}
+
+/// Block `b` (accumulator set `S = b % GROUP_SETS`) × rows `t0..t0 + R`
+/// ([`group_term`] per row).
 ///
 /// # Safety
 /// Rows `t0..t0 + R` exist in `act` (Q8_0) and block `b < act.nb`.
@@ -187,15 +205,17 @@ unsafe fn group_block<const R: usize, const S: usize>(
     let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
     let (v, dw) = unpack_block(format, wrow, b);
     let av = _mm256_abs_epi8(v);
-    let ones = _mm256_set1_epi16(1);
     for (r, acc) in acc.iter_mut().enumerate() {
         let row = t0 + r;
         // SAFETY: row < m and b < nb: reads inside qs (m·cols) and d (m·nb).
         unsafe {
-            let x = _mm256_loadu_si256(qs.add(row * cols + b * QK).cast());
-            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
-            let dwdx = _mm256_set1_ps(dw * *ds.add(row * nb + b));
-            acc[S] = _mm256_add_ps(acc[S], _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
+            let term = group_term(
+                v,
+                av,
+                qs.add(row * cols + b * QK),
+                dw * *ds.add(row * nb + b),
+            );
+            acc[S] = _mm256_add_ps(acc[S], term);
         }
     }
 }
@@ -288,14 +308,14 @@ fn hsum_rows<const R: usize>(v: &[__m256i; R]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a))
 }
 
-/// Store the first `R` lanes of `acc` into `res`.
+/// The first `out.len()` (≤ 4) lanes of `acc` into `out`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn store_rows<const R: usize>(acc: __m128, res: &mut [f32]) {
+fn store_lanes(acc: __m128, out: &mut [f32]) {
     let mut a = [0f32; 4];
     // SAFETY: 4 f32 into [f32; 4].
     unsafe { _mm_storeu_ps(a.as_mut_ptr(), acc) };
-    res[..R].copy_from_slice(&a[..R]);
+    out.copy_from_slice(&a[..out.len()]);
 }
 
 /// The Q4_K mins duplicated per 16-element half: `[m0, m0, m1, m1, …]` as i16.
@@ -326,18 +346,12 @@ unsafe fn q4k_rows<const R: usize>(
     let mut acc = _mm_setzero_ps();
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
-    let lo4 = _mm256_set1_epi8(0xF);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         prefetch_ahead::<3>(b.qs.as_ptr());
         let (sc, mn) = q4k_scales_mins(&b.scales);
         let mut sv = [_mm256_setzero_si256(); R];
         for c in 0..4 {
-            // Elements 64c..64c+32 (sub-block 2c) are the low nibbles of
-            // qs[32c..32c+32], elements 64c+32..64c+64 (2c+1) the high ones.
-            // SAFETY: 32 bytes at 32c inside the 128-byte `qs`.
-            let raw = unsafe { _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast()) };
-            let w0 = _mm256_and_si256(raw, lo4);
-            let w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4);
+            let (w0, w1) = q4k_pair(b, c);
             let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
             let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
             for (r, sv) in sv.iter_mut().enumerate() {
@@ -369,7 +383,7 @@ unsafe fn q4k_rows<const R: usize>(
         );
         acc = _mm_add_ps(acc, p);
     }
-    store_rows::<R>(acc, res);
+    store_lanes(acc, &mut res[..R]);
 }
 
 /// Q6_K weight row × activation rows `t0..t0 + R` (Q8_K), as [`q4k_rows`]
@@ -390,66 +404,27 @@ unsafe fn q6k_rows<const R: usize>(
     let mut acc = _mm_setzero_ps();
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
-    let lo4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(0x03);
-    let m30 = _mm256_set1_epi8(0x30);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
         prefetch_ahead::<4>(b.ql.as_ptr());
+        let (scv, sc16) = q6k_scale_vectors(&b.scales);
         let mut sv = [_mm256_setzero_si256(); R];
         for h in 0..2 {
-            // Chunks 4h..4h+4 (32 values each, 0..64) from ql[64h..64h+64] and
-            // qh[32h..32h+32], as in `unpack_q6k_values` of the scalar layout.
-            // SAFETY: reads within ql (128 B) and qh (64 B).
-            let (ql0, ql1, qh) = unsafe {
-                (
-                    _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast()),
-                    _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast()),
-                    _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast()),
-                )
-            };
-            let w = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, lo4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, lo4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), lo4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), lo4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                ),
-            ];
-            for (i, w) in w.iter().enumerate() {
+            for (i, w) in q6k_half(b, h).iter().enumerate() {
                 let c = 4 * h + i;
-                // Groups 2c and 2c + 1 (16 values each): one i16 scale per half.
-                let scv = _mm256_set_m128i(
-                    _mm_set1_epi16(b.scales[2 * c + 1] as i16),
-                    _mm_set1_epi16(b.scales[2 * c] as i16),
-                );
                 for (r, sv) in sv.iter_mut().enumerate() {
                     // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
                     unsafe {
                         let x =
                             _mm256_loadu_si256(qs.add((t0 + r) * cols + sb * QK_K + 32 * c).cast());
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*w, x), scv);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*w, x), scv[c]);
                         *sv = _mm256_add_epi32(*sv, p);
                     }
                 }
             }
         }
-        // SAFETY: 16 bytes from a [i8; 16].
-        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr().cast()) });
         for (r, sv) in sv.iter_mut().enumerate() {
             // SAFETY: 16 sums per super-block of row t0 + r < m.
-            let bsv = unsafe { _mm256_loadu_si256(bsums.add(((t0 + r) * nb + sb) * 16).cast()) };
-            let corr = _mm256_madd_epi16(bsv, sc16);
-            *sv = _mm256_sub_epi32(*sv, _mm256_slli_epi32::<5>(corr));
+            *sv = unsafe { q6k_offset(*sv, bsums.add(((t0 + r) * nb + sb) * 16), sc16) };
         }
         let s = hsum_rows(&sv);
         // SAFETY: the caller's contract.
@@ -457,65 +432,96 @@ unsafe fn q6k_rows<const R: usize>(
         let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
         acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
     }
-    store_rows::<R>(acc, res);
+    store_lanes(acc, &mut res[..R]);
 }
+/// Sub-blocks 2c and 2c + 1 (c < 4) of a Q4_K super-block as bytes 0..16:
+/// elements 64c..64c+32 are the low nibbles of qs[32c..32c+32], elements
+/// 64c+32..64c+64 the high ones.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4k_pair(b: &BlockQ4K, c: usize) -> (__m256i, __m256i) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    // SAFETY: 32 bytes at 32c (c < 4) inside the 128-byte `qs`.
+    let raw = unsafe { _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast()) };
+    (
+        _mm256_and_si256(raw, lo4),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4),
+    )
+}
+
 /// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
-    let lo4 = _mm256_set1_epi8(0xF);
     for c in 0..4 {
-        // SAFETY: 32 bytes at 32c within the 128-byte `qs`; stores within 256 bytes.
+        let (lo, hi) = q4k_pair(b, c);
+        // SAFETY: stores within the 256 bytes of `q`.
         unsafe {
-            let v = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
-            _mm256_store_si256(
-                q.0.as_mut_ptr().add(64 * c).cast(),
-                _mm256_and_si256(v, lo4),
-            );
-            _mm256_store_si256(
-                q.0.as_mut_ptr().add(64 * c + 32).cast(),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v), lo4),
-            );
+            _mm256_store_si256(q.0.as_mut_ptr().add(64 * c).cast(), lo);
+            _mm256_store_si256(q.0.as_mut_ptr().add(64 * c + 32).cast(), hi);
         }
     }
+}
+
+/// Chunks 4h..4h+4 (h < 2; 32 values 0..64 each, element order) of a Q6_K
+/// super-block, from ql[64h..64h+64] and qh[32h..32h+32].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6k_half(b: &BlockQ6K, h: usize) -> [__m256i; 4] {
+    let lo4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(0x03);
+    let m30 = _mm256_set1_epi8(0x30);
+    // SAFETY: reads within ql (128 B) and qh (64 B) for h < 2.
+    let (ql0, ql1, qh) = unsafe {
+        (
+            _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast()),
+            _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast()),
+            _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast()),
+        )
+    };
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, lo4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, lo4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), lo4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), lo4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        ),
+    ]
 }
 
 /// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
-    let lo4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(0x03);
-    let m30 = _mm256_set1_epi8(0x30);
     for h in 0..2 {
-        // SAFETY: reads within ql (128 B) and qh (64 B); stores within 256 bytes.
-        unsafe {
-            let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
-            let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
-            let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
-            let e0 = _mm256_or_si256(
-                _mm256_and_si256(ql0, lo4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2)),
-            );
-            let e1 = _mm256_or_si256(
-                _mm256_and_si256(ql1, lo4),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-            );
-            let e2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), lo4),
-                _mm256_and_si256(qh, m30),
-            );
-            let e3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), lo4),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-            );
-            let o = q.0.as_mut_ptr().add(128 * h);
-            _mm256_store_si256(o.cast(), e0);
-            _mm256_store_si256(o.add(32).cast(), e1);
-            _mm256_store_si256(o.add(64).cast(), e2);
-            _mm256_store_si256(o.add(96).cast(), e3);
+        for (i, e) in q6k_half(b, h).into_iter().enumerate() {
+            // SAFETY: chunk 4h + i < 8: a store within the 256 bytes of `q`.
+            unsafe { _mm256_store_si256(q.0.as_mut_ptr().add(32 * (4 * h + i)).cast(), e) };
         }
     }
+}
+
+/// `s − 32 · Σ_g sc_g · bsum_g`: turns the sums of `sc · q · x` (q in 0..64)
+/// into those of `sc · (q − 32) · x` ([`combine::q6k_step`]).
+///
+/// # Safety
+/// 16 readable i16 sums at `bs` (one row's super-block).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q6k_offset(s: __m256i, bs: *const i16, sc16: __m256i) -> __m256i {
+    // SAFETY: the caller's contract.
+    let bsv = unsafe { _mm256_loadu_si256(bs.cast()) };
+    _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsv, sc16)))
 }
 
 /// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16.
@@ -555,7 +561,6 @@ unsafe fn group_tile(
         // SAFETY: t < tn <= TILE: inside the array.
         unsafe { accp.add(t).write([_mm256_setzero_ps(); GROUP_SETS]) };
     }
-    let ones = _mm256_set1_epi16(1);
     let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
     let bsz = format.block_bytes();
     for b in 0..nb {
@@ -567,11 +572,9 @@ unsafe fn group_tile(
             // SAFETY: row r < m and block b < nb: reads inside qs (m·cols) and
             // d (m·nb); accumulator t < tn was initialized above.
             unsafe {
-                let x = _mm256_loadu_si256(qs.add(r * cols + b * QK).cast());
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
-                let dwdx = _mm256_set1_ps(dw * *ds.add(r * nb + b));
+                let term = group_term(v, av, qs.add(r * cols + b * QK), dw * *ds.add(r * nb + b));
                 let a = &mut (*accp.add(t))[b % GROUP_SETS];
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(dwdx, _mm256_cvtepi32_ps(s)));
+                *a = _mm256_add_ps(*a, term);
             }
         }
     }
@@ -621,10 +624,7 @@ unsafe fn group_scales(act: &Act, sb: usize, r0: usize, n: usize) -> __m128 {
 fn store_groups(acc: &[__m128; TILE / 4], tn: usize, res: &mut [f32; TILE]) {
     for (g, acc) in acc.iter().enumerate().take(tn.div_ceil(4)) {
         let n = (tn - 4 * g).min(4);
-        let mut a = [0f32; 4];
-        // SAFETY: 4 f32 into [f32; 4].
-        unsafe { _mm_storeu_ps(a.as_mut_ptr(), *acc) };
-        res[4 * g..4 * g + n].copy_from_slice(&a[..n]);
+        store_lanes(*acc, &mut res[4 * g..4 * g + n]);
     }
 }
 
@@ -701,9 +701,7 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                 // SAFETY: as in `q4k_tile`.
                 unsafe {
                     let s = dot_chunks(qs.add(r * cols + sb * QK_K), &q, &scv);
-                    let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                    let corr = _mm256_madd_epi16(bsv, sc16);
-                    sv[i] = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(corr));
+                    sv[i] = q6k_offset(s, bsums.add((r * nb + sb) * 16), sc16);
                 }
             }
             let s = hsum_rows(&sv);
