@@ -83,21 +83,35 @@ impl CircuitBreaker {
     }
 }
 
-/// The last RTT samples of verify round trips.
+/// The last RTT samples of verify round trips, each with the work it carried:
+/// the number of positions the verifier's forward covered. Deadlines scale with
+/// that work, so a 16-token check of provisional text after an outage is not
+/// held to a deadline measured on 5-token verifies (it was, and a healthy
+/// verifier was declared dead again and again: docs/edge.md "Deadlines").
 #[derive(Clone, Debug, Default)]
 pub struct RttTracker {
-    samples: VecDeque<f64>,
+    samples: VecDeque<RttSample>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RttSample {
+    ms: f64,
+    positions: usize,
 }
 
 /// How many recent samples the tracker keeps.
 pub const RTT_WINDOW: usize = 64;
 
 impl RttTracker {
-    pub fn record(&mut self, rtt: Duration) {
+    /// One round trip whose verifier forward covered `positions` tokens.
+    pub fn record(&mut self, rtt: Duration, positions: usize) {
         if self.samples.len() == RTT_WINDOW {
             self.samples.pop_front();
         }
-        self.samples.push_back(rtt.as_secs_f64() * 1000.0);
+        self.samples.push_back(RttSample {
+            ms: rtt.as_secs_f64() * 1000.0,
+            positions: positions.max(1),
+        });
     }
 
     pub fn len(&self) -> usize {
@@ -112,24 +126,33 @@ impl RttTracker {
         if self.samples.is_empty() {
             return None;
         }
-        Some(self.samples.iter().sum::<f64>() / self.samples.len() as f64)
+        Some(self.samples.iter().map(|s| s.ms).sum::<f64>() / self.samples.len() as f64)
     }
 
-    /// 95th percentile (nearest rank).
+    /// 95th percentile (nearest rank) of the round trips as measured.
     pub fn p95_ms(&self) -> Option<f64> {
-        percentile(self.samples.iter().copied().collect(), 0.95)
+        percentile(self.samples.iter().map(|s| s.ms).collect(), 0.95)
     }
 
-    /// Deadline of the next verify: `initial` with no samples, else
-    /// clamp(p95 × factor, floor, max).
+    /// Deadline of the next exchange, whose verifier forward covers `positions`
+    /// tokens: `initial` with no samples, else clamp(p95 × factor, floor, max)
+    /// where each sample that carried fewer positions is first scaled up in
+    /// proportion (network time too: errs long, never short).
     pub fn deadline(
         &self,
+        positions: usize,
         initial: Duration,
         floor: Duration,
         factor: f64,
         max: Duration,
     ) -> Duration {
-        match self.p95_ms() {
+        let want = positions.max(1) as f64;
+        let scaled = self
+            .samples
+            .iter()
+            .map(|s| s.ms * (want / s.positions as f64).max(1.0))
+            .collect();
+        match percentile(scaled, 0.95) {
             None => initial,
             Some(p95) => Duration::from_secs_f64(p95 * factor / 1000.0).clamp(floor, max),
         }
@@ -225,21 +248,59 @@ mod tests {
             Duration::from_millis(100),
             Duration::from_millis(2000),
         );
-        assert_eq!(t.deadline(init, floor, 3.0, max), init);
+        assert_eq!(t.deadline(5, init, floor, 3.0, max), init);
         for i in 1..=100u64 {
-            t.record(Duration::from_millis(i));
+            t.record(Duration::from_millis(i), 5);
         }
         // Window keeps 37..=100 (64 samples); nearest rank ceil(0.95 × 64) = 61 -> 97.
         assert_eq!(t.len(), RTT_WINDOW);
         assert_eq!(t.p95_ms(), Some(97.0));
         assert_eq!(
-            t.deadline(init, floor, 3.0, max),
+            t.deadline(5, init, floor, 3.0, max),
             Duration::from_millis(291)
         );
-        assert_eq!(t.deadline(init, floor, 100.0, max), max);
+        // Less work than measured: not shortened.
+        assert_eq!(
+            t.deadline(1, init, floor, 3.0, max),
+            Duration::from_millis(291)
+        );
+        assert_eq!(t.deadline(5, init, floor, 100.0, max), max);
         let mut small = RttTracker::default();
-        small.record(Duration::from_millis(1));
-        assert_eq!(small.deadline(init, floor, 3.0, max), floor);
+        small.record(Duration::from_millis(1), 5);
+        assert_eq!(small.deadline(5, init, floor, 3.0, max), floor);
+    }
+
+    #[test]
+    fn deadline_scales_with_the_positions_an_exchange_carries() {
+        let (init, floor, max) = (
+            Duration::from_millis(5000),
+            Duration::from_millis(100),
+            Duration::from_millis(20_000),
+        );
+        let mut t = RttTracker::default();
+        for _ in 0..10 {
+            t.record(Duration::from_millis(200), 5);
+        }
+        // A 17-position check: each 5-position sample scaled by 17/5.
+        assert_eq!(
+            t.deadline(17, init, floor, 3.0, max),
+            Duration::from_millis(2040)
+        );
+        // Samples that already carried 17 positions are taken as they are.
+        let mut t = RttTracker::default();
+        for _ in 0..10 {
+            t.record(Duration::from_millis(300), 17);
+        }
+        assert_eq!(
+            t.deadline(17, init, floor, 3.0, max),
+            Duration::from_millis(900)
+        );
+        assert_eq!(
+            t.deadline(5, init, floor, 3.0, max),
+            Duration::from_millis(900)
+        );
+        // The cap still holds.
+        assert_eq!(t.deadline(500, init, floor, 3.0, max), max);
     }
 
     #[test]

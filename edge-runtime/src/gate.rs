@@ -107,7 +107,7 @@ impl Net<'_> {
             tokens,
             ..pb::Draft::default()
         });
-        let (answer, rtt) = match self.exchange(msg) {
+        let (answer, rtt) = match self.exchange(msg, draft_positions(total)) {
             Ok(a) => a,
             Err(e) => {
                 run.rollback_unverified();
@@ -116,7 +116,7 @@ impl Net<'_> {
             }
         };
         let v = self.verdict(answer, total, run.prompt_len + p)?;
-        self.record_rtt(rtt);
+        self.record_rtt(rtt, draft_positions(total));
         self.success();
         self.round += 1;
         run.stats.rounds += 1;

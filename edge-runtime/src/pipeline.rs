@@ -127,7 +127,7 @@ impl Net<'_> {
             let cap = k + 1 + next_k.min(room_after).min(self.max_block);
             self.pipelined_exchange(run, msg, &mut held, &mut hist, cap, ctx_before)?
         } else {
-            self.exchange(msg)
+            self.exchange(msg, draft_positions(k))
         };
         let (answer, rtt) = match answer {
             Ok(a) => a,
@@ -138,7 +138,7 @@ impl Net<'_> {
             }
         };
         let v = self.verdict(answer, k, ctx_before)?;
-        self.record_rtt(rtt);
+        self.record_rtt(rtt, draft_positions(k));
         self.success();
         self.round += 1;
         run.stats.rounds += 1;
@@ -186,7 +186,11 @@ impl Net<'_> {
         cap: usize,
         ctx_before: usize,
     ) -> Result<Result<(Sm, Duration), NetError>, EdgeError> {
-        let deadline = self.deadline();
+        let k = match &msg {
+            Cm::Draft(d) => d.tokens.len(),
+            _ => 0,
+        };
+        let deadline = self.deadline(draft_positions(k));
         let Some(mut stream) = self.stream.take() else {
             return Ok(Err(NetError::Unavailable("no session".into())));
         };
@@ -252,7 +256,7 @@ impl Net<'_> {
                     });
                 return Ok(());
             };
-            let deadline = self.deadline();
+            let deadline = self.deadline(draft_positions(0));
             let Some(s) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -268,7 +272,7 @@ impl Net<'_> {
             };
             let rtt = at.elapsed();
             let v = self.verdict(answer, 0, run.ctx.len())?;
-            self.record_rtt(rtt);
+            self.record_rtt(rtt, draft_positions(0));
             self.success();
             self.round += 1;
             run.stats.rounds += 1;

@@ -659,6 +659,12 @@ struct Net<'a> {
 
 type OpenResult = Result<(Stream, pb::ServerMessage, Duration), NetError>;
 
+/// Positions a verifier's forward covers for a draft of `k` tokens: the last
+/// committed token and the k drafts.
+pub(crate) fn draft_positions(k: usize) -> usize {
+    k + 1
+}
+
 /// A session open in flight on the I/O runtime.
 struct Opening {
     task: tokio::task::JoinHandle<(OpenResult, Counters)>,
@@ -757,7 +763,7 @@ impl Net<'_> {
         let total = c.open_timeout();
         let fails = lock(self.breaker).consecutive_failures();
         let scale = f64::from(1u32 << fails.clamp(1, 5).saturating_sub(1));
-        let headers = (c.connect_timeout() + self.deadline()).mul_f64(scale);
+        let headers = (c.connect_timeout() + self.deadline(1)).mul_f64(scale);
         let opened = match self.open_cost.estimate(ctx_len) {
             Some(est) => {
                 let rtt = Duration::from_secs_f64(self.rtt.p95_ms().unwrap_or(0.0) / 1000.0);
@@ -775,9 +781,12 @@ impl Net<'_> {
         }
     }
 
-    fn deadline(&self) -> Duration {
+    /// Deadline of an exchange whose verifier forward covers `positions` tokens
+    /// (a draft of k: k + 1).
+    fn deadline(&self, positions: usize) -> Duration {
         let c = self.cfg;
         self.rtt.deadline(
+            positions,
             Duration::from_millis(c.deadline_initial_ms),
             Duration::from_millis(c.deadline_floor_ms),
             c.deadline_factor,
@@ -962,7 +971,7 @@ impl Net<'_> {
                         if let Some(c) = run.check.take() {
                             run.complete_check(c, false);
                         }
-                        return self.resume_to_end(run);
+                        return self.resume_to_end(run, upto);
                     }
                 }
                 Ok(Step::Ok)
@@ -973,17 +982,25 @@ impl Net<'_> {
     }
 
     /// Sends the whole context (`Resume`) to a session that holds a prefix of it.
-    fn resume_to_end(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
-        self.resume_at(run, run.ctx.len())
+    /// `held`: the context length the session holds now.
+    fn resume_to_end(&mut self, run: &mut Run<'_, '_>, held: usize) -> Result<Step, EdgeError> {
+        let fresh = run.ctx.len().saturating_sub(held);
+        self.resume_at(run, run.ctx.len(), fresh)
     }
 
-    /// Moves the session to the context `ctx[..upto]` (`Resume`).
-    fn resume_at(&mut self, run: &mut Run<'_, '_>, upto: usize) -> Result<Step, EdgeError> {
+    /// Moves the session to the context `ctx[..upto]` (`Resume`); the verifier
+    /// prefills `fresh` tokens for it (sets the deadline).
+    fn resume_at(
+        &mut self,
+        run: &mut Run<'_, '_>,
+        upto: usize,
+        fresh: usize,
+    ) -> Result<Step, EdgeError> {
         let resume = pb::Resume {
             context_tokens: run.ctx[..upto].to_vec(),
             next_round: self.round,
         };
-        match self.exchange(Cm::Resume(resume)) {
+        match self.exchange(Cm::Resume(resume), fresh) {
             Ok((Sm::Resumed(r), _)) => {
                 if r.context_len != upto as u64 {
                     return Err(EdgeError::Protocol("Resumed.context_len differs".into()));
@@ -996,8 +1013,10 @@ impl Net<'_> {
         }
     }
 
-    fn exchange(&mut self, msg: Cm) -> Result<(Sm, Duration), NetError> {
-        let deadline = self.deadline();
+    /// One request and its answer; `positions`: what the verifier's forward
+    /// covers (sets the deadline; [`draft_positions`] for a `Draft`).
+    fn exchange(&mut self, msg: Cm, positions: usize) -> Result<(Sm, Duration), NetError> {
+        let deadline = self.deadline(positions);
         let Some(s) = self.stream.as_mut() else {
             return Err(NetError::Unavailable("no session".into()));
         };
@@ -1041,12 +1060,12 @@ impl Net<'_> {
                 draft_dists: Vec::new(),
                 ..pb::Draft::default()
             };
-            let (answer, rtt) = match self.exchange(Cm::Draft(draft)) {
+            let (answer, rtt) = match self.exchange(Cm::Draft(draft), draft_positions(k)) {
                 Ok(a) => a,
                 Err(e) => return self.fail(run, e),
             };
             let v = self.verdict(answer, k, run.prompt_len + p)?;
-            self.record_rtt(rtt);
+            self.record_rtt(rtt, draft_positions(k));
             self.success();
             self.round += 1;
             run.stats.check_rounds += 1;
@@ -1082,8 +1101,9 @@ impl Net<'_> {
 
     /// After a verdict that disagreed with a shown (provisional) token: move the
     /// verifier's session to the shown context `ctx[..upto]`.
+    /// The session holds `ctx[..upto - 1]` plus the target's own token.
     fn resume_shown(&mut self, run: &mut Run<'_, '_>, upto: usize) -> Result<Step, EdgeError> {
-        let step = self.resume_at(run, upto)?;
+        let step = self.resume_at(run, upto, 1)?;
         if let Step::Ok = step {
             // Part of checking provisional tokens.
             run.stats.check_rounds += 1;
@@ -1091,9 +1111,10 @@ impl Net<'_> {
         Ok(step)
     }
 
-    fn record_rtt(&mut self, rtt: Duration) {
-        self.rtt.record(rtt);
-        self.gen_rtt.record(rtt);
+    /// A round trip whose verifier forward covered `positions` tokens.
+    fn record_rtt(&mut self, rtt: Duration, positions: usize) {
+        self.rtt.record(rtt, positions);
+        self.gen_rtt.record(rtt, positions);
     }
 
     /// One speculative round: draft k, verify remotely, apply the verdict.
@@ -1139,7 +1160,7 @@ impl Net<'_> {
         };
         let (answer, rtt) = match local {
             Some(v) => (Sm::Verdict(v), None),
-            None => match self.exchange(Cm::Draft(draft)) {
+            None => match self.exchange(Cm::Draft(draft), draft_positions(k)) {
                 Ok((a, rtt)) => (a, Some(rtt)),
                 Err(e) => {
                     run.rollback_unverified();
@@ -1184,7 +1205,7 @@ impl Net<'_> {
             }
         }
         if let Some(rtt) = rtt {
-            self.record_rtt(rtt);
+            self.record_rtt(rtt, draft_positions(k));
             self.success();
             // Round numbers count the verifier's rounds (all-local ones are not).
             self.round += 1;
