@@ -98,6 +98,28 @@ fn plan(cfg: &LabConfig, prompts: &[Prompt]) -> Vec<Planned> {
     v
 }
 
+/// The order runs execute in: one prompt (and repetition) at a time, every mode
+/// and profile of it back to back (target-only first, as planned). The
+/// machine's load drifts over a long matrix; run mode after mode and a mode
+/// run in a busy quarter of an hour looks slower than it is. Interleaved, each
+/// comparison between modes is between runs minutes apart at most.
+fn execution_order(planned: &[Planned]) -> Vec<usize> {
+    let mut prompts: Vec<&str> = Vec::new();
+    for p in planned {
+        if !prompts.contains(&p.prompt.id.as_str()) {
+            prompts.push(&p.prompt.id);
+        }
+    }
+    let mut order: Vec<usize> = (0..planned.len()).collect();
+    // Stable: within one (repetition, prompt) the plan order stays.
+    order.sort_by_key(|&i| {
+        let p = &planned[i];
+        let prompt = prompts.iter().position(|id| *id == p.prompt.id);
+        (p.rep, prompt)
+    });
+    order
+}
+
 pub fn run(args: Args) -> Result<()> {
     if let Some(LabCmd::Device(d)) = args.cmd {
         return device::run(d);
@@ -415,14 +437,15 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let started = Instant::now();
     let mut results: Vec<Option<DeviceResult>> = vec![None; planned.len()];
-    // Group by mode (one device process each), in plan order.
-    let mut order: Vec<Mode> = Vec::new();
+    // One device process per mode, all alive for the whole run; warmed up first.
+    let mut modes: Vec<Mode> = Vec::new();
     for p in planned {
-        if !order.contains(&p.mode) {
-            order.push(p.mode);
+        if !modes.contains(&p.mode) {
+            modes.push(p.mode);
         }
     }
-    for mode in order {
+    let mut devices: Vec<(Mode, Device)> = Vec::new();
+    for &mode in &modes {
         bar.set_message(format!("{} (loading)", mode.name()));
         let mut dev = Device::start(cfg, pin, mode, &logs)?;
         if cfg.warmup_tokens > 0 {
@@ -439,65 +462,71 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
             };
             dev.run(&warm)?;
         }
-        for (i, p) in planned.iter().enumerate().filter(|(_, p)| p.mode == mode) {
-            bar.set_message(format!("{} / {}", mode.name(), p.profile));
-            let mut fresh = None;
-            let url = if mode == Mode::DraftOnly {
-                None
-            } else if let Some(t) = &p.timeline {
-                let (proc, addr) = start_netsim(
-                    cfg,
-                    pin,
-                    &grpc,
-                    ("--timeline", t),
-                    &format!("netsim-{}", p.profile),
-                    &logs,
-                )?;
-                fresh = Some(proc);
-                Some(format!("http://{addr}"))
-            } else {
-                let (_, addr) = proxies
-                    .get(&p.profile)
-                    .with_context(|| format!("no proxy for {}", p.profile))?;
-                Some(format!("http://{addr}"))
-            };
-            let job = Job {
-                job: i,
-                prompt: p.prompt.prompt.clone(),
-                max_tokens: p.prompt.max_tokens,
-                url,
-            };
-            let r = dev.run(&job)?;
-            drop(fresh);
-            if let Some(e) = &r.error {
-                bar.println(format!(
-                    "run {i} ({} / {} / {}): error: {e}",
-                    mode.name(),
-                    p.profile,
-                    p.prompt.id
-                ));
-            }
-            bar.inc(1);
-            if !tty {
-                // No terminal (CI, a log file): one line per run instead of the bar.
-                let done = bar.position() as f64;
-                let el = started.elapsed().as_secs_f64();
-                eprintln!(
-                    "lab: {}/{} {} / {} / {}: {} tokens in {:.0} ms{} (elapsed {:.0} s, ETA {:.0} s)",
-                    done,
-                    planned.len(),
-                    mode.name(),
-                    p.profile,
-                    p.prompt.id,
-                    r.tokens.len(),
-                    r.stats.total_ms,
-                    if r.error.is_some() { ", FAILED" } else { "" },
-                    el,
-                    el / done * (planned.len() as f64 - done)
-                );
-            }
-            results[i] = Some(r);
+        devices.push((mode, dev));
+    }
+    for i in execution_order(planned) {
+        let p = &planned[i];
+        let mode = p.mode;
+        let Some((_, dev)) = devices.iter_mut().find(|(m, _)| *m == mode) else {
+            anyhow::bail!("no device for {}", mode.name());
+        };
+        bar.set_message(format!("{} / {}", mode.name(), p.profile));
+        let mut fresh = None;
+        let url = if mode == Mode::DraftOnly {
+            None
+        } else if let Some(t) = &p.timeline {
+            let (proc, addr) = start_netsim(
+                cfg,
+                pin,
+                &grpc,
+                ("--timeline", t),
+                &format!("netsim-{}", p.profile),
+                &logs,
+            )?;
+            fresh = Some(proc);
+            Some(format!("http://{addr}"))
+        } else {
+            let (_, addr) = proxies
+                .get(&p.profile)
+                .with_context(|| format!("no proxy for {}", p.profile))?;
+            Some(format!("http://{addr}"))
+        };
+        let job = Job {
+            job: i,
+            prompt: p.prompt.prompt.clone(),
+            max_tokens: p.prompt.max_tokens,
+            url,
+        };
+        let r = dev.run(&job)?;
+        drop(fresh);
+        if let Some(e) = &r.error {
+            bar.println(format!(
+                "run {i} ({} / {} / {}): error: {e}",
+                mode.name(),
+                p.profile,
+                p.prompt.id
+            ));
         }
+        bar.inc(1);
+        if !tty {
+            // No terminal (CI, a log file): one line per run instead of the bar.
+            let done = bar.position() as f64;
+            let el = started.elapsed().as_secs_f64();
+            eprintln!(
+                "lab: {}/{} {} / {} / {}: {} tokens in {:.0} ms{} (elapsed {:.0} s, ETA {:.0} s)",
+                done,
+                planned.len(),
+                mode.name(),
+                p.profile,
+                p.prompt.id,
+                r.tokens.len(),
+                r.stats.total_ms,
+                if r.error.is_some() { ", FAILED" } else { "" },
+                el,
+                el / done * (planned.len() as f64 - done)
+            );
+        }
+        results[i] = Some(r);
     }
     bar.finish_with_message("done");
     Ok(results
@@ -511,4 +540,66 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
             })
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_execute_prompt_by_prompt_with_target_only_first() {
+        let cfg = LabConfig::from_toml(config::DEFAULT_TOML, "default").unwrap();
+        let prompts = cfg.load_prompts().unwrap();
+        let planned = plan(&cfg, &prompts);
+        let order = execution_order(&planned);
+        let mut seen = order.clone();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..planned.len()).collect::<Vec<_>>(),
+            "a permutation"
+        );
+        // Consecutive runs share a prompt until every run of it is done.
+        let mut done: Vec<&str> = Vec::new();
+        for w in order.windows(2) {
+            let (a, b) = (&planned[w[0]], &planned[w[1]]);
+            if a.prompt.id != b.prompt.id || a.rep != b.rep {
+                assert!(!done.contains(&b.prompt.id.as_str()) || b.rep != a.rep);
+                done.push(&a.prompt.id);
+            }
+        }
+        // Within a prompt, target-only on a profile comes before any other
+        // mode on that profile (the identity reference).
+        for (n, &i) in order.iter().enumerate() {
+            let p = &planned[i];
+            if p.mode == Mode::TargetOnly || p.timeline.is_some() || p.mode == Mode::DraftOnly {
+                continue;
+            }
+            let reference = order[..n].iter().any(|&j| {
+                let q = &planned[j];
+                q.mode == Mode::TargetOnly && q.profile == p.profile && q.prompt.id == p.prompt.id
+            });
+            assert!(
+                reference,
+                "{} / {} / {}",
+                p.mode.name(),
+                p.profile,
+                p.prompt.id
+            );
+        }
+        // Modes alternate: the first runs are all of one prompt, across modes.
+        let first: std::collections::HashSet<_> = order[..modes_per_prompt(&planned)]
+            .iter()
+            .map(|&i| planned[i].mode.name())
+            .collect();
+        assert!(first.len() >= 3, "{first:?}");
+    }
+
+    fn modes_per_prompt(planned: &[Planned]) -> usize {
+        let id = &planned[0].prompt.id;
+        planned
+            .iter()
+            .filter(|p| &p.prompt.id == id && p.rep == 0)
+            .count()
+    }
 }
