@@ -23,6 +23,7 @@ pub mod sampling;
 pub mod speculative;
 pub mod testing;
 pub mod tokenizer;
+pub mod vecops;
 pub mod verify;
 
 pub use error::{ModelError, Result};

@@ -10,6 +10,7 @@
 use crate::gguf::{GgufFile, TensorEntry};
 use crate::kv_cache::KvCache;
 use crate::quant::{self, QMatrix, QuantFormat};
+use crate::vecops::{axpy, dot};
 use crate::{ModelError, Result};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -385,9 +386,15 @@ impl Qwen2Model {
         let mut q = vec![0f32; n * d];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
-        quant::matmul(&layer.wq.view(bytes), &x, n, &mut q);
-        quant::matmul(&layer.wk.view(bytes), &x, n, &mut k);
-        quant::matmul(&layer.wv.view(bytes), &x, n, &mut v);
+        quant::matmul_shared(
+            &mut [
+                (&layer.wq.view(bytes), &mut q),
+                (&layer.wk.view(bytes), &mut k),
+                (&layer.wv.view(bytes), &mut v),
+            ],
+            &x,
+            n,
+        );
         add_bias(&mut q, &layer.bq);
         add_bias(&mut k, &layer.bk);
         add_bias(&mut v, &layer.bv);
@@ -420,8 +427,14 @@ impl Qwen2Model {
         rms_norm(hidden, &layer.ffn_norm, cfg.rms_eps, &mut x);
         let mut gate = vec![0f32; n * cfg.d_ff];
         let mut up = vec![0f32; n * cfg.d_ff];
-        quant::matmul(&layer.w_gate.view(bytes), &x, n, &mut gate);
-        quant::matmul(&layer.w_up.view(bytes), &x, n, &mut up);
+        quant::matmul_shared(
+            &mut [
+                (&layer.w_gate.view(bytes), &mut gate),
+                (&layer.w_up.view(bytes), &mut up),
+            ],
+            &x,
+            n,
+        );
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = silu(*g) * u;
         }
@@ -486,27 +499,8 @@ fn attend(
     for (t, s) in scores.iter().enumerate() {
         let w = s * inv;
         let vr = &vc[t * stride + off..t * stride + off + hd];
-        for (o, v) in out.iter_mut().zip(vr) {
-            *o += w * v;
-        }
+        axpy(out, w, vr);
     }
-}
-
-/// A dot product with a fixed association order (8 partial sums, then a
-/// fixed tree), so it vectorises and still gives the same bits everywhere.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for j in 0..8 {
-            acc[j] += a[c * 8 + j] * b[c * 8 + j];
-        }
-    }
-    let mut tail = 0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

@@ -6,7 +6,9 @@
 mod quant_common;
 
 use quant_common::*;
-use tandem_model::quant::{matmul, matmul_with_isa, Isa, QMatrix, QuantFormat};
+use tandem_model::quant::{
+    matmul, matmul_shared_with_isa, matmul_with_isa, Isa, QMatrix, QuantFormat,
+};
 
 fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * w.rows];
@@ -302,6 +304,56 @@ fn matmul_uses_the_selected_isa_and_agrees_with_it() {
     let mut out = vec![0f32; 16];
     matmul(&w, &x, 2, &mut out);
     assert_bits_eq(&out, &run(Isa::selected(), &w, &x, 2), "matmul vs selected");
+}
+
+#[test]
+fn one_quantized_input_for_several_matrices_gives_the_separate_results() {
+    // Every format over the same 768-column input (a multiple of 32 and 256),
+    // with repeats so an input is shared by matrices of one activation format.
+    let cols = 768;
+    let mut formats: Vec<QuantFormat> = ALL_FORMATS.to_vec();
+    formats.extend(ALL_FORMATS);
+    let datas: Vec<Vec<u8>> = formats
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| random_bytes_matrix(f, 11 + i, cols, 40 + i as u64))
+        .collect();
+    let ws: Vec<QMatrix> = formats
+        .iter()
+        .zip(&datas)
+        .enumerate()
+        .map(|(i, (&f, d))| QMatrix::new(f, 11 + i, cols, d).unwrap())
+        .collect();
+    for &isa in &Isa::available() {
+        for m in [1, 5, 17] {
+            let x = gauss_x(m, cols, 41);
+            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+            let mut pairs: Vec<(&QMatrix, &mut [f32])> = ws
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(w, o)| (w, o.as_mut_slice()))
+                .collect();
+            matmul_shared_with_isa(isa, &mut pairs, &x, m).unwrap();
+            for (w, got) in ws.iter().zip(&outs) {
+                assert_bits_eq(
+                    got,
+                    &run(isa, w, &x, m),
+                    &format!("{isa} {:?} m={m}", w.format),
+                );
+            }
+        }
+    }
+    // A shape error in any matrix is reported before anything runs.
+    let mut a = vec![0f32; ws[0].rows];
+    let mut b = vec![0f32; 3];
+    let err = matmul_shared_with_isa(
+        Isa::Scalar,
+        &mut [(&ws[0], a.as_mut_slice()), (&ws[1], b.as_mut_slice())],
+        &vec![0f32; cols],
+        1,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("outputs"), "{err}");
 }
 
 #[test]

@@ -1,12 +1,20 @@
-//! Activation rows quantized once per `matmul` call, the way llama.cpp does:
+//! Activation rows quantized once per input (`matmul`, or `matmul_shared` for
+//! Q/K/V and gate/up), the way llama.cpp does:
 //! Q8_0 (blocks of 32, for Q4_0/Q5_0/Q8_0 weights) or Q8_K (blocks of 256 with
 //! 16-element sums, for Q4_K/Q6_K weights).
 //!
 //! Quantization is plain scalar code shared by every instruction-set path, so
 //! the quantized activations (and hence the integer dot products) are the same
-//! whichever kernel consumes them.
+//! whichever kernel consumes them. Rows are independent, so a large input is
+//! quantized row-parallel (same bits: each row's code is the same).
 
 use super::blocks::{QK, QK_K};
+use rayon::prelude::*;
+
+/// From this many input values up, rows are quantized in parallel (a block of
+/// 17 rows of the 1.5B's 8960-wide FFN input is 152k; one decode row of 1536
+/// stays on the calling thread).
+const PARALLEL_VALUES: usize = 16 * 1024;
 
 /// Which activation format a weight format pairs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,25 +79,31 @@ impl<'x> Act<'x> {
             ActKind::Q8_0 => {
                 a.qs = vec![0; m * cols];
                 a.d = vec![0.0; m * cols / QK];
-                for ((x, q), d) in x
-                    .chunks_exact(QK)
-                    .zip(a.qs.chunks_exact_mut(QK))
-                    .zip(a.d.iter_mut())
-                {
-                    *d = quantize_q8_0(x, q);
+                let row = |((x, q), d)| quantize_q8_0_row(x, q, d);
+                let rows = x
+                    .par_chunks_exact(cols)
+                    .zip(a.qs.par_chunks_exact_mut(cols))
+                    .zip(a.d.par_chunks_exact_mut(nb));
+                if m * cols >= PARALLEL_VALUES {
+                    rows.for_each(row);
+                } else {
+                    rows.with_min_len(m).for_each(row);
                 }
             }
             ActKind::Q8K => {
                 a.qs = vec![0; m * cols];
                 a.d = vec![0.0; m * cols / QK_K];
                 a.bsums = vec![0; m * cols / 16];
-                for (((x, q), d), s) in x
-                    .chunks_exact(QK_K)
-                    .zip(a.qs.chunks_exact_mut(QK_K))
-                    .zip(a.d.iter_mut())
-                    .zip(a.bsums.chunks_exact_mut(QK_K / 16))
-                {
-                    *d = quantize_q8k(x, q, s);
+                let row = |(((x, q), d), s)| quantize_q8k_row(x, q, d, s);
+                let rows = x
+                    .par_chunks_exact(cols)
+                    .zip(a.qs.par_chunks_exact_mut(cols))
+                    .zip(a.d.par_chunks_exact_mut(nb))
+                    .zip(a.bsums.par_chunks_exact_mut(cols / 16));
+                if m * cols >= PARALLEL_VALUES {
+                    rows.for_each(row);
+                } else {
+                    rows.with_min_len(m).for_each(row);
                 }
                 a.dt = (0..nb * m).map(|i| a.d[(i % m) * nb + i / m]).collect();
             }
@@ -131,6 +145,25 @@ impl<'x> Act<'x> {
     #[inline(always)]
     pub fn row_x(&self, t: usize) -> &[f32] {
         &self.x[t * self.cols..(t + 1) * self.cols]
+    }
+}
+
+/// One activation row in Q8_0 blocks.
+fn quantize_q8_0_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    for ((x, q), d) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d) {
+        *d = quantize_q8_0(x, q);
+    }
+}
+
+/// One activation row in Q8_K blocks.
+fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
+    for (((x, q), d), s) in x
+        .chunks_exact(QK_K)
+        .zip(q.chunks_exact_mut(QK_K))
+        .zip(d)
+        .zip(sums.chunks_exact_mut(QK_K / 16))
+    {
+        *d = quantize_q8k(x, q, s);
     }
 }
 

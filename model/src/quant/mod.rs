@@ -408,41 +408,95 @@ pub fn matmul(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) {
 /// [`matmul`] on an explicit instruction-set path (tests and benchmarks).
 /// Errors if the path is not available on this CPU or the shapes disagree.
 pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    matmul_shared_with_isa(isa, &mut [(w, out)], x, m)
+}
+
+/// Several matrices over the same input rows (Q, K and V; gate and up):
+/// `outs[i] = x · ws[i]ᵀ` as [`matmul`] each, with the input quantized once per
+/// activation format instead of once per matrix. Results are those of separate
+/// [`matmul`] calls, bit for bit.
+///
+/// # Panics
+/// On shapes that disagree (a caller bug), as [`matmul`].
+pub fn matmul_shared(ws: &mut [(&QMatrix, &mut [f32])], x: &[f32], m: usize) {
+    if let Err(e) = matmul_shared_with_isa(Isa::selected(), ws, x, m) {
+        panic!("quant::matmul_shared: {e}");
+    }
+}
+
+/// What a matrix of this format needs of its input on `isa`: the activation
+/// format and, for the unsigned-weight Q8_0 kernels, the weight offset.
+fn act_key(isa: Isa, format: QuantFormat) -> (ActKind, Option<i32>) {
+    let kind = act_kind(format);
+    let off = match format {
+        QuantFormat::Q4_0 => 8,
+        QuantFormat::Q5_0 => 16,
+        _ => 128,
+    };
+    let unsigned = matches!(isa, Isa::Avx512Vnni | Isa::Amx) && kind == ActKind::Q8_0;
+    (kind, unsigned.then_some(off))
+}
+
+/// [`matmul_shared`] on an explicit instruction-set path.
+pub fn matmul_shared_with_isa(
+    isa: Isa,
+    ws: &mut [(&QMatrix, &mut [f32])],
+    x: &[f32],
+    m: usize,
+) -> Result<()> {
     if !isa.is_available() {
         return Err(ModelError::InvalidArgument(format!(
             "instruction set {isa} is not available on this CPU"
         )));
     }
-    if x.len() != m * w.cols || out.len() != m * w.rows {
-        return Err(ModelError::InvalidArgument(format!(
-            "matmul of a {}x{} matrix with {m} rows needs {} inputs and {} outputs, got {} and {}",
-            w.rows,
-            w.cols,
-            m * w.cols,
-            m * w.rows,
-            x.len(),
-            out.len()
-        )));
+    for (w, out) in ws.iter() {
+        if x.len() != m * w.cols || out.len() != m * w.rows {
+            return Err(ModelError::InvalidArgument(format!(
+                "matmul of a {}x{} matrix with {m} rows needs {} inputs and {} outputs, got {} and {}",
+                w.rows,
+                w.cols,
+                m * w.cols,
+                m * w.rows,
+                x.len(),
+                out.len()
+            )));
+        }
+        // Validate the matrix so the kernels can index blocks freely.
+        QMatrix::new(w.format, w.rows, w.cols, w.data)?;
     }
-    // Validate the matrix so the kernels can index blocks freely.
-    QMatrix::new(w.format, w.rows, w.cols, w.data)?;
-    if m == 0 || w.rows == 0 {
+    if m == 0 {
         return Ok(());
     }
-    let mut act = Act::new(act_kind(w.format), x, m, w.cols);
-    if matches!(isa, Isa::Avx512Vnni | Isa::Amx) && act_kind(w.format) == ActKind::Q8_0 {
-        act.prepare_unsigned(match w.format {
-            QuantFormat::Q4_0 => 8,
-            QuantFormat::Q5_0 => 16,
-            _ => 128,
-        });
+    let mut acts: Vec<((ActKind, Option<i32>), Act)> = Vec::new();
+    for (w, out) in ws.iter_mut() {
+        if w.rows == 0 {
+            continue;
+        }
+        let key = act_key(isa, w.format);
+        let i = match acts.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let mut act = Act::new(key.0, x, m, w.cols);
+                if let Some(off) = key.1 {
+                    act.prepare_unsigned(off);
+                }
+                acts.push((key, act));
+                acts.len() - 1
+            }
+        };
+        run_matmul(isa, w, &acts[i].1, m, out);
     }
+    Ok(())
+}
+
+/// One validated matrix × the quantized input `act` (`m` rows) into `out`.
+fn run_matmul(isa: Isa, w: &QMatrix, act: &Act, m: usize, out: &mut [f32]) {
     let f = row_fn(isa, w.format);
     let out = OutPtr(out.as_mut_ptr());
     let rows = w.rows;
     #[cfg(target_arch = "x86_64")]
     let amx = (isa == Isa::Amx && amx_min_rows(w.format).is_some_and(|n| m >= n))
-        .then(|| x86_amx::AmxAct::new(&act, w.format));
+        .then(|| x86_amx::AmxAct::new(act, w.format));
     #[cfg(not(target_arch = "x86_64"))]
     let amx: Option<()> = None;
     // Rows per parallel chunk are a multiple of this (AMX takes 16 weight
@@ -457,9 +511,9 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
                 // j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
                 unsafe {
                     if w.format == QuantFormat::Q4K {
-                        x86_amx::q4k_groups(w.data, rows, j0, ng, &act, amx, out)
+                        x86_amx::q4k_groups(w.data, rows, j0, ng, act, amx, out)
                     } else {
-                        x86_amx::q6k_groups(w.data, rows, j0, ng, &act, out)
+                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, out)
                     }
                 };
                 j0 + ng * x86_amx::GROUP
@@ -471,7 +525,7 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
             let tn = TILE.min(m - t0);
             for j in j0..j1 {
                 // SAFETY: `f` was chosen for an ISA that `is_available`.
-                unsafe { f(w.format, w.row_data(j), &act, t0, tn, &mut res) };
+                unsafe { f(w.format, w.row_data(j), act, t0, tn, &mut res) };
                 for (t, &r) in res[..tn].iter().enumerate() {
                     // SAFETY: (t0 + t) < m and j < rows, so the index is inside
                     // `out`; no other task writes column j.
@@ -483,7 +537,7 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     let threads = rayon::current_num_threads();
     if threads <= 1 || w.data.len().saturating_mul(m) < SERIAL_WORK {
         run(0, rows);
-        return Ok(());
+        return;
     }
     let row_bytes = (w.data.len() / rows).max(1);
     let chunk = (CHUNK_BYTES / row_bytes).clamp(1, rows.div_ceil(threads * 2).max(1));
@@ -493,5 +547,4 @@ pub fn matmul_with_isa(isa: Isa, w: &QMatrix, x: &[f32], m: usize, out: &mut [f3
     (0..nchunks)
         .into_par_iter()
         .for_each(|c| run(c * chunk, rows.min((c + 1) * chunk)));
-    Ok(())
 }
