@@ -277,28 +277,21 @@ mod tests {
             Duration::from_millis(100),
             Duration::from_millis(20_000),
         );
-        let mut t = RttTracker::default();
-        for _ in 0..10 {
-            t.record(Duration::from_millis(200), 5);
-        }
+        let ms = |ms: u64| Duration::from_millis(ms);
+        let tracker = |rtt_ms: u64, positions: usize| {
+            let mut t = RttTracker::default();
+            for _ in 0..10 {
+                t.record(ms(rtt_ms), positions);
+            }
+            t
+        };
         // A 17-position check: each 5-position sample scaled by 17/5.
-        assert_eq!(
-            t.deadline(17, init, floor, 3.0, max),
-            Duration::from_millis(2040)
-        );
+        let t = tracker(200, 5);
+        assert_eq!(t.deadline(17, init, floor, 3.0, max), ms(2040));
         // Samples that already carried 17 positions are taken as they are.
-        let mut t = RttTracker::default();
-        for _ in 0..10 {
-            t.record(Duration::from_millis(300), 17);
-        }
-        assert_eq!(
-            t.deadline(17, init, floor, 3.0, max),
-            Duration::from_millis(900)
-        );
-        assert_eq!(
-            t.deadline(5, init, floor, 3.0, max),
-            Duration::from_millis(900)
-        );
+        let t = tracker(300, 17);
+        assert_eq!(t.deadline(17, init, floor, 3.0, max), ms(900));
+        assert_eq!(t.deadline(5, init, floor, 3.0, max), ms(900));
         // The cap still holds.
         assert_eq!(t.deadline(500, init, floor, 3.0, max), max);
     }
