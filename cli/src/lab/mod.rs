@@ -438,14 +438,11 @@ fn execute(cfg: &LabConfig, planned: &[Planned], out: &Path) -> Result<Vec<Devic
     let started = Instant::now();
     let mut results: Vec<Option<DeviceResult>> = vec![None; planned.len()];
     // One device process per mode, all alive for the whole run; warmed up first.
-    let mut modes: Vec<Mode> = Vec::new();
-    for p in planned {
-        if !modes.contains(&p.mode) {
-            modes.push(p.mode);
-        }
-    }
     let mut devices: Vec<(Mode, Device)> = Vec::new();
-    for &mode in &modes {
+    for mode in planned.iter().map(|p| p.mode) {
+        if devices.iter().any(|(m, _)| *m == mode) {
+            continue;
+        }
         bar.set_message(format!("{} (loading)", mode.name()));
         let mut dev = Device::start(cfg, pin, mode, &logs)?;
         if cfg.warmup_tokens > 0 {

@@ -74,6 +74,13 @@ impl<'x> Act<'x> {
             d8: Vec::new(),
             corr4: Vec::new(),
         };
+        // Rows per parallel task: all of them (one task, the calling thread)
+        // below `PARALLEL_VALUES`.
+        let min_rows = if m * cols >= PARALLEL_VALUES {
+            1
+        } else {
+            m.max(1)
+        };
         match kind {
             ActKind::F32 => {}
             ActKind::Q8_0 => {
@@ -84,11 +91,7 @@ impl<'x> Act<'x> {
                     .par_chunks_exact(cols)
                     .zip(a.qs.par_chunks_exact_mut(cols))
                     .zip(a.d.par_chunks_exact_mut(nb));
-                if m * cols >= PARALLEL_VALUES {
-                    rows.for_each(row);
-                } else {
-                    rows.with_min_len(m).for_each(row);
-                }
+                rows.with_min_len(min_rows).for_each(row);
             }
             ActKind::Q8K => {
                 a.qs = vec![0; m * cols];
@@ -100,11 +103,7 @@ impl<'x> Act<'x> {
                     .zip(a.qs.par_chunks_exact_mut(cols))
                     .zip(a.d.par_chunks_exact_mut(nb))
                     .zip(a.bsums.par_chunks_exact_mut(cols / 16));
-                if m * cols >= PARALLEL_VALUES {
-                    rows.for_each(row);
-                } else {
-                    rows.with_min_len(m).for_each(row);
-                }
+                rows.with_min_len(min_rows).for_each(row);
                 a.dt = (0..nb * m).map(|i| a.d[(i % m) * nb + i / m]).collect();
             }
         }
