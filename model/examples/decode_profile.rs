@@ -1,6 +1,6 @@
 //! Where one decode step of a real model spends its time.
 //!
-//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C] [--steps-only] [--only-k K]`
+//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C] [--steps-only] [--only-k K [--pass-m K]]`
 //!
 //! Loads the model once, prefills `C` tokens (default 128), then:
 //! - times `N` one-token decode steps (`forward` of 1 token, cache truncated
@@ -9,6 +9,10 @@
 //!   the layer's weights, summed over layers) and the output head, so the
 //!   remainder (attention, norms, RoPE, SiLU, embedding, allocation) is the
 //!   step time minus the matmuls.
+//!
+//! `--only-k K` times only a forward over K tokens (for a profiler); add
+//! `--pass-m K` to compare it with the matmuls of that forward (each matrix
+//! × K activation rows).
 //!
 //! Medians of repeated runs; threads: rayon's global pool (`RAYON_NUM_THREADS`);
 //! kernel path: `TANDEM_ISA`.
@@ -104,42 +108,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         (wall, cpu)
     };
-    if let Some(k) = args
-        .iter()
-        .position(|a| a == "--only-k")
-        .and_then(|p| args.get(p + 1))
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        // One block size only (for a profiler).
+    let num_arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|p| args.get(p + 1))
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    // Activation rows of the matmul pass below (`--pass-m M`, default 1).
+    let pass_m = num_arg("--pass-m").unwrap_or(1).max(1);
+    let t1 = if let Some(k) = num_arg("--only-k") {
+        // One block size only (for a profiler; with `--pass-m`, the matmul
+        // pass below is compared with this forward).
         let (t, c) = step_k(k, steps);
         println!(
             "forward k={k}: {:.2} ms wall, {:.2} ms cpu",
             t * 1e3,
             c * 1e3
         );
-        return Ok(());
-    }
-    let (t1, c1) = step_k(1, steps);
-    let (t5, c5) = step_k(5, steps.div_ceil(2));
-    let (t9, c9) = step_k(9, steps.div_ceil(2));
-    println!(
-        "cpu time: step {:.2} ms  k=5 {:.2} ms c(5)={:.2}  k=9 {:.2} ms c(9)={:.2}",
-        c1 * 1e3,
-        c5 * 1e3,
-        c5 / c1,
-        c9 * 1e3,
-        c9 / c1
-    );
-    println!(
-        "decode step {:.2} ms ({:.1} tok/s)   forward k=5 {:.2} ms c(5)={:.2}   k=9 {:.2} ms c(9)={:.2}",
-        t1 * 1e3,
-        1.0 / t1,
-        t5 * 1e3,
-        t5 / t1,
-        t9 * 1e3,
-        t9 / t1
-    );
-
+        if num_arg("--pass-m").is_none() {
+            return Ok(());
+        }
+        t
+    } else {
+        let (t1, c1) = step_k(1, steps);
+        let (t5, c5) = step_k(5, steps.div_ceil(2));
+        let (t9, c9) = step_k(9, steps.div_ceil(2));
+        println!(
+            "cpu time: step {:.2} ms  k=5 {:.2} ms c(5)={:.2}  k=9 {:.2} ms c(9)={:.2}",
+            c1 * 1e3,
+            c5 * 1e3,
+            c5 / c1,
+            c9 * 1e3,
+            c9 / c1
+        );
+        println!(
+            "decode step {:.2} ms ({:.1} tok/s)   forward k=5 {:.2} ms c(5)={:.2}   k=9 {:.2} ms c(9)={:.2}",
+            t1 * 1e3,
+            1.0 / t1,
+            t5 * 1e3,
+            t5 / t1,
+            t9 * 1e3,
+            t9 / t1
+        );
+        t1
+    };
     if args.iter().any(|a| a == "--steps-only") {
         return Ok(());
     }
@@ -172,11 +184,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|(_, w)| {
             (0..w.cols)
-                .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
+                .cycle()
+                .take(w.cols * pass_m)
+                .enumerate()
+                .map(|(i, k)| ((k * 7919 % 1000 + i / w.cols) as f32 - 500.0) / 300.0)
                 .collect()
         })
         .collect();
-    let mut outs: Vec<Vec<f32>> = mats.iter().map(|(_, w)| vec![0f32; w.rows]).collect();
+    let mut outs: Vec<Vec<f32>> = mats
+        .iter()
+        .map(|(_, w)| vec![0f32; w.rows * pass_m])
+        .collect();
     let kinds = names.len() + 1;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); kinds];
     let mut cpu_samples: Vec<Vec<f64>> = vec![Vec::new(); kinds];
@@ -188,7 +206,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (((kind, w), x), out) in mats.iter().zip(&xs).zip(outs.iter_mut()) {
             let c = cpu_seconds();
             let t = Instant::now();
-            quant::matmul(w, x, 1, out);
+            quant::matmul(w, x, pass_m, out);
             per[*kind] += t.elapsed().as_secs_f64();
             per_cpu[*kind] += cpu_seconds() - c;
         }

@@ -584,21 +584,36 @@ unsafe fn group_tile(
     }
 }
 
-/// `Σ_c madd(maddubs(q[32c..], x[32c..]), scv[c])` over the 8 chunks of a
-/// super-block: 8 i32 lanes whose sum is the exact scaled dot product.
+/// `Σ_c madd(maddubs(q[32c..], x_r[32c..]), scv[c])` over the 8 chunks of a
+/// super-block for `R` activation rows `x_r = xq + r·cols`: per row 8 i32
+/// lanes whose sum is the exact scaled dot product. Each unpacked weight
+/// chunk is loaded once for the `R` rows (a Zen 3 core is bound by its loads
+/// when every product loads its own weight chunk and scale: ~1.35–1.5× slower
+/// in a micro-benchmark, docs/model-core.md "AVX2").
 ///
 /// # Safety
-/// 256 readable bytes at `xq`.
+/// 256 readable bytes at `xq + r·cols` for r < `R`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_chunks(xq: *const i8, q: &A32<QK_K>, scv: &[__m256i; 8]) -> __m256i {
-    let mut s = _mm256_setzero_si256();
-    for (c, scv) in scv.iter().enumerate() {
-        // SAFETY: chunk c < 8 of the 256 bytes at xq and of q.
+unsafe fn dot_chunks_rows<const R: usize>(
+    xq: *const i8,
+    cols: usize,
+    q: &A32<QK_K>,
+    scv: &[__m256i; 8],
+) -> [__m256i; R] {
+    let mut s = [_mm256_setzero_si256(); R];
+    // An opaque trip count keeps this loop a loop: fully unrolled, LLVM
+    // reassociates the integer sums row by row and reloads the weight chunk
+    // and its scale for every product, which is the load-bound order.
+    let chunks = std::hint::black_box(QK_K / 32);
+    for (c, scv) in scv.iter().enumerate().take(chunks) {
+        // SAFETY: chunk c < 8 of the 256 bytes of q and of each row at xq.
         unsafe {
-            let x = _mm256_loadu_si256(xq.add(32 * c).cast());
             let w = _mm256_load_si256(q.0.as_ptr().add(32 * c).cast());
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+            for (r, s) in s.iter_mut().enumerate() {
+                let x = _mm256_loadu_si256(xq.add(r * cols + 32 * c).cast());
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), *scv));
+            }
         }
     }
     s
@@ -628,6 +643,60 @@ fn store_groups(acc: &[__m128; TILE / 4], tn: usize, res: &mut [f32; TILE]) {
     }
 }
 
+/// The exact Q4_K (S, M) of activation rows `r0..r0 + R` (lane r) for the
+/// unpacked super-block `q` (`sb` of its row).
+///
+/// # Safety
+/// Rows `r0..r0 + R` and super-block `sb` exist in `act` (Q8_K).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4k_group<const R: usize>(
+    act: &Act,
+    r0: usize,
+    sb: usize,
+    q: &A32<QK_K>,
+    scv: &[__m256i; 8],
+    mnv: __m256i,
+) -> (__m128i, __m128i) {
+    let (cols, nb) = (act.cols, act.nb);
+    // SAFETY: the caller's contract: the rows' super-block sb is inside qs
+    // (m·cols) and bsums (16 per super-block).
+    unsafe {
+        let sv = dot_chunks_rows::<R>(act.qs.as_ptr().add(r0 * cols + sb * QK_K), cols, q, scv);
+        let mv: [__m256i; R] = std::array::from_fn(|i| {
+            let bs = act.bsums.as_ptr().add(((r0 + i) * nb + sb) * 16);
+            _mm256_madd_epi16(_mm256_loadu_si256(bs.cast()), mnv)
+        });
+        (hsum_rows(&sv), hsum_rows(&mv))
+    }
+}
+
+/// The exact Q6_K S of activation rows `r0..r0 + R` (lane r), as
+/// [`q4k_group`].
+///
+/// # Safety
+/// As [`q4k_group`].
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q6k_group<const R: usize>(
+    act: &Act,
+    r0: usize,
+    sb: usize,
+    q: &A32<QK_K>,
+    scv: &[__m256i; 8],
+    sc16: __m256i,
+) -> __m128i {
+    let (cols, nb) = (act.cols, act.nb);
+    // SAFETY: as in `q4k_group`.
+    unsafe {
+        let mut sv = dot_chunks_rows::<R>(act.qs.as_ptr().add(r0 * cols + sb * QK_K), cols, q, scv);
+        for (i, s) in sv.iter_mut().enumerate() {
+            *s = q6k_offset(*s, act.bsums.as_ptr().add(((r0 + i) * nb + sb) * 16), sc16);
+        }
+        hsum_rows(&sv)
+    }
+}
+
 /// Q4_K weight row × a tile of `tn` rows: each super-block is unpacked once
 /// into L1 and used for every row; rows go in groups of 4 whose exact (S, M)
 /// are reduced at once and stepped as the lanes of one vector, as in
@@ -639,8 +708,6 @@ fn store_groups(acc: &[__m128; TILE / 4], tn: usize, res: &mut [f32; TILE]) {
 unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
     let mut acc = [_mm_setzero_ps(); TILE / 4];
     let mut q = A32([0u8; QK_K]);
-    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
-    let (cols, nb) = (act.cols, act.nb);
     let groups = tn.div_ceil(4);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         prefetch_ahead::<3>(b.qs.as_ptr());
@@ -651,19 +718,16 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
         let (d, dmin) = (_mm_set1_ps(f16c(b.d)), _mm_set1_ps(f16c(b.dmin)));
         for (g, acc) in acc.iter_mut().enumerate().take(groups) {
             let n = (tn - 4 * g).min(4);
-            let mut sv = [_mm256_setzero_si256(); 4];
-            let mut mv = [_mm256_setzero_si256(); 4];
-            for i in 0..n {
-                let r = t0 + 4 * g + i;
-                // SAFETY: row r < m, super-block sb < nb: all reads are inside
-                // the activation buffers (qs: m·cols, bsums: m·cols/16).
-                unsafe {
-                    sv[i] = dot_chunks(qs.add(r * cols + sb * QK_K), &q, &scv);
-                    let bsv = _mm256_loadu_si256(bsums.add((r * nb + sb) * 16).cast());
-                    mv[i] = _mm256_madd_epi16(bsv, mnv);
+            let r0 = t0 + 4 * g;
+            // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
+            let (s, mm) = unsafe {
+                match n {
+                    4 => q4k_group::<4>(act, r0, sb, &q, &scv, mnv),
+                    3 => q4k_group::<3>(act, r0, sb, &q, &scv, mnv),
+                    2 => q4k_group::<2>(act, r0, sb, &q, &scv, mnv),
+                    _ => q4k_group::<1>(act, r0, sb, &q, &scv, mnv),
                 }
-            }
-            let (s, mm) = (hsum_rows(&sv), hsum_rows(&mv));
+            };
             // SAFETY: rows t0 + 4g .. + n exist, sb < nb.
             let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             let p = _mm_sub_ps(
@@ -685,8 +749,6 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
 unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
     let mut acc = [_mm_setzero_ps(); TILE / 4];
     let mut q = A32([0u8; QK_K]);
-    let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
-    let (cols, nb) = (act.cols, act.nb);
     let groups = tn.div_ceil(4);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
         prefetch_ahead::<4>(b.ql.as_ptr());
@@ -695,16 +757,16 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
         let d = _mm_set1_ps(f16c(b.d));
         for (g, acc) in acc.iter_mut().enumerate().take(groups) {
             let n = (tn - 4 * g).min(4);
-            let mut sv = [_mm256_setzero_si256(); 4];
-            for i in 0..n {
-                let r = t0 + 4 * g + i;
-                // SAFETY: as in `q4k_tile`.
-                unsafe {
-                    let s = dot_chunks(qs.add(r * cols + sb * QK_K), &q, &scv);
-                    sv[i] = q6k_offset(s, bsums.add((r * nb + sb) * 16), sc16);
+            let r0 = t0 + 4 * g;
+            // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
+            let s = unsafe {
+                match n {
+                    4 => q6k_group::<4>(act, r0, sb, &q, &scv, sc16),
+                    3 => q6k_group::<3>(act, r0, sb, &q, &scv, sc16),
+                    2 => q6k_group::<2>(act, r0, sb, &q, &scv, sc16),
+                    _ => q6k_group::<1>(act, r0, sb, &q, &scv, sc16),
                 }
-            }
-            let s = hsum_rows(&sv);
+            };
             // SAFETY: as in `q4k_tile`.
             let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
