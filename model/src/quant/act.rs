@@ -442,7 +442,7 @@ mod tests {
         };
         let mut blocks = Vec::new();
         for i in 0..2000 {
-            let scale = 10f32.powi((i % 13) as i32 - 6);
+            let scale = 10f32.powi(i % 13 - 6);
             let mut b: Vec<f32> = (0..n)
                 .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale)
                 .collect();
