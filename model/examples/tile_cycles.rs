@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Deterministic bytes; every f16 scale is forced to a small normal value.
     let rb = format.row_bytes(cols)?;
     let mut data: Vec<u8> = (0..rb * rows)
-        .map(|i| (i * 2654435761usize >> 13) as u8)
+        .map(|i| ((i * 2654435761usize) >> 13) as u8)
         .collect();
     let (block, scale_offsets): (usize, &[usize]) = match format {
         QuantFormat::Q4K => (144, &[0, 2]),
