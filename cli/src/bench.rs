@@ -97,6 +97,12 @@ pub struct Args {
     /// Timed repeats of each measurement, after one warm-up (default 5, --quick 2).
     #[arg(long)]
     repeats: Option<usize>,
+    /// Measure every engine this many times, interleaved (tandem, candle,
+    /// llama-cpp, tandem, …): figures are medians over the rounds and ratios
+    /// medians of the per-round ratios, so a shared machine that speeds up or
+    /// slows down during the run biases no engine.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Short run: 2 repeats, 32 decode tokens, 3 speculative prompts capped at 32 tokens.
     #[arg(long)]
     quick: bool,
@@ -144,6 +150,7 @@ impl Args {
         anyhow::ensure!(threads >= 1, "--threads must be at least 1");
         let repeats = self.repeats.unwrap_or(if self.quick { 2 } else { 5 });
         anyhow::ensure!(repeats >= 1, "--repeats must be at least 1");
+        anyhow::ensure!(self.rounds >= 1, "--rounds must be at least 1");
         anyhow::ensure!(
             (1..=tandem_model::speculative::MAX_K).contains(&self.k),
             "--k must be in 1..={}",
@@ -438,17 +445,47 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             .with_context(|| format!("reading {}", path.display()))?
             .len();
         let prompt = bench_prompt(&path)?;
+        // Per engine: the figures of each round so far; `Ok(None)` once it
+        // is known not to be installed, `Err` once a round failed (either
+        // ends its rounds).
+        let mut measured: Vec<(Engine, Result<Option<Vec<Measured>>>)> =
+            engines.iter().map(|&e| (e, Ok(Some(Vec::new())))).collect();
+        for round in 1..=args.rounds {
+            for (engine, state) in measured.iter_mut() {
+                if !matches!(state, Ok(Some(_))) {
+                    continue;
+                }
+                let of = if args.rounds > 1 {
+                    format!(" (round {round}/{})", args.rounds)
+                } else {
+                    String::new()
+                };
+                progress(&format!("{} × {}{of} ...", model.name(), engine.name()));
+                match measure(args, res, model, *engine, &path, &prompt, llama_ok) {
+                    Ok(Some(m)) => {
+                        if let Ok(Some(list)) = state {
+                            list.push(m);
+                        }
+                    }
+                    Ok(None) => *state = Ok(None),
+                    Err(e) => *state = Err(e),
+                }
+            }
+        }
         let mut runs = Vec::new();
-        for &engine in &engines {
-            progress(&format!("{} × {} ...", model.name(), engine.name()));
-            let run = match measure(args, res, model, engine, &path, &prompt, llama_ok) {
-                Ok(Some(m)) => EngineRun {
-                    engine: engine.name().into(),
-                    status: STATUS_OK.into(),
-                    error: None,
-                    rss_over_gguf: Some(m.peak_rss_bytes as f64 / gguf_bytes as f64),
-                    figures: Some(m),
-                },
+        for (engine, state) in &measured {
+            let run = match state {
+                Ok(Some(list)) => {
+                    let m = Measured::median_of(list)
+                        .context("an engine finished without a measured round")?;
+                    EngineRun {
+                        engine: engine.name().into(),
+                        status: STATUS_OK.into(),
+                        error: None,
+                        rss_over_gguf: Some(m.peak_rss_bytes as f64 / gguf_bytes as f64),
+                        figures: Some(m),
+                    }
+                }
                 Ok(None) => EngineRun {
                     engine: engine.name().into(),
                     status: STATUS_NOT_INSTALLED.into(),
@@ -458,7 +495,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
                 },
                 Err(e) => {
                     // A broken third-party baseline is reported, not fatal.
-                    all_ok &= engine == Engine::LlamaCpp;
+                    all_ok &= *engine == Engine::LlamaCpp;
                     EngineRun {
                         engine: engine.name().into(),
                         status: STATUS_FAILED.into(),
@@ -471,14 +508,18 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             runs.push(run);
         }
         let mut ratios = BTreeMap::new();
-        if let Some(ours) = runs
-            .iter()
-            .find(|r| r.engine == "tandem")
-            .and_then(EngineRun::ok)
-        {
-            for other in runs.iter().filter(|r| r.engine != "tandem") {
-                if let Some(theirs) = other.ok() {
-                    ratios.insert(format!("tandem/{}", other.engine), Ratios::of(ours, theirs));
+        let rounds_of = |e: Engine| match measured.iter().find(|(x, _)| *x == e) {
+            Some((_, Ok(Some(list)))) => Some(list),
+            _ => None,
+        };
+        if let Some(ours) = rounds_of(Engine::Tandem) {
+            for &other in engines.iter().filter(|&&e| e != Engine::Tandem) {
+                if let Some(theirs) = rounds_of(other) {
+                    let pairs: Vec<(&Measured, &Measured)> = ours.iter().zip(theirs).collect();
+                    ratios.insert(
+                        format!("tandem/{}", other.name()),
+                        Ratios::median_of(&pairs),
+                    );
                 }
             }
         }
@@ -531,6 +572,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
         settings: Settings {
             threads: res.threads,
             repeats: res.repeats,
+            rounds: args.rounds,
             quick: args.quick,
             prompt_tokens: PROMPT_TOKENS,
             decode_tokens: res.decode_tokens,
@@ -602,6 +644,24 @@ fn forward_ms_rows(o: &mut String, m: &ModelReport, ks: &[usize]) {
         }
         let _ = writeln!(o, "{line}");
     }
+    // Time ratios (below 1: Tandem's forward takes less time).
+    for (name, q) in &m.ratios {
+        let other = name.trim_start_matches("tandem/");
+        for (label, krs) in [
+            (name.clone(), &q.verify_ms_ratio),
+            (format!("last-only/{other}"), &q.verify_last_only_ms_ratio),
+        ] {
+            if krs.is_empty() {
+                continue;
+            }
+            let mut line = format!("  {label:<16}");
+            for k in ks {
+                let r = krs.iter().find(|v| v.k == *k).map(|v| v.ratio);
+                let _ = write!(line, " {:>7}", r.map_or("-".into(), |r| format!("{r:.2}")));
+            }
+            let _ = writeln!(o, "{line}");
+        }
+    }
 }
 
 fn render(r: &BenchReport) -> String {
@@ -610,8 +670,21 @@ fn render(r: &BenchReport) -> String {
     let _ = writeln!(
         o,
         "tandem bench {}: {} threads, {} repeats (median, after a warm-up), prompt {} tokens, \
-         decode {} tokens, verify at context {}",
-        r.date_utc, s.threads, s.repeats, s.prompt_tokens, s.decode_tokens, s.prompt_tokens
+         decode {} tokens, verify at context {}{}",
+        r.date_utc,
+        s.threads,
+        s.repeats,
+        s.prompt_tokens,
+        s.decode_tokens,
+        s.prompt_tokens,
+        if s.rounds > 1 {
+            format!(
+                "; {} interleaved rounds (medians over rounds, ratios: medians of per-round ratios)",
+                s.rounds
+            )
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         o,
@@ -689,7 +762,7 @@ fn render(r: &BenchReport) -> String {
          (>1 is better for prefill/decode, <1 is better for load, c(k) and memory). \
          \"forward ms\" rows: the median time of those forwards; \"tandem last-only\" is \
          Tandem's forward with the head over the last position only, the same work as \
-         candle's forward."
+         candle's forward; below them, tandem's time ÷ the other's (<1: Tandem faster)."
     );
     if let Some(sp) = &r.speculative {
         let _ = writeln!(

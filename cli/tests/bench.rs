@@ -49,6 +49,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     let threads = u(&r["settings"], "threads");
     assert!(threads >= 1);
     assert_eq!(u(&r["settings"], "repeats"), 2);
+    assert_eq!(u(&r["settings"], "rounds"), 1);
     let decode_tokens = u(&r["settings"], "decode_tokens");
     assert!(decode_tokens >= 32);
     assert_eq!(
@@ -166,6 +167,8 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
             "tandem,llama-cpp",
             "--repeats",
             "1",
+            "--rounds",
+            "2",
             "--spec-prompts",
             "0",
         ])
@@ -196,6 +199,14 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
         "{stdout}"
     );
     assert!(!stdout.contains("speculative"), "{stdout}");
+    // Two interleaved rounds: announced, and tandem measured twice while the
+    // missing llama.cpp is tried once.
+    assert!(stdout.contains("2 interleaved rounds"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in ["draft × tandem (round 1/2)", "draft × tandem (round 2/2)"] {
+        assert!(stderr.contains(needle), "missing `{needle}` in:\n{stderr}");
+    }
+    assert_eq!(stderr.matches("× llama-cpp").count(), 1, "{stderr}");
 }
 
 #[test]
@@ -204,6 +215,7 @@ fn bad_arguments_fail_with_a_clear_message() {
         (vec!["--k", "0"], "--k must be in 1..=16"),
         (vec!["--k", "17"], "--k must be in 1..=16"),
         (vec!["--repeats", "0"], "--repeats must be at least 1"),
+        (vec!["--rounds", "0"], "--rounds must be at least 1"),
         (vec!["--engines", "gpu"], "invalid value 'gpu'"),
     ] {
         let out = tandem().arg("bench").args(&args).output().unwrap();

@@ -83,6 +83,14 @@ pub struct Ratios {
     pub peak_rss_bytes: f64,
     /// Per k: tandem's cost_ratio / the other engine's cost_ratio.
     pub verify_cost_ratio: Vec<KRatio>,
+    /// Per k: tandem's forward time / the other engine's (below 1: Tandem's
+    /// block verify, every position's logits, takes less time).
+    pub verify_ms_ratio: Vec<KRatio>,
+    /// Per k: tandem's last-position-only forward time / the other engine's
+    /// forward time (the same work as candle's forward); empty when Tandem
+    /// did not measure it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub verify_last_only_ms_ratio: Vec<KRatio>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -93,24 +101,101 @@ pub struct KRatio {
 
 impl Ratios {
     pub fn of(ours: &Measured, theirs: &Measured) -> Self {
-        let verify_cost_ratio = ours
-            .verify
-            .iter()
-            .filter_map(|a| {
-                let b = theirs.verify.iter().find(|b| b.k == a.k)?;
-                Some(KRatio {
-                    k: a.k,
-                    ratio: a.cost_ratio / b.cost_ratio,
+        let per_k = |a: &[VerifyPoint], f: fn(&VerifyPoint) -> f64| -> Vec<KRatio> {
+            a.iter()
+                .filter_map(|a| {
+                    let b = theirs.verify.iter().find(|b| b.k == a.k)?;
+                    Some(KRatio {
+                        k: a.k,
+                        ratio: f(a) / f(b),
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
         Self {
             prefill_tok_s: ours.prefill_tok_s / theirs.prefill_tok_s,
             decode_tok_s: ours.decode_tok_s / theirs.decode_tok_s,
             load_ms: ours.load_ms / theirs.load_ms,
             peak_rss_bytes: ours.peak_rss_bytes as f64 / theirs.peak_rss_bytes as f64,
-            verify_cost_ratio,
+            verify_cost_ratio: per_k(&ours.verify, |v| v.cost_ratio),
+            verify_ms_ratio: per_k(&ours.verify, |v| v.ms),
+            verify_last_only_ms_ratio: per_k(&ours.verify_last_only, |v| v.ms),
         }
+    }
+
+    /// The ratios of interleaved rounds (`pairs[i]` = both engines' figures
+    /// of round i): each figure is the median of its per-round ratios, so a
+    /// machine that speeds up or slows down between rounds biases neither
+    /// engine. One pair gives [`Ratios::of`].
+    pub fn median_of(pairs: &[(&Measured, &Measured)]) -> Self {
+        let rs: Vec<Ratios> = pairs.iter().map(|(a, b)| Ratios::of(a, b)).collect();
+        let med = |f: fn(&Ratios) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
+        let per_k = |f: fn(&Ratios) -> &Vec<KRatio>| -> Vec<KRatio> {
+            let Some(first) = rs.first() else {
+                return Vec::new();
+            };
+            f(first)
+                .iter()
+                .map(|kr| {
+                    let xs: Vec<f64> = rs
+                        .iter()
+                        .filter_map(|r| f(r).iter().find(|x| x.k == kr.k).map(|x| x.ratio))
+                        .collect();
+                    KRatio {
+                        k: kr.k,
+                        ratio: median(&xs),
+                    }
+                })
+                .collect()
+        };
+        Self {
+            prefill_tok_s: med(|r| r.prefill_tok_s),
+            decode_tok_s: med(|r| r.decode_tok_s),
+            load_ms: med(|r| r.load_ms),
+            peak_rss_bytes: med(|r| r.peak_rss_bytes),
+            verify_cost_ratio: per_k(|r| &r.verify_cost_ratio),
+            verify_ms_ratio: per_k(|r| &r.verify_ms_ratio),
+            verify_last_only_ms_ratio: per_k(|r| &r.verify_last_only_ms_ratio),
+        }
+    }
+}
+
+impl Measured {
+    /// One engine's figures over interleaved rounds: medians of the times and
+    /// rates (per k for the verify points), the largest memory figures.
+    /// Identity fields come from the first round. `None` for no rounds.
+    pub fn median_of(rounds: &[Measured]) -> Option<Measured> {
+        let first = rounds.first()?;
+        let med = |f: fn(&Measured) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+        let points = |f: fn(&Measured) -> &Vec<VerifyPoint>| -> Vec<VerifyPoint> {
+            f(first)
+                .iter()
+                .map(|p| {
+                    let at = |g: fn(&VerifyPoint) -> f64| {
+                        let xs: Vec<f64> = rounds
+                            .iter()
+                            .filter_map(|m| f(m).iter().find(|q| q.k == p.k).map(g))
+                            .collect();
+                        median(&xs)
+                    };
+                    VerifyPoint {
+                        k: p.k,
+                        ms: at(|q| q.ms),
+                        cost_ratio: at(|q| q.cost_ratio),
+                    }
+                })
+                .collect()
+        };
+        Some(Measured {
+            load_ms: med(|m| m.load_ms),
+            prefill_tok_s: med(|m| m.prefill_tok_s),
+            decode_tok_s: med(|m| m.decode_tok_s),
+            verify: points(|m| &m.verify),
+            verify_last_only: points(|m| &m.verify_last_only),
+            rss_after_load_bytes: rounds.iter().map(|m| m.rss_after_load_bytes).max()?,
+            peak_rss_bytes: rounds.iter().map(|m| m.peak_rss_bytes).max()?,
+            ..first.clone()
+        })
     }
 }
 
@@ -193,6 +278,9 @@ pub struct Machine {
 pub struct Settings {
     pub threads: usize,
     pub repeats: usize,
+    /// Interleaved rounds of every engine (`--rounds`); figures are medians
+    /// over rounds, ratios medians of per-round ratios.
+    pub rounds: usize,
     pub quick: bool,
     pub prompt_tokens: usize,
     pub decode_tokens: usize,
@@ -281,5 +369,55 @@ mod tests {
         assert_eq!(r.verify_cost_ratio.len(), 2, "k = 9 has no counterpart");
         assert_eq!(r.verify_cost_ratio[1].k, 5);
         assert_eq!(r.verify_cost_ratio[1].ratio, 0.5);
+        assert_eq!(r.verify_ms_ratio[1].ratio, 0.5);
+        assert!(
+            r.verify_last_only_ms_ratio.is_empty(),
+            "a measured nothing last-only"
+        );
+    }
+
+    #[test]
+    fn rounds_take_medians_and_ratios_pair_each_round() {
+        // The machine slows down by 2× in round 2 and 4× in round 3, for both
+        // engines alike: ours is always 2× faster at decode and k = 5.
+        let ours: Vec<Measured> = [1.0, 2.0, 4.0]
+            .iter()
+            .map(|&slow| {
+                m(
+                    100.0 / slow,
+                    40.0 / slow,
+                    100,
+                    &[(1, slow), (5, 1.5 * slow)],
+                )
+            })
+            .collect();
+        let theirs: Vec<Measured> = [1.0, 2.0, 4.0]
+            .iter()
+            .map(|&slow| {
+                m(
+                    50.0 / slow,
+                    20.0 / slow,
+                    300 + slow as u64,
+                    &[(1, slow), (5, 3.0 * slow)],
+                )
+            })
+            .collect();
+        let pairs: Vec<(&Measured, &Measured)> = ours.iter().zip(&theirs).collect();
+        let r = Ratios::median_of(&pairs);
+        assert_eq!(r.decode_tok_s, 2.0);
+        assert_eq!(r.prefill_tok_s, 2.0);
+        assert_eq!(r.verify_ms_ratio[1].k, 5);
+        assert_eq!(r.verify_ms_ratio[1].ratio, 0.5);
+        let med = Measured::median_of(&theirs).unwrap();
+        assert_eq!(med.decode_tok_s, 10.0, "median of 20, 10, 5");
+        assert_eq!(med.verify[1].ms, 6.0, "median of 3, 6, 12");
+        assert_eq!(med.peak_rss_bytes, 304, "memory: the largest round");
+        assert!(Measured::median_of(&[]).is_none());
+        // A single round is the plain ratio.
+        let one = Ratios::median_of(&pairs[..1]);
+        assert_eq!(
+            one.decode_tok_s,
+            Ratios::of(&ours[0], &theirs[0]).decode_tok_s
+        );
     }
 }
