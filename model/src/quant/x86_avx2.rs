@@ -327,6 +327,21 @@ pub(super) fn q4k_mins16(mn: [u8; 8]) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
 }
 
+/// The Q4_K sub-block scales as 8 i16 broadcasts (`out[j]` = `sc[j]` in every
+/// lane): one widening and one in-lane `vpshufb` per scale, instead of a
+/// scalar load and broadcast each.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4k_scale_vectors(sc: [u8; 8]) -> [__m256i; 8] {
+    // SAFETY: 8 bytes from a [u8; 8].
+    let v = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(sc.as_ptr().cast()) });
+    let v = _mm256_broadcastsi128_si256(v);
+    std::array::from_fn(|j| {
+        let pick = (((2 * j + 1) << 8) | (2 * j)) as i16;
+        _mm256_shuffle_epi8(v, _mm256_set1_epi16(pick))
+    })
+}
+
 /// Q4_K weight row × activation rows `t0..t0 + R` (Q8_K): per super-block
 /// the exact pair (S, M) of every row ([`combine::q4k_step`]), reduced across
 /// the rows at once, then the float step for the rows as lanes:
@@ -349,11 +364,11 @@ unsafe fn q4k_rows<const R: usize>(
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         prefetch_ahead::<3>(b.qs.as_ptr());
         let (sc, mn) = q4k_scales_mins(&b.scales);
+        let scv = q4k_scale_vectors(sc);
         let mut sv = [_mm256_setzero_si256(); R];
         for c in 0..4 {
             let (w0, w1) = q4k_pair(b, c);
-            let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
-            let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            let (s0, s1) = (scv[2 * c], scv[2 * c + 1]);
             for (r, sv) in sv.iter_mut().enumerate() {
                 // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
                 unsafe {
@@ -524,18 +539,24 @@ unsafe fn q6k_offset(s: __m256i, bs: *const i16, sc16: __m256i) -> __m256i {
     _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsv, sc16)))
 }
 
-/// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16.
+/// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16,
+/// and all 16 scales as i16. Each chunk's vector is one `vpermd` (the i16 pair
+/// `sc_2c, sc_2c+1` into every dword) and one in-lane `vpshufb` (the low half
+/// repeats the first of the pair, the high half the second), instead of two
+/// scalar broadcasts and an insert.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
-    let scv = std::array::from_fn(|c| {
-        _mm256_set_m128i(
-            _mm_set1_epi16(sc[2 * c + 1] as i16),
-            _mm_set1_epi16(sc[2 * c] as i16),
-        )
-    });
     // SAFETY: 16 bytes from a [i8; 16].
     let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
+    let pick = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    let scv = std::array::from_fn(|c| {
+        let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
+        _mm256_shuffle_epi8(pair, pick)
+    });
     (scv, sc16)
 }
 
@@ -713,7 +734,7 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
         prefetch_ahead::<3>(b.qs.as_ptr());
         unpack_q4k_values(b, &mut q);
         let (sc, mn) = q4k_scales_mins(&b.scales);
-        let scv: [__m256i; 8] = std::array::from_fn(|j| _mm256_set1_epi16(sc[j] as i16));
+        let scv = q4k_scale_vectors(sc);
         let mnv = q4k_mins16(mn);
         let (d, dmin) = (_mm_set1_ps(f16c(b.d)), _mm_set1_ps(f16c(b.dmin)));
         for (g, acc) in acc.iter_mut().enumerate().take(groups) {
