@@ -3,10 +3,13 @@
 //! Q8_0 (blocks of 32, for Q4_0/Q5_0/Q8_0 weights) or Q8_K (blocks of 256 with
 //! 16-element sums, for Q4_K/Q6_K weights).
 //!
-//! Quantization is plain scalar code shared by every instruction-set path, so
-//! the quantized activations (and hence the integer dot products) are the same
-//! whichever kernel consumes them. Rows are independent, so a large input is
-//! quantized row-parallel (same bits: each row's code is the same).
+//! Quantization is shared by every instruction-set path, so the quantized
+//! activations (and hence the integer dot products) are the same whichever
+//! kernel consumes them. It runs as AVX2 code when the CPU has AVX2 (whatever
+//! `TANDEM_ISA` says) and as the scalar reference otherwise; both give the same
+//! bits (test `avx2_quantizers_give_the_scalar_bits`). Rows are independent,
+//! so a large input is quantized row-parallel (same bits: each row's code is
+//! the same).
 
 use super::blocks::{QK, QK_K};
 use rayon::prelude::*;

@@ -9,7 +9,8 @@
 //!   verify bit-identical to one-token decoding.
 //!
 //! How the contract is kept:
-//! - each activation row is quantized once per call by scalar code
+//! - each activation row is quantized once per call by code shared by all
+//!   paths (scalar, or AVX2 with the same bits)
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
 //!   so its quantization does not depend on the other rows;
 //! - SIMD and AMX kernels only compute integer sums, which are exact; every
