@@ -223,10 +223,15 @@ fn quantize_q8k_scalar(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
     for (q, &v) in q.iter_mut().zip(x) {
         *q = round_half_away(iscale * v).clamp(-128.0, 127.0) as i8;
     }
+    block_sums(q, sums);
+    1.0 / iscale
+}
+
+/// The Q8_K 16-element sums of a quantized block (both quantizers).
+fn block_sums(q: &[i8], sums: &mut [i16]) {
     for (s, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
         *s = q.iter().map(|&v| v as i16).sum();
     }
-    1.0 / iscale
 }
 
 /// `v.round()` (halves away from zero) without the libm call that `round`
@@ -258,14 +263,13 @@ mod x86 {
         is_x86_feature_detected!("avx2")
     }
 
-    /// `(amax, max)`: the largest magnitude (NaN skipped) and the first value
-    /// that has it, as the scalar loop finds them (`max` is 0 when `amax` is).
+    /// The largest magnitude in `x`, NaN skipped, as the scalar loops find it.
     ///
     /// # Safety
     /// AVX2; `x.len()` is a multiple of 8.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn abs_max(x: &[f32]) -> (f32, f32) {
+    unsafe fn abs_max(x: &[f32]) -> f32 {
         let sign = _mm256_set1_ps(-0.0);
         let mut m = _mm256_setzero_ps();
         for c in x.chunks_exact(8) {
@@ -277,17 +281,25 @@ mod x86 {
         let mut a = [0f32; 8];
         // SAFETY: 8 floats into [f32; 8].
         unsafe { _mm256_storeu_ps(a.as_mut_ptr(), m) };
-        let amax = a.iter().fold(0f32, |acc, &v| if v > acc { v } else { acc });
-        if amax == 0.0 {
-            return (0.0, 0.0);
-        }
+        a.iter().fold(0f32, |acc, &v| if v > acc { v } else { acc })
+    }
+
+    /// The first value of `x` whose magnitude is `amax` (which must be the
+    /// non-zero [`abs_max`] of `x`): the scalar Q8_K loop's `max`.
+    ///
+    /// # Safety
+    /// AVX2; `x.len()` is a multiple of 8.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn first_of_magnitude(x: &[f32], amax: f32) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
         let target = _mm256_set1_ps(amax);
         for c in x.chunks_exact(8) {
             // SAFETY: 8 floats.
             let v = _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) });
             let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, target));
             if hit != 0 {
-                return (amax, c[hit.trailing_zeros() as usize]);
+                return c[hit.trailing_zeros() as usize];
             }
         }
         unreachable!("amax is the magnitude of one of the values")
@@ -343,7 +355,7 @@ mod x86 {
     pub(super) unsafe fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
         assert!(x.len() == 32 && q.len() == 32);
         // SAFETY: 32 values.
-        let (amax, _) = unsafe { abs_max(x) };
+        let amax = unsafe { abs_max(x) };
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         // SAFETY: 32 floats in, 32 bytes out.
@@ -359,21 +371,20 @@ mod x86 {
     pub(super) unsafe fn quantize_q8k(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
         assert!(x.len() == 256 && q.len() == 256 && sums.len() == 16);
         // SAFETY: 256 values.
-        let (amax, max) = unsafe { abs_max(x) };
+        let amax = unsafe { abs_max(x) };
         if amax == 0.0 {
             q.fill(0);
             sums.fill(0);
             return 0.0;
         }
-        let iscale = -127.0 / max;
+        // SAFETY: 256 values; amax is their non-zero largest magnitude.
+        let iscale = -127.0 / unsafe { first_of_magnitude(x, amax) };
         let s = _mm256_set1_ps(iscale);
         for c in 0..8 {
             // SAFETY: chunk c < 8 of 32 values and bytes.
             unsafe { quantize32(x.as_ptr().add(32 * c), s, q.as_mut_ptr().add(32 * c)) };
         }
-        for (s, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
-            *s = q.iter().map(|&v| v as i16).sum();
-        }
+        super::block_sums(q, sums);
         1.0 / iscale
     }
 }

@@ -749,8 +749,8 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                     _ => q4k_group::<1>(act, r0, sb, &q, &scv, mnv),
                 }
             };
-            // SAFETY: rows t0 + 4g .. + n exist, sb < nb.
-            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
+            // SAFETY: rows r0..r0 + n exist, sb < nb.
+            let dx = unsafe { group_scales(act, sb, r0, n) };
             let p = _mm_sub_ps(
                 _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)),
                 _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(mm)),
@@ -789,7 +789,7 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                 }
             };
             // SAFETY: as in `q4k_tile`.
-            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
+            let dx = unsafe { group_scales(act, sb, r0, n) };
             *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
         }
     }
