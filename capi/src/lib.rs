@@ -374,18 +374,13 @@ fn build_engine(config_path: &Path) -> Result<Engine, Failure> {
             ),
         ));
     }
-    let model = Qwen2Model::load(
-        &draft_path,
-        LoadOptions {
-            max_seq_len: cfg.max_seq_len,
-        },
-    )
-    .map_err(|e| {
-        Failure(
-            TandemStatus::Model,
-            format!("loading the draft model {}: {e}", draft_path.display()),
-        )
-    })?;
+    let model = Qwen2Model::load(&draft_path, LoadOptions::with_max_seq_len(cfg.max_seq_len))
+        .map_err(|e| {
+            Failure(
+                TandemStatus::Model,
+                format!("loading the draft model {}: {e}", draft_path.display()),
+            )
+        })?;
     let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| {
         Failure(
             TandemStatus::Model,

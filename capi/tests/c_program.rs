@@ -173,7 +173,7 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let r = report(&run(&local_config(dir.path()), PROMPT, N, &[]));
-    let draft = Qwen2Model::load(draft_path(), LoadOptions { max_seq_len: 512 }).unwrap();
+    let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, N));
     assert!(!r.text.is_empty());
     assert!(r.stats.contains("route=local_no_verifier"), "{}", r.stats);
@@ -407,7 +407,7 @@ fn unreachable_verifier_gives_provisional_pieces_not_an_error() {
     assert!(!r.pieces.contains("provisional=0"), "{}", r.pieces);
     assert!(r.json["stats"]["breaker_opens"].as_u64().unwrap() >= 1);
     // Provisional greedy tokens are the draft's own.
-    let draft = Qwen2Model::load(draft_path(), LoadOptions { max_seq_len: 512 }).unwrap();
+    let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, n));
     eprintln!("unreachable verifier: {:.1} s", t0.elapsed().as_secs_f64());
 }

@@ -33,7 +33,7 @@ pub fn load_model(
 ) -> Result<Loaded> {
     let path = resolve_model(role, explicit)?;
     let t = Instant::now();
-    let model = Qwen2Model::load(&path, LoadOptions { max_seq_len })
+    let model = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(max_seq_len))
         .with_context(|| format!("loading {}", path.display()))?;
     Ok(Loaded {
         model,

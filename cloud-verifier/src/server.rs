@@ -173,11 +173,12 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         .unwrap_or_else(|| tandem_fetch::model_path(tandem_fetch::ModelRole::Target));
     let max_seq_len = cfg.max_seq_len;
     let p = path.clone();
-    let model =
-        tokio::task::spawn_blocking(move || Qwen2Model::load(&p, LoadOptions { max_seq_len }))
-            .await
-            .map_err(|e| ServeError::Join(e.to_string()))?
-            .map_err(|source| ServeError::Model { path, source })?;
+    let model = tokio::task::spawn_blocking(move || {
+        Qwen2Model::load(&p, LoadOptions::with_max_seq_len(max_seq_len))
+    })
+    .await
+    .map_err(|e| ServeError::Join(e.to_string()))?
+    .map_err(|source| ServeError::Model { path, source })?;
     let fingerprint = cfg
         .tokenizer_fingerprint
         .clone()

@@ -23,7 +23,7 @@ async fn real_target_verifies_a_few_rounds() {
     let v = tandem_verifier::start(parse(dir.path(), &toml))
         .await
         .unwrap();
-    let target = Qwen2Model::load(&path, LoadOptions { max_seq_len: 512 }).unwrap();
+    let target = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(512)).unwrap();
     let tok = Tokenizer::from_gguf(target.gguf()).unwrap();
     let p = tok.encode("fn fibonacci(n: u64) -> u64 {", false).unwrap();
     let want = target_greedy(&target, &p, 8);

@@ -22,7 +22,7 @@ const FP: &str = "tiny-test-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
 fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {

@@ -17,7 +17,7 @@ const DEVICES: usize = 16;
 const MAX_TOKENS: usize = 24;
 
 fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn token(i: usize) -> String {

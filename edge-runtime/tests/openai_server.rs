@@ -125,7 +125,8 @@ fn fixture() -> Fixture {
     write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
     write_tiny_tokenizer(&tokp);
     let tok = Tokenizer::from_gguf(&GgufFile::open(&tokp).unwrap()).unwrap();
-    let load = |p: &Path| Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 2048 }).unwrap());
+    let load =
+        |p: &Path| Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {
         draft: load(&draft),
         target: load(&target),

@@ -414,7 +414,7 @@ fn fixture() -> Fixture {
     let (proxy, rec) = start_recorder(&rt, verifier.grpc_addr);
     Fixture {
         _dir: dir,
-        draft: Arc::new(Qwen2Model::load(&draft, LoadOptions { max_seq_len: 4096 }).unwrap()),
+        draft: Arc::new(Qwen2Model::load(&draft, LoadOptions::with_max_seq_len(4096)).unwrap()),
         tok,
         rt,
         verifier: Some(verifier),

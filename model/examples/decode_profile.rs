@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use tandem_model::gguf::GgufFile;
-use tandem_model::quant::{self, Isa, QMatrix};
+use tandem_model::quant::{self, Isa, QMatrix, QuantFormat};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 
 fn models_dir() -> PathBuf {
@@ -173,13 +173,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         "token_embd.weight"
     };
-    let mut mats: Vec<(usize, QMatrix)> = Vec::new();
+    let mut mapped: Vec<(usize, QMatrix)> = Vec::new();
     for l in 0..cfg.n_layer {
         for (i, n) in names.iter().enumerate() {
-            mats.push((i, g.matrix(&format!("blk.{l}.{n}.weight"))?));
+            mapped.push((i, g.matrix(&format!("blk.{l}.{n}.weight"))?));
         }
     }
-    mats.push((names.len(), g.matrix(head_name)?));
+    mapped.push((names.len(), g.matrix(head_name)?));
+    // The layers' Q5_0 matrices as the loader regroups them (LoadOptions::repack).
+    let repack = LoadOptions::default().repack;
+    let group = QuantFormat::Q5_0x4.block_elems();
+    let packed = mapped
+        .iter()
+        .map(|(kind, w)| {
+            let regroup = repack
+                && *kind < names.len()
+                && w.format == QuantFormat::Q5_0
+                && w.cols.is_multiple_of(group);
+            regroup
+                .then(|| quant::repack_q5_0x4(w.data, w.rows, w.cols))
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mats: Vec<(usize, QMatrix)> = mapped
+        .iter()
+        .zip(&packed)
+        .map(|(&(kind, w), p)| match p {
+            Some(p) => (
+                kind,
+                QMatrix {
+                    format: QuantFormat::Q5_0x4,
+                    data: p,
+                    ..w
+                },
+            ),
+            None => (kind, w),
+        })
+        .collect();
     let xs: Vec<Vec<f32>> = mats
         .iter()
         .map(|(_, w)| {

@@ -68,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--k must be at least 1".into());
     }
 
-    let opts = || LoadOptions { max_seq_len: 2048 };
+    let opts = || LoadOptions::with_max_seq_len(2048);
     let dir = models_dir();
     let draft = Qwen2Model::load(dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), opts())?;
     let target = Qwen2Model::load(dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), opts())?;

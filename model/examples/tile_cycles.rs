@@ -9,10 +9,10 @@
 //! counters (not in every VM), run it under `perf stat -e cycles:u`.
 //!
 //! `RAYON_NUM_THREADS=1 taskset -c 1 \
-//!   target/release/examples/tile_cycles q4k|q6k|q8_0|q5_0 M [CALLS [ROWS]]`
+//!   target/release/examples/tile_cycles q4k|q6k|q8_0|q5_0|q5_0x4 M [CALLS [ROWS]]`
 //! (with 8 rows the time is mostly activation quantization.)
 
-use tandem_model::quant::{matmul, QMatrix, QuantFormat};
+use tandem_model::quant::{matmul, repack_q5_0x4, QMatrix, QuantFormat};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,8 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("q4k") => QuantFormat::Q4K,
         Some("q6k") => QuantFormat::Q6K,
         Some("q8_0") => QuantFormat::Q8_0,
-        Some("q5_0") => QuantFormat::Q5_0,
-        _ => return Err("usage: tile_cycles q4k|q6k|q8_0|q5_0 M [CALLS [ROWS]]".into()),
+        Some("q5_0") | Some("q5_0x4") => QuantFormat::Q5_0,
+        _ => return Err("usage: tile_cycles q4k|q6k|q8_0|q5_0|q5_0x4 M [CALLS [ROWS]]".into()),
     };
     let m: usize = args.get(1).map_or(Ok(17), |s| s.parse())?;
     let calls: usize = args.get(2).map_or(Ok(2000), |s| s.parse())?;
@@ -43,6 +43,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             b[o..o + 2].copy_from_slice(&0x2c00u16.to_le_bytes()); // 0.0625
         }
     }
+    let (format, data) = if args.first().map(String::as_str) == Some("q5_0x4") {
+        (QuantFormat::Q5_0x4, repack_q5_0x4(&data, rows, cols)?)
+    } else {
+        (format, data)
+    };
     let w = QMatrix::new(format, rows, cols, &data)?;
     let x: Vec<f32> = (0..m * cols)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)

@@ -35,6 +35,7 @@ pub struct GgufFile {
     pub metadata: HashMap<String, Value>,
     pub tensors: HashMap<String, TensorEntry>,
     map: Arc<Mmap>,
+    file: Arc<std::fs::File>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -109,6 +110,7 @@ impl GgufFile {
             metadata: content.metadata,
             tensors,
             map: Arc::new(map),
+            file: Arc::new(file),
         })
     }
 
@@ -128,6 +130,28 @@ impl GgufFile {
 
     pub fn tensor_bytes(&self, e: &TensorEntry) -> &[u8] {
         &self.map[e.offset..e.offset + e.len]
+    }
+
+    /// A copy of a tensor's bytes read from the file (not through the map,
+    /// so a tensor that is converted at load time never becomes resident
+    /// twice: the mapped pages are not touched).
+    pub fn read_tensor(&self, e: &TensorEntry) -> Result<Vec<u8>> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; e.len];
+            self.file
+                .read_exact_at(&mut buf, e.offset as u64)
+                .map_err(|source| ModelError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            Ok(buf)
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(self.tensor_bytes(e).to_vec())
+        }
     }
 
     /// A 2-D tensor as a matrix of `rows = dims[1]`, `cols = dims[0]`.

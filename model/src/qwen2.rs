@@ -15,6 +15,7 @@ use crate::{ModelError, Result};
 use rayon::prelude::*;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,14 +87,23 @@ impl Qwen2Config {
     }
 }
 
-/// A weight matrix located in the mapped file.
+/// Where a weight matrix's bytes are.
+#[derive(Clone, Debug)]
+enum WeightBytes {
+    /// In the mapped file.
+    Mapped { offset: usize, len: usize },
+    /// Converted at load time ([`LoadOptions::repack`]); the mapped original
+    /// is never touched, so it is not resident either.
+    Owned(Arc<[u8]>),
+}
+
+/// A weight matrix.
 #[derive(Clone, Debug)]
 struct Weight {
     format: QuantFormat,
     rows: usize,
     cols: usize,
-    offset: usize,
-    len: usize,
+    bytes: WeightBytes,
 }
 
 impl Weight {
@@ -108,17 +118,52 @@ impl Weight {
             format: e.format,
             rows,
             cols,
-            offset: e.offset,
-            len: e.len,
+            bytes: WeightBytes::Mapped {
+                offset: e.offset,
+                len: e.len,
+            },
         })
     }
 
-    fn view<'a>(&self, bytes: &'a [u8]) -> QMatrix<'a> {
+    /// A layer matrix, regrouped into [`QuantFormat::Q5_0x4`] when `repack`
+    /// is set and it is a Q5_0 matrix of whole groups (results are
+    /// bit-identical either way; only the speed differs).
+    fn layer_matrix(
+        gguf: &GgufFile,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        repack: bool,
+    ) -> Result<Self> {
+        let e = gguf.entry(name)?;
+        let w = Self::from_entry(name, e, rows, cols)?;
+        let group = QuantFormat::Q5_0x4.block_elems();
+        if !repack || w.format != QuantFormat::Q5_0 || !cols.is_multiple_of(group) {
+            return Ok(w);
+        }
+        let packed = quant::repack_q5_0x4(&gguf.read_tensor(e)?, rows, cols).map_err(|err| {
+            ModelError::BadTensor {
+                name: name.into(),
+                reason: err.to_string(),
+            }
+        })?;
+        Ok(Self {
+            format: QuantFormat::Q5_0x4,
+            bytes: WeightBytes::Owned(packed.into()),
+            ..w
+        })
+    }
+
+    fn view<'a>(&'a self, mapped: &'a [u8]) -> QMatrix<'a> {
+        let data = match &self.bytes {
+            WeightBytes::Mapped { offset, len } => &mapped[*offset..*offset + *len],
+            WeightBytes::Owned(b) => b,
+        };
         QMatrix {
             format: self.format,
             rows: self.rows,
             cols: self.cols,
-            data: &bytes[self.offset..self.offset + self.len],
+            data,
         }
     }
 }
@@ -143,15 +188,35 @@ struct Layer {
 pub struct LoadOptions {
     /// Maximum sequence length of caches created by [`Qwen2Model::new_cache`].
     pub max_seq_len: usize,
+    /// Regroup the layers' Q5_0 matrices into [`QuantFormat::Q5_0x4`] at load
+    /// time (read from the file into memory instead of mapped; same size,
+    /// bit-identical results). Default: where it is faster
+    /// ([`quant::repack_pays`] for the selected instruction set).
+    pub repack: bool,
+}
+
+impl LoadOptions {
+    /// Default options with this sequence cap.
+    pub fn with_max_seq_len(max_seq_len: usize) -> Self {
+        Self {
+            max_seq_len,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_seq_len: 4096 }
+        Self {
+            max_seq_len: 4096,
+            repack: quant::repack_pays(quant::Isa::selected()),
+        }
     }
 }
 
-/// A loaded Qwen2 model: weights stay in the memory-mapped GGUF.
+/// A loaded Qwen2 model: weights stay in the memory-mapped GGUF, except
+/// matrices regrouped at load time ([`LoadOptions::repack`]), which replace
+/// their mapped originals.
 pub struct Qwen2Model {
     gguf: GgufFile,
     cfg: Qwen2Config,
@@ -173,8 +238,9 @@ impl std::fmt::Debug for Qwen2Model {
 }
 
 impl Qwen2Model {
-    /// Open a GGUF file and map its weights (no copies; only norms and biases
-    /// are read into memory).
+    /// Open a GGUF file and map its weights (no copies; only norms, biases
+    /// and the matrices regrouped by [`LoadOptions::repack`] are read into
+    /// memory).
     pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Self> {
         let gguf = GgufFile::open(path)?;
         Self::from_gguf(gguf, opts)
@@ -192,6 +258,9 @@ impl Qwen2Model {
         let w = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             Weight::from_entry(name, gguf.entry(name)?, rows, cols)
         };
+        let lw = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+            Weight::layer_matrix(&gguf, name, rows, cols, opts.repack)
+        };
         let embd = w("token_embd.weight", cfg.vocab, d)?;
         let output = if gguf.tensors.contains_key("output.weight") {
             w("output.weight", cfg.vocab, d)?
@@ -204,23 +273,23 @@ impl Qwen2Model {
             let p = |s: &str| format!("blk.{i}.{s}");
             layers.push(Layer {
                 attn_norm: gguf.vector_f32(&p("attn_norm.weight"), d)?,
-                wq: w(&p("attn_q.weight"), d, d)?,
+                wq: lw(&p("attn_q.weight"), d, d)?,
                 bq: gguf.vector_f32(&p("attn_q.bias"), d)?,
-                wk: w(&p("attn_k.weight"), kvd, d)?,
+                wk: lw(&p("attn_k.weight"), kvd, d)?,
                 bk: gguf.vector_f32(&p("attn_k.bias"), kvd)?,
-                wv: w(&p("attn_v.weight"), kvd, d)?,
+                wv: lw(&p("attn_v.weight"), kvd, d)?,
                 bv: gguf.vector_f32(&p("attn_v.bias"), kvd)?,
-                wo: w(&p("attn_output.weight"), d, d)?,
+                wo: lw(&p("attn_output.weight"), d, d)?,
                 ffn_norm: gguf.vector_f32(&p("ffn_norm.weight"), d)?,
-                w_gate: w(&p("ffn_gate.weight"), cfg.d_ff, d)?,
-                w_up: w(&p("ffn_up.weight"), cfg.d_ff, d)?,
-                w_down: w(&p("ffn_down.weight"), d, cfg.d_ff)?,
+                w_gate: lw(&p("ffn_gate.weight"), cfg.d_ff, d)?,
+                w_up: lw(&p("ffn_up.weight"), cfg.d_ff, d)?,
+                w_down: lw(&p("ffn_down.weight"), d, cfg.d_ff)?,
             });
         }
         let inv_freq = (0..hd / 2)
             .map(|j| 1.0 / (cfg.rope_theta as f64).powf(2.0 * j as f64 / hd as f64))
             .collect();
-        Ok(Self {
+        let model = Self {
             gguf,
             cfg,
             opts,
@@ -229,7 +298,12 @@ impl Qwen2Model {
             output_norm,
             layers,
             inv_freq,
-        })
+        };
+        let (n, bytes) = model.regrouped();
+        if n > 0 {
+            tracing::debug!(matrices = n, bytes, "regrouped Q5_0 matrices into Q5_0x4");
+        }
+        Ok(model)
     }
 
     pub fn config(&self) -> &Qwen2Config {
@@ -242,6 +316,19 @@ impl Qwen2Model {
 
     pub fn max_seq_len(&self) -> usize {
         self.opts.max_seq_len
+    }
+
+    /// How many matrices were regrouped at load time ([`LoadOptions::repack`])
+    /// and their bytes (held in memory instead of mapped).
+    pub fn regrouped(&self) -> (usize, usize) {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .filter_map(|w| match &w.bytes {
+                WeightBytes::Owned(b) => Some(b.len()),
+                WeightBytes::Mapped { .. } => None,
+            })
+            .fold((0, 0), |(n, bytes), len| (n + 1, bytes + len))
     }
 
     /// A fresh KV cache of the configured capacity.

@@ -416,3 +416,77 @@ fn every_block_size_and_thread_count_matches_the_scalar_reference() {
         }
     }
 }
+
+/// Q5_0 matrices regrouped into Q5_0x4 (what the model loader does on AVX2):
+/// the same dequantized values and, on every ISA, for k = 1..=24 activation
+/// rows and 1–3 threads, the scalar Q5_0 results bit for bit.
+#[test]
+fn q5_0x4_regrouping_keeps_every_value_and_every_result_bit_for_bit() {
+    use tandem_model::quant::repack_q5_0x4;
+    let f = QuantFormat::Q5_0;
+    let isas = Isa::available();
+    for (rows, cols, seed) in [(53, 896, 61), (16, 128, 62), (45, 512, 63)] {
+        for data in [
+            random_bytes_matrix(f, rows, cols, seed),
+            candle_matrix(f, rows, cols, seed + 1),
+        ] {
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let packed = repack_q5_0x4(&data, rows, cols).unwrap();
+            assert_eq!(packed.len(), data.len(), "regrouping keeps the size");
+            let wx = QMatrix::new(QuantFormat::Q5_0x4, rows, cols, &packed).unwrap();
+            assert_bits_eq(&dequant(&wx), &dequant(&w), "dequantized values");
+            for x in [gauss_x(24, cols, seed + 2), exact_x(24, cols, seed + 3)] {
+                let one = rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .unwrap();
+                let expect = one.install(|| run(Isa::Scalar, &w, &x, 24));
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    for &isa in &isas {
+                        for k in 1..=24 {
+                            let got = pool.install(|| run(isa, &wx, &x[..k * cols], k));
+                            assert_bits_eq(
+                                &got,
+                                &expect[..k * rows],
+                                &format!("{isa} Q5_0x4 {rows}x{cols} k={k} threads={threads}"),
+                            );
+                        }
+                    }
+                }
+            }
+            // The widest sums: every activation at ±max magnitude.
+            let x: Vec<f32> = (0..cols)
+                .map(|k| if k % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            let expect = run(Isa::Scalar, &w, &x, 1);
+            for &isa in &isas {
+                assert_bits_eq(&run(isa, &wx, &x, 1), &expect, &format!("{isa} extreme"));
+            }
+            // Sharing one input with matrices of other activation kinds.
+            let q8 = random_bytes_matrix(QuantFormat::Q8_0, 7, cols, seed + 4);
+            let q8 = QMatrix::new(QuantFormat::Q8_0, 7, cols, &q8).unwrap();
+            let xs = gauss_x(5, cols, seed + 5);
+            for &isa in &isas {
+                let (mut a, mut b) = (vec![f32::NAN; 5 * rows], vec![f32::NAN; 5 * 7]);
+                matmul_shared_with_isa(isa, &mut [(&wx, &mut a), (&q8, &mut b)], &xs, 5).unwrap();
+                assert_bits_eq(&a, &run(Isa::Scalar, &w, &xs, 5), &format!("{isa} shared"));
+                assert_bits_eq(&b, &run(isa, &q8, &xs, 5), &format!("{isa} shared Q8_0"));
+            }
+        }
+    }
+}
+
+#[test]
+fn q5_0x4_regrouping_rejects_rows_that_are_not_whole_groups() {
+    use tandem_model::quant::repack_q5_0x4;
+    let data = random_bytes_matrix(QuantFormat::Q5_0, 4, 96, 70);
+    let err = repack_q5_0x4(&data, 4, 96).unwrap_err().to_string();
+    assert!(err.contains("multiple of 128"), "{err}");
+    let err = repack_q5_0x4(&data[..10], 4, 96).unwrap_err().to_string();
+    assert!(err.contains("needs"), "{err}");
+    assert!(QMatrix::new(QuantFormat::Q5_0x4, 1, 96, &data[..66]).is_err());
+}

@@ -10,7 +10,7 @@ fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Qwen2Model) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_qwen2(&path, cfg).unwrap();
-    let m = Qwen2Model::load(&path, LoadOptions { max_seq_len: 128 }).unwrap();
+    let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(128)).unwrap();
     (dir, m)
 }
 

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_qwen2::ModelWeights;
 use common::*;
 use tandem_fetch::ModelRole;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::argmax;
 
 const ROLES: [ModelRole; 2] = [ModelRole::Draft, ModelRole::Target];
@@ -52,6 +52,39 @@ fn real_logits_are_bit_identical_across_block_sizes() {
                 "{role:?}: block {block} differs at element {diff:?}"
             );
         }
+    }
+}
+
+/// The draft's Q5_0 matrices regrouped at load time (the default on AVX2)
+/// give the logits of the mapped GGUF layout, bit for bit, token by token and
+/// in blocks.
+#[test]
+fn regrouped_q5_0_matrices_give_the_mapped_logits_bit_for_bit() {
+    let tok = tokenizer();
+    let toks = prompt_64(&tok);
+    let path = model_file(ModelRole::Draft);
+    let opts = |repack| LoadOptions {
+        repack,
+        ..LoadOptions::with_max_seq_len(128)
+    };
+    let mapped = Qwen2Model::load(&path, opts(false)).unwrap();
+    let packed = Qwen2Model::load(&path, opts(true)).unwrap();
+    assert_eq!(mapped.regrouped(), (0, 0));
+    let (n, bytes) = packed.regrouped();
+    // 24 layers: attn_q/k/output and ffn_gate/up are Q5_0, attn_v sometimes.
+    assert!(n >= 24 * 5, "only {n} matrices regrouped");
+    eprintln!(
+        "draft: {n} matrices regrouped, {:.1} MB",
+        bytes as f64 / 1e6
+    );
+    for block in [1, 8] {
+        let a = logits_in_blocks(&mapped, &toks, block);
+        let b = logits_in_blocks(&packed, &toks, block);
+        let diff = a
+            .iter()
+            .zip(&b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(diff, None, "block {block}: first differing logit");
     }
 }
 

@@ -22,7 +22,7 @@ fn pair(dir: &std::path::Path, cap: usize) -> (Qwen2Model, Qwen2Model) {
         },
     )
     .unwrap();
-    let o = LoadOptions { max_seq_len: cap };
+    let o = LoadOptions::with_max_seq_len(cap);
     (
         Qwen2Model::load(&d, o.clone()).unwrap(),
         Qwen2Model::load(&t, o).unwrap(),

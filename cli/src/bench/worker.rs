@@ -120,13 +120,8 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
         "the verify curve starts at k = 1"
     );
     let t = Instant::now();
-    let model = Qwen2Model::load(
-        path,
-        LoadOptions {
-            max_seq_len: plan.capacity(),
-        },
-    )
-    .with_context(|| format!("loading {}", path.display()))?;
+    let model = Qwen2Model::load(path, LoadOptions::with_max_seq_len(plan.capacity()))
+        .with_context(|| format!("loading {}", path.display()))?;
     let load_ms = ms_since(t);
     let rss_load = rss_now();
     let n = plan.prompt.len();
@@ -308,7 +303,7 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
 /// Greedy target-only vs speculative decoding on each prompt, in this order
 /// per prompt so that drifting machine load hits both modes alike.
 pub fn speculative(draft_path: &Path, target_path: &Path, plan: &SpecPlan) -> Result<SpecReport> {
-    let opts = || LoadOptions { max_seq_len: 2048 };
+    let opts = || LoadOptions::with_max_seq_len(2048);
     let draft = Qwen2Model::load(draft_path, opts())
         .with_context(|| format!("loading {}", draft_path.display()))?;
     let target = Qwen2Model::load(target_path, opts())

@@ -36,7 +36,7 @@ pub fn tiny_models() -> Models {
 }
 
 pub fn load(p: &Path) -> Qwen2Model {
-    Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap()
+    Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap()
 }
 
 /// TOML for a plain-text loopback verifier on OS-assigned ports; `extra` is appended

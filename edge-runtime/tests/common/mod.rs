@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const FP: &str = "tiny-test-fingerprint";
 
 pub fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions { max_seq_len: 512 }).unwrap())
+    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 /// The model's own greedy output for `prompt` (one token per forward).

@@ -62,7 +62,23 @@ pub struct BlockQ6K {
     pub d: [u8; 2],
 }
 
+/// Q5_0 regrouped at load time (not a GGUF type; `quant::repack_q5_0x4`):
+/// four consecutive Q5_0 blocks (128 weights `d_i * (q - 16)`), the same
+/// 88 bytes laid out so that AVX2 unpacks them with shifts and masks only.
+/// Element j (0..32) of block i (0..4):
+/// - low 4 bits: `qs[32 * (i / 2) + j] >> (4 * (i % 2)) & 0xF`;
+/// - fifth bit: bit `i` of `qh[j]` for j < 16, bit `4 + i` of `qh[j - 16]`
+///   for j ≥ 16.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BlockQ5_0x4 {
+    pub d: [[u8; 2]; 4],
+    pub qh: [u8; 16],
+    pub qs: [u8; 64],
+}
+
 const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ5_0x4>() == 4 * 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
@@ -76,6 +92,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 pub unsafe trait Pod: Copy {}
 unsafe impl Pod for BlockQ4_0 {}
 unsafe impl Pod for BlockQ5_0 {}
+unsafe impl Pod for BlockQ5_0x4 {}
 unsafe impl Pod for BlockQ8_0 {}
 unsafe impl Pod for BlockQ4K {}
 unsafe impl Pod for BlockQ6K {}

@@ -58,6 +58,10 @@ pub enum QuantFormat {
     Q8_0,
     Q4K,
     Q6K,
+    /// Q5_0 regrouped by four blocks at load time ([`repack_q5_0x4`]; not a
+    /// GGUF type): the same values and scales, the same size, cheaper to
+    /// unpack on AVX2. Block `b` of a row is block `b % 4` of group `b / 4`.
+    Q5_0x4,
 }
 
 impl QuantFormat {
@@ -74,8 +78,10 @@ impl QuantFormat {
         })
     }
 
-    pub fn to_ggml(self) -> GgmlDType {
-        match self {
+    /// The GGUF type with this layout (`None` for [`QuantFormat::Q5_0x4`],
+    /// which exists only in memory).
+    pub fn to_ggml(self) -> Option<GgmlDType> {
+        Some(match self {
             Self::F32 => GgmlDType::F32,
             Self::F16 => GgmlDType::F16,
             Self::Q4_0 => GgmlDType::Q4_0,
@@ -83,17 +89,24 @@ impl QuantFormat {
             Self::Q8_0 => GgmlDType::Q8_0,
             Self::Q4K => GgmlDType::Q4K,
             Self::Q6K => GgmlDType::Q6K,
+            Self::Q5_0x4 => return None,
+        })
+    }
+
+    /// Elements per block (for [`QuantFormat::Q5_0x4`], per group of four).
+    pub fn block_elems(self) -> usize {
+        match self.to_ggml() {
+            Some(g) => g.block_size(),
+            None => 4 * blocks::QK,
         }
     }
 
-    /// Elements per block.
-    pub fn block_elems(self) -> usize {
-        self.to_ggml().block_size()
-    }
-
-    /// Bytes per block.
+    /// Bytes per block (for [`QuantFormat::Q5_0x4`], per group of four).
     pub fn block_bytes(self) -> usize {
-        self.to_ggml().type_size()
+        match self.to_ggml() {
+            Some(g) => g.type_size(),
+            None => std::mem::size_of::<blocks::BlockQ5_0x4>(),
+        }
     }
 
     /// Bytes of one row of `cols` elements, or an error if `cols` is not a
@@ -146,6 +159,59 @@ impl<'a> QMatrix<'a> {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         scalar::dequantize_row(self.format, self.row_data(r), &mut out[..self.cols])
     }
+}
+
+/// Whether [`repack_q5_0x4`] makes `isa` faster: on AVX2 the regrouped
+/// layout unpacks with shifts and masks instead of a bit-to-byte expansion
+/// and a sign trick per block (the draft's Q5_0 matrices went from compute-
+/// to memory-bound; docs/model-core.md, "Q5_0x4"). AVX-512 machines keep the
+/// GGUF layout for their VNNI kernels (not measured there).
+pub fn repack_pays(isa: Isa) -> bool {
+    isa == Isa::Avx2
+}
+
+/// Regroup a Q5_0 matrix (`rows` × `cols`, GGUF layout) into
+/// [`QuantFormat::Q5_0x4`]: same size, same values and scales, so every
+/// matmul result is bit-identical. `cols` must be a multiple of 128 (four
+/// blocks).
+pub fn repack_q5_0x4(data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
+    QMatrix::new(QuantFormat::Q5_0, rows, cols, data)?;
+    let group = QuantFormat::Q5_0x4.block_elems();
+    if !cols.is_multiple_of(group) {
+        return Err(ModelError::InvalidArgument(format!(
+            "{cols} columns cannot be regrouped into Q5_0x4 (needs a multiple of {group})"
+        )));
+    }
+    let mut out = vec![0u8; data.len()];
+    let src = blocks::cast::<blocks::BlockQ5_0>(data);
+    for (g, o) in src
+        .chunks_exact(4)
+        .zip(out.chunks_exact_mut(QuantFormat::Q5_0x4.block_bytes()))
+    {
+        let mut dst = blocks::BlockQ5_0x4 {
+            d: [[0; 2]; 4],
+            qh: [0; 16],
+            qs: [0; 64],
+        };
+        for (i, b) in g.iter().enumerate() {
+            dst.d[i] = b.d;
+            let qh = u32::from_le_bytes(b.qh);
+            for j in 0..blocks::QK {
+                let lo = if j < 16 {
+                    b.qs[j] & 0xF
+                } else {
+                    b.qs[j - 16] >> 4
+                };
+                dst.qs[32 * (i / 2) + j] |= lo << (4 * (i % 2));
+                let hi = ((qh >> j) & 1) as u8;
+                dst.qh[j % 16] |= hi << (i + 4 * (j / 16));
+            }
+        }
+        o[..8].copy_from_slice(dst.d.as_flattened());
+        o[8..24].copy_from_slice(&dst.qh);
+        o[24..].copy_from_slice(&dst.qs);
+    }
+    Ok(out)
 }
 
 /// Run `kernel::<R>` over a tile's `tn` rows in passes of at most `max` rows
@@ -318,7 +384,9 @@ type RowFn = unsafe fn(QuantFormat, &[u8], &Act, usize, usize, &mut [f32; TILE])
 fn act_kind(f: QuantFormat) -> ActKind {
     match f {
         QuantFormat::F32 | QuantFormat::F16 => ActKind::F32,
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => ActKind::Q8_0,
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 | QuantFormat::Q8_0 => {
+            ActKind::Q8_0
+        }
         QuantFormat::Q4K | QuantFormat::Q6K => ActKind::Q8K,
     }
 }
@@ -332,7 +400,9 @@ fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
     }
     let scalar: RowFn = match f {
         QuantFormat::F32 | QuantFormat::F16 => scalar::row_float,
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => scalar::row_group,
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 | QuantFormat::Q8_0 => {
+            scalar::row_group
+        }
         QuantFormat::Q4K => q4k,
         QuantFormat::Q6K => q6k,
     };
@@ -426,15 +496,17 @@ pub fn matmul_shared(ws: &mut [(&QMatrix, &mut [f32])], x: &[f32], m: usize) {
 }
 
 /// What a matrix of this format needs of its input on `isa`: the activation
-/// format and, for the unsigned-weight Q8_0 kernels, the weight offset.
+/// format and, for the unsigned-weight Q8_0 kernels (AVX-512 VNNI; AVX2 for
+/// [`QuantFormat::Q5_0x4`]), the weight offset.
 fn act_key(isa: Isa, format: QuantFormat) -> (ActKind, Option<i32>) {
     let kind = act_kind(format);
     let off = match format {
         QuantFormat::Q4_0 => 8,
-        QuantFormat::Q5_0 => 16,
+        QuantFormat::Q5_0 | QuantFormat::Q5_0x4 => 16,
         _ => 128,
     };
-    let unsigned = matches!(isa, Isa::Avx512Vnni | Isa::Amx) && kind == ActKind::Q8_0;
+    let unsigned = (matches!(isa, Isa::Avx512Vnni | Isa::Amx) && kind == ActKind::Q8_0)
+        || (format == QuantFormat::Q5_0x4 && isa != Isa::Scalar);
     (kind, unsigned.then_some(off))
 }
 

@@ -3,12 +3,14 @@
 
 use super::act::Act;
 use super::blocks::{
-    cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, f16_le, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ5_0x4, BlockQ6K, BlockQ8_0,
+    QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::{QuantFormat, TILE};
 
-/// Unpack block `b` of a Q4_0/Q5_0/Q8_0 row into signed values; returns its scale.
+/// Unpack block `b` of a Q4_0/Q5_0/Q5_0x4/Q8_0 row into signed values;
+/// returns its scale.
 #[inline(always)]
 pub fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize, o: &mut [i8; QK]) -> f32 {
     match format {
@@ -30,6 +32,15 @@ pub fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize, o: &mut [i8; QK]
                 o[l + QK / 2] = ((b.qs[l] >> 4) | (h1 << 4)) as i8 - 16;
             }
             f16_le(b.d)
+        }
+        QuantFormat::Q5_0x4 => {
+            let (g, i) = (&cast::<BlockQ5_0x4>(wrow)[b / 4], b % 4);
+            for (j, o) in o.iter_mut().enumerate() {
+                let lo = (g.qs[32 * (i / 2) + j] >> (4 * (i % 2))) & 0xF;
+                let hi = (g.qh[j % 16] >> (i + 4 * (j / 16))) & 1;
+                *o = (lo | (hi << 4)) as i8 - 16;
+            }
+            f16_le(g.d[i])
         }
         QuantFormat::Q8_0 => {
             let b = &cast::<BlockQ8_0>(wrow)[b];
@@ -88,7 +99,7 @@ pub fn unpack_q6k(b: &BlockQ6K, u: &mut Q6KUnpacked) {
     u.d = f16_le(b.d);
 }
 
-/// Q4_0/Q5_0/Q8_0 row × activation rows `t0..t0+tn`, lane-wise as in
+/// Q4_0/Q5_0/Q5_0x4/Q8_0 row × activation rows `t0..t0+tn`, lane-wise as in
 /// [`combine::group_block`], block `b` into accumulator set `b % 4`.
 pub fn row_group(
     format: QuantFormat,
@@ -226,7 +237,7 @@ pub fn dequantize_row(format: QuantFormat, data: &[u8], out: &mut [f32]) {
                 *o = f16_le([c[0], c[1]]);
             }
         }
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => {
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 | QuantFormat::Q8_0 => {
             let mut buf = [0i8; QK];
             for (b, o) in out.chunks_exact_mut(QK).enumerate() {
                 let dw = unpack_block(format, data, b, &mut buf);

@@ -26,7 +26,8 @@ use std::arch::x86_64::*;
 
 use super::act::Act;
 use super::blocks::{
-    cast, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK,
+    QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
@@ -49,6 +50,7 @@ struct A32<const N: usize>([u8; N]);
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
+        QuantFormat::Q5_0x4 => Some(row_q5x4),
         QuantFormat::Q4K => Some(row_q4k),
         QuantFormat::Q6K => Some(row_q6k),
         QuantFormat::F32 | QuantFormat::F16 => None,
@@ -131,6 +133,21 @@ unsafe fn row_group(
         // SAFETY: the caller's contract.
         unsafe { group_tile(format, wrow, act, t0, tn, res) }
     }
+}
+
+/// Q5_0x4 weight row × a tile of `tn` rows, in passes of up to
+/// [`MAX_R_GROUP`] rows with register accumulators ([`q5x4_rows`]; the
+/// 616-byte rows of the draft stay in L1 between passes).
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q5x4(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    passes!(MAX_R_GROUP, q5x4_rows, format, wrow, act, t0, tn, res; 1; 2)
 }
 
 #[target_feature(enable = "avx2,f16c")]
@@ -261,6 +278,101 @@ unsafe fn group_rows<const R: usize>(
     }
     for r in 0..R {
         res[r] = reduce_group(&acc[r]);
+    }
+}
+
+/// The four blocks of a Q5_0x4 group as unsigned bytes `q` in 0..32 (element
+/// order) and their four scales: per block one mask (or shift and mask) of
+/// the nibbles and one shift and mask of the fifth bits, instead of
+/// [`bytes_from_bits_32`] and a subtraction.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5x4_unpack(g: &BlockQ5_0x4) -> ([__m256i; 4], __m128) {
+    let lo4 = _mm256_set1_epi8(0xF);
+    let m10 = _mm256_set1_epi8(0x10);
+    // SAFETY: reads within the 88-byte group (d: 8 bytes, qh: 16, qs: 64).
+    let (qh, q01, q23, d) = unsafe {
+        (
+            _mm_loadu_si128(g.qh.as_ptr().cast()),
+            _mm256_loadu_si256(g.qs.as_ptr().cast()),
+            _mm256_loadu_si256(g.qs.as_ptr().add(32).cast()),
+            _mm_loadl_epi64(g.d.as_ptr().cast()),
+        )
+    };
+    // Byte j of `hv`: the fifth bits of element j of blocks 0..4 in bits 0..4
+    // (bytes 16..32 from the high nibbles of `qh`; bits 4..8 are not used).
+    let hv = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(qh), _mm_srli_epi16::<4>(qh));
+    // Bit i of a byte shifted up to bit 4 (16-bit shifts: bit 4 of each byte
+    // comes from the same byte).
+    let w = [
+        _mm256_or_si256(
+            _mm256_and_si256(q01, lo4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(hv), m10),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q01), lo4),
+            _mm256_and_si256(_mm256_slli_epi16::<3>(hv), m10),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(q23, lo4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(hv), m10),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q23), lo4),
+            _mm256_and_si256(_mm256_slli_epi16::<1>(hv), m10),
+        ),
+    ];
+    (w, _mm_cvtph_ps(d))
+}
+
+/// Q5_0x4 weight row × activation rows `t0..t0 + R` (Q8_0 prepared with
+/// [`Act::prepare_unsigned`]`(16)`): the exact lanes of block b are
+/// `madd(maddubs(q, x), 1) + corr4` = Σ (q − 16)·x over each 4 values, and
+/// `dw·dx` is `dw` times the lane-repeated `d8`, so every float step is that
+/// of [`combine::group_block`] (block b in accumulator set `b % 4` = its
+/// place in the group).
+///
+/// # Safety
+/// CPU features; rows `t0..t0 + R` exist in `act`, which carries `corr4`
+/// and `d8`; `res.len() >= R`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q5x4_rows<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    let (nb, cols) = (act.nb, act.cols);
+    let (qs, corr, d8) = (act.qs.as_ptr(), act.corr4.as_ptr(), act.d8.as_ptr());
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; R];
+    for (gi, g) in cast::<BlockQ5_0x4>(wrow).iter().enumerate() {
+        prefetch_ahead::<2>(g.d.as_ptr().cast());
+        let (w, dw) = q5x4_unpack(g);
+        let dw = _mm256_castps128_ps256(dw);
+        for (i, w) in w.iter().enumerate() {
+            let b = 4 * gi + i;
+            let dwb = _mm256_permutevar8x32_ps(dw, _mm256_set1_epi32(i as i32));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let e = (t0 + r) * cols + b * QK;
+                // SAFETY: row t0 + r < m and block b < nb: inside qs (m·cols),
+                // corr4 (m·cols/4) and d8 (m·nb·8).
+                unsafe {
+                    let x = _mm256_loadu_si256(qs.add(e).cast());
+                    let c = _mm256_loadu_si256(corr.add(e / 4).cast());
+                    let s =
+                        _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(*w, x), ones), c);
+                    let dx = _mm256_loadu_ps(d8.add(((t0 + r) * nb + b) * 8));
+                    let term = _mm256_mul_ps(_mm256_mul_ps(dwb, dx), _mm256_cvtepi32_ps(s));
+                    acc[i] = _mm256_add_ps(acc[i], term);
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        res[r] = reduce_group(acc);
     }
 }
 

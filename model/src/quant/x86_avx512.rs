@@ -37,7 +37,8 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
         QuantFormat::Q4K => Some(row_q4k),
         QuantFormat::Q6K => Some(row_q6k),
-        QuantFormat::F32 | QuantFormat::F16 => None,
+        // The AVX2 kernel (no AVX-512 one: repacking is only chosen on AVX2).
+        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::Q5_0x4 => None,
     }
 }
 

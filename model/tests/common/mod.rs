@@ -21,7 +21,8 @@ pub fn model_file(role: ModelRole) -> PathBuf {
 }
 
 pub fn load(role: ModelRole, max_seq_len: usize) -> Qwen2Model {
-    Qwen2Model::load(model_file(role), LoadOptions { max_seq_len }).expect("load model")
+    Qwen2Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len))
+        .expect("load model")
 }
 
 pub fn tokenizer() -> Tokenizer {

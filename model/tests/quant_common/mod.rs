@@ -23,6 +23,7 @@ pub const ALL_FORMATS: [QuantFormat; 7] = [
 fn f16_fields(f: QuantFormat) -> &'static [usize] {
     match f {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => &[0],
+        QuantFormat::Q5_0x4 => &[0, 2, 4, 6],
         QuantFormat::Q4K => &[0, 2],
         QuantFormat::Q6K => &[208],
         QuantFormat::F32 | QuantFormat::F16 => &[],
@@ -62,7 +63,7 @@ pub fn candle_matrix(f: QuantFormat, rows: usize, cols: usize, seed: u64) -> Vec
     let mut rng = StdRng::seed_from_u64(seed);
     let data: Vec<f32> = (0..rows * cols).map(|_| gauss(&mut rng) * 0.05).collect();
     let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu).unwrap();
-    let q = QTensor::quantize(&t, f.to_ggml()).unwrap();
+    let q = QTensor::quantize(&t, f.to_ggml().unwrap()).unwrap();
     q.data().unwrap().into_owned()
 }
 
@@ -106,7 +107,7 @@ pub fn candle_dequant(f: QuantFormat, rows: usize, cols: usize, data: &[u8]) -> 
     let storage = candle_core::quantized::QStorage::from_data(
         std::borrow::Cow::Borrowed(data),
         &Device::Cpu,
-        f.to_ggml(),
+        f.to_ggml().unwrap(),
     )
     .unwrap();
     let q = QTensor::new(storage, (rows, cols)).unwrap();
