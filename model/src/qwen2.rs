@@ -522,9 +522,7 @@ impl Qwen2Model {
             &x,
             n,
         );
-        for (g, u) in gate.iter_mut().zip(&up) {
-            *g = silu(*g) * u;
-        }
+        swiglu(&mut gate, &up);
         quant::matmul(&layer.w_down.view(bytes), &gate, n, &mut o);
         add_in_place(hidden, &o);
     }
@@ -615,4 +613,26 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// Elements per task of [`swiglu`]; a one-token step (4,864 or 8,960 values)
+/// stays on the calling thread.
+const SWIGLU_CHUNK: usize = 16 * 1024;
+
+/// `gate = silu(gate) · up`, element by element (so any split gives the same
+/// bits). A 17-token verify of the 1.5B has 152k values per layer, ~5 % of
+/// its forward time when done on one thread (the `exp`).
+fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let f = |(g, u): (&mut [f32], &[f32])| {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = silu(*g) * u;
+        }
+    };
+    if gate.len() <= SWIGLU_CHUNK {
+        f((gate, up));
+    } else {
+        gate.par_chunks_mut(SWIGLU_CHUNK)
+            .zip(up.par_chunks(SWIGLU_CHUNK))
+            .for_each(f);
+    }
 }

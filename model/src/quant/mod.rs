@@ -541,47 +541,94 @@ pub fn matmul_shared_with_isa(
         return Ok(());
     }
     let mut acts: Vec<((ActKind, Option<i32>), Act)> = Vec::new();
-    for (w, out) in ws.iter_mut() {
-        if w.rows == 0 {
-            continue;
-        }
+    for (w, _) in ws.iter() {
         let key = act_key(isa, w.format);
-        let i = match acts.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let mut act = Act::new(key.0, x, m, w.cols);
-                if let Some(off) = key.1 {
-                    act.prepare_unsigned(off);
-                }
-                acts.push((key, act));
-                acts.len() - 1
+        if w.rows > 0 && !acts.iter().any(|(k, _)| *k == key) {
+            let mut act = Act::new(key.0, x, m, w.cols);
+            if let Some(off) = key.1 {
+                act.prepare_unsigned(off);
             }
-        };
-        run_matmul(isa, w, &acts[i].1, m, out);
+            acts.push((key, act));
+        }
     }
+    let threads = rayon::current_num_threads();
+    let jobs: Vec<Job> = ws
+        .iter_mut()
+        .filter(|(w, _)| w.rows > 0)
+        .filter_map(|(w, out)| {
+            let key = act_key(isa, w.format);
+            let (_, act) = acts.iter().find(|(k, _)| *k == key)?;
+            Some(Job::new(isa, w, act, m, out, threads))
+        })
+        .collect();
+    run_jobs(&jobs, threads);
     Ok(())
 }
 
-/// One validated matrix × the quantized input `act` (`m` rows) into `out`.
-fn run_matmul(isa: Isa, w: &QMatrix, act: &Act, m: usize, out: &mut [f32]) {
-    let f = row_fn(isa, w.format);
-    let out = OutPtr(out.as_mut_ptr());
-    let rows = w.rows;
+/// One validated matrix × its quantized input (`m` rows) into `out`, run in
+/// chunks of weight rows.
+struct Job<'a> {
+    w: &'a QMatrix<'a>,
+    act: &'a Act<'a>,
+    m: usize,
+    out: OutPtr,
+    f: RowFn,
     #[cfg(target_arch = "x86_64")]
-    let amx = (isa == Isa::Amx && amx_min_rows(w.format).is_some_and(|n| m >= n))
-        .then(|| x86_amx::AmxAct::new(act, w.format));
-    #[cfg(not(target_arch = "x86_64"))]
-    let amx: Option<()> = None;
-    // Rows per parallel chunk are a multiple of this (AMX takes 16 weight
-    // rows per tile step; the rest of a chunk goes through `f`).
-    let align = if amx.is_some() { 16 } else { 1 };
-    let run = |j0: usize, j1: usize| {
+    amx: Option<x86_amx::AmxAct>,
+    /// Weight rows per parallel chunk.
+    chunk: usize,
+}
+
+impl<'a> Job<'a> {
+    fn new(
+        isa: Isa,
+        w: &'a QMatrix<'a>,
+        act: &'a Act<'a>,
+        m: usize,
+        out: &mut [f32],
+        threads: usize,
+    ) -> Self {
         #[cfg(target_arch = "x86_64")]
-        let j0 = match &amx {
+        let amx = (isa == Isa::Amx && amx_min_rows(w.format).is_some_and(|n| m >= n))
+            .then(|| x86_amx::AmxAct::new(act, w.format));
+        // Rows per parallel chunk are a multiple of this (AMX takes 16 weight
+        // rows per tile step; the rest of a chunk goes through `f`).
+        #[cfg(target_arch = "x86_64")]
+        let align = if amx.is_some() { 16 } else { 1 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let align = 1;
+        let rows = w.rows;
+        let row_bytes = (w.data.len() / rows.max(1)).max(1);
+        let chunk = (CHUNK_BYTES / row_bytes).clamp(1, rows.div_ceil(threads * 2).max(1));
+        Self {
+            w,
+            act,
+            m,
+            out: OutPtr(out.as_mut_ptr()),
+            f: row_fn(isa, w.format),
+            #[cfg(target_arch = "x86_64")]
+            amx,
+            chunk: chunk.next_multiple_of(align),
+        }
+    }
+
+    fn work(&self) -> usize {
+        self.w.data.len().saturating_mul(self.m)
+    }
+
+    fn chunks(&self) -> usize {
+        self.w.rows.div_ceil(self.chunk)
+    }
+
+    /// Output columns (weight rows) `j0..j1`.
+    fn run(&self, j0: usize, j1: usize) {
+        let (w, act, m, out, rows) = (self.w, self.act, self.m, self.out, self.w.rows);
+        #[cfg(target_arch = "x86_64")]
+        let j0 = match &self.amx {
             Some(amx) => {
                 let ng = (j1 - j0) / x86_amx::GROUP;
-                // SAFETY: `Isa::Amx` is available (checked above); rows
-                // j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
+                // SAFETY: `Isa::Amx` is available (checked by the caller);
+                // rows j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
                 unsafe {
                     if w.format == QuantFormat::Q4K {
                         x86_amx::q4k_groups(w.data, rows, j0, ng, act, amx, out)
@@ -598,7 +645,7 @@ fn run_matmul(isa: Isa, w: &QMatrix, act: &Act, m: usize, out: &mut [f32]) {
             let tn = TILE.min(m - t0);
             for j in j0..j1 {
                 // SAFETY: `f` was chosen for an ISA that `is_available`.
-                unsafe { f(w.format, w.row_data(j), act, t0, tn, &mut res) };
+                unsafe { (self.f)(w.format, w.row_data(j), act, t0, tn, &mut res) };
                 for (t, &r) in res[..tn].iter().enumerate() {
                     // SAFETY: (t0 + t) < m and j < rows, so the index is inside
                     // `out`; no other task writes column j.
@@ -606,18 +653,30 @@ fn run_matmul(isa: Isa, w: &QMatrix, act: &Act, m: usize, out: &mut [f32]) {
                 }
             }
         }
-    };
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || w.data.len().saturating_mul(m) < SERIAL_WORK {
-        run(0, rows);
+    }
+
+    fn run_chunk(&self, c: usize) {
+        self.run(c * self.chunk, self.w.rows.min((c + 1) * self.chunk));
+    }
+}
+
+/// Run the jobs of one call: on the calling thread when they are small, else
+/// as one parallel loop over the chunks of all of them (Q, K and V, or gate
+/// and up, cost one fork-join, not one each).
+fn run_jobs(jobs: &[Job], threads: usize) {
+    if threads <= 1 || jobs.iter().map(Job::work).sum::<usize>() < SERIAL_WORK {
+        for j in jobs {
+            j.run(0, j.w.rows);
+        }
         return;
     }
-    let row_bytes = (w.data.len() / rows).max(1);
-    let chunk = (CHUNK_BYTES / row_bytes).clamp(1, rows.div_ceil(threads * 2).max(1));
-    let chunk = chunk.next_multiple_of(align);
-    let nchunks = rows.div_ceil(chunk);
     use rayon::prelude::*;
-    (0..nchunks)
+    let tasks: Vec<(usize, usize)> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, j)| (0..j.chunks()).map(move |c| (i, c)))
+        .collect();
+    tasks
         .into_par_iter()
-        .for_each(|c| run(c * chunk, rows.min((c + 1) * chunk)));
+        .for_each(|(i, c)| jobs[i].run_chunk(c));
 }
