@@ -94,7 +94,7 @@ enum WeightBytes {
     Mapped { offset: usize, len: usize },
     /// Converted at load time ([`LoadOptions::repack`]); the mapped original
     /// is never touched, so it is not resident either.
-    Owned(Arc<[u8]>),
+    Owned(Arc<Vec<u8>>),
 }
 
 /// A weight matrix.
@@ -141,7 +141,10 @@ impl Weight {
         if !repack || w.format != QuantFormat::Q5_0 || !cols.is_multiple_of(group) {
             return Ok(w);
         }
-        let packed = quant::repack_q5_0x4(&gguf.read_tensor(e)?, rows, cols).map_err(|err| {
+        // Read into memory and regrouped in place: one copy, and the mapped
+        // pages are never touched (not resident).
+        let mut bytes = gguf.read_tensor(e)?;
+        quant::repack_q5_0x4_in_place(&mut bytes, rows, cols).map_err(|err| {
             ModelError::BadTensor {
                 name: name.into(),
                 reason: err.to_string(),
@@ -149,7 +152,7 @@ impl Weight {
         })?;
         Ok(Self {
             format: QuantFormat::Q5_0x4,
-            bytes: WeightBytes::Owned(packed.into()),
+            bytes: WeightBytes::Owned(Arc::new(bytes)),
             ..w
         })
     }
@@ -268,24 +271,29 @@ impl Qwen2Model {
             embd.clone() // tied embeddings
         };
         let output_norm = gguf.vector_f32("output_norm.weight", d)?;
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let p = |s: &str| format!("blk.{i}.{s}");
-            layers.push(Layer {
-                attn_norm: gguf.vector_f32(&p("attn_norm.weight"), d)?,
-                wq: lw(&p("attn_q.weight"), d, d)?,
-                bq: gguf.vector_f32(&p("attn_q.bias"), d)?,
-                wk: lw(&p("attn_k.weight"), kvd, d)?,
-                bk: gguf.vector_f32(&p("attn_k.bias"), kvd)?,
-                wv: lw(&p("attn_v.weight"), kvd, d)?,
-                bv: gguf.vector_f32(&p("attn_v.bias"), kvd)?,
-                wo: lw(&p("attn_output.weight"), d, d)?,
-                ffn_norm: gguf.vector_f32(&p("ffn_norm.weight"), d)?,
-                w_gate: lw(&p("ffn_gate.weight"), cfg.d_ff, d)?,
-                w_up: lw(&p("ffn_up.weight"), cfg.d_ff, d)?,
-                w_down: lw(&p("ffn_down.weight"), d, cfg.d_ff)?,
-            });
-        }
+        // Layers load in parallel (regrouping reads and converts ~7 MB per
+        // draft layer); the first error in layer order is the one reported.
+        let layers: Vec<Result<Layer>> = (0..cfg.n_layer)
+            .into_par_iter()
+            .map(|i| {
+                let p = |s: &str| format!("blk.{i}.{s}");
+                Ok(Layer {
+                    attn_norm: gguf.vector_f32(&p("attn_norm.weight"), d)?,
+                    wq: lw(&p("attn_q.weight"), d, d)?,
+                    bq: gguf.vector_f32(&p("attn_q.bias"), d)?,
+                    wk: lw(&p("attn_k.weight"), kvd, d)?,
+                    bk: gguf.vector_f32(&p("attn_k.bias"), kvd)?,
+                    wv: lw(&p("attn_v.weight"), kvd, d)?,
+                    bv: gguf.vector_f32(&p("attn_v.bias"), kvd)?,
+                    wo: lw(&p("attn_output.weight"), d, d)?,
+                    ffn_norm: gguf.vector_f32(&p("ffn_norm.weight"), d)?,
+                    w_gate: lw(&p("ffn_gate.weight"), cfg.d_ff, d)?,
+                    w_up: lw(&p("ffn_up.weight"), cfg.d_ff, d)?,
+                    w_down: lw(&p("ffn_down.weight"), d, cfg.d_ff)?,
+                })
+            })
+            .collect();
+        let layers = layers.into_iter().collect::<Result<Vec<_>>>()?;
         let inv_freq = (0..hd / 2)
             .map(|j| 1.0 / (cfg.rope_theta as f64).powf(2.0 * j as f64 / hd as f64))
             .collect();

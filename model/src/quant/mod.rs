@@ -11,7 +11,7 @@
 //! How the contract is kept:
 //! - each activation row is quantized once per call by code shared by all
 //!   paths (scalar, or AVX2 with the same bits)
-//!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
+//!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q5_0x4/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
 //!   so its quantization does not depend on the other rows;
 //! - SIMD and AMX kernels only compute integer sums, which are exact; every
 //!   float operation follows the shared functions of `combine` in one fixed
@@ -22,11 +22,14 @@
 //!     (`combine::q4k_step` / `q6k_step`) into a single accumulator, in
 //!     super-block order. No partial lane sums leak into the floats, so a
 //!     kernel may form `S` any way it likes (AMX tiles, VNNI lanes, scalar);
-//!   - Q4_0/Q5_0/Q8_0: 8 lanes of 4 products per block (exact), block `b`
+//!   - Q4_0/Q5_0/Q5_0x4/Q8_0: 8 lanes of 4 products per block (exact), block `b`
 //!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
 //!     so consecutive blocks do not wait on one float add. (An AMX path for
 //!     these would first need a whole-block contract like the K-quants'.)
 //! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
+//!
+//! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
+//! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
@@ -175,6 +178,14 @@ pub fn repack_pays(isa: Isa) -> bool {
 /// matmul result is bit-identical. `cols` must be a multiple of 128 (four
 /// blocks).
 pub fn repack_q5_0x4(data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
+    let mut out = data.to_vec();
+    repack_q5_0x4_in_place(&mut out, rows, cols)?;
+    Ok(out)
+}
+
+/// [`repack_q5_0x4`] in place (the model loader's form: no second copy),
+/// split across the rayon pool.
+pub fn repack_q5_0x4_in_place(data: &mut [u8], rows: usize, cols: usize) -> Result<()> {
     QMatrix::new(QuantFormat::Q5_0, rows, cols, data)?;
     let group = QuantFormat::Q5_0x4.block_elems();
     if !cols.is_multiple_of(group) {
@@ -182,36 +193,49 @@ pub fn repack_q5_0x4(data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
             "{cols} columns cannot be regrouped into Q5_0x4 (needs a multiple of {group})"
         )));
     }
-    let mut out = vec![0u8; data.len()];
-    let src = blocks::cast::<blocks::BlockQ5_0>(data);
-    for (g, o) in src
-        .chunks_exact(4)
-        .zip(out.chunks_exact_mut(QuantFormat::Q5_0x4.block_bytes()))
-    {
-        let mut dst = blocks::BlockQ5_0x4 {
-            d: [[0; 2]; 4],
-            qh: [0; 16],
-            qs: [0; 64],
-        };
-        for (i, b) in g.iter().enumerate() {
-            dst.d[i] = b.d;
-            let qh = u32::from_le_bytes(b.qh);
-            for j in 0..blocks::QK {
-                let lo = if j < 16 {
-                    b.qs[j] & 0xF
-                } else {
-                    b.qs[j - 16] >> 4
-                };
-                dst.qs[32 * (i / 2) + j] |= lo << (4 * (i % 2));
-                let hi = ((qh >> j) & 1) as u8;
-                dst.qh[j % 16] |= hi << (i + 4 * (j / 16));
-            }
+    let gb = QuantFormat::Q5_0x4.block_bytes();
+    use rayon::prelude::*;
+    data.par_chunks_mut(gb * 1024).for_each(|part| {
+        for g in part.chunks_exact_mut(gb) {
+            regroup_q5_0(g);
         }
-        o[..8].copy_from_slice(dst.d.as_flattened());
-        o[8..24].copy_from_slice(&dst.qh);
-        o[24..].copy_from_slice(&dst.qs);
+    });
+    Ok(())
+}
+
+/// Four Q5_0 blocks (88 bytes) → one [`blocks::BlockQ5_0x4`], in place, with
+/// whole-word operations (a per-element loop made the draft's load ~0.5 s
+/// slower).
+fn regroup_q5_0(g: &mut [u8]) {
+    const LO: u128 = u128::from_le_bytes([0x0F; 16]);
+    let src: [blocks::BlockQ5_0; 4] = std::array::from_fn(|i| blocks::cast(g)[i]);
+    let (mut qh, mut qs) = (0u128, [0u128; 4]);
+    for (i, b) in src.iter().enumerate() {
+        let q = u128::from_le_bytes(b.qs);
+        let (base, shift) = (2 * (i / 2), 4 * (i % 2));
+        qs[base] |= (q & LO) << shift;
+        qs[base + 1] |= ((q >> 4) & LO) << shift;
+        let h = u32::from_le_bytes(b.qh);
+        qh |= (spread_bits(h as u16) << i) | (spread_bits((h >> 16) as u16) << (4 + i));
     }
-    Ok(out)
+    for (i, b) in src.iter().enumerate() {
+        g[2 * i..2 * i + 2].copy_from_slice(&b.d);
+    }
+    g[8..24].copy_from_slice(&qh.to_le_bytes());
+    for (k, q) in qs.iter().enumerate() {
+        g[24 + 16 * k..40 + 16 * k].copy_from_slice(&q.to_le_bytes());
+    }
+}
+
+/// Byte j of the result = bit j of `b` (0 or 1).
+fn spread_bits(b: u16) -> u128 {
+    // Replicate the byte, keep bit k in byte k, then turn a non-zero byte into
+    // 0x80 (adding 0x7F never carries out of a byte) and shift it down.
+    let spread8 = |x: u8| -> u64 {
+        let v = (x as u64).wrapping_mul(0x0101_0101_0101_0101) & 0x8040_2010_0804_0201;
+        ((v + 0x7F7F_7F7F_7F7F_7F7F) >> 7) & 0x0101_0101_0101_0101
+    };
+    spread8(b as u8) as u128 | (spread8((b >> 8) as u8) as u128) << 64
 }
 
 /// Run `kernel::<R>` over a tile's `tn` rows in passes of at most `max` rows
