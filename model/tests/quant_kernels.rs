@@ -385,33 +385,39 @@ fn every_block_size_and_thread_count_matches_the_scalar_reference() {
     // and two tile groups of 16, partial groups), weight rows that are not a
     // multiple of 16 (AMX takes 16 at a time, the rest per row), and thread
     // counts that split the rows into chunks.
-    let isas = Isa::available();
     for f in ALL_FORMATS {
         let cols = if is_ggml_quant(f) { 512 } else { 64 };
         for (rows, seed) in [(53, 31), (16, 32)] {
             let data = random_bytes_matrix(f, rows, cols, seed);
             let w = QMatrix::new(f, rows, cols, &data).unwrap();
             let x = gauss_x(24, cols, seed + 100);
-            let one = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap();
-            let expect = one.install(|| run(Isa::Scalar, &w, &x, 24));
-            for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                for &isa in &isas {
-                    for k in 1..=24 {
-                        let got = pool.install(|| run(isa, &w, &x[..k * cols], k));
-                        assert_bits_eq(
-                            &got,
-                            &expect[..k * rows],
-                            &format!("{isa} {f:?} rows={rows} k={k} threads={threads}"),
-                        );
-                    }
-                }
+            assert_every_k_and_thread_count(&w, &w, &x, &format!("{f:?} rows={rows}"));
+        }
+    }
+}
+
+/// `w` on every ISA, for k = 1..=24 rows of `x` and 1–3 threads, against
+/// the scalar result of `reference` on one thread, bit for bit.
+fn assert_every_k_and_thread_count(w: &QMatrix, reference: &QMatrix, x: &[f32], what: &str) {
+    let (rows, cols) = (w.rows, w.cols);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let expect = one.install(|| run(Isa::Scalar, reference, x, 24));
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for isa in Isa::available() {
+            for k in 1..=24 {
+                let got = pool.install(|| run(isa, w, &x[..k * cols], k));
+                assert_bits_eq(
+                    &got,
+                    &expect[..k * rows],
+                    &format!("{isa} {what} k={k} threads={threads}"),
+                );
             }
         }
     }
@@ -436,27 +442,7 @@ fn q5_0x4_regrouping_keeps_every_value_and_every_result_bit_for_bit() {
             let wx = QMatrix::new(QuantFormat::Q5_0x4, rows, cols, &packed).unwrap();
             assert_bits_eq(&dequant(&wx), &dequant(&w), "dequantized values");
             for x in [gauss_x(24, cols, seed + 2), exact_x(24, cols, seed + 3)] {
-                let one = rayon::ThreadPoolBuilder::new()
-                    .num_threads(1)
-                    .build()
-                    .unwrap();
-                let expect = one.install(|| run(Isa::Scalar, &w, &x, 24));
-                for threads in [1, 2, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    for &isa in &isas {
-                        for k in 1..=24 {
-                            let got = pool.install(|| run(isa, &wx, &x[..k * cols], k));
-                            assert_bits_eq(
-                                &got,
-                                &expect[..k * rows],
-                                &format!("{isa} Q5_0x4 {rows}x{cols} k={k} threads={threads}"),
-                            );
-                        }
-                    }
-                }
+                assert_every_k_and_thread_count(&wx, &w, &x, &format!("Q5_0x4 {rows}x{cols}"));
             }
             // The widest sums: every activation at ±max magnitude.
             let x: Vec<f32> = (0..cols)

@@ -288,8 +288,6 @@ unsafe fn group_rows<const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn q5x4_unpack(g: &BlockQ5_0x4) -> ([__m256i; 4], __m128) {
-    let lo4 = _mm256_set1_epi8(0xF);
-    let m10 = _mm256_set1_epi8(0x10);
     // SAFETY: reads within the 88-byte group (d: 8 bytes, qh: 16, qs: 64).
     let (qh, q01, q23, d) = unsafe {
         (
@@ -302,27 +300,25 @@ fn q5x4_unpack(g: &BlockQ5_0x4) -> ([__m256i; 4], __m128) {
     // Byte j of `hv`: the fifth bits of element j of blocks 0..4 in bits 0..4
     // (bytes 16..32 from the high nibbles of `qh`; bits 4..8 are not used).
     let hv = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(qh), _mm_srli_epi16::<4>(qh));
-    // Bit i of a byte shifted up to bit 4 (16-bit shifts: bit 4 of each byte
-    // comes from the same byte).
+    // Block i: its nibbles, or'ed with bit i of `hv` shifted up to bit 4
+    // (16-bit shifts: bit 4 of each byte comes from the same byte).
     let w = [
-        _mm256_or_si256(
-            _mm256_and_si256(q01, lo4),
-            _mm256_and_si256(_mm256_slli_epi16::<4>(hv), m10),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(q01), lo4),
-            _mm256_and_si256(_mm256_slli_epi16::<3>(hv), m10),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(q23, lo4),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(hv), m10),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(q23), lo4),
-            _mm256_and_si256(_mm256_slli_epi16::<1>(hv), m10),
-        ),
+        q5_value(q01, _mm256_slli_epi16::<4>(hv)),
+        q5_value(_mm256_srli_epi16::<4>(q01), _mm256_slli_epi16::<3>(hv)),
+        q5_value(q23, _mm256_slli_epi16::<2>(hv)),
+        q5_value(_mm256_srli_epi16::<4>(q23), _mm256_slli_epi16::<1>(hv)),
     ];
     (w, _mm_cvtph_ps(d))
+}
+
+/// `(nibbles & 0xF) | (fifth & 0x10)` byte by byte: a Q5_0 value in 0..32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_value(nibbles: __m256i, fifth: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(nibbles, _mm256_set1_epi8(0xF)),
+        _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)),
+    )
 }
 
 /// Q5_0x4 weight row × activation rows `t0..t0 + R` (Q8_0 prepared with
