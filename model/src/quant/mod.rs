@@ -167,7 +167,7 @@ impl<'a> QMatrix<'a> {
 /// Whether [`repack_q5_0x4`] makes `isa` faster: on AVX2 the regrouped
 /// layout unpacks with shifts and masks instead of a bit-to-byte expansion
 /// and a sign trick per block (the draft's Q5_0 matrices went from compute-
-/// to memory-bound; docs/model-core.md, "Q5_0x4"). AVX-512 machines keep the
+/// to memory-bound; docs/model-core.md, "Session 8"). AVX-512 machines keep the
 /// GGUF layout for their VNNI kernels (not measured there).
 pub fn repack_pays(isa: Isa) -> bool {
     isa == Isa::Avx2
