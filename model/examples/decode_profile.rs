@@ -182,14 +182,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     mapped.push((names.len(), g.matrix(head_name)?));
     // The layers' Q5_0 matrices as the loader regroups them (LoadOptions::repack).
     let repack = LoadOptions::default().repack;
-    let group = QuantFormat::Q5_0x4.block_elems();
     let packed = mapped
         .iter()
         .map(|(kind, w)| {
-            let regroup = repack
-                && *kind < names.len()
-                && w.format == QuantFormat::Q5_0
-                && w.cols.is_multiple_of(group);
+            let regroup = repack && *kind < names.len() && quant::can_regroup(w.format, w.cols);
             regroup
                 .then(|| quant::repack_q5_0x4(w.data, w.rows, w.cols))
                 .transpose()

@@ -173,6 +173,12 @@ pub fn repack_pays(isa: Isa) -> bool {
     isa == Isa::Avx2
 }
 
+/// Whether a matrix of this format and width can be regrouped by
+/// [`repack_q5_0x4`]: Q5_0 whose rows are whole groups of four blocks.
+pub fn can_regroup(format: QuantFormat, cols: usize) -> bool {
+    format == QuantFormat::Q5_0 && cols.is_multiple_of(QuantFormat::Q5_0x4.block_elems())
+}
+
 /// Regroup a Q5_0 matrix (`rows` × `cols`, GGUF layout) into
 /// [`QuantFormat::Q5_0x4`]: same size, same values and scales, so every
 /// matmul result is bit-identical. `cols` must be a multiple of 128 (four
@@ -187,10 +193,10 @@ pub fn repack_q5_0x4(data: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
 /// split across the rayon pool.
 pub fn repack_q5_0x4_in_place(data: &mut [u8], rows: usize, cols: usize) -> Result<()> {
     QMatrix::new(QuantFormat::Q5_0, rows, cols, data)?;
-    let group = QuantFormat::Q5_0x4.block_elems();
-    if !cols.is_multiple_of(group) {
+    if !can_regroup(QuantFormat::Q5_0, cols) {
         return Err(ModelError::InvalidArgument(format!(
-            "{cols} columns cannot be regrouped into Q5_0x4 (needs a multiple of {group})"
+            "{cols} columns cannot be regrouped into Q5_0x4 (needs a multiple of {})",
+            QuantFormat::Q5_0x4.block_elems()
         )));
     }
     let gb = QuantFormat::Q5_0x4.block_bytes();
