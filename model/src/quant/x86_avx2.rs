@@ -44,6 +44,21 @@ const MAX_R_GROUP: usize = 2;
 /// (docs/model-core.md, "AVX2").
 const SMALL_K: usize = 3;
 
+/// Call `$f::<G>` with `G = tn.div_ceil(4)` (1..=6 for `tn <= TILE`).
+const _: () = assert!(TILE <= 24);
+macro_rules! tile_groups {
+    ($f:ident, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr) => {
+        match $tn.div_ceil(4) {
+            1 => $f::<1>($wrow, $act, $t0, $tn, $res),
+            2 => $f::<2>($wrow, $act, $t0, $tn, $res),
+            3 => $f::<3>($wrow, $act, $t0, $tn, $res),
+            4 => $f::<4>($wrow, $act, $t0, $tn, $res),
+            5 => $f::<5>($wrow, $act, $t0, $tn, $res),
+            _ => $f::<6>($wrow, $act, $t0, $tn, $res),
+        }
+    };
+}
+
 #[repr(C, align(64))]
 struct A32<const N: usize>([u8; N]);
 
@@ -756,6 +771,10 @@ unsafe fn dot_chunks_rows<const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn group_scales(act: &Act, sb: usize, r0: usize, n: usize) -> __m128 {
+    if n == 4 {
+        // SAFETY: rows r0..r0 + 4 exist: 4 floats inside `dt`.
+        return unsafe { _mm_loadu_ps(act.dt.as_ptr().add(sb * act.m + r0)) };
+    }
     let mask = _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_set_epi32(3, 2, 1, 0));
     // SAFETY: `dt` holds m floats per super-block; masked lanes are not read.
     unsafe { _mm_maskload_ps(act.dt.as_ptr().add(sb * act.m + r0), mask) }
@@ -765,7 +784,7 @@ unsafe fn group_scales(act: &Act, sb: usize, r0: usize, n: usize) -> __m128 {
 /// rows 4g..4g + 4).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn store_groups(acc: &[__m128; TILE / 4], tn: usize, res: &mut [f32; TILE]) {
+fn store_groups(acc: &[__m128], tn: usize, res: &mut [f32; TILE]) {
     for (g, acc) in acc.iter().enumerate().take(tn.div_ceil(4)) {
         let n = (tn - 4 * g).min(4);
         store_lanes(*acc, &mut res[4 * g..4 * g + n]);
@@ -835,9 +854,28 @@ unsafe fn q6k_group<const R: usize>(
 /// CPU features; rows `t0..t0 + tn` exist in `act`; `tn <= TILE`.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [_mm_setzero_ps(); TILE / 4];
+    // SAFETY: the caller's contract.
+    unsafe { tile_groups!(q4k_tile_g, wrow, act, t0, tn, res) }
+}
+
+/// [`q4k_tile`] for `G` groups of rows (all of 4 rows but the last, which
+/// has `tn − 4(G − 1)`): a constant group count keeps the accumulators in
+/// registers.
+///
+/// # Safety
+/// As [`q4k_tile`], with `tn.div_ceil(4) == G`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q4k_tile_g<const G: usize>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let mut acc = [_mm_setzero_ps(); G];
     let mut q = A32([0u8; QK_K]);
-    let groups = tn.div_ceil(4);
+    let last = tn - 4 * (G - 1);
     for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
         prefetch_ahead::<3>(b.qs.as_ptr());
         unpack_q4k_values(b, &mut q);
@@ -845,8 +883,8 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
         let scv = q4k_scale_vectors(sc);
         let mnv = q4k_mins16(mn);
         let (d, dmin) = (_mm_set1_ps(f16c(b.d)), _mm_set1_ps(f16c(b.dmin)));
-        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
-            let n = (tn - 4 * g).min(4);
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let n = if g + 1 < G { 4 } else { last };
             let r0 = t0 + 4 * g;
             // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
             let (s, mm) = unsafe {
@@ -876,16 +914,33 @@ unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
 /// As [`q4k_tile`].
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    let mut acc = [_mm_setzero_ps(); TILE / 4];
+    // SAFETY: the caller's contract.
+    unsafe { tile_groups!(q6k_tile_g, wrow, act, t0, tn, res) }
+}
+
+/// [`q6k_tile`] for `G` groups of rows, as [`q4k_tile_g`].
+///
+/// # Safety
+/// As [`q4k_tile_g`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q6k_tile_g<const G: usize>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let mut acc = [_mm_setzero_ps(); G];
     let mut q = A32([0u8; QK_K]);
-    let groups = tn.div_ceil(4);
+    let last = tn - 4 * (G - 1);
     for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
         prefetch_ahead::<4>(b.ql.as_ptr());
         unpack_q6k_values(b, &mut q);
         let (scv, sc16) = q6k_scale_vectors(&b.scales);
         let d = _mm_set1_ps(f16c(b.d));
-        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
-            let n = (tn - 4 * g).min(4);
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let n = if g + 1 < G { 4 } else { last };
             let r0 = t0 + 4 * g;
             // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
             let s = unsafe {
@@ -896,7 +951,7 @@ unsafe fn q6k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32;
                     _ => q6k_group::<1>(act, r0, sb, &q, &scv, sc16),
                 }
             };
-            // SAFETY: as in `q4k_tile`.
+            // SAFETY: as in `q4k_tile_g`.
             let dx = unsafe { group_scales(act, sb, r0, n) };
             *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
         }
