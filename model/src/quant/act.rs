@@ -55,6 +55,12 @@ pub struct Act<'x> {
     /// consecutive values, `m * cols / 4` (the start value of a `vpdpbusd`
     /// of weights offset to unsigned `w + off`).
     pub corr4: Vec<i32>,
+    /// Q8K, built by [`Act::prepare_bsum4`] (the AVX2 Q4_K tiles): the sums
+    /// of 32 values of each group of 4 rows, 32 per super-block, laid out so
+    /// that one `madd` with a pair of mins gives that pair's term of M for the
+    /// 4 rows: index `((g·nb + sb)·2 + h)·16 + q·8 + r·2 + k` holds the sum of
+    /// 32-chunk `4h + 2q + k` of row `4g + r` (rows from `m` on: 0).
+    pub bsum4: Vec<i16>,
 }
 
 impl<'x> Act<'x> {
@@ -76,6 +82,7 @@ impl<'x> Act<'x> {
             dt: Vec::new(),
             d8: Vec::new(),
             corr4: Vec::new(),
+            bsum4: Vec::new(),
         };
         // Rows per parallel task: all of them (one task, the calling thread)
         // below `PARALLEL_VALUES`.
@@ -122,6 +129,24 @@ impl<'x> Act<'x> {
             .chunks_exact(4)
             .map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>())
             .collect();
+    }
+
+    /// Build [`Act::bsum4`] from the 16-value sums (Q8K). Exact: a 32-value
+    /// sum of values in [-128, 127] fits an i16.
+    pub fn prepare_bsum4(&mut self) {
+        let (m, nb) = (self.m, self.nb);
+        let mut v = vec![0i16; m.div_ceil(4) * nb * 32];
+        for t in 0..m {
+            let (g, r) = (t / 4, t % 4);
+            for sb in 0..nb {
+                let bs = &self.bsums[(t * nb + sb) * 16..][..16];
+                for j in 0..8 {
+                    let (h, q, k) = (j / 4, (j / 2) % 2, j % 2);
+                    v[((g * nb + sb) * 2 + h) * 16 + q * 8 + r * 2 + k] = bs[2 * j] + bs[2 * j + 1];
+                }
+            }
+        }
+        self.bsum4 = v;
     }
 
     /// Quantized values of row `t`.

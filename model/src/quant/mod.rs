@@ -578,6 +578,10 @@ pub fn matmul_shared_with_isa(
             if let Some(off) = key.1 {
                 act.prepare_unsigned(off);
             }
+            #[cfg(target_arch = "x86_64")]
+            if x86_avx2::needs_bsum4(isa, key.0, m) {
+                act.prepare_bsum4();
+            }
             acts.push((key, act));
         }
     }

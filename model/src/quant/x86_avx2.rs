@@ -24,12 +24,13 @@
 
 use std::arch::x86_64::*;
 
-use super::act::Act;
+use super::act::{Act, ActKind};
 use super::blocks::{
     cast, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK,
     QK_K,
 };
 use super::combine::{self, GROUP_SETS};
+use super::Isa;
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Tiles of up to this many activation rows take the Q4_0/Q5_0/Q8_0 kernel
@@ -45,7 +46,7 @@ const MAX_R_GROUP: usize = 2;
 const SMALL_K: usize = 3;
 
 /// Call `$f::<G>` with `G = tn.div_ceil(4)` (1..=6 for `tn <= TILE`).
-const _: () = assert!(TILE <= 24);
+const _: () = assert!(TILE <= 24 && TILE.is_multiple_of(4));
 macro_rules! tile_groups {
     ($f:ident, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr) => {
         match $tn.div_ceil(4) {
@@ -61,6 +62,12 @@ macro_rules! tile_groups {
 
 #[repr(C, align(64))]
 struct A32<const N: usize>([u8; N]);
+
+/// Whether `isa`'s kernels need [`Act::bsum4`] for an input of `kind` with
+/// `m` rows: the AVX2 Q4_K tiles ([`q4k_tile`], more than [`SMALL_K`] rows).
+pub(super) fn needs_bsum4(isa: Isa, kind: ActKind, m: usize) -> bool {
+    isa == Isa::Avx2 && kind == ActKind::Q8K && m > SMALL_K
+}
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
@@ -424,11 +431,19 @@ pub(super) fn reduce8(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn hsum_rows<const R: usize>(v: &[__m256i; R]) -> __m128i {
+    let a = hsum_halves(v);
+    _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a))
+}
+
+/// Per 128-bit half, lane r = Σ of the 4 i32 lanes of `v[r]` in that half,
+/// for r < `R` ≤ 4 (exact; the other lanes are 0): the two halves add up to
+/// [`hsum_rows`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_halves<const R: usize>(v: &[__m256i; R]) -> __m256i {
     let z = _mm256_setzero_si256();
     let g = |i: usize| if i < R { v[i] } else { z };
-    // Per 128-bit half: [Σ v0, Σ v1, Σ v2, Σ v3] of that half.
-    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(g(0), g(1)), _mm256_hadd_epi32(g(2), g(3)));
-    _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a))
+    _mm256_hadd_epi32(_mm256_hadd_epi32(g(0), g(1)), _mm256_hadd_epi32(g(2), g(3)))
 }
 
 /// The first `out.len()` (≤ 4) lanes of `acc` into `out`.
@@ -791,11 +806,15 @@ fn store_groups(acc: &[__m128], tn: usize, res: &mut [f32; TILE]) {
     }
 }
 
-/// The exact Q4_K (S, M) of activation rows `r0..r0 + R` (lane r) for the
-/// unpacked super-block `q` (`sb` of its row).
+/// The exact Q4_K S and M of activation rows `r0..r0 + R` (lanes r and
+/// 4 + r; the other lanes are unspecified) for the unpacked super-block `q`
+/// (`sb` of its row): M from [`Act::bsum4`] with one `madd` per pair of
+/// mins for all 4 rows (`mins4`, [`q4k_mins4`]), and S and M reduced by one
+/// shared cross-half add.
 ///
 /// # Safety
-/// Rows `r0..r0 + R` and super-block `sb` exist in `act` (Q8_K).
+/// Rows `r0..r0 + R` and super-block `sb` exist in `act` (Q8_K, with
+/// `bsum4`); `r0 % 4 == 0`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q4k_group<const R: usize>(
@@ -804,19 +823,42 @@ unsafe fn q4k_group<const R: usize>(
     sb: usize,
     q: &A32<QK_K>,
     scv: &[__m256i; 8],
-    mnv: __m256i,
-) -> (__m128i, __m128i) {
+    mins4: &[__m256i; 2],
+) -> __m256i {
     let (cols, nb) = (act.cols, act.nb);
+    debug_assert!(r0.is_multiple_of(4) && act.bsum4.len() >= (r0 / 4 + 1) * nb * 32);
     // SAFETY: the caller's contract: the rows' super-block sb is inside qs
-    // (m·cols) and bsums (16 per super-block).
+    // (m·cols), and group r0/4's 32 sums for sb inside bsum4.
     unsafe {
         let sv = dot_chunks_rows::<R>(act.qs.as_ptr().add(r0 * cols + sb * QK_K), cols, q, scv);
-        let mv: [__m256i; R] = std::array::from_fn(|i| {
-            let bs = act.bsums.as_ptr().add(((r0 + i) * nb + sb) * 16);
-            _mm256_madd_epi16(_mm256_loadu_si256(bs.cast()), mnv)
-        });
-        (hsum_rows(&sv), hsum_rows(&mv))
+        let bs = act.bsum4.as_ptr().add((r0 / 4 * nb + sb) * 32);
+        // [rows 0..4: pairs (0,1) + (4,5) | rows 0..4: pairs (2,3) + (6,7)]
+        let mm = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_loadu_si256(bs.cast()), mins4[0]),
+            _mm256_madd_epi16(_mm256_loadu_si256(bs.add(16).cast()), mins4[1]),
+        );
+        let e = hsum_halves(&sv);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(e, mm),
+            _mm256_permute2x128_si256::<0x31>(e, mm),
+        )
     }
+}
+
+/// The mins of a Q4_K super-block as the two `madd` operands for
+/// [`Act::bsum4`]: half h is `[(m_4h, m_4h+1) × 4 | (m_4h+2, m_4h+3) × 4]`
+/// as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4k_mins4(mn: [u8; 8]) -> [__m256i; 2] {
+    // SAFETY: 8 bytes from a [u8; 8].
+    let m = unsafe { _mm_loadl_epi64(mn.as_ptr().cast()) };
+    // i32 lanes 0..4: the pairs (m0, m1), (m2, m3), (m4, m5), (m6, m7).
+    let v = _mm256_castsi128_si256(_mm_cvtepu8_epi16(m));
+    [
+        _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+        _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)),
+    ]
 }
 
 /// The exact Q6_K S of activation rows `r0..r0 + R` (lane r), as
@@ -881,26 +923,31 @@ unsafe fn q4k_tile_g<const G: usize>(
         unpack_q4k_values(b, &mut q);
         let (sc, mn) = q4k_scales_mins(&b.scales);
         let scv = q4k_scale_vectors(sc);
-        let mnv = q4k_mins16(mn);
-        let (d, dmin) = (_mm_set1_ps(f16c(b.d)), _mm_set1_ps(f16c(b.dmin)));
+        let mins4 = q4k_mins4(mn);
+        // [d × 4 | dmin × 4]
+        let dd = _mm256_set_m128(_mm_set1_ps(f16c(b.dmin)), _mm_set1_ps(f16c(b.d)));
         for (g, acc) in acc.iter_mut().enumerate() {
             let n = if g + 1 < G { 4 } else { last };
             let r0 = t0 + 4 * g;
-            // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
-            let (s, mm) = unsafe {
+            // SAFETY: rows r0..r0 + n < m, super-block sb < nb; r0 % 4 == 0
+            // (t0 is a multiple of TILE).
+            let sm = unsafe {
                 match n {
-                    4 => q4k_group::<4>(act, r0, sb, &q, &scv, mnv),
-                    3 => q4k_group::<3>(act, r0, sb, &q, &scv, mnv),
-                    2 => q4k_group::<2>(act, r0, sb, &q, &scv, mnv),
-                    _ => q4k_group::<1>(act, r0, sb, &q, &scv, mnv),
+                    4 => q4k_group::<4>(act, r0, sb, &q, &scv, &mins4),
+                    3 => q4k_group::<3>(act, r0, sb, &q, &scv, &mins4),
+                    2 => q4k_group::<2>(act, r0, sb, &q, &scv, &mins4),
+                    _ => q4k_group::<1>(act, r0, sb, &q, &scv, &mins4),
                 }
             };
             // SAFETY: rows r0..r0 + n exist, sb < nb.
             let dx = unsafe { group_scales(act, sb, r0, n) };
-            let p = _mm_sub_ps(
-                _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)),
-                _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm_cvtepi32_ps(mm)),
+            // combine::q4k_step per lane: [(d·dx)·S | (dmin·dx)·M], then the
+            // difference added to the accumulator.
+            let p = _mm256_mul_ps(
+                _mm256_mul_ps(dd, _mm256_set_m128(dx, dx)),
+                _mm256_cvtepi32_ps(sm),
             );
+            let p = _mm_sub_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps::<1>(p));
             *acc = _mm_add_ps(*acc, p);
         }
     }
