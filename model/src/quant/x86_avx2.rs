@@ -926,12 +926,16 @@ unsafe fn q4k_tile_g<const G: usize>(
         let mins4 = q4k_mins4(mn);
         // [d × 4 | dmin × 4]
         let dd = _mm256_set_m128(_mm_set1_ps(f16c(b.dmin)), _mm_set1_ps(f16c(b.d)));
-        for (g, acc) in acc.iter_mut().enumerate() {
+        // The exact sums of every group first, then their float steps: the
+        // steps' latency chains overlap each other instead of stalling the
+        // next group's products.
+        let mut sms = [_mm256_setzero_si256(); G];
+        for (g, sm) in sms.iter_mut().enumerate() {
             let n = if g + 1 < G { 4 } else { last };
             let r0 = t0 + 4 * g;
             // SAFETY: rows r0..r0 + n < m, super-block sb < nb; r0 % 4 == 0
             // (t0 is a multiple of TILE).
-            let sm = unsafe {
+            *sm = unsafe {
                 match n {
                     4 => q4k_group::<4>(act, r0, sb, &q, &scv, &mins4),
                     3 => q4k_group::<3>(act, r0, sb, &q, &scv, &mins4),
@@ -939,8 +943,11 @@ unsafe fn q4k_tile_g<const G: usize>(
                     _ => q4k_group::<1>(act, r0, sb, &q, &scv, &mins4),
                 }
             };
-            // SAFETY: rows r0..r0 + n exist, sb < nb.
-            let dx = unsafe { group_scales(act, sb, r0, n) };
+        }
+        for (g, (acc, sm)) in acc.iter_mut().zip(sms).enumerate() {
+            let n = if g + 1 < G { 4 } else { last };
+            // SAFETY: rows t0 + 4g..t0 + 4g + n exist, sb < nb.
+            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             // combine::q4k_step per lane: [(d·dx)·S | (dmin·dx)·M], then the
             // difference added to the accumulator.
             let p = _mm256_mul_ps(
@@ -986,11 +993,13 @@ unsafe fn q6k_tile_g<const G: usize>(
         unpack_q6k_values(b, &mut q);
         let (scv, sc16) = q6k_scale_vectors(&b.scales);
         let d = _mm_set1_ps(f16c(b.d));
-        for (g, acc) in acc.iter_mut().enumerate() {
+        // As in `q4k_tile_g`: the sums of every group, then the float steps.
+        let mut ss = [_mm_setzero_si128(); G];
+        for (g, s) in ss.iter_mut().enumerate() {
             let n = if g + 1 < G { 4 } else { last };
             let r0 = t0 + 4 * g;
             // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
-            let s = unsafe {
+            *s = unsafe {
                 match n {
                     4 => q6k_group::<4>(act, r0, sb, &q, &scv, sc16),
                     3 => q6k_group::<3>(act, r0, sb, &q, &scv, sc16),
@@ -998,8 +1007,11 @@ unsafe fn q6k_tile_g<const G: usize>(
                     _ => q6k_group::<1>(act, r0, sb, &q, &scv, sc16),
                 }
             };
+        }
+        for (g, (acc, s)) in acc.iter_mut().zip(ss).enumerate() {
+            let n = if g + 1 < G { 4 } else { last };
             // SAFETY: as in `q4k_tile_g`.
-            let dx = unsafe { group_scales(act, sb, r0, n) };
+            let dx = unsafe { group_scales(act, sb, t0 + 4 * g, n) };
             *acc = _mm_add_ps(*acc, _mm_mul_ps(_mm_mul_ps(d, dx), _mm_cvtepi32_ps(s)));
         }
     }
