@@ -63,10 +63,12 @@ macro_rules! tile_groups {
 #[repr(C, align(64))]
 struct A32<const N: usize>([u8; N]);
 
-/// Whether `isa`'s kernels need [`Act::bsum4`] for an input of `kind` with
-/// `m` rows: the AVX2 Q4_K tiles ([`q4k_tile`], more than [`SMALL_K`] rows).
+/// Whether `isa`'s kernels may need [`Act::bsum4`] for an input of `kind`
+/// with `m` rows: the AVX2 Q4_K tiles ([`q4k_tile`], more than [`SMALL_K`]
+/// rows; also on the AVX-512 paths, which fall back to AVX2 kernels for
+/// formats they lack).
 pub(super) fn needs_bsum4(isa: Isa, kind: ActKind, m: usize) -> bool {
-    isa == Isa::Avx2 && kind == ActKind::Q8K && m > SMALL_K
+    isa != Isa::Scalar && kind == ActKind::Q8K && m > SMALL_K
 }
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
@@ -826,7 +828,7 @@ unsafe fn q4k_group<const R: usize>(
     mins4: &[__m256i; 2],
 ) -> __m256i {
     let (cols, nb) = (act.cols, act.nb);
-    debug_assert!(r0.is_multiple_of(4) && act.bsum4.len() >= (r0 / 4 + 1) * nb * 32);
+    debug_assert!(r0.is_multiple_of(4));
     // SAFETY: the caller's contract: the rows' super-block sb is inside qs
     // (m·cols), and group r0/4's 32 sums for sb inside bsum4.
     unsafe {
@@ -896,6 +898,11 @@ unsafe fn q6k_group<const R: usize>(
 /// CPU features; rows `t0..t0 + tn` exist in `act`; `tn <= TILE`.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q4k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // `q4k_group` reads the 4-row sums of every group of the tile.
+    assert!(
+        act.bsum4.len() >= (t0 + tn).div_ceil(4) * act.nb * 32,
+        "AVX2 Q4_K tile without Act::bsum4 (see needs_bsum4)"
+    );
     // SAFETY: the caller's contract.
     unsafe { tile_groups!(q4k_tile_g, wrow, act, t0, tn, res) }
 }
