@@ -40,6 +40,39 @@ pub struct VerifierConfig {
     /// Limits.
     #[serde(default)]
     pub limits: Limits,
+    /// How the scheduler packs many sessions' work into one forward.
+    #[serde(default)]
+    pub batching: Batching,
+}
+
+/// The scheduler's knobs (`[batching]`): one thread owns the target model and,
+/// each iteration, runs one forward over rows from many sessions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batching {
+    /// Pack several sessions' rows into one forward. `false` runs one message per
+    /// forward (the old path, kept for `tandem bench verifier --no-batching`).
+    pub enabled: bool,
+    /// Most rows (tokens) in one forward: verify blocks, streaming steps and
+    /// prefill chunks together.
+    pub max_batch_rows: usize,
+    /// Most prompt rows one session's prefill puts into one forward, so a long
+    /// Open or resume never stalls other sessions' verifies for long.
+    pub prefill_chunk: usize,
+    /// When the queue is empty, how long the scheduler waits after the first
+    /// arrival for more work to share the forward (microseconds).
+    pub gather_window_us: u64,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_batch_rows: 64,
+            prefill_chunk: 32,
+            gather_window_us: 200,
+        }
+    }
 }
 
 /// TLS material (PEM files).
@@ -139,6 +172,9 @@ pub enum ConfigError {
 /// Hard cap on the block size (the protocol's promise to devices).
 pub const MAX_BLOCK_CAP: usize = 16;
 
+/// Hard cap on `batching.max_batch_rows`.
+pub const MAX_BATCH_ROWS_CAP: usize = 512;
+
 impl VerifierConfig {
     /// Read and validate a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -175,6 +211,26 @@ impl VerifierConfig {
         }
         if !(l.rate_per_sec > 0.0 && l.rate_burst >= 1.0) {
             return bad("limits.rate_per_sec must be > 0 and limits.rate_burst >= 1".into());
+        }
+        let b = &self.batching;
+        if b.max_batch_rows < l.max_block + 1 || b.max_batch_rows > MAX_BATCH_ROWS_CAP {
+            return bad(format!(
+                "batching.max_batch_rows must be in max_block + 1 ({})..={MAX_BATCH_ROWS_CAP}, got {}",
+                l.max_block + 1,
+                b.max_batch_rows
+            ));
+        }
+        if b.prefill_chunk == 0 || b.prefill_chunk > b.max_batch_rows {
+            return bad(format!(
+                "batching.prefill_chunk must be in 1..=max_batch_rows ({}), got {}",
+                b.max_batch_rows, b.prefill_chunk
+            ));
+        }
+        if b.gather_window_us > 100_000 {
+            return bad(format!(
+                "batching.gather_window_us must be at most 100000 (0.1 s), got {}",
+                b.gather_window_us
+            ));
         }
         if l.max_message_bytes < 1024 {
             return bad("limits.max_message_bytes must be at least 1024".into());
