@@ -122,6 +122,37 @@ pub struct Limits {
     pub rate_per_sec: f64,
     /// Burst of messages per identity above the sustained rate.
     pub rate_burst: f64,
+    /// Most sessions one identity holds (its own idle sessions are evicted
+    /// first to make room; then QUOTA_EXCEEDED).
+    pub max_sessions_per_identity: usize,
+    /// Most KV bytes one identity's sessions hold.
+    pub max_bytes_per_identity: u64,
+    /// Sustained prompt tokens prefilled per second per identity (Opens and
+    /// resumes are charged per token they make the verifier compute).
+    pub prefill_tokens_per_sec: f64,
+    /// Burst of prefilled tokens per identity above the sustained rate (at
+    /// least max_prompt_tokens, so any one allowed context can be sent).
+    pub prefill_burst_tokens: f64,
+    /// Prompt tokens being prefilled at once, over all identities; an Open
+    /// beyond it waits (up to `prefill_wait_secs`) for room.
+    pub max_inflight_prefill_tokens: usize,
+    /// Prompt tokens one identity may have in flight at once (its share of
+    /// the above); beyond it: QUOTA_EXCEEDED.
+    pub max_inflight_prefill_tokens_per_identity: usize,
+    /// How long an Open waits for room in the prefill budget before
+    /// QUOTA_EXCEEDED.
+    pub prefill_wait_secs: u64,
+    /// A stream that sends nothing for this long is ended with STREAM_IDLE
+    /// (its session is kept for a resume).
+    pub stream_idle_secs: u64,
+    /// Most open connections (TCP/TLS); more are closed at accept.
+    pub max_connections: usize,
+    /// Most concurrent streams per HTTP/2 connection.
+    pub max_streams_per_connection: u32,
+    /// HTTP/2 keepalive ping interval (seconds); a peer that does not answer
+    /// within `keepalive_timeout_secs` is disconnected.
+    pub keepalive_interval_secs: u64,
+    pub keepalive_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -135,6 +166,18 @@ impl Default for Limits {
             max_message_bytes: 1 << 20,
             rate_per_sec: 200.0,
             rate_burst: 400.0,
+            max_sessions_per_identity: 32,
+            max_bytes_per_identity: 2 << 30,
+            prefill_tokens_per_sec: 4096.0,
+            prefill_burst_tokens: 12288.0,
+            max_inflight_prefill_tokens: 16384,
+            max_inflight_prefill_tokens_per_identity: 8192,
+            prefill_wait_secs: 30,
+            stream_idle_secs: 300,
+            max_connections: 1024,
+            max_streams_per_connection: 64,
+            keepalive_interval_secs: 30,
+            keepalive_timeout_secs: 20,
         }
     }
 }
@@ -211,6 +254,43 @@ impl VerifierConfig {
         }
         if !(l.rate_per_sec > 0.0 && l.rate_burst >= 1.0) {
             return bad("limits.rate_per_sec must be > 0 and limits.rate_burst >= 1".into());
+        }
+        if l.max_sessions_per_identity == 0 || l.max_bytes_per_identity == 0 {
+            return bad(
+                "limits.max_sessions_per_identity and max_bytes_per_identity must be at least 1"
+                    .into(),
+            );
+        }
+        if !(l.prefill_tokens_per_sec > 0.0 && l.prefill_burst_tokens >= l.max_prompt_tokens as f64)
+        {
+            return bad(format!(
+                "limits.prefill_tokens_per_sec must be > 0 and prefill_burst_tokens at least \
+                 max_prompt_tokens ({})",
+                l.max_prompt_tokens
+            ));
+        }
+        if l.max_inflight_prefill_tokens_per_identity < l.max_prompt_tokens
+            || l.max_inflight_prefill_tokens < l.max_inflight_prefill_tokens_per_identity
+        {
+            return bad(format!(
+                "limits: max_prompt_tokens ({}) <= max_inflight_prefill_tokens_per_identity ({}) \
+                 <= max_inflight_prefill_tokens ({}) must hold",
+                l.max_prompt_tokens,
+                l.max_inflight_prefill_tokens_per_identity,
+                l.max_inflight_prefill_tokens
+            ));
+        }
+        if l.stream_idle_secs == 0
+            || l.max_connections == 0
+            || l.max_streams_per_connection == 0
+            || l.keepalive_interval_secs == 0
+            || l.keepalive_timeout_secs == 0
+        {
+            return bad(
+                "limits.stream_idle_secs, max_connections, max_streams_per_connection, \
+                 keepalive_interval_secs and keepalive_timeout_secs must be at least 1"
+                    .into(),
+            );
         }
         let b = &self.batching;
         if b.max_batch_rows < l.max_block + 1 || b.max_batch_rows > MAX_BATCH_ROWS_CAP {

@@ -25,9 +25,12 @@ impl Refusal {
             | Reason::PromptTooLong
             | Reason::BadRequest
             | Reason::Unspecified => Code::InvalidArgument,
-            Reason::RateLimited | Reason::TooManySessions | Reason::ContextFull => {
-                Code::ResourceExhausted
-            }
+            Reason::RateLimited
+            | Reason::TooManySessions
+            | Reason::ContextFull
+            | Reason::QuotaExceeded
+            | Reason::MessageTooLarge => Code::ResourceExhausted,
+            Reason::StreamIdle => Code::DeadlineExceeded,
             Reason::Unauthenticated => Code::Unauthenticated,
             Reason::SessionForbidden => Code::PermissionDenied,
             Reason::ShuttingDown => Code::Unavailable,

@@ -1,26 +1,43 @@
 //! `tandem-verifier`: Tandem's cloud verifier.
 //!
-//! Holds the target model and, per device session, the target's KV cache in a
-//! bounded [`store::SessionStore`] (byte budget, LRU eviction, idle TTL, session
-//! cap). Devices drive sessions over the `tandem.verifier.v1.Verifier/Session` gRPC
-//! stream (see `tandem-proto`): a verify is one forward over `[last, d1..dk]` on a
-//! blocking thread, a greedy or lossless rejection-sampling verdict from
-//! `tandem-model`, and the KV cache rolled back to the accepted prefix.
+//! Serves many devices from one target model. Devices drive sessions over the
+//! `tandem.verifier.v1.Verifier/Session` gRPC stream (see `tandem-proto`); a
+//! verify is one forward over `[last, d1..dk]`, a greedy or lossless
+//! rejection-sampling verdict ([`tandem_model::verify::verdict_from_logits`]),
+//! and the KV rolled back to the accepted prefix.
 //!
-//! Around it: TLS with rustls (optional mutual TLS), per-device bearer tokens (a
-//! session is bound to the identity that opened it), limits with machine-readable
-//! refusal reasons, `grpc.health.v1` and reflection, an admin HTTP port (`/healthz`,
-//! `/readyz`, `/metrics`), and graceful shutdown. Split sessions ([`split`]) run
-//! only the target's layers `[s, N)` on hidden states the device computed.
+//! Where things are (the module graph is acyclic, leaves first):
+//! - [`session`]: one session's state (KV pages, context, rounds).
+//! - [`store`]: the bounded session store (byte budget over pages held, LRU,
+//!   per-identity quotas, idle TTL) and the checkout guard.
+//! - [`split`]: split sessions (layers `[s, N)` on the device's hidden states).
+//! - [`scheduler`]: one thread owns the model and packs many sessions' verify
+//!   blocks, streaming steps and prefill chunks into each forward.
+//! - [`admission`]: per-identity message and prefill-token rates, the
+//!   in-flight prefill budget.
+//! - [`state`]: the shared state struct; [`handlers`]: one per message kind;
+//!   [`service`]: the stream loop; [`auth`]: the bearer-token interceptor.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` as an axum router;
+//!   [`connections`]: the connection cap; [`server`]: putting it together
+//!   (TLS, keepalive, stream caps, drain).
+//!
 //! Configured by one TOML file ([`config::VerifierConfig`], documented in
 //! `docs/verifier.md`).
 
+pub mod admin;
+pub mod admission;
+pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod error;
+pub mod handlers;
 pub mod metrics;
+pub mod scheduler;
 pub mod server;
 pub mod service;
+pub mod session;
 pub mod split;
+pub mod state;
 pub mod store;
 
 pub use config::VerifierConfig;

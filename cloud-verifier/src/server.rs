@@ -1,24 +1,28 @@
 //! Starting the verifier: model load, gRPC (TLS or loopback plain text), health,
 //! reflection, the admin HTTP port, and graceful shutdown.
 
+use crate::admin::{self, AdminState, Phase};
+use crate::admission::{Admission, AdmissionLimits};
+use crate::auth::Auth;
 use crate::config::VerifierConfig;
-use crate::service::{ServiceLimits, VerifierService, VerifierState};
+use crate::connections;
+use crate::metrics::Metrics;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::service::VerifierService;
+use crate::state::{ServiceLimits, VerifierState};
 use crate::store::{SessionStore, StoreLimits};
-use axum::http::StatusCode;
-use axum::routing::get;
 use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tandem_model::kv_pages::KvPool;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::tokenizer::Tokenizer;
 use tandem_proto::v1::verifier_server::VerifierServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 /// Why the verifier could not start or stopped.
@@ -49,6 +53,8 @@ pub enum ServeError {
     Admin(std::io::Error),
     #[error("model loading task failed: {0}")]
     Join(String),
+    #[error("starting the scheduler thread: {0}")]
+    Scheduler(std::io::Error),
 }
 
 /// The tokenizer fingerprint of a model: its GGUF tokenizer's, or (tiny test
@@ -69,18 +75,23 @@ pub struct RunningVerifier {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub state: Arc<VerifierState>,
+    admin: AdminState,
+    admin_stop: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<(), ServeError>>,
 }
 
 impl RunningVerifier {
-    /// Starts graceful shutdown: no new streams; open streams get SHUTTING_DOWN after
-    /// their in-flight verify; then waits for the server to stop.
+    /// Starts a graceful shutdown (a drain): `/readyz` turns 503 "draining",
+    /// the listener stops accepting, open streams get SHUTTING_DOWN after
+    /// their in-flight round (the devices re-open elsewhere with their
+    /// context); then waits for the server to stop.
     pub async fn shutdown(self) -> Result<(), ServeError> {
+        self.admin.set_phase(Phase::Draining);
         let _ = self.shutdown.send(true);
-        self.task
-            .await
-            .map_err(|e| ServeError::Join(e.to_string()))?
+        let r = self.task.await.map_err(|e| ServeError::Join(e.to_string()));
+        let _ = self.admin_stop.send(true);
+        r?
     }
 
     /// Waits for the server to stop (after `trigger` resolves).
@@ -116,7 +127,6 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         }
         None => None,
     };
-    let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // Admin first, so /readyz can say "loading".
@@ -127,35 +137,11 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
             source,
         })?;
     let admin_addr = admin_listener.local_addr().map_err(ServeError::Admin)?;
-    let state_cell: Arc<std::sync::OnceLock<Arc<VerifierState>>> =
-        Arc::new(std::sync::OnceLock::new());
-    let admin = {
-        let ready = ready.clone();
-        let cell2 = state_cell.clone();
-        axum::Router::new()
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route(
-                "/readyz",
-                get(move || {
-                    let r = ready.load(Ordering::SeqCst);
-                    async move {
-                        if r {
-                            (StatusCode::OK, "ready\n")
-                        } else {
-                            (StatusCode::SERVICE_UNAVAILABLE, "loading model\n")
-                        }
-                    }
-                }),
-            )
-            .route(
-                "/metrics",
-                get(move || {
-                    let body = cell2.get().map(|s| s.render_metrics()).unwrap_or_default();
-                    async move { ([("content-type", "text/plain; version=0.0.4")], body) }
-                }),
-            )
-    };
-    let mut admin_stop = stop_rx.clone();
+    let admin_state = AdminState::default();
+    let admin = admin::router(admin_state.clone());
+    // The admin port outlives the gRPC server's drain (so /readyz says
+    // "draining" meanwhile); it stops when the drain is over.
+    let (admin_stop_tx, mut admin_stop) = watch::channel(false);
     tokio::spawn(async move {
         let r = axum::serve(admin_listener, admin)
             .with_graceful_shutdown(async move {
@@ -188,22 +174,57 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         max_sessions: l.max_sessions,
         budget_bytes: l.session_budget_bytes,
         idle_ttl: Duration::from_secs(l.idle_ttl_secs),
+        max_sessions_per_identity: l.max_sessions_per_identity,
+        max_bytes_per_identity: l.max_bytes_per_identity,
     });
-    let state = Arc::new(VerifierState::new(
-        Arc::new(model),
-        cfg.model_id.clone(),
+    let mc = model.config();
+    let pool = KvPool::new(
+        mc.n_layer,
+        mc.n_kv_head,
+        mc.head_dim,
+        l.session_budget_bytes,
+    );
+    let model = Arc::new(model);
+    let metrics = Arc::new(Metrics::default());
+    let b = &cfg.batching;
+    let scheduler = Scheduler::start(
+        model.clone(),
+        SchedulerConfig {
+            enabled: b.enabled,
+            max_batch_rows: b.max_batch_rows,
+            prefill_chunk: b.prefill_chunk,
+            gather_window: Duration::from_micros(b.gather_window_us),
+        },
+        metrics.clone(),
+    )
+    .map_err(ServeError::Scheduler)?;
+    let admission = Admission::new(AdmissionLimits {
+        rate_per_sec: l.rate_per_sec,
+        rate_burst: l.rate_burst,
+        prefill_tokens_per_sec: l.prefill_tokens_per_sec,
+        prefill_burst_tokens: l.prefill_burst_tokens,
+        max_inflight_prefill_tokens: l.max_inflight_prefill_tokens,
+        max_inflight_prefill_tokens_per_identity: l.max_inflight_prefill_tokens_per_identity,
+        prefill_wait: Duration::from_secs(l.prefill_wait_secs),
+    });
+    let state = Arc::new(VerifierState {
+        model,
+        model_id: cfg.model_id.clone(),
         fingerprint,
-        ServiceLimits {
+        limits: ServiceLimits {
             max_prompt_tokens: l.max_prompt_tokens,
             max_block: l.max_block,
-            rate_per_sec: l.rate_per_sec,
-            rate_burst: l.rate_burst,
+            stream_idle: Duration::from_secs(l.stream_idle_secs),
         },
-        store,
-        &devices,
-        stop_rx.clone(),
-    ));
-    let _ = state_cell.set(state.clone());
+        store: Mutex::new(store),
+        pool,
+        scheduler,
+        admission,
+        metrics: metrics.clone(),
+        max_seq_len: cfg.max_seq_len,
+        shutdown: stop_rx.clone(),
+    });
+    admin_state.set_verifier(state.clone());
 
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -236,7 +257,11 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     })
     .max_decoding_message_size(l.max_message_bytes)
     .max_encoding_message_size(l.max_message_bytes);
-    let mut builder = Server::builder();
+    let svc = InterceptedService::new(svc, Auth::new(&devices, metrics.clone()));
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(l.keepalive_interval_secs)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(l.keepalive_timeout_secs)))
+        .max_concurrent_streams(Some(l.max_streams_per_connection));
     if let Some(tc) = tls {
         builder = builder.tls_config(tc)?;
     }
@@ -246,18 +271,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         .add_service(svc);
     let mut grpc_stop = stop_rx.clone();
     let h2 = health.clone();
-    // `Server::tcp_nodelay` only applies to listeners tonic binds itself; with
-    // our own listener, Nagle stays on unless set here, and a verdict (a small
-    // write after the previous one is still unacknowledged) then waits for the
-    // peer's delayed ACK — tens of ms per round (docs/verifier.md, pitfalls).
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(stream) = &conn {
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
-            }
-        }
-        conn
-    });
+    let incoming = connections::capped(listener, l.max_connections, metrics);
     let task = tokio::spawn(async move {
         router
             .serve_with_incoming_shutdown(incoming, async move {
@@ -271,12 +285,14 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
             .await
             .map_err(ServeError::from)
     });
-    ready.store(true, Ordering::SeqCst);
+    admin_state.set_phase(Phase::Ready);
     tracing::info!(%grpc_addr, %admin_addr, "verifier serving");
     Ok(RunningVerifier {
         grpc_addr,
         admin_addr,
         state,
+        admin: admin_state,
+        admin_stop: admin_stop_tx,
         shutdown: stop_tx,
         task,
     })

@@ -4,47 +4,18 @@
 //! states and the device decides). The wire rules are in the `.proto` file comment.
 //!
 //! The verifier still maps the whole target GGUF (weights of layers `[0, s)` are
-//! mapped but never touched, so they cost address space, not RSS), and each split
-//! session's KV cache is allocated for all N layers with only `[s, N)` written
-//! (untouched capacity maps lazily). Shrinking both is future work.
+//! mapped but never touched, so they cost address space, not RSS), and a split
+//! session's KV pages hold all N layers with only `[s, N)` written. A split
+//! round's forward runs a layer range of its own, so the scheduler runs it
+//! alone rather than in a shared batch.
 
 use crate::error::Refusal;
-use crate::service::verdict_from_logits;
-use crate::store::SessionState;
+use crate::session::{SessionState, SplitSpec};
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::{Distribution, Sampler, SamplingParams};
-use tandem_model::verify::Verdict;
+use tandem_model::sampling::Distribution;
+use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::hidden;
 use tandem_proto::v1::{HiddenFormat, HiddenStates, Reason};
-
-/// How a split session divides the target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SplitSpec {
-    /// s: the device runs `[0, s)`, this verifier `[s, N)`.
-    pub layer: usize,
-    /// U-shape: head and verdict on the device.
-    pub pin_head: bool,
-    pub format: HiddenFormat,
-}
-
-impl SplitSpec {
-    /// Checks the wire message against the model.
-    pub fn from_wire(w: &tandem_proto::v1::Split, n_layer: usize) -> Result<Self, Refusal> {
-        let layer = w.layer as usize;
-        if layer > n_layer {
-            return Err(bad(format!(
-                "split.layer {layer} is beyond the target's {n_layer} layers"
-            )));
-        }
-        let format = HiddenFormat::try_from(w.format)
-            .map_err(|_| bad(format!("split.format {} is unknown", w.format)))?;
-        Ok(Self {
-            layer,
-            pin_head: w.pin_head,
-            format,
-        })
-    }
-}
 
 fn bad(m: impl Into<String>) -> Refusal {
     Refusal::new(Reason::BadRequest, m)
@@ -76,69 +47,63 @@ fn run_suffix(
     let n_layer = model.config().n_layer;
     if spec.layer < n_layer && !h.is_empty() {
         model
-            .forward_layers(spec.layer..n_layer, h, start_pos, &mut st.cache)
+            .forward_layers(spec.layer..n_layer, h, start_pos, &mut st.kv)
             .map_err(internal)?;
     }
     Ok(())
 }
 
-/// A new split session from an Open: prefills layers `[s, N)` with the prompt's
-/// hidden states. `prompt_tokens` must already be checked (head-here sessions) or
-/// empty (U-shape). `max_context` bounds the context length.
-pub fn open_state(
-    model: &Qwen2Model,
+/// The context of a new split session from an Open (checked, no model work):
+/// `prompt_tokens` must already be checked (head-here sessions) or empty
+/// (U-shape). `max_context` bounds the context length.
+pub fn open_context(
     spec: SplitSpec,
     prompt_tokens: Vec<u32>,
     prompt_hidden: Option<&HiddenStates>,
-    sampling: SamplingParams,
-    first_round: u64,
     max_context: usize,
-) -> Result<SessionState, Refusal> {
+) -> Result<Vec<u32>, Refusal> {
     let rows = prompt_hidden.map_or(0, |h| h.rows as usize);
-    let context = if spec.pin_head {
+    if spec.pin_head {
         if !prompt_tokens.is_empty() {
             return Err(bad(
                 "U-shape split sessions send no token ids: prompt_tokens must be empty",
             ));
         }
-        if rows + 1 > max_context {
+        if rows >= max_context {
             return Err(Refusal::new(
                 Reason::PromptTooLong,
                 format!(
                     "context of {} tokens exceeds max_prompt_tokens = {max_context}",
-                    rows + 1
+                    rows.saturating_add(1)
                 ),
             ));
         }
-        vec![0; rows + 1]
+        Ok(vec![0; rows + 1])
     } else {
-        if rows + 1 != prompt_tokens.len() {
+        if rows.checked_add(1) != Some(prompt_tokens.len()) {
             return Err(bad(format!(
                 "prompt_hidden has {rows} rows; a context of {} tokens needs {}",
                 prompt_tokens.len(),
                 prompt_tokens.len().saturating_sub(1)
             )));
         }
-        prompt_tokens
-    };
-    let mut h = decode(model, prompt_hidden, rows, spec.format)?;
-    let mut st = SessionState {
-        cache: model.new_cache(),
-        context,
-        sampling,
-        rng: Sampler::from_params(&sampling),
-        next_round: first_round,
-        rounds: 0,
-        split: Some(spec),
-    };
-    if rows + 1 > st.cache.capacity() {
-        return Err(Refusal::new(
-            Reason::ContextFull,
-            "context exceeds the KV capacity",
-        ));
+        Ok(prompt_tokens)
     }
-    run_suffix(model, &spec, &mut st, &mut h, 0)?;
-    Ok(st)
+}
+
+/// Prefills a new split session's layers `[s, N)` with the prompt's hidden
+/// states (its pages reserved for them).
+pub fn prefill(
+    model: &Qwen2Model,
+    st: &mut SessionState,
+    prompt_hidden: Option<&HiddenStates>,
+) -> Result<(), Refusal> {
+    let Some(spec) = st.split else {
+        return Err(Refusal::new(Reason::InternalError, "not a split session"));
+    };
+    let rows = st.context.len().saturating_sub(1);
+    let mut h = decode(model, prompt_hidden, rows, spec.format)?;
+    run_suffix(model, &spec, st, &mut h, 0)
 }
 
 /// What a split round answers.
@@ -197,7 +162,7 @@ fn split_round_inner(
             Reason::ContextFull,
             format!(
                 "context of {n} positions would exceed the KV capacity of {} tokens",
-                st.cache.capacity()
+                st.kv.reserved_tokens()
             ),
         )
     };
@@ -218,14 +183,16 @@ fn split_round_inner(
                 "start_pos {start_pos} is beyond the {cached} positions this session holds"
             )));
         }
-        if start_pos + rows > st.cache.capacity() {
-            return Err(full(start_pos + rows));
+        let end = start_pos
+            .checked_add(rows)
+            .ok_or_else(|| bad("start_pos overflows"))?;
+        if end > st.kv.reserved_tokens() {
+            return Err(full(end));
         }
         let mut h = decode(model, hidden, rows, spec.format)?;
-        st.cache.truncate(start_pos);
+        st.kv.truncate(start_pos);
         run_suffix(model, &spec, st, &mut h, start_pos)?;
         st.context.resize(start_pos + rows + 1, 0);
-        st.rounds += 1;
         return Ok(SplitAnswer::Hidden(hidden::encode(&h, rows, spec.format)));
     }
     let k = draft.len();
@@ -234,17 +201,24 @@ fn split_round_inner(
             "start_pos {start_pos} differs from the {cached} positions this session holds"
         )));
     }
-    if cached + k + 1 > st.cache.capacity() {
+    if cached + k + 1 > st.kv.reserved_tokens() {
         return Err(full(cached + k + 1));
     }
     let mut h = decode(model, hidden, k + 1, spec.format)?;
     run_suffix(model, &spec, st, &mut h, cached)?;
     let logits = model.head(&h);
-    let verdict = verdict_from_logits(model.config().vocab, st, draft, draft_dists, &logits)?;
+    let verdict = verdict_from_logits(
+        &st.sampling,
+        &st.context,
+        draft,
+        draft_dists,
+        &logits,
+        &mut st.rng,
+    )
+    .map_err(|e| bad(format!("draft distributions: {e}")))?;
     let n = verdict.accepted;
-    st.cache.truncate(cached + 1 + n);
+    st.kv.truncate(cached + 1 + n);
     st.context.extend_from_slice(&draft[..n]);
     st.context.push(verdict.next_token);
-    st.rounds += 1;
     Ok(SplitAnswer::Verdict(verdict))
 }

@@ -1,38 +1,18 @@
-//! The bounded session store: per-session target KV caches under a byte budget, a
-//! session cap and an idle TTL, evicted least-recently-used first.
+//! The bounded session store: sessions under a byte budget (KV pages actually
+//! held), a session cap, per-identity quotas and an idle TTL, evicted
+//! least-recently-used first (the caller's own idle sessions before anyone
+//! else's).
 //!
-//! A verify *checks out* a session's state (so the forward pass runs without the
+//! A round *checks out* a session's state (so the forward runs without the
 //! store's lock) and checks it back in; checked-out sessions are never evicted.
+//! [`CheckedOut`] is the drop guard around that: if the round's task dies
+//! (panic, cancelled stream), the entry is removed instead of staying checked
+//! out forever.
 
+use crate::session::SessionState;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tandem_model::kv_cache::KvCache;
-use tandem_model::sampling::{Sampler, SamplingParams};
-
-/// One session's verifier-side state.
-pub struct SessionState {
-    /// Target KV cache: holds `context[..context.len() - 1]`.
-    pub cache: KvCache,
-    /// Whole context (prompt + emitted tokens); the last one is `last`.
-    pub context: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub rng: Sampler,
-    /// Round number the next Draft must carry.
-    pub next_round: u64,
-    /// Rounds verified so far.
-    pub rounds: u64,
-    /// Split execution: the device runs layers `[0, split.layer)`; `None` = whole
-    /// target here. In U-shape sessions `context` holds placeholders (the verifier
-    /// never sees token ids), only its length is meaningful.
-    pub split: Option<crate::split::SplitSpec>,
-}
-
-impl SessionState {
-    /// Bytes this session holds: used KV rows plus the context ids.
-    pub fn bytes(&self) -> u64 {
-        (self.cache.len() * self.cache.bytes_per_token() + self.context.len() * 4) as u64
-    }
-}
 
 /// Limits of the store.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +20,10 @@ pub struct StoreLimits {
     pub max_sessions: usize,
     pub budget_bytes: u64,
     pub idle_ttl: Duration,
+    /// Most sessions one identity holds.
+    pub max_sessions_per_identity: usize,
+    /// Most bytes one identity's sessions hold.
+    pub max_bytes_per_identity: u64,
 }
 
 /// Why a session could not be had.
@@ -55,6 +39,8 @@ pub enum StoreError {
     Busy,
     #[error("session limit reached and no idle session can be evicted")]
     Full,
+    #[error("this identity's session or byte quota is used by sessions that are not idle")]
+    Quota,
     #[error("session alone exceeds the store's byte budget")]
     TooLarge,
 }
@@ -94,6 +80,10 @@ impl SessionStore {
         }
     }
 
+    pub fn limits(&self) -> &StoreLimits {
+        &self.limits
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -112,8 +102,27 @@ impl SessionStore {
         self.evictions
     }
 
-    /// Adds a session; evicts idle sessions (LRU) to respect the limits.
-    /// Returns the session's epoch.
+    /// `(sessions, bytes)` held by `owner`.
+    pub fn usage(&self, owner: &str) -> (usize, u64) {
+        self.entries
+            .values()
+            .filter(|e| e.owner == owner)
+            .fold((0, 0), |(n, b), e| (n + 1, b.saturating_add(e.bytes)))
+    }
+
+    /// Sessions per identity (identities are the configured devices: a bounded set).
+    pub fn sessions_per_identity(&self) -> Vec<(String, usize)> {
+        let mut m: HashMap<&str, usize> = HashMap::new();
+        for e in self.entries.values() {
+            *m.entry(e.owner.as_str()).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = m.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
+        v.sort();
+        v
+    }
+
+    /// Adds a session; evicts idle sessions (the owner's own first, then LRU)
+    /// to respect the per-identity and global limits. Returns the epoch.
     pub fn insert(
         &mut self,
         id: String,
@@ -126,28 +135,45 @@ impl SessionStore {
         if bytes > self.limits.budget_bytes {
             return Err(StoreError::TooLarge);
         }
+        while self.usage(&owner).0 >= self.limits.max_sessions_per_identity {
+            if !self.evict_lru(Some(&owner), None) {
+                return Err(StoreError::Quota);
+            }
+        }
         while self.entries.len() >= self.limits.max_sessions {
-            if !self.evict_lru(None) {
+            if !self.evict_lru(Some(&owner), None) && !self.evict_lru(None, None) {
                 return Err(StoreError::Full);
             }
         }
         self.entries.insert(
             id.clone(),
             Entry {
-                owner,
+                owner: owner.clone(),
                 state: Some(state),
                 bytes,
                 last_used: now,
                 epoch: 0,
             },
         );
-        self.total_bytes += bytes;
-        self.enforce_budget(&id);
+        self.total_bytes = self.total_bytes.saturating_add(bytes);
+        self.enforce_budget(&id, &owner);
         Ok(0)
     }
 
-    /// Takes a session's state out for a verify. `epoch` must be the one the caller
-    /// got (a stream that was superseded gets `Unknown`).
+    /// Evicts one idle session to free memory for `owner` (its own first, then
+    /// anyone's least recently used; never `keep`). False when none is idle.
+    pub fn make_room(&mut self, owner: &str, keep: Option<&str>) -> bool {
+        self.expire(Instant::now());
+        self.evict_lru(Some(owner), keep) || self.evict_lru(None, keep)
+    }
+
+    /// Evicts one of `owner`'s own idle sessions (never `keep`).
+    pub fn evict_own(&mut self, owner: &str, keep: Option<&str>) -> bool {
+        self.evict_lru(Some(owner), keep)
+    }
+
+    /// Takes a session's state out for a round. `epoch` must be the one the
+    /// caller got (a stream that was superseded gets `Unknown`).
     pub fn checkout(
         &mut self,
         id: &str,
@@ -183,28 +209,38 @@ impl SessionStore {
         };
         let st = self.checkout(id, owner, epoch)?;
         let e = self.entries.get_mut(id).ok_or(StoreError::Unknown)?;
-        e.epoch += 1;
+        e.epoch = e.epoch.wrapping_add(1);
         Ok((st, e.epoch))
     }
 
-    /// Puts a state back after a verify; enforces the byte budget (never evicting
-    /// this session). A session removed meanwhile is dropped.
+    /// Puts a state back after a round; enforces the budget and the owner's
+    /// byte quota (never evicting this session). A session removed meanwhile is
+    /// dropped (its pages go back to the pool).
     pub fn checkin(&mut self, id: &str, state: SessionState) {
         let Some(e) = self.entries.get_mut(id) else {
             return;
         };
         let bytes = state.bytes();
-        self.total_bytes = self.total_bytes - e.bytes + bytes;
+        self.total_bytes = self
+            .total_bytes
+            .saturating_sub(e.bytes)
+            .saturating_add(bytes);
         e.bytes = bytes;
         e.state = Some(state);
         e.last_used = Instant::now();
-        self.enforce_budget(id);
+        let owner = e.owner.clone();
+        self.enforce_budget(id, &owner);
     }
 
-    /// Removes a session (Close). Returns its state if it was not checked out.
-    pub fn remove(&mut self, id: &str) -> Option<SessionState> {
+    /// Removes a session (Close, or a round that failed) when `owner` and
+    /// `epoch` match. Returns its state if it was not checked out.
+    pub fn remove(&mut self, id: &str, owner: &str, epoch: u64) -> Option<SessionState> {
+        match self.entries.get(id) {
+            Some(e) if e.owner == owner && e.epoch == epoch => {}
+            _ => return None,
+        }
         let e = self.entries.remove(id)?;
-        self.total_bytes -= e.bytes;
+        self.total_bytes = self.total_bytes.saturating_sub(e.bytes);
         e.state
     }
 
@@ -222,14 +258,14 @@ impl SessionStore {
         }
     }
 
-    /// Evicts a specific session (tests and admin use; also the LRU policy).
+    /// Evicts a specific idle session (tests and admin use; also the LRU policy).
     pub fn evict(&mut self, id: &str) -> bool {
         match self.entries.get(id) {
             Some(e) if e.state.is_some() => {}
             _ => return false,
         }
         if let Some(e) = self.entries.remove(id) {
-            self.total_bytes -= e.bytes;
+            self.total_bytes = self.total_bytes.saturating_sub(e.bytes);
             self.evictions += 1;
             tracing::info!(session = %id, "session evicted");
             if self.evicted.insert(id.to_owned()) {
@@ -244,11 +280,15 @@ impl SessionStore {
         true
     }
 
-    fn evict_lru(&mut self, keep: Option<&str>) -> bool {
+    /// Evicts the least recently used idle session (of `owner` only, when
+    /// given), never `keep`.
+    fn evict_lru(&mut self, owner: Option<&str>, keep: Option<&str>) -> bool {
         let victim = self
             .entries
             .iter()
-            .filter(|(k, e)| e.state.is_some() && Some(k.as_str()) != keep)
+            .filter(|(k, e)| {
+                e.state.is_some() && Some(k.as_str()) != keep && owner.is_none_or(|o| e.owner == o)
+            })
             .min_by_key(|(_, e)| e.last_used)
             .map(|(k, _)| k.clone());
         match victim {
@@ -257,11 +297,93 @@ impl SessionStore {
         }
     }
 
-    fn enforce_budget(&mut self, keep: &str) {
-        while self.total_bytes > self.limits.budget_bytes {
-            if !self.evict_lru(Some(keep)) {
+    fn enforce_budget(&mut self, keep: &str, owner: &str) {
+        while self.usage(owner).1 > self.limits.max_bytes_per_identity {
+            if !self.evict_lru(Some(owner), Some(keep)) {
                 break;
             }
+        }
+        while self.total_bytes > self.limits.budget_bytes {
+            if !self.evict_lru(None, Some(keep)) {
+                break;
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<SessionStore>) -> MutexGuard<'_, SessionStore> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// A checked-out session: check it back in, or remove it; dropped unresolved
+/// (the round's task panicked or was cancelled with the state inside), it
+/// removes the entry so the slot is not leaked (the device's next message
+/// gets SESSION_UNKNOWN and re-sends its context).
+pub struct CheckedOut<'a> {
+    store: &'a Mutex<SessionStore>,
+    id: String,
+    owner: String,
+    epoch: u64,
+    resolved: bool,
+}
+
+impl<'a> CheckedOut<'a> {
+    /// Checks `id` out of `store`.
+    pub fn take(
+        store: &'a Mutex<SessionStore>,
+        id: &str,
+        owner: &str,
+        epoch: u64,
+    ) -> Result<(Self, SessionState), StoreError> {
+        let st = lock(store).checkout(id, owner, epoch)?;
+        Ok((Self::guard(store, id, owner, epoch), st))
+    }
+
+    /// Takes `id` over for a new stream ([`SessionStore::take_over`]).
+    pub fn take_over(
+        store: &'a Mutex<SessionStore>,
+        id: &str,
+        owner: &str,
+    ) -> Result<(Self, SessionState), StoreError> {
+        let (st, epoch) = lock(store).take_over(id, owner)?;
+        Ok((Self::guard(store, id, owner, epoch), st))
+    }
+
+    fn guard(store: &'a Mutex<SessionStore>, id: &str, owner: &str, epoch: u64) -> Self {
+        Self {
+            store,
+            id: id.to_owned(),
+            owner: owner.to_owned(),
+            epoch,
+            resolved: false,
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Puts the state back.
+    pub fn checkin(mut self, state: SessionState) {
+        self.resolved = true;
+        lock(self.store).checkin(&self.id, state);
+    }
+
+    /// Removes the session (its state was lost or is dropped by the caller).
+    pub fn remove(mut self) {
+        self.resolved = true;
+        lock(self.store).remove(&self.id, &self.owner, self.epoch);
+    }
+}
+
+impl Drop for CheckedOut<'_> {
+    fn drop(&mut self) {
+        if !self.resolved {
+            tracing::warn!(session = %self.id, "round ended without its state; session removed");
+            lock(self.store).remove(&self.id, &self.owner, self.epoch);
         }
     }
 }

@@ -79,7 +79,7 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
         .or_else(|| s.message().split(':').next().map(str::to_owned))
         .and_then(|n| Reason::from_str_name(n.trim()));
     match reason {
-        Some(Reason::SessionUnknown | Reason::SessionEvicted) => {
+        Some(Reason::SessionUnknown | Reason::SessionEvicted | Reason::StreamIdle) => {
             NetError::Resend(s.message().to_owned())
         }
         Some(Reason::ContextFull) => NetError::ContextFull,
@@ -87,6 +87,7 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
             Reason::ShuttingDown
             | Reason::RateLimited
             | Reason::TooManySessions
+            | Reason::QuotaExceeded
             | Reason::InternalError,
         ) => NetError::Busy(s.message().to_owned()),
         Some(r) => NetError::Fatal(EdgeError::Refused {

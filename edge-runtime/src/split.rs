@@ -24,10 +24,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::{
-    apply_repetition_penalty, argmax, distribution, Distribution, Sampler, SamplingParams,
-};
-use tandem_model::verify::{verify_greedy, verify_sampled};
+use tandem_model::sampling::{Distribution, Sampler, SamplingParams};
+use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
 use tandem_proto::v1::{self as pb, HiddenFormat};
 use tandem_shard::split::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
@@ -585,45 +583,14 @@ impl SplitExec {
         let t = Instant::now();
         let logits = self.target.head(&h);
         self.device_s += t.elapsed().as_secs_f64();
-        let vocab = self.target.config().vocab;
-        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-        let draft = &self.pending;
-        let mut hist = ctx.to_vec();
-        let verdict = if sampling.is_greedy() {
-            let mut am = Vec::with_capacity(k + 1);
-            for (i, d) in draft.iter().map(Some).chain([None]).enumerate() {
-                am.push(if sampling.repetition_penalty == 1.0 {
-                    argmax(row(i))
-                } else {
-                    let mut l = row(i).to_vec();
-                    apply_repetition_penalty(&mut l, &hist, sampling.repetition_penalty);
-                    argmax(&l)
-                });
-                hist.extend(d);
-            }
-            if k == 0 {
-                tandem_model::verify::Verdict {
-                    accepted: 0,
-                    next_token: am[0],
-                }
-            } else {
-                verify_greedy(draft, &am)?
-            }
-        } else {
-            let mut ps = Vec::with_capacity(k + 1);
-            for (i, d) in draft.iter().map(Some).chain([None]).enumerate() {
-                ps.push(distribution(sampling, row(i), &hist));
-                hist.extend(d);
-            }
-            if k == 0 {
-                tandem_model::verify::Verdict {
-                    accepted: 0,
-                    next_token: self.rng.sample(&ps[0]),
-                }
-            } else {
-                verify_sampled(draft, &self.pending_dists, &ps, &mut self.rng)?
-            }
-        };
+        let verdict = verdict_from_logits(
+            sampling,
+            ctx,
+            &self.pending,
+            &self.pending_dists,
+            &logits,
+            &mut self.rng,
+        )?;
         Ok(pb::Verdict {
             round: v.round,
             accepted: verdict.accepted as u32,

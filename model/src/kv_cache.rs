@@ -67,26 +67,45 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.truncate(0);
     }
+}
 
-    /// Check that `n` tokens can be appended to `layer` at `start_pos`.
-    pub(crate) fn check_append(&self, layer: usize, start_pos: usize, n: usize) -> Result<()> {
-        if start_pos != self.lens[layer] {
-            return Err(ModelError::InvalidArgument(format!(
-                "layer {layer}: forward at position {start_pos} but the cache holds {} positions",
-                self.lens[layer]
-            )));
-        }
-        if start_pos + n > self.capacity {
-            return Err(ModelError::SequenceTooLong {
-                needed: start_pos + n,
-                capacity: self.capacity,
-            });
-        }
-        Ok(())
+/// Where a forward pass keeps a sequence's keys and values: the contiguous
+/// [`KvCache`] (device, local loops) or the verifier's paged
+/// [`crate::kv_pages::PagedKv`]. Attention reads one position's row at a time
+/// through [`key`](KvStore::key) / [`value`](KvStore::value) in position order,
+/// so the arithmetic, and with it every bit of the result, is the same over
+/// either layout.
+pub trait KvStore: Send + Sync {
+    /// Layers this store was made for.
+    fn n_layers(&self) -> usize;
+    /// Positions cached for `layer`.
+    fn layer_len(&self, layer: usize) -> usize;
+    /// Checks that `n` positions can be appended to `layer` at `start_pos`.
+    fn check_append(&self, layer: usize, start_pos: usize, n: usize) -> Result<()>;
+    /// Writes K and V rows (`[n, n_kv_head * head_dim]` each) for positions
+    /// `start_pos..start_pos + n` of `layer`; [`check_append`](KvStore::check_append)
+    /// passed for them.
+    fn append(&mut self, layer: usize, start_pos: usize, k: &[f32], v: &[f32]);
+    /// The key row of position `t` of `layer` (`n_kv_head * head_dim` floats).
+    fn key(&self, layer: usize, t: usize) -> &[f32];
+    /// The value row of position `t` of `layer`.
+    fn value(&self, layer: usize, t: usize) -> &[f32];
+}
+
+impl KvStore for KvCache {
+    fn n_layers(&self) -> usize {
+        self.lens.len()
     }
 
-    /// Write K and V rows for positions `start_pos..start_pos + n` of `layer`.
-    pub(crate) fn append(&mut self, layer: usize, start_pos: usize, k: &[f32], v: &[f32]) {
+    fn layer_len(&self, layer: usize) -> usize {
+        self.lens[layer]
+    }
+
+    fn check_append(&self, layer: usize, start_pos: usize, n: usize) -> Result<()> {
+        check_append_at(self.lens[layer], self.capacity, layer, start_pos, n)
+    }
+
+    fn append(&mut self, layer: usize, start_pos: usize, k: &[f32], v: &[f32]) {
         let n = k.len() / self.row;
         let range = start_pos * self.row..(start_pos + n) * self.row;
         self.k[layer][range.clone()].copy_from_slice(k);
@@ -94,11 +113,36 @@ impl KvCache {
         self.lens[layer] = start_pos + n;
     }
 
-    /// K and V of `layer` for positions `0..len`.
-    pub(crate) fn layer(&self, layer: usize, len: usize) -> (&[f32], &[f32]) {
-        (
-            &self.k[layer][..len * self.row],
-            &self.v[layer][..len * self.row],
-        )
+    #[inline]
+    fn key(&self, layer: usize, t: usize) -> &[f32] {
+        &self.k[layer][t * self.row..(t + 1) * self.row]
+    }
+
+    #[inline]
+    fn value(&self, layer: usize, t: usize) -> &[f32] {
+        &self.v[layer][t * self.row..(t + 1) * self.row]
+    }
+}
+
+/// The append check shared by every [`KvStore`]: the layer holds exactly
+/// `start_pos` positions and `capacity` has room for `n` more.
+pub(crate) fn check_append_at(
+    len: usize,
+    capacity: usize,
+    layer: usize,
+    start_pos: usize,
+    n: usize,
+) -> Result<()> {
+    if start_pos != len {
+        return Err(ModelError::InvalidArgument(format!(
+            "layer {layer}: forward at position {start_pos} but the cache holds {len} positions"
+        )));
+    }
+    match start_pos.checked_add(n) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(ModelError::SequenceTooLong {
+            needed: start_pos.saturating_add(n),
+            capacity,
+        }),
     }
 }

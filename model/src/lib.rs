@@ -8,7 +8,10 @@
 //! - [`tokenizer`]: the Qwen2 byte-level BPE tokenizer built from GGUF metadata,
 //!   special tokens, ChatML template and a UTF-8-safe streaming decoder.
 //! - [`qwen2`]: the transformer: `embed`, `forward_layers(range, hidden)`, `head`,
-//!   and a [`kv_cache::KvCache`] with preallocated capacity and `truncate(len)`.
+//!   and `forward_batch` (many sequences' rows in one forward, each attending only
+//!   to its own KV, logits only for the rows that ask); KV in a
+//!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`) or in pages of a shared
+//!   byte-sized pool ([`kv_pages`]), both behind [`kv_cache::KvStore`].
 //! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, seeded.
 //! - [`verify`]: speculative verification math (greedy prefix match and lossless
 //!   rejection sampling), pure functions.
@@ -17,6 +20,7 @@
 pub mod error;
 pub mod gguf;
 pub mod kv_cache;
+pub mod kv_pages;
 pub mod quant;
 pub mod qwen2;
 pub mod sampling;

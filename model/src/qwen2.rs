@@ -8,7 +8,7 @@
 //! `[rows, features]`, row-major.
 
 use crate::gguf::{GgufFile, TensorEntry};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
 use crate::vecops::{axpy, dot};
 use crate::{ModelError, Result};
@@ -372,12 +372,29 @@ impl Qwen2Model {
 
     /// Run layers `range` over `hidden` (`[n, d]`, updated in place) for
     /// positions `start_pos..start_pos + n`, appending to `cache`.
-    pub fn forward_layers(
+    pub fn forward_layers<C: KvStore>(
         &self,
         range: Range<usize>,
         hidden: &mut [f32],
         start_pos: usize,
-        cache: &mut KvCache,
+        cache: &mut C,
+    ) -> Result<()> {
+        let n = hidden.len() / self.cfg.d_model.max(1);
+        self.forward_layers_batch(range, hidden, &mut [SeqRows::new(start_pos, n, cache)])
+    }
+
+    /// Run layers `range` over the rows of several sequences at once:
+    /// `hidden` is `[Σ n_s, d]`, sequence after sequence in `seqs` order, and
+    /// sequence `s`'s rows sit at positions `start_pos_s..start_pos_s + n_s`
+    /// of its own cache. Every matmul runs over all rows; each row attends
+    /// only to its own sequence's KV. A row's result is bit-identical to
+    /// running its sequence alone (the kernel contract of [`crate::quant`]
+    /// plus per-row attention, norms and RoPE).
+    pub fn forward_layers_batch<C: KvStore>(
+        &self,
+        range: Range<usize>,
+        hidden: &mut [f32],
+        seqs: &mut [SeqRows<'_, C>],
     ) -> Result<()> {
         let d = self.cfg.d_model;
         if range.start > range.end || range.end > self.cfg.n_layer {
@@ -386,29 +403,37 @@ impl Qwen2Model {
                 self.cfg.n_layer
             )));
         }
-        if !hidden.len().is_multiple_of(d) || hidden.is_empty() {
+        let n: usize = seqs.iter().map(|s| s.n).sum();
+        if hidden.len() != n * d || n == 0 || seqs.iter().any(|s| s.n == 0) {
             return Err(ModelError::InvalidArgument(format!(
-                "hidden has {} floats, not a positive multiple of d_model {d}",
+                "hidden has {} floats for {n} rows of d_model {d} (every sequence needs a row)",
                 hidden.len()
             )));
         }
-        if cache.n_layers() != self.cfg.n_layer {
-            return Err(ModelError::InvalidArgument(
-                "KV cache was made for another model".into(),
-            ));
+        for s in seqs.iter() {
+            if s.cache.n_layers() != self.cfg.n_layer {
+                return Err(ModelError::InvalidArgument(
+                    "KV cache was made for another model".into(),
+                ));
+            }
+            for l in range.clone() {
+                s.cache.check_append(l, s.start_pos, s.n)?;
+            }
         }
-        let n = hidden.len() / d;
-        for l in range.clone() {
-            cache.check_append(l, start_pos, n)?;
-        }
-        // RoPE (cos, sin) per position, computed once for all layers and heads.
-        let rope = self.rope_table(start_pos, n);
+        // Each row's sequence and position, and RoPE (cos, sin) per row,
+        // computed once for all layers and heads.
+        let rows: Vec<(usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (s.start_pos..s.start_pos + s.n).map(move |p| (i, p)))
+            .collect();
+        let rope = self.rope_table(rows.iter().map(|&(_, p)| p));
         // Run the whole layer loop on a pool thread: the ~8 parallel calls per
         // layer then split work from inside the pool instead of each injecting
         // a job and parking the calling thread until it is done.
         rayon::scope(|_| {
             for l in range {
-                self.layer_forward(l, hidden, n, start_pos, &rope, cache);
+                self.layer_forward(l, hidden, &rows, &rope, seqs);
             }
         });
         Ok(())
@@ -427,47 +452,106 @@ impl Qwen2Model {
 
     /// Logits `[n, vocab]` for every position of `tokens`, which sit at
     /// `start_pos..` (the cache must hold exactly `start_pos` positions).
-    pub fn forward(
+    pub fn forward<C: KvStore>(
         &self,
         tokens: &[u32],
         start_pos: usize,
-        cache: &mut KvCache,
+        cache: &mut C,
     ) -> Result<Vec<f32>> {
-        let mut h = self.embed_checked(tokens)?;
-        self.forward_layers(0..self.cfg.n_layer, &mut h, start_pos, cache)?;
-        Ok(self.head(&h))
+        self.forward_one(tokens, start_pos, cache, Logits::All)
     }
 
     /// Like [`forward`](Self::forward) but only the last position's logits
     /// (prefill: the head over 151,936 rows is not paid per prompt token).
-    pub fn forward_last(
+    pub fn forward_last<C: KvStore>(
         &self,
         tokens: &[u32],
         start_pos: usize,
-        cache: &mut KvCache,
+        cache: &mut C,
     ) -> Result<Vec<f32>> {
-        let mut h = self.embed_checked(tokens)?;
-        self.forward_layers(0..self.cfg.n_layer, &mut h, start_pos, cache)?;
-        let d = self.cfg.d_model;
-        Ok(self.head(&h[h.len() - d..]))
+        self.forward_one(tokens, start_pos, cache, Logits::Last)
     }
 
-    fn embed_checked(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(ModelError::InvalidArgument("no tokens to run".into()));
+    fn forward_one<C: KvStore>(
+        &self,
+        tokens: &[u32],
+        start_pos: usize,
+        cache: &mut C,
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let mut out = self.forward_batch(&mut [BatchSeq {
+            tokens,
+            start_pos,
+            cache,
+            logits,
+        }])?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// One forward over the tokens of several sequences (verify blocks,
+    /// one-token steps and prefill chunks of different sessions together).
+    /// Returns each sequence's logits as it asked ([`Logits`]): the head runs
+    /// only over those rows. Each sequence's logits are bit-identical to a
+    /// forward of that sequence alone, whatever shares the batch.
+    pub fn forward_batch<C: KvStore>(&self, seqs: &mut [BatchSeq<'_, C>]) -> Result<Vec<Vec<f32>>> {
+        let mut tokens = Vec::with_capacity(seqs.iter().map(|s| s.tokens.len()).sum());
+        for s in seqs.iter() {
+            if s.tokens.is_empty() {
+                return Err(ModelError::InvalidArgument("no tokens to run".into()));
+            }
+            tokens.extend_from_slice(s.tokens);
         }
-        self.embed(tokens)
+        let mut h = self.embed(&tokens)?;
+        let mut rows: Vec<SeqRows<'_, C>> = seqs
+            .iter_mut()
+            .map(|s| SeqRows::new(s.start_pos, s.tokens.len(), &mut *s.cache))
+            .collect();
+        self.forward_layers_batch(0..self.cfg.n_layer, &mut h, &mut rows)?;
+        // Gather the rows whose logits are wanted; one head call over them.
+        let d = self.cfg.d_model;
+        let mut wanted = Vec::new();
+        let mut r0 = 0;
+        for s in seqs.iter() {
+            let n = s.tokens.len();
+            let (a, b) = match s.logits {
+                Logits::All => (r0, r0 + n),
+                Logits::Last => (r0 + n - 1, r0 + n),
+                Logits::None => (r0, r0),
+            };
+            wanted.extend_from_slice(&h[a * d..b * d]);
+            r0 += n;
+        }
+        let logits = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            self.head(&wanted)
+        };
+        let vocab = self.cfg.vocab;
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for s in seqs.iter() {
+            let rows = match s.logits {
+                Logits::All => s.tokens.len(),
+                Logits::Last => 1,
+                Logits::None => 0,
+            };
+            out.push(logits[at * vocab..(at + rows) * vocab].to_vec());
+            at += rows;
+        }
+        Ok(out)
     }
 
-    fn layer_forward(
+    /// Layer `l` over the rows of `seqs` (`rows[i]` = row i's sequence and
+    /// position; `rope` its (cos, sin) table, `[rows, head_dim / 2]`).
+    fn layer_forward<C: KvStore>(
         &self,
         l: usize,
         hidden: &mut [f32],
-        n: usize,
-        start_pos: usize,
+        rows: &[(usize, usize)],
         rope: &[(f32, f32)],
-        cache: &mut KvCache,
+        seqs: &mut [SeqRows<'_, C>],
     ) {
+        let n = rows.len();
         let cfg = &self.cfg;
         let (d, hd) = (cfg.d_model, cfg.head_dim);
         let kvd = cfg.n_kv_head * hd;
@@ -498,20 +582,25 @@ impl Qwen2Model {
             apply_rope(&mut q[i * d..(i + 1) * d], hd, table);
             apply_rope(&mut k[i * kvd..(i + 1) * kvd], hd, table);
         }
-        cache.append(l, start_pos, &k, &v);
-        let total = start_pos + n;
-        let (kc, vc) = cache.layer(l, total);
+        let mut r0 = 0;
+        for s in seqs.iter_mut() {
+            let span = r0 * kvd..(r0 + s.n) * kvd;
+            s.cache.append(l, s.start_pos, &k[span.clone()], &v[span]);
+            r0 += s.n;
+        }
+        let caches: Vec<&C> = seqs.iter().map(|s| &*s.cache).collect();
         let mut attn = vec![0f32; n * d];
         let group = cfg.n_head / cfg.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
-        // One task per (position, head): each output is computed by exactly one
-        // task with a fixed loop order, independent of n.
+        // One task per (row, head): each output is computed by exactly one
+        // task with a fixed loop order over its own sequence's positions,
+        // independent of the other rows.
         attn.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
             let (i, h) = (idx / cfg.n_head, idx % cfg.n_head);
+            let (seq, pos) = rows[i];
             let g = h / group;
             let qh = &q[i * d + h * hd..i * d + (h + 1) * hd];
-            let ctx = start_pos + i + 1;
-            attend(qh, kc, vc, ctx, kvd, g * hd, hd, scale, out);
+            attend(qh, caches[seq], l, pos + 1, g * hd, hd, scale, out);
         });
         let mut o = vec![0f32; n * d];
         quant::matmul(&layer.wo.view(bytes), &attn, n, &mut o);
@@ -534,10 +623,10 @@ impl Qwen2Model {
         add_in_place(hidden, &o);
     }
 
-    /// `(cos, sin)` of `pos * inv_freq[j]` for positions `start_pos..start_pos + n`
-    /// (`[n, head_dim / 2]`); angles in f64, the same whatever the block.
-    fn rope_table(&self, start_pos: usize, n: usize) -> Vec<(f32, f32)> {
-        (start_pos..start_pos + n)
+    /// `(cos, sin)` of `pos * inv_freq[j]` for each position
+    /// (`[positions, head_dim / 2]`); angles in f64, the same whatever the block.
+    fn rope_table(&self, positions: impl Iterator<Item = usize>) -> Vec<(f32, f32)> {
+        positions
             .flat_map(|pos| {
                 self.inv_freq.iter().map(move |f| {
                     let (s, c) = (pos as f64 * f).sin_cos();
@@ -545,6 +634,44 @@ impl Qwen2Model {
                 })
             })
             .collect()
+    }
+}
+
+/// Which logits a sequence of [`Qwen2Model::forward_batch`] wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Every row's (a verify block).
+    All,
+    /// The last row's (the end of a prefill, a one-token step).
+    Last,
+    /// None (a prefill chunk that is not the last).
+    None,
+}
+
+/// One sequence of a [`Qwen2Model::forward_batch`]: its tokens, where they
+/// start, its KV and which logits it wants.
+pub struct BatchSeq<'a, C: KvStore> {
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub cache: &'a mut C,
+    pub logits: Logits,
+}
+
+/// One sequence's rows in [`Qwen2Model::forward_layers_batch`]: `n` rows at
+/// positions `start_pos..start_pos + n` of `cache`.
+pub struct SeqRows<'a, C: KvStore> {
+    pub start_pos: usize,
+    pub n: usize,
+    pub cache: &'a mut C,
+}
+
+impl<'a, C: KvStore> SeqRows<'a, C> {
+    pub fn new(start_pos: usize, n: usize, cache: &'a mut C) -> Self {
+        Self {
+            start_pos,
+            n,
+            cache,
+        }
     }
 }
 
@@ -561,14 +688,14 @@ fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)]) {
     }
 }
 
-/// Causal attention of one query head over `ctx` cached positions.
+/// Causal attention of one query head over the first `ctx` positions of
+/// `layer` in `cache` (the head's K/V at `off..off + hd` of each row).
 #[allow(clippy::too_many_arguments)]
-fn attend(
+fn attend<C: KvStore>(
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
+    cache: &C,
+    layer: usize,
     ctx: usize,
-    stride: usize,
     off: usize,
     hd: usize,
     scale: f32,
@@ -577,7 +704,7 @@ fn attend(
     let mut scores = vec![0f32; ctx];
     let mut max = f32::NEG_INFINITY;
     for (t, s) in scores.iter_mut().enumerate() {
-        let kr = &kc[t * stride + off..t * stride + off + hd];
+        let kr = &cache.key(layer, t)[off..off + hd];
         *s = dot(q, kr) * scale;
         max = max.max(*s);
     }
@@ -590,7 +717,7 @@ fn attend(
     out.fill(0.0);
     for (t, s) in scores.iter().enumerate() {
         let w = s * inv;
-        let vr = &vc[t * stride + off..t * stride + off + hd];
+        let vr = &cache.value(layer, t)[off..off + hd];
         axpy(out, w, vr);
     }
 }

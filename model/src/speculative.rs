@@ -12,7 +12,7 @@ use crate::qwen2::Qwen2Model;
 use crate::sampling::{
     self, argmax, distribution, top_k_truncate, Distribution, Sampler, SamplingParams,
 };
-use crate::verify::{verify_greedy, verify_sampled, Verdict};
+use crate::verify::{verdict_from_logits, Verdict};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -384,37 +384,7 @@ pub fn generate_speculative(
         input.extend_from_slice(&block);
         let tl = target.forward(&input, base, &mut tcache)?;
         stats.target_forwards += 1;
-        let vocab = target.config().vocab;
-        let verdict: Verdict = if params.is_greedy() {
-            let mut thist = history.clone();
-            let mut am = Vec::with_capacity(k + 1);
-            for i in 0..=k {
-                am.push(pick(
-                    params,
-                    &tl[i * vocab..(i + 1) * vocab],
-                    &thist,
-                    &mut rng,
-                ));
-                if i < k {
-                    thist.push(block[i]);
-                }
-            }
-            verify_greedy(&block, &am)?
-        } else {
-            let mut thist = history.clone();
-            let mut ps = Vec::with_capacity(k + 1);
-            for i in 0..=k {
-                ps.push(distribution(
-                    params,
-                    &tl[i * vocab..(i + 1) * vocab],
-                    &thist,
-                ));
-                if i < k {
-                    thist.push(block[i]);
-                }
-            }
-            verify_sampled(&block, &qs, &ps, &mut rng)?
-        };
+        let verdict: Verdict = verdict_from_logits(params, &history, &block, &qs, &tl, &mut rng)?;
         stats.record_round(k, verdict.accepted);
         let n = verdict.accepted;
         // Roll both caches back to [.., last, d1..dn].

@@ -21,7 +21,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{sample_weighted, Distribution, Sampler};
+use crate::sampling::{
+    apply_repetition_penalty, argmax, distribution, sample_weighted, Distribution, Sampler,
+    SamplingParams,
+};
 use crate::{ModelError, Result};
 
 /// The verifier's answer to a drafted block.
@@ -86,6 +89,75 @@ pub fn verify_greedy(draft: &[u32], target_argmax: &[u32]) -> Result<Verdict> {
         accepted,
         next_token: target_argmax[accepted],
     })
+}
+
+/// The verdict for `draft` (k tokens, `k = 0` allowed: a plain next-token step)
+/// from the target's logits `[k + 1, vocab]` over `[last, d1..dk]`: the greedy
+/// prefix match or the lossless rejection rule, under `params` (temperature,
+/// top-k/p, repetition penalty over `history` = the context up to and
+/// including `last`). The one place this step exists: the local speculative
+/// loop, the verifier and split execution all call it. Consumes randomness
+/// from `rng` only in sampled mode.
+///
+/// Errors on mismatched lengths, and in sampled mode when the draft
+/// distributions are not one per token or do not contain their token.
+pub fn verdict_from_logits(
+    params: &SamplingParams,
+    history: &[u32],
+    draft: &[u32],
+    draft_dists: &[Distribution],
+    logits: &[f32],
+    rng: &mut Sampler,
+) -> Result<Verdict> {
+    let k = draft.len();
+    let vocab = logits.len() / (k + 1);
+    if vocab == 0 || logits.len() != (k + 1) * vocab {
+        return Err(invalid(format!(
+            "verdict of {k} draft tokens needs {} rows of logits, got {} floats",
+            k + 1,
+            logits.len()
+        )));
+    }
+    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    // The history each position's prediction sees: ..last, d1..d(i-1).
+    let mut hist = history.to_vec();
+    if params.is_greedy() {
+        let mut am = Vec::with_capacity(k + 1);
+        for i in 0..=k {
+            am.push(if params.repetition_penalty == 1.0 {
+                argmax(row(i))
+            } else {
+                let mut l = row(i).to_vec();
+                apply_repetition_penalty(&mut l, &hist, params.repetition_penalty);
+                argmax(&l)
+            });
+            if let Some(&d) = draft.get(i) {
+                hist.push(d);
+            }
+        }
+        if k == 0 {
+            return Ok(Verdict {
+                accepted: 0,
+                next_token: am[0],
+            });
+        }
+        verify_greedy(draft, &am)
+    } else {
+        let mut ps = Vec::with_capacity(k + 1);
+        for i in 0..=k {
+            ps.push(distribution(params, row(i), &hist));
+            if let Some(&d) = draft.get(i) {
+                hist.push(d);
+            }
+        }
+        if k == 0 {
+            return Ok(Verdict {
+                accepted: 0,
+                next_token: rng.sample(&ps[0]),
+            });
+        }
+        verify_sampled(draft, draft_dists, &ps, rng)
+    }
 }
 
 /// Lossless rejection-sampling verification.

@@ -188,3 +188,72 @@ fn greedy_tokens_match_candle_transformers() {
         );
     }
 }
+
+/// The real target in mixed-session batches of 24, 40 and 64 rows (the sizes
+/// the verifier's scheduler produces: verify blocks of several sessions and
+/// prefill chunks, each session at its own position over paged KV): every
+/// session's logits equal its forward alone on a contiguous cache, bit for bit.
+#[test]
+fn real_target_mixed_session_batches_of_24_40_64_rows_match_each_session_alone() {
+    use tandem_model::kv_pages::{KvPool, PagedKv};
+    use tandem_model::qwen2::{BatchSeq, Logits};
+    let tok = tokenizer();
+    let toks = prompt_64(&tok);
+    let m = load(ModelRole::Target, 256);
+    let c = m.config();
+    let pool = KvPool::new(c.n_layer, c.n_kv_head, c.head_dim, 1 << 30);
+    // (prefix length, rows in the batch) per session; rows sum to 24, 40, 64.
+    let mixes: [&[(usize, usize)]; 3] = [
+        &[(3, 5), (10, 5), (0, 9), (7, 5)],
+        &[(2, 17), (9, 5), (20, 1), (5, 8), (12, 9)],
+        &[(1, 17), (6, 17), (4, 5), (15, 9), (0, 16)],
+    ];
+    for mix in mixes {
+        let rows: usize = mix.iter().map(|&(_, n)| n).sum();
+        let seqs: Vec<(&[u32], &[u32])> = mix
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, n))| {
+                let s = &toks[i..];
+                (&s[..p], &s[p..p + n])
+            })
+            .collect();
+        let mut kvs: Vec<PagedKv> = seqs
+            .iter()
+            .map(|(p, r)| {
+                let mut kv = PagedKv::new(pool.clone(), 256);
+                kv.reserve(p.len() + r.len()).unwrap();
+                if !p.is_empty() {
+                    m.forward_last(p, 0, &mut kv).unwrap();
+                }
+                kv
+            })
+            .collect();
+        let mut batch: Vec<BatchSeq<'_, PagedKv>> = seqs
+            .iter()
+            .zip(kvs.iter_mut())
+            .map(|((p, r), kv)| BatchSeq {
+                tokens: r,
+                start_pos: p.len(),
+                cache: kv,
+                logits: Logits::All,
+            })
+            .collect();
+        let got = m.forward_batch(&mut batch).unwrap();
+        for (i, ((p, r), g)) in seqs.iter().zip(&got).enumerate() {
+            let mut alone = m.new_cache();
+            if !p.is_empty() {
+                m.forward_last(p, 0, &mut alone).unwrap();
+            }
+            let want = m.forward(r, p.len(), &mut alone).unwrap();
+            let diff = want
+                .iter()
+                .zip(g)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(
+                diff, None,
+                "{rows}-row batch: session {i} differs at element {diff:?}"
+            );
+        }
+    }
+}

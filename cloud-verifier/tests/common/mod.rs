@@ -80,10 +80,16 @@ fn rand_suffix() -> u64 {
 }
 
 pub async fn start_plain(models: &Models, limits: &str) -> RunningVerifier {
-    let cfg = parse(
-        models.dir.path(),
-        &config_toml(&models.target, limits, "insecure_loopback = true"),
+    start_plain_with(models, limits, "").await
+}
+
+/// [`start_plain`] with `[batching]` keys.
+pub async fn start_plain_with(models: &Models, limits: &str, batching: &str) -> RunningVerifier {
+    let toml = format!(
+        "{}\n[batching]\n{batching}\n",
+        config_toml(&models.target, limits, "insecure_loopback = true")
     );
+    let cfg = parse(models.dir.path(), &toml);
     tandem_verifier::start(cfg).await.unwrap()
 }
 
@@ -193,4 +199,69 @@ pub fn draft_greedy(model: &Qwen2Model, ctx: &[u32], k: usize) -> Vec<u32> {
 
 pub fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % 384).collect()
+}
+
+/// Client-side speculative loop against the verifier: returns the generated tokens.
+/// Handles SESSION_EVICTED / SESSION_UNKNOWN by re-opening with the full context.
+/// Drafts come from `draft` (a different model gives rejections), k cycling
+/// through 0..=4. As device A; [`generate_as`] for another identity.
+pub async fn generate(
+    conn_for: &mut VerifierClient<Channel>,
+    fp: &str,
+    draft: &tandem_model::qwen2::Qwen2Model,
+    prompt: &[u32],
+    n: usize,
+    on_round: impl FnMut(u64, &str),
+) -> (Vec<u32>, usize) {
+    generate_as(TOKEN_A, conn_for, fp, draft, prompt, n, on_round).await
+}
+
+/// [`generate`] as the device whose bearer token is `token`.
+pub async fn generate_as(
+    token: &str,
+    conn_for: &mut VerifierClient<Channel>,
+    fp: &str,
+    draft: &tandem_model::qwen2::Qwen2Model,
+    prompt: &[u32],
+    n: usize,
+    mut on_round: impl FnMut(u64, &str),
+) -> (Vec<u32>, usize) {
+    let mut client = conn_for.clone();
+    let mut conn = connect(&mut client, Some(token)).await.unwrap();
+    let opened = conn.open(open_msg(fp, prompt)).await.unwrap();
+    let mut sid = opened.session_id;
+    let mut ctx = prompt.to_vec();
+    let mut round = 0u64;
+    let mut resumes = 0;
+    while ctx.len() - prompt.len() < n {
+        on_round(round, &sid);
+        let k = (round % 5) as usize; // k = 0..4, including an empty block
+        let d = draft_greedy(draft, &ctx, k);
+        match conn.draft(round, &d).await {
+            Ok(v) => {
+                assert_eq!(v.round, round);
+                ctx.extend_from_slice(&d[..v.accepted as usize]);
+                ctx.push(v.next_token);
+                assert_eq!(v.context_len as usize, ctx.len());
+                round += 1;
+            }
+            Err(st) => {
+                let r = reason(&st);
+                assert!(
+                    matches!(r, Reason::SessionEvicted | Reason::SessionUnknown),
+                    "unexpected refusal {st:?}"
+                );
+                resumes += 1;
+                conn = connect(&mut client, Some(token)).await.unwrap();
+                let mut o = open_msg(fp, &ctx);
+                o.resume_session_id = Some(sid.clone());
+                o.first_round = round;
+                let opened = conn.open(o).await.unwrap();
+                assert_eq!(opened.context_len as usize, ctx.len());
+                sid = opened.session_id;
+            }
+        }
+    }
+    ctx.truncate(prompt.len() + n);
+    (ctx[prompt.len()..].to_vec(), resumes)
 }

@@ -1,0 +1,183 @@
+//! `Draft`: one verify round (or a streaming step, k = 0) through the
+//! scheduler, answered with a `Verdict`.
+
+use super::{wire_u64, wire_usize, Bound};
+use crate::error::Refusal;
+use crate::scheduler::{Outcome, Work};
+use crate::split::{self, SplitAnswer};
+use crate::state::{store_refusal, VerifierState};
+use crate::store::CheckedOut;
+use std::sync::Arc;
+use std::time::Instant;
+use tandem_model::sampling::Distribution;
+use tandem_proto::v1::{server_message, Draft, Reason, ServerMessage};
+
+/// The draft distributions of a Draft, checked.
+fn dists_from_wire(s: &VerifierState, d: &Draft) -> Result<Vec<Distribution>, Refusal> {
+    let mut dists = Vec::with_capacity(d.draft_dists.len());
+    for (i, td) in d.draft_dists.iter().enumerate() {
+        if td.tokens.len() != td.probs.len() {
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                format!(
+                    "draft_dists[{i}]: {} tokens but {} probs",
+                    td.tokens.len(),
+                    td.probs.len()
+                ),
+            ));
+        }
+        s.check_tokens(&td.tokens)?;
+        dists.push(
+            Distribution::from_pairs(td.tokens.iter().copied().zip(td.probs.iter().copied()))
+                .map_err(|e| Refusal::new(Reason::BadRequest, format!("draft_dists[{i}]: {e}")))?,
+        );
+    }
+    Ok(dists)
+}
+
+pub async fn draft(
+    s: &VerifierState,
+    who: &Arc<str>,
+    b: &Bound,
+    d: Draft,
+) -> Result<ServerMessage, Refusal> {
+    // U-shape drafts carry no tokens: k is the hidden rows - 1.
+    let rows = d.hidden.as_ref().map_or(0, |h| h.rows as usize);
+    let k = if d.tokens.is_empty() {
+        rows.saturating_sub(1)
+    } else {
+        d.tokens.len()
+    };
+    if k > s.limits.max_block || rows > s.limits.max_block + 1 {
+        return Err(Refusal::new(
+            Reason::BlockTooLarge,
+            format!(
+                "block of {} tokens exceeds max_block = {}",
+                k.max(rows.saturating_sub(1)),
+                s.limits.max_block
+            ),
+        ));
+    }
+    s.check_tokens(&d.tokens)?;
+    let dists = dists_from_wire(s, &d)?;
+    let start_pos = wire_usize(d.start_pos, "start_pos")?;
+    let (guard, mut st) = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(store_refusal)?;
+    if d.round != st.next_round {
+        let want = st.next_round;
+        guard.checkin(st);
+        return Err(Refusal::new(
+            Reason::RoundOutOfOrder,
+            format!("expected round {want}, got {}", d.round),
+        ));
+    }
+    if st.next_round == u64::MAX {
+        guard.checkin(st);
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            "round number 2^64 - 1 is the last: open a new session with first_round = 0",
+        ));
+    }
+    let greedy = st.sampling.is_greedy();
+    let ushape = st.split.is_some_and(|sp| sp.pin_head);
+    let bad_dists = if ushape {
+        false // checked by split_round
+    } else if greedy {
+        !dists.is_empty()
+    } else {
+        dists.len() != k
+    };
+    if bad_dists {
+        guard.checkin(st);
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            if greedy {
+                "greedy sessions take no draft_dists".to_string()
+            } else {
+                format!("sampled mode needs one draft distribution per token ({k})")
+            },
+        ));
+    }
+    // Pages for the block's rows, before any work is scheduled.
+    // (An all-local split device, s = N, may skip positions: start_pos then
+    // counts.)
+    let cached = st.context.len().saturating_sub(1);
+    let base = if st.split.is_some() {
+        cached.max(start_pos)
+    } else {
+        cached
+    };
+    let need = base.saturating_add(rows.max(k + 1));
+    if let Err(r) = s.reserve(&mut st.kv, need, who, Some(&b.id)) {
+        guard.checkin(st);
+        return Err(if r.reason == Reason::ContextFull || need > s.max_seq_len {
+            Refusal::new(
+                Reason::ContextFull,
+                format!(
+                    "context would exceed the KV capacity of {} tokens",
+                    s.max_seq_len
+                ),
+            )
+        } else {
+            r
+        });
+    }
+    let work = if st.split.is_some() {
+        let (tokens, hidden) = (d.tokens, d.hidden);
+        Work::Alone(Box::new(move |model, st| {
+            split::split_round(model, st, &tokens, &dists, hidden.as_ref(), start_pos)
+                .map(Outcome::Split)
+        }))
+    } else {
+        Work::Verify {
+            draft: d.tokens,
+            dists,
+        }
+    };
+    let t0 = Instant::now();
+    let (st, out) = s.run(who, &b.id, st, work).await;
+    let latency = t0.elapsed();
+    let (mut st, outcome) = match (st, out) {
+        (Some(st), Ok(o)) => (st, o),
+        (Some(st), Err(e)) if e.reason != Reason::InternalError => {
+            guard.checkin(st);
+            return Err(e);
+        }
+        (_, Err(e)) => {
+            guard.remove();
+            return Err(e);
+        }
+        (None, Ok(_)) => {
+            guard.remove();
+            return Err(Refusal::new(Reason::InternalError, "round lost its state"));
+        }
+    };
+    st.advance_round()?;
+    // Keep pages for the next round's block, give back the rest.
+    let keep = st.kv.len().saturating_add(s.limits.max_block + 1);
+    st.kv.shrink_to(keep);
+    let ctx_len = st.context.len();
+    guard.checkin(st);
+    let (accepted, next_token, hidden, ctx_len) = match outcome {
+        Outcome::Verdict(v) => (v.accepted, v.next_token, None, ctx_len),
+        Outcome::Split(SplitAnswer::Verdict(v)) => (v.accepted, v.next_token, None, ctx_len),
+        // U-shape: context_len = positions cached = start_pos + k + 1.
+        Outcome::Split(SplitAnswer::Hidden(h)) => (0, 0, Some(h), ctx_len.saturating_sub(1)),
+        Outcome::Prefilled => {
+            return Err(Refusal::new(
+                Reason::InternalError,
+                "a round came back as a prefill",
+            ))
+        }
+    };
+    s.metrics.verify(latency, k, accepted);
+    tracing::debug!(session = %b.id, round = d.round, k, accepted, "verified");
+    Ok(ServerMessage {
+        msg: Some(server_message::Msg::Verdict(tandem_proto::v1::Verdict {
+            round: d.round,
+            accepted: u32::try_from(accepted).unwrap_or(u32::MAX),
+            next_token,
+            context_len: wire_u64(ctx_len),
+            hidden,
+        })),
+    })
+}

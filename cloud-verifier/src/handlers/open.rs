@@ -1,0 +1,213 @@
+//! `Open`: a new session (prefilled through the scheduler, its pages reserved
+//! first), a continued one (`resume_session_id`: the KV the verifier still
+//! holds is reused), or a split session.
+
+use super::resume::resync;
+use super::{wire_u64, Bound};
+use crate::error::Refusal;
+use crate::scheduler::{Outcome, Work};
+use crate::session::{SessionState, SplitSpec};
+use crate::split;
+use crate::state::{store_refusal, VerifierState};
+use crate::store::{CheckedOut, StoreError};
+use std::sync::Arc;
+use tandem_model::sampling::SamplingParams;
+use tandem_proto::v1::{Open, Opened, Reason};
+
+fn sampling_from_wire(
+    p: Option<tandem_proto::v1::SamplingParams>,
+) -> Result<SamplingParams, Refusal> {
+    let p = p.unwrap_or_default();
+    let s = SamplingParams {
+        temperature: p.temperature,
+        top_k: usize::try_from(p.top_k).unwrap_or(usize::MAX),
+        top_p: if p.top_p == 0.0 { 1.0 } else { p.top_p },
+        repetition_penalty: if p.repetition_penalty == 0.0 {
+            1.0
+        } else {
+            p.repetition_penalty
+        },
+        seed: p.seed,
+    };
+    s.validate()
+        .map_err(|e| Refusal::new(Reason::BadRequest, format!("sampling: {e}")))?;
+    Ok(s)
+}
+
+fn new_session_id() -> Arc<str> {
+    Arc::from(format!("{:032x}", rand::random::<u128>()))
+}
+
+fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize) -> Opened {
+    let cfg = s.model.config();
+    Opened {
+        session_id: id.to_owned(),
+        resumed,
+        model_id: s.model_id.clone(),
+        vocab_size: u32::try_from(cfg.vocab).unwrap_or(u32::MAX),
+        max_block: u32::try_from(s.limits.max_block).unwrap_or(u32::MAX),
+        max_prompt_tokens: u32::try_from(s.limits.max_prompt_tokens).unwrap_or(u32::MAX),
+        context_len: wire_u64(context_len),
+        n_layer: u32::try_from(cfg.n_layer).unwrap_or(u32::MAX),
+        d_model: u32::try_from(cfg.d_model).unwrap_or(u32::MAX),
+    }
+}
+
+pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, Opened), Refusal> {
+    if o.model_id != s.model_id {
+        return Err(Refusal::new(
+            Reason::ModelMismatch,
+            format!(
+                "this verifier serves {:?}, not {:?}",
+                s.model_id, o.model_id
+            ),
+        ));
+    }
+    if o.tokenizer_fingerprint != s.fingerprint {
+        return Err(Refusal::new(
+            Reason::FingerprintMismatch,
+            "the device's tokenizer fingerprint differs from the target's",
+        ));
+    }
+    let split = o
+        .split
+        .as_ref()
+        .map(|w| SplitSpec::from_wire(w, s.model.config().n_layer))
+        .transpose()?;
+    if !split.is_some_and(|sp| sp.pin_head) {
+        // (U-shape sessions send no token ids; their length is in prompt_hidden.)
+        s.check_context(&o.prompt_tokens)?;
+    }
+    let sampling = sampling_from_wire(o.sampling)?;
+    if let Some(spec) = split {
+        return open_split(s, who, o, spec, sampling).await;
+    }
+    let ctx = o.prompt_tokens;
+    if let Some(rid) = &o.resume_session_id {
+        let rid: Arc<str> = Arc::from(rid.as_str());
+        match CheckedOut::take_over(&s.store, &rid, who) {
+            Ok((guard, st)) if st.split.is_none() => {
+                let epoch = guard.epoch();
+                match resync(s, who, &rid, st, &ctx).await {
+                    (Some(mut st), Ok(reused)) => {
+                        st.sampling = sampling;
+                        st.next_round = o.first_round;
+                        guard.checkin(st);
+                        tracing::info!(session = %rid, reused, "session resumed");
+                        let b = Bound {
+                            id: rid.clone(),
+                            epoch,
+                        };
+                        return Ok((b, opened(s, &rid, true, ctx.len())));
+                    }
+                    (Some(st), Err(e)) if e.reason != Reason::InternalError => {
+                        guard.checkin(st);
+                        return Err(e);
+                    }
+                    (_, Err(e)) => {
+                        guard.remove();
+                        return Err(e);
+                    }
+                    (None, Ok(_)) => {
+                        guard.remove();
+                        return Err(Refusal::new(Reason::InternalError, "resume lost its state"));
+                    }
+                }
+            }
+            // A split session is not continued by a plain Open: a new one is made.
+            Ok((guard, st)) => guard.checkin(st),
+            Err(StoreError::Forbidden) => return Err(store_refusal(StoreError::Forbidden)),
+            Err(_) => {} // lost or busy: recompute under a new id
+        }
+    }
+    let id = new_session_id();
+    let mut kv = s.new_kv();
+    let todo = ctx.len() - 1;
+    let permit = s.admission.prefill(who, todo).await?;
+    let room = ctx
+        .len()
+        .saturating_add(s.limits.max_block)
+        .min(s.max_seq_len);
+    s.reserve(&mut kv, room, who, None)?;
+    let st = SessionState::new(kv, ctx.clone(), sampling, o.first_round);
+    let tokens = ctx[..todo].to_vec();
+    let (st, out) = s.run(who, &id, st, Work::Prefill { tokens }).await;
+    drop(permit);
+    let st = match (st, out) {
+        (Some(st), Ok(_)) => st,
+        (_, Err(e)) => return Err(e),
+        (None, Ok(_)) => {
+            return Err(Refusal::new(
+                Reason::InternalError,
+                "prefill lost its state",
+            ));
+        }
+    };
+    insert(s, who, id, st, ctx.len(), false)
+}
+
+/// Puts a prefilled session into the store and answers `Opened`.
+fn insert(
+    s: &VerifierState,
+    who: &Arc<str>,
+    id: Arc<str>,
+    st: SessionState,
+    context_len: usize,
+    split: bool,
+) -> Result<(Bound, Opened), Refusal> {
+    let epoch = s
+        .store()
+        .insert(id.to_string(), who.to_string(), st)
+        .map_err(store_refusal)?;
+    s.metrics.session_opened();
+    tracing::info!(session = %id, context_len, split, "session opened");
+    let o = opened(s, &id, false, context_len);
+    Ok((Bound { id, epoch }, o))
+}
+
+/// Opens a split session (always a fresh one: the device re-sends the hidden
+/// states of its whole context, so a resume id is ignored).
+async fn open_split(
+    s: &VerifierState,
+    who: &Arc<str>,
+    o: Open,
+    spec: SplitSpec,
+    sampling: SamplingParams,
+) -> Result<(Bound, Opened), Refusal> {
+    let context = split::open_context(
+        spec,
+        o.prompt_tokens,
+        o.prompt_hidden.as_ref(),
+        s.limits.max_prompt_tokens,
+    )?;
+    let id = new_session_id();
+    let mut kv = s.new_kv();
+    let todo = context.len() - 1;
+    let permit = s.admission.prefill(who, todo).await?;
+    let room = context
+        .len()
+        .saturating_add(s.limits.max_block)
+        .min(s.max_seq_len);
+    s.reserve(&mut kv, room, who, None)?;
+    let mut st = SessionState::new(kv, context, sampling, o.first_round);
+    st.split = Some(spec);
+    let hidden = o.prompt_hidden;
+    let work = Work::Alone(Box::new(move |model, st| {
+        split::prefill(model, st, hidden.as_ref()).map(|()| Outcome::Prefilled)
+    }));
+    let (st, out) = s.run(who, &id, st, work).await;
+    drop(permit);
+    let st = match (st, out) {
+        (Some(st), Ok(_)) => st,
+        (_, Err(e)) => return Err(e),
+        (None, Ok(_)) => {
+            return Err(Refusal::new(
+                Reason::InternalError,
+                "prefill lost its state",
+            ));
+        }
+    };
+    let len = st.context.len();
+    tracing::debug!(session = %id, split = spec.layer, pin_head = spec.pin_head, "split session");
+    insert(s, who, id, st, len, true)
+}

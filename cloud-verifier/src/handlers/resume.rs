@@ -1,0 +1,101 @@
+//! `Resume` (and the resume half of `Open`): bring a session's KV in line with
+//! the device's whole context, keeping the longest common prefix and
+//! prefilling the rest through the scheduler.
+
+use super::{wire_u64, Bound};
+use crate::error::Refusal;
+use crate::scheduler::Work;
+use crate::session::SessionState;
+use crate::state::VerifierState;
+use crate::store::CheckedOut;
+use std::sync::Arc;
+use tandem_proto::v1::{server_message, Reason, Resume, Resumed, ServerMessage};
+
+/// Resyncs a checked-out state with `ctx` (already checked): truncates its
+/// KV to the longest common prefix (giving pages back), admits and reserves
+/// the rest, and prefills it. Returns the state (`None` when it was lost) and
+/// the number of positions reused.
+pub async fn resync(
+    s: &VerifierState,
+    who: &Arc<str>,
+    sid: &Arc<str>,
+    mut st: SessionState,
+    ctx: &[u32],
+) -> (Option<SessionState>, Result<usize, Refusal>) {
+    let lcp = st
+        .context
+        .iter()
+        .zip(ctx)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let reuse = lcp.min(ctx.len().saturating_sub(1)).min(st.kv.len());
+    st.kv.truncate(reuse);
+    st.kv.shrink_to(reuse);
+    st.context = ctx.to_vec();
+    let todo = ctx.len().saturating_sub(1) - reuse.min(ctx.len().saturating_sub(1));
+    // Refused before the prefill: the state keeps what its KV holds
+    // (context = the reused prefix + its `last`), a consistent session.
+    let refused = |mut st: SessionState, r: Refusal| {
+        st.context.truncate(reuse + 1);
+        (Some(st), Err(r))
+    };
+    let permit = match s.admission.prefill(who, todo).await {
+        Ok(p) => p,
+        Err(r) => return refused(st, r),
+    };
+    let room = ctx
+        .len()
+        .saturating_add(s.limits.max_block)
+        .min(s.max_seq_len);
+    if let Err(r) = s.reserve(&mut st.kv, room, who, Some(sid)) {
+        return refused(st, r);
+    }
+    let tokens = ctx[reuse..ctx.len().saturating_sub(1).max(reuse)].to_vec();
+    let (st, out) = s.run(who, sid, st, Work::Prefill { tokens }).await;
+    drop(permit);
+    (st, out.map(|_| reuse))
+}
+
+pub async fn resume(
+    s: &VerifierState,
+    who: &Arc<str>,
+    b: &Bound,
+    r: Resume,
+) -> Result<ServerMessage, Refusal> {
+    s.check_context(&r.context_tokens)?;
+    let (guard, st) =
+        CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(crate::state::store_refusal)?;
+    if st.split.is_some() {
+        guard.checkin(st);
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            "Resume is not supported in split sessions: open a new session with the context's hidden states",
+        ));
+    }
+    let (st, res) = resync(s, who, &b.id, st, &r.context_tokens).await;
+    match (st, res) {
+        (Some(mut st), Ok(reused)) => {
+            st.next_round = r.next_round;
+            let len = wire_u64(st.context.len());
+            guard.checkin(st);
+            Ok(ServerMessage {
+                msg: Some(server_message::Msg::Resumed(Resumed {
+                    context_len: len,
+                    reused_tokens: wire_u64(reused),
+                })),
+            })
+        }
+        (Some(st), Err(e)) if e.reason != Reason::InternalError => {
+            guard.checkin(st);
+            Err(e)
+        }
+        (_, Err(e)) => {
+            guard.remove();
+            Err(e)
+        }
+        (None, Ok(_)) => {
+            guard.remove();
+            Err(Refusal::new(Reason::InternalError, "resume lost its state"))
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! One device session's verifier-side state (the leaf of the module graph:
+//! `session` ← `store` ← `split`, `scheduler` ← `handlers` ← `service`).
+
+use crate::error::Refusal;
+use tandem_model::kv_pages::PagedKv;
+use tandem_model::sampling::{Sampler, SamplingParams};
+use tandem_proto::v1::{HiddenFormat, Reason};
+
+/// One session's state: its KV pages, context and round bookkeeping.
+pub struct SessionState {
+    /// Target KV in pages of the verifier's pool: holds `context[..len - 1]`.
+    pub kv: PagedKv,
+    /// Whole context (prompt + emitted tokens); the last one is `last`.
+    pub context: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub rng: Sampler,
+    /// Round number the next Draft must carry.
+    pub next_round: u64,
+    /// Rounds verified so far.
+    pub rounds: u64,
+    /// Split execution: the device runs layers `[0, split.layer)`; `None` = whole
+    /// target here. In U-shape sessions `context` holds placeholders (the verifier
+    /// never sees token ids), only its length is meaningful.
+    pub split: Option<SplitSpec>,
+}
+
+impl SessionState {
+    /// A session with an empty KV and `context`.
+    pub fn new(kv: PagedKv, context: Vec<u32>, sampling: SamplingParams, first_round: u64) -> Self {
+        Self {
+            kv,
+            context,
+            sampling,
+            rng: Sampler::from_params(&sampling),
+            next_round: first_round,
+            rounds: 0,
+            split: None,
+        }
+    }
+
+    /// Bytes this session holds: its KV pages plus the context ids.
+    pub fn bytes(&self) -> u64 {
+        self.kv
+            .bytes_held()
+            .saturating_add((self.context.len() as u64).saturating_mul(4))
+    }
+
+    /// The round after `next_round`, or a refusal when the device's numbering
+    /// would wrap.
+    pub fn advance_round(&mut self) -> Result<(), Refusal> {
+        self.next_round = self.next_round.checked_add(1).ok_or_else(|| {
+            Refusal::new(
+                Reason::BadRequest,
+                "round number would pass 2^64 - 1: open a new session with first_round = 0",
+            )
+        })?;
+        self.rounds = self.rounds.saturating_add(1);
+        Ok(())
+    }
+}
+
+/// How a split session divides the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitSpec {
+    /// s: the device runs `[0, s)`, this verifier `[s, N)`.
+    pub layer: usize,
+    /// U-shape: head and verdict on the device.
+    pub pin_head: bool,
+    pub format: HiddenFormat,
+}
+
+impl SplitSpec {
+    /// Checks the wire message against the model.
+    pub fn from_wire(w: &tandem_proto::v1::Split, n_layer: usize) -> Result<Self, Refusal> {
+        let bad = |m: String| Refusal::new(Reason::BadRequest, m);
+        let layer = usize::try_from(w.layer).unwrap_or(usize::MAX);
+        if layer > n_layer {
+            return Err(bad(format!(
+                "split.layer {} is beyond the target's {n_layer} layers",
+                w.layer
+            )));
+        }
+        let format = HiddenFormat::try_from(w.format)
+            .map_err(|_| bad(format!("split.format {} is unknown", w.format)))?;
+        Ok(Self {
+            layer,
+            pin_head: w.pin_head,
+            format,
+        })
+    }
+}

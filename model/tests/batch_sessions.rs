@@ -1,0 +1,224 @@
+//! Cross-session batching on tiny random models: a sequence's logits are
+//! bit-identical whatever other sequences share the forward (and whatever the
+//! row count), and paged KV gives the same bits as the contiguous cache.
+//! Fast; no model files needed.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use rand::{Rng, SeedableRng};
+use tandem_model::kv_cache::KvCache;
+use tandem_model::kv_pages::{KvPool, PagedKv};
+use tandem_model::qwen2::{BatchSeq, LoadOptions, Logits, Qwen2Model};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+
+const MAX_SEQ: usize = 256;
+
+fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Qwen2Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_tiny_qwen2(&path, cfg).unwrap();
+    let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(MAX_SEQ)).unwrap();
+    (dir, m)
+}
+
+fn pool(m: &Qwen2Model) -> std::sync::Arc<KvPool> {
+    let c = m.config();
+    KvPool::new(c.n_layer, c.n_kv_head, c.head_dim, 64 << 20)
+}
+
+fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}: element {i}: {x} vs {y}");
+    }
+}
+
+/// One session of a random mix: a context already cached, then `rows` new
+/// tokens in the shared forward.
+struct Session {
+    prefix: Vec<u32>,
+    rows: Vec<u32>,
+    logits: Logits,
+}
+
+fn random_mix(rng: &mut impl Rng, vocab: usize, max_rows: usize) -> Vec<Session> {
+    let mut left = max_rows;
+    let mut out = Vec::new();
+    let want = rng.gen_range(1..=8);
+    while out.len() < want && left > 0 {
+        // Verify blocks (1..=17 rows), one-token steps and prefill chunks.
+        let n = rng.gen_range(1..=left.min(24));
+        left -= n;
+        let p = rng.gen_range(0..80);
+        let tok = |rng: &mut dyn rand::RngCore| rng.gen_range(0..vocab as u32);
+        out.push(Session {
+            prefix: (0..p).map(|_| tok(rng)).collect(),
+            rows: (0..n).map(|_| tok(rng)).collect(),
+            logits: match rng.gen_range(0..3) {
+                0 => Logits::All,
+                1 => Logits::Last,
+                _ => Logits::None,
+            },
+        });
+    }
+    out
+}
+
+/// The reference: the session alone, on a contiguous cache.
+fn alone(m: &Qwen2Model, s: &Session) -> Vec<f32> {
+    let mut c = m.new_cache();
+    if !s.prefix.is_empty() {
+        m.forward_last(&s.prefix, 0, &mut c).unwrap();
+    }
+    let all = m.forward(&s.rows, s.prefix.len(), &mut c).unwrap();
+    let vocab = m.config().vocab;
+    match s.logits {
+        Logits::All => all,
+        Logits::Last => all[all.len() - vocab..].to_vec(),
+        Logits::None => Vec::new(),
+    }
+}
+
+fn check_random_mixes(cfg: &TinyConfig, trials: usize, seed: u64) {
+    let (_d, m) = tiny(cfg);
+    let vocab = m.config().vocab;
+    let pool = pool(&m);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for trial in 0..trials {
+        let mix = random_mix(&mut rng, vocab, 64);
+        // Prefixes are prefilled in one batch too (logits of none).
+        let mut kvs: Vec<PagedKv> = mix
+            .iter()
+            .map(|s| {
+                let mut kv = PagedKv::new(pool.clone(), MAX_SEQ);
+                kv.reserve(s.prefix.len() + s.rows.len()).unwrap();
+                kv
+            })
+            .collect();
+        let mut prefill: Vec<BatchSeq<'_, PagedKv>> = mix
+            .iter()
+            .zip(kvs.iter_mut())
+            .filter(|(s, _)| !s.prefix.is_empty())
+            .map(|(s, kv)| BatchSeq {
+                tokens: &s.prefix,
+                start_pos: 0,
+                cache: kv,
+                logits: Logits::None,
+            })
+            .collect();
+        if !prefill.is_empty() {
+            let out = m.forward_batch(&mut prefill).unwrap();
+            assert!(out.iter().all(Vec::is_empty), "no logits were asked for");
+        }
+        let mut batch: Vec<BatchSeq<'_, PagedKv>> = mix
+            .iter()
+            .zip(kvs.iter_mut())
+            .map(|(s, kv)| BatchSeq {
+                tokens: &s.rows,
+                start_pos: s.prefix.len(),
+                cache: kv,
+                logits: s.logits,
+            })
+            .collect();
+        let got = m.forward_batch(&mut batch).unwrap();
+        let rows: usize = mix.iter().map(|s| s.rows.len()).sum();
+        for (i, (s, g)) in mix.iter().zip(&got).enumerate() {
+            let what = format!(
+                "trial {trial}: session {i} of {} ({} rows in the batch, prefix {}, {} rows, {:?})",
+                mix.len(),
+                rows,
+                s.prefix.len(),
+                s.rows.len(),
+                s.logits
+            );
+            assert_bits_eq(g, &alone(&m, s), &what);
+        }
+    }
+    drop(pool);
+}
+
+#[test]
+fn random_mixed_session_batches_match_each_session_alone_target_like() {
+    check_random_mixes(&TinyConfig::default(), 40, 17);
+}
+
+#[test]
+fn random_mixed_session_batches_match_each_session_alone_draft_like() {
+    check_random_mixes(&TinyConfig::draft_like(), 25, 18);
+}
+
+#[test]
+fn paged_kv_gives_the_contiguous_caches_bits_across_page_boundaries() {
+    let (_d, m) = tiny(&TinyConfig::default());
+    let toks: Vec<u32> = (0..70).map(|i| (i * 31 + 5) % 384).collect();
+    let pool = pool(&m);
+    let mut paged = PagedKv::new(pool.clone(), MAX_SEQ);
+    let mut flat: KvCache = m.new_cache();
+    // Uneven steps cross the 16-position page boundaries at different offsets.
+    let mut pos = 0;
+    for step in [1usize, 15, 1, 16, 3, 17, 5, 12] {
+        let chunk = &toks[pos..pos + step];
+        paged.reserve(pos + step).unwrap();
+        let a = m.forward(chunk, pos, &mut paged).unwrap();
+        let b = m.forward(chunk, pos, &mut flat).unwrap();
+        assert_bits_eq(&a, &b, &format!("step of {step} at {pos}"));
+        pos += step;
+    }
+    // Rollback and shrink: the rows kept are intact, the pool gets pages back.
+    paged.truncate(20);
+    flat.truncate(20);
+    let held = pool.pages_used();
+    paged.shrink_to(20);
+    assert_eq!(
+        pool.pages_used(),
+        held - (5 - 2),
+        "70 positions in 5 pages, 20 in 2"
+    );
+    paged.reserve(24).unwrap();
+    let a = m.forward(&toks[40..44], 20, &mut paged).unwrap();
+    let b = m.forward(&toks[40..44], 20, &mut flat).unwrap();
+    assert_bits_eq(&a, &b, "after rollback");
+}
+
+#[test]
+fn batch_refuses_what_a_sequence_alone_would_refuse_and_changes_nothing() {
+    let (_d, m) = tiny(&TinyConfig::default());
+    let pool = pool(&m);
+    let mut a = PagedKv::new(pool.clone(), MAX_SEQ);
+    let mut b = PagedKv::new(pool.clone(), MAX_SEQ);
+    a.reserve(4).unwrap();
+    // b reserved nothing: its rows have no page.
+    let mut batch = vec![
+        BatchSeq {
+            tokens: &[1, 2, 3],
+            start_pos: 0,
+            cache: &mut a,
+            logits: Logits::All,
+        },
+        BatchSeq {
+            tokens: &[4],
+            start_pos: 0,
+            cache: &mut b,
+            logits: Logits::All,
+        },
+    ];
+    assert!(m.forward_batch(&mut batch).is_err());
+    assert_eq!(a.len(), 0, "nothing was written to the other sequence");
+    // A token outside the vocabulary anywhere refuses the whole batch.
+    b.reserve(1).unwrap();
+    let mut batch = vec![
+        BatchSeq {
+            tokens: &[1],
+            start_pos: 0,
+            cache: &mut a,
+            logits: Logits::All,
+        },
+        BatchSeq {
+            tokens: &[100_000],
+            start_pos: 0,
+            cache: &mut b,
+            logits: Logits::All,
+        },
+    ];
+    assert!(m.forward_batch(&mut batch).is_err());
+    assert_eq!((a.len(), b.len()), (0, 0));
+}
