@@ -195,12 +195,22 @@ impl Connector {
     /// Two deadlines (see [`OpenDeadlines`]): the verifier answers the response
     /// headers before it prefills, so a silent link is detected after
     /// `d.headers` whatever the context length; `d.opened` bounds the prefill.
+    ///
+    /// `session_key` goes out as the [`tandem_proto::SESSION_AFFINITY_HEADER`]
+    /// metadata (the generation's affinity key for a load balancer; see
+    /// [`new_session_key`]).
     pub async fn open(
         &self,
         first: ClientMessage,
+        session_key: &str,
         d: OpenDeadlines,
         counters: &mut Counters,
     ) -> Result<(Stream, ServerMessage, Duration), NetError> {
+        let key = tonic::metadata::MetadataValue::try_from(session_key).map_err(|_| {
+            NetError::Fatal(EdgeError::Config(
+                "session affinity key is not valid header text".into(),
+            ))
+        })?;
         let fut = async {
             let headers = async {
                 let ch = self.channel().await?;
@@ -217,6 +227,8 @@ impl Connector {
                     })?;
                     req.metadata_mut().insert("authorization", v);
                 }
+                req.metadata_mut()
+                    .insert(tandem_proto::SESSION_AFFINITY_HEADER, key);
                 let resp = client.session(req).await.map_err(|s| classify_status(&s))?;
                 Ok::<_, NetError>(Stream {
                     tx,
@@ -253,6 +265,14 @@ impl Connector {
         }
         r
     }
+}
+
+/// A fresh session-affinity key: 128 random bits as 32 lowercase hex digits.
+/// Drawn once per generation and sent on every stream of it (the first open and
+/// every re-open), so a consistent-hash load balancer keeps the generation on one
+/// verifier replica. Random, never derived from the prompt or the device.
+pub fn new_session_key() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Deadlines of one session open ([`Connector::open`]).
