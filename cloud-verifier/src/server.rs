@@ -118,6 +118,10 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     };
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The admin port outlives the drain: /readyz answers 503 from the start of a
+    // shutdown until the gRPC server has stopped (a load balancer's or
+    // Kubernetes' readiness check sees the replica leave), then it stops too.
+    let (admin_stop_tx, mut admin_stop) = watch::channel(false);
 
     // Admin first, so /readyz can say "loading".
     let admin_listener = TcpListener::bind(cfg.admin_listen)
@@ -131,6 +135,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         Arc::new(std::sync::OnceLock::new());
     let admin = {
         let ready = ready.clone();
+        let draining = stop_rx.clone();
         let cell2 = state_cell.clone();
         axum::Router::new()
             .route("/healthz", get(|| async { "ok\n" }))
@@ -138,9 +143,12 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
                 "/readyz",
                 get(move || {
                     let r = ready.load(Ordering::SeqCst);
+                    let d = *draining.borrow();
                     async move {
-                        if r {
+                        if r && !d {
                             (StatusCode::OK, "ready\n")
+                        } else if d {
+                            (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
                         } else {
                             (StatusCode::SERVICE_UNAVAILABLE, "loading model\n")
                         }
@@ -155,7 +163,6 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
                 }),
             )
     };
-    let mut admin_stop = stop_rx.clone();
     tokio::spawn(async move {
         let r = axum::serve(admin_listener, admin)
             .with_graceful_shutdown(async move {
@@ -246,6 +253,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         .add_service(svc);
     let mut grpc_stop = stop_rx.clone();
     let h2 = health.clone();
+    let ready2 = ready.clone();
     // `Server::tcp_nodelay` only applies to listeners tonic binds itself; with
     // our own listener, Nagle stays on unless set here, and a verdict (a small
     // write after the previous one is still unacknowledged) then waits for the
@@ -259,9 +267,10 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         conn
     });
     let task = tokio::spawn(async move {
-        router
+        let r = router
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
+                ready2.store(false, Ordering::SeqCst);
                 h2.set_service_status(
                     tandem_proto::VERIFIER_SERVICE_NAME,
                     tonic_health::ServingStatus::NotServing,
@@ -269,7 +278,9 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
                 .await;
             })
             .await
-            .map_err(ServeError::from)
+            .map_err(ServeError::from);
+        let _ = admin_stop_tx.send(true);
+        r
     });
     ready.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, %admin_addr, "verifier serving");
