@@ -497,6 +497,15 @@ fn replicas_behind_nginx_survive_a_kill_and_a_drain_with_identical_output() {
         &format!("phase 2: {moved} devices re-opened, nginx moved {moved_nginx}"),
     );
     assert!(moved >= 1 && moved_nginx >= 1, "no generation moved");
+    for d in &done {
+        let s = &d.json["stats"];
+        if s["opens"].as_u64().unwrap() >= 2 {
+            // Told to move: the stream ended with SHUTTING_DOWN (a busy
+            // failure, then a foreground re-open), never drafting alone.
+            assert!(s["failures"].as_u64().unwrap() >= 1, "{s}");
+            assert_eq!(s["background_opens"].as_u64(), Some(0), "{s}");
+        }
+    }
     let log_text = std::fs::read_to_string(dir.path().join(format!(
         "replica-{}.log",
         replica_index(dir.path(), &drained_addr)

@@ -309,6 +309,17 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// A send found the stream closed: the verifier ended it, and its status
+    /// says why (e.g. `SHUTTING_DOWN` between two rounds, which a device must
+    /// read as "busy, move", not as a broken link). Reads that status.
+    async fn closed(&mut self, counters: &mut Counters) -> NetError {
+        let closed = || NetError::Unavailable("stream closed".into());
+        match tokio::time::timeout(Duration::from_secs(1), self.recv(counters)).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) | Err(_) => closed(),
+        }
+    }
+
     async fn recv(&mut self, counters: &mut Counters) -> Result<ServerMessage, NetError> {
         match self.rx.message().await {
             Ok(Some(m)) => {
@@ -331,10 +342,10 @@ impl Stream {
     ) -> Result<(), NetError> {
         let m = ClientMessage { msg: Some(msg) };
         counters.sent += m.encoded_len() as u64;
-        self.tx
-            .send(m)
-            .await
-            .map_err(|_| NetError::Unavailable("stream closed".into()))
+        if self.tx.send(m).await.is_err() {
+            return Err(self.closed(counters).await);
+        }
+        Ok(())
     }
 
     /// The next answer within `deadline`.
@@ -363,10 +374,9 @@ impl Stream {
         let start = Instant::now();
         counters.sent += m.encoded_len() as u64;
         let fut = async {
-            self.tx
-                .send(m)
-                .await
-                .map_err(|_| NetError::Unavailable("stream closed".into()))?;
+            if self.tx.send(m).await.is_err() {
+                return Err(self.closed(counters).await);
+            }
             self.recv(counters).await
         };
         let answer = match tokio::time::timeout(deadline, fut).await {

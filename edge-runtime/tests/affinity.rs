@@ -31,6 +31,9 @@ enum Break {
     /// Close the listening socket first, then end the stream the same way: the
     /// re-open is refused (no replica left).
     StreamAndListener,
+    /// Right after a verdict (between two rounds), end the first stream with
+    /// `UNAVAILABLE` + `tandem-reason: SHUTTING_DOWN`, as a draining verifier does.
+    Draining,
 }
 
 mod fake {
@@ -94,7 +97,7 @@ mod fake {
                             })
                         }
                         Some(client_message::Msg::Draft(d)) => {
-                            if breaks && verdicts == break_after {
+                            if breaks && mode != Break::Draining && verdicts == break_after {
                                 if mode == Break::StreamAndListener {
                                     stop.notify_one();
                                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -106,13 +109,26 @@ mod fake {
                             }
                             verdicts += 1;
                             ctx += d.tokens.len() as u64 + 1;
-                            server_message::Msg::Verdict(Verdict {
+                            let v = server_message::Msg::Verdict(Verdict {
                                 round: d.round,
                                 accepted: d.tokens.len() as u32,
                                 next_token: 1,
                                 context_len: ctx,
                                 hidden: None,
-                            })
+                            });
+                            if breaks && mode == Break::Draining && verdicts == break_after {
+                                let _ = tx.send(out(v)).await;
+                                let mut st = tonic::Status::unavailable(
+                                    "SHUTTING_DOWN: the verifier is shutting down",
+                                );
+                                st.metadata_mut().insert(
+                                    tandem_proto::REASON_METADATA_KEY,
+                                    "SHUTTING_DOWN".parse().unwrap(),
+                                );
+                                let _ = tx.send(Err(st)).await;
+                                return;
+                            }
+                            v
                         }
                         Some(client_message::Msg::Resume(r)) => {
                             ctx = r.context_tokens.len() as u64;
@@ -296,4 +312,27 @@ fn a_refused_immediate_reopen_falls_back_to_drafting_alone() {
         1,
         "only the first stream reached the fake"
     );
+}
+
+#[test]
+fn shutting_down_between_rounds_is_read_as_busy_and_the_device_moves() {
+    // The verifier ends the stream right after a verdict; the device's next
+    // send finds it closed and must read why (SHUTTING_DOWN: busy, back off,
+    // re-open in the foreground), not take it for a broken link.
+    let fake = start_fake(Break::Draining, 2);
+    let mut edge = edge(fake.addr);
+    let g = edge.generate(PROMPT, &gen_cfg(), &mut |_| true).unwrap();
+    let keys: Vec<Option<String>> = fake.keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1], "the re-open carries the same key");
+    assert_eq!(
+        g.stats.failures, 1,
+        "SHUTTING_DOWN is a (busy) failure: {:?}",
+        g.stats
+    );
+    assert_eq!(g.stats.immediate_reopens, 0, "{:?}", g.stats);
+    assert_eq!(g.stats.background_opens, 0);
+    assert_eq!(g.stats.opens, 2);
+    assert_eq!(g.tokens.len(), 24);
+    assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
 }
