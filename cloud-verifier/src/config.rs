@@ -153,6 +153,10 @@ pub struct Limits {
     /// within `keepalive_timeout_secs` is disconnected.
     pub keepalive_interval_secs: u64,
     pub keepalive_timeout_secs: u64,
+    /// How long a drain (SIGTERM) waits for open connections to finish before
+    /// closing them (a peer that never completes HTTP/2's closing handshake
+    /// would otherwise keep the process alive).
+    pub drain_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -178,6 +182,7 @@ impl Default for Limits {
             max_streams_per_connection: 64,
             keepalive_interval_secs: 30,
             keepalive_timeout_secs: 20,
+            drain_timeout_secs: 60,
         }
     }
 }
@@ -285,10 +290,12 @@ impl VerifierConfig {
             || l.max_streams_per_connection == 0
             || l.keepalive_interval_secs == 0
             || l.keepalive_timeout_secs == 0
+            || l.drain_timeout_secs == 0
         {
             return bad(
                 "limits.stream_idle_secs, max_connections, max_streams_per_connection, \
-                 keepalive_interval_secs and keepalive_timeout_secs must be at least 1"
+                 keepalive_interval_secs, keepalive_timeout_secs and drain_timeout_secs must be \
+                 at least 1"
                     .into(),
             );
         }

@@ -77,6 +77,7 @@ pub struct RunningVerifier {
     pub state: Arc<VerifierState>,
     admin: AdminState,
     admin_stop: watch::Sender<bool>,
+    drain_timeout: Duration,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<(), ServeError>>,
 }
@@ -85,11 +86,23 @@ impl RunningVerifier {
     /// Starts a graceful shutdown (a drain): `/readyz` turns 503 "draining",
     /// the listener stops accepting, open streams get SHUTTING_DOWN after
     /// their in-flight round (the devices re-open elsewhere with their
-    /// context); then waits for the server to stop.
+    /// context); then waits for the server to stop, at most
+    /// `limits.drain_timeout_secs` (then the remaining connections are closed).
     pub async fn shutdown(self) -> Result<(), ServeError> {
         self.admin.set_phase(Phase::Draining);
         let _ = self.shutdown.send(true);
-        let r = self.task.await.map_err(|e| ServeError::Join(e.to_string()));
+        let mut task = self.task;
+        let r = match tokio::time::timeout(self.drain_timeout, &mut task).await {
+            Ok(r) => r.map_err(|e| ServeError::Join(e.to_string())),
+            Err(_) => {
+                tracing::warn!(
+                    secs = self.drain_timeout.as_secs(),
+                    "drain deadline passed (limits.drain_timeout_secs); closing the rest"
+                );
+                task.abort();
+                Ok(Ok(()))
+            }
+        };
         let _ = self.admin_stop.send(true);
         r?
     }
@@ -293,6 +306,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         state,
         admin: admin_state,
         admin_stop: admin_stop_tx,
+        drain_timeout: Duration::from_secs(cfg.limits.drain_timeout_secs),
         shutdown: stop_tx,
         task,
     })

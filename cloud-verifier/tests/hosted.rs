@@ -290,3 +290,22 @@ async fn a_superseded_streams_close_does_not_remove_the_session() {
     new.draft(0, &[1]).await.unwrap();
     v.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_at_its_deadline_even_if_a_peer_never_closes() {
+    use tokio::io::AsyncWriteExt;
+    let m = tiny_models();
+    let v = start_plain(&m, "drain_timeout_secs = 1").await;
+    // An HTTP/2 peer that never answers the server's closing handshake.
+    let mut hold = tokio::net::TcpStream::connect(v.grpc_addr).await.unwrap();
+    hold.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Without the deadline this would wait for the peer forever.
+    tokio::time::timeout(std::time::Duration::from_secs(20), v.shutdown())
+        .await
+        .expect("the drain passed its deadline")
+        .unwrap();
+    drop(hold);
+}

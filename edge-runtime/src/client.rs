@@ -196,12 +196,22 @@ impl Connector {
     /// Two deadlines (see [`OpenDeadlines`]): the verifier answers the response
     /// headers before it prefills, so a silent link is detected after
     /// `d.headers` whatever the context length; `d.opened` bounds the prefill.
+    ///
+    /// `session_key` goes out as the [`tandem_proto::SESSION_AFFINITY_HEADER`]
+    /// metadata (the generation's affinity key for a load balancer; see
+    /// [`new_session_key`]).
     pub async fn open(
         &self,
         first: ClientMessage,
+        session_key: &str,
         d: OpenDeadlines,
         counters: &mut Counters,
     ) -> Result<(Stream, ServerMessage, Duration), NetError> {
+        let key = tonic::metadata::MetadataValue::try_from(session_key).map_err(|_| {
+            NetError::Fatal(EdgeError::Config(
+                "session affinity key is not valid header text".into(),
+            ))
+        })?;
         let fut = async {
             let headers = async {
                 let ch = self.channel().await?;
@@ -218,6 +228,8 @@ impl Connector {
                     })?;
                     req.metadata_mut().insert("authorization", v);
                 }
+                req.metadata_mut()
+                    .insert(tandem_proto::SESSION_AFFINITY_HEADER, key);
                 let resp = client.session(req).await.map_err(|s| classify_status(&s))?;
                 Ok::<_, NetError>(Stream {
                     tx,
@@ -256,6 +268,14 @@ impl Connector {
     }
 }
 
+/// A fresh session-affinity key: 128 random bits as 32 lowercase hex digits.
+/// Drawn once per generation and sent on every stream of it (the first open and
+/// every re-open), so a consistent-hash load balancer keeps the generation on one
+/// verifier replica. Random, never derived from the prompt or the device.
+pub fn new_session_key() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// Deadlines of one session open ([`Connector::open`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpenDeadlines {
@@ -290,6 +310,17 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// A send found the stream closed: the verifier ended it, and its status
+    /// says why (e.g. `SHUTTING_DOWN` between two rounds, which a device must
+    /// read as "busy, move", not as a broken link). Reads that status.
+    async fn closed(&mut self, counters: &mut Counters) -> NetError {
+        let closed = || NetError::Unavailable("stream closed".into());
+        match tokio::time::timeout(Duration::from_secs(1), self.recv(counters)).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) | Err(_) => closed(),
+        }
+    }
+
     async fn recv(&mut self, counters: &mut Counters) -> Result<ServerMessage, NetError> {
         match self.rx.message().await {
             Ok(Some(m)) => {
@@ -312,10 +343,10 @@ impl Stream {
     ) -> Result<(), NetError> {
         let m = ClientMessage { msg: Some(msg) };
         counters.sent += m.encoded_len() as u64;
-        self.tx
-            .send(m)
-            .await
-            .map_err(|_| NetError::Unavailable("stream closed".into()))
+        if self.tx.send(m).await.is_err() {
+            return Err(self.closed(counters).await);
+        }
+        Ok(())
     }
 
     /// The next answer within `deadline`.
@@ -344,10 +375,9 @@ impl Stream {
         let start = Instant::now();
         counters.sent += m.encoded_len() as u64;
         let fut = async {
-            self.tx
-                .send(m)
-                .await
-                .map_err(|_| NetError::Unavailable("stream closed".into()))?;
+            if self.tx.send(m).await.is_err() {
+                return Err(self.closed(counters).await);
+            }
             self.recv(counters).await
         };
         let answer = match tokio::time::timeout(deadline, fut).await {

@@ -120,6 +120,11 @@ pub struct EdgeStats {
     /// alone, provisional, while they were in flight).
     #[serde(default)]
     pub background_opens: u64,
+    /// Streams that broke after they had worked and were re-opened at once, in
+    /// the foreground, before the device drafted alone (a load balancer re-homes
+    /// such a re-open to another verifier replica; docs/edge.md).
+    #[serde(default)]
+    pub immediate_reopens: u64,
     /// Drafted blocks shown as provisional without a round trip (`[gate]`),
     /// and their tokens.
     #[serde(default)]
@@ -307,6 +312,9 @@ impl EdgeRuntime {
             counters: Counters::default(),
             stream: None,
             session_id: None,
+            session_key: crate::client::new_session_key(),
+            reopen_now: true,
+            live: false,
             round: 0,
             max_block: gen.k.min(tandem_model::speculative::MAX_K),
             resends_in_a_row: 0,
@@ -650,6 +658,14 @@ struct Net<'a> {
     counters: Counters,
     stream: Option<Stream>,
     session_id: Option<String>,
+    /// This generation's session-affinity key, sent on every stream
+    /// ([`tandem_proto::SESSION_AFFINITY_HEADER`]).
+    session_key: String,
+    /// A stream that breaks may be re-opened once at once (set again by every
+    /// success); see [`Net::fail`].
+    reopen_now: bool,
+    /// A stream is (or was, until the failure being handled) open.
+    live: bool,
     round: u64,
     max_block: usize,
     resends_in_a_row: u32,
@@ -796,8 +812,24 @@ impl Net<'_> {
 
     /// Reacts to a failed exchange; Err only for fatal conditions.
     fn fail(&mut self, run: &mut Run<'_, '_>, e: NetError) -> Result<Step, EdgeError> {
+        // The failure came from an opened stream (not from an open); pipelined
+        // exchanges hold the stream elsewhere, so this is tracked on its own.
+        let was_live = std::mem::take(&mut self.live);
         self.stream = None;
         tracing::debug!(error = %e, session = ?self.session_id, "verifier exchange failed");
+        // A live stream that broke (reset, ended; not a timeout): the link to
+        // the verifier's address often still works and only what was behind it
+        // went away (a verifier replica behind a load balancer, which sends the
+        // re-open to another replica). Re-open once at once, in the foreground,
+        // before counting a failure and drafting alone. A refused or failing
+        // re-open then takes the usual path below.
+        if was_live && self.reopen_now && matches!(e, NetError::Unavailable(_)) {
+            self.reopen_now = false;
+            self.outage = false;
+            run.stats.immediate_reopens += 1;
+            tracing::info!(error = %e, session = ?self.session_id, "session stream broke: re-opening at once");
+            return Ok(Step::Lost);
+        }
         // Only a silent or broken link makes the next open a background one; a
         // verifier that answers (busy, evicting) is retried in the foreground.
         let outage = matches!(e, NetError::Timeout | NetError::Unavailable(_));
@@ -857,6 +889,7 @@ impl Net<'_> {
 
     fn success(&mut self) {
         self.outage = false;
+        self.reopen_now = true;
         lock(self.breaker).on_success();
         self.resends_in_a_row = 0;
     }
@@ -899,9 +932,11 @@ impl Net<'_> {
     fn open(&mut self, run: &mut Run<'_, '_>) -> Result<Step, EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
-        let r = self
-            .rt
-            .block_on(self.connector.open(msg, d, &mut self.counters));
+        let r =
+            self.rt.block_on(
+                self.connector
+                    .open(msg, &self.session_key, d, &mut self.counters),
+            );
         self.opened(run, r, upto)
     }
 
@@ -911,9 +946,10 @@ impl Net<'_> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
         let connector = self.connector.clone();
+        let key = self.session_key.clone();
         let task = self.rt.spawn(async move {
             let mut c = Counters::default();
-            let r = connector.open(msg, d, &mut c).await;
+            let r = connector.open(msg, &key, d, &mut c).await;
             (r, c)
         });
         run.stats.background_opens += 1;
@@ -959,6 +995,7 @@ impl Net<'_> {
                 tracing::debug!(session = %o.session_id, resumed = o.resumed, "session open");
                 self.session_id = Some(o.session_id);
                 self.stream = Some(stream);
+                self.live = true;
                 if upto < run.ctx.len() {
                     // Opened in the background while the device drafted alone.
                     // Greedy: `check_provisional` verifies those tokens from
@@ -1195,6 +1232,7 @@ impl Net<'_> {
         };
         if replanned {
             // auto chose another s: the next round opens a new split session.
+            self.live = false;
             if let Some(mut st) = self.stream.take() {
                 let c = &mut self.counters;
                 let _ = self.rt.block_on(st.exchange(

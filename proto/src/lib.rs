@@ -4,7 +4,8 @@
 //!
 //! This crate holds only the `.proto` file and the code tonic/prost generate from it
 //! (client and server), plus the encoded descriptor set for gRPC server reflection and
-//! the name of the metadata key that carries machine-readable error reasons, and
+//! the name of the metadata key that carries machine-readable error reasons, the
+//! session-affinity header for load balancers ([`SESSION_AFFINITY_HEADER`]), and
 //! [`hidden`]: the byte encoding of split sessions' hidden states (both sides must
 //! agree on it bit for bit). No other logic.
 //! Code generation uses `protox`, a pure-Rust protobuf compiler: no system `protoc`.
@@ -29,6 +30,16 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
 /// Metadata key of an error status whose value is a [`v1::Reason`] name
 /// (e.g. `SESSION_EVICTED`).
 pub const REASON_METADATA_KEY: &str = "tandem-reason";
+
+/// Request metadata key (an HTTP/2 header) that every `Session` stream carries:
+/// a random 128-bit hex key the device draws once per generation and keeps for
+/// every re-open and resume of that generation. It carries no prompt text and
+/// nothing about the device; it exists so that a load balancer in front of
+/// several verifier replicas can hash on it (nginx `hash $http_x_tandem_session
+/// consistent`, Envoy `ring_hash` on this header) and keep one generation on one
+/// replica, re-homing it only when that replica goes away (docs/deploy.md).
+/// The verifier itself ignores it.
+pub const SESSION_AFFINITY_HEADER: &str = "x-tandem-session";
 
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";

@@ -4,6 +4,8 @@
 #![allow(dead_code)] // each test file uses a different subset
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+pub mod deploy;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
