@@ -64,7 +64,7 @@ pub struct Args {
     /// Print one JSON object (schema in docs/cli.md) instead of the table.
     #[arg(long)]
     json: bool,
-    /// Short run: N = 1,2, 2 prompts, 8 tokens per session (about 40 s).
+    /// Short run: N = 1,2, 1 prompt, 8 tokens per session (about a minute).
     #[arg(long)]
     quick: bool,
     /// Simulated device counts, comma-separated (default 1,2,4,8,16,32; --quick 1,2).
@@ -76,11 +76,11 @@ pub struct Args {
     /// Verifier batching settings to compare side by side, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = ["on", "off"])]
     batching: Vec<Batching>,
-    /// Tokens each session generates (the trace length; default 32, --quick 8).
+    /// Tokens each session generates (the trace length; default 24, --quick 8).
     #[arg(long)]
     tokens: Option<usize>,
     /// First prompts of the prompt set to replay; device i plays prompt i mod
-    /// this (default 4, --quick 2).
+    /// this (default 4, --quick 1).
     #[arg(long)]
     prompt_count: Option<usize>,
     /// Prompt set (JSON lines); default: the built-in prompts/default.jsonl.
@@ -163,9 +163,9 @@ impl Args {
         );
         anyhow::ensure!(!self.modes.is_empty(), "--modes is empty");
         anyhow::ensure!(!self.batching.is_empty(), "--batching is empty");
-        let tokens = self.tokens.unwrap_or(if self.quick { 8 } else { 32 });
+        let tokens = self.tokens.unwrap_or(if self.quick { 8 } else { 24 });
         anyhow::ensure!((1..=1024).contains(&tokens), "--tokens must be in 1..=1024");
-        let count = self.prompt_count.unwrap_or(if self.quick { 2 } else { 4 });
+        let count = self.prompt_count.unwrap_or(if self.quick { 1 } else { 4 });
         anyhow::ensure!(count >= 1, "--prompt-count must be at least 1");
         let mut prompts = match &self.prompts {
             Some(p) => parse_prompts(
@@ -343,6 +343,7 @@ fn run_cell(
         "--config".into(),
         toml.display().to_string(),
     ];
+    let t = Instant::now();
     let (proc, line) = lab::start_server(
         lab::command(&ctx.res.cores, ctx.res.pin, ctx.res.threads, &args)?,
         &name,
@@ -350,6 +351,7 @@ fn run_cell(
         ctx.out,
         Duration::from_secs(300),
     )?;
+    let up = t.elapsed().as_secs_f64();
     let field = |key: &str| {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(key))
@@ -376,7 +378,16 @@ fn run_cell(
             snapshot(pid, &admin, ticks)
         }))?;
     drop(proc);
-    Ok(Cell::from_run(mode.name(), batching, &run))
+    let cell = Cell::from_run(mode.name(), batching, &run);
+    progress(&format!(
+        "  {:.1} s: verifier up in {:.1} s, opens {:.1} s, window {:.1} s ({} rounds per device)",
+        t.elapsed().as_secs_f64(),
+        up,
+        cell.open_ms.max / 1000.0,
+        cell.window_s,
+        rounds
+    ));
+    Ok(cell)
 }
 
 pub fn run(args: Args) -> Result<()> {

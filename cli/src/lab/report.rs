@@ -679,7 +679,7 @@ pub(crate) fn draw_line_chart(
         .x_label_formatter(&|x| {
             if log_x {
                 let v = 10f64.powf(*x);
-                if v >= 10.0 {
+                if v >= 10.0 || (v - v.round()).abs() < 0.005 {
                     format!("{v:.0}")
                 } else {
                     format!("{v:.2}")
