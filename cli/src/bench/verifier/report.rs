@@ -640,6 +640,13 @@ pub fn render(r: &Report) -> String {
          CPU-s/tok: verifier utime+stime in the window / tokens; RSS: verifier VmHWM; KV: \
          {SESSION_BYTES_METRIC} at the window end."
     );
+    let sum = |f: fn(&Cell) -> Option<f64>| r.cells.iter().filter_map(f).sum::<f64>();
+    let _ = writeln!(
+        o,
+        "\nthe simulated devices (this process) used {:.1} CPU-s in all windows, the verifiers {:.1} CPU-s",
+        sum(|c| c.client_cpu_s),
+        sum(|c| c.verifier_cpu_s)
+    );
     let _ = writeln!(o, "\nratios (issue 17 item 5 targets):");
     for q in &r.ratios {
         let n = q.devices.map_or("-".into(), |n| format!("N={n}"));
