@@ -64,7 +64,8 @@ pub struct Args {
     /// Print one JSON object (schema in docs/cli.md) instead of the table.
     #[arg(long)]
     json: bool,
-    /// Short run: N = 1,2, 1 prompt, 8 tokens per session (about a minute).
+    /// Short run: N = 1,2, 1 prompt cut to its last 16 tokens, 8 tokens per
+    /// session (about a minute).
     #[arg(long)]
     quick: bool,
     /// Simulated device counts, comma-separated (default 1,2,4,8,16,32; --quick 1,2).
@@ -83,6 +84,10 @@ pub struct Args {
     /// this (default 4, --quick 1).
     #[arg(long)]
     prompt_count: Option<usize>,
+    /// Replay only the last this many tokens of each chat-formatted prompt
+    /// (shorter prefills; default: the whole prompt, --quick 16).
+    #[arg(long)]
+    prompt_tail: Option<usize>,
     /// Prompt set (JSON lines); default: the built-in prompts/default.jsonl.
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -109,6 +114,7 @@ struct Resolved {
     modes: Vec<Mode>,
     batching: Vec<bool>,
     tokens: usize,
+    prompt_tail: Option<usize>,
     prompts: Vec<PromptCase>,
     cores: String,
     threads: usize,
@@ -165,6 +171,11 @@ impl Args {
         anyhow::ensure!(!self.batching.is_empty(), "--batching is empty");
         let tokens = self.tokens.unwrap_or(if self.quick { 8 } else { 24 });
         anyhow::ensure!((1..=1024).contains(&tokens), "--tokens must be in 1..=1024");
+        let prompt_tail = self.prompt_tail.or(self.quick.then_some(16));
+        anyhow::ensure!(
+            prompt_tail.is_none_or(|n| n >= 1),
+            "--prompt-tail must be at least 1"
+        );
         let count = self.prompt_count.unwrap_or(if self.quick { 1 } else { 4 });
         anyhow::ensure!(count >= 1, "--prompt-count must be at least 1");
         let mut prompts = match &self.prompts {
@@ -196,6 +207,7 @@ impl Args {
                 .map(|b| b == Batching::On)
                 .collect(),
             tokens,
+            prompt_tail,
             prompts,
             cores,
             threads,
@@ -227,6 +239,7 @@ fn trace(args: &Args, res: &Resolved) -> Result<(TraceFile, PathBuf, bool)> {
         &res.prompts,
         &schedules,
         res.tokens,
+        res.prompt_tail,
     );
     let path = key.file_in(&trace::cache_dir())?;
     if !args.rerecord {
@@ -488,6 +501,7 @@ pub fn run(args: Args) -> Result<()> {
             batching: res.batching.clone(),
             prompt_ids: res.prompts.iter().map(|p| p.id.clone()).collect(),
             tokens: res.tokens,
+            prompt_tail: res.prompt_tail,
             k: K,
             mixed_ks: MIXED_KS.to_vec(),
             threads: res.threads,

@@ -355,6 +355,8 @@ pub struct Settings {
     pub batching: Vec<bool>,
     pub prompt_ids: Vec<String>,
     pub tokens: usize,
+    /// Each prompt cut to its last this many tokens (null: whole prompts).
+    pub prompt_tail: Option<usize>,
     pub k: usize,
     pub mixed_ks: Vec<usize>,
     pub threads: usize,
@@ -550,9 +552,11 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         o,
         "tandem bench verifier {}: one verifier, N simulated devices replaying recorded drafts \
-         ({} prompts, {} tokens per session; spec-k4: k = {}, spec-mixed: k cycles {:?})",
+         ({} prompts{}, {} tokens per session; spec-k4: k = {}, spec-mixed: k cycles {:?})",
         r.date_utc,
         s.prompt_ids.len(),
+        s.prompt_tail
+            .map_or(String::new(), |n| format!(" cut to their last {n} tokens")),
         s.tokens,
         s.k,
         s.mixed_ks

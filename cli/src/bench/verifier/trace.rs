@@ -110,6 +110,8 @@ pub struct TraceKey {
     pub schedules: Vec<Schedule>,
     /// Tokens each session generates (the last round may overshoot by < k).
     pub tokens: usize,
+    /// Only the last this many tokens of each chat-formatted prompt (None: all).
+    pub prompt_tail: Option<usize>,
 }
 
 impl TraceKey {
@@ -119,6 +121,7 @@ impl TraceKey {
         prompts: &[PromptCase],
         schedules: &[Schedule],
         tokens: usize,
+        prompt_tail: Option<usize>,
     ) -> Self {
         let mut h = Sha256::new();
         for p in prompts {
@@ -134,6 +137,7 @@ impl TraceKey {
             prompts_sha256: hex(&h.finalize()),
             schedules: schedules.to_vec(),
             tokens,
+            prompt_tail,
         }
     }
 
@@ -213,8 +217,12 @@ pub fn record(
     drop(gguf);
     let encoded: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true))
-        .collect::<std::result::Result<_, _>>()
+        .map(|p| {
+            let ids = tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true)?;
+            let from = key.prompt_tail.map_or(0, |n| ids.len().saturating_sub(n));
+            Ok(ids[from..].to_vec())
+        })
+        .collect::<std::result::Result<_, tandem_model::ModelError>>()
         .context("tokenizing the prompt set")?;
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest + key.tokens + k_max + 8;
@@ -393,21 +401,22 @@ mod tests {
             name: "k4".into(),
             ks: vec![4],
         }];
-        let a = TraceKey::new("d", "t", &prompts, &sch, 16);
+        let a = TraceKey::new("d", "t", &prompts, &sch, 16, None);
         let dir = Path::new("/x");
         let f = a.file_in(dir).unwrap();
         assert!(f.starts_with(dir));
         assert_eq!(
             f,
-            TraceKey::new("d", "t", &prompts, &sch, 16)
+            TraceKey::new("d", "t", &prompts, &sch, 16, None)
                 .file_in(dir)
                 .unwrap()
         );
         for b in [
-            TraceKey::new("d2", "t", &prompts, &sch, 16),
-            TraceKey::new("d", "t2", &prompts, &sch, 16),
-            TraceKey::new("d", "t", &prompts, &sch, 17),
-            TraceKey::new("d", "t", &[], &sch, 16),
+            TraceKey::new("d2", "t", &prompts, &sch, 16, None),
+            TraceKey::new("d", "t2", &prompts, &sch, 16, None),
+            TraceKey::new("d", "t", &prompts, &sch, 17, None),
+            TraceKey::new("d", "t", &prompts, &sch, 16, Some(8)),
+            TraceKey::new("d", "t", &[], &sch, 16, None),
         ] {
             assert_ne!(b.file_in(dir).unwrap(), f, "{b:?}");
         }
