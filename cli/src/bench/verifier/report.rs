@@ -647,7 +647,7 @@ pub fn render(r: &Report) -> String {
     let sum = |f: fn(&Cell) -> Option<f64>| r.cells.iter().filter_map(f).sum::<f64>();
     let _ = writeln!(
         o,
-        "\nthe simulated devices (this process) used {:.1} CPU-s in all windows, the verifiers {:.1} CPU-s",
+        "\nthe simulated devices (this process) used {:.2} CPU-s in all windows, the verifiers {:.1} CPU-s",
         sum(|c| c.client_cpu_s),
         sum(|c| c.verifier_cpu_s)
     );
