@@ -9,6 +9,7 @@
 //! measurements compete for the cores.
 
 mod report;
+mod verifier;
 mod worker;
 
 use anyhow::{bail, Context, Result};
@@ -81,7 +82,10 @@ pub enum WorkerKind {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    cmd: Option<BenchCmd>,
     /// Print one JSON object (schema in docs/cli.md) instead of tables.
     #[arg(long)]
     json: bool,
@@ -133,6 +137,13 @@ pub struct Args {
     decode_tokens: Option<usize>,
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCmd {
+    /// The verifier's capacity: N simulated devices replaying recorded drafts
+    /// against one verifier, batching on and off (docs/benchmarks.md).
+    Verifier(verifier::Args),
+}
+
 /// Effective settings after defaults and `--quick`.
 struct Resolved {
     threads: usize,
@@ -182,6 +193,9 @@ impl Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(BenchCmd::Verifier(a)) = args.cmd {
+        return verifier::run(a);
+    }
     let res = args.resolve()?;
     match args.worker {
         Some(kind) => run_worker(&args, &res, kind),

@@ -66,8 +66,14 @@ pub fn prompt_tokens(
 
 /// Peak resident set size of this process in bytes (Linux), if known.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    proc_status_bytes("self", "VmHWM:")
+}
+
+/// A memory line of `/proc/<pid>/status` (`pid` = "self" or a number), e.g.
+/// `VmHWM:` or `VmRSS:`, in bytes (Linux); None when unreadable.
+pub fn proc_status_bytes(pid: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

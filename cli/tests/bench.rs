@@ -115,6 +115,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     let s = &r["speculative"];
     assert_eq!(u(s, "prompts"), 3);
     assert_eq!(u(s, "k"), 4);
+    assert_eq!(u(s, "prompt_tail"), 16, "--quick replays short prompts");
     assert_eq!(s["identical"], true, "speculative output differs: {s}");
     assert!(s["mismatches"].as_array().unwrap().is_empty());
     for mode in ["target_only", "speculative"] {
@@ -224,4 +225,128 @@ fn bad_arguments_fail_with_a_clear_message() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// `tandem bench verifier --quick --json`: one verifier per configuration, the
+/// real target behind it, simulated devices replaying drafts recorded from the
+/// real draft model (recorded on the first run, then cached). Checks the
+/// document's shape and, above all, that every replayed verdict equals the
+/// recorded greedy verdict, with batching on and off.
+#[test]
+fn verifier_quick_json_replays_every_verdict_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("capacity.svg");
+    let t = std::time::Instant::now();
+    let out = tandem()
+        .args(["bench", "verifier", "--quick", "--json", "--out"])
+        .arg(dir.path())
+        .arg("--plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench verifier failed: {stderr}");
+    eprintln!(
+        "bench verifier --quick: {:.1} s\n{stderr}",
+        t.elapsed().as_secs_f64()
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    assert_eq!(r["schema_version"], 1);
+    assert_eq!(r["ok"], true);
+    let s = &r["settings"];
+    assert_eq!(s["quick"], true);
+    assert_eq!(s["devices"], serde_json::json!([1, 2]));
+    assert_eq!(
+        s["modes"],
+        serde_json::json!(["spec-k4", "spec-mixed", "cloud-only"])
+    );
+    assert_eq!(s["batching"], serde_json::json!([true, false]));
+    assert_eq!(u(s, "k"), 4);
+    assert_eq!(u(s, "prompt_tail"), 16, "--quick replays short prompts");
+    let tokens = u(s, "tokens");
+    let target_bytes = u(&r["model"], "target_bytes");
+    assert_eq!(
+        target_bytes,
+        std::fs::metadata(r["model"]["target_path"].as_str().unwrap())
+            .unwrap()
+            .len()
+    );
+    assert!(std::path::Path::new(r["trace"]["path"].as_str().unwrap()).exists());
+
+    let cells = r["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2 * 3 * 2, "N x modes x batching");
+    let mut checked = 0;
+    for c in cells {
+        assert_eq!(c["ok"], true, "{c}");
+        assert_eq!(u(c, "verdict_mismatches"), 0, "{c}");
+        // Every verdict of the window was compared with the recording.
+        let rounds = u(c, "rounds");
+        assert!(rounds > 0, "{c}");
+        assert_eq!(u(c, "verdicts_checked"), rounds, "{c}");
+        checked += rounds;
+        let n = u(c, "devices");
+        let toks = u(c, "tokens");
+        assert!(toks >= rounds, "each verdict emits at least one token: {c}");
+        if c["mode"] == "cloud-only" {
+            assert_eq!(rounds, n * tokens, "one step per token: {c}");
+            assert_eq!(toks, rounds, "{c}");
+        } else {
+            assert_eq!(rounds % n, 0, "every device plays the same rounds: {c}");
+        }
+        let window = f(c, "window_s");
+        assert!(window > 0.0, "{c}");
+        assert!(close(f(c, "aggregate_tok_s"), toks as f64 / window), "{c}");
+        for q in ["session_tok_s", "verify_ms", "open_ms"] {
+            let q = &c[q];
+            assert!(
+                f(q, "min") <= f(q, "p50") && f(q, "p50") <= f(q, "p95"),
+                "{c}"
+            );
+            assert!(f(q, "p95") <= f(q, "max") && f(q, "min") > 0.0, "{c}");
+        }
+        assert_eq!(u(&c["verify_ms"], "count"), rounds);
+        assert_eq!(u(&c["open_ms"], "count"), n);
+        assert!(f(c, "verifier_cpu_s") > 0.0, "{c}");
+        assert!(close(
+            f(c, "cpu_s_per_token"),
+            f(c, "verifier_cpu_s") / toks as f64
+        ));
+        // The verifier maps the whole target and holds the sessions' KV.
+        assert!(u(c, "peak_rss_bytes") > target_bytes / 2, "{c}");
+        assert!(u(c, "kv_bytes") > 0, "{c}");
+        // Rows per forward: null until the verifier exports the histogram.
+        if !c["batch_rows"].is_null() {
+            let b = &c["batch_rows"];
+            assert!(u(b, "forwards") > 0, "{c}");
+            assert!(f(b, "mean") >= 1.0, "{c}");
+        }
+    }
+    assert_eq!(u(&r, "verdicts_checked"), checked);
+    assert_eq!(u(&r, "verdict_mismatches"), 0);
+    let names: Vec<&str> = r["ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "batched_speedup",
+            "p95_latency_growth",
+            "rss_budget",
+            "cpu_per_token_spec_vs_cloud"
+        ]
+    );
+    for q in r["ratios"].as_array().unwrap() {
+        assert_eq!(u(q, "devices"), 2, "quick: the largest N stands in: {q}");
+        assert!(f(q, "value") > 0.0, "{q}");
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.contains("<svg"),
+        "not an SVG"
+    );
+    assert!(svg.contains("spec-k4 batched") && svg.contains("cloud-only unbatched"));
 }

@@ -46,14 +46,7 @@ fn ms_since(t: Instant) -> f64 {
 
 /// A line of /proc/self/status in bytes (Linux); 0 elsewhere.
 fn status_bytes(key: &str) -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    s.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    crate::common::proc_status_bytes("self", key).unwrap_or(0)
 }
 
 pub fn rss_now() -> u64 {

@@ -11,7 +11,7 @@
 
 mod config;
 mod device;
-mod report;
+pub(crate) mod report;
 
 use anyhow::{bail, Context, Result};
 use config::{LabConfig, Mode, Prompt};
@@ -197,9 +197,16 @@ fn loadavg() -> String {
 }
 
 /// A child process killed (and reaped) when dropped.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     name: String,
+}
+
+impl Proc {
+    /// The child's process id (the program's own: `taskset` execs it).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Proc {
@@ -209,7 +216,7 @@ impl Drop for Proc {
     }
 }
 
-fn taskset_works() -> bool {
+pub(crate) fn taskset_works() -> bool {
     Command::new("taskset")
         .args(["-c", "0", "true"])
         .stdout(Stdio::null())
@@ -220,7 +227,7 @@ fn taskset_works() -> bool {
 }
 
 /// `exe args...`, under `taskset -c cores` when pinning.
-fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Command> {
+pub(crate) fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Command> {
     let exe = std::env::current_exe().context("finding the tandem binary")?;
     let mut c = if pin && !cores.is_empty() {
         let mut c = Command::new("taskset");
@@ -237,7 +244,7 @@ fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Co
 
 /// Starts a server child and waits (≤ timeout) for its first stdout line
 /// starting with `prefix`; returns the rest of that line.
-fn start_server(
+pub(crate) fn start_server(
     mut cmd: Command,
     name: &str,
     prefix: &str,

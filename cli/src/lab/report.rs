@@ -86,7 +86,8 @@ pub struct Meta {
     pub prompts: usize,
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+/// The `q` quantile (nearest rank) of a sample; 0 for an empty one. Sorts `v`.
+pub(crate) fn pct(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -552,7 +553,7 @@ fn gating(cells: &[Cell], profiles: &[String]) -> Option<String> {
 
 type Series = Vec<(String, Vec<f64>)>;
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plotting: {e:?}")
 }
 
@@ -623,7 +624,7 @@ fn bar_chart(
     Ok(())
 }
 
-/// Lines with points; x on a log10 scale when `log_x`.
+/// Lines with points in an SVG file of its own; x on a log10 scale when `log_x`.
 fn line_chart(
     path: &Path,
     title: &str,
@@ -633,6 +634,21 @@ fn line_chart(
     log_x: bool,
 ) -> Result<()> {
     let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
+    draw_line_chart(&root, title, x_desc, y_desc, series, log_x)?;
+    root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+/// Lines with points drawn on `root` (a whole SVG or one panel of it); x on a
+/// log10 scale when `log_x`. The caller presents the root.
+pub(crate) fn draw_line_chart(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> Result<()> {
     root.fill(&WHITE).map_err(plot_err)?;
     let tx = |x: f64| if log_x { x.max(1e-3).log10() } else { x };
     let pts = series.iter().flat_map(|(_, v)| v.iter().copied());
@@ -649,7 +665,7 @@ fn line_chart(
         x1 = x0 + 1.0;
     }
     let pad = (x1 - x0) * 0.05;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
@@ -663,7 +679,7 @@ fn line_chart(
         .x_label_formatter(&|x| {
             if log_x {
                 let v = 10f64.powf(*x);
-                if v >= 10.0 {
+                if v >= 10.0 || (v - v.round()).abs() < 0.005 {
                     format!("{v:.0}")
                 } else {
                     format!("{v:.2}")
@@ -695,7 +711,6 @@ fn line_chart(
         .background_style(WHITE.mix(0.85))
         .draw()
         .map_err(plot_err)?;
-    root.present().map_err(plot_err)?;
     Ok(())
 }
 
