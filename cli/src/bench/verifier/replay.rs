@@ -170,7 +170,8 @@ async fn device(
         opened: DEADLINE,
         total: DEADLINE,
     };
-    let opened = connector.open(first, deadlines, &mut counters).await;
+    let key = tandem_edge::client::new_session_key();
+    let opened = connector.open(first, &key, deadlines, &mut counters).await;
     let mut stream = match opened {
         Ok((stream, answer, _)) => match answer.msg {
             Some(server_message::Msg::Opened(o)) if o.context_len == trace.prompt.len() as u64 => {
