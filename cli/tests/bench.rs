@@ -115,7 +115,6 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     let s = &r["speculative"];
     assert_eq!(u(s, "prompts"), 3);
     assert_eq!(u(s, "k"), 4);
-    assert_eq!(u(s, "prompt_tail"), 16, "--quick replays short prompts");
     assert_eq!(s["identical"], true, "speculative output differs: {s}");
     assert!(s["mismatches"].as_array().unwrap().is_empty());
     for mode in ["target_only", "speculative"] {
