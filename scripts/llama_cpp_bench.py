@@ -12,7 +12,7 @@ verifier needs them) and peak RSS (VmHWM) of this process.
 its own:
 
     python3 scripts/llama_cpp_bench.py --model M.gguf --threads 2 \
-        --prompt-ids 1,2,3 [--repeats 5] [--decode-tokens 64] [--ks 1,2,3,5,9,17]
+        --prompt-ids 1,2,3 [--repeats 5] [--decode-tokens 64] [--ks 1,2,3,5,9,17,24,40,64]
 
 Install: `pip install llama-cpp-python` (builds llama.cpp from source; see
 docs/benchmarks.md).
@@ -47,7 +47,7 @@ def main(argv):
     ap.add_argument("--prompt-ids", required=True)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--ks", default="1,2,3,5,9,17")
+    ap.add_argument("--ks", default="1,2,3,5,9,17,24,40,64")
     ap.add_argument(
         "--no-extra-bufts",
         action="store_true",

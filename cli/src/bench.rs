@@ -28,8 +28,10 @@ use worker::{MicroPlan, SpecPlan};
 pub(crate) const DEFAULT_PROMPTS: &str = include_str!("../../prompts/default.jsonl");
 /// The llama.cpp measurement script, built in and run with `python3 -c`.
 const LLAMA_CPP_SCRIPT: &str = include_str!("../../scripts/llama_cpp_bench.py");
-/// Verify block sizes of the cost curve (k = 1 is the reference).
-const VERIFY_KS: [usize; 6] = [1, 2, 3, 5, 9, 17];
+/// Verify block sizes of the cost curve (k = 1 is the reference). 24, 40 and 64
+/// are the row counts the verifier's batching produces (several sessions'
+/// blocks in one forward; docs/verifier.md).
+const VERIFY_KS: [usize; 9] = [1, 2, 3, 5, 9, 17, 24, 40, 64];
 /// Prompt length for prefill and the verify context.
 const PROMPT_TOKENS: usize = 128;
 

@@ -54,7 +54,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     assert!(decode_tokens >= 32);
     assert_eq!(
         r["settings"]["verify_ks"],
-        serde_json::json!([1, 2, 3, 5, 9, 17])
+        serde_json::json!([1, 2, 3, 5, 9, 17, 24, 40, 64])
     );
     assert!(r["machine"]["logical_cpus"].as_u64().unwrap() >= 1);
 
@@ -86,7 +86,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     assert_eq!(u(e, "verify_context"), 128);
     let verify = e["verify"].as_array().unwrap();
     let ks: Vec<u64> = verify.iter().map(|v| u(v, "k")).collect();
-    assert_eq!(ks, [1, 2, 3, 5, 9, 17]);
+    assert_eq!(ks, [1, 2, 3, 5, 9, 17, 24, 40, 64]);
     let ms1 = f(&verify[0], "ms");
     assert!(ms1 > 0.0);
     for v in verify {

@@ -1,7 +1,7 @@
 //! `Draft`: one verify round (or a streaming step, k = 0) through the
 //! scheduler, answered with a `Verdict`.
 
-use super::{wire_u64, wire_usize, Bound};
+use super::{settle, wire_u64, wire_usize, Bound};
 use crate::error::Refusal;
 use crate::scheduler::{Outcome, Work};
 use crate::split::{self, SplitAnswer};
@@ -136,21 +136,7 @@ pub async fn draft(
     let t0 = Instant::now();
     let (st, out) = s.run(who, &b.id, st, work).await;
     let latency = t0.elapsed();
-    let (mut st, outcome) = match (st, out) {
-        (Some(st), Ok(o)) => (st, o),
-        (Some(st), Err(e)) if e.reason != Reason::InternalError => {
-            guard.checkin(st);
-            return Err(e);
-        }
-        (_, Err(e)) => {
-            guard.remove();
-            return Err(e);
-        }
-        (None, Ok(_)) => {
-            guard.remove();
-            return Err(Refusal::new(Reason::InternalError, "round lost its state"));
-        }
-    };
+    let (guard, mut st, outcome) = settle(guard, st, out)?;
     st.advance_round()?;
     // Keep pages for the next round's block, give back the rest.
     let keep = st.kv.len().saturating_add(s.limits.max_block + 1);

@@ -7,7 +7,11 @@ pub mod draft;
 pub mod open;
 pub mod resume;
 
+use crate::error::Refusal;
+use crate::session::SessionState;
+use crate::store::CheckedOut;
 use std::sync::Arc;
+use tandem_proto::v1::Reason;
 
 /// A stream's session binding: the session it drives and the epoch it got
 /// (a stream superseded by a resume elsewhere is refused).
@@ -31,4 +35,46 @@ pub(crate) fn wire_usize(v: u64, field: &str) -> Result<usize, crate::error::Ref
 /// saturation never applies).
 pub(crate) fn wire_u64(v: usize) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// What came back from work on a checked-out session. `Ok` hands the state
+/// and the outcome to the caller (who checks the state in); a refusal checks
+/// the state back in, or removes the session when its state was lost or the
+/// error is internal (its KV is in doubt: the device re-sends its context).
+pub(crate) fn settle<T>(
+    guard: CheckedOut<'_>,
+    st: Option<SessionState>,
+    out: Result<T, Refusal>,
+) -> Result<(CheckedOut<'_>, SessionState, T), Refusal> {
+    match (st, out) {
+        (Some(st), Ok(v)) => Ok((guard, st, v)),
+        (Some(st), Err(e)) if e.reason != Reason::InternalError => {
+            guard.checkin(st);
+            Err(e)
+        }
+        (_, Err(e)) => {
+            guard.remove();
+            Err(e)
+        }
+        (None, Ok(_)) => {
+            guard.remove();
+            Err(lost())
+        }
+    }
+}
+
+/// The state a new session's prefill gave back, or why there is none.
+pub(crate) fn prefilled<T>(
+    st: Option<SessionState>,
+    out: Result<T, Refusal>,
+) -> Result<SessionState, Refusal> {
+    match (st, out) {
+        (Some(st), Ok(_)) => Ok(st),
+        (_, Err(e)) => Err(e),
+        (None, Ok(_)) => Err(lost()),
+    }
+}
+
+fn lost() -> Refusal {
+    Refusal::new(Reason::InternalError, "the session's state was lost")
 }

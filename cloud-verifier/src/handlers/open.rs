@@ -3,7 +3,7 @@
 //! holds is reused), or a split session.
 
 use super::resume::resync;
-use super::{wire_u64, Bound};
+use super::{prefilled, settle, wire_u64, Bound};
 use crate::error::Refusal;
 use crate::scheduler::{Outcome, Work};
 use crate::session::{SessionState, SplitSpec};
@@ -88,31 +88,17 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
         match CheckedOut::take_over(&s.store, &rid, who) {
             Ok((guard, st)) if st.split.is_none() => {
                 let epoch = guard.epoch();
-                match resync(s, who, &rid, st, &ctx).await {
-                    (Some(mut st), Ok(reused)) => {
-                        st.sampling = sampling;
-                        st.next_round = o.first_round;
-                        guard.checkin(st);
-                        tracing::info!(session = %rid, reused, "session resumed");
-                        let b = Bound {
-                            id: rid.clone(),
-                            epoch,
-                        };
-                        return Ok((b, opened(s, &rid, true, ctx.len())));
-                    }
-                    (Some(st), Err(e)) if e.reason != Reason::InternalError => {
-                        guard.checkin(st);
-                        return Err(e);
-                    }
-                    (_, Err(e)) => {
-                        guard.remove();
-                        return Err(e);
-                    }
-                    (None, Ok(_)) => {
-                        guard.remove();
-                        return Err(Refusal::new(Reason::InternalError, "resume lost its state"));
-                    }
-                }
+                let (st, res) = resync(s, who, &rid, st, &ctx).await;
+                let (guard, mut st, reused) = settle(guard, st, res)?;
+                st.sampling = sampling;
+                st.next_round = o.first_round;
+                guard.checkin(st);
+                tracing::info!(session = %rid, reused, "session resumed");
+                let b = Bound {
+                    id: rid.clone(),
+                    epoch,
+                };
+                return Ok((b, opened(s, &rid, true, ctx.len())));
             }
             // A split session is not continued by a plain Open: a new one is made.
             Ok((guard, st)) => guard.checkin(st),
@@ -133,16 +119,7 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
     let tokens = ctx[..todo].to_vec();
     let (st, out) = s.run(who, &id, st, Work::Prefill { tokens }).await;
     drop(permit);
-    let st = match (st, out) {
-        (Some(st), Ok(_)) => st,
-        (_, Err(e)) => return Err(e),
-        (None, Ok(_)) => {
-            return Err(Refusal::new(
-                Reason::InternalError,
-                "prefill lost its state",
-            ));
-        }
-    };
+    let st = prefilled(st, out)?;
     insert(s, who, id, st, ctx.len(), false)
 }
 
@@ -197,16 +174,7 @@ async fn open_split(
     }));
     let (st, out) = s.run(who, &id, st, work).await;
     drop(permit);
-    let st = match (st, out) {
-        (Some(st), Ok(_)) => st,
-        (_, Err(e)) => return Err(e),
-        (None, Ok(_)) => {
-            return Err(Refusal::new(
-                Reason::InternalError,
-                "prefill lost its state",
-            ));
-        }
-    };
+    let st = prefilled(st, out)?;
     let len = st.context.len();
     tracing::debug!(session = %id, split = spec.layer, pin_head = spec.pin_head, "split session");
     insert(s, who, id, st, len, true)

@@ -2,7 +2,7 @@
 //! the device's whole context, keeping the longest common prefix and
 //! prefilling the rest through the scheduler.
 
-use super::{wire_u64, Bound};
+use super::{settle, wire_u64, Bound};
 use crate::error::Refusal;
 use crate::scheduler::Work;
 use crate::session::SessionState;
@@ -73,29 +73,14 @@ pub async fn resume(
         ));
     }
     let (st, res) = resync(s, who, &b.id, st, &r.context_tokens).await;
-    match (st, res) {
-        (Some(mut st), Ok(reused)) => {
-            st.next_round = r.next_round;
-            let len = wire_u64(st.context.len());
-            guard.checkin(st);
-            Ok(ServerMessage {
-                msg: Some(server_message::Msg::Resumed(Resumed {
-                    context_len: len,
-                    reused_tokens: wire_u64(reused),
-                })),
-            })
-        }
-        (Some(st), Err(e)) if e.reason != Reason::InternalError => {
-            guard.checkin(st);
-            Err(e)
-        }
-        (_, Err(e)) => {
-            guard.remove();
-            Err(e)
-        }
-        (None, Ok(_)) => {
-            guard.remove();
-            Err(Refusal::new(Reason::InternalError, "resume lost its state"))
-        }
-    }
+    let (guard, mut st, reused) = settle(guard, st, res)?;
+    st.next_round = r.next_round;
+    let len = wire_u64(st.context.len());
+    guard.checkin(st);
+    Ok(ServerMessage {
+        msg: Some(server_message::Msg::Resumed(Resumed {
+            context_len: len,
+            reused_tokens: wire_u64(reused),
+        })),
+    })
 }
