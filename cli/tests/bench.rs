@@ -183,15 +183,17 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for needle in ["draft", "decode/s", "c(5)", "c(17)", "peak MB", "RSS/GGUF"] {
+    for needle in [
+        "draft", "decode/s", "c(5)", "c(17)", "c(64)", "peak MB", "RSS/GGUF",
+    ] {
         assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
     }
     let tandem_row = stdout
         .lines()
         .find(|l| l.starts_with("  tandem "))
         .unwrap_or_else(|| panic!("no tandem row in:\n{stdout}"));
-    // engine, load, prefill, decode, 5 cost ratios, peak MB, RSS/GGUF
-    assert_eq!(tandem_row.split_whitespace().count(), 11, "{tandem_row}");
+    // engine, load, prefill, decode, 8 cost ratios (k = 2..64), peak MB, RSS/GGUF
+    assert_eq!(tandem_row.split_whitespace().count(), 14, "{tandem_row}");
     assert!(
         stdout
             .lines()
