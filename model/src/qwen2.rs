@@ -512,32 +512,28 @@ impl Qwen2Model {
         let mut wanted = Vec::new();
         let mut r0 = 0;
         for s in seqs.iter() {
-            let n = s.tokens.len();
-            let (a, b) = match s.logits {
-                Logits::All => (r0, r0 + n),
-                Logits::Last => (r0 + n - 1, r0 + n),
-                Logits::None => (r0, r0),
-            };
-            wanted.extend_from_slice(&h[a * d..b * d]);
-            r0 += n;
+            let r = s.logits.rows(s.tokens.len());
+            wanted.extend_from_slice(&h[(r0 + r.start) * d..(r0 + r.end) * d]);
+            r0 += s.tokens.len();
         }
-        let logits = if wanted.is_empty() {
+        let mut logits = if wanted.is_empty() {
             Vec::new()
         } else {
             self.head(&wanted)
         };
+        // Split the logits per sequence from the back: the first sequence
+        // keeps the head's buffer (a single sequence is never copied).
         let vocab = self.cfg.vocab;
         let mut out = Vec::with_capacity(seqs.len());
-        let mut at = 0;
-        for s in seqs.iter() {
-            let rows = match s.logits {
-                Logits::All => s.tokens.len(),
-                Logits::Last => 1,
-                Logits::None => 0,
-            };
-            out.push(logits[at * vocab..(at + rows) * vocab].to_vec());
-            at += rows;
+        for (i, s) in seqs.iter().enumerate().rev() {
+            out.push(if i == 0 {
+                std::mem::take(&mut logits)
+            } else {
+                let rows = s.logits.rows(s.tokens.len()).len();
+                logits.split_off(logits.len() - rows * vocab)
+            });
         }
+        out.reverse();
         Ok(out)
     }
 
@@ -646,6 +642,17 @@ pub enum Logits {
     Last,
     /// None (a prefill chunk that is not the last).
     None,
+}
+
+impl Logits {
+    /// Which of a sequence's `n` rows (`n ≥ 1`) get logits.
+    fn rows(self, n: usize) -> Range<usize> {
+        match self {
+            Logits::All => 0..n,
+            Logits::Last => n - 1..n,
+            Logits::None => n..n,
+        }
+    }
 }
 
 /// One sequence of a [`Qwen2Model::forward_batch`]: its tokens, where they

@@ -491,6 +491,18 @@ impl Sampler {
     }
 }
 
+/// The greedy choice: the argmax of `logits` after the repetition penalty over
+/// `history` (no copy when the penalty is off).
+pub fn greedy_token(params: &SamplingParams, logits: &[f32], history: &[u32]) -> u32 {
+    if params.repetition_penalty == 1.0 {
+        argmax(logits)
+    } else {
+        let mut l = logits.to_vec();
+        apply_repetition_penalty(&mut l, history, params.repetition_penalty);
+        argmax(&l)
+    }
+}
+
 /// Draws a token with probability proportional to its weight (weights `>= 0`, any
 /// order; ties in the cumulative walk are resolved in iteration order). `None` when
 /// the total weight is not positive. Consumes exactly one `uniform()`.

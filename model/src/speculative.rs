@@ -9,9 +9,7 @@
 
 use crate::kv_cache::KvCache;
 use crate::qwen2::Qwen2Model;
-use crate::sampling::{
-    self, argmax, distribution, top_k_truncate, Distribution, Sampler, SamplingParams,
-};
+use crate::sampling::{self, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
 use crate::verify::{verdict_from_logits, Verdict};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
@@ -177,13 +175,7 @@ pub type OnToken<'a> = dyn FnMut(u32) -> bool + 'a;
 /// penalised logits; no randomness).
 fn pick(params: &SamplingParams, logits: &[f32], history: &[u32], rng: &mut Sampler) -> u32 {
     if params.is_greedy() {
-        if params.repetition_penalty == 1.0 {
-            argmax(logits)
-        } else {
-            let mut l = logits.to_vec();
-            sampling::apply_repetition_penalty(&mut l, history, params.repetition_penalty);
-            argmax(&l)
-        }
+        sampling::greedy_token(params, logits, history)
     } else {
         rng.next_token(params, logits, history)
     }

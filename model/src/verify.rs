@@ -22,8 +22,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::sampling::{
-    apply_repetition_penalty, argmax, distribution, sample_weighted, Distribution, Sampler,
-    SamplingParams,
+    distribution, greedy_token, sample_weighted, Distribution, Sampler, SamplingParams,
 };
 use crate::{ModelError, Result};
 
@@ -124,13 +123,7 @@ pub fn verdict_from_logits(
     if params.is_greedy() {
         let mut am = Vec::with_capacity(k + 1);
         for i in 0..=k {
-            am.push(if params.repetition_penalty == 1.0 {
-                argmax(row(i))
-            } else {
-                let mut l = row(i).to_vec();
-                apply_repetition_penalty(&mut l, &hist, params.repetition_penalty);
-                argmax(&l)
-            });
+            am.push(greedy_token(params, row(i), &hist));
             if let Some(&d) = draft.get(i) {
                 hist.push(d);
             }
