@@ -76,9 +76,7 @@ struct Inner {
     queue_wait: Histogram,
     prefill_tokens: u64,
     forwards: u64,
-    latency_counts: [u64; BUCKETS.len()],
-    latency_sum: f64,
-    latency_count: u64,
+    verify_latency: Histogram,
     drafted: u64,
     accepted: u64,
     emitted: u64,
@@ -93,9 +91,7 @@ impl Default for Inner {
             queue_wait: Histogram::new(&WAIT_BUCKETS),
             prefill_tokens: 0,
             forwards: 0,
-            latency_counts: [0; BUCKETS.len()],
-            latency_sum: 0.0,
-            latency_count: 0,
+            verify_latency: Histogram::new(&BUCKETS),
             drafted: 0,
             accepted: 0,
             emitted: 0,
@@ -122,15 +118,8 @@ impl Metrics {
 
     /// Records one verify: its latency, the block size and accepted count.
     pub fn verify(&self, latency: Duration, k: usize, accepted: usize) {
-        let s = latency.as_secs_f64();
         self.with(|m| {
-            for (i, b) in BUCKETS.iter().enumerate() {
-                if s <= *b {
-                    m.latency_counts[i] += 1;
-                }
-            }
-            m.latency_sum += s;
-            m.latency_count += 1;
+            m.verify_latency.observe(latency.as_secs_f64());
             m.drafted += k as u64;
             m.accepted += accepted as u64;
             m.emitted += accepted as u64 + 1;
@@ -163,53 +152,49 @@ impl Metrics {
 
     /// The exposition text; the gauges come from the store and the KV pool.
     pub fn render(&self, g: &Gauges) -> String {
-        let (sessions, bytes, evictions) = (g.sessions, g.bytes, g.evictions);
         self.with(|m| {
             let mut o = String::new();
-            m.batch_rows.render(&mut o, "tandem_verifier_batch_rows", "Rows (tokens) per forward of the scheduler.");
-            m.queue_wait.render(&mut o, "tandem_verifier_queue_wait_seconds", "Time a job waited in the scheduler's queue for its first rows.");
-            let _ = writeln!(o, "# HELP tandem_verifier_forwards_total Forwards run by the scheduler.\n# TYPE tandem_verifier_forwards_total counter\ntandem_verifier_forwards_total {}", m.forwards);
-            let _ = writeln!(o, "# HELP tandem_verifier_prefill_tokens_total Prompt rows prefilled.\n# TYPE tandem_verifier_prefill_tokens_total counter\ntandem_verifier_prefill_tokens_total {}", m.prefill_tokens);
-            let _ = writeln!(o, "# HELP tandem_verifier_kv_pages_used KV pages held by sessions.\n# TYPE tandem_verifier_kv_pages_used gauge\ntandem_verifier_kv_pages_used {}", g.pages_used);
-            let _ = writeln!(o, "# HELP tandem_verifier_kv_pages_free KV pages left in the pool.\n# TYPE tandem_verifier_kv_pages_free gauge\ntandem_verifier_kv_pages_free {}", g.pages_free);
-            let _ = writeln!(o, "# HELP tandem_verifier_kv_page_bytes Bytes of one KV page.\n# TYPE tandem_verifier_kv_page_bytes gauge\ntandem_verifier_kv_page_bytes {}", g.page_bytes);
-            let _ = writeln!(o, "# HELP tandem_verifier_identity_sessions Sessions held per device identity.\n# TYPE tandem_verifier_identity_sessions gauge");
-            for (id, n) in &g.per_identity {
-                let _ = writeln!(o, "tandem_verifier_identity_sessions{{identity=\"{}\"}} {n}", label_value(id));
-            }
-            let mut w = |s: String| o.push_str(&s);
-            w(format!("# HELP tandem_verifier_sessions Sessions held in the store.\n# TYPE tandem_verifier_sessions gauge\ntandem_verifier_sessions {sessions}\n"));
-            w(format!("# HELP tandem_verifier_session_bytes Bytes of KV cache held by sessions.\n# TYPE tandem_verifier_session_bytes gauge\ntandem_verifier_session_bytes {bytes}\n"));
-            w(format!("# HELP tandem_verifier_sessions_opened_total Sessions opened.\n# TYPE tandem_verifier_sessions_opened_total counter\ntandem_verifier_sessions_opened_total {}\n", m.sessions_opened));
-            w(format!("# HELP tandem_verifier_evictions_total Sessions evicted (budget, cap or TTL).\n# TYPE tandem_verifier_evictions_total counter\ntandem_verifier_evictions_total {evictions}\n"));
-            w("# HELP tandem_verifier_verify_seconds Verify latency (forward pass + verdict).\n# TYPE tandem_verifier_verify_seconds histogram\n".into());
-            for (i, b) in BUCKETS.iter().enumerate() {
-                w(format!(
-                    "tandem_verifier_verify_seconds_bucket{{le=\"{b}\"}} {}\n",
-                    m.latency_counts[i]
-                ));
-            }
-            w(format!(
-                "tandem_verifier_verify_seconds_bucket{{le=\"+Inf\"}} {c}\ntandem_verifier_verify_seconds_sum {}\ntandem_verifier_verify_seconds_count {c}\n",
-                m.latency_sum,
-                c = m.latency_count
-            ));
-            w(format!("# HELP tandem_verifier_drafted_tokens_total Draft tokens received.\n# TYPE tandem_verifier_drafted_tokens_total counter\ntandem_verifier_drafted_tokens_total {}\n", m.drafted));
-            w(format!("# HELP tandem_verifier_accepted_tokens_total Draft tokens accepted.\n# TYPE tandem_verifier_accepted_tokens_total counter\ntandem_verifier_accepted_tokens_total {}\n", m.accepted));
-            w(format!("# HELP tandem_verifier_emitted_tokens_total Tokens emitted (accepted + next token).\n# TYPE tandem_verifier_emitted_tokens_total counter\ntandem_verifier_emitted_tokens_total {}\n", m.emitted));
+            let o = &mut o;
+            scalar(o, "tandem_verifier_sessions", "gauge", "Sessions held in the store.", g.sessions);
+            scalar(o, "tandem_verifier_session_bytes", "gauge", "Bytes of KV cache held by sessions.", g.bytes);
+            scalar(o, "tandem_verifier_sessions_opened_total", "counter", "Sessions opened.", m.sessions_opened);
+            scalar(o, "tandem_verifier_evictions_total", "counter", "Sessions evicted (budget, cap or TTL).", g.evictions);
+            m.verify_latency.render(o, "tandem_verifier_verify_seconds", "Verify latency (queue wait + forward pass + verdict).");
+            scalar(o, "tandem_verifier_drafted_tokens_total", "counter", "Draft tokens received.", m.drafted);
+            scalar(o, "tandem_verifier_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted);
+            scalar(o, "tandem_verifier_emitted_tokens_total", "counter", "Tokens emitted (accepted + next token).", m.emitted);
             let rate = if m.drafted == 0 {
                 0.0
             } else {
                 m.accepted as f64 / m.drafted as f64
             };
-            w(format!("# HELP tandem_verifier_acceptance_rate Accepted / drafted tokens since start.\n# TYPE tandem_verifier_acceptance_rate gauge\ntandem_verifier_acceptance_rate {rate}\n"));
-            w("# HELP tandem_verifier_errors_total Refusals by reason.\n# TYPE tandem_verifier_errors_total counter\n".into());
+            scalar(o, "tandem_verifier_acceptance_rate", "gauge", "Accepted / drafted tokens since start.", rate);
+            let _ = writeln!(o, "# HELP tandem_verifier_errors_total Refusals by reason.\n# TYPE tandem_verifier_errors_total counter");
             for (r, n) in &m.errors {
                 let _ = writeln!(o, "tandem_verifier_errors_total{{reason=\"{r}\"}} {n}");
             }
-            o
+            m.batch_rows.render(o, "tandem_verifier_batch_rows", "Rows (tokens) per forward of the scheduler.");
+            m.queue_wait.render(o, "tandem_verifier_queue_wait_seconds", "Time a job waited in the scheduler's queue for its first rows.");
+            scalar(o, "tandem_verifier_forwards_total", "counter", "Forwards run by the scheduler.", m.forwards);
+            scalar(o, "tandem_verifier_prefill_tokens_total", "counter", "Prompt rows prefilled.", m.prefill_tokens);
+            scalar(o, "tandem_verifier_kv_pages_used", "gauge", "KV pages held by sessions.", g.pages_used);
+            scalar(o, "tandem_verifier_kv_pages_free", "gauge", "KV pages left in the pool.", g.pages_free);
+            scalar(o, "tandem_verifier_kv_page_bytes", "gauge", "Bytes of one KV page.", g.page_bytes);
+            let _ = writeln!(o, "# HELP tandem_verifier_identity_sessions Sessions held per device identity.\n# TYPE tandem_verifier_identity_sessions gauge");
+            for (id, n) in &g.per_identity {
+                let _ = writeln!(o, "tandem_verifier_identity_sessions{{identity=\"{}\"}} {n}", label_value(id));
+            }
+            std::mem::take(o)
         })
     }
+}
+
+/// One unlabelled metric: its HELP and TYPE lines and its value.
+fn scalar(o: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(
+        o,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.

@@ -62,6 +62,7 @@ pub struct SchedulerConfig {
 pub enum Work {
     /// Feed `tokens` at the end of the session's KV (a new context, or the
     /// part of a resumed one the KV does not hold), in chunks; no logits.
+    /// (The scheduler moves `tokens` into its queue entry on arrival.)
     Prefill { tokens: Vec<u32> },
     /// One forward over `[last, draft..]`, the verdict, and the KV rolled back
     /// to the accepted prefix; `draft` may be empty (a streaming step).
@@ -211,9 +212,10 @@ impl Worker {
         }
     }
 
-    fn enqueue(&mut self, (job, arrived): (Job, Instant)) {
-        let input = match &job.work {
-            Work::Prefill { tokens } => tokens.clone(),
+    fn enqueue(&mut self, (mut job, arrived): (Job, Instant)) {
+        let input = match &mut job.work {
+            // The rows move to `input`; the job keeps only its kind.
+            Work::Prefill { tokens } => std::mem::take(tokens),
             Work::Verify { draft, .. } => {
                 let mut v = Vec::with_capacity(draft.len() + 1);
                 v.extend(job.state.context.last().copied());
@@ -271,7 +273,7 @@ impl Worker {
                 self.metrics
                     .queue_wait(now.saturating_duration_since(p.arrived));
             }
-            let prefill = matches!(p.job.work, Work::Prefill { .. });
+            let prefill = p.is_prefill();
             if prefill {
                 prefill_rows += r;
             }

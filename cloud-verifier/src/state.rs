@@ -114,6 +114,14 @@ impl VerifierState {
         self.check_tokens(tokens)
     }
 
+    /// Positions a session with a context of `context_len` tokens reserves:
+    /// its KV plus room for one block (capped at the sequence limit).
+    pub fn room_for(&self, context_len: usize) -> usize {
+        context_len
+            .saturating_add(self.limits.max_block)
+            .min(self.max_seq_len)
+    }
+
     /// Gives `kv` pages for `tokens` positions, evicting idle sessions to
     /// make room (`owner`'s own first, never `keep`), within `owner`'s byte
     /// quota. Pages are reserved before any work is scheduled, so a forward

@@ -139,8 +139,7 @@ pub async fn draft(
     let (guard, mut st, outcome) = settle(guard, st, out)?;
     st.advance_round()?;
     // Keep pages for the next round's block, give back the rest.
-    let keep = st.kv.len().saturating_add(s.limits.max_block + 1);
-    st.kv.shrink_to(keep);
+    st.kv.shrink_to(s.room_for(st.context.len()));
     let ctx_len = st.context.len();
     guard.checkin(st);
     let (accepted, next_token, hidden, ctx_len) = match outcome {

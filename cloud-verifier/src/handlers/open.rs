@@ -110,10 +110,7 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
     let mut kv = s.new_kv();
     let todo = ctx.len() - 1;
     let permit = s.admission.prefill(who, todo).await?;
-    let room = ctx
-        .len()
-        .saturating_add(s.limits.max_block)
-        .min(s.max_seq_len);
+    let room = s.room_for(ctx.len());
     s.reserve(&mut kv, room, who, None)?;
     let st = SessionState::new(kv, ctx.clone(), sampling, o.first_round);
     let tokens = ctx[..todo].to_vec();
@@ -161,10 +158,7 @@ async fn open_split(
     let mut kv = s.new_kv();
     let todo = context.len() - 1;
     let permit = s.admission.prefill(who, todo).await?;
-    let room = context
-        .len()
-        .saturating_add(s.limits.max_block)
-        .min(s.max_seq_len);
+    let room = s.room_for(context.len());
     s.reserve(&mut kv, room, who, None)?;
     let mut st = SessionState::new(kv, context, sampling, o.first_round);
     st.split = Some(spec);

@@ -43,10 +43,7 @@ pub async fn resync(
         Ok(p) => p,
         Err(r) => return refused(st, r),
     };
-    let room = ctx
-        .len()
-        .saturating_add(s.limits.max_block)
-        .min(s.max_seq_len);
+    let room = s.room_for(ctx.len());
     if let Err(r) = s.reserve(&mut st.kv, room, who, Some(sid)) {
         return refused(st, r);
     }
