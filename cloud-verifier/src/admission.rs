@@ -7,8 +7,9 @@
 //! flood of long Opens can delay another's.
 
 use crate::error::Refusal;
+use crate::lock::lock;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tandem_proto::v1::Reason;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -59,13 +60,6 @@ pub struct Admission {
     limits: AdmissionLimits,
     identities: Mutex<HashMap<String, PerIdentity>>,
     inflight: Arc<Semaphore>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl Admission {

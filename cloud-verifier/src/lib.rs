@@ -31,6 +31,7 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod handlers;
+mod lock;
 pub mod metrics;
 pub mod scheduler;
 pub mod server;

@@ -109,11 +109,7 @@ pub struct Metrics {
 
 impl Metrics {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let mut g = match self.inner.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        f(&mut g)
+        f(&mut crate::lock::lock(&self.inner))
     }
 
     /// Records one verify: its latency, the block size and accepted count.

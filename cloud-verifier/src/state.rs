@@ -5,6 +5,7 @@
 
 use crate::admission::Admission;
 use crate::error::Refusal;
+use crate::lock::lock;
 use crate::metrics::{Gauges, Metrics};
 use crate::scheduler::{Done, Job, Outcome, Scheduler, Work};
 use crate::session::SessionState;
@@ -39,13 +40,6 @@ pub struct VerifierState {
     /// Per-session KV cap (positions): the configured `max_seq_len`.
     pub max_seq_len: usize,
     pub shutdown: watch::Receiver<bool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl VerifierState {

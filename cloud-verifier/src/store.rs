@@ -9,9 +9,10 @@
 //! (panic, cancelled stream), the entry is removed instead of staying checked
 //! out forever.
 
+use crate::lock::lock;
 use crate::session::SessionState;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Limits of the store.
@@ -308,13 +309,6 @@ impl SessionStore {
                 break;
             }
         }
-    }
-}
-
-fn lock(m: &Mutex<SessionStore>) -> MutexGuard<'_, SessionStore> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 

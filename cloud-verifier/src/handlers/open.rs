@@ -106,35 +106,51 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
             Err(_) => {} // lost or busy: recompute under a new id
         }
     }
-    let id = new_session_id();
-    let mut kv = s.new_kv();
-    let todo = ctx.len() - 1;
-    let permit = s.admission.prefill(who, todo).await?;
-    let room = s.room_for(ctx.len());
-    s.reserve(&mut kv, room, who, None)?;
-    let st = SessionState::new(kv, ctx.clone(), sampling, o.first_round);
-    let tokens = ctx[..todo].to_vec();
-    let (st, out) = s.run(who, &id, st, Work::Prefill { tokens }).await;
-    drop(permit);
-    let st = prefilled(st, out)?;
-    insert(s, who, id, st, ctx.len(), false)
+    // (check_context: at least one token.)
+    let tokens = ctx[..ctx.len() - 1].to_vec();
+    open_new(
+        s,
+        who,
+        ctx,
+        sampling,
+        o.first_round,
+        None,
+        Work::Prefill { tokens },
+    )
+    .await
 }
 
-/// Puts a prefilled session into the store and answers `Opened`.
-fn insert(
+/// A new session of `context`: admits its prefill, reserves its pages, runs
+/// `prefill` on the scheduler, puts it into the store and answers `Opened`.
+async fn open_new(
     s: &VerifierState,
     who: &Arc<str>,
-    id: Arc<str>,
-    st: SessionState,
-    context_len: usize,
-    split: bool,
+    context: Vec<u32>,
+    sampling: SamplingParams,
+    first_round: u64,
+    split: Option<SplitSpec>,
+    prefill: Work,
 ) -> Result<(Bound, Opened), Refusal> {
+    let id = new_session_id();
+    let mut kv = s.new_kv();
+    let context_len = context.len();
+    let permit = s
+        .admission
+        .prefill(who, context_len.saturating_sub(1))
+        .await?;
+    s.reserve(&mut kv, s.room_for(context_len), who, None)?;
+    let mut st = SessionState::new(kv, context, sampling, first_round);
+    st.split = split;
+    let (st, out) = s.run(who, &id, st, prefill).await;
+    drop(permit);
+    let st = prefilled(st, out)?;
     let epoch = s
         .store()
         .insert(id.to_string(), who.to_string(), st)
         .map_err(store_refusal)?;
     s.metrics.session_opened();
-    tracing::info!(session = %id, context_len, split, "session opened");
+    let layer = split.map(|sp| sp.layer);
+    tracing::info!(session = %id, context_len, split = ?layer, "session opened");
     let o = opened(s, &id, false, context_len);
     Ok((Bound { id, epoch }, o))
 }
@@ -154,22 +170,18 @@ async fn open_split(
         o.prompt_hidden.as_ref(),
         s.limits.max_prompt_tokens,
     )?;
-    let id = new_session_id();
-    let mut kv = s.new_kv();
-    let todo = context.len() - 1;
-    let permit = s.admission.prefill(who, todo).await?;
-    let room = s.room_for(context.len());
-    s.reserve(&mut kv, room, who, None)?;
-    let mut st = SessionState::new(kv, context, sampling, o.first_round);
-    st.split = Some(spec);
     let hidden = o.prompt_hidden;
-    let work = Work::Alone(Box::new(move |model, st| {
+    let prefill = Work::Alone(Box::new(move |model, st| {
         split::prefill(model, st, hidden.as_ref()).map(|()| Outcome::Prefilled)
     }));
-    let (st, out) = s.run(who, &id, st, work).await;
-    drop(permit);
-    let st = prefilled(st, out)?;
-    let len = st.context.len();
-    tracing::debug!(session = %id, split = spec.layer, pin_head = spec.pin_head, "split session");
-    insert(s, who, id, st, len, true)
+    open_new(
+        s,
+        who,
+        context,
+        sampling,
+        o.first_round,
+        Some(spec),
+        prefill,
+    )
+    .await
 }
