@@ -13,7 +13,9 @@
 //! `RAYON_NUM_THREADS=1` the call runs on the calling thread, so this compares
 //! kernels on a loaded machine: time spent descheduled does not count);
 //! `--no-candle` skips the candle column; `--only SUBSTR` keeps the tensors
-//! whose name or format contains SUBSTR.
+//! whose name or format contains SUBSTR; `--ms 1,24,40,64` sets the row
+//! counts (large m: a batched verifier forward). `G/s` is multiply-adds per
+//! second (rows × cols × m / time).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -66,6 +68,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .position(|a| a == "--only")
         .and_then(|p| args.get(p + 1))
         .cloned();
+    let ms: Vec<usize> = match args.iter().position(|a| a == "--ms") {
+        Some(p) => args
+            .get(p + 1)
+            .ok_or("--ms needs a value")?
+            .split(',')
+            .map(|v| v.trim().parse::<usize>())
+            .collect::<Result<_, _>>()?,
+        None => MS.to_vec(),
+    };
     let min_time = Duration::from_millis(if quick { 100 } else { 400 });
     let isas: Vec<Isa> = match args.iter().position(|a| a == "--isa") {
         Some(p) => match args.get(p + 1).map(String::as_str) {
@@ -103,7 +114,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
     ];
     println!(
-        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10} {:>8} {:>6} | {:>10} {:>6} {:>7}",
+        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10} {:>8} {:>7} {:>6} | {:>10} {:>6} {:>7}",
         "model",
         "tensor",
         "format",
@@ -112,6 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "isa",
         "us/call",
         "GB/s",
+        "G/s",
         "c(m)/c1",
         "candle us",
         "c(m)/c1",
@@ -142,7 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let short = file.split('-').nth(2).unwrap_or(file);
             for isa in &isas {
                 let mut base = (0f64, 0f64);
-                for m in MS {
+                for &m in &ms {
                     let x: Vec<f32> = (0..m * w.cols)
                         .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
                         .collect();
@@ -159,11 +171,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     } else {
                         f64::NAN
                     };
-                    if m == 1 {
+                    if base.0 == 0.0 {
                         base = (t, tc);
                     }
                     println!(
-                        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10.1} {:>8.1} {:>6.2} | {:>10.1} {:>6.2} {:>6.2}x",
+                        "{:<10} {:<22} {:>6} {:>11} {:>3} | {:<10} {:>10.1} {:>8.1} {:>7.1} {:>6.2} | {:>10.1} {:>6.2} {:>6.2}x",
                         short,
                         name,
                         format!("{:?}", w.format),
@@ -172,6 +184,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         isa.name(),
                         t * 1e6,
                         w.data.len() as f64 / t / 1e9,
+                        (w.rows * w.cols * m) as f64 / t / 1e9,
                         t / base.0,
                         tc * 1e6,
                         tc / base.1,

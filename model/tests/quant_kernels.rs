@@ -223,7 +223,9 @@ fn every_isa_matches_the_scalar_reference_bit_for_bit() {
 #[test]
 fn odd_block_counts_and_every_row_split_match_the_scalar_reference() {
     // Rows of 1, 3, 5 and 7 blocks (the AVX-512 Q4_0/Q5_0/Q8_0 kernels take
-    // blocks in pairs; a lone last block takes the padded path) and every
+    // blocks in pairs; a lone last block takes the padded path), 9 and 19
+    // (rows longer than the prefetch distance and than a kernel that
+    // unpacks a few blocks at a time would take at once), and every
     // m from 1 to 19 (passes of up to 8 rows, then the remainder), with both
     // an exact-activation reference check and bit-exactness against scalar.
     for f in ALL_FORMATS {
@@ -232,7 +234,7 @@ fn odd_block_counts_and_every_row_split_match_the_scalar_reference() {
         } else {
             16
         };
-        for nblocks in [1, 3, 5, 7] {
+        for nblocks in [1, 3, 5, 7, 9, 19] {
             let (rows, cols) = (11, unit * nblocks);
             let data = random_bytes_matrix(f, rows, cols, 21 + nblocks as u64);
             let w = QMatrix::new(f, rows, cols, &data).unwrap();
