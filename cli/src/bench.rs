@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use tandem_fetch::{ensure_model, ModelRole, Progress};
+use tandem_model::proposer::ProposerKind;
 use worker::{MicroPlan, SpecPlan};
 
 /// The shared prompt set, built in so the binary runs from anywhere.
@@ -76,6 +77,11 @@ impl Engine {
     }
 }
 
+fn parse_proposer(s: &str) -> std::result::Result<ProposerKind, String> {
+    s.parse()
+        .map_err(|e: tandem_model::ModelError| e.to_string())
+}
+
 /// What a hidden worker invocation measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkerKind {
@@ -120,6 +126,10 @@ pub struct Args {
     /// Draft block length of the speculative comparison.
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Proposers of the speculative comparison, comma-separated (each runs
+    /// after the same prompt's target-only generation): draft, lookup, auto.
+    #[arg(long, value_delimiter = ',', default_values = ["draft"], value_parser = parse_proposer)]
+    proposers: Vec<ProposerKind>,
     /// Prompt set (JSON lines with id, kind, prompt, max_tokens); default: the
     /// built-in prompts/default.jsonl.
     #[arg(long)]
@@ -243,6 +253,7 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
             let plan = SpecPlan {
                 prompts,
                 k: args.k,
+                proposers: args.proposers.clone(),
                 max_tokens_cap: res.spec_cap,
                 threads: res.threads,
             };
@@ -548,25 +559,27 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
         });
     }
 
-    let (mut speculative, mut speculative_error) = (None, None);
+    let (mut speculative, mut speculative_error) = (Vec::new(), None);
     if engines.contains(&Engine::Tandem) && res.spec_prompts > 0 {
         progress(&format!(
             "speculative vs target-only on {} prompts ...",
             res.spec_prompts
         ));
         let mut cmd = self_worker(res, "spec")?;
+        let proposers: Vec<&str> = args.proposers.iter().map(|p| p.name()).collect();
         cmd.args(["--spec-prompts", &res.spec_prompts.to_string()])
-            .args(["--k", &args.k.to_string()]);
+            .args(["--k", &args.k.to_string()])
+            .args(["--proposers", &proposers.join(",")]);
         if args.quick {
             cmd.arg("--quick");
         }
         if let Some(p) = &args.prompts {
             cmd.arg("--prompts").arg(p);
         }
-        match run_child::<SpecReport>(cmd, "speculative") {
+        match run_child::<Vec<SpecReport>>(cmd, "speculative") {
             Ok(s) => {
-                all_ok &= s.identical;
-                speculative = Some(s);
+                all_ok &= s.iter().all(|r| r.identical);
+                speculative = s;
             }
             Err(e) => {
                 all_ok = false;
@@ -595,6 +608,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             verify_ks: VERIFY_KS.to_vec(),
             spec_prompts: res.spec_prompts,
             spec_k: args.k,
+            spec_proposers: args.proposers.clone(),
             spec_max_tokens_cap: res.spec_cap,
         },
         models: reports,
@@ -607,10 +621,11 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
     } else {
         print!("{}", render(&report));
     }
-    if let Some(s) = &report.speculative {
+    for s in &report.speculative {
         if !s.identical {
             eprintln!(
-                "MISMATCH: speculative output differs from target-only output on prompt(s) {}",
+                "MISMATCH: speculative output ({} proposer) differs from target-only output on prompt(s) {}",
+                s.proposer,
                 s.mismatches.join(", ")
             );
             bail!("speculative decoding changed the greedy output (MISMATCH)");
@@ -780,33 +795,40 @@ fn render(r: &BenchReport) -> String {
          Tandem's forward with the head over the last position only, the same work as \
          candle's forward; below them, tandem's time ÷ the other's (<1: Tandem faster)."
     );
-    if let Some(sp) = &r.speculative {
+    if let Some(sp) = r.speculative.first() {
         let _ = writeln!(
             o,
-            "\nlocal speculative decoding (draft + target, greedy, k = {}, {} prompts, {} threads)",
+            "\nlocal speculative decoding (greedy, k = {}, {} prompts, {} threads; proposers \
+             draft = the draft model, lookup = prompt lookup, auto = per round)",
             sp.k, sp.prompts, sp.threads
         );
         let _ = writeln!(
             o,
-            "  target only   {:>7.1} tok/s  ({} tokens in {:.1} s)",
+            "  target only       {:>7.1} tok/s  ({} tokens in {:.1} s)",
             sp.target_only.tok_s, sp.target_only.tokens, sp.target_only.seconds
         );
+    }
+    for sp in &r.speculative {
+        let b = &sp.by_proposer;
         let _ = writeln!(
             o,
-            "  speculative   {:>7.1} tok/s  ({} tokens in {:.1} s)  {:.2}× target only",
-            sp.speculative.tok_s, sp.speculative.tokens, sp.speculative.seconds, sp.speedup
-        );
-        let _ = writeln!(
-            o,
-            "  acceptance {:.1} %, mean accepted length {:.2} per round of {}",
+            "  {:<7} proposer {:>7.1} tok/s  ({} tokens in {:.1} s)  {:.2}× target only; \
+             acceptance {:.1} %, {:.2} accepted per round; rounds: draft {}, lookup {}, none {}",
+            sp.proposer.name(),
+            sp.speculative.tok_s,
+            sp.speculative.tokens,
+            sp.speculative.seconds,
+            sp.speedup,
             sp.acceptance_rate * 100.0,
             sp.mean_accepted_len,
-            sp.k
+            b.draft.rounds,
+            b.lookup.rounds,
+            b.none_rounds
         );
         if sp.identical {
             let _ = writeln!(
                 o,
-                "  output identical to target-only on {}/{} prompts",
+                "          output identical to target-only on {}/{} prompts",
                 sp.prompts, sp.prompts
             );
         } else {

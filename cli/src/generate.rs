@@ -8,6 +8,7 @@ use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
+use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
     generate_single, generate_speculative, GenStats, GenerateConfig, Generation, Mode, StopReason,
@@ -31,6 +32,11 @@ pub struct Args {
     /// Draft block length (1..=16).
     #[arg(long, default_value_t = 4)]
     pub k: usize,
+    /// What proposes each block: the draft model, prompt lookup (no model:
+    /// continues text that already occurred), or auto (per round, whichever
+    /// promises more tokens per second). Local speculative mode only for now.
+    #[arg(long, default_value = "draft", value_parser = parse_proposer)]
+    pub proposer: ProposerKind,
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
     /// 0 = greedy (output identical to the target's own greedy output).
@@ -59,6 +65,11 @@ pub struct Args {
     pub remote: crate::remote::RemoteArgs,
 }
 
+fn parse_proposer(s: &str) -> std::result::Result<ProposerKind, String> {
+    s.parse()
+        .map_err(|e: tandem_model::ModelError| e.to_string())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModeArg {
     Draft,
@@ -84,6 +95,7 @@ pub struct JsonOutput {
     pub tokens: Vec<u32>,
     pub stop: StopReason,
     pub k: Option<usize>,
+    pub proposer: Option<ProposerKind>,
     pub sampling: SamplingParams,
     pub load_ms: f64,
     pub peak_rss_bytes: Option<u64>,
@@ -100,6 +112,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let cfg_probe = GenerateConfig {
         k: args.k,
+        proposer: args.proposer,
         sampling,
         ..GenerateConfig::default()
     };
@@ -124,6 +137,11 @@ pub fn run(args: Args) -> Result<()> {
         anyhow::ensure!(
             args.target_model.is_none(),
             "--target-model is not used with --verifier (the verifier loads the target)"
+        );
+        anyhow::ensure!(
+            args.proposer == ProposerKind::Draft,
+            "--proposer {} is not available with --verifier yet (the edge runtime drafts with the draft model only)",
+            args.proposer
         );
         return crate::remote::run(&args, &prompt, cfg_probe);
     }
@@ -203,6 +221,7 @@ pub fn run(args: Args) -> Result<()> {
             tokens: g.tokens.clone(),
             stop: g.stop,
             k: (mode == Mode::Speculative).then_some(cfg.k),
+            proposer: (mode == Mode::Speculative).then_some(cfg.proposer),
             sampling: cfg.sampling,
             load_ms,
             peak_rss_bytes: peak_rss_bytes(),
@@ -228,7 +247,8 @@ pub fn human_stats(mode: Mode, g: &Generation, cfg: &GenerateConfig, load_ms: f6
     ));
     if mode == Mode::Speculative {
         o.push_str(&format!(
-            "    k={} rounds {}, acceptance {:.1}%, mean accepted length {:.2}, target forwards {} ({:.2} per token)\n",
+            "    proposer {} k={} rounds {}, acceptance {:.1}%, mean accepted length {:.2}, target forwards {} ({:.2} per token)\n",
+            cfg.proposer,
             cfg.k,
             s.rounds,
             s.acceptance_rate * 100.0,
@@ -250,6 +270,19 @@ pub fn human_stats(mode: Mode, g: &Generation, cfg: &GenerateConfig, load_ms: f6
         o.push_str(&format!(
             "    per-position acceptance: [{}]\n",
             per.join(" ")
+        ));
+        let p = &s.proposers;
+        let line = |name: &str, st: &tandem_model::proposer::ProposerStat| {
+            format!(
+                "{name} {} rounds {}/{} accepted",
+                st.rounds, st.accepted, st.drafted
+            )
+        };
+        o.push_str(&format!(
+            "    by proposer: {}, {}, no proposal {} rounds\n",
+            line("draft", &p.draft),
+            line("lookup", &p.lookup),
+            p.none_rounds
         ));
     }
     o

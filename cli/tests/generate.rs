@@ -49,6 +49,33 @@ fn speculative_json_equals_target_json() {
     assert!(st["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(s["mode"], "speculative");
     assert_eq!(s["k"], 5);
+    assert_eq!(s["proposer"], "draft");
+    // Prompt lookup and the per-round choice give the same tokens.
+    for proposer in ["lookup", "auto"] {
+        let p = run_json(&[
+            "--proposer",
+            proposer,
+            "--k",
+            "5",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "24",
+        ]);
+        assert_eq!(t["tokens"], p["tokens"], "--proposer {proposer}");
+        assert_eq!(p["proposer"], proposer);
+        let by = &p["stats"]["proposers"];
+        let rounds = |who: &str| by[who]["rounds"].as_u64().unwrap();
+        assert_eq!(
+            rounds("draft") + rounds("lookup") + by["none_rounds"].as_u64().unwrap(),
+            p["stats"]["rounds"].as_u64().unwrap(),
+            "{p}"
+        );
+        if proposer == "lookup" {
+            assert_eq!(rounds("draft"), 0);
+            assert_eq!(p["stats"]["draft_forwards"], 0);
+        }
+    }
     // Draft-only is a different model: it must at least produce text.
     let d = run_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
     assert_eq!(d["tokens"].as_array().unwrap().len(), 8);
@@ -95,6 +122,21 @@ fn bad_input_gets_clear_errors() {
     expect_error(&["--k", "17", "--prompt", "x"], "k = 17");
     expect_error(&["--temperature", "-1", "--prompt", "x"], "temperature");
     expect_error(&["--prompt", "   "], "empty");
+    expect_error(
+        &["--proposer", "ngram", "--prompt", "x"],
+        "unknown proposer",
+    );
+    expect_error(
+        &[
+            "--verifier",
+            "https://127.0.0.1:9",
+            "--proposer",
+            "lookup",
+            "--prompt",
+            "x",
+        ],
+        "not available with --verifier",
+    );
     expect_error(
         &["--draft-model", "/nonexistent/x.gguf", "--prompt", "x"],
         "does not exist",

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tandem_model::kv_cache::KvCache;
+use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::{
     apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
@@ -289,6 +290,16 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
+        if gen.proposer != ProposerKind::Draft {
+            // Until the round loop takes a proposer (issue 21), say so rather
+            // than silently drafting with the model.
+            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
+                format!(
+                    "proposer {} is not supported by the edge runtime yet (only draft)",
+                    gen.proposer
+                ),
+            )));
+        }
         let Some(connector) = self.connector.clone() else {
             return self.generate_local(prompt, gen, on_event);
         };

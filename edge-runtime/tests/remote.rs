@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, TokenStatus};
+use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -149,6 +150,15 @@ fn no_verifier_means_local_tokens_equal_to_draft_only() {
     assert!(g.statuses.iter().all(|s| *s == TokenStatus::Local));
     assert_eq!(g.stats.local_tokens, 20);
     assert_eq!(g.stats.bytes_sent, 0);
+    // A proposer the runtime cannot run yet is refused, not silently replaced.
+    for proposer in [ProposerKind::Lookup, ProposerKind::Auto] {
+        let cfg = GenerateConfig {
+            proposer,
+            ..gen_cfg(4, 20)
+        };
+        let e = edge.generate(PROMPT, &cfg, &mut |_| true).unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
+    }
 }
 
 fn free_addr() -> SocketAddr {

@@ -15,12 +15,15 @@
 //! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, seeded.
 //! - [`verify`]: speculative verification math (greedy prefix match and lossless
 //!   rejection sampling), pure functions.
+//! - [`proposer`]: what proposes a round's tokens: the draft model, prompt lookup
+//!   (an n-gram index of the history), or a per-round choice between them.
 //! - [`speculative`]: local (single-process) speculative decoding loop.
 
 pub mod error;
 pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;
+pub mod proposer;
 pub mod quant;
 pub mod qwen2;
 pub mod sampling;

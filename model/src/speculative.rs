@@ -1,6 +1,7 @@
 //! Generation loops in one process: draft-only, target-only, and speculative
-//! decoding with the draft proposing blocks of `k` tokens and the target
-//! verifying each block in one forward pass.
+//! decoding with a proposer ([`crate::proposer`]: the draft model, prompt
+//! lookup, or a per-round choice) offering blocks of up to `k` tokens and the
+//! target verifying each block in one forward pass.
 //!
 //! In greedy mode the speculative output is token for token the target's own
 //! greedy output: the verifier compares against the target's argmax, and the
@@ -8,6 +9,7 @@
 //! in (see [`crate::qwen2`]).
 
 use crate::kv_cache::KvCache;
+use crate::proposer::{AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
 use crate::qwen2::Qwen2Model;
 use crate::sampling::{self, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
 use crate::verify::{verdict_from_logits, Verdict};
@@ -39,6 +41,8 @@ pub struct GenerateConfig {
     pub draft_top_k: usize,
     /// Tokens that end the generation (not emitted).
     pub stop_tokens: Vec<u32>,
+    /// What proposes the draft tokens (speculative mode).
+    pub proposer: ProposerKind,
 }
 
 impl Default for GenerateConfig {
@@ -49,6 +53,7 @@ impl Default for GenerateConfig {
             sampling: SamplingParams::default(),
             draft_top_k: 32,
             stop_tokens: Vec::new(),
+            proposer: ProposerKind::Draft,
         }
     }
 }
@@ -113,6 +118,9 @@ pub struct GenStats {
     pub per_position: Vec<PositionStat>,
     pub target_forwards: u64,
     pub draft_forwards: u64,
+    /// Rounds, drafted and accepted tokens per proposer.
+    #[serde(default)]
+    pub proposers: ProposerStats,
 }
 
 impl GenStats {
@@ -285,7 +293,73 @@ pub fn generate_single(
     })
 }
 
-/// Speculative decoding with a draft and a target model in this process.
+/// The draft model as a proposer. Its cache holds a prefix of the history
+/// (and, during a round, the block it drafts); the tokens past that prefix are
+/// fed on its next use, so a generation that never asks the draft never pays
+/// for its prefill.
+struct DraftModel<'m> {
+    model: &'m Qwen2Model,
+    cache: KvCache,
+}
+
+impl DraftModel<'_> {
+    /// History tokens the draft has not seen.
+    fn backlog(&self, history: &[u32]) -> usize {
+        history.len().saturating_sub(self.cache.len())
+    }
+
+    /// Draft `k` tokens after `history` (which ends with a token the draft
+    /// has not seen), with their distributions in sampled mode.
+    fn propose(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        cfg: &GenerateConfig,
+        rng: &mut Sampler,
+        stats: &mut GenStats,
+        chooser: &mut AutoChooser,
+    ) -> Result<(Vec<u32>, Vec<Distribution>)> {
+        let params = &cfg.sampling;
+        let mut pending = history[self.cache.len().min(history.len())..].to_vec();
+        let mut block = Vec::with_capacity(k);
+        let mut qs = Vec::new();
+        let mut dhist = history.to_vec();
+        for _ in 0..k {
+            let t = Instant::now();
+            let l = self
+                .model
+                .forward_last(&pending, self.cache.len(), &mut self.cache)?;
+            chooser.draft_forward(pending.len(), t.elapsed());
+            stats.draft_forwards += 1;
+            let d = if params.is_greedy() {
+                pick(params, &l, &dhist, rng)
+            } else {
+                let q = top_k_truncate(&distribution(params, &l, &dhist), cfg.draft_top_k);
+                let d = rng.sample(&q);
+                qs.push(q);
+                d
+            };
+            block.push(d);
+            dhist.push(d);
+            pending.clear();
+            pending.push(d);
+        }
+        // The last drafted token is not fed: it may be rejected.
+        Ok((block, qs))
+    }
+
+    /// After a verdict: the first `verified` history positions are final;
+    /// the cache keeps what it holds of them.
+    fn rollback(&mut self, verified: usize) {
+        if self.cache.len() > verified {
+            self.cache.truncate(verified);
+        }
+    }
+}
+
+/// Speculative decoding with a draft and a target model in this process;
+/// `cfg.proposer` chooses what proposes each block (with
+/// [`ProposerKind::Lookup`] the draft model is never run).
 pub fn generate_speculative(
     draft: &Qwen2Model,
     target: &Qwen2Model,
@@ -302,8 +376,11 @@ pub fn generate_speculative(
         )));
     }
     let mut tcache = target.new_cache();
-    let mut dcache = draft.new_cache();
-    let capacity = tcache.capacity().min(dcache.capacity());
+    let mut drafter = DraftModel {
+        model: draft,
+        cache: draft.new_cache(),
+    };
+    let capacity = tcache.capacity().min(drafter.cache.capacity());
     check_prompt(prompt, capacity)?;
     let start = Instant::now();
     let mut stats = GenStats {
@@ -332,9 +409,9 @@ pub fn generate_speculative(
     } else {
         em.emit(last);
     }
-    // Tokens the draft has not yet seen, beginning with the prompt.
-    let mut draft_pending: Vec<u32> = prompt.to_vec();
-    draft_pending.push(last);
+    let mut index = NgramIndex::new();
+    index.extend(&history);
+    let mut chooser = AutoChooser::default();
 
     while em.stop.is_none() {
         // Never draft past the cache or past max_tokens (+1 for the token the
@@ -346,42 +423,53 @@ pub fn generate_speculative(
             em.stop = Some(StopReason::ContextFull);
             break;
         }
-        // Draft k tokens.
-        let mut block = Vec::with_capacity(k);
-        let mut qs: Vec<Distribution> = Vec::new();
-        let mut dhist = history.clone();
-        for _ in 0..k {
-            let pos = dcache.len();
-            let l = draft.forward_last(&draft_pending, pos, &mut dcache)?;
-            stats.draft_forwards += 1;
-            let d = if params.is_greedy() {
-                pick(params, &l, &dhist, &mut rng)
-            } else {
-                let q = top_k_truncate(&distribution(params, &l, &dhist), cfg.draft_top_k);
-                let d = rng.sample(&q);
-                qs.push(q);
-                d
-            };
-            block.push(d);
-            dhist.push(d);
-            draft_pending.clear();
-            draft_pending.push(d);
-        }
-        // The last drafted token has not been fed to the draft yet; it stays pending.
+        let lookup = || index.propose(&history, k).0;
+        let (source, len) = match cfg.proposer {
+            ProposerKind::Draft => (Source::Draft, k),
+            ProposerKind::Lookup => match lookup().len() {
+                0 => (Source::Nothing, 0),
+                n => (Source::Lookup, n),
+            },
+            ProposerKind::Auto => chooser.choose(
+                &stats.proposers,
+                lookup().len(),
+                k,
+                drafter.backlog(&history),
+            ),
+        };
+        let (block, qs) = match source {
+            Source::Draft => {
+                drafter.propose(&history, len, cfg, &mut rng, &mut stats, &mut chooser)?
+            }
+            Source::Lookup => {
+                let block = index.propose(&history, len).0;
+                // A lookup proposal is a point mass (q = 1).
+                let qs = if params.is_greedy() {
+                    Vec::new()
+                } else {
+                    block.iter().map(|&t| Distribution::point(t)).collect()
+                };
+                (block, qs)
+            }
+            Source::Nothing => (Vec::new(), Vec::new()),
+        };
 
-        // Verify [last, d1..dk] in one target forward.
+        // Verify [last, block..] in one target forward.
         let base = tcache.len();
-        let mut input = Vec::with_capacity(k + 1);
+        let mut input = Vec::with_capacity(block.len() + 1);
         input.push(last);
         input.extend_from_slice(&block);
+        let t = Instant::now();
         let tl = target.forward(&input, base, &mut tcache)?;
+        chooser.target_forward(input.len(), t.elapsed());
         stats.target_forwards += 1;
         let verdict: Verdict = verdict_from_logits(params, &history, &block, &qs, &tl, &mut rng)?;
-        stats.record_round(k, verdict.accepted);
         let n = verdict.accepted;
-        // Roll both caches back to [.., last, d1..dn].
+        stats.record_round(block.len(), n);
+        stats.proposers.record(source, block.len(), n);
+        // Both caches keep [.., last, d1..dn].
         tcache.truncate(base + 1 + n);
-        rollback_draft(&mut dcache, &mut draft_pending, base + 1 + n, &block[..n]);
+        drafter.rollback(base + 1 + n);
         for &t in &block[..n] {
             history.push(t);
             if !em.emit(t) {
@@ -393,7 +481,7 @@ pub fn generate_speculative(
         }
         last = verdict.next_token;
         history.push(last);
-        draft_pending.push(last);
+        index.extend(&history);
         em.emit(last);
     }
     let stop = em.stop.unwrap_or(StopReason::MaxTokens);
@@ -404,23 +492,4 @@ pub fn generate_speculative(
         stop,
         stats,
     })
-}
-
-/// After a verdict, make the draft cache hold exactly the first `keep` positions
-/// and queue whatever accepted tokens it has not seen yet.
-fn rollback_draft(cache: &mut KvCache, pending: &mut Vec<u32>, keep: usize, accepted: &[u32]) {
-    // Before this call the cache holds [.., last, d1..d(k-1)] and `pending` is
-    // [dk]. Positions up to `keep` are [.., last, d1..dn].
-    let have = cache.len();
-    if have >= keep {
-        cache.truncate(keep);
-        pending.clear();
-    } else {
-        // All k accepted: dk is accepted but not in the cache.
-        debug_assert_eq!(have + 1, keep);
-        pending.clear();
-        if let Some(&dk) = accepted.last() {
-            pending.push(dk);
-        }
-    }
 }

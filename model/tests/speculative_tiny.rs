@@ -1,7 +1,9 @@
 //! Local speculative decoding on tiny random models: greedy output equals the
-//! target's own greedy output for every k, and argument errors are clear.
+//! target's own greedy output for every k and every proposer, and argument
+//! errors are clear.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
@@ -70,6 +72,68 @@ fn greedy_speculative_equals_target_for_every_k() {
         total_accepted > 0 && total_rejected > 0,
         "{total_accepted} / {total_rejected}"
     );
+}
+
+#[test]
+fn greedy_output_is_the_targets_for_every_proposer_and_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = pair(dir.path(), 256);
+    // Prompts with repeated n-grams (lookup has something to find) and without.
+    let prompts = [
+        vec![10u32, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11],
+        vec![100, 7, 42, 42, 9],
+        (0..40).map(|i| (i % 7) as u32 + 3).collect::<Vec<_>>(),
+    ];
+    let (mut lookup_rounds, mut lookup_accepted, mut auto_lookup, mut plain) = (0, 0, 0, 0);
+    for (pi, prompt) in prompts.iter().enumerate() {
+        let base = GenerateConfig {
+            max_tokens: 48,
+            ..GenerateConfig::default()
+        };
+        let reference = generate_single(&target, prompt, &base, &mut |_| true).unwrap();
+        for proposer in ProposerKind::ALL {
+            for k in [1, 3, 4, 16] {
+                let cfg = GenerateConfig {
+                    k,
+                    proposer,
+                    ..base.clone()
+                };
+                let mut streamed = Vec::new();
+                let g = generate_speculative(&draft, &target, prompt, &cfg, &mut |t| {
+                    streamed.push(t);
+                    true
+                })
+                .unwrap();
+                let what = format!("prompt {pi} {proposer} k={k}");
+                assert_eq!(g.tokens, reference.tokens, "{what}");
+                assert_eq!(streamed, g.tokens, "{what}");
+                let p = g.stats.proposers;
+                assert_eq!(
+                    p.draft.rounds + p.lookup.rounds + p.none_rounds,
+                    g.stats.rounds,
+                    "{what}"
+                );
+                assert_eq!(p.draft.accepted + p.lookup.accepted, g.stats.accepted);
+                match proposer {
+                    ProposerKind::Draft => assert_eq!(p.draft.rounds, g.stats.rounds),
+                    ProposerKind::Lookup => {
+                        assert_eq!(
+                            g.stats.draft_forwards, 0,
+                            "{what}: lookup never runs the draft"
+                        );
+                        assert_eq!(p.draft.rounds, 0);
+                        lookup_rounds += p.lookup.rounds;
+                        lookup_accepted += p.lookup.accepted;
+                        plain += p.none_rounds;
+                    }
+                    ProposerKind::Auto => auto_lookup += p.lookup.rounds,
+                }
+            }
+        }
+    }
+    // Lookup proposed, was right at least once, and found nothing at times.
+    assert!(lookup_rounds > 0 && lookup_accepted > 0 && plain > 0);
+    assert!(auto_lookup > 0, "auto never chose lookup");
 }
 
 #[test]

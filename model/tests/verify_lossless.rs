@@ -10,6 +10,8 @@
 //! - the pair (first, second) against p(e1) · p(e2 | e1), i.e. the second token
 //!   given the first.
 //!
+//! The same test runs with prompt-lookup proposals (point masses, q = 1).
+//!
 //! The seeds are fixed, so the outcome is deterministic and cannot flake; the
 //! threshold is p > 1e-4. Negative controls run the same test on deliberately wrong
 //! rules and require p < 1e-4, showing the test has the power to fail.
@@ -206,6 +208,25 @@ struct Outcome {
 
 /// Runs `DRAWS` two-token generations with draft length `k` under `rule`.
 fn simulate(k: usize, rule: Rule, seed: u64) -> Outcome {
+    simulate_with(k, rule, seed, Proposal::DraftModel)
+}
+
+/// What drafts the toy rounds.
+#[derive(Clone, Copy)]
+enum Proposal {
+    /// Samples from the draft's truncated distribution q.
+    DraftModel,
+    /// Prompt lookup: a token fixed by the context (some the target forbids),
+    /// proposed as a point mass (q = 1), as `tandem_model::proposer` does.
+    Lookup,
+}
+
+/// The toy lookup's token after `ctx`.
+fn lookup_token(ctx: &[u32]) -> u32 {
+    (prefix_hash(ctx) % V as u64) as u32
+}
+
+fn simulate_with(k: usize, rule: Rule, seed: u64, proposal: Proposal) -> Outcome {
     let mut draft_rng = Sampler::new(seed);
     let mut verify_rng = Sampler::new(seed ^ 0x5EED_F7E5);
     let mut first = vec![0u64; V];
@@ -217,9 +238,15 @@ fn simulate(k: usize, rule: Rule, seed: u64) -> Outcome {
             let mut ctx = out.clone();
             let (mut d, mut q, mut q_full) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..k {
-                let qi = q_of(&ctx);
+                let (qi, qf) = match proposal {
+                    Proposal::DraftModel => (q_of(&ctx), q_full_of(&ctx)),
+                    Proposal::Lookup => {
+                        let t = Distribution::point(lookup_token(&ctx));
+                        (t.clone(), t)
+                    }
+                };
                 let t = draft_rng.sample(&qi);
-                q_full.push(q_full_of(&ctx));
+                q_full.push(qf);
                 q.push(qi);
                 d.push(t);
                 ctx.push(t);
@@ -313,6 +340,41 @@ fn sampled_verification_is_lossless_for_k_1_2_3() {
             "k={k}: second token | first not ~ p: {c2:?}"
         );
     }
+}
+
+#[test]
+fn lookup_point_mass_proposals_are_lossless_for_k_1_2_3() {
+    // The toy lookup must be right sometimes and wrong sometimes, and must
+    // propose a token the target forbids somewhere, or the check is trivial.
+    let p = p_of(&[]);
+    let hits = (0..V as u32)
+        .map(|a| p_of(&[a]).prob(lookup_token(&[a])))
+        .filter(|&pr| pr > 0.0)
+        .count();
+    assert!(hits > 0 && hits < V, "lookup hits {hits} of {V}");
+    assert!(p.len() < V);
+    for k in 1..=3 {
+        let o = simulate_with(k, correct_rule, 2000 + k as u64, Proposal::Lookup);
+        let (c1, c2) = tests_for(&o);
+        let accept_rate = o.accepted_total as f64 / (o.verifies * k) as f64;
+        println!(
+            "lookup k={k}: verifies={} acceptance={accept_rate:.3} first p={:.4} pair p={:.4}",
+            o.verifies, c1.p_value, c2.p_value
+        );
+        assert!(
+            accept_rate > 0.02 && accept_rate < 0.98,
+            "acceptance {accept_rate}"
+        );
+        assert!(c1.p_value > ALPHA, "k={k}: first token not ~ p: {c1:?}");
+        assert!(c2.p_value > ALPHA, "k={k}: pair not ~ p: {c2:?}");
+    }
+    // Negative control: accepting every looked-up token is detected.
+    let o = simulate_with(2, always_accept_rule, 2100, Proposal::Lookup);
+    let (c1, c2) = tests_for(&o);
+    assert!(
+        c1.p_value < ALPHA || c2.p_value < ALPHA,
+        "always-accept with lookup not detected: {c1:?} {c2:?}"
+    );
 }
 
 #[test]

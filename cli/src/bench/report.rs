@@ -4,9 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tandem_model::proposer::{ProposerKind, ProposerStats};
 
 /// Version of the `--json` document; bump when a field changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Cost of one forward over `k` tokens at a context of `context` tokens.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -225,6 +226,8 @@ pub struct SpecPrompt {
     pub rounds: u64,
     pub drafted: u64,
     pub accepted: u64,
+    /// Rounds, drafted and accepted tokens per proposer.
+    pub by_proposer: ProposerStats,
     pub identical: bool,
     /// First index where the two token sequences differ.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -243,6 +246,8 @@ pub struct Throughput {
 /// Greedy target-only vs speculative decoding, draft and target in one process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SpecReport {
+    /// What proposed the blocks (`--proposers`; one report each).
+    pub proposer: ProposerKind,
     pub k: usize,
     pub threads: usize,
     pub prompts: usize,
@@ -257,6 +262,8 @@ pub struct SpecReport {
     pub acceptance_rate: f64,
     /// accepted / rounds.
     pub mean_accepted_len: f64,
+    /// Rounds, drafted and accepted tokens per proposer, over all prompts.
+    pub by_proposer: ProposerStats,
     /// Every prompt's speculative tokens equal its target-only tokens.
     pub identical: bool,
     pub mismatches: Vec<String>,
@@ -287,6 +294,7 @@ pub struct Settings {
     pub verify_ks: Vec<usize>,
     pub spec_prompts: usize,
     pub spec_k: usize,
+    pub spec_proposers: Vec<ProposerKind>,
     pub spec_max_tokens_cap: Option<usize>,
 }
 
@@ -299,8 +307,9 @@ pub struct BenchReport {
     pub machine: Machine,
     pub settings: Settings,
     pub models: Vec<ModelReport>,
-    /// Absent when not run (`--spec-prompts 0`, or tandem not among the engines).
-    pub speculative: Option<SpecReport>,
+    /// One report per proposer; empty when not run (`--spec-prompts 0`, or
+    /// tandem not among the engines).
+    pub speculative: Vec<SpecReport>,
     /// Speculative-run failure, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative_error: Option<String>,

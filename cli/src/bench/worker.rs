@@ -10,6 +10,7 @@ use candle_transformers::models::quantized_qwen2::ModelWeights;
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Instant;
+use tandem_model::proposer::{ProposerKind, ProposerStats};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::{argmax, SamplingParams};
 use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
@@ -276,6 +277,8 @@ pub fn parse_prompts(text: &str) -> Result<Vec<PromptCase>> {
 pub struct SpecPlan {
     pub prompts: Vec<PromptCase>,
     pub k: usize,
+    /// One speculative run per proposer, after each prompt's target-only run.
+    pub proposers: Vec<ProposerKind>,
     /// Cap on each prompt's max_tokens (`--quick`).
     pub max_tokens_cap: Option<usize>,
     pub threads: usize,
@@ -293,9 +296,14 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
     )
 }
 
-/// Greedy target-only vs speculative decoding on each prompt, in this order
-/// per prompt so that drifting machine load hits both modes alike.
-pub fn speculative(draft_path: &Path, target_path: &Path, plan: &SpecPlan) -> Result<SpecReport> {
+/// Greedy target-only, then speculative decoding with each proposer, on each
+/// prompt in turn, so that drifting machine load hits every mode alike. One
+/// report per proposer.
+pub fn speculative(
+    draft_path: &Path,
+    target_path: &Path,
+    plan: &SpecPlan,
+) -> Result<Vec<SpecReport>> {
     let opts = || LoadOptions::with_max_seq_len(2048);
     let draft = Qwen2Model::load(draft_path, opts())
         .with_context(|| format!("loading {}", draft_path.display()))?;
@@ -303,13 +311,14 @@ pub fn speculative(draft_path: &Path, target_path: &Path, plan: &SpecPlan) -> Re
         .with_context(|| format!("loading {}", target_path.display()))?;
     let tok = Tokenizer::from_gguf(target.gguf()).context("building the tokenizer")?;
     let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
-    let cfg_for = |max_tokens: usize| GenerateConfig {
+    let cfg_for = |max_tokens: usize, proposer: ProposerKind| GenerateConfig {
         max_tokens: plan
             .max_tokens_cap
             .map_or(max_tokens, |c| max_tokens.min(c)),
         k: plan.k,
         sampling: SamplingParams::greedy(),
         stop_tokens: stop_tokens.clone(),
+        proposer,
         ..GenerateConfig::default()
     };
     let encoded: Vec<Vec<u32>> = plan
@@ -320,35 +329,45 @@ pub fn speculative(draft_path: &Path, target_path: &Path, plan: &SpecPlan) -> Re
         .context("tokenizing the prompt set")?;
     // Warm-up: touch both models' weights once.
     if let Some(ids) = encoded.first() {
-        let cfg = cfg_for(4);
+        let cfg = cfg_for(4, ProposerKind::Draft);
         generate_single(&target, ids, &cfg, &mut |_| true)?;
         generate_speculative(&draft, &target, ids, &cfg, &mut |_| true)?;
     }
-    let mut per_prompt = Vec::new();
+    let mut per_proposer: Vec<Vec<SpecPrompt>> = vec![Vec::new(); plan.proposers.len()];
     for (case, ids) in plan.prompts.iter().zip(&encoded) {
-        let cfg = cfg_for(case.max_tokens);
-        let a = generate_single(&target, ids, &cfg, &mut |_| true)
+        let base = cfg_for(case.max_tokens, ProposerKind::Draft);
+        let a = generate_single(&target, ids, &base, &mut |_| true)
             .with_context(|| format!("target-only generation on prompt {}", case.id))?;
-        let b = generate_speculative(&draft, &target, ids, &cfg, &mut |_| true)
-            .with_context(|| format!("speculative generation on prompt {}", case.id))?;
-        let diff = first_difference(&a.tokens, &b.tokens);
-        per_prompt.push(SpecPrompt {
-            id: case.id.clone(),
-            kind: case.kind.clone(),
-            prompt_tokens: ids.len(),
-            max_tokens: cfg.max_tokens,
-            target_tokens: a.tokens.len(),
-            target_ms: a.stats.total_ms,
-            speculative_tokens: b.tokens.len(),
-            speculative_ms: b.stats.total_ms,
-            rounds: b.stats.rounds,
-            drafted: b.stats.drafted,
-            accepted: b.stats.accepted,
-            identical: diff.is_none(),
-            first_difference: diff,
-        });
+        for (&proposer, out) in plan.proposers.iter().zip(&mut per_proposer) {
+            let cfg = cfg_for(case.max_tokens, proposer);
+            let b = generate_speculative(&draft, &target, ids, &cfg, &mut |_| true).with_context(
+                || format!("speculative generation ({proposer}) on prompt {}", case.id),
+            )?;
+            let diff = first_difference(&a.tokens, &b.tokens);
+            out.push(SpecPrompt {
+                id: case.id.clone(),
+                kind: case.kind.clone(),
+                prompt_tokens: ids.len(),
+                max_tokens: cfg.max_tokens,
+                target_tokens: a.tokens.len(),
+                target_ms: a.stats.total_ms,
+                speculative_tokens: b.tokens.len(),
+                speculative_ms: b.stats.total_ms,
+                rounds: b.stats.rounds,
+                drafted: b.stats.drafted,
+                accepted: b.stats.accepted,
+                by_proposer: b.stats.proposers,
+                identical: diff.is_none(),
+                first_difference: diff,
+            });
+        }
     }
-    Ok(summarize(plan, per_prompt))
+    Ok(plan
+        .proposers
+        .iter()
+        .zip(per_proposer)
+        .map(|(&p, prompts)| summarize(plan, p, prompts))
+        .collect())
 }
 
 fn throughput(tokens: usize, ms: f64) -> Throughput {
@@ -364,7 +383,7 @@ fn throughput(tokens: usize, ms: f64) -> Throughput {
     }
 }
 
-fn summarize(plan: &SpecPlan, per_prompt: Vec<SpecPrompt>) -> SpecReport {
+fn summarize(plan: &SpecPlan, proposer: ProposerKind, per_prompt: Vec<SpecPrompt>) -> SpecReport {
     let sum_t: usize = per_prompt.iter().map(|p| p.target_tokens).sum();
     let sum_s: usize = per_prompt.iter().map(|p| p.speculative_tokens).sum();
     let ms_t: f64 = per_prompt.iter().map(|p| p.target_ms).sum();
@@ -372,6 +391,10 @@ fn summarize(plan: &SpecPlan, per_prompt: Vec<SpecPrompt>) -> SpecReport {
     let rounds: u64 = per_prompt.iter().map(|p| p.rounds).sum();
     let drafted: u64 = per_prompt.iter().map(|p| p.drafted).sum();
     let accepted: u64 = per_prompt.iter().map(|p| p.accepted).sum();
+    let mut by_proposer = ProposerStats::default();
+    for p in &per_prompt {
+        by_proposer.add(&p.by_proposer);
+    }
     let target_only = throughput(sum_t, ms_t);
     let speculative = throughput(sum_s, ms_s);
     let mismatches: Vec<String> = per_prompt
@@ -380,6 +403,7 @@ fn summarize(plan: &SpecPlan, per_prompt: Vec<SpecPrompt>) -> SpecReport {
         .map(|p| p.id.clone())
         .collect();
     SpecReport {
+        proposer,
         k: plan.k,
         threads: plan.threads,
         prompts: per_prompt.len(),
@@ -399,6 +423,7 @@ fn summarize(plan: &SpecPlan, per_prompt: Vec<SpecPrompt>) -> SpecReport {
         } else {
             0.0
         },
+        by_proposer,
         identical: mismatches.is_empty(),
         mismatches,
         per_prompt,
@@ -436,6 +461,20 @@ mod tests {
             "the bench needs at least 10 prompts, has {}",
             p.len()
         );
+        // The editing set (issue 21): at least 40 prompts, English and Chinese,
+        // each carrying the code or text to change.
+        let edit = parse_prompts(include_str!("../../../prompts/editing.jsonl")).unwrap();
+        assert!(edit.len() >= 40, "{}", edit.len());
+        for kind in ["edit-en", "edit-zh"] {
+            assert!(edit.iter().any(|c| c.kind == kind), "no {kind} prompt");
+        }
+        assert!(edit
+            .iter()
+            .all(|c| c.prompt.len() > 400 && c.max_tokens > 0));
+        let mut ids: Vec<&str> = edit.iter().map(|c| c.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), edit.len(), "prompt ids are unique");
     }
 
     fn prompt(id: &str, tt: usize, tms: f64, st: usize, sms: f64, identical: bool) -> SpecPrompt {
@@ -451,6 +490,15 @@ mod tests {
             rounds: 4,
             drafted: 16,
             accepted: 8,
+            by_proposer: ProposerStats {
+                lookup: tandem_model::proposer::ProposerStat {
+                    rounds: 3,
+                    drafted: 12,
+                    accepted: 6,
+                },
+                none_rounds: 1,
+                ..ProposerStats::default()
+            },
             identical,
             first_difference: if identical { None } else { Some(0) },
         }
@@ -461,11 +509,13 @@ mod tests {
         let plan = SpecPlan {
             prompts: Vec::new(),
             k: 4,
+            proposers: vec![ProposerKind::Lookup],
             max_tokens_cap: None,
             threads: 2,
         };
         let r = summarize(
             &plan,
+            ProposerKind::Lookup,
             vec![
                 prompt("a", 10, 1000.0, 10, 500.0, true),
                 prompt("b", 30, 1000.0, 30, 1500.0, false),
@@ -479,5 +529,9 @@ mod tests {
         assert_eq!(r.mean_accepted_len, 2.0);
         assert!(!r.identical);
         assert_eq!(r.mismatches, vec!["b".to_string()]);
+        assert_eq!(r.proposer, ProposerKind::Lookup);
+        assert_eq!(r.by_proposer.lookup.rounds, 6);
+        assert_eq!(r.by_proposer.lookup.accepted, 12);
+        assert_eq!(r.by_proposer.none_rounds, 2);
     }
 }

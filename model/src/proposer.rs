@@ -1,0 +1,423 @@
+//! What proposes the tokens of a speculative round.
+//!
+//! Any proposal is safe: the target verifies every token, so a proposer changes
+//! how many tokens a round yields, never which tokens (greedy output is the
+//! target's own, and sampled output keeps the target's distribution).
+//!
+//! - [`ProposerKind::Draft`]: the draft model, token by token.
+//! - [`ProposerKind::Lookup`]: prompt lookup. The longest suffix of the history
+//!   (n = [`MAX_NGRAM`] down to [`MIN_NGRAM`] tokens) that occurred before is
+//!   looked up in an [`NgramIndex`] (O(1) per token to maintain and per lookup,
+//!   no rescan), and the tokens that followed its latest occurrence are
+//!   proposed. Costs no model forward; in sampled mode each token is a point
+//!   mass (q = 1), which the lossless rule handles exactly.
+//! - [`ProposerKind::Auto`]: per round, whichever of lookup, the draft model
+//!   and no proposal (a plain target step) promises the most tokens per
+//!   second, from running acceptance estimates per proposer and measured
+//!   forward times ([`AutoChooser`]). The draft's cache is filled lazily, so a
+//!   generation that lookup serves never pays for the draft's prefill.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ModelError, Result};
+
+/// Longest suffix looked up.
+pub const MAX_NGRAM: usize = 4;
+/// Shortest suffix looked up (one token matches too often to pay).
+pub const MIN_NGRAM: usize = 2;
+
+/// Which proposer drafts the speculative rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProposerKind {
+    /// The draft model (the default).
+    #[default]
+    Draft,
+    /// Prompt lookup (no model).
+    Lookup,
+    /// Per round: lookup, the draft model, or no proposal.
+    Auto,
+}
+
+impl ProposerKind {
+    pub const ALL: [ProposerKind; 3] = [Self::Draft, Self::Lookup, Self::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Draft => "draft",
+            Self::Lookup => "lookup",
+            Self::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for ProposerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ProposerKind {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                ModelError::InvalidArgument(format!(
+                    "unknown proposer {s:?} (expected draft, lookup or auto)"
+                ))
+            })
+    }
+}
+
+/// Where one round's proposal came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Draft,
+    Lookup,
+    /// No proposal: the round is one target step.
+    Nothing,
+}
+
+/// The n-grams of a growing token history, each mapped to where the tokens
+/// after its latest occurrence begin.
+#[derive(Clone, Debug, Default)]
+pub struct NgramIndex {
+    /// `maps[n - MIN_NGRAM]`: n tokens (zero-padded) → index of the token
+    /// that followed their latest occurrence.
+    maps: [HashMap<[u32; MAX_NGRAM], usize>; MAX_NGRAM - MIN_NGRAM + 1],
+    /// Length of the history prefix indexed so far.
+    indexed: usize,
+}
+
+fn key(tokens: &[u32]) -> [u32; MAX_NGRAM] {
+    let mut k = [0; MAX_NGRAM];
+    k[..tokens.len()].copy_from_slice(tokens);
+    k
+}
+
+impl NgramIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Index `history[self.indexed..]` (`history` must extend what was
+    /// indexed before). An n-gram is indexed once the token after it exists,
+    /// so a lookup never finds the suffix it looks for.
+    pub fn extend(&mut self, history: &[u32]) {
+        for i in self.indexed.max(1)..history.len() {
+            for n in MIN_NGRAM..=MAX_NGRAM.min(i) {
+                self.maps[n - MIN_NGRAM].insert(key(&history[i - n..i]), i);
+            }
+        }
+        self.indexed = self.indexed.max(history.len());
+    }
+
+    /// Up to `k` tokens that followed the latest earlier occurrence of the
+    /// longest matching suffix of `history` (empty: no match). Returns the
+    /// proposal and the matched length n.
+    pub fn propose(&self, history: &[u32], k: usize) -> (Vec<u32>, usize) {
+        let len = history.len().min(self.indexed);
+        for n in (MIN_NGRAM..=MAX_NGRAM.min(len)).rev() {
+            if let Some(&start) = self.maps[n - MIN_NGRAM].get(&key(&history[len - n..len])) {
+                let end = len.min(start.saturating_add(k));
+                if start < end {
+                    return (history[start..end].to_vec(), n);
+                }
+            }
+        }
+        (Vec::new(), 0)
+    }
+}
+
+/// Running statistics of one proposer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProposerStat {
+    /// Rounds this proposer drafted.
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+}
+
+/// Acceptance and rounds per proposer over one generation (schema in
+/// docs/cli.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProposerStats {
+    pub draft: ProposerStat,
+    pub lookup: ProposerStat,
+    /// Rounds with no proposal (one target step each).
+    pub none_rounds: u64,
+}
+
+impl ProposerStat {
+    fn add(&mut self, other: &ProposerStat) {
+        self.rounds += other.rounds;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
+}
+
+impl ProposerStats {
+    /// Add another generation's statistics (totals over a prompt set).
+    pub fn add(&mut self, other: &ProposerStats) {
+        self.draft.add(&other.draft);
+        self.lookup.add(&other.lookup);
+        self.none_rounds += other.none_rounds;
+    }
+
+    pub fn record(&mut self, source: Source, drafted: usize, accepted: usize) {
+        let s = match source {
+            Source::Draft => &mut self.draft,
+            Source::Lookup => &mut self.lookup,
+            Source::Nothing => {
+                self.none_rounds += 1;
+                return;
+            }
+        };
+        s.rounds += 1;
+        s.drafted += drafted as u64;
+        s.accepted += accepted as u64;
+    }
+}
+
+/// Per-token acceptance estimate: a Beta prior of `PRIOR_WEIGHT` tokens at
+/// `prior`, then the running count (so a few early rounds cannot swing it).
+fn acceptance(stat: &ProposerStat, prior: f64) -> f64 {
+    const PRIOR_WEIGHT: f64 = 8.0;
+    (stat.accepted as f64 + prior * PRIOR_WEIGHT) / (stat.drafted as f64 + PRIOR_WEIGHT)
+}
+
+/// Expected accepted tokens of a `len`-token proposal at per-token acceptance
+/// `a` (acceptance stops at the first rejection): Σ_{i=1..len} a^i.
+fn expected_accepted(a: f64, len: usize) -> f64 {
+    (1..=len).map(|i| a.powi(i as i32)).sum()
+}
+
+/// Exponential moving average of a time in seconds (`None` until measured).
+#[derive(Clone, Copy, Debug, Default)]
+struct Ema(Option<f64>);
+
+impl Ema {
+    fn add(&mut self, v: f64) {
+        self.0 = Some(match self.0 {
+            Some(a) => 0.8 * a + 0.2 * v,
+            None => v,
+        });
+    }
+}
+
+/// [`ProposerKind::Auto`]'s choice per round: the source with the most
+/// expected tokens (accepted + the target's own) per second of forwards.
+///
+/// Costs come from measured forward times: the target's per rows verified
+/// (1..=[`crate::speculative::MAX_K`] + 1), and the draft's per token, plus the
+/// draft tokens still to be fed to it (its lazy prefill). Until measured, a
+/// target forward of m rows is taken as `(1 + 0.3 (m − 1))` one-row forwards
+/// and a draft token as 0.45 of a one-row target forward (docs/benchmarks.md
+/// measured a draft token at 0.4–0.5 and c(5) ≈ 2–2.4 on CPUs).
+#[derive(Clone, Debug)]
+pub struct AutoChooser {
+    target: Vec<Ema>,
+    draft_token: Ema,
+    draft_prefill_token: Ema,
+}
+
+impl Default for AutoChooser {
+    fn default() -> Self {
+        Self {
+            target: vec![Ema::default(); crate::speculative::MAX_K + 2],
+            draft_token: Ema::default(),
+            draft_prefill_token: Ema::default(),
+        }
+    }
+}
+
+impl AutoChooser {
+    /// A target forward over `rows` rows took `t`.
+    pub fn target_forward(&mut self, rows: usize, t: Duration) {
+        if let Some(e) = self.target.get_mut(rows) {
+            e.add(t.as_secs_f64());
+        }
+    }
+
+    /// A draft forward over `tokens` new tokens took `t`.
+    pub fn draft_forward(&mut self, tokens: usize, t: Duration) {
+        if tokens == 1 {
+            self.draft_token.add(t.as_secs_f64());
+        } else if tokens > 1 {
+            self.draft_prefill_token
+                .add(t.as_secs_f64() / tokens as f64);
+        }
+    }
+
+    fn target_cost(&self, rows: usize) -> f64 {
+        let one = self.target.get(1).and_then(|e| e.0);
+        match (self.target.get(rows).and_then(|e| e.0), one) {
+            (Some(t), _) => t,
+            (None, Some(one)) => one * (1.0 + 0.3 * (rows.saturating_sub(1)) as f64),
+            // Nothing measured yet: relative units.
+            (None, None) => 1.0 + 0.3 * (rows.saturating_sub(1)) as f64,
+        }
+    }
+
+    fn draft_token_cost(&self) -> f64 {
+        self.draft_token.0.unwrap_or(0.45 * self.target_cost(1))
+    }
+
+    /// The source and length for a round: lookup offers `lookup_len`
+    /// tokens, the draft up to `k`, and the draft has not yet seen
+    /// `draft_backlog` tokens. Every length up to the offer is considered
+    /// (a shorter block is cheaper to verify), so this also picks k.
+    pub fn choose(
+        &self,
+        stats: &ProposerStats,
+        lookup_len: usize,
+        k: usize,
+        draft_backlog: usize,
+    ) -> (Source, usize) {
+        let per_s = |tokens: f64, cost: f64| if cost > 0.0 { tokens / cost } else { 0.0 };
+        let mut best = ((Source::Nothing, 0), per_s(1.0, self.target_cost(1)));
+        let a = acceptance(&stats.lookup, 0.6);
+        for len in 1..=lookup_len {
+            let v = per_s(1.0 + expected_accepted(a, len), self.target_cost(len + 1));
+            if v > best.1 {
+                best = ((Source::Lookup, len), v);
+            }
+        }
+        let a = acceptance(&stats.draft, 0.7);
+        let prefill = self
+            .draft_prefill_token
+            .0
+            .unwrap_or(self.draft_token_cost() / 4.0);
+        // Feeding the backlog: one token rides in the first draft step.
+        let backlog = draft_backlog.saturating_sub(1) as f64 * prefill;
+        for len in 1..=k {
+            let cost = self.target_cost(len + 1) + len as f64 * self.draft_token_cost() + backlog;
+            let v = per_s(1.0 + expected_accepted(a, len), cost);
+            if v > best.1 {
+                best = ((Source::Draft, len), v);
+            }
+        }
+        best.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_proposes_what_followed_the_longest_earlier_match() {
+        // ... 5 6 7 8 9 ... 1 6 7 → (6 7) matched, then 8 9 follow.
+        let h = [5, 6, 7, 8, 9, 1, 6, 7];
+        let mut ix = NgramIndex::new();
+        ix.extend(&h);
+        assert_eq!(ix.propose(&h, 4), (vec![8, 9, 1, 6], 2));
+        assert_eq!(ix.propose(&h, 1), (vec![8], 2));
+        // A longer match wins over a more recent shorter one.
+        let h = [1, 2, 3, 4, 10, 9, 3, 4, 11, 1, 2, 3, 4];
+        let mut ix = NgramIndex::new();
+        ix.extend(&h);
+        assert_eq!(ix.propose(&h, 2).0, vec![10, 9]);
+        // The most recent occurrence of the same n-gram wins.
+        let h = [7, 8, 1, 7, 8, 2, 7, 8];
+        let mut ix = NgramIndex::new();
+        ix.extend(&h);
+        assert_eq!(ix.propose(&h, 3).0, vec![2, 7, 8]);
+    }
+
+    #[test]
+    fn lookup_finds_nothing_without_a_repeat_and_never_the_suffix_itself() {
+        let h = [1, 2, 3, 4, 5];
+        let mut ix = NgramIndex::new();
+        ix.extend(&h);
+        assert_eq!(ix.propose(&h, 4), (vec![], 0));
+        // A single repeated token is below MIN_NGRAM.
+        let h = [1, 2, 9, 3, 9];
+        let mut ix = NgramIndex::new();
+        ix.extend(&h);
+        assert_eq!(ix.propose(&h, 4), (vec![], 0));
+        let mut ix = NgramIndex::new();
+        ix.extend(&[]);
+        assert_eq!(ix.propose(&[], 4), (vec![], 0));
+    }
+
+    #[test]
+    fn extending_in_steps_indexes_what_one_pass_does() {
+        let h: Vec<u32> = (0..200).map(|i| (i * 7 % 13) as u32).collect();
+        let mut whole = NgramIndex::new();
+        whole.extend(&h);
+        let mut steps = NgramIndex::new();
+        for end in [1, 2, 3, 10, 11, 57, 199, 200] {
+            steps.extend(&h[..end]);
+        }
+        for len in 2..h.len() {
+            for k in [1, 4, 16] {
+                // Lookups on a prefix only see that prefix's n-grams.
+                let mut prefix = NgramIndex::new();
+                prefix.extend(&h[..len]);
+                let p = prefix.propose(&h[..len], k);
+                assert!(p.0.len() <= k);
+                if p.1 > 0 {
+                    let n = p.1;
+                    // The proposal follows an earlier occurrence of the suffix.
+                    let suffix = &h[len - n..len];
+                    assert!(h[..len - 1].windows(n).any(|w| w == suffix));
+                }
+            }
+        }
+        assert_eq!(whole.propose(&h, 8), steps.propose(&h, 8));
+    }
+
+    #[test]
+    fn auto_prefers_free_lookup_and_skips_a_cold_draft_with_a_long_backlog() {
+        let c = AutoChooser::default();
+        let fresh = ProposerStats::default();
+        assert_eq!(c.choose(&fresh, 4, 4, 1).0, Source::Lookup);
+        // A draft that has been right 95 % of the time beats a plain step.
+        let good = ProposerStats {
+            draft: ProposerStat {
+                rounds: 50,
+                drafted: 200,
+                accepted: 190,
+            },
+            ..ProposerStats::default()
+        };
+        let (source, len) = c.choose(&good, 0, 4, 1);
+        assert_eq!(source, Source::Draft);
+        assert!((1..=4).contains(&len));
+        // ... but not when its whole prefill (2,000 tokens) is still owed.
+        assert_eq!(c.choose(&good, 0, 4, 2000).0, Source::Nothing);
+        // A lookup that keeps failing loses to the good draft.
+        let bad_lookup = ProposerStats {
+            lookup: ProposerStat {
+                rounds: 50,
+                drafted: 200,
+                accepted: 0,
+            },
+            ..good
+        };
+        assert_eq!(c.choose(&bad_lookup, 4, 4, 1).0, Source::Draft);
+        // Measured costs count: a target forward of 2 rows as slow as 5 one-row
+        // forwards makes any proposal lose.
+        let mut slow = AutoChooser::default();
+        slow.target_forward(1, Duration::from_millis(10));
+        for rows in 2..=17 {
+            slow.target_forward(rows, Duration::from_millis(50));
+        }
+        assert_eq!(slow.choose(&good, 4, 4, 1).0, Source::Nothing);
+    }
+
+    #[test]
+    fn proposer_names_round_trip() {
+        for k in ProposerKind::ALL {
+            assert_eq!(k.name().parse::<ProposerKind>().ok(), Some(k));
+        }
+        assert!("ngram".parse::<ProposerKind>().is_err());
+    }
+}
