@@ -377,8 +377,59 @@ fn isa_names_round_trip() {
         assert_eq!(Isa::from_name(&isa.name().to_uppercase()), Some(isa));
     }
     assert_eq!(Isa::from_name("neon9000"), None);
+    assert_eq!(Isa::from_name(" Neon-Dotprod "), Some(Isa::NeonDotprod));
     assert!(Isa::Scalar.is_available());
     assert!(Isa::best().is_available());
+}
+
+/// The paths this CPU must offer, so a contract test above that loops over
+/// `Isa::available()` cannot pass by testing fewer paths than intended:
+/// on aarch64 baseline NEON always, plus the dotprod path when the CPU has
+/// it; and every name in `TANDEM_EXPECT_ISAS` (comma-separated; CI sets it
+/// per QEMU CPU, e.g. `neon,neon-dotprod` for `max`, `neon` for `cortex-a53`,
+/// where the dotprod path must then be absent).
+#[test]
+fn the_expected_simd_paths_are_available_and_tested() {
+    let available = Isa::available();
+    let (arm, x86) = (
+        [Isa::Neon, Isa::NeonDotprod],
+        [Isa::Avx2, Isa::Avx512Vnni, Isa::Amx],
+    );
+    if cfg!(target_arch = "aarch64") {
+        assert!(available.contains(&Isa::Neon), "{available:?}");
+    }
+    // Never the other architecture's paths.
+    let foreign: &[Isa] = if cfg!(target_arch = "aarch64") {
+        &x86
+    } else {
+        &arm
+    };
+    assert!(
+        !available.iter().any(|i| foreign.contains(i)),
+        "{available:?}"
+    );
+    if let Ok(v) = std::env::var("TANDEM_EXPECT_ISAS") {
+        let expected: Vec<Isa> = v
+            .split(',')
+            .map(|n| {
+                Isa::from_name(n).unwrap_or_else(|| panic!("TANDEM_EXPECT_ISAS: unknown {n:?}"))
+            })
+            .collect();
+        for isa in &expected {
+            assert!(
+                available.contains(isa),
+                "{isa} expected, available: {available:?}"
+            );
+        }
+        // Nothing beyond the expected SIMD paths either (e.g. QEMU's
+        // cortex-a53 must run the baseline NEON kernels, not dotprod).
+        for isa in &available {
+            assert!(
+                *isa == Isa::Scalar || expected.contains(isa),
+                "{isa} available but not expected ({v})"
+            );
+        }
+    }
 }
 
 #[test]

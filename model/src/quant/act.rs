@@ -32,7 +32,8 @@ pub enum ActKind {
 
 /// `m` quantized activation rows of `cols` elements (structure of arrays).
 pub struct Act<'x> {
-    /// rows
+    /// rows (read by the x86 kernels)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub m: usize,
     pub cols: usize,
     /// blocks per row
@@ -60,6 +61,7 @@ pub struct Act<'x> {
     /// that one `madd` with a pair of mins gives that pair's term of M for the
     /// 4 rows: index `((g·nb + sb)·2 + h)·16 + q·8 + r·2 + k` holds the sum of
     /// 32-chunk `4h + 2q + k` of row `4g + r` (rows from `m` on: 0).
+    #[cfg(target_arch = "x86_64")]
     pub bsum4: Vec<i16>,
 }
 
@@ -82,6 +84,7 @@ impl<'x> Act<'x> {
             dt: Vec::new(),
             d8: Vec::new(),
             corr4: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
             bsum4: Vec::new(),
         };
         // Rows per parallel task: all of them (one task, the calling thread)
@@ -133,6 +136,7 @@ impl<'x> Act<'x> {
 
     /// Build [`Act::bsum4`] from the 16-value sums (Q8K). Exact: a 32-value
     /// sum of values in [-128, 127] fits an i16.
+    #[cfg(target_arch = "x86_64")]
     pub fn prepare_bsum4(&mut self) {
         let (m, nb) = (self.m, self.nb);
         let mut v = vec![0i16; m.div_ceil(4) * nb * 32];

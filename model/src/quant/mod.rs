@@ -34,8 +34,9 @@
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
 //! available), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
-//! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"). A NEON
-//! path drops in as one more module and one more [`Isa`] variant.
+//! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
+//! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
+//! scalar and x86, docs/model-core.md "aarch64").
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
@@ -270,6 +271,8 @@ macro_rules! passes {
     }};
 }
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64_neon;
 mod act;
 mod blocks;
 mod combine;
@@ -293,6 +296,7 @@ pub const TILE: usize = 24;
 /// hardware prefetcher alone. Prefetching 2 KB ahead cut the CPU time of a
 /// decode step by ~25 % on both models (docs/model-core.md, "Prefetch");
 /// 384–3072 measured alike.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_BYTES: usize = 2048;
 
 /// Prefetch `LINES` cache lines starting [`PREFETCH_BYTES`] ahead of `p`.
@@ -321,11 +325,22 @@ pub enum Isa {
     /// [`Isa::Avx512Vnni`] plus AMX-INT8 tiles for Q4_K/Q6_K weights times
     /// at least [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] activation rows.
     Amx,
+    /// aarch64 baseline NEON (every ARMv8-A CPU).
+    Neon,
+    /// aarch64 NEON with the dot-product extension (`SDOT`, ARMv8.2+).
+    NeonDotprod,
 }
 
 impl Isa {
     /// Every variant, best last.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
+    pub const ALL: [Isa; 6] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512Vnni,
+        Isa::Amx,
+        Isa::Neon,
+        Isa::NeonDotprod,
+    ];
 
     /// The name used by `TANDEM_ISA`.
     pub fn name(self) -> &'static str {
@@ -334,6 +349,8 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
             Isa::Amx => "amx",
+            Isa::Neon => "neon",
+            Isa::NeonDotprod => "neon-dotprod",
         }
     }
 
@@ -360,7 +377,13 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Amx => Isa::Avx512Vnni.is_available() && x86_amx::available(),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDotprod => {
+                Isa::Neon.is_available() && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
+            // The other architecture's paths.
             _ => false,
         }
     }
@@ -444,7 +467,11 @@ fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
         Isa::Avx512Vnni | Isa::Amx => x86_avx512::row_fn(f)
             .or_else(|| x86_avx2::row_fn(f))
             .unwrap_or(scalar),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => aarch64_neon::row_fn(false, f).unwrap_or(scalar),
+        #[cfg(target_arch = "aarch64")]
+        Isa::NeonDotprod => aarch64_neon::row_fn(true, f).unwrap_or(scalar),
+        // The other architecture's paths (never available here).
         _ => scalar,
     }
 }
@@ -475,6 +502,7 @@ pub const AMX_MIN_ROWS_Q6K: usize = 10;
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
 /// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot
 /// change a result).
+#[cfg(target_arch = "x86_64")]
 fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let env = *V.get_or_init(|| {

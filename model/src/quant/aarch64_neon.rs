@@ -1,0 +1,390 @@
+//! aarch64 kernels (detected at run time): baseline NEON, which every ARMv8-A
+//! CPU has, and the dot-product extension (`SDOT`, ARMv8.2+; most phones
+//! since 2018).
+//!
+//! Both paths are the same code over one integer primitive, [`Dot::dot4`]:
+//! lane `i` of the result is `acc[i] + Σ_{k<4} a[4i+k]·b[4i+k]`, exact.
+//! [`Sdot`] is one `sdot` instruction (through `asm!`: the `vdotq_s32`
+//! intrinsic is not stable Rust); [`Neon`] forms the same lanes with widening
+//! multiplies and pairwise adds. Integer sums are exact, so how they are
+//! formed cannot change a result; every float operation is the scalar
+//! reference's, through the shared `combine` functions in the same order:
+//! - Q4_0/Q5_0/Q5_0x4/Q8_0: the 8 lanes of a block are two `dot4` vectors;
+//!   `acc[b % 4] += (dw·dx)·s` lane for lane, then [`combine::reduce_group`];
+//! - Q4_K/Q6_K: one exact i32 `S` (and `M`) per (activation row, weight row,
+//!   super-block), then [`combine::q4k_step`] / [`combine::q6k_step`].
+//!
+//! Hence the same bits as the scalar reference and as every x86 path
+//! (tests `quant_kernels`, `cross_arch_identity`; docs/model-core.md,
+//! "aarch64").
+//!
+//! Each weight block (or super-block) is unpacked once per pass over the
+//! activation rows of the tile: Q4_K/Q6_K take all `tn ≤ TILE` rows in one
+//! pass (one float accumulator per row); Q4_0/Q5_0/Q8_0 take passes of up to
+//! [`GROUP_PASS`] rows (32 float lanes per row), the weight row staying in L1
+//! for the later passes. So a verify block reads the weights from memory
+//! once. F32/F16 weights use the portable path shared by every ISA.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::act::Act;
+use super::blocks::{
+    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+};
+use super::combine::{self, GROUP_SETS};
+use super::{scalar, QuantFormat, RowFn, TILE};
+
+/// The kernels of a format for the dotprod path (`dotprod`) or the baseline
+/// NEON path; `None` for the formats every ISA runs through the scalar code.
+pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
+    Some(match (f, dotprod) {
+        (QuantFormat::F32 | QuantFormat::F16, _) => return None,
+        (QuantFormat::Q4K, false) => row_q4k_neon,
+        (QuantFormat::Q4K, true) => row_q4k_sdot,
+        (QuantFormat::Q6K, false) => row_q6k_neon,
+        (QuantFormat::Q6K, true) => row_q6k_sdot,
+        (_, false) => row_group_neon,
+        (_, true) => row_group_sdot,
+    })
+}
+
+/// The one integer primitive of the kernels.
+trait Dot {
+    /// Lane `i`: `acc[i] + Σ_{k<4} a[4i+k]·b[4i+k]` (exact).
+    ///
+    /// # Safety
+    /// The CPU must have the implementation's feature.
+    unsafe fn dot4(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
+}
+
+/// Baseline NEON (every ARMv8-A CPU).
+struct Neon;
+
+impl Dot for Neon {
+    #[inline(always)]
+    unsafe fn dot4(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // i8·i8 fits an i16 (|p| ≤ 16384); pairs, then pairs of pairs.
+        // SAFETY: NEON (baseline).
+        unsafe {
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+            let hi = vpaddlq_s16(vmull_high_s8(a, b));
+            vaddq_s32(acc, vpaddq_s32(lo, hi))
+        }
+    }
+}
+
+/// The dot-product extension: one `sdot`.
+struct Sdot;
+
+impl Dot for Sdot {
+    #[inline(always)]
+    unsafe fn dot4(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: only instantiated in `#[target_feature(enable = "dotprod")]`
+        // functions, which the dispatcher calls only when the CPU has it; the
+        // instruction touches registers only.
+        unsafe {
+            asm!(
+                "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+                acc = inout(vreg) acc,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+}
+
+/// 16 signed bytes from the start of `s` (panics if shorter: a caller bug).
+#[inline(always)]
+fn load_i8(s: &[i8]) -> int8x16_t {
+    let s: &[i8; 16] = s[..16].try_into().unwrap_or_else(|_| unreachable!());
+    // SAFETY: 16 readable bytes.
+    unsafe { vld1q_s8(s.as_ptr()) }
+}
+
+/// 16 unsigned bytes from the start of `s` (panics if shorter: a caller bug).
+#[inline(always)]
+fn load_u8(s: &[u8]) -> uint8x16_t {
+    let s: &[u8; 16] = s[..16].try_into().unwrap_or_else(|_| unreachable!());
+    // SAFETY: 16 readable bytes.
+    unsafe { vld1q_u8(s.as_ptr()) }
+}
+
+/// Block `b` of a Q4_0/Q5_0/Q5_0x4/Q8_0 row as 32 signed values (elements
+/// 0..16, 16..32) and its scale: the values of [`scalar::unpack_block`].
+#[inline(always)]
+fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> ([int8x16_t; 2], f32) {
+    // SAFETY: NEON (baseline); the loads read inside their slices.
+    unsafe {
+        let lo4 = vdupq_n_u8(0xF);
+        match format {
+            QuantFormat::Q4_0 => {
+                let blk = &cast::<BlockQ4_0>(wrow)[b];
+                let q = load_u8(&blk.qs);
+                let off = vdupq_n_s8(8);
+                let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, lo4)), off);
+                let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(q)), off);
+                ([lo, hi], f16_le(blk.d))
+            }
+            QuantFormat::Q5_0 => {
+                let blk = &cast::<BlockQ5_0>(wrow)[b];
+                let q = load_u8(&blk.qs);
+                // Fifth bit of element j: bit j of qh; byte j/8 of qh tested
+                // against bit j%8, then moved to 0x10.
+                let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+                let h = |b0: u8, b1: u8| {
+                    let bytes = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+                    vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10))
+                };
+                let [h0, h1, h2, h3] = blk.qh;
+                let off = vdupq_n_s8(16);
+                let lo = vorrq_u8(vandq_u8(q, lo4), h(h0, h1));
+                let hi = vorrq_u8(vshrq_n_u8::<4>(q), h(h2, h3));
+                let lo = vsubq_s8(vreinterpretq_s8_u8(lo), off);
+                let hi = vsubq_s8(vreinterpretq_s8_u8(hi), off);
+                ([lo, hi], f16_le(blk.d))
+            }
+            QuantFormat::Q8_0 => {
+                let blk = &cast::<BlockQ8_0>(wrow)[b];
+                ([load_i8(&blk.qs), load_i8(&blk.qs[16..])], f16_le(blk.d))
+            }
+            // The regrouped layout pays on AVX2 only (`repack_pays`), so aarch64
+            // never loads it; kept correct through the shared unpacking.
+            _ => {
+                let mut o = [0i8; QK];
+                let d = scalar::unpack_block(format, wrow, b, &mut o);
+                ([load_i8(&o), load_i8(&o[16..])], d)
+            }
+        }
+    }
+}
+
+/// Rows per pass of the Q4_0/Q5_0/Q8_0 kernel (each row holds 32 float
+/// lanes: [`GROUP_SETS`] sets of 8).
+const GROUP_PASS: usize = 8;
+
+/// Q4_0/Q5_0/Q5_0x4/Q8_0 row × activation rows `t0..t0+tn`, in near-equal
+/// passes of at most [`GROUP_PASS`] rows.
+#[inline(always)]
+unsafe fn row_group<D: Dot>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let passes = tn.div_ceil(GROUP_PASS);
+    let mut t = 0;
+    for p in 0..passes {
+        let r = (tn - t).div_ceil(passes - p);
+        let out = &mut res[t..t + r];
+        let t1 = t0 + t;
+        // SAFETY: the caller's contract (CPU features).
+        unsafe {
+            match r {
+                1 => group_pass::<D, 1>(format, wrow, act, t1, out),
+                2 => group_pass::<D, 2>(format, wrow, act, t1, out),
+                3 => group_pass::<D, 3>(format, wrow, act, t1, out),
+                4 => group_pass::<D, 4>(format, wrow, act, t1, out),
+                5 => group_pass::<D, 5>(format, wrow, act, t1, out),
+                6 => group_pass::<D, 6>(format, wrow, act, t1, out),
+                7 => group_pass::<D, 7>(format, wrow, act, t1, out),
+                _ => group_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
+            }
+        }
+        t += r;
+    }
+}
+
+/// One pass of [`row_group`]: rows `t0..t0+R` into `out[..R]`.
+#[inline(always)]
+unsafe fn group_pass<D: Dot, const R: usize>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: NEON (baseline), `D`'s feature (the caller's contract); the
+    // loads and stores stay inside their slices.
+    unsafe {
+        let zero = vdupq_n_f32(0.0);
+        // acc[i][2·set + h]: lanes 4h..4h+4 of accumulator set `set` of row i.
+        let mut acc = [[zero; 2 * GROUP_SETS]; R];
+        for b in 0..act.nb {
+            let ([w0, w1], dw) = unpack_block(format, wrow, b);
+            let set = 2 * (b % GROUP_SETS);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let xq = &act.row_qs(t0 + i)[b * QK..(b + 1) * QK];
+                let dwdx = vdupq_n_f32(dw * act.row_d(t0 + i)[b]);
+                let z = vdupq_n_s32(0);
+                let s0 = D::dot4(z, w0, load_i8(xq));
+                let s1 = D::dot4(z, w1, load_i8(&xq[16..]));
+                // combine::group_block, lane for lane: a multiply, then an add.
+                acc[set] = vaddq_f32(acc[set], vmulq_f32(dwdx, vcvtq_f32_s32(s0)));
+                acc[set + 1] = vaddq_f32(acc[set + 1], vmulq_f32(dwdx, vcvtq_f32_s32(s1)));
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            let mut a = [[0f32; 8]; GROUP_SETS];
+            for (s, a) in a.iter_mut().enumerate() {
+                vst1q_f32(a.as_mut_ptr(), acc[2 * s]);
+                vst1q_f32(a[4..].as_mut_ptr(), acc[2 * s + 1]);
+            }
+            *o = combine::reduce_group(&a);
+        }
+    }
+}
+
+/// Q4_K row × activation rows `t0..t0+tn` (Q8_K): each super-block unpacked
+/// once, one exact `S` and `M` per row, then [`combine::q4k_step`].
+#[inline(always)]
+unsafe fn row_q4k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // SAFETY: as in `group_pass`.
+    unsafe {
+        let mut acc = [0f32; TILE];
+        let lo4 = vdupq_n_u8(0xF);
+        for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+            // q[j]: elements 16j..16j+16 (values 0..16); sub-block c is
+            // q[2c], q[2c+1].
+            let mut q = [vdupq_n_s8(0); 16];
+            for c in 0..4 {
+                for h in 0..2 {
+                    let v = load_u8(&b.qs[32 * c + 16 * h..]);
+                    q[4 * c + h] = vreinterpretq_s8_u8(vandq_u8(v, lo4));
+                    q[4 * c + 2 + h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+                }
+            }
+            let (sc, mn) = q4k_scales_mins(&b.scales);
+            let mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mn.as_ptr())));
+            let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+            for (i, acc) in acc.iter_mut().enumerate().take(tn) {
+                let t = t0 + i;
+                let xq = &act.row_qs(t)[sb * QK_K..(sb + 1) * QK_K];
+                let mut s = vdupq_n_s32(0);
+                for c in 0..8 {
+                    let e = D::dot4(vdupq_n_s32(0), q[2 * c], load_i8(&xq[32 * c..]));
+                    let e = D::dot4(e, q[2 * c + 1], load_i8(&xq[32 * c + 16..]));
+                    s = vmlaq_n_s32(s, e, sc[c] as i32);
+                }
+                // M = Σ_c m_c · (bsum16[2c] + bsum16[2c+1]); a pair fits an i16.
+                let bs = &act.row_bsums(t)[sb * 16..(sb + 1) * 16];
+                let pairs = vpaddq_s16(vld1q_s16(bs.as_ptr()), vld1q_s16(bs[8..].as_ptr()));
+                let mm = vaddq_s32(
+                    vmull_s16(vget_low_s16(pairs), vget_low_s16(mn)),
+                    vmull_high_s16(pairs, mn),
+                );
+                let dx = act.row_d(t)[sb];
+                *acc = combine::q4k_step(*acc, d * dx, dmin * dx, vaddvq_s32(s), vaddvq_s32(mm));
+            }
+        }
+        res[..tn].copy_from_slice(&acc[..tn]);
+    }
+}
+
+/// Q6_K row × activation rows `t0..t0+tn` (Q8_K): each super-block unpacked
+/// once, one exact `S` per row, then [`combine::q6k_step`].
+#[inline(always)]
+unsafe fn row_q6k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // SAFETY: as in `group_pass`.
+    unsafe {
+        let mut acc = [0f32; TILE];
+        let (lo4, hi2) = (vdupq_n_u8(0xF), vdupq_n_u8(0x30));
+        let off = vdupq_n_s8(32);
+        for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
+            // q[g]: group g (elements 16g..16g+16) minus 32, as
+            // scalar::unpack_q6k.
+            let mut q = [vdupq_n_s8(0); 16];
+            for h in 0..2 {
+                for c in 0..2 {
+                    let ql0 = load_u8(&b.ql[64 * h + 16 * c..]);
+                    let ql1 = load_u8(&b.ql[64 * h + 32 + 16 * c..]);
+                    let qh = load_u8(&b.qh[32 * h + 16 * c..]);
+                    let v = [
+                        vorrq_u8(vandq_u8(ql0, lo4), vandq_u8(vshlq_n_u8::<4>(qh), hi2)),
+                        vorrq_u8(vandq_u8(ql1, lo4), vandq_u8(vshlq_n_u8::<2>(qh), hi2)),
+                        vorrq_u8(vshrq_n_u8::<4>(ql0), vandq_u8(qh, hi2)),
+                        vorrq_u8(vshrq_n_u8::<4>(ql1), vandq_u8(vshrq_n_u8::<2>(qh), hi2)),
+                    ];
+                    for (k, v) in v.into_iter().enumerate() {
+                        q[8 * h + 2 * k + c] = vsubq_s8(vreinterpretq_s8_u8(v), off);
+                    }
+                }
+            }
+            let d = f16_le(b.d);
+            for (i, acc) in acc.iter_mut().enumerate().take(tn) {
+                let t = t0 + i;
+                let xq = &act.row_qs(t)[sb * QK_K..(sb + 1) * QK_K];
+                let mut s = vdupq_n_s32(0);
+                for g in 0..16 {
+                    let e = D::dot4(vdupq_n_s32(0), q[g], load_i8(&xq[16 * g..]));
+                    s = vmlaq_n_s32(s, e, b.scales[g] as i32);
+                }
+                let dx = act.row_d(t)[sb];
+                *acc = combine::q6k_step(*acc, d * dx, vaddvq_s32(s));
+            }
+        }
+        res[..tn].copy_from_slice(&acc[..tn]);
+    }
+}
+
+// The entry points: each kernel once for baseline NEON and once compiled
+// with the dot-product extension.
+
+fn row_group_neon(f: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+    // SAFETY: `Neon` needs only NEON, which every aarch64 CPU has.
+    unsafe { row_group::<Neon>(f, w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_group_sdot(
+    f: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: compiled with dotprod; the caller checked the CPU has it.
+    unsafe { row_group::<Sdot>(f, w, a, t0, tn, r) }
+}
+
+fn row_q4k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+    // SAFETY: as `row_group_neon`.
+    unsafe { row_q4k::<Neon>(w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_q4k_sdot(
+    _: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: as `row_group_sdot`.
+    unsafe { row_q4k::<Sdot>(w, a, t0, tn, r) }
+}
+
+fn row_q6k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+    // SAFETY: as `row_group_neon`.
+    unsafe { row_q6k::<Neon>(w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_q6k_sdot(
+    _: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: as `row_group_sdot`.
+    unsafe { row_q6k::<Sdot>(w, a, t0, tn, r) }
+}
