@@ -404,7 +404,12 @@ fn plain_http_to_a_non_loopback_verifier_is_refused_before_anything_is_sent() {
     std::fs::write(&edge, "verifier_url = \"http://192.0.2.7:7443\"\n").unwrap();
     for (args, extra) in [
         (
-            vec!["--verifier", "http://verifier.example:7443", "--prompt", "hi"],
+            vec![
+                "--verifier",
+                "http://verifier.example:7443",
+                "--prompt",
+                "hi",
+            ],
             vec![],
         ),
         (

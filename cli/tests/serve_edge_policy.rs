@@ -156,7 +156,11 @@ fn a_policy_put_killed_at_any_point_leaves_one_complete_version_serving() {
             Some(on_disk.as_str()),
             "round {round}: the restarted server does not serve the file"
         );
-        assert_eq!(temp_files(dir.path()), Vec::<String>::new(), "round {round}");
+        assert_eq!(
+            temp_files(dir.path()),
+            Vec::<String>::new(),
+            "round {round}"
+        );
     }
     eprintln!(
         "12 killed PUTs: {mid_write} killed once the temporary file existed, {acked} acknowledged \

@@ -50,9 +50,7 @@ use axum::routing::{get, post};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tandem_router::{
-    CategoryHit, Decision, Policy, PolicyError, RouteContext, RouteStats, Router,
-};
+use tandem_router::{CategoryHit, Decision, Policy, PolicyError, RouteContext, RouteStats, Router};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -672,10 +670,7 @@ mod tests {
         assert_eq!(w.poll(&s, path, Ok(TICKETS.into())), None);
         // An unreadable poll in between forgets the previous read.
         assert_eq!(w.poll(&s, path, Ok(serving.clone())), None);
-        assert_eq!(
-            w.poll(&s, path, Err(std::io::Error::other("gone"))),
-            None
-        );
+        assert_eq!(w.poll(&s, path, Err(std::io::Error::other("gone"))), None);
         assert_eq!(w.poll(&s, path, Ok(serving.clone())), None);
         assert_eq!(w.poll(&s, path, Ok(serving)), Some(3));
     }
@@ -703,7 +698,10 @@ mod tests {
         std::os::unix::fs::symlink(&file, &link).unwrap();
         write_durably(&link, b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "new");
-        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

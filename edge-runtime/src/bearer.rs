@@ -37,7 +37,10 @@ mod tests {
     fn equal_tokens_match_and_others_do_not() {
         assert!(matches("admin-token-0123456789", "admin-token-0123456789"));
         assert!(!matches("admin-token-012345678", "admin-token-0123456789"));
-        assert!(!matches("admin-token-01234567890", "admin-token-0123456789"));
+        assert!(!matches(
+            "admin-token-01234567890",
+            "admin-token-0123456789"
+        ));
         assert!(!matches("", "admin-token-0123456789"));
         assert!(!matches("Admin-token-0123456789", "admin-token-0123456789"));
     }

@@ -315,7 +315,9 @@ mod tests {
             let e = EdgeConfig::from_toml(&format!("verifier_url = \"{bad}\"\n")).unwrap_err();
             let m = e.to_string();
             assert!(
-                m.contains("verifier_url") && m.contains("not a loopback") && m.contains("https://"),
+                m.contains("verifier_url")
+                    && m.contains("not a loopback")
+                    && m.contains("https://"),
                 "{bad}: {m}"
             );
         }

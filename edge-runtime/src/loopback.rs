@@ -49,7 +49,14 @@ mod tests {
 
     #[test]
     fn loopback_names_and_literals() {
-        for h in ["127.0.0.1", "127.9.8.7", "localhost", "LocalHost", "::1", "[::1]"] {
+        for h in [
+            "127.0.0.1",
+            "127.9.8.7",
+            "localhost",
+            "LocalHost",
+            "::1",
+            "[::1]",
+        ] {
             assert!(is_loopback_host(h), "{h}");
         }
         for h in [
@@ -68,16 +75,25 @@ mod tests {
 
     #[test]
     fn hosts_of_urls_and_authorities() {
-        assert_eq!(url_host("http://127.0.0.1:7443").as_deref(), Some("127.0.0.1"));
+        assert_eq!(
+            url_host("http://127.0.0.1:7443").as_deref(),
+            Some("127.0.0.1")
+        );
         assert_eq!(url_host("http://[::1]:7443/x").as_deref(), Some("[::1]"));
         assert_eq!(
             url_host("http://user@evil.example:1").as_deref(),
             Some("evil.example")
         );
         assert_eq!(url_host("not a url"), None);
-        assert_eq!(authority_host("localhost:8080").as_deref(), Some("localhost"));
+        assert_eq!(
+            authority_host("localhost:8080").as_deref(),
+            Some("localhost")
+        );
         assert_eq!(authority_host("[::1]:8080").as_deref(), Some("[::1]"));
-        assert_eq!(authority_host("evil.example").as_deref(), Some("evil.example"));
+        assert_eq!(
+            authority_host("evil.example").as_deref(),
+            Some("evil.example")
+        );
         assert_eq!(authority_host("a b"), None);
     }
 }

@@ -445,7 +445,10 @@ async fn a_put_is_written_to_the_policy_file_before_it_serves() {
     // On disk by the time the PUT is answered (a restart serves it).
     assert_eq!(std::fs::read_to_string(&file).unwrap(), CUSTOM);
     let p = get_json(a.addr, "/v1/policy").await;
-    assert_eq!((p["source"].as_str(), &p["generation"]), (Some(CUSTOM), &json!(2)));
+    assert_eq!(
+        (p["source"].as_str(), &p["generation"]),
+        (Some(CUSTOM), &json!(2))
+    );
     // A refused PUT leaves the file alone.
     let (st, _, _) = http(a.addr, "PUT", "/v1/policy", Some(BEARER), Some(BAD_FIELD)).await;
     assert_eq!(st, 400);

@@ -949,7 +949,13 @@ fn cross_site_posts_and_rebinding_hosts_are_refused_before_generation() {
         assert_error(&r, 415, None);
         assert_eq!(error_code(&r), "unsupported_media_type");
     }
-    let r = http_with(a, "POST", "/v1/completions", &[("Host", host.as_str())], "{}");
+    let r = http_with(
+        a,
+        "POST",
+        "/v1/completions",
+        &[("Host", host.as_str())],
+        "{}",
+    );
     assert_error(&r, 415, None);
     // `Origin: null` (sandboxed frame, file://) is foreign too.
     let r = http_with(
@@ -963,7 +969,10 @@ fn cross_site_posts_and_rebinding_hosts_are_refused_before_generation() {
         ],
         &body,
     );
-    assert_eq!((r.status, error_code(&r).as_str()), (403, "origin_not_allowed"));
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "origin_not_allowed")
+    );
 
     // DNS rebinding: evil.example now resolves to 127.0.0.1, so the page is
     // same-origin with itself and its requests carry `Host: evil.example`.
@@ -981,18 +990,35 @@ fn cross_site_posts_and_rebinding_hosts_are_refused_before_generation() {
     ] {
         let mut h = vec![("Host", evil.as_str())];
         h.extend(extra);
-        let r = http_with(a, method, path, &h, if extra.is_some() { body.as_str() } else { "" });
+        let r = http_with(
+            a,
+            method,
+            path,
+            &h,
+            if extra.is_some() { body.as_str() } else { "" },
+        );
         assert_error(&r, 403, None);
         assert_eq!(error_code(&r), "host_not_allowed", "{method} {path}");
     }
     // No Host at all (HTTP/1.0 style) is not a loopback name either.
     let r = http_with(a, "GET", "/v1/models", &[], "");
-    assert_eq!((r.status, error_code(&r).as_str()), (403, "host_not_allowed"));
-    assert_eq!(s.counters().admitted, 0, "a refused request reached the queue");
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "host_not_allowed")
+    );
+    assert_eq!(
+        s.counters().admitted,
+        0,
+        "a refused request reached the queue"
+    );
 
     // What a local client sends passes: loopback names with any port, a
     // loopback page's origin (which gets CORS headers), JSON with a charset.
-    for h in [host.clone(), format!("localhost:{port}"), format!("[::1]:{port}")] {
+    for h in [
+        host.clone(),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
         let r = http_with(
             a,
             "POST",
@@ -1050,7 +1076,10 @@ fn configured_hosts_origins_and_the_api_key() {
             ("Host", lan.as_str()),
             ("Origin", "https://app.example"),
             ("Access-Control-Request-Method", "POST"),
-            ("Access-Control-Request-Headers", "authorization, content-type"),
+            (
+                "Access-Control-Request-Headers",
+                "authorization, content-type",
+            ),
         ],
         "",
     );
@@ -1094,7 +1123,11 @@ fn configured_hosts_origins_and_the_api_key() {
             let r = http_with(a, method, path, &h, &body);
             assert_error(&r, 401, None);
             assert_eq!(error_code(&r), "invalid_api_key", "{auth:?}");
-            assert!(r.headers.contains("www-authenticate: bearer"), "{}", r.headers);
+            assert!(
+                r.headers.contains("www-authenticate: bearer"),
+                "{}",
+                r.headers
+            );
         }
     }
     let r = http_with(a, "GET", "/health", &[("Host", lan.as_str())], "");
@@ -1113,7 +1146,10 @@ fn configured_hosts_origins_and_the_api_key() {
         ],
         &body,
     );
-    assert_eq!((r.status, error_code(&r).as_str()), (403, "origin_not_allowed"));
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "origin_not_allowed")
+    );
     let r = http_with(
         a,
         "GET",
@@ -1121,6 +1157,9 @@ fn configured_hosts_origins_and_the_api_key() {
         &[("Host", "other.lan"), ("Authorization", bearer.as_str())],
         "",
     );
-    assert_eq!((r.status, error_code(&r).as_str()), (403, "host_not_allowed"));
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "host_not_allowed")
+    );
     assert_eq!(s.counters().admitted, 1);
 }

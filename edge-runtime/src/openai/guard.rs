@@ -236,7 +236,13 @@ mod tests {
         ] {
             assert!(a.host_allowed(h), "{h}");
         }
-        for h in ["evil.example", "evil.example:8080", "10.0.0.1:8080", "", "a b"] {
+        for h in [
+            "evil.example",
+            "evil.example:8080",
+            "10.0.0.1:8080",
+            "",
+            "a b",
+        ] {
             assert!(!a.host_allowed(h), "{h}");
         }
     }
@@ -272,8 +278,10 @@ mod tests {
             Access::new(&c).unwrap_err().to_string()
         };
         assert!(cfg(|c| c.allowed_origins = vec!["app.example".into()]).contains("allowed_origins"));
-        assert!(cfg(|c| c.allowed_origins = vec!["https://a.example/x".into()])
-            .contains("allowed_origins"));
+        assert!(
+            cfg(|c| c.allowed_origins = vec!["https://a.example/x".into()])
+                .contains("allowed_origins")
+        );
         assert!(cfg(|c| c.allowed_hosts = vec!["a b".into()]).contains("allowed_hosts"));
         assert!(cfg(|c| c.api_key = Some("short".into())).contains("api_key"));
     }
