@@ -142,14 +142,7 @@ impl PinMap {
 
     fn insert(&mut self, id: &str, rule: String) {
         self.remove(id);
-        while self.by_id.len() >= self.capacity {
-            match self.by_use.pop_first() {
-                Some((_, oldest)) => {
-                    self.by_id.remove(&oldest);
-                }
-                None => break,
-            }
-        }
+        self.keep_at_most(self.capacity.saturating_sub(1));
         let now = self.next_tick();
         self.by_use.insert(now, id.to_string());
         self.by_id.insert(id.to_string(), (rule, now));
@@ -163,7 +156,12 @@ impl PinMap {
 
     fn set_capacity(&mut self, capacity: usize) {
         self.capacity = capacity.max(1);
-        while self.by_id.len() > self.capacity {
+        self.keep_at_most(self.capacity);
+    }
+
+    /// Forgets the least recently used ids until at most `n` remain.
+    fn keep_at_most(&mut self, n: usize) {
+        while self.by_id.len() > n {
             match self.by_use.pop_first() {
                 Some((_, oldest)) => {
                     self.by_id.remove(&oldest);
