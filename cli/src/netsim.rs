@@ -60,6 +60,9 @@ pub struct Args {
     /// Delay before a FIN is passed on, in milliseconds.
     #[arg(long)]
     close_delay_ms: Option<f64>,
+    /// Connections open at once; one more is reset on arrival.
+    #[arg(long, default_value_t = tandem_netsim::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
 }
 
 fn millis(name: &str, ms: f64) -> anyhow::Result<Duration> {
@@ -149,7 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        anyhow::ensure!(args.max_connections >= 1, "--max-connections must be at least 1");
         let proxy = Proxy::start_seeded(args.listen, upstream, first, args.seed).await?;
+        proxy.set_max_connections(args.max_connections);
         let what = match (&args.profile, &args.timeline) {
             (Some(p), _) => format!("profile {p}"),
             (_, Some(t)) => format!("timeline \"{t}\""),
@@ -170,8 +175,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let stats = proxy.stats();
         proxy.shutdown().await;
         eprintln!(
-            "netsim: stopped; {} connections, {} B up, {} B down, {} stalls, {} resets",
-            stats.connections, stats.bytes_up, stats.bytes_down, stats.stalls, stats.resets
+            "netsim: stopped; {} connections, {} B up, {} B down, {} stalls, {} resets, {} refused over the cap",
+            stats.connections, stats.bytes_up, stats.bytes_down, stats.stalls, stats.resets, stats.refused
         );
         Ok(())
     })

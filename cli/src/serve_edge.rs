@@ -24,9 +24,25 @@ pub struct Args {
     /// says which). Non-loopback needs --allow-non-loopback.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Serve on a non-loopback address (the /v1 API has no authentication).
+    /// Serve on a non-loopback address (the /v1 API has no authentication
+    /// unless --api-key-env is given).
     #[arg(long)]
     pub allow_non_loopback: bool,
+    /// A `Host` name to answer to besides 127.0.0.1, localhost and [::1]
+    /// (repeatable; e.g. the LAN name with --allow-non-loopback). Other Hosts
+    /// get 403 (DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_hosts: Vec<String>,
+    /// A browser origin (`https://app.example:8443`) allowed to call the API
+    /// besides loopback origins, with CORS (repeatable). Requests from any
+    /// other Origin get 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// Environment variable holding an API key (>= 16 chars) every /v1
+    /// request must send as `Authorization: Bearer <key>` (OpenAI clients'
+    /// `api_key`).
+    #[arg(long)]
+    pub api_key_env: Option<String>,
     /// The model id clients name in their requests.
     #[arg(long, default_value = "tandem")]
     pub model_name: String,
@@ -63,23 +79,16 @@ pub fn run(args: Args) -> Result<()> {
     // Fail before loading any model.
     anyhow::ensure!(
         args.listen.ip().is_loopback() || args.allow_non_loopback,
-        "--listen {} is not a loopback address; the /v1 API has no authentication (add --allow-non-loopback to expose it)",
+        "--listen {} is not a loopback address; add --allow-non-loopback to expose the /v1 API (and --api-key-env: it has no authentication without one)",
         args.listen
     );
     let cfg = args.remote.edge_config(args.k)?;
-    let admin_token = match &args.admin_token_env {
-        Some(var) => {
-            let t = std::env::var(var)
-                .with_context(|| format!("--admin-token-env: environment variable {var}"))?;
-            let t = t.trim().to_string();
-            anyhow::ensure!(
-                t.chars().count() >= 16,
-                "the admin token in {var} must be at least 16 characters"
-            );
-            Some(t)
-        }
-        None => None,
-    };
+    let admin_token = secret_from_env(
+        "--admin-token-env",
+        "admin token",
+        args.admin_token_env.as_deref(),
+    )?;
+    let api_key = secret_from_env("--api-key-env", "API key", args.api_key_env.as_deref())?;
     let router = match &args.remote.policy {
         Some(p) => Router::from_file(p)?,
         None => Router::with_default_policy(),
@@ -103,6 +112,9 @@ pub fn run(args: Args) -> Result<()> {
     let serve = ServeConfig {
         listen: args.listen,
         allow_non_loopback: args.allow_non_loopback,
+        allowed_hosts: args.allow_hosts.clone(),
+        allowed_origins: args.allow_origins.clone(),
+        api_key,
         model_id: args.model_name.clone(),
         queue_depth: args.queue_depth,
         max_tokens_limit: args.max_tokens_limit,
@@ -152,4 +164,19 @@ pub fn run(args: Args) -> Result<()> {
             .await;
         anyhow::Ok(())
     })
+}
+
+/// The secret in the environment variable `var` names (trimmed; at least 16
+/// characters), when `flag` was given.
+fn secret_from_env(flag: &str, what: &str, var: Option<&str>) -> Result<Option<String>> {
+    let Some(var) = var else {
+        return Ok(None);
+    };
+    let t = std::env::var(var).with_context(|| format!("{flag}: environment variable {var}"))?;
+    let t = t.trim().to_string();
+    anyhow::ensure!(
+        t.chars().count() >= 16,
+        "the {what} in {var} must be at least 16 characters"
+    );
+    Ok(Some(t))
 }

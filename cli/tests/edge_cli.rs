@@ -394,6 +394,40 @@ fn edge_config_without_a_verifier_generates_locally() {
     assert_eq!(j["stats"]["verifier_passes"], 0);
 }
 
+#[test]
+fn plain_http_to_a_non_loopback_verifier_is_refused_before_anything_is_sent() {
+    // The bearer token and the token ids would cross the network in clear
+    // text. Refused from the flag and from the config file alike, before a
+    // model is loaded or a connection is made; the error names the field.
+    let dir = tempfile::tempdir().unwrap();
+    let edge = dir.path().join("edge.toml");
+    std::fs::write(&edge, "verifier_url = \"http://192.0.2.7:7443\"\n").unwrap();
+    for (args, extra) in [
+        (
+            vec![
+                "--verifier",
+                "http://verifier.example:7443",
+                "--prompt",
+                "hi",
+            ],
+            vec![],
+        ),
+        (
+            vec!["--prompt", "hi"],
+            vec!["--edge-config".as_ref(), edge.as_os_str()],
+        ),
+    ] {
+        let out = generate(&args, &extra);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("verifier_url") && err.contains("not a loopback address"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 /// A CA, a server certificate for `localhost` and a client certificate, both
 /// signed by the CA (PEM files in `dir`): (ca, server cert, server key, client
 /// cert, client key).

@@ -110,6 +110,40 @@ fn classify_output_never_contains_the_sensitive_text_outside_ids() {
 }
 
 #[test]
+fn a_pem_private_key_header_alone_keeps_the_prompt_local() {
+    // Issue 19: a short, elided or malformed body used to be routed to the
+    // cloud; the header alone now decides, with the built-in policy and the
+    // example one.
+    let texts = [
+        "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----",
+        "why does this fail? -----BEGIN RSA PRIVATE KEY-----\nMIIE",
+        "-----BEGIN OPENSSH PRIVATE KEY-----",
+    ];
+    let input: String = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{}\n", serde_json::json!({"id": i, "text": t})))
+        .collect();
+    let example = example_policy();
+    for args in [
+        vec!["route", "classify"],
+        vec!["route", "classify", "--policy", example.to_str().unwrap()],
+    ] {
+        let o = tandem(&args, &input);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let lines = json_lines(&o);
+        assert_eq!(lines.len(), texts.len());
+        for (l, t) in lines.iter().zip(texts) {
+            assert_eq!(l["decision"], "local", "{args:?} {t:?}: {l}");
+            let e = &l["entities"][0];
+            assert_eq!(e["type"], "SECRET", "{l}");
+            let start = e["start"].as_u64().unwrap() as usize;
+            assert!(t[start..].starts_with("-----BEGIN "), "{l}");
+        }
+    }
+}
+
+#[test]
 fn classify_conversation_field_makes_decisions_sticky() {
     let input = [
         r#"{"id":"1","conversation":"c","text":"my ssn is 536-22-1234"}"#,

@@ -28,6 +28,7 @@ use std::process::{Child, Stdio};
 
 const TOKEN: &str = "serve-edge-token-0123456789";
 const ADMIN: &str = "serve-edge-admin-0123456789";
+const API_KEY: &str = "sk-serve-edge-0123456789";
 const PROMPT: &str = "Write a Rust function that returns the larger of two i32 values.";
 
 fn python() -> PathBuf {
@@ -109,13 +110,28 @@ fn http(addr: &str, method: &str, path: &str, auth: Option<&str>, body: &str) ->
     )
 }
 
+/// A request written out in full (a browser's, say); (status, body).
+fn http_raw(addr: &str, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        rest.to_string(),
+    )
+}
+
 /// Starts `tandem serve-edge --listen 127.0.0.1:0 EXTRA…` (admin token in
-/// `TANDEM_TEST_ADMIN`); (server, addr, first stdout line).
+/// `TANDEM_TEST_ADMIN`, API key in `TANDEM_TEST_API_KEY`); (server, addr,
+/// first stdout line).
 fn serve_edge(extra: &[&str]) -> (Server, String, String) {
     let mut child = tandem()
         .args(["serve-edge", "--listen", "127.0.0.1:0"])
         .args(extra)
         .env("TANDEM_TEST_ADMIN", ADMIN)
+        .env("TANDEM_TEST_API_KEY", API_KEY)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -151,6 +167,8 @@ fn the_openai_python_client_accepts_serve_edge() {
     let (server, addr, line) = serve_edge(&[
         "--admin-token-env",
         "TANDEM_TEST_ADMIN",
+        "--api-key-env",
+        "TANDEM_TEST_API_KEY",
         "--verifier",
         &verifier_url,
         "--token-file",
@@ -162,7 +180,7 @@ fn the_openai_python_client_accepts_serve_edge() {
     let out = std::process::Command::new(&py)
         .arg(&script)
         .arg(format!("http://{addr}/v1"))
-        .args(["tandem", PROMPT])
+        .args(["tandem", PROMPT, API_KEY])
         .output()
         .unwrap();
     assert!(
@@ -236,12 +254,45 @@ fn the_openai_python_client_accepts_serve_edge() {
         &addr,
         "POST",
         "/v1/chat/completions",
-        None,
+        Some(API_KEY),
         &body.to_string(),
     );
     assert_eq!(code, 200, "{body}");
     let j: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(j["tandem"]["route"]["decision"]["action"], "local", "{j}");
+
+    // What a web page can send is refused before anything is generated or
+    // sent to the verifier: a cross-site text/plain POST (no CORS preflight)
+    // and a DNS-rebinding Host (evil.example re-pointed at 127.0.0.1).
+    let chat = serde_json::json!({"model": "tandem", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello"}]})
+    .to_string();
+    let port = addr.rsplit(':').next().unwrap();
+    for (request, code) in [
+        (
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://evil.example\r\n\
+                 Content-Type: text/plain\r\nAuthorization: Bearer {API_KEY}\r\n\
+                 Connection: close\r\nContent-Length: {}\r\n\r\n{chat}",
+                chat.len()
+            ),
+            "origin_not_allowed",
+        ),
+        (
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: evil.example:{port}\r\n\
+                 Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n\
+                 Connection: close\r\nContent-Length: {}\r\n\r\n{chat}",
+                chat.len()
+            ),
+            "host_not_allowed",
+        ),
+    ] {
+        let (status, body) = http_raw(&addr, &request);
+        assert_eq!(status, 403, "{body}");
+        let e: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(e["error"]["code"], code, "{e}");
+    }
     assert!(j["tandem"]["token_status"]
         .as_array()
         .unwrap()
@@ -265,7 +316,7 @@ fn the_openai_python_client_accepts_serve_edge() {
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.
-    let (code, body) = http(&addr, "GET", "/v1/models/%FF", None, "");
+    let (code, body) = http(&addr, "GET", "/v1/models/%FF", Some(API_KEY), "");
     assert_eq!(code, 400, "{body}");
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
@@ -330,6 +381,31 @@ fn serve_edge_refuses_bad_flags_before_loading_a_model() {
         String::from_utf8_lossy(&out.stderr).contains("at least 16 characters"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tandem()
+        .args([
+            "serve-edge",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-key-env",
+            "TANDEM_TEST_SHORT",
+        ])
+        .env("TANDEM_TEST_SHORT", "short")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("API key") && err.contains("at least 16 characters"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_edge_refuses_an_origin_that_is_not_one() {
+    let _ = refuses_to_start(
+        &["--listen", "127.0.0.1:0", "--allow-origin", "app.example"],
+        "allowed_origins",
     );
 }
 

@@ -7,21 +7,37 @@
 //! | method and path | body | answer |
 //! | --- | --- | --- |
 //! | `GET /v1/policy` | – | `{generation, sha256, source, file}`: the TOML serving now |
-//! | `PUT /v1/policy` | policy TOML | validate, then swap atomically: `{generation, sha256}`; invalid: 400 `{error, line, field}` and the old policy keeps serving |
+//! | `PUT /v1/policy` | policy TOML | validate, write the policy file durably (when one is configured), then swap atomically: `{generation, sha256}`; invalid: 400 `{error, line, field}`, unwritable file: 500; either way the old policy keeps serving |
 //! | `POST /v1/route/explain` | `{"text": .., "context": {..}?}` | the decision (action, rule, entities with byte spans and scores, categories, category term spans); not counted in stats |
 //! | `GET /v1/route/stats` | – | decisions by action and by rule, policy generation, reload counters |
 //!
-//! **Hot reload**: with [`AdminConfig::policy_file`] set, a task reads the
-//! file every `poll_interval_ms` and, when its sha256 differs from the content
-//! last seen, validates it and swaps it in; an invalid file is logged and
-//! counted, and the old policy keeps serving. The first content seen is the
-//! serving policy's own, so a file that differs at start is loaded at once.
-//! A `PUT` does not write the file; the file wins again on its next change.
-//! Reading the whole (small) file each poll avoids relying on mtime
-//! granularity and needs no file-watching dependency.
+//! **Durable `PUT`**: with [`AdminConfig::policy_file`] set, a `PUT` that
+//! validates is first written to the file ([`write_durably`]: a temporary
+//! file in the same directory, fsync, rename over the file, fsync the
+//! directory) and only then served, so a restart serves what was last
+//! acknowledged and a crash at any point leaves the file holding either the
+//! old or the new policy, complete. Without a policy file a `PUT` lives in
+//! memory only.
+//!
+//! **Hot reload**: with a policy file, a task reads it every
+//! `poll_interval_ms`; when its sha256 differs from the serving policy's, it
+//! validates and swaps it in, but only once two consecutive reads returned
+//! the same bytes. A file being rewritten in place (`echo ... >
+//! policy.toml`) can be read truncated, and a truncated policy may still
+//! parse (fewer rules: weaker); the second read keeps such a snapshot out.
+//! (A changed inode is no proof of a complete file: a file deleted and
+//! created anew is written in place too, so a rename is not trusted alone.)
+//! A change therefore takes effect one to two poll intervals after it is
+//! written. An invalid file is logged and counted once,
+//! and the old policy keeps serving. A file that differs from the serving
+//! policy at start is loaded after its second read too. Reading the whole
+//! (small) file each poll avoids relying on mtime granularity and needs no
+//! file-watching dependency. `PUT` and the watcher take one lock, so a `PUT`'s
+//! own write is never loaded a second time by the watcher.
 
+use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -34,10 +50,11 @@ use axum::routing::{get, post};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-use tandem_router::{CategoryHit, Decision, PolicyError, RouteContext, RouteStats, Router};
+use tandem_router::{CategoryHit, Decision, Policy, PolicyError, RouteContext, RouteStats, Router};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::bearer;
 
 /// Configuration of the admin API (section `[admin]` of the app's config).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -163,9 +180,25 @@ struct AdminState {
     token: String,
     policy_file: Option<PathBuf>,
     reloads: Mutex<ReloadCounters>,
+    /// Held by a `PUT` from validation to swap and by the watcher from its
+    /// comparison to its swap.
+    policy_lock: tokio::sync::Mutex<()>,
 }
 
 impl AdminState {
+    fn new(router: Arc<Router>, cfg: &AdminConfig) -> Arc<Self> {
+        if let Some(p) = &cfg.policy_file {
+            remove_stale_temp_files(p);
+        }
+        Arc::new(AdminState {
+            router,
+            token: cfg.token.clone(),
+            policy_file: cfg.policy_file.clone(),
+            reloads: Mutex::new(ReloadCounters::default()),
+            policy_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
     fn reloads(&self) -> std::sync::MutexGuard<'_, ReloadCounters> {
         self.reloads.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -246,12 +279,7 @@ pub async fn start(router: Arc<Router>, cfg: AdminConfig) -> Result<RunningAdmin
         addr: cfg.listen,
         source,
     })?;
-    let state = Arc::new(AdminState {
-        router,
-        token: cfg.token.clone(),
-        policy_file: cfg.policy_file.clone(),
-        reloads: Mutex::new(ReloadCounters::default()),
-    });
+    let state = AdminState::new(router, &cfg);
     let app = app(state.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -292,12 +320,7 @@ pub fn mount(router: Arc<Router>, cfg: &AdminConfig) -> Result<MountedAdmin, Adm
     if cfg.poll_interval_ms == 0 {
         return Err(AdminError::Config("poll_interval_ms must be > 0".into()));
     }
-    let state = Arc::new(AdminState {
-        router,
-        token: cfg.token.clone(),
-        policy_file: cfg.policy_file.clone(),
-        reloads: Mutex::new(ReloadCounters::default()),
-    });
+    let state = AdminState::new(router, cfg);
     let watcher = cfg.policy_file.clone().map(|path| {
         let every = Duration::from_millis(cfg.poll_interval_ms);
         tokio::spawn(watch(state.clone(), path, every))
@@ -348,18 +371,13 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// The admin API's bearer-token check (constant-time comparison): the 401
+/// The admin API's bearer-token check ([`bearer::matches`]: constant time,
+/// length included): the 401
 /// answer when `req` does not carry `token` (or no token is set), `None` when
 /// it does. Shared with the OpenAI server, which mounts these routes.
 pub(crate) fn unauthorized(req: &Request<Body>, token: Option<&str>) -> Option<Response> {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let ok = match (token, presented) {
-        (Some(t), Some(p)) => bool::from(p.as_bytes().ct_eq(t.as_bytes())),
+    let ok = match (token, bearer::presented(req.headers())) {
+        (Some(t), Some(p)) => bearer::matches(p, t),
         _ => false,
     };
     if ok {
@@ -400,13 +418,9 @@ fn refusal(e: &PolicyError) -> Response {
 }
 
 async fn put_policy(State(s): State<Arc<AdminState>>, body: String) -> Response {
-    match s.router.reload_from_str(&body) {
-        Ok(generation) => {
-            s.reloads().api_ok += 1;
-            let sha256 = policy_sha256(&body);
-            tracing::info!(generation, %sha256, "policy replaced through the admin API");
-            Json(serde_json::json!({ "generation": generation, "sha256": sha256 })).into_response()
-        }
+    let _serialised = s.policy_lock.lock().await;
+    let policy = match Policy::from_toml_str(&body) {
+        Ok(p) => p,
         Err(e) => {
             {
                 let mut r = s.reloads();
@@ -414,7 +428,100 @@ async fn put_policy(State(s): State<Arc<AdminState>>, body: String) -> Response 
                 r.last_error = Some(e.to_string());
             }
             tracing::warn!(error = %e, "policy refused by the admin API; the old one keeps serving");
-            refusal(&e)
+            return refusal(&e);
+        }
+    };
+    if let Some(path) = s.policy_file.clone() {
+        let bytes = body.clone().into_bytes();
+        let written = tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        if let Err(e) = written {
+            let msg = format!(
+                "writing the policy file {}: {e}; the old policy keeps serving",
+                s.policy_file.as_deref().unwrap_or(Path::new("")).display()
+            );
+            {
+                let mut r = s.reloads();
+                r.api_rejected += 1;
+                r.last_error = Some(msg.clone());
+            }
+            tracing::error!(error = %msg, "policy PUT not persisted");
+            return error(StatusCode::INTERNAL_SERVER_ERROR, msg);
+        }
+    }
+    let generation = s.router.replace(policy);
+    s.reloads().api_ok += 1;
+    let sha256 = policy_sha256(&body);
+    tracing::info!(generation, %sha256, persisted = s.policy_file.is_some(), "policy replaced through the admin API");
+    Json(serde_json::json!({ "generation": generation, "sha256": sha256 })).into_response()
+}
+
+/// Prefix of [`write_durably`]'s temporary files next to `path`.
+fn temp_prefix(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!(".{name}.tandem-tmp-")
+}
+
+/// The file a write to `path` must replace: `path`'s target when it is a
+/// symbolic link (so the link stays a link), else `path`.
+fn write_target(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Replaces `path`'s content with `bytes` so that a crash at any point leaves
+/// either the old or the new content, complete: write a temporary file in the
+/// same directory (a rename is atomic only within one file system), fsync
+/// it, give it the old file's permissions, rename it over `path`, fsync the
+/// directory (so the rename itself survives a power cut).
+pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let target = write_target(path);
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = dir.join(format!("{}{}", temp_prefix(&target), std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        if let Ok(meta) = std::fs::metadata(&target) {
+            std::fs::set_permissions(&tmp, meta.permissions())?;
+        }
+        std::fs::rename(&tmp, &target)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Removes temporary files a killed [`write_durably`] left next to `path`
+/// (they are never read: the rename had not happened).
+fn remove_stale_temp_files(path: &Path) {
+    let target = write_target(path);
+    let (Some(dir), prefix) = (target.parent(), temp_prefix(&target)) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
@@ -446,48 +553,165 @@ async fn stats(State(s): State<Arc<AdminState>>) -> Json<StatsResponse> {
     })
 }
 
-/// The hot-reload loop: read, hash, validate and swap on change.
+/// What the hot-reload watcher remembers between polls.
+#[derive(Debug, Default)]
+struct Watcher {
+    /// sha256 of the previous successful read.
+    previous: Option<String>,
+    /// sha256 of the last content refused (not re-validated, not re-counted).
+    refused: Option<String>,
+    /// The file was unreadable at the previous poll (logged once).
+    unreadable: bool,
+}
+
+impl Watcher {
+    /// One poll with the file's content `read` (module docs): swap it in once
+    /// two consecutive reads agree and it differs from the serving policy.
+    /// Call with `state.policy_lock` held. Returns the new generation if the
+    /// policy was swapped.
+    fn poll(
+        &mut self,
+        state: &AdminState,
+        path: &Path,
+        read: std::io::Result<String>,
+    ) -> Option<u64> {
+        let text = match read {
+            Ok(t) => {
+                self.unreadable = false;
+                t
+            }
+            Err(e) => {
+                // Editors replace files by rename; a missing file is transient.
+                if !self.unreadable {
+                    tracing::warn!(path = %path.display(), error = %e, "policy file unreadable; the current policy keeps serving");
+                    self.unreadable = true;
+                }
+                self.previous = None;
+                return None;
+            }
+        };
+        let sha = policy_sha256(&text);
+        let settled = self.previous.as_deref() == Some(sha.as_str());
+        self.previous = Some(sha.clone());
+        let serving = policy_sha256(state.router.policy().source());
+        if sha == serving || self.refused.as_deref() == Some(sha.as_str()) || !settled {
+            return None;
+        }
+        match state.router.reload_from_str(&text) {
+            Ok(generation) => {
+                self.refused = None;
+                state.reloads().file_ok += 1;
+                tracing::info!(path = %path.display(), generation, sha256 = %sha, "policy file reloaded");
+                Some(generation)
+            }
+            Err(e) => {
+                self.refused = Some(sha);
+                {
+                    let mut r = state.reloads();
+                    r.file_rejected += 1;
+                    r.last_error = Some(format!("{}: {e}", path.display()));
+                }
+                tracing::warn!(path = %path.display(), error = %e, "policy file refused; the old policy keeps serving");
+                None
+            }
+        }
+    }
+}
+
+/// The hot-reload loop: read the file every `every` and [`Watcher::poll`].
 async fn watch(state: Arc<AdminState>, path: PathBuf, every: Duration) {
-    let mut seen = policy_sha256(state.router.policy().source());
-    let mut unreadable = false;
+    let mut watcher = Watcher::default();
     loop {
         let p = path.clone();
         let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(p))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-        let text = match read {
-            Ok(t) => {
-                unreadable = false;
-                t
-            }
-            Err(e) => {
-                // Editors replace files by rename; a missing file is transient.
-                if !unreadable {
-                    tracing::warn!(path = %path.display(), error = %e, "policy file unreadable; the current policy keeps serving");
-                    unreadable = true;
-                }
-                tokio::time::sleep(every).await;
-                continue;
-            }
-        };
-        let sha = policy_sha256(&text);
-        if sha != seen {
-            seen = sha.clone();
-            match state.router.reload_from_str(&text) {
-                Ok(generation) => {
-                    state.reloads().file_ok += 1;
-                    tracing::info!(path = %path.display(), generation, sha256 = %sha, "policy file reloaded");
-                }
-                Err(e) => {
-                    {
-                        let mut r = state.reloads();
-                        r.file_rejected += 1;
-                        r.last_error = Some(format!("{}: {e}", path.display()));
-                    }
-                    tracing::warn!(path = %path.display(), error = %e, "policy file refused; the old policy keeps serving");
-                }
-            }
+        {
+            let _serialised = state.policy_lock.lock().await;
+            watcher.poll(&state, &path, read);
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_router::DEFAULT_POLICY_TOML;
+
+    const TICKETS: &str = "version = 1\ndefault = \"speculative\"\n\n[[recognizers]]\nname = \"TICKET\"\npattern = 'TCK-[0-9]{5}'\nscore = 0.9\n\n[[rules]]\nname = \"tickets\"\naction = \"local\"\nentities = [\"TICKET\"]\n";
+
+    fn state() -> Arc<AdminState> {
+        let router = Arc::new(Router::with_default_policy());
+        AdminState::new(router, &AdminConfig::default())
+    }
+
+    #[test]
+    fn a_file_read_half_written_once_is_never_loaded() {
+        // A prefix of the policy that still parses: the same file with its
+        // last rule missing is a weaker policy.
+        let cut = TICKETS.find("[[rules]]").unwrap();
+        let prefix = &TICKETS[..cut];
+        assert!(Policy::from_toml_str(prefix).is_ok());
+        let s = state();
+        let path = Path::new("policy.toml");
+        let mut w = Watcher::default();
+        let serving = DEFAULT_POLICY_TOML.to_string();
+        assert_eq!(w.poll(&s, path, Ok(serving.clone())), None);
+        // Caught mid-write: the prefix, then the whole file.
+        assert_eq!(w.poll(&s, path, Ok(prefix.into())), None);
+        assert_eq!(w.poll(&s, path, Ok(TICKETS.into())), None);
+        assert_eq!(s.router.policy().source(), DEFAULT_POLICY_TOML);
+        // The whole file read twice: loaded.
+        assert_eq!(w.poll(&s, path, Ok(TICKETS.into())), Some(2));
+        assert_eq!(s.router.policy().source(), TICKETS);
+        assert_eq!(s.reloads().file_ok, 1);
+        // Unchanged: nothing more.
+        assert_eq!(w.poll(&s, path, Ok(TICKETS.into())), None);
+        // An unreadable poll in between forgets the previous read.
+        assert_eq!(w.poll(&s, path, Ok(serving.clone())), None);
+        assert_eq!(w.poll(&s, path, Err(std::io::Error::other("gone"))), None);
+        assert_eq!(w.poll(&s, path, Ok(serving.clone())), None);
+        assert_eq!(w.poll(&s, path, Ok(serving)), Some(3));
+    }
+
+    #[test]
+    fn an_invalid_file_is_refused_once() {
+        let s = state();
+        let path = Path::new("policy.toml");
+        let mut w = Watcher::default();
+        let bad = "version = 1\ndefault = \"nowhere\"\n".to_string();
+        for _ in 0..4 {
+            assert_eq!(w.poll(&s, path, Ok(bad.clone())), None);
+        }
+        let r = s.reloads().clone();
+        assert_eq!((r.file_ok, r.file_rejected), (0, 1));
+        assert_eq!(s.router.generation(), 1);
+    }
+
+    #[test]
+    fn a_durable_write_replaces_the_file_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.toml");
+        std::fs::write(&file, "old").unwrap();
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        write_durably(&link, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "new");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // A leftover of a killed write is removed at the next start.
+        let stale = dir.path().join(".policy.toml.tandem-tmp-1");
+        std::fs::write(&stale, "half").unwrap();
+        remove_stale_temp_files(&file);
+        assert!(!stale.exists());
+        assert!(write_durably(&dir.path().join("no/such/dir/p.toml"), b"x").is_err());
     }
 }

@@ -181,6 +181,23 @@ impl EdgeConfig {
             if !https && (self.ca_cert_pem.is_some() || self.client_cert_pem.is_some()) {
                 return bad("TLS files are set but verifier_url is plain http".into());
             }
+            if !https {
+                // The bearer token and the token ids would cross the network
+                // in clear text; the verifier refuses plain text off loopback
+                // for the same reason.
+                match crate::loopback::url_host(url) {
+                    Some(h) if crate::loopback::is_loopback_host(&h) => {}
+                    host => {
+                        return bad(format!(
+                            "verifier_url {url:?} is plain http:// to {}, which is not a loopback \
+                             address: the bearer token and token ids would travel in clear text; \
+                             use https:// with ca_cert_pem (plain http:// is only allowed to \
+                             127.0.0.1, [::1] or localhost)",
+                            host.as_deref().unwrap_or("an unparseable host")
+                        ))
+                    }
+                }
+            }
         }
         if self.client_cert_pem.is_some() != self.client_key_pem.is_some() {
             return bad("client_cert_pem and client_key_pem go together".into());
@@ -277,6 +294,33 @@ mod tests {
         assert!(e.to_string().contains("k must be"), "{e}");
         let e = EdgeConfig::from_toml("nonsense = 1\n").unwrap_err();
         assert!(e.to_string().contains("nonsense"), "{e}");
+    }
+
+    #[test]
+    fn plain_http_is_refused_off_loopback() {
+        for ok in [
+            "http://127.0.0.1:7443",
+            "http://localhost:7443",
+            "http://[::1]:7443",
+        ] {
+            let c = EdgeConfig::from_toml(&format!("verifier_url = \"{ok}\"\n"));
+            assert!(c.is_ok(), "{ok}: {c:?}");
+        }
+        for bad in [
+            "http://10.0.0.5:7443",
+            "http://verifier.example:7443",
+            "http://127.0.0.1@evil.example:7443",
+            "http://0.0.0.0:7443",
+        ] {
+            let e = EdgeConfig::from_toml(&format!("verifier_url = \"{bad}\"\n")).unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.contains("verifier_url")
+                    && m.contains("not a loopback")
+                    && m.contains("https://"),
+                "{bad}: {m}"
+            );
+        }
     }
 
     #[test]

@@ -22,14 +22,19 @@
 //! the local admin HTTP API (policy get/replace, explain, stats) and hot-reloads
 //! the policy file (see `docs/privacy.md`). [`openai`] is the local
 //! OpenAI-compatible HTTP server (`tandem serve-edge`, see `docs/api.md`)
-//! with the admin API mounted under `/admin`.
+//! with the admin API mounted under `/admin`. Two small rules are shared by
+//! them: [`loopback`] (which hosts are this machine: plain-text verifier URLs,
+//! the OpenAI server's `Host` allow-list) and [`bearer`] (reading and
+//! comparing bearer tokens in constant time).
 
 pub mod adaptive;
 pub mod admin;
+pub mod bearer;
 pub mod breaker;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod loopback;
 mod mtls_probe;
 pub mod openai;
 pub mod privacy;

@@ -18,13 +18,19 @@
 //! that invents a new id; (2) the runtime remembers pinned conversation ids,
 //! so a caller that sends only the newest message under the same id stays
 //! local too. Local decisions caused only by the network or device state do
-//! not pin.
+//! not pin. The remembered ids are bounded ([`DEFAULT_PIN_CAPACITY`],
+//! [`RoutedRuntime::set_pin_capacity`]): the ids are client-chosen, so an
+//! unbounded map would grow with every one a client invents. When it is
+//! full, the least recently routed id is forgotten; a caller that still sends
+//! that conversation's sensitive history is local again by (1), only a
+//! caller that sends just the newest message of a forgotten conversation is
+//! decided on that message alone.
 //!
 //! The [`RoutedDecision`] returned to the caller carries the rule, entity
 //! kinds, byte spans (into the message it names) and scores, never the text;
 //! it is also logged (`tracing`, target `tandem_edge::privacy`) without text.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -89,14 +95,94 @@ pub struct RoutedGeneration {
     pub generation: EdgeGeneration,
 }
 
+/// How many pinned conversation ids a [`RoutedRuntime`] remembers by default.
+pub const DEFAULT_PIN_CAPACITY: usize = 10_000;
+
+/// Conversation id -> the content rule that pinned it local, at most
+/// `capacity` ids; the least recently used one is dropped first.
+#[derive(Debug)]
+struct PinMap {
+    capacity: usize,
+    /// Use counter; a `u64` does not wrap in practice (one step per route).
+    tick: u64,
+    by_id: HashMap<String, (String, u64)>,
+    /// Last use -> id, oldest first.
+    by_use: BTreeMap<u64, String>,
+}
+
+impl PinMap {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            tick: 0,
+            by_id: HashMap::new(),
+            by_use: BTreeMap::new(),
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick = self.tick.wrapping_add(1);
+        self.tick
+    }
+
+    /// The pinning rule, without counting as a use.
+    fn peek(&self, id: &str) -> Option<&str> {
+        self.by_id.get(id).map(|(rule, _)| rule.as_str())
+    }
+
+    /// The pinning rule, marking `id` as just used.
+    fn touch(&mut self, id: &str) -> Option<String> {
+        let now = self.next_tick();
+        let (rule, used) = self.by_id.get_mut(id)?;
+        self.by_use.remove(used);
+        *used = now;
+        self.by_use.insert(now, id.to_string());
+        Some(rule.clone())
+    }
+
+    fn insert(&mut self, id: &str, rule: String) {
+        self.remove(id);
+        self.keep_at_most(self.capacity.saturating_sub(1));
+        let now = self.next_tick();
+        self.by_use.insert(now, id.to_string());
+        self.by_id.insert(id.to_string(), (rule, now));
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((_, used)) = self.by_id.remove(id) {
+            self.by_use.remove(&used);
+        }
+    }
+
+    fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+        self.keep_at_most(self.capacity);
+    }
+
+    /// Forgets the least recently used ids until at most `n` remain.
+    fn keep_at_most(&mut self, n: usize) {
+        while self.by_id.len() > n {
+            match self.by_use.pop_first() {
+                Some((_, oldest)) => {
+                    self.by_id.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
 /// [`EdgeRuntime`] behind the privacy router. See the module docs.
 pub struct RoutedRuntime {
     runtime: EdgeRuntime,
     router: Arc<Router>,
     tokenizer: Tokenizer,
     device: DeviceState,
-    /// Conversation id -> the content rule that pinned it local.
-    pinned: HashMap<String, String>,
+    pinned: PinMap,
 }
 
 impl RoutedRuntime {
@@ -109,8 +195,19 @@ impl RoutedRuntime {
             router,
             tokenizer,
             device: DeviceState::default(),
-            pinned: HashMap::new(),
+            pinned: PinMap::new(DEFAULT_PIN_CAPACITY),
         }
+    }
+
+    /// Remember at most `capacity` (at least 1) pinned conversation ids,
+    /// dropping the least recently routed ones now if there are more.
+    pub fn set_pin_capacity(&mut self, capacity: usize) {
+        self.pinned.set_capacity(capacity);
+    }
+
+    /// How many conversation ids are pinned local now.
+    pub fn pinned_count(&self) -> usize {
+        self.pinned.len()
     }
 
     pub fn router(&self) -> &Arc<Router> {
@@ -152,7 +249,7 @@ impl RoutedRuntime {
 
     /// The content rule that pinned `conversation_id` local, if any.
     pub fn pinned_by(&self, conversation_id: &str) -> Option<&str> {
-        self.pinned.get(conversation_id).map(String::as_str)
+        self.pinned.peek(conversation_id)
     }
 
     /// Drop what the runtime remembers about a conversation (its pin). A later
@@ -194,7 +291,7 @@ impl RoutedRuntime {
             (_, Some(l)) => (l, Some(messages.len() - 1)),
             (_, None) => (policy.decide("", &ctx), None),
         };
-        if let Some(rule) = self.pinned.get(conversation_id) {
+        if let Some(rule) = self.pinned.touch(conversation_id) {
             if !(decision.action == Action::Local && decision.content_based) {
                 // Pinned by an earlier call whose sensitive message this
                 // history may not carry any more.
@@ -213,7 +310,7 @@ impl RoutedRuntime {
                 .strip_prefix("sticky:")
                 .unwrap_or(&decision.rule)
                 .to_string();
-            self.pinned.insert(conversation_id.to_string(), rule);
+            self.pinned.insert(conversation_id, rule);
         }
         self.router.record(&decision);
         tracing::info!(

@@ -434,6 +434,48 @@ async fn policy_file_is_hot_reloaded_and_a_bad_file_is_refused() {
 }
 
 #[tokio::test]
+async fn a_put_is_written_to_the_policy_file_before_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, DEFAULT_POLICY_TOML).unwrap();
+    let router = Arc::new(Router::from_file(&file).unwrap());
+    let a = start(router.clone(), Some(&file)).await;
+    let (st, _, body) = http(a.addr, "PUT", "/v1/policy", Some(BEARER), Some(CUSTOM)).await;
+    assert_eq!(st, 200, "{body}");
+    // On disk by the time the PUT is answered (a restart serves it).
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), CUSTOM);
+    let p = get_json(a.addr, "/v1/policy").await;
+    assert_eq!(
+        (p["source"].as_str(), &p["generation"]),
+        (Some(CUSTOM), &json!(2))
+    );
+    // A refused PUT leaves the file alone.
+    let (st, _, _) = http(a.addr, "PUT", "/v1/policy", Some(BEARER), Some(BAD_FIELD)).await;
+    assert_eq!(st, 400);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), CUSTOM);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "temporary files left: {names:?}");
+    let r = a.reload_counters();
+    assert_eq!((r.api_ok, r.api_rejected, r.file_ok), (1, 1, 0));
+    assert_eq!(router.generation(), 2);
+    a.shutdown().await;
+
+    // A file that cannot be written: 500, and the old policy keeps serving.
+    let router = Arc::new(Router::with_default_policy());
+    let gone = dir.path().join("no-such-dir").join("policy.toml");
+    let a = start(router.clone(), Some(&gone)).await;
+    let (st, _, body) = http(a.addr, "PUT", "/v1/policy", Some(BEARER), Some(CUSTOM)).await;
+    assert_eq!(st, 500, "{body}");
+    assert!(body.contains("writing the policy file"), "{body}");
+    assert_eq!(router.policy().source(), DEFAULT_POLICY_TOML);
+    assert_eq!(router.generation(), 1);
+    a.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_file_that_differs_from_the_serving_policy_at_start_is_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.toml");

@@ -5,7 +5,10 @@
 //! real in-process verifier equal to the target's own greedy output, the
 //! privacy router keeping an ID-number prompt local, the bounded FIFO queue
 //! and its 429, client disconnect cancelling generation and closing the
-//! verifier session, and the admin routes' bearer token.
+//! verifier session, the admin routes' bearer token, and the browser
+//! attacks the guard refuses (a cross-site `text/plain` POST, a DNS-rebinding
+//! `Host`) next to what it lets through (loopback names, configured hosts and
+//! origins with CORS, the optional API key).
 //!
 //! The real-model test with the official `openai` Python client is
 //! `cli/tests/serve_edge_openai.rs`.
@@ -259,6 +262,29 @@ fn read_answer(mut s: TcpStream) -> Answer {
         headers,
         body,
     }
+}
+
+/// `method path` with exactly `headers` (plus `Content-Length` and
+/// `Connection: close`): for requests a browser would send.
+fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    read_answer(s)
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>, body: &str) -> Answer {
@@ -885,4 +911,255 @@ fn an_edited_policy_file_decides_the_next_request() {
     assert_eq!(after["policy_generation"], 2);
     drop(s);
     let _ = f.rt.block_on(v.shutdown());
+}
+
+fn error_code(a: &Answer) -> String {
+    a.json()["error"]["code"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn cross_site_posts_and_rebinding_hosts_are_refused_before_generation() {
+    let f = fixture();
+    let s = f.server(f.edge_config(None), ServeConfig::default());
+    let a = s.addr;
+    let host = a.to_string();
+    let body = chat_body("hi", json!({"max_tokens": 2})).to_string();
+
+    // CSRF: a page on evil.example POSTs text/plain (no CORS preflight).
+    let csrf = http_with(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("Host", host.as_str()),
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "text/plain;charset=UTF-8"),
+        ],
+        &body,
+    );
+    assert_error(&csrf, 403, None);
+    assert_eq!(error_code(&csrf), "origin_not_allowed", "{}", csrf.body);
+    assert!(!csrf.headers.contains("access-control-allow-origin"));
+    // The same without the Origin header (or from a loopback page): the
+    // body type alone is refused.
+    for origin in [None, Some("http://localhost:3000")] {
+        let mut h = vec![("Host", host.as_str()), ("Content-Type", "text/plain")];
+        h.extend(origin.map(|o| ("Origin", o)));
+        let r = http_with(a, "POST", "/v1/chat/completions", &h, &body);
+        assert_error(&r, 415, None);
+        assert_eq!(error_code(&r), "unsupported_media_type");
+    }
+    let r = http_with(
+        a,
+        "POST",
+        "/v1/completions",
+        &[("Host", host.as_str())],
+        "{}",
+    );
+    assert_error(&r, 415, None);
+    // `Origin: null` (sandboxed frame, file://) is foreign too.
+    let r = http_with(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("Host", host.as_str()),
+            ("Origin", "null"),
+            ("Content-Type", "application/json"),
+        ],
+        &body,
+    );
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "origin_not_allowed")
+    );
+
+    // DNS rebinding: evil.example now resolves to 127.0.0.1, so the page is
+    // same-origin with itself and its requests carry `Host: evil.example`.
+    let port = a.port().to_string();
+    let evil = format!("evil.example:{port}");
+    for (method, path, extra) in [
+        ("GET", "/v1/models", None),
+        ("GET", "/health", None),
+        ("GET", "/admin/v1/policy", None),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(("Content-Type", "application/json")),
+        ),
+    ] {
+        let mut h = vec![("Host", evil.as_str())];
+        h.extend(extra);
+        let r = http_with(
+            a,
+            method,
+            path,
+            &h,
+            if extra.is_some() { body.as_str() } else { "" },
+        );
+        assert_error(&r, 403, None);
+        assert_eq!(error_code(&r), "host_not_allowed", "{method} {path}");
+    }
+    // No Host at all (HTTP/1.0 style) is not a loopback name either.
+    let r = http_with(a, "GET", "/v1/models", &[], "");
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "host_not_allowed")
+    );
+    assert_eq!(
+        s.counters().admitted,
+        0,
+        "a refused request reached the queue"
+    );
+
+    // What a local client sends passes: loopback names with any port, a
+    // loopback page's origin (which gets CORS headers), JSON with a charset.
+    for h in [
+        host.clone(),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let r = http_with(
+            a,
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("Host", h.as_str()),
+                ("Content-Type", "application/json; charset=utf-8"),
+            ],
+            &body,
+        );
+        assert_eq!(r.status, 200, "{h}: {}", r.body);
+    }
+    let r = http_with(
+        a,
+        "GET",
+        "/v1/models",
+        &[("Host", host.as_str()), ("Origin", "http://localhost:3000")],
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.headers
+            .contains("access-control-allow-origin: http://localhost:3000"),
+        "{}",
+        r.headers
+    );
+    assert_eq!(s.counters().completed, 3);
+}
+
+#[test]
+fn configured_hosts_origins_and_the_api_key() {
+    const KEY: &str = "sk-local-0123456789abcdef";
+    let f = fixture();
+    let s = f.server(
+        f.edge_config(None),
+        ServeConfig {
+            allowed_hosts: vec!["Tandem.LAN".into()],
+            allowed_origins: vec!["https://app.example".into()],
+            api_key: Some(KEY.into()),
+            ..ServeConfig::default()
+        },
+    );
+    let a = s.addr;
+    let lan = format!("tandem.lan:{}", a.port());
+    let body = chat_body("hi", json!({"max_tokens": 2})).to_string();
+    let bearer = format!("Bearer {KEY}");
+    let json_ct = ("Content-Type", "application/json");
+
+    // The browser app's preflight, then its request with the key.
+    let pre = http_with(
+        a,
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[
+            ("Host", lan.as_str()),
+            ("Origin", "https://app.example"),
+            ("Access-Control-Request-Method", "POST"),
+            (
+                "Access-Control-Request-Headers",
+                "authorization, content-type",
+            ),
+        ],
+        "",
+    );
+    assert_eq!(pre.status, 204, "{}", pre.body);
+    for want in [
+        "access-control-allow-origin: https://app.example",
+        "access-control-allow-headers: authorization, content-type",
+        "access-control-allow-methods: get, post",
+    ] {
+        assert!(pre.headers.contains(want), "{want}: {}", pre.headers);
+    }
+    let r = http_with(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("Host", lan.as_str()),
+            ("Origin", "https://app.example"),
+            ("Authorization", bearer.as_str()),
+            json_ct,
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r
+        .headers
+        .contains("access-control-allow-origin: https://app.example"));
+
+    // Without the key, or with a wrong one (shorter, longer, same length):
+    // 401 in OpenAI's shape, for every /v1 route; /health stays open.
+    let wrong_keys = [
+        None,
+        Some("Bearer sk-local".to_string()),
+        Some(format!("Bearer {KEY}0")),
+        Some(format!("Bearer {}X", &KEY[..KEY.len() - 1])),
+    ];
+    for auth in &wrong_keys {
+        for (method, path) in [("POST", "/v1/chat/completions"), ("GET", "/v1/models")] {
+            let mut h = vec![("Host", lan.as_str()), json_ct];
+            h.extend(auth.as_deref().map(|v| ("Authorization", v)));
+            let r = http_with(a, method, path, &h, &body);
+            assert_error(&r, 401, None);
+            assert_eq!(error_code(&r), "invalid_api_key", "{auth:?}");
+            assert!(
+                r.headers.contains("www-authenticate: bearer"),
+                "{}",
+                r.headers
+            );
+        }
+    }
+    let r = http_with(a, "GET", "/health", &[("Host", lan.as_str())], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // Another origin is still foreign, key or not; so is another host.
+    let r = http_with(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("Host", lan.as_str()),
+            ("Origin", "https://evil.example"),
+            ("Authorization", bearer.as_str()),
+            json_ct,
+        ],
+        &body,
+    );
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "origin_not_allowed")
+    );
+    let r = http_with(
+        a,
+        "GET",
+        "/v1/models",
+        &[("Host", "other.lan"), ("Authorization", bearer.as_str())],
+        "",
+    );
+    assert_eq!(
+        (r.status, error_code(&r).as_str()),
+        (403, "host_not_allowed")
+    );
+    assert_eq!(s.counters().admitted, 1);
 }

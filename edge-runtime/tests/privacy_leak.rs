@@ -907,3 +907,40 @@ fn a_hot_reloaded_policy_file_takes_effect_on_the_next_turn() {
     drop(rt);
     f.rt.block_on(admin.shutdown());
 }
+
+#[test]
+fn the_pin_map_is_bounded_and_forgets_the_least_recently_routed_id() {
+    // Conversation ids are client-chosen: a flood of invented ids must not
+    // grow the map without bound (issue 19).
+    let f = fixture();
+    let router = example_router();
+    let mut rt = f.routed(&router);
+    rt.set_pin_capacity(2);
+    let sensitive = [ChatMessage::user(ID_TEXT)];
+    let clean = [ChatMessage::user(BENIGN_2)];
+    for id in ["a", "b"] {
+        assert_eq!(rt.route(id, &sensitive).action(), Action::Local);
+    }
+    // Routing "a" again makes "b" the least recently used.
+    let again = rt.route("a", &clean);
+    assert_eq!(again.decision.rule, "sticky:identifiers");
+    assert_eq!(rt.route("c", &sensitive).action(), Action::Local);
+    assert_eq!(rt.pinned_count(), 2);
+    assert_eq!(rt.pinned_by("a"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("b"), None);
+    assert_eq!(rt.pinned_by("c"), Some("identifiers"));
+    // Forgotten: only the newest message of "b" decides now.
+    assert_eq!(rt.route("b", &clean).action(), Action::Speculative);
+    for i in 0..500 {
+        rt.route(&format!("flood-{i}"), &sensitive);
+    }
+    assert_eq!(rt.pinned_count(), 2);
+    assert_eq!(rt.pinned_by("flood-499"), Some("identifiers"));
+    // A clean conversation never takes a slot.
+    rt.set_pin_capacity(1);
+    assert_eq!(rt.pinned_count(), 1);
+    rt.route("clean", &clean);
+    assert_eq!(rt.pinned_by("flood-499"), Some("identifiers"));
+    // Nothing was sent: route() opens nothing.
+    assert_eq!(f.rec.snapshot().connections, 0);
+}

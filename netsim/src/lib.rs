@@ -45,6 +45,6 @@ pub use config::{
     DEFAULT_RTO, OFFLINE, PROFILES,
 };
 pub use error::NetsimError;
-pub use proxy::{Proxy, ProxyHandle, ProxyStats};
+pub use proxy::{Proxy, ProxyHandle, ProxyStats, DEFAULT_MAX_CONNECTIONS};
 pub use schedule::{link_seed, ChunkPlan, LinkSchedule};
 pub use timeline::{parse_duration, Segment, Step, Timeline};

@@ -7,9 +7,16 @@
 //! outruns the simulated link is eventually slowed down by TCP flow control,
 //! as on a real link. Conditions are read from a `watch` channel at every
 //! chunk, so profile switches apply to open connections too.
+//!
+//! At most [`DEFAULT_MAX_CONNECTIONS`] (or [`ProxyHandle::set_max_connections`])
+//! connections are open at once: each costs two sockets, two tasks and up to
+//! `2 × QUEUE_CHUNKS` queued chunks, so an unbounded number would let one
+//! client exhaust file descriptors and memory. A connection over the cap is
+//! accepted and reset at once (counted in [`ProxyStats::refused`]), which a
+//! client sees as a clear error rather than a hang in the listen backlog.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +37,9 @@ const MAX_CHUNK: usize = 16 * 1024;
 const MIN_CHUNK: usize = 1460;
 /// Chunks queued per direction before the reader stops reading.
 const QUEUE_CHUNKS: usize = 256;
+/// Connections open at once unless [`ProxyHandle::set_max_connections`] says
+/// otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Entry point: `Proxy::start(listen, upstream, config)`.
 pub struct Proxy;
@@ -74,6 +84,7 @@ impl Proxy {
             stats: Stats::default(),
             upstream,
             seed,
+            max_connections: AtomicUsize::new(DEFAULT_MAX_CONNECTIONS),
         });
         let accept = runtime.spawn(accept_loop(listener, shared.clone()));
         tracing::info!(%local_addr, %upstream, seed, "netsim proxy started");
@@ -102,6 +113,9 @@ pub struct ProxyStats {
     pub stalls: u64,
     /// Connections ended by a reset (simulated, commanded, or an error).
     pub resets: u64,
+    /// Connections reset on arrival because the cap was reached (not in
+    /// `connections` or `resets`).
+    pub refused: u64,
 }
 
 #[derive(Default)]
@@ -112,6 +126,7 @@ struct Stats {
     bytes_down: AtomicU64,
     stalls: AtomicU64,
     resets: AtomicU64,
+    refused: AtomicU64,
 }
 
 struct Shared {
@@ -121,6 +136,7 @@ struct Shared {
     stats: Stats,
     upstream: SocketAddr,
     seed: u64,
+    max_connections: AtomicUsize,
 }
 
 /// A running proxy. Dropping it stops the proxy (like [`shutdown`](Self::shutdown),
@@ -169,6 +185,14 @@ impl ProxyHandle {
         }
     }
 
+    /// Allows at most `max` (at least 1) connections open at once from now
+    /// on; open ones above it are not closed.
+    pub fn set_max_connections(&self, max: usize) {
+        self.shared
+            .max_connections
+            .store(max.max(1), Ordering::Relaxed);
+    }
+
     /// Resets (RST) every open connection now.
     pub fn reset_connections(&self) {
         self.shared.reset.send_modify(|g| *g += 1);
@@ -185,6 +209,7 @@ impl ProxyHandle {
             bytes_down: get(&s.bytes_down),
             stalls: get(&s.stalls),
             resets: get(&s.resets),
+            refused: get(&s.refused),
         }
     }
 
@@ -243,6 +268,16 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         while connections.try_join_next().is_some() {}
         match listener.accept().await {
             Ok((client, peer)) => {
+                // After this the set holds exactly the live connections,
+                // unlike `open`, which a just-spawned task has not
+                // incremented yet.
+                while connections.try_join_next().is_some() {}
+                if connections.len() >= shared.max_connections.load(Ordering::Relaxed) {
+                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, open = connections.len(), "netsim connection cap reached; resetting the new connection");
+                    let _ = client.set_zero_linger();
+                    continue;
+                }
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                 connections.spawn(connection(client, peer, index, shared.clone()));
                 index += 1;

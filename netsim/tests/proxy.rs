@@ -386,3 +386,48 @@ async fn set_profile_rejects_invalid_conditions_and_shutdown_stops_listening() {
             .is_err()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_are_reset_and_a_freed_slot_is_reused() {
+    let echo = echo_server().await;
+    let proxy = start(echo, NetConfig::perfect()).await;
+    proxy.set_max_connections(2);
+    let mut a = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    let mut b = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    roundtrip(&mut a, b"a").await;
+    roundtrip(&mut b, b"b").await;
+    // The third is reset on arrival (the RST may beat the end of connect).
+    match TcpStream::connect(proxy.local_addr()).await {
+        Ok(mut c) => {
+            let _ = c.write_all(b"c").await;
+            let mut buf = [0u8; 8];
+            let r = timeout(Duration::from_secs(5), c.read(&mut buf))
+                .await
+                .unwrap();
+            assert_reset(r);
+        }
+        Err(e) => assert_reset(Err(e)),
+    }
+    assert_eq!(proxy.stats().refused, 1);
+    assert_eq!(proxy.stats().connections, 2);
+    // The open ones are untouched; closing one frees its slot.
+    roundtrip(&mut a, b"still").await;
+    drop(b);
+    let mut d = None;
+    for _ in 0..500 {
+        // The proxy notices b's close asynchronously: retry until a new
+        // connection is admitted (bounded; each refused try is counted).
+        let mut s = TcpStream::connect(proxy.local_addr()).await.unwrap();
+        if s.write_all(b"d").await.is_ok() {
+            let mut buf = [0u8; 1];
+            if let Ok(Ok(1)) = timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                d = Some(s);
+                break;
+            }
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    let mut d = d.expect("a freed slot was never reused");
+    roundtrip(&mut d, b"again").await;
+    assert_eq!(proxy.stats().connections, 3);
+}

@@ -758,21 +758,22 @@ fn check_mac(text: &str, s: usize, e: usize) -> Option<Scored> {
     sc(s, e, if first & 0x02 != 0 { 0.3 } else { 0.5 })
 }
 
+/// A PEM private-key block, found by its header. The header alone is enough
+/// (issue 19): a short, elided or malformed body is no proof that no key
+/// follows (the rest may come in the next message, or be pasted broken), and
+/// a prompt that even shows the header of a private key belongs on the
+/// device. The span runs to the matching `-----END ...-----`, else to the
+/// end of the text.
 fn check_pem(text: &str, s: usize, e: usize) -> Option<Scored> {
     let rest = &text[e..];
-    let (body, end) = match rest.find("-----END") {
+    let end = match rest.find("-----END") {
         Some(i) => {
             let after = &rest[i + 8..];
-            let close = after.find("-----").map(|j| i + 8 + j + 5).unwrap_or(i + 8);
-            (&rest[..i], e + close)
+            e + after.find("-----").map(|j| i + 8 + j + 5).unwrap_or(i + 8)
         }
-        None => (rest, text.len()),
+        None => text.len(),
     };
-    let b64 = body
-        .bytes()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
-        .count();
-    sc(s, end, if b64 >= 64 { 0.99 } else { 0.3 })
+    sc(s, end, 0.99)
 }
 
 fn low_entropy_placeholder(v: &str) -> bool {

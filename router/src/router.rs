@@ -72,16 +72,19 @@ impl Router {
     /// On error the old policy keeps serving. Returns the new generation.
     pub fn reload_from_str(&self, src: &str) -> Result<u64, PolicyError> {
         let next = Policy::from_toml_str(src)?;
-        Ok(self.swap(next))
+        Ok(self.replace(next))
     }
 
     /// As [`Router::reload_from_str`], reading a file.
     pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<u64, PolicyError> {
         let next = Policy::from_file(path)?;
-        Ok(self.swap(next))
+        Ok(self.replace(next))
     }
 
-    fn swap(&self, next: Policy) -> u64 {
+    /// Make an already validated policy the current one (for a caller that
+    /// must persist it between validating and serving it, as the admin API's
+    /// `PUT` does). Returns the new generation.
+    pub fn replace(&self, next: Policy) -> u64 {
         let mut cur = self.current.write().unwrap_or_else(PoisonError::into_inner);
         *cur = Arc::new(next);
         self.generation.fetch_add(1, Ordering::SeqCst) + 1

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers; a panic is a test failure
 
-use tandem_router::{EntityKind, Policy, RouteContext};
+use tandem_router::{Action, EntityKind, Policy, RouteContext, Router};
 
 /// (kind, matched text, score) of every entity the default policy keeps.
 fn found(text: &str) -> Vec<(String, String, f32)> {
@@ -212,10 +212,40 @@ fn secrets_pem_block_span_covers_the_block() {
     let pem = format!("-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----");
     let text = format!("fix this:\n{pem}\nthanks");
     assert!(has(&text, "SECRET", &pem));
-    assert!(none_of(
+}
+
+#[test]
+fn secrets_a_pem_private_key_header_alone_is_a_secret() {
+    // Issue 19: whatever the body (none, elided, short, malformed, cut off),
+    // the header of a private key keeps the prompt local.
+    let router = Router::with_default_policy();
+    for text in [
+        "-----BEGIN PRIVATE KEY-----",
         "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----",
-        "SECRET"
-    ));
+        "here is my key -----BEGIN RSA PRIVATE KEY-----\nMIIEow",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\n!!not base64!!\n-----END OPENSSH PRIVATE KEY-----",
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nabc\n",
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----",
+    ] {
+        let header = &text[text.find("-----BEGIN").unwrap()..];
+        let header = &header[..header.find("-----\n").map_or(header.len(), |i| i + 5)];
+        assert!(
+            found(text)
+                .iter()
+                .any(|(k, v, _)| k == "SECRET" && v.starts_with(header)),
+            "{text:?}: {:?}",
+            found(text)
+        );
+        let d = router.decide(text, &RouteContext::default());
+        assert_eq!(d.action, Action::Local, "{text:?}: {d:?}");
+    }
+    // A public key or a certificate is not a secret.
+    for text in [
+        "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkq\n-----END PUBLIC KEY-----",
+        "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----",
+    ] {
+        assert!(none_of(text, "SECRET"), "{text:?}");
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 """The official `openai` Python client against `tandem serve-edge`.
 
-Usage: python test_client.py BASE_URL MODEL PROMPT
-(BASE_URL like http://127.0.0.1:8080/v1). Driven by cli/tests/serve_edge_openai.rs,
+Usage: python test_client.py BASE_URL MODEL PROMPT [API_KEY]
+(BASE_URL like http://127.0.0.1:8080/v1; API_KEY: the server's --api-key-env
+key, which the client sends as `Authorization: Bearer`, as it does for OpenAI). Driven by cli/tests/serve_edge_openai.rs,
 which starts the server in front of a verifier with the real target and compares
 the greedy (temperature 0) text and token ids with `tandem generate --mode target`.
 The client is the judge of compatibility: every answer goes through its
@@ -25,7 +26,16 @@ def check(cond, what):
 
 def main():
     base_url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
-    client = OpenAI(base_url=base_url, api_key="not-needed", max_retries=0, timeout=600)
+    api_key = sys.argv[4] if len(sys.argv) > 4 else None
+    client = OpenAI(base_url=base_url, api_key=api_key or "not-needed", max_retries=0, timeout=600)
+    if api_key:
+        # A wrong key is refused the way OpenAI refuses one.
+        wrong = OpenAI(base_url=base_url, api_key=api_key + "x", max_retries=0, timeout=60)
+        try:
+            wrong.models.list()
+            check(False, "a wrong API key accepted")
+        except openai.AuthenticationError as e:
+            check(e.status_code == 401 and e.code == "invalid_api_key", e)
 
     ids = [m.id for m in client.models.list().data]
     check(ids == [model], f"models.list: {ids}")

@@ -137,6 +137,46 @@ impl ApiError {
         }
     }
 
+    /// 401 `invalid_api_key` (the `openai` client raises
+    /// `AuthenticationError`), with `WWW-Authenticate: Bearer`.
+    pub fn invalid_api_key() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or incorrect API key: send `Authorization: Bearer <key>` with the \
+                      key the server was started with"
+                .into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// 403: a request from a `Host` or browser `Origin` the server does not
+    /// answer to (DNS rebinding, cross-site requests).
+    pub fn forbidden(message: String, code: &'static str) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            message,
+            kind: "invalid_request_error",
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    /// 415: a `/v1` POST whose body is not declared `application/json`.
+    pub fn unsupported_media_type(got: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "Content-Type must be application/json, got {}",
+                got.map_or("none".to_string(), |g| format!("{g:?}"))
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
     pub fn not_found_route(method: &str, path: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
@@ -190,6 +230,10 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         r
     }

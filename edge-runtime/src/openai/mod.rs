@@ -8,6 +8,11 @@
 //! | `GET /health` | `{"status":"ok"}` |
 //! | `/admin/v1/...` | the admin API of [`crate::admin`] (policy, explain, route stats) plus `GET /admin/v1/serve/stats`, behind a bearer token; 403 when no token is configured |
 //!
+//! Before any handler, [`guard`] refuses requests from a `Host` or browser
+//! `Origin` the server does not answer to (403: DNS rebinding, cross-site
+//! pages), `/v1` POSTs not declared `application/json` (415) and, when an
+//! API key is configured, `/v1` requests without it (401).
+//!
 //! Errors use OpenAI's shape `{"error": {message, type, param, code}}`.
 //! `temperature` 0 or absent is greedy (with a verifier: token for token the
 //! target's greedy output); > 0 samples (speculative sampling, lossless).
@@ -20,6 +25,7 @@
 //! generation, which closes the verifier session.
 
 pub mod error;
+mod guard;
 pub mod request;
 pub mod worker;
 
@@ -54,9 +60,21 @@ use worker::{Event, Job, Worker};
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     /// Address to bind; loopback unless `allow_non_loopback` (the `/v1` API
-    /// has no authentication).
+    /// has no authentication unless `api_key` is set).
     pub listen: SocketAddr,
     pub allow_non_loopback: bool,
+    /// `Host` names served besides the loopback ones (`127.0.0.1`,
+    /// `localhost`, `[::1]`, any port), e.g. the LAN name clients use with
+    /// `allow_non_loopback`; port ignored, case-insensitive. Any other `Host`
+    /// gets 403 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`) allowed to call the API
+    /// besides loopback ones; they get CORS headers. A request with any other
+    /// `Origin` gets 403; one without `Origin` (a non-browser client) passes.
+    pub allowed_origins: Vec<String>,
+    /// API key every `/v1` request must carry as `Authorization: Bearer
+    /// <key>` (at least 16 chars); `None`: no key.
+    pub api_key: Option<String>,
     /// The model id clients must name (`GET /v1/models` lists it).
     pub model_id: String,
     /// Requests that may wait while one generates; one more gets 429.
@@ -79,6 +97,9 @@ impl Default for ServeConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             allow_non_loopback: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            api_key: None,
             model_id: "tandem".into(),
             queue_depth: 8,
             max_tokens_limit: 4096,
@@ -91,6 +112,7 @@ impl Default for ServeConfig {
 
 struct AppState {
     cfg: ServeConfig,
+    access: Arc<guard::Access>,
     worker: Worker,
     admin_token: Option<String>,
     created: u64,
@@ -184,13 +206,14 @@ fn drop_off_async(rt: RoutedRuntime) {
 async fn prepare(
     router: Arc<tandem_router::Router>,
     cfg: &ServeConfig,
-) -> Result<(Option<MountedAdmin>, tokio::net::TcpListener, SocketAddr), ServeError> {
+) -> Result<Prepared, ServeError> {
     if !cfg.listen.ip().is_loopback() && !cfg.allow_non_loopback {
         return Err(ServeError::Config(format!(
-            "listen {} is not a loopback address; the /v1 API has no authentication (set allow_non_loopback to expose it)",
+            "listen {} is not a loopback address; set allow_non_loopback to expose the /v1 API (and an api_key: it has no authentication without one)",
             cfg.listen
         )));
     }
+    let access = Arc::new(guard::Access::new(cfg)?);
     if cfg.model_id.is_empty() {
         return Err(ServeError::Config("model_id must not be empty".into()));
     }
@@ -221,13 +244,31 @@ async fn prepare(
         addr: cfg.listen,
         source,
     })?;
-    Ok((mounted, listener, addr))
+    Ok(Prepared {
+        admin: mounted,
+        listener,
+        addr,
+        access,
+    })
+}
+
+/// What [`prepare`] checked and bound.
+struct Prepared {
+    admin: Option<MountedAdmin>,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    access: Arc<guard::Access>,
 }
 
 /// Binds and serves (call inside a tokio runtime). The runtime moves to the
 /// generation thread.
 pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer, ServeError> {
-    let (mounted, listener, addr) = match prepare(rt.router().clone(), &cfg).await {
+    let Prepared {
+        admin: mounted,
+        listener,
+        addr,
+        access,
+    } = match prepare(rt.router().clone(), &cfg).await {
         Ok(p) => p,
         Err(e) => {
             drop_off_async(rt);
@@ -238,6 +279,7 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
     let state = Arc::new(AppState {
         admin_token: cfg.admin.as_ref().map(|a| a.token.clone()),
         cfg,
+        access,
         worker,
         created: now_secs(),
         next_id: AtomicU64::new(0),
@@ -275,16 +317,25 @@ fn app(state: Arc<AppState>, admin_routes: Option<axum::Router>) -> axum::Router
         }
         None => axum::Router::new().fallback(admin_disabled),
     };
+    let access = state.access.clone();
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route_layer(middleware::from_fn_with_state(
+            access.clone(),
+            guard::v1_request,
+        ))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .nest("/admin", admin)
+        .layer(middleware::from_fn_with_state(
+            access,
+            guard::host_and_origin,
+        ))
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

@@ -378,6 +378,12 @@ def code_negatives():
               "rgb(12, 34, 56) and #ff8800", "isbn 978-3-16-148410-0", "call +1 for more arguments to the function",
               "x = a+1234567 - b", "matrix[13812345678 % n]", "date: 2024-03-15T10:30:00Z",
               "The diagnostic tool printed 3 warnings", "单元测试覆盖率达到85%", "故障诊断日志已上传"]:
+        if t.startswith("-----BEGIN PRIVATE KEY-----"):
+            # Issue 19: a private-key header alone keeps the prompt local
+            # (a short or elided body is no proof that no key follows).
+            add(f, t, [("SECRET", "-----BEGIN PRIVATE KEY-----")],
+                note="PEM header alone: local since issue 19")
+            continue
         add(f, t)
 
 
