@@ -227,7 +227,7 @@ fn tensor_len(format: QuantFormat, dims: &[usize]) -> std::result::Result<usize,
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| format!("dims {dims:?} overflow the element count"))?;
     let inner = dims.first().copied().unwrap_or(1);
-    let rows = if inner == 0 { 0 } else { elems / inner };
+    let rows = elems.checked_div(inner).unwrap_or(0);
     // A row's bytes are at most `inner * block_bytes`; bounding that first
     // keeps `row_bytes`' own (unchecked) product from wrapping.
     let overflow = || format!("dims {dims:?} overflow the byte size");
