@@ -16,7 +16,11 @@ fn scratch() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let dir = PathBuf::from("/dev/shm");
-        let dir = if dir.is_dir() { dir } else { std::env::temp_dir() };
+        let dir = if dir.is_dir() {
+            dir
+        } else {
+            std::env::temp_dir()
+        };
         dir.join(format!("tandem-fuzz-gguf-{}.gguf", std::process::id()))
     })
 }
@@ -48,7 +52,10 @@ fuzz_target!(|data: &[u8]| {
         let mut cache = model.new_cache();
         if let Ok(mut hidden) = model.embed(&[0]) {
             let layers = 0..model.config().n_layer;
-            if model.forward_layers(layers, &mut hidden, 0, &mut cache).is_ok() {
+            if model
+                .forward_layers(layers, &mut hidden, 0, &mut cache)
+                .is_ok()
+            {
                 let _ = model.head(&hidden);
             }
         }
