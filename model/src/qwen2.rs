@@ -57,16 +57,52 @@ impl Qwen2Config {
                 .unwrap_or(1e-6),
             context_length: u("context_length").unwrap_or(32768),
         };
-        cfg.validate().map_err(|reason| ModelError::BadGguf {
+        let bad = |reason| ModelError::BadGguf {
             path: g.path.clone(),
             reason,
-        })?;
+        };
+        cfg.validate().map_err(bad)?;
+        // Layers are loaded side by side into a vector of `n_layer` slots:
+        // a count the file does not back would allocate before any tensor
+        // is found missing.
+        let present = layers_present(g);
+        if cfg.n_layer > present {
+            return Err(bad(format!(
+                "metadata `qwen2.block_count` is {} but the file holds tensors for {present} layers",
+                cfg.n_layer
+            )));
+        }
         Ok(cfg)
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.n_layer == 0 || self.d_model == 0 || self.n_head == 0 || self.n_kv_head == 0 {
-            return Err(format!("degenerate config {self:?}"));
+        for (key, v) in [
+            ("block_count", self.n_layer),
+            ("embedding_length", self.d_model),
+            ("attention.head_count", self.n_head),
+            ("attention.head_count_kv", self.n_kv_head),
+        ] {
+            if v == 0 {
+                return Err(format!("metadata `qwen2.{key}` is 0"));
+            }
+        }
+        if self.n_layer > MAX_LAYERS {
+            return Err(format!(
+                "metadata `qwen2.block_count` is {}, more than the {MAX_LAYERS} layers a model may have",
+                self.n_layer
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!(
+                "metadata `qwen2.rope.freq_base` is {}; it must be a positive number",
+                self.rope_theta
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
+            return Err(format!(
+                "metadata `qwen2.attention.layer_norm_rms_epsilon` is {}; it must be a non-negative number",
+                self.rms_eps
+            ));
         }
         if !self.d_model.is_multiple_of(self.n_head) || !self.n_head.is_multiple_of(self.n_kv_head)
         {
@@ -85,6 +121,26 @@ impl Qwen2Config {
     pub fn kv_bytes_per_token(&self) -> usize {
         2 * self.n_layer * self.n_kv_head * self.head_dim * 4
     }
+}
+
+/// Most transformer layers a model file may declare (the largest released
+/// models have ~130; the cap keeps a hostile count from sizing allocations).
+pub const MAX_LAYERS: usize = 4096;
+
+/// Number of consecutive layers `blk.0.`, `blk.1.`, … that have at least one
+/// tensor in `g`.
+fn layers_present(g: &GgufFile) -> usize {
+    let mut seen = vec![false; g.tensors.len()];
+    for name in g.tensors.keys() {
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(i, _)| i.parse::<usize>().ok());
+        if let Some(slot) = layer.and_then(|i| seen.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    seen.iter().take_while(|&&s| s).count()
 }
 
 /// Where a weight matrix's bytes are.

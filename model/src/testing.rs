@@ -1,6 +1,8 @@
 //! Tiny random-weight Qwen2 models written as GGUF, for fast tests here and in
 //! the crates that build on this one. Same architecture and tensor names as the
-//! real models, a few layers, quantized with the same formats.
+//! real models, a few layers, quantized with the same formats; optionally with
+//! a small byte-level BPE tokenizer in the same file, so the whole user path
+//! (`tandem generate --draft-model tiny.gguf`) runs on it.
 
 use crate::{ModelError, Result};
 use candle_core::quantized::gguf_file::{self, Value};
@@ -23,6 +25,12 @@ pub struct TinyConfig {
     pub embd_format: GgmlDType,
     pub output_format: GgmlDType,
     pub seed: u64,
+    /// Also write `tokenizer.ggml.*` metadata: [`tiny_tokenizer_metadata`]
+    /// for `vocab` tokens.
+    pub tokenizer: bool,
+    /// Metadata written last, replacing generated keys of the same name
+    /// (tests write malformed files with it).
+    pub extra_metadata: Vec<(String, Value)>,
 }
 
 impl Default for TinyConfig {
@@ -38,6 +46,8 @@ impl Default for TinyConfig {
             embd_format: GgmlDType::Q4K,
             output_format: GgmlDType::Q6K,
             seed: 1,
+            tokenizer: false,
+            extra_metadata: Vec::new(),
         }
     }
 }
@@ -66,6 +76,55 @@ impl Rng {
         z ^= z >> 31;
         (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
+}
+
+/// `tokenizer.ggml.*` metadata of a byte-level BPE vocabulary of `n_tokens`
+/// ids: the 256 byte tokens, merges of a space or a letter with a letter
+/// (`Ġa`, `ab`, …), the three ChatML control tokens, then unused padding
+/// slots (like the real models' `[PAD…]`). Needs at least 259 tokens.
+pub fn tiny_tokenizer_metadata(n_tokens: usize) -> Result<Vec<(String, Value)>> {
+    const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let room = n_tokens.checked_sub(256 + SPECIALS.len()).ok_or_else(|| {
+        ModelError::InvalidArgument(format!(
+            "a tiny tokenizer needs at least {} tokens, not {n_tokens}",
+            256 + SPECIALS.len()
+        ))
+    })?;
+    let chars = crate::tokenizer::byte_level_chars();
+    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+    let space = chars[usize::from(b' ')];
+    let firsts = std::iter::once(space).chain('a'..='z');
+    let pairs = firsts.flat_map(|a| ('a'..='z').map(move |b| (a, b)));
+    let mut merges = Vec::new();
+    for (a, b) in pairs.take(room.min(100)) {
+        merges.push(format!("{a} {b}"));
+        tokens.push(format!("{a}{b}"));
+    }
+    let mut types = vec![1i32; tokens.len()];
+    for t in SPECIALS {
+        tokens.push(t.to_string());
+        types.push(3);
+    }
+    let im_end = tokens.len() - 1;
+    while tokens.len() < n_tokens {
+        tokens.push(format!("[PAD{}]", tokens.len()));
+        types.push(5);
+    }
+    let strings = |v: &[String]| Value::Array(v.iter().map(|t| Value::String(t.clone())).collect());
+    Ok(vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("qwen2".into())),
+        ("tokenizer.ggml.tokens".into(), strings(&tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        ("tokenizer.ggml.merges".into(), strings(&merges)),
+        (
+            "tokenizer.ggml.eos_token_id".into(),
+            Value::U32(im_end as u32),
+        ),
+    ])
 }
 
 fn err(e: candle_core::Error) -> ModelError {
@@ -142,25 +201,38 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
             mix,
         )?;
     }
-    let meta: Vec<(&str, Value)> = vec![
-        ("general.architecture", Value::String("qwen2".into())),
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("qwen2".into())),
         (
-            "general.name",
+            "general.name".into(),
             Value::String("tandem tiny test model".into()),
         ),
-        ("qwen2.block_count", Value::U32(cfg.n_layer as u32)),
-        ("qwen2.context_length", Value::U32(4096)),
-        ("qwen2.embedding_length", Value::U32(d as u32)),
-        ("qwen2.feed_forward_length", Value::U32(f as u32)),
-        ("qwen2.attention.head_count", Value::U32(cfg.n_head as u32)),
+        ("qwen2.block_count".into(), Value::U32(cfg.n_layer as u32)),
+        ("qwen2.context_length".into(), Value::U32(4096)),
+        ("qwen2.embedding_length".into(), Value::U32(d as u32)),
+        ("qwen2.feed_forward_length".into(), Value::U32(f as u32)),
         (
-            "qwen2.attention.head_count_kv",
+            "qwen2.attention.head_count".into(),
+            Value::U32(cfg.n_head as u32),
+        ),
+        (
+            "qwen2.attention.head_count_kv".into(),
             Value::U32(cfg.n_kv_head as u32),
         ),
-        ("qwen2.rope.freq_base", Value::F32(1_000_000.0)),
-        ("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("qwen2.rope.freq_base".into(), Value::F32(1_000_000.0)),
+        (
+            "qwen2.attention.layer_norm_rms_epsilon".into(),
+            Value::F32(1e-6),
+        ),
     ];
-    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    if cfg.tokenizer {
+        meta.extend(tiny_tokenizer_metadata(cfg.vocab)?);
+    }
+    for (key, value) in &cfg.extra_metadata {
+        meta.retain(|(k, _)| k != key);
+        meta.push((key.clone(), value.clone()));
+    }
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tmp = path.with_extension("gguf.tmp");
     let io = |source| ModelError::Io {

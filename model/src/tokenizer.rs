@@ -285,7 +285,7 @@ fn string_array<'a>(gguf: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
 
 /// GPT-2's reversible byte <-> printable-char table: printable Latin-1 bytes
 /// map to themselves, the rest to U+0100.. in byte order.
-fn byte_level_chars() -> [char; 256] {
+pub(crate) fn byte_level_chars() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for (b, slot) in table.iter_mut().enumerate() {
@@ -330,6 +330,16 @@ impl Tokenizer {
         let n = token_texts.len();
         if n == 0 || n > u32::MAX as usize {
             return Err(err(format!("vocabulary of {n} tokens")));
+        }
+        // Every id the model can produce must decode, and every id the
+        // tokenizer produces must have an embedding row.
+        if let Some(embd) = gguf.tensors.get("token_embd.weight") {
+            let rows = embd.dims.get(1).copied().unwrap_or(1);
+            if rows != n {
+                return Err(err(format!(
+                    "`tokenizer.ggml.tokens` has {n} tokens but `token_embd.weight` has {rows} rows"
+                )));
+            }
         }
         let kinds: Vec<TokenKind> = match gguf.metadata.get("tokenizer.ggml.token_type") {
             Some(v) => {
