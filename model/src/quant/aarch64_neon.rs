@@ -177,10 +177,7 @@ unsafe fn row_group<D: Dot>(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let passes = tn.div_ceil(GROUP_PASS);
-    let mut t = 0;
-    for p in 0..passes {
-        let r = (tn - t).div_ceil(passes - p);
+    for (t, r) in super::pass_sizes(tn, GROUP_PASS) {
         let out = &mut res[t..t + r];
         let t1 = t0 + t;
         // SAFETY: the caller's contract (CPU features).
@@ -196,7 +193,6 @@ unsafe fn row_group<D: Dot>(
                 _ => group_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
             }
         }
-        t += r;
     }
 }
 

@@ -253,10 +253,7 @@ fn spread_bits(b: u16) -> u128 {
 macro_rules! passes {
     ($max:expr, $kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr;
      $($n:literal)* ; $last:literal) => {{
-        let passes = $tn.div_ceil($max);
-        let mut t = 0;
-        for p in 0..passes {
-            let r = ($tn - t).div_ceil(passes - p);
+        for (t, r) in $crate::quant::pass_sizes($tn, $max) {
             let out = &mut $res[t..];
             let t1 = $t0 + t;
             // SAFETY: the caller's contract (CPU features, rows inside `act`).
@@ -266,9 +263,22 @@ macro_rules! passes {
                     _ => $kernel::<$last>($format, $wrow, $act, t1, out),
                 }
             }
-            t += r;
         }
     }};
+}
+
+/// A tile of `tn` rows as passes of at most `max` rows, `(first row, rows)`
+/// each, in near-equal sizes (9 rows in passes of 8 are 5 + 4, not 8 + 1).
+/// Every kernel that takes a tile in passes splits it here.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn pass_sizes(tn: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let passes = tn.div_ceil(max);
+    (0..passes).scan(0, move |t, p| {
+        let r = (tn - *t).div_ceil(passes - p);
+        let first = *t;
+        *t += r;
+        Some((first, r))
+    })
 }
 
 #[cfg(target_arch = "aarch64")]
