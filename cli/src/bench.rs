@@ -77,11 +77,6 @@ impl Engine {
     }
 }
 
-fn parse_proposer(s: &str) -> std::result::Result<ProposerKind, String> {
-    s.parse()
-        .map_err(|e: tandem_model::ModelError| e.to_string())
-}
-
 /// What a hidden worker invocation measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkerKind {
@@ -128,7 +123,7 @@ pub struct Args {
     k: usize,
     /// Proposers of the speculative comparison, comma-separated (each runs
     /// after the same prompt's target-only generation): draft, lookup, auto.
-    #[arg(long, value_delimiter = ',', default_values = ["draft"], value_parser = parse_proposer)]
+    #[arg(long, value_delimiter = ',', default_values = ["draft"])]
     proposers: Vec<ProposerKind>,
     /// Prompt set (JSON lines with id, kind, prompt, max_tokens); default: the
     /// built-in prompts/default.jsonl.

@@ -35,7 +35,7 @@ pub struct Args {
     /// What proposes each block: the draft model, prompt lookup (no model:
     /// continues text that already occurred), or auto (per round, whichever
     /// promises more tokens per second). Local speculative mode only for now.
-    #[arg(long, default_value = "draft", value_parser = parse_proposer)]
+    #[arg(long, default_value = "draft")]
     pub proposer: ProposerKind,
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -63,11 +63,6 @@ pub struct Args {
     pub target_model: Option<PathBuf>,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
-}
-
-fn parse_proposer(s: &str) -> std::result::Result<ProposerKind, String> {
-    s.parse()
-        .map_err(|e: tandem_model::ModelError| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -423,26 +423,29 @@ pub fn generate_speculative(
             em.stop = Some(StopReason::ContextFull);
             break;
         }
-        let lookup = || index.propose(&history, k).0;
+        // What lookup offers (looked up once; the draft-only loop never asks).
+        let mut offer = match cfg.proposer {
+            ProposerKind::Draft => Vec::new(),
+            ProposerKind::Lookup | ProposerKind::Auto => index.propose(&history, k).0,
+        };
         let (source, len) = match cfg.proposer {
             ProposerKind::Draft => (Source::Draft, k),
-            ProposerKind::Lookup => match lookup().len() {
+            ProposerKind::Lookup => match offer.len() {
                 0 => (Source::Nothing, 0),
                 n => (Source::Lookup, n),
             },
-            ProposerKind::Auto => chooser.choose(
-                &stats.proposers,
-                lookup().len(),
-                k,
-                drafter.backlog(&history),
-            ),
+            ProposerKind::Auto => {
+                chooser.choose(&stats.proposers, offer.len(), k, drafter.backlog(&history))
+            }
         };
         let (block, qs) = match source {
             Source::Draft => {
                 drafter.propose(&history, len, cfg, &mut rng, &mut stats, &mut chooser)?
             }
             Source::Lookup => {
-                let block = index.propose(&history, len).0;
+                // The first `len` tokens of the offer (auto may take fewer).
+                offer.truncate(len);
+                let block = offer;
                 // A lookup proposal is a point mass (q = 1).
                 let qs = if params.is_greedy() {
                     Vec::new()
