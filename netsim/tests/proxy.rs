@@ -417,7 +417,11 @@ async fn connections_over_the_cap_are_reset_and_a_freed_slot_is_reused() {
     for _ in 0..500 {
         // The proxy notices b's close asynchronously: retry until a new
         // connection is admitted (bounded; each refused try is counted).
-        let mut s = TcpStream::connect(proxy.local_addr()).await.unwrap();
+        // A refused try may be reset before connect() even returns.
+        let Ok(mut s) = TcpStream::connect(proxy.local_addr()).await else {
+            tokio::time::sleep(ms(10)).await;
+            continue;
+        };
         if s.write_all(b"d").await.is_ok() {
             let mut buf = [0u8; 1];
             if let Ok(Ok(1)) = timeout(Duration::from_secs(5), s.read(&mut buf)).await {
