@@ -17,9 +17,10 @@ impl Refusal {
     pub fn new(reason: Reason, message: impl Into<String>) -> Self {
         let code = match reason {
             Reason::SessionUnknown | Reason::SessionEvicted => Code::NotFound,
-            Reason::FingerprintMismatch | Reason::ModelMismatch | Reason::RoundOutOfOrder => {
-                Code::FailedPrecondition
-            }
+            Reason::FingerprintMismatch
+            | Reason::ModelMismatch
+            | Reason::RoundOutOfOrder
+            | Reason::ContextNotHeld => Code::FailedPrecondition,
             Reason::BlockTooLarge
             | Reason::TokenOutOfVocab
             | Reason::PromptTooLong

@@ -182,7 +182,9 @@ async fn pages_follow_use_through_growth_and_a_resume_to_one_token() {
     assert_eq!(v.state.pool.pages_used(), 2, "1 + 16 positions: 2 pages");
     assert_eq!(v.state.store().bytes(), 2 * page + 4);
     // Close gives back the rest.
-    s.call(client_message::Msg::Close(Close {})).await.unwrap();
+    s.call(client_message::Msg::Close(Close::default()))
+        .await
+        .unwrap();
     assert_eq!(v.state.pool.pages_used(), 0);
     assert_eq!(v.state.store().bytes(), 0);
     v.shutdown().await.unwrap();
@@ -283,7 +285,7 @@ async fn a_superseded_streams_close_does_not_remove_the_session() {
     let mut o = open_msg(&fp, &prompt(5));
     o.resume_session_id = Some(opened.session_id);
     assert!(new.open(o).await.unwrap().resumed);
-    old.call(client_message::Msg::Close(Close {}))
+    old.call(client_message::Msg::Close(Close::default()))
         .await
         .unwrap();
     assert_eq!(v.state.store().len(), 1);

@@ -174,7 +174,11 @@ async fn refusals_carry_clear_reasons_and_the_server_keeps_serving() {
     let want = target_greedy(&target, &prompt(4), 1);
     let v0 = a.draft(0, &[]).await.unwrap();
     assert_eq!(v0.next_token, want[0]);
-    match a.call(client_message::Msg::Close(Close {})).await.unwrap() {
+    match a
+        .call(client_message::Msg::Close(Close::default()))
+        .await
+        .unwrap()
+    {
         server_message::Msg::Closed(c) => assert_eq!(c.rounds, 1),
         m => panic!("{m:?}"),
     }

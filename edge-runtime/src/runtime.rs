@@ -341,9 +341,11 @@ impl EdgeRuntime {
         if let Some(mut s) = net.stream.take() {
             // Free the verifier's KV cache; an error here changes nothing.
             let c = &mut net.counters;
-            let _ =
-                self.rt
-                    .block_on(s.exchange(Cm::Close(pb::Close {}), Duration::from_secs(1), c));
+            let _ = self.rt.block_on(s.exchange(
+                Cm::Close(pb::Close::default()),
+                Duration::from_secs(1),
+                c,
+            ));
         }
         res?;
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
@@ -1247,7 +1249,7 @@ impl Net<'_> {
             if let Some(mut st) = self.stream.take() {
                 let c = &mut self.counters;
                 let _ = self.rt.block_on(st.exchange(
-                    Cm::Close(pb::Close {}),
+                    Cm::Close(pb::Close::default()),
                     Duration::from_secs(1),
                     c,
                 ));

@@ -5,7 +5,8 @@
 //! This crate holds only the `.proto` file and the code tonic/prost generate from it
 //! (client and server), plus the encoded descriptor set for gRPC server reflection and
 //! the name of the metadata key that carries machine-readable error reasons, the
-//! session-affinity header for load balancers ([`SESSION_AFFINITY_HEADER`]), and
+//! session-affinity header for load balancers ([`SESSION_AFFINITY_HEADER`]),
+//! [`context_digest`]: the prefix digest of a continued conversation, and
 //! [`hidden`]: the byte encoding of split sessions' hidden states (both sides must
 //! agree on it bit for bit). No other logic.
 //! Code generation uses `protox`, a pure-Rust protobuf compiler: no system `protoc`.
@@ -40,6 +41,18 @@ pub const REASON_METADATA_KEY: &str = "tandem-reason";
 /// replica, re-homing it only when that replica goes away (docs/deploy.md).
 /// The verifier itself ignores it.
 pub const SESSION_AFFINITY_HEADER: &str = "x-tandem-session";
+
+/// Digest of a context prefix, as `Open.continuation.prefix_sha256` carries it:
+/// sha256 over the token ids, each as 4 little-endian bytes. Both sides compute
+/// it with this one function.
+pub fn context_digest(tokens: &[u32]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.finalize().into()
+}
 
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";

@@ -38,7 +38,7 @@ fn new_session_id() -> Arc<str> {
     Arc::from(format!("{:032x}", rand::random::<u128>()))
 }
 
-fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize) -> Opened {
+fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize, reused: usize) -> Opened {
     let cfg = s.model.config();
     Opened {
         session_id: id.to_owned(),
@@ -50,6 +50,7 @@ fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize) -> Ope
         context_len: wire_u64(context_len),
         n_layer: u32::try_from(cfg.n_layer).unwrap_or(u32::MAX),
         d_model: u32::try_from(cfg.d_model).unwrap_or(u32::MAX),
+        reused_tokens: wire_u64(reused),
     }
 }
 
@@ -98,7 +99,7 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
                     id: rid.clone(),
                     epoch,
                 };
-                return Ok((b, opened(s, &rid, true, ctx.len())));
+                return Ok((b, opened(s, &rid, true, ctx.len(), reused)));
             }
             // A split session is not continued by a plain Open: a new one is made.
             Ok((guard, st)) => guard.checkin(st),
@@ -151,7 +152,7 @@ async fn open_new(
     s.metrics.session_opened();
     let layer = split.map(|sp| sp.layer);
     tracing::info!(session = %id, context_len, split = ?layer, "session opened");
-    let o = opened(s, &id, false, context_len);
+    let o = opened(s, &id, false, context_len, 0);
     Ok((Bound { id, epoch }, o))
 }
 
