@@ -79,7 +79,12 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
         .or_else(|| s.message().split(':').next().map(str::to_owned))
         .and_then(|n| Reason::from_str_name(n.trim()));
     match reason {
-        Some(Reason::SessionUnknown | Reason::SessionEvicted | Reason::StreamIdle) => {
+        Some(
+            Reason::SessionUnknown
+            | Reason::SessionEvicted
+            | Reason::StreamIdle
+            | Reason::ContextNotHeld,
+        ) => {
             NetError::Resend(s.message().to_owned())
         }
         Some(Reason::ContextFull) => NetError::ContextFull,

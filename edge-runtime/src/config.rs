@@ -60,6 +60,9 @@ pub struct EdgeConfig {
     pub split: Option<crate::split::SplitConfig>,
     /// Uncertainty-gated verification (`[gate]`; see [`GateConfig`]).
     pub gate: GateConfig,
+    /// Multi-turn state kept between generations (`[conversations]`; see
+    /// `crate::conversation`).
+    pub conversations: crate::conversation::ConversationConfig,
 }
 
 /// Uncertainty-gated verification (`[gate]`, greedy only; docs/edge.md "Gated
@@ -137,6 +140,7 @@ impl Default for EdgeConfig {
             speculation: Default::default(),
             split: None,
             gate: GateConfig::default(),
+            conversations: Default::default(),
         }
     }
 }
@@ -213,6 +217,7 @@ impl EdgeConfig {
         }
         self.speculation.validate().map_err(EdgeError::Config)?;
         self.gate.validate().map_err(EdgeError::Config)?;
+        self.conversations.validate().map_err(EdgeError::Config)?;
         let sp = &self.speculation;
         if self.gate.enabled() && (sp.adaptive_k || sp.pipeline || sp.target_stream) {
             return bad(

@@ -33,6 +33,8 @@ pub mod bearer;
 pub mod breaker;
 pub mod client;
 pub mod config;
+pub mod context_policy;
+pub mod conversation;
 pub mod error;
 pub mod loopback;
 mod mtls_probe;
@@ -43,6 +45,7 @@ pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use config::EdgeConfig;
+pub use conversation::{ConversationConfig, ConversationStats};
 pub use error::EdgeError;
 pub use privacy::{DeviceState, RoutedDecision, RoutedGeneration, RoutedRuntime};
 pub use runtime::{

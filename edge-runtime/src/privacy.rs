@@ -252,10 +252,13 @@ impl RoutedRuntime {
         self.pinned.peek(conversation_id)
     }
 
-    /// Drop what the runtime remembers about a conversation (its pin). A later
-    /// call that still carries the sensitive history is local again anyway.
+    /// Drop what the runtime remembers about a conversation: its pin (a later
+    /// call that still carries the sensitive history is local again anyway)
+    /// and its kept state (draft KV, verifier session; see
+    /// [`EdgeRuntime::generate_in`]).
     pub fn forget(&mut self, conversation_id: &str) {
         self.pinned.remove(conversation_id);
+        self.runtime.forget_conversation(conversation_id);
     }
 
     /// Decide where `messages` (oldest first, the newest last) may run,
@@ -334,7 +337,9 @@ impl RoutedRuntime {
     }
 
     /// Route the conversation, then answer its last message: locally with the
-    /// draft alone, or speculatively with the verifier. The prompt is the
+    /// draft alone, or speculatively with the verifier. `conversation_id` also
+    /// names the conversation's kept state, so the next turn prefills only
+    /// what is new ([`EdgeRuntime::generate_in`]; [`Self::forget`] drops it). The prompt is the
     /// draft tokenizer's chat template over `messages` with the assistant
     /// turn opened. `on_event` returns false to cancel.
     pub fn chat(
@@ -362,8 +367,14 @@ impl RoutedRuntime {
     ) -> Result<RoutedGeneration, EdgeError> {
         let route = self.route(conversation_id, messages);
         let generation = match route.decision.action {
-            Action::Local => self.runtime.generate_local(prompt, gen, on_event)?,
-            Action::Speculative => self.runtime.generate(prompt, gen, on_event)?,
+            Action::Local => {
+                self.runtime
+                    .generate_local_in(Some(conversation_id), prompt, gen, on_event)?
+            }
+            Action::Speculative => {
+                self.runtime
+                    .generate_in(Some(conversation_id), prompt, gen, on_event)?
+            }
         };
         Ok(RoutedGeneration { route, generation })
     }

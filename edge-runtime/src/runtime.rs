@@ -10,6 +10,7 @@
 use crate::breaker::{BreakerState, CircuitBreaker, OpenCost, RttTracker};
 use crate::client::{Connector, Counters, NetError, OpenDeadlines, Stream};
 use crate::config::EdgeConfig;
+use crate::conversation::{common_prefix, ConversationCache, ConversationStats, Kept, KeptSession};
 use crate::error::EdgeError;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -137,6 +138,26 @@ pub struct EdgeStats {
     pub timeouts: u64,
     pub failures: u64,
     pub breaker_opens: u64,
+    /// Prompt tokens whose draft KV came from the conversation cache, and the
+    /// prompt tokens the draft prefilled (the rest).
+    #[serde(default)]
+    pub draft_reused_tokens: usize,
+    #[serde(default)]
+    pub draft_prefill_tokens: usize,
+    /// Context positions the verifier reused from a kept or resumed session,
+    /// and the positions it prefilled, summed over this generation's opens.
+    #[serde(default)]
+    pub verifier_reused_tokens: u64,
+    #[serde(default)]
+    pub verifier_prefill_tokens: u64,
+    /// The verifier session was continued from an earlier turn (only the new
+    /// tokens went up).
+    #[serde(default)]
+    pub continued_session: bool,
+    /// Messages the context policy dropped from the start of the conversation
+    /// (`drop_oldest`; set by the chat front ends, 0 otherwise).
+    #[serde(default)]
+    pub dropped_messages: usize,
     pub ttft_ms: f64,
     pub total_ms: f64,
     pub tokens_per_s: f64,
@@ -171,6 +192,7 @@ pub struct EdgeRuntime {
     probe: Option<tokio::task::JoinHandle<()>>,
     spec: crate::adaptive::SpecState,
     split: Option<crate::split::SplitExec>,
+    conversations: ConversationCache,
 }
 
 impl Drop for EdgeRuntime {
@@ -231,6 +253,7 @@ impl EdgeRuntime {
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec: crate::adaptive::SpecState::new(&cfg.speculation),
             split: None,
+            conversations: ConversationCache::new(&cfg.conversations),
             draft,
             cfg,
             fingerprint,
@@ -275,17 +298,79 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
-        let mut run = Run::new(&self.draft, prompt, gen, on_event)?;
-        while run.stop.is_none() {
-            run.draft_alone(TokenStatus::Local)?;
+        self.generate_local_in(None, prompt, gen, on_event)
+    }
+
+    /// [`Self::generate_local`] as a turn of `conversation` (see
+    /// [`Self::generate_in`]).
+    pub fn generate_local_in(
+        &mut self,
+        conversation: Option<&str>,
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<EdgeGeneration, EdgeError> {
+        let kept = self.take_kept(conversation, prompt);
+        let mut run = Run::new(&self.draft, prompt, gen, on_event, kept)?;
+        let mut res = Ok(());
+        while run.stop.is_none() && res.is_ok() {
+            res = run.draft_alone(TokenStatus::Local);
+        }
+        res?;
+        // The verifier session of an earlier turn (if any) stays kept.
+        let session = run.continuation.take();
+        if self.cfg.conversations.enabled {
+            self.conversations.put(conversation, run.take_kept(session));
         }
         Ok(run.finish(None, &RttTracker::default(), Counters::default()))
     }
 
     /// Speculative generation against the verifier (or local when none is
-    /// configured). `on_event` returns false to cancel.
+    /// configured). `on_event` returns false to cancel. With `[conversations]`
+    /// on (the default) the draft KV of the context is kept afterwards and a
+    /// later request that continues it prefills only what is new (see
+    /// [`crate::conversation`]).
     pub fn generate(
         &mut self,
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<EdgeGeneration, EdgeError> {
+        self.generate_in(None, prompt, gen, on_event)
+    }
+
+    /// Most tokens a context may have on this device (the draft's KV capacity).
+    pub fn context_limit(&self) -> usize {
+        self.draft.max_seq_len()
+    }
+
+    /// What the conversation cache holds now.
+    pub fn conversation_stats(&self) -> ConversationStats {
+        self.conversations.stats()
+    }
+
+    /// Drops a named conversation's kept state (its verifier session expires
+    /// by the verifier's idle TTL); false when there was none.
+    pub fn forget_conversation(&mut self, conversation: &str) -> bool {
+        self.conversations.forget(conversation)
+    }
+
+    fn take_kept(&mut self, conversation: Option<&str>, prompt: &[u32]) -> Option<Kept> {
+        if !self.cfg.conversations.enabled {
+            return None;
+        }
+        self.conversations.take(conversation, prompt)
+    }
+
+
+    /// [`Self::generate`] as one turn of the conversation named
+    /// `conversation`: its kept state is used whatever the prompt shares with
+    /// it (the longest common prefix is reused, exactly), and the turn's state
+    /// is kept under that name. `None`: an anonymous request, matched to kept
+    /// state by its prompt.
+    pub fn generate_in(
+        &mut self,
+        conversation: Option<&str>,
         prompt: &[u32],
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
@@ -301,9 +386,18 @@ impl EdgeRuntime {
             )));
         }
         let Some(connector) = self.connector.clone() else {
-            return self.generate_local(prompt, gen, on_event);
+            return self.generate_local_in(conversation, prompt, gen, on_event);
         };
-        let mut run = Run::new(&self.draft, prompt, gen, on_event)?;
+        let kept = self.take_kept(conversation, prompt);
+        let mut run = Run::new(&self.draft, prompt, gen, on_event, kept)?;
+        // A kept verifier session is continued (not in split sessions, which
+        // send hidden states of their whole context).
+        let split_on = self.split.is_some();
+        let continuation = run.continuation.take().filter(|_| !split_on);
+        let session_key = continuation
+            .as_ref()
+            .map(|k| k.affinity_key.clone())
+            .unwrap_or_else(crate::client::new_session_key);
         run.want_conf = self.cfg.gate.enabled() && gen.sampling.is_greedy();
         let mut net = Net {
             cfg: &self.cfg,
@@ -323,7 +417,8 @@ impl EdgeRuntime {
             counters: Counters::default(),
             stream: None,
             session_id: None,
-            session_key: crate::client::new_session_key(),
+            session_key,
+            continuation,
             reopen_now: true,
             live: false,
             round: 0,
@@ -338,17 +433,38 @@ impl EdgeRuntime {
             // verifier frees the session when the stream goes away).
             op.task.abort();
         }
+        // Keep the verifier's session for the next turn when its context is
+        // known (the stream is live and no provisional span is unchecked: the
+        // verifier then holds the device's context, possibly plus a stop token
+        // the device did not show); otherwise free its KV cache.
+        let keep_session = self.cfg.conversations.enabled
+            && self.cfg.conversations.keep_verifier_sessions
+            && !split_on
+            && res.is_ok()
+            && run.check.is_none();
+        let mut kept_session = None;
         if let Some(mut s) = net.stream.take() {
-            // Free the verifier's KV cache; an error here changes nothing.
+            // An error here changes nothing: the verifier's idle TTL frees it.
             let c = &mut net.counters;
-            let _ = self.rt.block_on(s.exchange(
-                Cm::Close(pb::Close::default()),
-                Duration::from_secs(1),
-                c,
-            ));
+            let close = Cm::Close(pb::Close { keep: keep_session });
+            let closed = self.rt.block_on(s.exchange(close, Duration::from_secs(1), c));
+            if let (true, Ok((Sm::Closed(_), _)), Some(id)) =
+                (keep_session, closed, net.session_id.clone())
+            {
+                kept_session = Some(KeptSession {
+                    id,
+                    context: run.ctx.clone(),
+                    affinity_key: net.session_key.clone(),
+                });
+            }
         }
-        res?;
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
+        // (After an error the draft KV may be half-written: not kept.)
+        res?;
+        if self.cfg.conversations.enabled {
+            self.conversations
+                .put(conversation, run.take_kept(kept_session));
+        }
         let mut g = run.finish(sid, &gen_rtt, counters);
         g.stats.split = self.split.as_ref().map(|s| s.report.clone());
         Ok(g)
@@ -386,17 +502,39 @@ struct Run<'a, 'b> {
     conf: f32,
     start: Instant,
     first: Option<Instant>,
+    /// The verifier session a kept conversation left (taken by `generate`).
+    continuation: Option<KeptSession>,
+    /// Most positions `cache` has held (for the conversation cache's budget).
+    high_water: usize,
 }
 
 impl<'a, 'b> Run<'a, 'b> {
+    /// A generation of `prompt`; with `kept` (a conversation's earlier turn)
+    /// its draft KV is reused for the longest common prefix, exactly.
     fn new(
         draft: &'a Qwen2Model,
         prompt: &[u32],
         gen: &'a GenerateConfig,
         on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+        kept: Option<Kept>,
     ) -> Result<Self, EdgeError> {
         gen.validate()?;
-        let cache = draft.new_cache();
+        let fresh = draft.new_cache();
+        let (mut cache, reuse, continuation, high_water) = match kept {
+            Some(k)
+                if k.cache.capacity() == fresh.capacity()
+                    && k.cache.bytes_per_token() == fresh.bytes_per_token() =>
+            {
+                // Keep at least the prompt's last token to run (its logits).
+                let reuse = common_prefix(&k.tokens, prompt)
+                    .min(k.cache.len())
+                    .min(prompt.len().saturating_sub(1));
+                (k.cache, reuse, k.session, k.high_water)
+            }
+            Some(k) => (fresh, 0, k.session, 0),
+            None => (fresh, 0, None, 0),
+        };
+        cache.truncate(reuse);
         let capacity = cache.capacity();
         if prompt.is_empty() {
             return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
@@ -419,13 +557,15 @@ impl<'a, 'b> Run<'a, 'b> {
             ctx: prompt.to_vec(),
             statuses: Vec::new(),
             cache,
-            pending: prompt.to_vec(),
+            pending: prompt[reuse..].to_vec(),
             capacity,
             rng: Sampler::from_params(&gen.sampling),
             stop,
             on_event,
             stats: EdgeStats {
                 prompt_tokens: prompt.len(),
+                draft_reused_tokens: reuse,
+                draft_prefill_tokens: prompt.len() - reuse,
                 ..EdgeStats::default()
             },
             report: ProvisionalReport::default(),
@@ -435,7 +575,24 @@ impl<'a, 'b> Run<'a, 'b> {
             conf: 1.0,
             start: Instant::now(),
             first: None,
+            continuation,
+            high_water,
         })
+    }
+
+    /// The state this turn leaves for the conversation's next one: the draft
+    /// KV, cut to the context (a stop token or a cancelled block may have run
+    /// past it), and the context.
+    fn take_kept(&mut self, session: Option<KeptSession>) -> Kept {
+        let mut cache = std::mem::replace(&mut self.cache, KvCache::new(0, 0, 0, 0));
+        let high_water = self.high_water.max(cache.len());
+        cache.truncate(cache.len().min(self.ctx.len()));
+        Kept {
+            cache,
+            tokens: self.ctx.clone(),
+            session,
+            high_water,
+        }
     }
 
     fn out_len(&self) -> usize {
@@ -487,6 +644,7 @@ impl<'a, 'b> Run<'a, 'b> {
             .draft
             .forward_last(&self.pending, pos, &mut self.cache)?;
         self.stats.draft_forwards += 1;
+        self.high_water = self.high_water.max(self.cache.len());
         let params = &self.gen.sampling;
         let (t, q) = if params.is_greedy() {
             let mut l = logits;
@@ -674,6 +832,10 @@ struct Net<'a> {
     /// This generation's session-affinity key, sent on every stream
     /// ([`tandem_proto::SESSION_AFFINITY_HEADER`]).
     session_key: String,
+    /// A verifier session kept by this conversation's earlier turn: the first
+    /// open continues it (`Open.continuation`); taken by that open, so a
+    /// refused continuation is followed by an open of the whole context.
+    continuation: Option<KeptSession>,
     /// A stream that breaks may be re-opened once at once (set again by every
     /// success); see [`Net::fail`].
     reopen_now: bool,
@@ -922,7 +1084,7 @@ impl Net<'_> {
             Some(c) => run.prompt_len + c.next,
             None => run.ctx.len(),
         };
-        let open = pb::Open {
+        let mut open = pb::Open {
             model_id: self.cfg.model_id.clone(),
             tokenizer_fingerprint: self.fingerprint.to_owned(),
             prompt_tokens: run.ctx[..upto].to_vec(),
@@ -931,6 +1093,23 @@ impl Net<'_> {
             first_round: self.round,
             ..pb::Open::default()
         };
+        // A conversation's kept session: send only what follows the prefix
+        // both sides hold (at least the last token). Taken here, so a refusal
+        // (CONTEXT_NOT_HELD) is followed by an open of the whole context.
+        if let Some(kept) = self.continuation.take().filter(|_| self.split.is_none()) {
+            let ctx = &run.ctx[..upto];
+            let prefix = common_prefix(&kept.context, ctx).min(upto.saturating_sub(1));
+            if prefix > 0 {
+                open.prompt_tokens = ctx[prefix..].to_vec();
+                open.resume_session_id = None;
+                open.continuation = Some(pb::Continuation {
+                    session_id: kept.id.clone(),
+                    prefix_len: prefix as u64,
+                    prefix_sha256: tandem_proto::context_digest(&ctx[..prefix]).to_vec(),
+                });
+                self.session_id = Some(kept.id);
+            }
+        }
         let open = match self.split.as_deref_mut() {
             Some(sp) => sp.open_message(&run.ctx[..upto], &run.gen.sampling, open)?,
             None => open,
@@ -1000,6 +1179,14 @@ impl Net<'_> {
                 // closes it.
                 run.stats.opens += 1;
                 run.stats.verifier_passes += 1;
+                run.stats.verifier_reused_tokens += o.reused_tokens;
+                let positions = (upto as u64).saturating_sub(1);
+                run.stats.verifier_prefill_tokens +=
+                    positions.saturating_sub(o.reused_tokens.min(positions));
+                if run.stats.opens == 1 && o.resumed {
+                    // The first open of a turn resumed: a kept session.
+                    run.stats.continued_session = true;
+                }
                 self.open_cost.record(upto, after_headers);
                 self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
                 if o.max_prompt_tokens > 0 {

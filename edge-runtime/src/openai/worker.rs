@@ -22,6 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
 use super::request::{GenRequest, Input};
+use crate::context_policy::{fit_messages, ContextError};
 use crate::privacy::{RoutedDecision, RoutedRuntime};
 use crate::runtime::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
 
@@ -307,15 +308,28 @@ fn run_job(
     let req = &job.req;
     let send = |e: Event| job.events.send(e).is_ok();
     let fail = |e: ApiError| (Outcome::Failed, Some(Event::Failed(e)));
-    let (messages, prompt) = match &req.input {
-        Input::Chat(m) => (m.clone(), tok.encode_chat(m, true)),
-        Input::Text(t) => (vec![ChatMessage::user(t.clone())], tok.encode(t, false)),
-    };
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
-    };
     let cfg = rt.runtime().config();
+    let (messages, prompt, dropped_messages) = match &req.input {
+        Input::Chat(m) => {
+            // The context policy (refuse, or drop the oldest turns) applies here,
+            // and the reply says how many messages were dropped.
+            let limit = rt.runtime().context_limit();
+            let policy = cfg.conversations.context_policy;
+            match fit_messages(tok, m, limit, req.max_tokens, policy) {
+                Ok(f) => (m.clone(), f.prompt, f.dropped_messages),
+                Err(e @ ContextError::TooLong { .. }) => {
+                    let e = ApiError::invalid(e.to_string(), Some("messages"))
+                        .with_code("context_length_exceeded");
+                    return fail(e);
+                }
+                Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
+            }
+        }
+        Input::Text(t) => match tok.encode(t, false) {
+            Ok(p) => (vec![ChatMessage::user(t.clone())], p, 0),
+            Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
+        },
+    };
     let gen = GenerateConfig {
         max_tokens: req.max_tokens,
         k: cfg.k,
@@ -384,13 +398,17 @@ fn run_job(
             }
         }
     };
+    // A named conversation keeps its state under its id; an anonymous one is
+    // found again by its prompt's prefix (crate::conversation).
+    let name = req.conversation_id.as_deref();
     let res = if local {
         rt.runtime_mut()
-            .generate_local(&prompt, &gen, &mut on_event)
+            .generate_local_in(name, &prompt, &gen, &mut on_event)
     } else {
-        rt.runtime_mut().generate(&prompt, &gen, &mut on_event)
+        rt.runtime_mut()
+            .generate_in(name, &prompt, &gen, &mut on_event)
     };
-    let g = match res {
+    let mut g = match res {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(error = %e, "generation failed");
@@ -414,6 +432,7 @@ fn run_job(
             statuses,
         });
     }
+    g.stats.dropped_messages = dropped_messages;
     let finish_reason = match g.stop {
         _ if scan.hit => "stop",
         StopReason::Stop | StopReason::Cancelled => "stop",

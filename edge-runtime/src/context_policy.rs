@@ -1,0 +1,133 @@
+//! What happens when a conversation outgrows the context (docs/edge.md
+//! "Conversations"): the configured [`ContextPolicy`] applies, and nothing is
+//! ever truncated silently.
+//!
+//! * `refuse` (the default): a conversation whose prompt leaves no room for a
+//!   single reply token within the limit is refused with an error that names
+//!   the limit and the prompt's size.
+//! * `drop_oldest`: the oldest messages after the leading system messages are
+//!   dropped, one at a time, until the prompt leaves room for the reply
+//!   (`min(max_tokens, limit / 4)` tokens); the last message is never dropped.
+//!   How many were dropped is returned so that the caller reports it
+//!   (serve-edge: `tandem.dropped_messages`; the C ABI: the stats).
+//!
+//! Both sides agree on what was dropped by construction: the device sends the
+//! verifier the tokens of the prompt it rendered after dropping, so the
+//! verifier's context is exactly the device's (and the greedy output is the
+//! target's own output for that truncated conversation).
+
+use serde::{Deserialize, Serialize};
+use tandem_model::tokenizer::{ChatMessage, Role, Tokenizer};
+
+/// `conversations.context_policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextPolicy {
+    #[default]
+    Refuse,
+    DropOldest,
+}
+
+impl std::fmt::Display for ContextPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Refuse => "refuse",
+            Self::DropOldest => "drop_oldest",
+        })
+    }
+}
+
+/// Why a conversation cannot be rendered within the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    #[error(
+        "the conversation is {prompt_tokens} tokens and leaves no room for a reply within the \
+         context limit of {limit} tokens (context_policy = {policy}{hint})"
+    )]
+    TooLong {
+        prompt_tokens: usize,
+        limit: usize,
+        policy: ContextPolicy,
+        hint: &'static str,
+    },
+    #[error("the chat template failed: {0}")]
+    Template(String),
+}
+
+/// A conversation rendered within the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fitted {
+    pub prompt: Vec<u32>,
+    /// Messages dropped from the start (after the system messages).
+    pub dropped_messages: usize,
+}
+
+/// Renders `messages` (with the assistant turn opened) so that the prompt fits
+/// `limit` tokens with room for a reply of up to `max_tokens`, under `policy`
+/// (see the module doc).
+pub fn fit_messages(
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    limit: usize,
+    max_tokens: usize,
+    policy: ContextPolicy,
+) -> Result<Fitted, ContextError> {
+    let render = |m: &[ChatMessage]| {
+        tok.encode_chat(m, true)
+            .map_err(|e| ContextError::Template(e.to_string()))
+    };
+    let prompt = render(messages)?;
+    let too_long = |n: usize, hint: &'static str| ContextError::TooLong {
+        prompt_tokens: n,
+        limit,
+        policy,
+        hint,
+    };
+    match policy {
+        ContextPolicy::Refuse => {
+            if prompt.len() >= limit {
+                return Err(too_long(
+                    prompt.len(),
+                    "; drop_oldest would drop the oldest turns instead",
+                ));
+            }
+            Ok(Fitted {
+                prompt,
+                dropped_messages: 0,
+            })
+        }
+        ContextPolicy::DropOldest => {
+            let room = max_tokens.clamp(1, (limit / 4).max(1));
+            let fits = |n: usize| n.saturating_add(room) <= limit;
+            if fits(prompt.len()) {
+                return Ok(Fitted {
+                    prompt,
+                    dropped_messages: 0,
+                });
+            }
+            let system = messages
+                .iter()
+                .take_while(|m| m.role == Role::System)
+                .count();
+            let mut kept: Vec<ChatMessage> = messages.to_vec();
+            let mut dropped = 0;
+            let mut last_len = prompt.len();
+            while kept.len() > system + 1 {
+                kept.remove(system);
+                dropped += 1;
+                let p = render(&kept)?;
+                last_len = p.len();
+                if fits(p.len()) {
+                    return Ok(Fitted {
+                        prompt: p,
+                        dropped_messages: dropped,
+                    });
+                }
+            }
+            Err(too_long(
+                last_len,
+                "; even the system messages and the last message alone do not fit",
+            ))
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The device's conversation cache: what a conversation keeps between turns, so
+//! that the next turn prefills only what is new (docs/edge.md "Conversations").
+//!
+//! A chat app sends the whole conversation every turn. Each finished generation
+//! leaves behind the draft model's KV cache of its context and, when the verifier
+//! kept its session (`Close.keep`), which session that is and the context it holds.
+//! The next request takes that state back:
+//!
+//! 1. **Which entry.** A named conversation (`conversation_id` in serve-edge, a
+//!    conversation handle in the C ABI) takes its own entry. An anonymous request
+//!    takes the anonymous entry whose tokens share the longest prefix with its
+//!    prompt, if that prefix covers at least half of the entry's tokens (a growing
+//!    conversation covers all of them; two conversations that share only a system
+//!    prompt do not steal each other's state).
+//! 2. **Exact reuse.** The draft keeps `min(longest common prefix, prompt - 1)`
+//!    positions of the entry's KV and prefills the rest: a turn whose earlier
+//!    message was edited misses exactly from the edit. The verifier session is
+//!    continued the same way (`Open.continuation`: the common prefix's length and
+//!    digest, then only the tokens after it); a verifier that no longer holds it
+//!    answers `CONTEXT_NOT_HELD` and the device resends the whole context.
+//! 3. **Bounded.** The entries' draft KV bytes stay within `budget_mib`; the least
+//!    recently used entry is dropped first (its verifier session then expires by
+//!    the verifier's idle TTL). An entry is counted at the most positions its KV
+//!    ever held, since RSS does not shrink when a cache is truncated.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use tandem_model::kv_cache::KvCache;
+
+/// `[conversations]` of the edge config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConversationConfig {
+    /// Keep each conversation's draft KV between turns and reuse the longest
+    /// common prefix of the next request.
+    pub enabled: bool,
+    /// Draft KV bytes all kept conversations may hold together, in MiB.
+    pub budget_mib: u64,
+    /// Ask the verifier to keep the session after a turn (`Close.keep`) and
+    /// continue it on the next turn with only the new tokens.
+    pub keep_verifier_sessions: bool,
+    /// What a chat front end does with a conversation that no longer fits the
+    /// context (`crate::context_policy`).
+    pub context_policy: crate::context_policy::ContextPolicy,
+}
+
+impl Default for ConversationConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            budget_mib: 256,
+            keep_verifier_sessions: true,
+            context_policy: Default::default(),
+        }
+    }
+}
+
+impl ConversationConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.budget_mib > 1 << 20 {
+            return Err(format!(
+                "conversations.budget_mib must be at most 1048576 (1 TiB), got {}",
+                self.budget_mib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A verifier session kept after a turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptSession {
+    pub id: String,
+    /// A prefix of the context the verifier holds for it (the device's context
+    /// when the turn ended).
+    pub context: Vec<u32>,
+    /// The session-affinity key its streams carried (a load balancer keeps the
+    /// conversation on the replica that holds it).
+    pub affinity_key: String,
+}
+
+/// One conversation's state between turns.
+#[derive(Debug)]
+pub struct Kept {
+    /// The draft's KV: holds `tokens[..cache.len()]`.
+    pub cache: KvCache,
+    /// The conversation's context when the turn ended.
+    pub tokens: Vec<u32>,
+    pub session: Option<KeptSession>,
+    /// Most positions `cache` has held (what its RSS covers).
+    pub high_water: usize,
+}
+
+impl Kept {
+    fn bytes(&self) -> u64 {
+        (self.cache.bytes_per_token() as u64).saturating_mul(self.high_water as u64)
+    }
+}
+
+/// Length of the longest common prefix of two token sequences.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Which entry: a named conversation, or an anonymous one (found by prefix).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Named(String),
+    Anonymous(u64),
+}
+
+struct Entry {
+    kept: Kept,
+    last_used: u64,
+}
+
+/// Counters of the cache since the runtime started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConversationStats {
+    /// Requests that found an entry (named, or anonymous by prefix).
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries dropped to stay within the budget.
+    pub evictions: u64,
+    /// Entries held now, and their bytes.
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+/// The kept conversations, bounded by a byte budget (LRU).
+pub struct ConversationCache {
+    budget_bytes: u64,
+    entries: HashMap<Key, Entry>,
+    clock: u64,
+    next_anonymous: u64,
+    stats: ConversationStats,
+}
+
+impl ConversationCache {
+    pub fn new(cfg: &ConversationConfig) -> Self {
+        Self {
+            budget_bytes: cfg.budget_mib.saturating_mul(1 << 20),
+            entries: HashMap::new(),
+            clock: 0,
+            next_anonymous: 0,
+            stats: ConversationStats::default(),
+        }
+    }
+
+    /// Takes the state a request should continue from (see the module doc, 1):
+    /// the named conversation's, or the best anonymous match for `prompt`.
+    pub fn take(&mut self, name: Option<&str>, prompt: &[u32]) -> Option<Kept> {
+        let key = match name {
+            Some(n) => Some(Key::Named(n.to_owned())).filter(|k| self.entries.contains_key(k)),
+            None => self
+                .entries
+                .iter()
+                .filter(|(k, _)| matches!(k, Key::Anonymous(_)))
+                .map(|(k, e)| (k, common_prefix(&e.kept.tokens, prompt), e.kept.tokens.len()))
+                .filter(|&(_, lcp, len)| lcp > 0 && lcp.saturating_mul(2) >= len)
+                .max_by_key(|&(_, lcp, _)| lcp)
+                .map(|(k, _, _)| k.clone()),
+        };
+        match key.and_then(|k| self.entries.remove(&k)) {
+            Some(e) => {
+                self.stats.hits += 1;
+                Some(e.kept)
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Keeps a turn's state under `name` (or as a new anonymous entry), then
+    /// drops least recently used entries until the budget holds. An entry that
+    /// alone exceeds the budget is not kept.
+    pub fn put(&mut self, name: Option<&str>, kept: Kept) {
+        let key = match name {
+            Some(n) => Key::Named(n.to_owned()),
+            None => {
+                self.next_anonymous = self.next_anonymous.wrapping_add(1);
+                Key::Anonymous(self.next_anonymous)
+            }
+        };
+        self.clock = self.clock.wrapping_add(1);
+        self.entries.insert(
+            key,
+            Entry {
+                kept,
+                last_used: self.clock,
+            },
+        );
+        while self.bytes() > self.budget_bytes {
+            let Some(lru) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            self.entries.remove(&lru);
+            self.stats.evictions += 1;
+        }
+    }
+
+    /// Drops a named conversation's state; false when there was none.
+    pub fn forget(&mut self, name: &str) -> bool {
+        self.entries.remove(&Key::Named(name.to_owned())).is_some()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .fold(0u64, |s, e| s.saturating_add(e.kept.bytes()))
+    }
+
+    pub fn stats(&self) -> ConversationStats {
+        ConversationStats {
+            entries: self.entries.len(),
+            bytes: self.bytes(),
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(tokens: &[u32], positions: usize) -> Kept {
+        // 1 layer, 1 head of 8 floats: 64 bytes per position.
+        let cache = KvCache::new(1, 1, 8, 64);
+        Kept {
+            cache,
+            tokens: tokens.to_vec(),
+            session: None,
+            high_water: positions,
+        }
+    }
+
+    fn cache(budget_bytes: u64) -> ConversationCache {
+        let mut c = ConversationCache::new(&ConversationConfig::default());
+        c.budget_bytes = budget_bytes;
+        c
+    }
+
+    #[test]
+    fn anonymous_requests_find_the_conversation_they_continue() {
+        let mut c = cache(1 << 20);
+        c.put(None, kept(&[1, 2, 3, 4], 4));
+        c.put(None, kept(&[1, 9, 9, 9], 4));
+        // Shares all four tokens with the first entry: a hit, and that entry.
+        let k = c.take(None, &[1, 2, 3, 4, 5, 6]).expect("hit");
+        assert_eq!(k.tokens, vec![1, 2, 3, 4]);
+        // Shares only the first token (a common system prompt) with the other:
+        // not enough to take it.
+        assert!(c.take(None, &[1, 5, 5, 5, 5]).is_none());
+        assert_eq!(c.stats().hits, 1);
+        assert_eq!(c.stats().misses, 1);
+        assert_eq!(c.stats().entries, 1);
+    }
+
+    #[test]
+    fn named_conversations_are_taken_by_name_only() {
+        let mut c = cache(1 << 20);
+        c.put(Some("a"), kept(&[1, 2, 3], 3));
+        assert!(c.take(None, &[1, 2, 3, 4]).is_none());
+        assert!(c.take(Some("b"), &[1, 2, 3, 4]).is_none());
+        let k = c.take(Some("a"), &[7]).expect("by name, whatever the prefix");
+        assert_eq!(k.tokens, vec![1, 2, 3]);
+        c.put(Some("a"), k);
+        assert!(c.forget("a"));
+        assert!(!c.forget("a"));
+    }
+
+    #[test]
+    fn the_budget_drops_least_recently_used_entries() {
+        // 64 B per position: room for 10 positions.
+        let mut c = cache(640);
+        c.put(Some("old"), kept(&[1], 4));
+        c.put(Some("mid"), kept(&[2], 4));
+        assert_eq!(c.stats().bytes, 512);
+        c.put(Some("new"), kept(&[3], 4));
+        let s = c.stats();
+        assert_eq!((s.entries, s.evictions, s.bytes), (2, 1, 512));
+        assert!(c.take(Some("old"), &[1]).is_none());
+        // Taking and putting back makes an entry the most recent.
+        let mid = c.take(Some("mid"), &[2]).expect("mid");
+        c.put(Some("mid"), mid);
+        c.put(Some("newer"), kept(&[4], 4));
+        assert!(c.take(Some("new"), &[3]).is_none());
+        assert!(c.take(Some("mid"), &[2]).is_some());
+        // Alone larger than the budget: not kept.
+        c.put(Some("huge"), kept(&[5], 11));
+        assert!(c.take(Some("huge"), &[5]).is_none());
+    }
+
+    #[test]
+    fn common_prefix_stops_at_the_first_difference() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+}
