@@ -54,6 +54,10 @@ enum TandemStatus
   TANDEM_STATUS_INTERNAL = 10,
   // A bug: Rust code panicked. The panic was caught; the message says where.
   TANDEM_STATUS_PANIC = 11,
+  // The conversation does not fit the context and the context policy is
+  // `refuse` (the message names the limit); nothing was generated and the
+  // conversation is unchanged.
+  TANDEM_STATUS_CONTEXT_TOO_LONG = 12,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -134,6 +138,13 @@ typedef int32_t TandemStopReason;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// Opaque handle of a multi-turn conversation on one runtime: its history
+// (the config's system prompt, then every message and reply) and, inside
+// the runtime, its kept state (draft KV, verifier session), so that each
+// turn prefills only what is new. Create with `tandem_conversation_new`,
+// free with `tandem_conversation_free` (before the runtime).
+typedef struct TandemConversation TandemConversation;
+
 // Opaque handle of a runtime. Create with `tandem_runtime_new`, free with
 // `tandem_runtime_free`.
 typedef struct TandemRuntime TandemRuntime;
@@ -181,6 +192,12 @@ typedef struct TandemStats {
   double ttft_ms;
   double total_ms;
   double tokens_per_s;
+  // Conversations: prompt tokens whose draft KV was kept from the earlier
+  // turn, context positions the verifier reused from its kept session, and
+  // messages the context policy (`drop_oldest`) dropped from the start.
+  uint64_t draft_reused_tokens;
+  uint64_t verifier_reused_tokens;
+  uint64_t dropped_messages;
 } TandemStats;
 
 #ifdef __cplusplus
@@ -236,6 +253,54 @@ TandemStatus tandem_generate(const struct TandemRuntime *runtime,
                              void *user_data,
                              struct TandemStats *stats_out,
                              char **error_message);
+
+// Starts a conversation on `runtime` (with the config's system prompt, if
+// any); `*conversation_out` receives its handle.
+//
+// # Safety
+// `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
+// `error_message` NULL or a valid `char **`.
+// Thread-safety: any thread.
+TandemStatus tandem_conversation_new(const struct TandemRuntime *runtime,
+                                     struct TandemConversation **conversation_out,
+                                     char **error_message);
+
+// Sends the next user message of `conversation` and generates the reply
+// (streamed to `callback` as in `tandem_generate`), which joins the
+// history. The runtime reuses what the earlier turns computed: the draft
+// prefills only the new tokens, and the verifier continues its kept session
+// with only the new tokens (`TandemStats.draft_reused_tokens`,
+// `verifier_reused_tokens`). When the history outgrows the context, the
+// config's `[edge.conversations] context_policy` applies: `refuse` returns
+// `TANDEM_STATUS_CONTEXT_TOO_LONG` (the message names the limit), or
+// `drop_oldest` drops the oldest messages after the system prompt from the
+// history (`TandemStats.dropped_messages` says how many). On any error the
+// history is unchanged. A cancelled reply stays in the history as far as it
+// got.
+//
+// # Safety
+// `runtime` from `tandem_runtime_new`; `conversation` from
+// `tandem_conversation_new` on that runtime; `message` NUL-terminated UTF-8;
+// other pointers as for `tandem_generate`.
+// Thread-safety: as `tandem_generate` (BUSY while another generation runs
+// on the runtime); a conversation must not be used from two threads at once.
+TandemStatus tandem_conversation_send(const struct TandemRuntime *runtime,
+                                      struct TandemConversation *conversation,
+                                      const char *message,
+                                      uint32_t max_tokens,
+                                      TandemTokenCallback callback,
+                                      void *user_data,
+                                      struct TandemStats *stats_out,
+                                      char **error_message);
+
+// Frees a conversation and what the runtime keeps for it. NULL is ignored.
+//
+// # Safety
+// `runtime` from `tandem_runtime_new`, not freed; `conversation` NULL or
+// from `tandem_conversation_new` on that runtime, not used afterwards.
+// Thread-safety: not while a generation of this conversation runs.
+void tandem_conversation_free(const struct TandemRuntime *runtime,
+                              struct TandemConversation *conversation);
 
 // Asks the generation running on `runtime` to stop; it returns soon after
 // (at the next token) with stop reason `CANCELLED` and the text so far.

@@ -10,11 +10,15 @@
 //! 2. runs generations with a per-token callback ([`tandem_generate`]): each
 //!    call gets a UTF-8 text piece and its status (verified / provisional /
 //!    local),
-//! 3. may cancel a running generation from any thread ([`tandem_cancel`]),
-//! 4. reads the last generation's statistics ([`tandem_runtime_stats`], or
+//! 3. holds multi-turn conversations ([`tandem_conversation_new`],
+//!    [`tandem_conversation_send`], [`tandem_conversation_free`]): each turn
+//!    prefills only what is new, on the device and on the verifier, and the
+//!    context policy applies when the history outgrows the context,
+//! 4. may cancel a running generation from any thread ([`tandem_cancel`]),
+//! 5. reads the last generation's statistics ([`tandem_runtime_stats`], or
 //!    everything incl. the routing decision as JSON with
 //!    [`tandem_runtime_last_json`]),
-//! 5. frees it ([`tandem_runtime_free`]); strings the library returns are
+//! 6. frees it ([`tandem_runtime_free`]); strings the library returns are
 //!    freed with [`tandem_string_free`].
 //!
 //! Every entry point returns a [`TandemStatus`] code (and, where it takes a
@@ -34,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use serde::Serialize;
+use tandem_edge::context_policy::{fit_messages, ContextError};
 use tandem_edge::{
     EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision, RoutedRuntime,
     TokenStatus,
@@ -74,6 +79,10 @@ pub enum TandemStatus {
     Internal = 10,
     /// A bug: Rust code panicked. The panic was caught; the message says where.
     Panic = 11,
+    /// The conversation does not fit the context and the context policy is
+    /// `refuse` (the message names the limit); nothing was generated and the
+    /// conversation is unchanged.
+    ContextTooLong = 12,
 }
 
 /// Where one streamed text piece came from.
@@ -174,6 +183,12 @@ pub struct TandemStats {
     pub ttft_ms: f64,
     pub total_ms: f64,
     pub tokens_per_s: f64,
+    /// Conversations: prompt tokens whose draft KV was kept from the earlier
+    /// turn, context positions the verifier reused from its kept session, and
+    /// messages the context policy (`drop_oldest`) dropped from the start.
+    pub draft_reused_tokens: u64,
+    pub verifier_reused_tokens: u64,
+    pub dropped_messages: u64,
 }
 
 /// Receives each text piece as it is generated, on the thread that called
@@ -227,6 +242,8 @@ pub struct TandemRuntime {
     /// Id of the generation `tandem_cancel` asked to stop.
     cancel: AtomicU64,
     next_id: AtomicU64,
+    /// Numbers the conversations' ids.
+    next_conversation: AtomicU64,
     last: Mutex<Option<LastGeneration>>,
 }
 
@@ -434,6 +451,7 @@ pub unsafe extern "C" fn tandem_runtime_new(
                 running: AtomicU64::new(0),
                 cancel: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
+                next_conversation: AtomicU64::new(1),
                 last: Mutex::new(None),
             });
             *out_runtime = Box::into_raw(rt);
@@ -494,39 +512,81 @@ pub unsafe extern "C" fn tandem_generate(
             if prompt.trim().is_empty() {
                 return Err(Failure::invalid("prompt is empty"));
             }
-            let mut engine = match rt.engine.try_lock() {
-                Ok(g) => g,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    return Err(Failure(
-                        TandemStatus::Busy,
-                        "another generation is running on this runtime".into(),
-                    ))
-                }
-            };
-            let id = rt.next_id.fetch_add(1, Ordering::SeqCst);
-            rt.running.store(id, Ordering::SeqCst);
-            let res = generate(rt, &mut engine, id, prompt, max_tokens, callback, user_data);
-            rt.running.store(0, Ordering::SeqCst);
-            let last = res?;
+            let mut engine = engine_for_generation(rt)?;
+            let g = run_generation(
+                rt,
+                &mut engine,
+                Turn::Single(prompt),
+                max_tokens,
+                callback,
+                user_data,
+            )?;
             if !stats_out.is_null() {
-                *stats_out = last.c_stats;
+                *stats_out = g.last.c_stats;
             }
-            *lock(&rt.last) = Some(last);
+            *lock(&rt.last) = Some(g.last);
             Ok(())
         })
     }
 }
 
+/// The engine, for one generation; BUSY while another one runs.
+fn engine_for_generation(rt: &TandemRuntime) -> Result<MutexGuard<'_, Engine>, Failure> {
+    match rt.engine.try_lock() {
+        Ok(g) => Ok(g),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(Failure(
+            TandemStatus::Busy,
+            "another generation is running on this runtime".into(),
+        )),
+    }
+}
+
+/// Runs one generation under a fresh id (what `tandem_cancel` stops).
+fn run_generation(
+    rt: &TandemRuntime,
+    engine: &mut Engine,
+    turn: Turn<'_>,
+    max_tokens: u32,
+    callback: TandemTokenCallback,
+    user_data: *mut c_void,
+) -> Result<Generated, Failure> {
+    let id = rt.next_id.fetch_add(1, Ordering::SeqCst);
+    rt.running.store(id, Ordering::SeqCst);
+    let res = generate(rt, engine, id, turn, max_tokens, callback, user_data);
+    rt.running.store(0, Ordering::SeqCst);
+    res
+}
+
+/// What one generation answers.
+enum Turn<'a> {
+    /// `tandem_generate`: one user message (after the config's system prompt).
+    Single(&'a str),
+    /// `tandem_conversation_send`: a conversation's whole history, its newest
+    /// message last; `id` names its kept state.
+    Conversation {
+        id: &'a str,
+        messages: &'a [ChatMessage],
+    },
+}
+
+/// A finished generation: what `tandem_runtime_stats` reports, and the
+/// generated tokens (a conversation keeps their text as its reply).
+struct Generated {
+    last: LastGeneration,
+    tokens: Vec<u32>,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn generate(
     rt: &TandemRuntime,
     engine: &mut Engine,
     id: u64,
-    prompt: &str,
+    turn: Turn<'_>,
     max_tokens: u32,
     callback: TandemTokenCallback,
     user_data: *mut c_void,
-) -> Result<LastGeneration, Failure> {
+) -> Result<Generated, Failure> {
     let cfg = &engine.cfg;
     let max_tokens = if max_tokens == 0 {
         cfg.max_tokens
@@ -540,9 +600,34 @@ fn generate(
         stop_tokens: engine.stop_tokens.clone(),
         ..GenerateConfig::default()
     };
-    let mut messages: Vec<ChatMessage> =
-        cfg.system_prompt.iter().map(ChatMessage::system).collect();
-    messages.push(ChatMessage::user(prompt));
+    let single: Vec<ChatMessage>;
+    let (conv, messages, named) = match turn {
+        Turn::Single(prompt) => {
+            single = cfg
+                .system_prompt
+                .iter()
+                .map(ChatMessage::system)
+                .chain(std::iter::once(ChatMessage::user(prompt)))
+                .collect();
+            engine.conversations += 1;
+            (format!("capi-{}", engine.conversations), &single[..], false)
+        }
+        Turn::Conversation { id, messages } => (id.to_owned(), messages, true),
+    };
+    // The context policy: refuse (CONTEXT_TOO_LONG) or drop the oldest turns.
+    let fitted = fit_messages(
+        engine.routed.tokenizer(),
+        messages,
+        engine.routed.runtime().context_limit(),
+        max_tokens,
+        cfg.edge.conversations.context_policy,
+    )
+    .map_err(|e| match e {
+        ContextError::TooLong { .. } => Failure(TandemStatus::ContextTooLong, e.to_string()),
+        ContextError::Template(m) => {
+            Failure(TandemStatus::Model, format!("tokenizing the prompt: {m}"))
+        }
+    })?;
     let mut dec = engine.routed.tokenizer().stream_decoder(true);
     // Status of the bytes not delivered yet: the "weakest" of their tokens.
     let mut pending: Option<TandemTokenStatus> = None;
@@ -581,27 +666,26 @@ fn generate(
         }
         !cancelled()
     };
-    engine.conversations += 1;
-    let conv = format!("capi-{}", engine.conversations);
-    let (decision, g) = if engine.use_router {
-        let r = engine.routed.chat(&conv, &messages, &gen, &mut on_event);
-        engine.routed.forget(&conv);
+    // Routed on the whole history (also what the policy dropped: stricter).
+    let prompt = &fitted.prompt;
+    let (decision, mut g) = if engine.use_router {
+        let r = engine
+            .routed
+            .generate_routed(&conv, messages, prompt, &gen, &mut on_event);
+        if !named {
+            engine.routed.forget(&conv);
+        }
         let r = r?;
         (Some(r.route), r.generation)
     } else {
-        let ids = engine
-            .routed
-            .tokenizer()
-            .encode_chat(&messages, true)
-            .map_err(|e| Failure(TandemStatus::Model, format!("tokenizing the prompt: {e}")))?;
+        let name = named.then_some(conv.as_str());
+        let runtime = engine.routed.runtime_mut();
         (
             None,
-            engine
-                .routed
-                .runtime_mut()
-                .generate(&ids, &gen, &mut on_event)?,
+            runtime.generate_in(name, prompt, &gen, &mut on_event)?,
         )
     };
+    g.stats.dropped_messages = fitted.dropped_messages;
     if let Some(rest) = dec.flush() {
         if !rest.is_empty() {
             let st = pending.take().unwrap_or(TandemTokenStatus::Local);
@@ -635,8 +719,11 @@ fn generate(
         ttft_ms: s.ttft_ms,
         total_ms: s.total_ms,
         tokens_per_s: s.tokens_per_s,
+        draft_reused_tokens: s.draft_reused_tokens as u64,
+        verifier_reused_tokens: s.verifier_reused_tokens,
+        dropped_messages: s.dropped_messages as u64,
     };
-    Ok(LastGeneration {
+    let last = LastGeneration {
         route: match route {
             TandemRoute::LocalNoVerifier => "local_no_verifier",
             TandemRoute::LocalByRouter => "local_by_router",
@@ -647,7 +734,175 @@ fn generate(
         stats: g.stats.clone(),
         provisional: g.provisional.clone(),
         c_stats,
+    };
+    Ok(Generated {
+        last,
+        tokens: g.tokens,
     })
+}
+
+/// Opaque handle of a multi-turn conversation on one runtime: its history
+/// (the config's system prompt, then every message and reply) and, inside
+/// the runtime, its kept state (draft KV, verifier session), so that each
+/// turn prefills only what is new. Create with `tandem_conversation_new`,
+/// free with `tandem_conversation_free` (before the runtime).
+pub struct TandemConversation {
+    id: String,
+    messages: Vec<ChatMessage>,
+    /// The runtime it belongs to (checked on every call).
+    runtime: usize,
+}
+
+/// The conversation handle, checked to belong to `rt`.
+///
+/// # Safety
+/// `c` is NULL or a pointer returned by `tandem_conversation_new`, not freed.
+unsafe fn conversation_arg<'a>(
+    rt: &TandemRuntime,
+    c: *mut TandemConversation,
+) -> Result<&'a mut TandemConversation, Failure> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { c.as_mut() }.ok_or_else(|| Failure::invalid("conversation is NULL"))?;
+    if c.runtime != std::ptr::from_ref(rt) as usize {
+        return Err(Failure::invalid(
+            "the conversation belongs to another runtime",
+        ));
+    }
+    Ok(c)
+}
+
+/// Starts a conversation on `runtime` (with the config's system prompt, if
+/// any); `*conversation_out` receives its handle.
+///
+/// # Safety
+/// `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
+/// `error_message` NULL or a valid `char **`.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn tandem_conversation_new(
+    runtime: *const TandemRuntime,
+    conversation_out: *mut *mut TandemConversation,
+    error_message: *mut *mut c_char,
+) -> TandemStatus {
+    // SAFETY: the caller's contract (see above) for every pointer used here.
+    unsafe {
+        guard(error_message, || {
+            let rt = runtime_arg(runtime)?;
+            if conversation_out.is_null() {
+                return Err(Failure::invalid("conversation_out is NULL"));
+            }
+            let n = rt.next_conversation.fetch_add(1, Ordering::SeqCst);
+            let system = lock(&rt.engine).cfg.system_prompt.clone();
+            let c = TandemConversation {
+                id: format!("capi-conversation-{n}"),
+                messages: system.iter().map(ChatMessage::system).collect(),
+                runtime: std::ptr::from_ref(rt) as usize,
+            };
+            *conversation_out = Box::into_raw(Box::new(c));
+            Ok(())
+        })
+    }
+}
+
+/// Sends the next user message of `conversation` and generates the reply
+/// (streamed to `callback` as in `tandem_generate`), which joins the
+/// history. The runtime reuses what the earlier turns computed: the draft
+/// prefills only the new tokens, and the verifier continues its kept session
+/// with only the new tokens (`TandemStats.draft_reused_tokens`,
+/// `verifier_reused_tokens`). When the history outgrows the context, the
+/// config's `[edge.conversations] context_policy` applies: `refuse` returns
+/// `TANDEM_STATUS_CONTEXT_TOO_LONG` (the message names the limit), or
+/// `drop_oldest` drops the oldest messages after the system prompt from the
+/// history (`TandemStats.dropped_messages` says how many). On any error the
+/// history is unchanged. A cancelled reply stays in the history as far as it
+/// got.
+///
+/// # Safety
+/// `runtime` from `tandem_runtime_new`; `conversation` from
+/// `tandem_conversation_new` on that runtime; `message` NUL-terminated UTF-8;
+/// other pointers as for `tandem_generate`.
+/// Thread-safety: as `tandem_generate` (BUSY while another generation runs
+/// on the runtime); a conversation must not be used from two threads at once.
+#[no_mangle]
+pub unsafe extern "C" fn tandem_conversation_send(
+    runtime: *const TandemRuntime,
+    conversation: *mut TandemConversation,
+    message: *const c_char,
+    max_tokens: u32,
+    callback: TandemTokenCallback,
+    user_data: *mut c_void,
+    stats_out: *mut TandemStats,
+    error_message: *mut *mut c_char,
+) -> TandemStatus {
+    // SAFETY: the caller's contract (see above) for every pointer used here.
+    unsafe {
+        guard(error_message, || {
+            let rt = runtime_arg(runtime)?;
+            let c = conversation_arg(rt, conversation)?;
+            let message = str_arg(message, "message")?;
+            if message.trim().is_empty() {
+                return Err(Failure::invalid("message is empty"));
+            }
+            let mut engine = engine_for_generation(rt)?;
+            c.messages.push(ChatMessage::user(message));
+            let turn = Turn::Conversation {
+                id: &c.id,
+                messages: &c.messages,
+            };
+            let g = match run_generation(rt, &mut engine, turn, max_tokens, callback, user_data) {
+                Ok(g) => g,
+                Err(e) => {
+                    c.messages.pop();
+                    return Err(e);
+                }
+            };
+            let reply = engine
+                .routed
+                .tokenizer()
+                .decode(&g.tokens, true)
+                .map_err(|e| Failure(TandemStatus::Model, format!("decoding the reply: {e}")))?;
+            let system = c
+                .messages
+                .iter()
+                .take_while(|m| m.role == tandem_model::tokenizer::Role::System)
+                .count();
+            let dropped = g.last.stats.dropped_messages;
+            c.messages
+                .drain(system..system.saturating_add(dropped).min(c.messages.len()));
+            c.messages.push(ChatMessage::assistant(reply));
+            if !stats_out.is_null() {
+                *stats_out = g.last.c_stats;
+            }
+            *lock(&rt.last) = Some(g.last);
+            Ok(())
+        })
+    }
+}
+
+/// Frees a conversation and what the runtime keeps for it. NULL is ignored.
+///
+/// # Safety
+/// `runtime` from `tandem_runtime_new`, not freed; `conversation` NULL or
+/// from `tandem_conversation_new` on that runtime, not used afterwards.
+/// Thread-safety: not while a generation of this conversation runs.
+#[no_mangle]
+pub unsafe extern "C" fn tandem_conversation_free(
+    runtime: *const TandemRuntime,
+    conversation: *mut TandemConversation,
+) {
+    if conversation.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract: from Box::into_raw, freed once.
+    let c = unsafe { Box::from_raw(conversation) };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        if let Ok(rt) = unsafe { runtime_arg(runtime) } {
+            if c.runtime == std::ptr::from_ref(rt) as usize {
+                lock(&rt.engine).routed.forget(&c.id);
+            }
+        }
+    }));
 }
 
 /// Asks the generation running on `runtime` to stop; it returns soon after
@@ -776,6 +1031,7 @@ pub extern "C" fn tandem_status_name(status: i32) -> *const c_char {
         9 => c"NO_GENERATION",
         10 => c"INTERNAL",
         11 => c"PANIC",
+        12 => c"CONTEXT_TOO_LONG",
         _ => c"UNKNOWN",
     };
     s.as_ptr()

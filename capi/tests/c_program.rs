@@ -142,8 +142,13 @@ fn stat(stats: &str, key: &str) -> f64 {
 
 /// Greedy output of `model` alone for the chat prompt, decoded.
 fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize) -> String {
+    greedy_chat(model, &[ChatMessage::user(prompt)], n)
+}
+
+/// Greedy output of `model` alone for a conversation, decoded.
+fn greedy_chat(model: &Qwen2Model, messages: &[ChatMessage], n: usize) -> String {
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
-    let ids = tok.encode_chat(&[ChatMessage::user(prompt)], true).unwrap();
+    let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {
         max_tokens: n,
         stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
@@ -151,6 +156,48 @@ fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize) -> String {
     };
     let g = generate_single(model, &ids, &cfg, &mut |_| true).unwrap();
     tok.decode(&g.tokens, true).unwrap()
+}
+
+const FOLLOW_UP: &str = "Now add type hints.";
+
+/// The `turn I ...` lines of a `--conversation` run: (text, stats line).
+fn turns(o: &Output) -> Vec<(String, String)> {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "program failed: {o:?}");
+    out.lines()
+        .filter_map(|l| l.strip_prefix("turn "))
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let _i = it.next();
+            assert_eq!(it.next(), Some("text_hex"), "{l}");
+            let hex = it.next().unwrap_or("");
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            (String::from_utf8(bytes).unwrap(), it.collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+/// Runs a two-turn conversation (PROMPT, then FOLLOW_UP) with `n` tokens per
+/// reply and checks that turn 2 reused turn 1's draft KV and equals
+/// `model`'s greedy output for the whole conversation; returns turn 2's
+/// stats line.
+fn two_turns(config: &Path, model: &Qwen2Model, n: usize) -> String {
+    let t = turns(&run(config, PROMPT, n, &["--conversation", FOLLOW_UP]));
+    assert_eq!(t.len(), 2, "{t:?}");
+    let history = [
+        ChatMessage::user(PROMPT),
+        ChatMessage::assistant(t[0].0.clone()),
+        ChatMessage::user(FOLLOW_UP),
+    ];
+    assert_eq!(t[0].0, greedy_chat(model, &history[..1], n));
+    assert_eq!(t[1].0, greedy_chat(model, &history, n), "turn 2");
+    assert_eq!(stat(&t[0].1, "draft_reused"), 0.0, "{}", t[0].1);
+    assert!(stat(&t[1].1, "draft_reused") > 10.0, "{}", t[1].1);
+    assert_eq!(stat(&t[1].1, "dropped"), 0.0, "{}", t[1].1);
+    t[1].1.clone()
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -190,6 +237,10 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     assert_eq!(r.json["stats"]["local_tokens"], N);
     assert!(r.json.get("decision").is_none(), "{}", r.json);
     assert!(r.rest.starts_with("version 0.1.0\n"), "{}", r.rest);
+    // A conversation: turn 2 prefills only what is new, and is still the
+    // draft's own greedy output for the whole history.
+    let s = two_turns(&local_config(dir.path()), &draft, 8);
+    assert_eq!(stat(&s, "verifier_reused"), 0.0, "{s}");
     eprintln!("local mode: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
@@ -336,6 +387,10 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     assert!(r.pieces.contains("provisional=0 local=0"), "{}", r.pieces);
     assert_eq!(r.json["route"], "speculative");
     assert_eq!(r.json["decision"]["decision"]["action"], "speculative");
+    // A conversation: turn 2 is the target's greedy output for the whole
+    // history, and the verifier continued turn 1's session.
+    let s = two_turns(&cfg, &v.state.model, 8);
+    assert!(stat(&s, "verifier_reused") > 10.0, "{s}");
     let opened = |v: &tandem_verifier::RunningVerifier| -> String {
         v.state
             .render_metrics()

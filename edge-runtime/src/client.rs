@@ -84,9 +84,7 @@ pub fn classify_status(s: &tonic::Status) -> NetError {
             | Reason::SessionEvicted
             | Reason::StreamIdle
             | Reason::ContextNotHeld,
-        ) => {
-            NetError::Resend(s.message().to_owned())
-        }
+        ) => NetError::Resend(s.message().to_owned()),
         Some(Reason::ContextFull) => NetError::ContextFull,
         Some(
             Reason::ShuttingDown

@@ -156,7 +156,13 @@ impl ConversationCache {
                 .entries
                 .iter()
                 .filter(|(k, _)| matches!(k, Key::Anonymous(_)))
-                .map(|(k, e)| (k, common_prefix(&e.kept.tokens, prompt), e.kept.tokens.len()))
+                .map(|(k, e)| {
+                    (
+                        k,
+                        common_prefix(&e.kept.tokens, prompt),
+                        e.kept.tokens.len(),
+                    )
+                })
                 .filter(|&(_, lcp, len)| lcp > 0 && lcp.saturating_mul(2) >= len)
                 .max_by_key(|&(_, lcp, _)| lcp)
                 .map(|(k, _, _)| k.clone()),
@@ -269,7 +275,9 @@ mod tests {
         c.put(Some("a"), kept(&[1, 2, 3], 3));
         assert!(c.take(None, &[1, 2, 3, 4]).is_none());
         assert!(c.take(Some("b"), &[1, 2, 3, 4]).is_none());
-        let k = c.take(Some("a"), &[7]).expect("by name, whatever the prefix");
+        let k = c
+            .take(Some("a"), &[7])
+            .expect("by name, whatever the prefix");
         assert_eq!(k.tokens, vec![1, 2, 3]);
         c.put(Some("a"), k);
         assert!(c.forget("a"));

@@ -362,7 +362,6 @@ impl EdgeRuntime {
         self.conversations.take(conversation, prompt)
     }
 
-
     /// [`Self::generate`] as one turn of the conversation named
     /// `conversation`: its kept state is used whatever the prompt shares with
     /// it (the longest common prefix is reused, exactly), and the turn's state
@@ -447,7 +446,9 @@ impl EdgeRuntime {
             // An error here changes nothing: the verifier's idle TTL frees it.
             let c = &mut net.counters;
             let close = Cm::Close(pb::Close { keep: keep_session });
-            let closed = self.rt.block_on(s.exchange(close, Duration::from_secs(1), c));
+            let closed = self
+                .rt
+                .block_on(s.exchange(close, Duration::from_secs(1), c));
             if let (true, Ok((Sm::Closed(_), _)), Some(id)) =
                 (keep_session, closed, net.session_id.clone())
             {

@@ -105,8 +105,13 @@ fn named_conversations_and_the_byte_budget() {
     let positions_per_mib = (1u64 << 20) / per_token;
     cfg.conversations.budget_mib = 1;
     let mut rt = EdgeRuntime::new(model, cfg).unwrap();
-    let len = usize::try_from(positions_per_mib * 6 / 10).unwrap().min(400);
-    assert!(len > 20, "tiny positions are too big for this test: {per_token} B");
+    let len = usize::try_from(positions_per_mib * 6 / 10)
+        .unwrap()
+        .min(400);
+    assert!(
+        len > 20,
+        "tiny positions are too big for this test: {per_token} B"
+    );
     let a: Vec<u32> = (0..len as u32).map(|i| 5 + i % 200).collect();
     let b: Vec<u32> = (0..len as u32).map(|i| 7 + (i * 3) % 200).collect();
     let ga = turn(&mut rt, Some("a"), &a, 2);
@@ -120,7 +125,10 @@ fn named_conversations_and_the_byte_budget() {
     assert_eq!((s.entries, s.evictions), (1, 1));
     assert!(s.bytes <= 1 << 20);
     let a3 = next_prompt(&a2, &[], &[10]);
-    assert_eq!(turn(&mut rt, Some("a"), &a3, 2).stats.draft_reused_tokens, 0);
+    assert_eq!(
+        turn(&mut rt, Some("a"), &a3, 2).stats.draft_reused_tokens,
+        0
+    );
     assert!(rt.forget_conversation("a"));
 }
 
@@ -146,11 +154,13 @@ fn the_verifier_continues_a_kept_session_with_only_the_new_tokens() {
         );
         if t > 0 {
             assert!(g.stats.continued_session, "turn {t}: {:?}", g.stats);
-            assert!(g.stats.verifier_reused_tokens > 40, "turn {t}: {:?}", g.stats);
+            assert!(
+                g.stats.verifier_reused_tokens > 40,
+                "turn {t}: {:?}",
+                g.stats
+            );
             // Only the new tokens went up: less than the cold run sends.
-            let c = cold
-                .generate(&prompt, &gen(8), &mut |_| true)
-                .unwrap();
+            let c = cold.generate(&prompt, &gen(8), &mut |_| true).unwrap();
             assert_eq!(c.tokens, g.tokens);
             assert!(!c.stats.continued_session);
             assert!(
@@ -211,7 +221,10 @@ fn the_context_policy_refuses_or_drops_the_oldest_turns_never_silently() {
     let e = fit_messages(&tok, &msgs, limit, 16, ContextPolicy::Refuse).unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, ContextError::TooLong { .. }));
-    assert!(text.contains(&limit.to_string()) && text.contains(&whole.to_string()), "{text}");
+    assert!(
+        text.contains(&limit.to_string()) && text.contains(&whole.to_string()),
+        "{text}"
+    );
     // Drop the oldest: the system message and the last message stay, the
     // prompt is the template over what is kept, with room for the reply.
     let f = fit_messages(&tok, &msgs, limit, 16, ContextPolicy::DropOldest).unwrap();

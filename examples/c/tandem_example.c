@@ -2,6 +2,7 @@
  * tandem_example.c: uses Tandem's C ABI (capi/include/tandem.h) end to end.
  *
  *   tandem_example CONFIG.toml PROMPT [MAX_TOKENS] [--cancel-after N]
+ *   tandem_example CONFIG.toml PROMPT MAX_TOKENS --conversation FOLLOW_UP...
  *
  * Creates a runtime from CONFIG.toml, generates an answer to PROMPT with a
  * per-piece callback, prints the text, the per-status counts and the
@@ -20,6 +21,9 @@
  *   cancel busy=<status name> stats_during=<status name>   (with --cancel-after)
  *   second stop=S generated=N   (with --cancel-after: a second generation on
  *                                the same runtime, 4 tokens, no callback)
+ * With --conversation the PROMPT and each FOLLOW_UP are the user turns of one
+ * conversation (tandem_conversation_new / _send / _free); per turn:
+ *   turn I text_hex <hex> generated=N draft_reused=D verifier_reused=V dropped=X
  * Errors: "error <STATUS>: <message>" on stderr, exit code 2.
  *
  * Build: see examples/c/README.md.
@@ -124,6 +128,43 @@ static int fail(TandemStatus code, char *msg) {
     return 2;
 }
 
+/* The --conversation mode: every argument from `first` on is a user turn. */
+static int conversation(TandemRuntime *rt, int argc, char **argv, int first, unsigned max_tokens) {
+    TandemConversation *conv = NULL;
+    char *err = NULL;
+    TandemStatus rc = tandem_conversation_new(rt, &conv, &err);
+    if (rc != TANDEM_STATUS_OK) {
+        tandem_runtime_free(rt);
+        return fail(rc, err);
+    }
+    for (int i = first; i < argc; i++) {
+        struct state st;
+        memset(&st, 0, sizeof st);
+        TandemStats stats;
+        rc = tandem_conversation_send(rt, conv, argv[i], max_tokens, on_piece, &st, &stats, &err);
+        fputc('\n', stderr);
+        if (rc != TANDEM_STATUS_OK) {
+            free(st.text);
+            tandem_conversation_free(rt, conv);
+            tandem_runtime_free(rt);
+            return fail(rc, err);
+        }
+        printf("turn %d text_hex ", i - first + 1);
+        for (size_t j = 0; j < st.len; j++) {
+            printf("%02x", (unsigned char)st.text[j]);
+        }
+        printf(" generated=%llu draft_reused=%llu verifier_reused=%llu dropped=%llu\n",
+               (unsigned long long)stats.generated_tokens,
+               (unsigned long long)stats.draft_reused_tokens,
+               (unsigned long long)stats.verifier_reused_tokens,
+               (unsigned long long)stats.dropped_messages);
+        free(st.text);
+    }
+    tandem_conversation_free(rt, conv);
+    tandem_runtime_free(rt);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s CONFIG.toml PROMPT [MAX_TOKENS] [--cancel-after N]\n", argv[0]);
@@ -146,6 +187,11 @@ int main(int argc, char **argv) {
         return fail(rc, err);
     }
     st.rt = rt;
+    if (argc > 4 && strcmp(argv[4], "--conversation") == 0) {
+        /* argv[2] is the first user turn, then every argument after the flag. */
+        argv[4] = argv[2];
+        return conversation(rt, argc, argv, 4, max_tokens);
+    }
     pthread_t th;
     if (st.cancel_after > 0) {
         pthread_create(&th, NULL, canceller, &st);
