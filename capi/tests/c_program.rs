@@ -175,7 +175,10 @@ fn turns(o: &Output) -> Vec<(String, String)> {
                 .step_by(2)
                 .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
                 .collect();
-            (String::from_utf8(bytes).unwrap(), it.collect::<Vec<_>>().join(" "))
+            (
+                String::from_utf8(bytes).unwrap(),
+                it.collect::<Vec<_>>().join(" "),
+            )
         })
         .collect()
 }

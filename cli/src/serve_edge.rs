@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tandem_edge::admin::AdminConfig;
+use tandem_edge::context_policy::ContextPolicy;
 use tandem_edge::openai::{self, ServeConfig};
 use tandem_edge::{EdgeRuntime, RoutedRuntime};
 use tandem_fetch::ModelRole;
@@ -63,6 +64,13 @@ pub struct Args {
     pub max_seq_len: usize,
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
+    /// What a conversation that outgrows --max-seq-len gets: `refuse` (400
+    /// context_length_exceeded, naming the limit) or `drop_oldest` (the oldest
+    /// messages after the system prompt are dropped; the reply's
+    /// tandem.stats.dropped_messages says how many). Default: the edge
+    /// config's `[conversations] context_policy` (refuse).
+    #[arg(long, value_name = "refuse|drop_oldest")]
+    pub context_policy: Option<ContextPolicy>,
     /// Environment variable holding the admin bearer token (>= 16 chars);
     /// enables /admin/v1/... (policy, explain, route and serve stats) and the
     /// --policy file hot reload. Without it /admin answers 403.
@@ -82,7 +90,10 @@ pub fn run(args: Args) -> Result<()> {
         "--listen {} is not a loopback address; add --allow-non-loopback to expose the /v1 API (and --api-key-env: it has no authentication without one)",
         args.listen
     );
-    let cfg = args.remote.edge_config(args.k)?;
+    let mut cfg = args.remote.edge_config(args.k)?;
+    if let Some(p) = args.context_policy {
+        cfg.conversations.context_policy = p;
+    }
     let admin_token = secret_from_env(
         "--admin-token-env",
         "admin token",

@@ -9,8 +9,10 @@
 //! numbers, completions and
 //! four error cases (404 model, max_tokens 0, n = 2, a 3 MB body → 413 in
 //! OpenAI's shape) through the client; this test adds what the client
-//! cannot see: the privacy route of an ID-number prompt and the admin API
-//! behind its token.
+//! cannot see: the privacy route of an ID-number prompt, the admin API
+//! behind its token, a two-turn conversation (turn 2 = the target's greedy
+//! output for the whole history, with turn 1's state reused on the device and
+//! on the verifier) and the context policy (refuse / drop_oldest).
 //!
 //! The Python comes from `TANDEM_OPENAI_PYTHON` (exported by .ci/run), else
 //! `~/.cache/tandem/venv/bin/python`, which the test creates with the pinned
@@ -25,6 +27,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
+use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
 const TOKEN: &str = "serve-edge-token-0123456789";
 const ADMIN: &str = "serve-edge-admin-0123456789";
@@ -247,6 +252,32 @@ fn the_openai_python_client_accepts_serve_edge() {
     };
     assert_eq!(report["finish_reason"], finish, "{report} vs {own}");
 
+    // Turn 2 of the conversation: the target's own greedy output for the
+    // whole history, with turn 1's state reused on both sides.
+    let turn2 = &report["turn2"];
+    let history: Vec<ChatMessage> = turn2["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let content = m["content"].as_str().unwrap();
+            match m["role"].as_str().unwrap() {
+                "user" => ChatMessage::user(content),
+                _ => ChatMessage::assistant(content),
+            }
+        })
+        .collect();
+    let want = target_greedy_chat(&history, 16);
+    assert_eq!(
+        turn2["token_ids"],
+        serde_json::json!(want),
+        "turn 2 differs from the target's own greedy output: {turn2}"
+    );
+    let st = &turn2["stats"];
+    assert!(st["draft_reused_tokens"].as_u64().unwrap() > 10, "{st}");
+    assert!(st["verifier_reused_tokens"].as_u64().unwrap() > 10, "{st}");
+    assert_eq!(st["continued_session"], true, "{st}");
+
     // The router keeps a prompt with a (synthetic) resident ID on the device.
     let body = serde_json::json!({"model": "tandem", "max_tokens": 4,
         "messages": [{"role": "user", "content": "my id is 11010519491231002X, remember it"}]});
@@ -300,19 +331,19 @@ fn the_openai_python_client_accepts_serve_edge() {
         .all(|s| s == "local"));
 
     // Admin API: token required; serve stats count the requests above
-    // (chat, stream, stream with stop, completion, the local chat).
+    // (chat, stream, stream with stop, turn 2, completion, the local chat).
     let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
     assert_eq!(code, 401);
     let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats["completed"], 5, "{stats}");
+    assert_eq!(stats["completed"], 6, "{stats}");
     let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let r: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (r["local"].as_u64(), r["speculative"].as_u64()),
-        (Some(1), Some(4)),
+        (Some(1), Some(5)),
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.
@@ -355,6 +386,57 @@ fn the_openai_python_client_accepts_serve_edge() {
     assert_eq!(j["tandem"]["stats"]["split"]["layer"], 14, "{j}");
     drop(split_server);
     eprintln!("serve_edge_openai: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// The real target's greedy token ids for a conversation (chat template,
+/// assistant turn opened), stopping at the end of the turn.
+fn target_greedy_chat(messages: &[ChatMessage], n: usize) -> Vec<u32> {
+    let path = tandem_fetch::model_path(tandem_fetch::ModelRole::Target);
+    let model = Qwen2Model::load(path, LoadOptions::with_max_seq_len(1024)).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode_chat(messages, true).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens: n,
+        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        ..GenerateConfig::default()
+    };
+    generate_single(&model, &ids, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn serve_edge_applies_the_context_policy_and_says_so() {
+    // No verifier: the draft answers (what matters here is the prompt).
+    let long = "Explain what a hash map is, in detail, with examples. ".repeat(6);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+    for i in 0..6 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("{i}: {long}")}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("Answer {i}.")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "And in one word?"}));
+    let body = serde_json::json!({"model": "tandem", "max_tokens": 4, "temperature": 0,
+        "messages": messages})
+    .to_string();
+    // refuse (the default): 400 context_length_exceeded, naming the limit.
+    let (server, addr, _) = serve_edge(&["--max-seq-len", "256"]);
+    let (code, text) = http(&addr, "POST", "/v1/chat/completions", None, &body);
+    assert_eq!(code, 400, "{text}");
+    let e: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("256") && msg.contains("refuse"), "{msg}");
+    drop(server);
+    // drop_oldest: answered, and the reply says how many messages went.
+    let (server, addr, _) =
+        serve_edge(&["--max-seq-len", "256", "--context-policy", "drop_oldest"]);
+    let (code, text) = http(&addr, "POST", "/v1/chat/completions", None, &body);
+    assert_eq!(code, 200, "{text}");
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let dropped = j["tandem"]["stats"]["dropped_messages"].as_u64().unwrap();
+    assert!((1..=12).contains(&dropped), "{j}");
+    assert!(j["usage"]["prompt_tokens"].as_u64().unwrap() < 256, "{j}");
+    drop(server);
 }
 
 #[test]

@@ -37,6 +37,20 @@ impl std::fmt::Display for ContextPolicy {
     }
 }
 
+impl std::str::FromStr for ContextPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "refuse" => Ok(Self::Refuse),
+            "drop_oldest" => Ok(Self::DropOldest),
+            other => Err(format!(
+                "unknown context policy {other:?}: expected refuse or drop_oldest"
+            )),
+        }
+    }
+}
+
 /// Why a conversation cannot be rendered within the limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContextError {

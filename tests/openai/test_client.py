@@ -17,6 +17,7 @@ import openai
 from openai import OpenAI
 
 MAX_TOKENS = 16
+FOLLOW_UP = "Now add type hints."
 
 
 def check(cond, what):
@@ -122,6 +123,25 @@ def main():
     check(cut_text == text[: text.find(cut)], f"stop {cut!r}: {cut_text!r} from {text!r}")
     check(stop_finish == "stop", stop_finish)
 
+    # A conversation, as chat apps send one: turn 2 carries the whole history.
+    # serve-edge finds turn 1's kept state by the prefix (draft KV, verifier
+    # session) and prefills only the new tokens; the Rust test checks the
+    # output against the target's greedy output for the whole history.
+    history = messages + [
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": FOLLOW_UP},
+    ]
+    r2 = client.chat.completions.create(
+        model=model, messages=history, max_tokens=MAX_TOKENS, temperature=0
+    )
+    ext2 = r2.model_extra["tandem"]
+    turn2 = {
+        "messages": history,
+        "token_ids": ext2["token_ids"],
+        "token_status": ext2["token_status"],
+        "stats": ext2["stats"],
+    }
+
     # Legacy completions: raw prompt.
     c = client.completions.create(model=model, prompt="def add(a, b):", max_tokens=8, temperature=0)
     check(c.object == "text_completion", c.object)
@@ -169,6 +189,7 @@ def main():
                 "stream_route": route,
                 "usage": [u.prompt_tokens, u.completion_tokens, u.total_tokens],
                 "stream_chunks": chunks,
+                "turn2": turn2,
             }
         )
     )
