@@ -75,12 +75,16 @@ struct Inner {
     batch_rows: Histogram,
     queue_wait: Histogram,
     prefill_tokens: u64,
+    reused_tokens: u64,
     forwards: u64,
     verify_latency: Histogram,
     drafted: u64,
     accepted: u64,
     emitted: u64,
     sessions_opened: u64,
+    sessions_kept: u64,
+    /// Indexed by [`ContinuationOutcome`].
+    continuations: [u64; 3],
     errors: BTreeMap<&'static str, u64>,
 }
 
@@ -90,12 +94,15 @@ impl Default for Inner {
             batch_rows: Histogram::new(&ROW_BUCKETS),
             queue_wait: Histogram::new(&WAIT_BUCKETS),
             prefill_tokens: 0,
+            reused_tokens: 0,
             forwards: 0,
             verify_latency: Histogram::new(&BUCKETS),
             drafted: 0,
             accepted: 0,
             emitted: 0,
             sessions_opened: 0,
+            sessions_kept: 0,
+            continuations: [0; 3],
             errors: BTreeMap::new(),
         }
     }
@@ -141,6 +148,22 @@ impl Metrics {
         self.with(|m| m.sessions_opened += 1);
     }
 
+    /// Records positions whose KV a resume or a continuation reused instead of
+    /// prefilling them again.
+    pub fn reused(&self, positions: usize) {
+        self.with(|m| m.reused_tokens = m.reused_tokens.saturating_add(positions as u64));
+    }
+
+    /// Counts a session kept by `Close { keep: true }`.
+    pub fn session_kept(&self) {
+        self.with(|m| m.sessions_kept += 1);
+    }
+
+    /// Counts an Open with a continuation by its outcome.
+    pub fn continuation(&self, outcome: ContinuationOutcome) {
+        self.with(|m| m.continuations[outcome as usize] += 1);
+    }
+
     /// Counts a refusal by its reason name.
     pub fn error(&self, reason: &'static str) {
         self.with(|m| *m.errors.entry(reason).or_default() += 1);
@@ -155,6 +178,11 @@ impl Metrics {
             scalar(o, "tandem_verifier_session_bytes", "gauge", "Bytes of KV cache held by sessions.", g.bytes);
             scalar(o, "tandem_verifier_sessions_opened_total", "counter", "Sessions opened.", m.sessions_opened);
             scalar(o, "tandem_verifier_evictions_total", "counter", "Sessions evicted (budget, cap or TTL).", g.evictions);
+            scalar(o, "tandem_verifier_sessions_kept_total", "counter", "Sessions kept after Close for the next turn of a conversation.", m.sessions_kept);
+            let _ = writeln!(o, "# HELP tandem_verifier_continuations_total Opens continuing a kept session, by outcome.\n# TYPE tandem_verifier_continuations_total counter");
+            for (c, n) in ContinuationOutcome::ALL.iter().zip(m.continuations) {
+                let _ = writeln!(o, "tandem_verifier_continuations_total{{outcome=\"{}\"}} {n}", c.label());
+            }
             m.verify_latency.render(o, "tandem_verifier_verify_seconds", "Verify latency (queue wait + forward pass + verdict).");
             scalar(o, "tandem_verifier_drafted_tokens_total", "counter", "Draft tokens received.", m.drafted);
             scalar(o, "tandem_verifier_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted);
@@ -173,6 +201,7 @@ impl Metrics {
             m.queue_wait.render(o, "tandem_verifier_queue_wait_seconds", "Time a job waited in the scheduler's queue for its first rows.");
             scalar(o, "tandem_verifier_forwards_total", "counter", "Forwards run by the scheduler.", m.forwards);
             scalar(o, "tandem_verifier_prefill_tokens_total", "counter", "Prompt rows prefilled.", m.prefill_tokens);
+            scalar(o, "tandem_verifier_reused_tokens_total", "counter", "Context positions whose KV a resume or continuation reused (not prefilled again).", m.reused_tokens);
             scalar(o, "tandem_verifier_kv_pages_used", "gauge", "KV pages held by sessions.", g.pages_used);
             scalar(o, "tandem_verifier_kv_pages_free", "gauge", "KV pages left in the pool.", g.pages_free);
             scalar(o, "tandem_verifier_kv_page_bytes", "gauge", "Bytes of one KV page.", g.page_bytes);
@@ -182,6 +211,29 @@ impl Metrics {
             }
             std::mem::take(o)
         })
+    }
+}
+
+/// How an Open with a continuation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContinuationOutcome {
+    /// The kept session was continued: only the new tokens were prefilled.
+    Continued = 0,
+    /// `CONTEXT_NOT_HELD`: the device opens again with the whole context.
+    NotHeld,
+    /// Any other refusal (forbidden, too long, quota, ...).
+    Refused,
+}
+
+impl ContinuationOutcome {
+    const ALL: [Self; 3] = [Self::Continued, Self::NotHeld, Self::Refused];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Continued => "continued",
+            Self::NotHeld => "not_held",
+            Self::Refused => "refused",
+        }
     }
 }
 

@@ -69,7 +69,9 @@ impl VerifierService {
             (Some(client_message::Msg::Resume(r)), Some(b)) => {
                 handlers::resume::resume(s, who, b, r).await
             }
-            (Some(client_message::Msg::Close(_)), Some(b)) => Ok(handlers::close::close(s, who, b)),
+            (Some(client_message::Msg::Close(c)), Some(b)) => {
+                Ok(handlers::close::close(s, who, b, &c))
+            }
             (None, Some(_)) => Err(Refusal::new(Reason::BadRequest, "empty client message")),
         }
     }

@@ -76,3 +76,33 @@ fn hidden_states_encode_exactly_in_f32_and_lossily_in_f16() {
         .to_string()
         .contains("bytes"));
 }
+
+#[test]
+fn conversation_fields_and_the_context_digest_are_pinned() {
+    use tandem_proto::v1::{Close, Continuation, Open, Opened};
+    assert_eq!(Reason::ContextNotHeld.as_str_name(), "CONTEXT_NOT_HELD");
+    assert_eq!(Reason::ContextNotHeld as i32, 20);
+    // sha256 over each id as 4 little-endian bytes: [] is sha256(""), [1, 258]
+    // is sha256(01 00 00 00 02 01 00 00).
+    let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(
+        hex(tandem_proto::context_digest(&[])),
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+    use sha2::{Digest, Sha256};
+    let want: [u8; 32] = Sha256::digest([1u8, 0, 0, 0, 2, 1, 0, 0]).into();
+    assert_eq!(tandem_proto::context_digest(&[1, 258]), want);
+    // The new fields survive the wire; their defaults are the old behaviour.
+    let o = Open {
+        prompt_tokens: vec![9],
+        continuation: Some(Continuation {
+            session_id: "s".into(),
+            prefix_len: 3,
+            prefix_sha256: tandem_proto::context_digest(&[1, 2, 3]).to_vec(),
+        }),
+        ..Open::default()
+    };
+    assert_eq!(Open::decode(o.encode_to_vec().as_slice()).unwrap(), o);
+    assert!(!Close::default().keep);
+    assert_eq!(Opened::default().reused_tokens, 0);
+}

@@ -1,18 +1,21 @@
 //! `Open`: a new session (prefilled through the scheduler, its pages reserved
-//! first), a continued one (`resume_session_id`: the KV the verifier still
-//! holds is reused), or a split session.
+//! first), a resumed one (`resume_session_id`: the KV the verifier still
+//! holds is reused), the next turn of a conversation (`continuation`: a kept
+//! session continued with only the new tokens, once its prefix is proven), or
+//! a split session.
 
 use super::resume::resync;
 use super::{prefilled, settle, wire_u64, Bound};
 use crate::error::Refusal;
+use crate::metrics::ContinuationOutcome;
 use crate::scheduler::{Outcome, Work};
 use crate::session::{SessionState, SplitSpec};
 use crate::split;
 use crate::state::{store_refusal, VerifierState};
 use crate::store::{CheckedOut, StoreError};
 use std::sync::Arc;
-use tandem_model::sampling::SamplingParams;
-use tandem_proto::v1::{Open, Opened, Reason};
+use tandem_model::sampling::{Sampler, SamplingParams};
+use tandem_proto::v1::{Continuation, Open, Opened, Reason};
 
 fn sampling_from_wire(
     p: Option<tandem_proto::v1::SamplingParams>,
@@ -54,7 +57,25 @@ fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize, reused
     }
 }
 
+/// Answers an Open; Opens with a continuation are counted by outcome.
 pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, Opened), Refusal> {
+    let continuing = o.continuation.is_some();
+    let r = open_checked(s, who, o).await;
+    if continuing {
+        s.metrics.continuation(match &r {
+            Ok(_) => ContinuationOutcome::Continued,
+            Err(e) if e.reason == Reason::ContextNotHeld => ContinuationOutcome::NotHeld,
+            Err(_) => ContinuationOutcome::Refused,
+        });
+    }
+    r
+}
+
+async fn open_checked(
+    s: &VerifierState,
+    who: &Arc<str>,
+    mut o: Open,
+) -> Result<(Bound, Opened), Refusal> {
     if o.model_id != s.model_id {
         return Err(Refusal::new(
             Reason::ModelMismatch,
@@ -69,6 +90,16 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
             Reason::FingerprintMismatch,
             "the device's tokenizer fingerprint differs from the target's",
         ));
+    }
+    if let Some(c) = o.continuation.take() {
+        if o.split.is_some() {
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                "a continuation is not for split sessions: open with the whole context's hidden states",
+            ));
+        }
+        let sampling = sampling_from_wire(o.sampling)?;
+        return open_continued(s, who, c, o.prompt_tokens, sampling, o.first_round).await;
     }
     let split = o
         .split
@@ -119,6 +150,87 @@ pub async fn open(s: &VerifierState, who: &Arc<str>, o: Open) -> Result<(Bound, 
         Work::Prefill { tokens },
     )
     .await
+}
+
+/// The next turn of a conversation: continues the kept session `c.session_id`
+/// with the context `held[..c.prefix_len] ++ new` once the digest proves the
+/// verifier holds that prefix. Anything it cannot prove (unknown, evicted,
+/// busy or split session, a prefix length or digest that differs) is
+/// `CONTEXT_NOT_HELD` and leaves the session as it was; the device then opens
+/// with the whole context.
+async fn open_continued(
+    s: &VerifierState,
+    who: &Arc<str>,
+    c: Continuation,
+    new: Vec<u32>,
+    sampling: SamplingParams,
+    first_round: u64,
+) -> Result<(Bound, Opened), Refusal> {
+    if new.is_empty() {
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            "a continuation sends at least one token after the prefix (the device's last)",
+        ));
+    }
+    let not_held = |why: String| Refusal::new(Reason::ContextNotHeld, why);
+    let sid: Arc<str> = Arc::from(c.session_id.as_str());
+    let (guard, st) = match CheckedOut::take_over(&s.store, &sid, who) {
+        Ok(x) => x,
+        Err(StoreError::Forbidden) => return Err(store_refusal(StoreError::Forbidden)),
+        Err(e) => {
+            return Err(not_held(format!(
+                "the session to continue is not held ({e}): open with the whole context"
+            )))
+        }
+    };
+    if st.split.is_some() {
+        guard.checkin(st);
+        return Err(not_held(
+            "split sessions are not continued: open with the whole context".into(),
+        ));
+    }
+    let held = st.context.len();
+    let Some(prefix) = usize::try_from(c.prefix_len)
+        .ok()
+        .filter(|n| (1..=held).contains(n))
+    else {
+        guard.checkin(st);
+        return Err(not_held(format!(
+            "prefix_len = {} but the session holds a context of {held} tokens \
+             (1 <= prefix_len <= {held}): open with the whole context",
+            c.prefix_len
+        )));
+    };
+    // (Not a secret: a plain comparison of all 32 bytes; any other length differs.)
+    let digest = tandem_proto::context_digest(&st.context[..prefix]);
+    if c.prefix_sha256.as_slice() != digest.as_slice() {
+        guard.checkin(st);
+        let why = if c.prefix_sha256.len() == digest.len() {
+            format!("the digest of the first {prefix} context tokens differs from the one held")
+        } else {
+            format!("prefix_sha256 has {} bytes, not 32", c.prefix_sha256.len())
+        };
+        return Err(not_held(format!("{why}: open with the whole context")));
+    }
+    let mut ctx = Vec::with_capacity(prefix.saturating_add(new.len()));
+    ctx.extend_from_slice(&st.context[..prefix]);
+    ctx.extend_from_slice(&new);
+    if let Err(r) = s.check_context(&ctx) {
+        guard.checkin(st);
+        return Err(r);
+    }
+    let epoch = guard.epoch();
+    let (st, res) = resync(s, who, &sid, st, &ctx).await;
+    let (guard, mut st, reused) = settle(guard, st, res)?;
+    // A new turn is a new generation: its own sampling, the random source
+    // seeded afresh (as a fresh session of the whole context would be).
+    st.sampling = sampling;
+    st.rng = Sampler::from_params(&sampling);
+    st.next_round = first_round;
+    guard.checkin(st);
+    tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");
+    let o = opened(s, &sid, true, ctx.len(), reused);
+    Ok((Bound { id: sid, epoch }, o))
 }
 
 /// A new session of `context`: admits its prefill, reserves its pages, runs

@@ -1,6 +1,6 @@
-//! `Resume` (and the resume half of `Open`): bring a session's KV in line with
-//! the device's whole context, keeping the longest common prefix and
-//! prefilling the rest through the scheduler.
+//! `Resume` (and the resume and continuation halves of `Open`): bring a
+//! session's KV in line with the device's whole context, keeping the longest
+//! common prefix and prefilling the rest through the scheduler.
 
 use super::{settle, wire_u64, Bound};
 use crate::error::Refusal;
@@ -14,7 +14,7 @@ use tandem_proto::v1::{server_message, Reason, Resume, Resumed, ServerMessage};
 /// Resyncs a checked-out state with `ctx` (already checked): truncates its
 /// KV to the longest common prefix (giving pages back), admits and reserves
 /// the rest, and prefills it. Returns the state (`None` when it was lost) and
-/// the number of positions reused.
+/// the number of positions reused (also counted in the metrics).
 pub async fn resync(
     s: &VerifierState,
     who: &Arc<str>,
@@ -50,6 +50,9 @@ pub async fn resync(
     let tokens = ctx[reuse..ctx.len().saturating_sub(1).max(reuse)].to_vec();
     let (st, out) = s.run(who, sid, st, Work::Prefill { tokens }).await;
     drop(permit);
+    if out.is_ok() {
+        s.metrics.reused(reuse);
+    }
     (st, out.map(|_| reuse))
 }
 
