@@ -143,7 +143,7 @@ fn the_verifier_continues_a_kept_session_with_only_the_new_tokens() {
     let mut cold = tiny_edge(&draft, &url, TOKEN, |c| c.conversations.enabled = false);
     let tmodel = load(&target);
 
-    let mut prompt: Vec<u32> = (0..40).map(|i| 3 + (i * 7) % 250).collect();
+    let mut prompt: Vec<u32> = (0..200).map(|i| 3 + (i * 7) % 250).collect();
     let mut last_sent = 0;
     for t in 0..4u32 {
         let g = turn(&mut rt, Some("chat"), &prompt, 8);
@@ -152,7 +152,12 @@ fn the_verifier_continues_a_kept_session_with_only_the_new_tokens() {
             target_greedy(&tmodel, &prompt, 8),
             "turn {t}: not the target's greedy output"
         );
-        if t > 0 {
+        if t == 3 {
+            // After the eviction: refused (CONTEXT_NOT_HELD), resent whole.
+            assert!(!g.stats.continued_session, "turn {t}: {:?}", g.stats);
+            assert_eq!(g.stats.resends, 1, "turn {t}: {:?}", g.stats);
+            assert_eq!(g.stats.verifier_prefill_tokens, prompt.len() as u64 - 1);
+        } else if t > 0 {
             assert!(g.stats.continued_session, "turn {t}: {:?}", g.stats);
             assert!(
                 g.stats.verifier_reused_tokens > 40,
@@ -182,8 +187,10 @@ fn the_verifier_continues_a_kept_session_with_only_the_new_tokens() {
         prompt = next_prompt(&prompt, &g.tokens, &[60 + t, 61, 62, 63, 64, 65]);
     }
     assert!(last_sent > 0);
+    // And the session opened by the resend is kept and continued again.
     let g = turn(&mut rt, Some("chat"), &prompt, 8);
     assert_eq!(g.tokens, target_greedy(&tmodel, &prompt, 8));
+    assert!(g.stats.continued_session, "{:?}", g.stats);
     io.block_on(v.shutdown()).unwrap();
 }
 
