@@ -8,6 +8,7 @@
 //! after the other, so that peak RSS is that pair's alone and no two
 //! measurements compete for the cores.
 
+mod conversation;
 mod report;
 mod verifier;
 mod worker;
@@ -149,6 +150,9 @@ pub enum BenchCmd {
     /// The verifier's capacity: N simulated devices replaying recorded drafts
     /// against one verifier, batching on and off (docs/benchmarks.md).
     Verifier(verifier::Args),
+    /// A multi-turn conversation through serve-edge and a loopback verifier,
+    /// the conversation caches off and on side by side (docs/edge.md).
+    Conversation(conversation::Args),
 }
 
 /// Effective settings after defaults and `--quick`.
@@ -200,8 +204,10 @@ impl Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if let Some(BenchCmd::Verifier(a)) = args.cmd {
-        return verifier::run(a);
+    match args.cmd {
+        Some(BenchCmd::Verifier(a)) => return verifier::run(a),
+        Some(BenchCmd::Conversation(a)) => return conversation::run(a),
+        None => {}
     }
     let res = args.resolve()?;
     match args.worker {

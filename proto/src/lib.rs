@@ -34,7 +34,9 @@ pub const REASON_METADATA_KEY: &str = "tandem-reason";
 
 /// Request metadata key (an HTTP/2 header) that every `Session` stream carries:
 /// a random 128-bit hex key the device draws once per generation and keeps for
-/// every re-open and resume of that generation. It carries no prompt text and
+/// every re-open and resume of that generation, and for the later turns of a
+/// conversation that continue its kept session (so they reach the replica that
+/// holds it). It carries no prompt text and
 /// nothing about the device; it exists so that a load balancer in front of
 /// several verifier replicas can hash on it (nginx `hash $http_x_tandem_session
 /// consistent`, Envoy `ring_hash` on this header) and keep one generation on one
