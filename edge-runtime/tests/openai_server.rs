@@ -600,10 +600,11 @@ fn greedy_through_the_verifier_is_the_targets_output_and_sensitive_prompts_stay_
 fn client_disconnect_cancels_generation_and_closes_the_verifier_session() {
     let f = fixture();
     let v = f.verifier();
-    let s = f.server(
-        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
-        ServeConfig::default(),
-    );
+    let mut cfg = f.edge_config(Some(format!("http://{}", v.grpc_addr)));
+    // Conversations keep the verifier's session after a turn (also a
+    // cancelled one) for the next turn; without that, Close frees it.
+    cfg.conversations.keep_verifier_sessions = false;
+    let s = f.server(cfg, ServeConfig::default());
     let req = chat_body(
         "count to a thousand",
         json!({"max_tokens": 1500, "ignore_eos": true, "stream": true}),
