@@ -310,8 +310,11 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
-        let kept = self.take_kept(conversation, prompt);
-        let mut run = Run::new(&self.draft, prompt, gen, on_event, kept)?;
+        let mut kept = self.take_kept(conversation, prompt);
+        let mut run = match Run::new(&self.draft, prompt, gen, on_event, &mut kept) {
+            Ok(r) => r,
+            Err(e) => return Err(self.give_back(conversation, kept, e)),
+        };
         let mut res = Ok(());
         while run.stop.is_none() && res.is_ok() {
             res = run.draft_alone(TokenStatus::Local);
@@ -362,6 +365,19 @@ impl EdgeRuntime {
         self.conversations.take(conversation, prompt)
     }
 
+    /// Puts back the state a refused request took, and returns its error.
+    fn give_back(
+        &mut self,
+        conversation: Option<&str>,
+        kept: Option<Kept>,
+        e: EdgeError,
+    ) -> EdgeError {
+        if let Some(k) = kept {
+            self.conversations.put(conversation, k);
+        }
+        e
+    }
+
     /// [`Self::generate`] as one turn of the conversation named
     /// `conversation`: its kept state is used whatever the prompt shares with
     /// it (the longest common prefix is reused, exactly), and the turn's state
@@ -387,8 +403,11 @@ impl EdgeRuntime {
         let Some(connector) = self.connector.clone() else {
             return self.generate_local_in(conversation, prompt, gen, on_event);
         };
-        let kept = self.take_kept(conversation, prompt);
-        let mut run = Run::new(&self.draft, prompt, gen, on_event, kept)?;
+        let mut kept = self.take_kept(conversation, prompt);
+        let mut run = match Run::new(&self.draft, prompt, gen, on_event, &mut kept) {
+            Ok(r) => r,
+            Err(e) => return Err(self.give_back(conversation, kept, e)),
+        };
         // A kept verifier session is continued (not in split sessions, which
         // send hidden states of their whole context).
         let split_on = self.split.is_some();
@@ -511,17 +530,33 @@ struct Run<'a, 'b> {
 
 impl<'a, 'b> Run<'a, 'b> {
     /// A generation of `prompt`; with `kept` (a conversation's earlier turn)
-    /// its draft KV is reused for the longest common prefix, exactly.
+    /// its draft KV is reused for the longest common prefix, exactly. `kept`
+    /// is taken only once the request is valid (a refused request leaves the
+    /// conversation's state where it was).
     fn new(
         draft: &'a Qwen2Model,
         prompt: &[u32],
         gen: &'a GenerateConfig,
         on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
-        kept: Option<Kept>,
+        kept: &mut Option<Kept>,
     ) -> Result<Self, EdgeError> {
         gen.validate()?;
+        let capacity = draft.max_seq_len();
+        if prompt.is_empty() {
+            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
+                "the prompt is empty".into(),
+            )));
+        }
+        if prompt.len() >= capacity {
+            return Err(EdgeError::Model(
+                tandem_model::ModelError::SequenceTooLong {
+                    needed: prompt.len() + 1,
+                    capacity,
+                },
+            ));
+        }
         let fresh = draft.new_cache();
-        let (mut cache, reuse, continuation, high_water) = match kept {
+        let (mut cache, reuse, continuation, high_water) = match kept.take() {
             Some(k)
                 if k.cache.capacity() == fresh.capacity()
                     && k.cache.bytes_per_token() == fresh.bytes_per_token() =>
@@ -536,20 +571,6 @@ impl<'a, 'b> Run<'a, 'b> {
             None => (fresh, 0, None, 0),
         };
         cache.truncate(reuse);
-        let capacity = cache.capacity();
-        if prompt.is_empty() {
-            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
-                "the prompt is empty".into(),
-            )));
-        }
-        if prompt.len() >= capacity {
-            return Err(EdgeError::Model(
-                tandem_model::ModelError::SequenceTooLong {
-                    needed: prompt.len() + 1,
-                    capacity,
-                },
-            ));
-        }
         let stop = (gen.max_tokens == 0).then_some(StopReason::MaxTokens);
         Ok(Self {
             draft,

@@ -115,6 +115,16 @@ fn named_conversations_and_the_byte_budget() {
     let a: Vec<u32> = (0..len as u32).map(|i| 5 + i % 200).collect();
     let b: Vec<u32> = (0..len as u32).map(|i| 7 + (i * 3) % 200).collect();
     let ga = turn(&mut rt, Some("a"), &a, 2);
+    // A refused request (longer than the context) loses nothing: the
+    // conversation's state is still there for its next turn.
+    let too_long = vec![5u32; 600];
+    let e = rt.generate_in(Some("a"), &too_long, &gen(2), &mut |_| true);
+    assert!(matches!(
+        e,
+        Err(tandem_edge::EdgeError::Model(
+            tandem_model::ModelError::SequenceTooLong { .. }
+        ))
+    ));
     // A named conversation is taken by its name even with another prompt.
     let a2 = next_prompt(&a, &ga.tokens, &[9]);
     assert!(turn(&mut rt, Some("a"), &a2, 2).stats.draft_reused_tokens > len);
