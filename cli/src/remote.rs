@@ -185,7 +185,10 @@ const RESET: &str = "\x1b[0m";
 /// Runs one generation through the edge runtime. `gen` carries k and sampling
 /// (already validated); the stop tokens are added here.
 pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
-    let cfg = args.remote.edge_config(gen.k)?;
+    let mut cfg = args.remote.edge_config(gen.k)?;
+    // One generation per process: nothing to keep for a next turn (and no
+    // kept session left on the verifier until its idle TTL).
+    cfg.conversations.enabled = false;
     anyhow::ensure!(
         args.remote.policy.is_none() || cfg.verifier_url.is_some(),
         "--policy decides what may go to a verifier: give --verifier URL (or verifier_url in --edge-config)"

@@ -131,6 +131,12 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                         confidence: mode.gate_confidence().unwrap_or(0.0),
                         ..base.gate.clone()
                     },
+                    // Each job is its own generation: a repeated prompt must
+                    // not find the previous run's kept state.
+                    conversations: tandem_edge::ConversationConfig {
+                        enabled: false,
+                        ..base.conversations.clone()
+                    },
                     ..base.clone()
                 };
                 e.insert(EdgeRuntime::new(model.clone(), cfg)?)
