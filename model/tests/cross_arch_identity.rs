@@ -27,10 +27,12 @@ use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 /// Greedy tokens per prompt of the real-draft check (keeps the qemu run of
 /// CI short; docs/model-core.md "aarch64" has the times).
-const REAL_TOKENS: usize = 16;
+/// 8 tokens of 2 prompts: the prefill (many-row kernels) and 7 one-row
+/// decode steps per prompt, every step's logits hashed.
+const REAL_TOKENS: usize = 8;
 /// Prompts of the shared set used by the real-draft check: English code,
-/// Chinese code, English prose.
-const REAL_PROMPTS: [&str; 3] = ["p00", "p15", "p17"];
+/// Chinese code.
+const REAL_PROMPTS: [&str; 2] = ["p00", "p15"];
 
 fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
