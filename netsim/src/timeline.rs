@@ -189,7 +189,7 @@ impl Timeline {
                 current = c;
             }
             match s.duration {
-                Some(d) => start += d,
+                Some(d) => start = start.saturating_add(d),
                 None if s.step == Step::Reset => {}
                 None => break,
             }
@@ -205,7 +205,7 @@ impl Timeline {
             if s.step == Step::Reset {
                 out.push(t);
             }
-            t += s.duration.unwrap_or_default();
+            t = t.saturating_add(s.duration.unwrap_or_default());
         }
         out
     }
@@ -347,6 +347,17 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn huge_durations_saturate_instead_of_overflowing() {
+        // Each fits a Duration; their sum does not (it used to panic).
+        let t = Timeline::parse(
+            "wifi 10000000000000000000s, lan 10000000000000000000s, reset, offline",
+        )
+        .unwrap();
+        assert_eq!(t.reset_times(), vec![Duration::MAX]);
+        let _ = t.config_at(Duration::MAX);
     }
 
     #[test]
