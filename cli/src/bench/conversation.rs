@@ -264,7 +264,7 @@ pub fn run(args: Args) -> Result<()> {
         "max_seq_len": MAX_SEQ_LEN,
         "insecure_loopback": true,
         "devices": [{ "id": "bench", "token": TOKEN }],
-        "limits": { "max_prompt_tokens": MAX_SEQ_LEN },
+        "limits": { "max_prompt_tokens": MAX_SEQ_LEN - 64 },
     }))
     .context("building the verifier config")?;
     let verifier = io
