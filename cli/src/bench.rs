@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use tandem_fetch::{ensure_model, ModelRole, Progress};
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use worker::{MicroPlan, SpecPlan};
 
@@ -126,6 +127,12 @@ pub struct Args {
     /// after the same prompt's target-only generation): draft, lookup, auto.
     #[arg(long, value_delimiter = ',', default_values = ["draft"])]
     proposers: Vec<ProposerKind>,
+    /// Precisions of the draft's KV cache in the speculative comparison,
+    /// comma-separated: int8 (the default, as in `tandem generate`), f32.
+    /// Each proposer runs once per precision, after the same prompt's
+    /// target-only generation.
+    #[arg(long, value_delimiter = ',', default_values = ["int8"])]
+    draft_kv: Vec<KvPrecision>,
     /// Prompt set (JSON lines with id, kind, prompt, max_tokens); default: the
     /// built-in prompts/default.jsonl.
     #[arg(long)]
@@ -255,6 +262,7 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
                 prompts,
                 k: args.k,
                 proposers: args.proposers.clone(),
+                draft_kvs: args.draft_kv.clone(),
                 max_tokens_cap: res.spec_cap,
                 threads: res.threads,
             };
@@ -568,9 +576,11 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
         ));
         let mut cmd = self_worker(res, "spec")?;
         let proposers: Vec<&str> = args.proposers.iter().map(|p| p.name()).collect();
+        let kvs: Vec<&str> = args.draft_kv.iter().map(|p| p.name()).collect();
         cmd.args(["--spec-prompts", &res.spec_prompts.to_string()])
             .args(["--k", &args.k.to_string()])
-            .args(["--proposers", &proposers.join(",")]);
+            .args(["--proposers", &proposers.join(",")])
+            .args(["--draft-kv", &kvs.join(",")]);
         if args.quick {
             cmd.arg("--quick");
         }
@@ -610,6 +620,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             spec_prompts: res.spec_prompts,
             spec_k: args.k,
             spec_proposers: args.proposers.clone(),
+            spec_draft_kv: args.draft_kv.clone(),
             spec_max_tokens_cap: res.spec_cap,
         },
         models: reports,
@@ -625,8 +636,9 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
     for s in &report.speculative {
         if !s.identical {
             eprintln!(
-                "MISMATCH: speculative output ({} proposer) differs from target-only output on prompt(s) {}",
+                "MISMATCH: speculative output ({} proposer, {} draft KV) differs from target-only output on prompt(s) {}",
                 s.proposer,
+                s.draft_kv,
                 s.mismatches.join(", ")
             );
             bail!("speculative decoding changed the greedy output (MISMATCH)");
@@ -813,9 +825,12 @@ fn render(r: &BenchReport) -> String {
         let b = &sp.by_proposer;
         let _ = writeln!(
             o,
-            "  {:<7} proposer {:>7.1} tok/s  ({} tokens in {:.1} s)  {:.2}× target only; \
-             acceptance {:.1} %, {:.2} accepted per round; rounds: draft {}, lookup {}, none {}",
+            "  {:<7} proposer, {:<4} draft KV ({} B/token) {:>7.1} tok/s  ({} tokens in {:.1} s)  \
+             {:.2}× target only; acceptance {:.1} %, {:.2} accepted per round; rounds: draft {}, \
+             lookup {}, none {}",
             sp.proposer.name(),
+            sp.draft_kv.name(),
+            sp.draft_kv_bytes_per_token,
             sp.speculative.tok_s,
             sp.speculative.tokens,
             sp.speculative.seconds,

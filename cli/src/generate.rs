@@ -8,10 +8,12 @@ use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
-    generate_single, generate_speculative, GenStats, GenerateConfig, Generation, Mode, StopReason,
+    generate_single, generate_single_with, generate_speculative, GenStats, GenerateConfig,
+    Generation, Mode, StopReason,
 };
 
 #[derive(clap::Args, Debug)]
@@ -37,6 +39,12 @@ pub struct Args {
     /// promises more tokens per second). Local speculative mode only for now.
     #[arg(long, default_value = "draft")]
     pub proposer: ProposerKind,
+    /// How the draft model's KV cache stores keys and values: int8 (a
+    /// quarter of the memory of f32) or f32. It can change acceptance, never
+    /// the speculative output. Speculative and draft modes; the target's
+    /// cache is always f32.
+    #[arg(long, default_value_t = GenerateConfig::default().draft_kv)]
+    pub draft_kv: KvPrecision,
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
     /// 0 = greedy (output identical to the target's own greedy output).
@@ -91,6 +99,8 @@ pub struct JsonOutput {
     pub stop: StopReason,
     pub k: Option<usize>,
     pub proposer: Option<ProposerKind>,
+    /// The draft's KV precision (speculative and draft modes).
+    pub draft_kv: Option<KvPrecision>,
     pub sampling: SamplingParams,
     pub load_ms: f64,
     pub peak_rss_bytes: Option<u64>,
@@ -108,6 +118,7 @@ pub fn run(args: Args) -> Result<()> {
     let cfg_probe = GenerateConfig {
         k: args.k,
         proposer: args.proposer,
+        draft_kv: args.draft_kv,
         sampling,
         ..GenerateConfig::default()
     };
@@ -189,7 +200,9 @@ pub fn run(args: Args) -> Result<()> {
         true
     };
     let g: Generation = match (mode, &draft, &target) {
-        (Mode::Draft, Some(d), _) => generate_single(&d.model, &ids, &cfg, &mut on_token)?,
+        (Mode::Draft, Some(d), _) => {
+            generate_single_with(&d.model, cfg.draft_kv, &ids, &cfg, &mut on_token)?
+        }
         (Mode::Target, _, Some(t)) => generate_single(&t.model, &ids, &cfg, &mut on_token)?,
         (Mode::Speculative, Some(d), Some(t)) => {
             generate_speculative(&d.model, &t.model, &ids, &cfg, &mut on_token)?
@@ -217,6 +230,7 @@ pub fn run(args: Args) -> Result<()> {
             stop: g.stop,
             k: (mode == Mode::Speculative).then_some(cfg.k),
             proposer: (mode == Mode::Speculative).then_some(cfg.proposer),
+            draft_kv: (mode != Mode::Target).then_some(cfg.draft_kv),
             sampling: cfg.sampling,
             load_ms,
             peak_rss_bytes: peak_rss_bytes(),
@@ -242,9 +256,10 @@ pub fn human_stats(mode: Mode, g: &Generation, cfg: &GenerateConfig, load_ms: f6
     ));
     if mode == Mode::Speculative {
         o.push_str(&format!(
-            "    proposer {} k={} rounds {}, acceptance {:.1}%, mean accepted length {:.2}, target forwards {} ({:.2} per token)\n",
+            "    proposer {} k={} draft KV {}, rounds {}, acceptance {:.1}%, mean accepted length {:.2}, target forwards {} ({:.2} per token)\n",
             cfg.proposer,
             cfg.k,
+            cfg.draft_kv,
             s.rounds,
             s.acceptance_rate * 100.0,
             s.mean_accepted_len,

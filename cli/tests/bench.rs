@@ -38,6 +38,8 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
             "tandem",
             "--proposers",
             "draft,lookup,auto",
+            "--draft-kv",
+            "f32,int8",
         ])
         .output()
         .unwrap();
@@ -118,28 +120,56 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
         r["settings"]["spec_proposers"],
         serde_json::json!(["draft", "lookup", "auto"])
     );
-    let reports = r["speculative"].as_array().unwrap();
-    let names: Vec<&str> = reports
-        .iter()
-        .map(|s| s["proposer"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["draft", "lookup", "auto"]);
-    for s in reports {
-        check_speculative_report(s);
-    }
-    // The draft proposer drafts every round with the draft model; lookup never
-    // runs it.
-    let rounds = |s: &Value, who: &str| u(&s["by_proposer"][who], "rounds");
-    assert_eq!(rounds(&reports[0], "draft"), u(&reports[0], "rounds"));
-    assert_eq!(rounds(&reports[1], "draft"), 0);
     assert_eq!(
-        rounds(&reports[1], "lookup") + u(&reports[1]["by_proposer"], "none_rounds"),
-        u(&reports[1], "rounds")
+        r["settings"]["spec_draft_kv"],
+        serde_json::json!(["f32", "int8"])
     );
-    // Every proposer sees the same target-only runs.
-    for s in &reports[1..] {
-        assert_eq!(s["target_only"], reports[0]["target_only"]);
+    // One report per (proposer, draft KV precision), proposer major.
+    let all = r["speculative"].as_array().unwrap();
+    let names: Vec<(&str, &str)> = all
+        .iter()
+        .map(|s| {
+            (
+                s["proposer"].as_str().unwrap(),
+                s["draft_kv"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("draft", "f32"),
+            ("draft", "int8"),
+            ("lookup", "f32"),
+            ("lookup", "int8"),
+            ("auto", "f32"),
+            ("auto", "int8")
+        ]
+    );
+    for s in all {
+        check_speculative_report(s);
+        // The real draft: 24 layers, K and V of 2 heads × 64 values.
+        let bytes = match s["draft_kv"].as_str().unwrap() {
+            "f32" => 24 * 2 * 2 * 64 * 4,
+            _ => 24 * 2 * 2 * (64 + 4),
+        };
+        assert_eq!(u(s, "draft_kv_bytes_per_token"), bytes, "{}", s["draft_kv"]);
+        // Every report sees the same target-only runs.
+        assert_eq!(s["target_only"], all[0]["target_only"]);
     }
+    // The draft proposer drafts every round with the draft model, at either
+    // precision; lookup never runs it (so its precision changes nothing).
+    let rounds = |s: &Value, who: &str| u(&s["by_proposer"][who], "rounds");
+    for draft in &all[0..2] {
+        assert_eq!(rounds(draft, "draft"), u(draft, "rounds"));
+    }
+    let lookup = &all[2];
+    assert_eq!(rounds(lookup, "draft"), 0);
+    assert_eq!(
+        rounds(lookup, "lookup") + u(&lookup["by_proposer"], "none_rounds"),
+        u(lookup, "rounds")
+    );
+    assert_eq!(lookup["accepted"], all[3]["accepted"]);
 }
 
 /// One proposer's report: identical output, figures that add up.

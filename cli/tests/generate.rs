@@ -50,6 +50,25 @@ fn speculative_json_equals_target_json() {
     assert_eq!(s["mode"], "speculative");
     assert_eq!(s["k"], 5);
     assert_eq!(s["proposer"], "draft");
+    // The draft's KV cache is INT8 by default; f32 gives the same output
+    // (the precision changes acceptance, never the output).
+    assert_eq!(s["draft_kv"], "int8");
+    assert_eq!(t["draft_kv"], serde_json::Value::Null, "no draft ran");
+    let q = run_json(&[
+        "--mode",
+        "speculative",
+        "--k",
+        "5",
+        "--draft-kv",
+        "f32",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "24",
+    ]);
+    assert_eq!(t["tokens"], q["tokens"], "--draft-kv f32");
+    assert_eq!(q["draft_kv"], "f32");
+    assert!(q["stats"]["draft_forwards"].as_u64().unwrap() > 0);
     // Prompt lookup and the per-round choice give the same tokens.
     for proposer in ["lookup", "auto"] {
         let p = run_json(&[
@@ -125,6 +144,10 @@ fn bad_input_gets_clear_errors() {
     expect_error(
         &["--proposer", "ngram", "--prompt", "x"],
         "unknown proposer",
+    );
+    expect_error(
+        &["--draft-kv", "f16", "--prompt", "x"],
+        "unknown KV precision",
     );
     expect_error(
         &[

@@ -18,7 +18,7 @@
 //!   `t % PAGE_TOKENS`, in position order: the same reduction as over a
 //!   contiguous [`crate::kv_cache::KvCache`], hence the same bits.
 
-use crate::kv_cache::{check_append_at, KvStore};
+use crate::kv_cache::{check_append_at, KvRow, KvStore};
 use crate::Result;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -260,15 +260,15 @@ impl KvStore for PagedKv {
     }
 
     #[inline]
-    fn key(&self, layer: usize, t: usize) -> &[f32] {
+    fn key(&self, layer: usize, t: usize) -> KvRow<'_> {
         let o = self.offset(layer, 0, t % PAGE_TOKENS);
-        &self.pages[t / PAGE_TOKENS][o..o + self.pool.row]
+        KvRow::F32(&self.pages[t / PAGE_TOKENS][o..o + self.pool.row])
     }
 
     #[inline]
-    fn value(&self, layer: usize, t: usize) -> &[f32] {
+    fn value(&self, layer: usize, t: usize) -> KvRow<'_> {
         let o = self.offset(layer, 1, t % PAGE_TOKENS);
-        &self.pages[t / PAGE_TOKENS][o..o + self.pool.row]
+        KvRow::F32(&self.pages[t / PAGE_TOKENS][o..o + self.pool.row])
     }
 }
 
@@ -322,8 +322,8 @@ mod tests {
             "layer 1 holds 40 positions"
         );
         for t in [0, 15, 16, 31, 39] {
-            assert_eq!(kv.key(1, t), &k[2 * t..2 * t + 2]);
-            assert_eq!(kv.value(1, t), &v[2 * t..2 * t + 2]);
+            assert_eq!(kv.key(1, t), KvRow::F32(&k[2 * t..2 * t + 2]));
+            assert_eq!(kv.value(1, t), KvRow::F32(&v[2 * t..2 * t + 2]));
         }
         assert_eq!(kv.layer_len(1), 40);
         assert_eq!(kv.layer_len(0), 0);

@@ -10,7 +10,8 @@
 //! - [`qwen2`]: the transformer: `embed`, `forward_layers(range, hidden)`, `head`,
 //!   and `forward_batch` (many sequences' rows in one forward, each attending only
 //!   to its own KV, logits only for the rows that ask); KV in a
-//!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`) or in pages of a shared
+//!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`; f32, or INT8 for a draft:
+//!   [`kv_cache::KvPrecision`]) or in pages of a shared
 //!   byte-sized pool ([`kv_pages`]), both behind [`kv_cache::KvStore`].
 //! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, seeded.
 //! - [`verify`]: speculative verification math (greedy prefix match and lossless

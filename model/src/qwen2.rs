@@ -8,7 +8,7 @@
 //! `[rows, features]`, row-major.
 
 use crate::gguf::{GgufFile, TensorEntry};
-use crate::kv_cache::{KvCache, KvStore};
+use crate::kv_cache::{widen_i8, KvCache, KvPrecision, KvRow, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
 use crate::vecops::{axpy, dot};
 use crate::{ModelError, Result};
@@ -119,7 +119,12 @@ impl Qwen2Config {
 
     /// K+V bytes per cached token over all layers (f32 cache).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.n_layer * self.n_kv_head * self.head_dim * 4
+        self.kv_bytes_per_token_with(KvPrecision::F32)
+    }
+
+    /// K+V bytes per cached token over all layers of a cache at `precision`.
+    pub fn kv_bytes_per_token_with(&self, precision: KvPrecision) -> usize {
+        precision.bytes_per_token(self.n_layer, self.n_kv_head, self.head_dim)
     }
 }
 
@@ -394,13 +399,22 @@ impl Qwen2Model {
             .fold((0, 0), |(n, bytes), len| (n + 1, bytes + len))
     }
 
-    /// A fresh KV cache of the configured capacity.
+    /// A fresh f32 KV cache of the configured capacity (the target's: its
+    /// numerics are the reference the identity invariant rests on).
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(
+        self.new_cache_with(KvPrecision::F32)
+    }
+
+    /// A fresh KV cache of the configured capacity at `precision`
+    /// ([`KvPrecision::Int8`] is for a draft model: it changes its logits
+    /// slightly, hence which tokens it proposes, never what is verified).
+    pub fn new_cache_with(&self, precision: KvPrecision) -> KvCache {
+        KvCache::with_precision(
             self.cfg.n_layer,
             self.cfg.n_kv_head,
             self.cfg.head_dim,
             self.opts.max_seq_len,
+            precision,
         )
     }
 
@@ -752,7 +766,9 @@ fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)]) {
 }
 
 /// Causal attention of one query head over the first `ctx` positions of
-/// `layer` in `cache` (the head's K/V at `off..off + hd` of each row).
+/// `layer` in `cache` (the head's K/V at `off..off + hd` of each row). An f32
+/// row is read in place; an INT8 row's head is widened to f32 and its scale
+/// applied to the dot product (keys) or the weight (values).
 #[allow(clippy::too_many_arguments)]
 fn attend<C: KvStore>(
     q: &[f32],
@@ -764,11 +780,18 @@ fn attend<C: KvStore>(
     scale: f32,
     out: &mut [f32],
 ) {
+    let head = off / hd;
+    let mut wide = Vec::new(); // an INT8 head widened (stays empty for f32)
     let mut scores = vec![0f32; ctx];
     let mut max = f32::NEG_INFINITY;
     for (t, s) in scores.iter_mut().enumerate() {
-        let kr = &cache.key(layer, t)[off..off + hd];
-        *s = dot(q, kr) * scale;
+        *s = match cache.key(layer, t) {
+            KvRow::F32(r) => dot(q, &r[off..off + hd]),
+            KvRow::Int8 { q: kq, scales } => {
+                widen_i8(&kq[off..off + hd], &mut wide);
+                dot(q, &wide) * scales[head]
+            }
+        } * scale;
         max = max.max(*s);
     }
     let mut sum = 0f32;
@@ -780,8 +803,13 @@ fn attend<C: KvStore>(
     out.fill(0.0);
     for (t, s) in scores.iter().enumerate() {
         let w = s * inv;
-        let vr = &cache.value(layer, t)[off..off + hd];
-        axpy(out, w, vr);
+        match cache.value(layer, t) {
+            KvRow::F32(r) => axpy(out, w, &r[off..off + hd]),
+            KvRow::Int8 { q: vq, scales } => {
+                widen_i8(&vq[off..off + hd], &mut wide);
+                axpy(out, w * scales[head], &wide);
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! target's logits for a position do not depend on the block they were computed
 //! in (see [`crate::qwen2`]).
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvPrecision};
 use crate::proposer::{AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
 use crate::qwen2::Qwen2Model;
 use crate::sampling::{self, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
@@ -43,6 +43,12 @@ pub struct GenerateConfig {
     pub stop_tokens: Vec<u32>,
     /// What proposes the draft tokens (speculative mode).
     pub proposer: ProposerKind,
+    /// How the draft model's KV cache stores keys and values. The target's
+    /// cache is always f32; the draft's precision changes which tokens it
+    /// proposes (acceptance), never the speculative output. Default
+    /// [`KvPrecision::Int8`]: a quarter of the memory, and acceptance on the
+    /// real pair within half a point of f32 (docs/benchmarks.md).
+    pub draft_kv: KvPrecision,
 }
 
 impl Default for GenerateConfig {
@@ -54,6 +60,7 @@ impl Default for GenerateConfig {
             draft_top_k: 32,
             stop_tokens: Vec::new(),
             proposer: ProposerKind::Draft,
+            draft_kv: KvPrecision::Int8,
         }
     }
 }
@@ -242,15 +249,27 @@ fn check_prompt(prompt: &[u32], capacity: usize) -> Result<()> {
     Ok(())
 }
 
-/// Plain autoregressive generation with one model.
+/// Plain autoregressive generation with one model (f32 KV cache).
 pub fn generate_single(
     model: &Qwen2Model,
     prompt: &[u32],
     cfg: &GenerateConfig,
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
+    generate_single_with(model, KvPrecision::F32, prompt, cfg, on_token)
+}
+
+/// [`generate_single`] with the model's KV cache at `kv` (draft-only
+/// generation with [`GenerateConfig::draft_kv`]).
+pub fn generate_single_with(
+    model: &Qwen2Model,
+    kv: KvPrecision,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    on_token: &mut OnToken<'_>,
+) -> Result<Generation> {
     cfg.validate()?;
-    let mut cache = model.new_cache();
+    let mut cache = model.new_cache_with(kv);
     check_prompt(prompt, cache.capacity())?;
     let start = Instant::now();
     let mut stats = GenStats {
@@ -378,7 +397,7 @@ pub fn generate_speculative(
     let mut tcache = target.new_cache();
     let mut drafter = DraftModel {
         model: draft,
-        cache: draft.new_cache(),
+        cache: draft.new_cache_with(cfg.draft_kv),
     };
     let capacity = tcache.capacity().min(drafter.cache.capacity());
     check_prompt(prompt, capacity)?;

@@ -3,11 +3,12 @@
 //! errors are clear.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
-    generate_single, generate_speculative, GenerateConfig, StopReason,
+    generate_single, generate_single_with, generate_speculative, GenerateConfig, StopReason,
 };
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
@@ -134,6 +135,54 @@ fn greedy_output_is_the_targets_for_every_proposer_and_k() {
     // Lookup proposed, was right at least once, and found nothing at times.
     assert!(lookup_rounds > 0 && lookup_accepted > 0 && plain > 0);
     assert!(auto_lookup > 0, "auto never chose lookup");
+}
+
+/// The draft's KV in INT8 changes what it proposes, never the output: every k
+/// gives the target's own greedy tokens, through accepted and rejected blocks
+/// (so through the INT8 cache's rollback).
+#[test]
+fn greedy_output_is_the_targets_with_an_int8_draft_kv() {
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = pair(dir.path(), 256);
+    let (mut accepted, mut rejected) = ([0u64; 2], [0u64; 2]);
+    for (pi, prompt) in [vec![1u32, 2, 3], vec![100, 7, 42, 42, 9], vec![5]]
+        .iter()
+        .enumerate()
+    {
+        let base = GenerateConfig {
+            max_tokens: 60,
+            ..GenerateConfig::default()
+        };
+        let reference = generate_single(&target, prompt, &base, &mut |_| true).unwrap();
+        for k in [1, 4, 8] {
+            for (i, draft_kv) in KvPrecision::ALL.into_iter().enumerate() {
+                let cfg = GenerateConfig {
+                    k,
+                    draft_kv,
+                    ..base.clone()
+                };
+                let g = generate_speculative(&draft, &target, prompt, &cfg, &mut |_| true).unwrap();
+                assert_eq!(g.tokens, reference.tokens, "prompt {pi} k={k} {draft_kv}");
+                assert!(g.stats.draft_forwards > 0);
+                accepted[i] += g.stats.accepted;
+                rejected[i] += g.stats.drafted - g.stats.accepted;
+            }
+        }
+    }
+    eprintln!("[f32, int8]: accepted {accepted:?}, rejected {rejected:?}");
+    assert!(
+        accepted[1] > 0 && rejected[1] > 0,
+        "INT8: both paths must run: {accepted:?} / {rejected:?}"
+    );
+    // Draft-only generation takes the precision too (it is the draft's own
+    // output, so INT8 may differ from f32; it must run to the end).
+    let cfg = GenerateConfig {
+        max_tokens: 20,
+        ..GenerateConfig::default()
+    };
+    let d =
+        generate_single_with(&draft, KvPrecision::Int8, &[1, 2, 3], &cfg, &mut |_| true).unwrap();
+    assert_eq!(d.tokens.len(), 20);
 }
 
 #[test]

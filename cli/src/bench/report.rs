@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::{ProposerKind, ProposerStats};
 
 /// Version of the `--json` document; bump when a field changes meaning.
@@ -246,8 +247,15 @@ pub struct Throughput {
 /// Greedy target-only vs speculative decoding, draft and target in one process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SpecReport {
-    /// What proposed the blocks (`--proposers`; one report each).
+    /// What proposed the blocks (`--proposers`; one report per proposer and
+    /// draft KV precision).
     pub proposer: ProposerKind,
+    /// How the draft's KV cache stored keys and values (`--draft-kv`).
+    #[serde(default)]
+    pub draft_kv: KvPrecision,
+    /// Bytes of the draft's K+V per cached token at that precision.
+    #[serde(default)]
+    pub draft_kv_bytes_per_token: usize,
     pub k: usize,
     pub threads: usize,
     pub prompts: usize,
@@ -295,6 +303,7 @@ pub struct Settings {
     pub spec_prompts: usize,
     pub spec_k: usize,
     pub spec_proposers: Vec<ProposerKind>,
+    pub spec_draft_kv: Vec<KvPrecision>,
     pub spec_max_tokens_cap: Option<usize>,
 }
 

@@ -10,6 +10,7 @@ use candle_transformers::models::quantized_qwen2::ModelWeights;
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Instant;
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::{ProposerKind, ProposerStats};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::{argmax, SamplingParams};
@@ -277,8 +278,10 @@ pub fn parse_prompts(text: &str) -> Result<Vec<PromptCase>> {
 pub struct SpecPlan {
     pub prompts: Vec<PromptCase>,
     pub k: usize,
-    /// One speculative run per proposer, after each prompt's target-only run.
+    /// One speculative run per proposer and draft KV precision, after each
+    /// prompt's target-only run.
     pub proposers: Vec<ProposerKind>,
+    pub draft_kvs: Vec<KvPrecision>,
     /// Cap on each prompt's max_tokens (`--quick`).
     pub max_tokens_cap: Option<usize>,
     pub threads: usize,
@@ -296,9 +299,10 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
     )
 }
 
-/// Greedy target-only, then speculative decoding with each proposer, on each
-/// prompt in turn, so that drifting machine load hits every mode alike. One
-/// report per proposer.
+/// Greedy target-only, then speculative decoding with each proposer at each
+/// draft KV precision, on each prompt in turn, so that drifting machine load
+/// hits every mode alike. One report per (proposer, precision), proposer
+/// major.
 pub fn speculative(
     draft_path: &Path,
     target_path: &Path,
@@ -311,16 +315,23 @@ pub fn speculative(
         .with_context(|| format!("loading {}", target_path.display()))?;
     let tok = Tokenizer::from_gguf(target.gguf()).context("building the tokenizer")?;
     let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
-    let cfg_for = |max_tokens: usize, proposer: ProposerKind| GenerateConfig {
-        max_tokens: plan
-            .max_tokens_cap
-            .map_or(max_tokens, |c| max_tokens.min(c)),
-        k: plan.k,
-        sampling: SamplingParams::greedy(),
-        stop_tokens: stop_tokens.clone(),
-        proposer,
-        ..GenerateConfig::default()
-    };
+    let cfg_for =
+        |max_tokens: usize, proposer: ProposerKind, draft_kv: KvPrecision| GenerateConfig {
+            max_tokens: plan
+                .max_tokens_cap
+                .map_or(max_tokens, |c| max_tokens.min(c)),
+            k: plan.k,
+            sampling: SamplingParams::greedy(),
+            stop_tokens: stop_tokens.clone(),
+            proposer,
+            draft_kv,
+            ..GenerateConfig::default()
+        };
+    let runs: Vec<(ProposerKind, KvPrecision)> = plan
+        .proposers
+        .iter()
+        .flat_map(|&p| plan.draft_kvs.iter().map(move |&kv| (p, kv)))
+        .collect();
     let encoded: Vec<Vec<u32>> = plan
         .prompts
         .iter()
@@ -329,19 +340,24 @@ pub fn speculative(
         .context("tokenizing the prompt set")?;
     // Warm-up: touch both models' weights once.
     if let Some(ids) = encoded.first() {
-        let cfg = cfg_for(4, ProposerKind::Draft);
+        let cfg = cfg_for(4, ProposerKind::Draft, KvPrecision::F32);
         generate_single(&target, ids, &cfg, &mut |_| true)?;
         generate_speculative(&draft, &target, ids, &cfg, &mut |_| true)?;
     }
-    let mut per_proposer: Vec<Vec<SpecPrompt>> = vec![Vec::new(); plan.proposers.len()];
+    let mut per_run: Vec<Vec<SpecPrompt>> = vec![Vec::new(); runs.len()];
     for (case, ids) in plan.prompts.iter().zip(&encoded) {
-        let base = cfg_for(case.max_tokens, ProposerKind::Draft);
+        let base = cfg_for(case.max_tokens, ProposerKind::Draft, KvPrecision::F32);
         let a = generate_single(&target, ids, &base, &mut |_| true)
             .with_context(|| format!("target-only generation on prompt {}", case.id))?;
-        for (&proposer, out) in plan.proposers.iter().zip(&mut per_proposer) {
-            let cfg = cfg_for(case.max_tokens, proposer);
+        for (&(proposer, kv), out) in runs.iter().zip(&mut per_run) {
+            let cfg = cfg_for(case.max_tokens, proposer, kv);
             let b = generate_speculative(&draft, &target, ids, &cfg, &mut |_| true).with_context(
-                || format!("speculative generation ({proposer}) on prompt {}", case.id),
+                || {
+                    format!(
+                        "speculative generation ({proposer}, {kv} draft KV) on prompt {}",
+                        case.id
+                    )
+                },
             )?;
             let diff = first_difference(&a.tokens, &b.tokens);
             out.push(SpecPrompt {
@@ -362,11 +378,14 @@ pub fn speculative(
             });
         }
     }
-    Ok(plan
-        .proposers
+    let draft_cfg = draft.config();
+    Ok(runs
         .iter()
-        .zip(per_proposer)
-        .map(|(&p, prompts)| summarize(plan, p, prompts))
+        .zip(per_run)
+        .map(|(&(p, kv), prompts)| {
+            let kv_bytes = draft_cfg.kv_bytes_per_token_with(kv);
+            summarize(plan, p, (kv, kv_bytes), prompts)
+        })
         .collect())
 }
 
@@ -383,7 +402,14 @@ fn throughput(tokens: usize, ms: f64) -> Throughput {
     }
 }
 
-fn summarize(plan: &SpecPlan, proposer: ProposerKind, per_prompt: Vec<SpecPrompt>) -> SpecReport {
+/// One report from a run's prompts; `draft_kv` is its draft KV precision and
+/// that precision's bytes per token.
+fn summarize(
+    plan: &SpecPlan,
+    proposer: ProposerKind,
+    draft_kv: (KvPrecision, usize),
+    per_prompt: Vec<SpecPrompt>,
+) -> SpecReport {
     let sum_t: usize = per_prompt.iter().map(|p| p.target_tokens).sum();
     let sum_s: usize = per_prompt.iter().map(|p| p.speculative_tokens).sum();
     let ms_t: f64 = per_prompt.iter().map(|p| p.target_ms).sum();
@@ -404,6 +430,8 @@ fn summarize(plan: &SpecPlan, proposer: ProposerKind, per_prompt: Vec<SpecPrompt
         .collect();
     SpecReport {
         proposer,
+        draft_kv: draft_kv.0,
+        draft_kv_bytes_per_token: draft_kv.1,
         k: plan.k,
         threads: plan.threads,
         prompts: per_prompt.len(),
@@ -510,12 +538,14 @@ mod tests {
             prompts: Vec::new(),
             k: 4,
             proposers: vec![ProposerKind::Lookup],
+            draft_kvs: vec![KvPrecision::Int8],
             max_tokens_cap: None,
             threads: 2,
         };
         let r = summarize(
             &plan,
             ProposerKind::Lookup,
+            (KvPrecision::Int8, 6528),
             vec![
                 prompt("a", 10, 1000.0, 10, 500.0, true),
                 prompt("b", 30, 1000.0, 30, 1500.0, false),
@@ -530,6 +560,10 @@ mod tests {
         assert!(!r.identical);
         assert_eq!(r.mismatches, vec!["b".to_string()]);
         assert_eq!(r.proposer, ProposerKind::Lookup);
+        assert_eq!(
+            (r.draft_kv, r.draft_kv_bytes_per_token),
+            (KvPrecision::Int8, 6528)
+        );
         assert_eq!(r.by_proposer.lookup.rounds, 6);
         assert_eq!(r.by_proposer.lookup.accepted, 12);
         assert_eq!(r.by_proposer.none_rounds, 2);
