@@ -21,8 +21,9 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::speculative::{generate_single_with, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
 const N: usize = 16;
@@ -141,12 +142,17 @@ fn stat(stats: &str, key: &str) -> f64 {
 }
 
 /// Greedy output of `model` alone for the chat prompt, decoded.
-fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize) -> String {
-    greedy_chat(model, &[ChatMessage::user(prompt)], n)
+fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize, kv: KvPrecision) -> String {
+    greedy_chat(model, &[ChatMessage::user(prompt)], n, kv)
+}
+
+/// The KV precision the device's draft runs with (the library's default).
+fn draft_kv() -> KvPrecision {
+    GenerateConfig::default().draft_kv
 }
 
 /// Greedy output of `model` alone for a conversation, decoded.
-fn greedy_chat(model: &Qwen2Model, messages: &[ChatMessage], n: usize) -> String {
+fn greedy_chat(model: &Qwen2Model, messages: &[ChatMessage], n: usize, kv: KvPrecision) -> String {
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {
@@ -154,7 +160,7 @@ fn greedy_chat(model: &Qwen2Model, messages: &[ChatMessage], n: usize) -> String
         stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
         ..GenerateConfig::default()
     };
-    let g = generate_single(model, &ids, &cfg, &mut |_| true).unwrap();
+    let g = generate_single_with(model, kv, &ids, &cfg, &mut |_| true).unwrap();
     tok.decode(&g.tokens, true).unwrap()
 }
 
@@ -187,7 +193,7 @@ fn turns(o: &Output) -> Vec<(String, String)> {
 /// reply and checks that turn 2 reused turn 1's draft KV and equals
 /// `model`'s greedy output for the whole conversation; returns turn 2's
 /// stats line.
-fn two_turns(config: &Path, model: &Qwen2Model, n: usize) -> String {
+fn two_turns(config: &Path, model: &Qwen2Model, n: usize, kv: KvPrecision) -> String {
     let t = turns(&run(config, PROMPT, n, &["--conversation", FOLLOW_UP]));
     assert_eq!(t.len(), 2, "{t:?}");
     let history = [
@@ -195,8 +201,8 @@ fn two_turns(config: &Path, model: &Qwen2Model, n: usize) -> String {
         ChatMessage::assistant(t[0].0.clone()),
         ChatMessage::user(FOLLOW_UP),
     ];
-    assert_eq!(t[0].0, greedy_chat(model, &history[..1], n));
-    assert_eq!(t[1].0, greedy_chat(model, &history, n), "turn 2");
+    assert_eq!(t[0].0, greedy_chat(model, &history[..1], n, kv));
+    assert_eq!(t[1].0, greedy_chat(model, &history, n, kv), "turn 2");
     assert_eq!(stat(&t[0].1, "draft_reused"), 0.0, "{}", t[0].1);
     assert!(stat(&t[1].1, "draft_reused") > 10.0, "{}", t[1].1);
     assert_eq!(stat(&t[1].1, "dropped"), 0.0, "{}", t[1].1);
@@ -224,7 +230,7 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     let dir = tempfile::tempdir().unwrap();
     let r = report(&run(&local_config(dir.path()), PROMPT, N, &[]));
     let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
-    assert_eq!(r.text, greedy_text(&draft, PROMPT, N));
+    assert_eq!(r.text, greedy_text(&draft, PROMPT, N, draft_kv()));
     assert!(!r.text.is_empty());
     assert!(r.stats.contains("route=local_no_verifier"), "{}", r.stats);
     assert_eq!(stat(&r.stats, "generated"), N as f64, "{}", r.stats);
@@ -242,7 +248,7 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     assert!(r.rest.starts_with("version 0.1.0\n"), "{}", r.rest);
     // A conversation: turn 2 prefills only what is new, and is still the
     // draft's own greedy output for the whole history.
-    let s = two_turns(&local_config(dir.path()), &draft, 8);
+    let s = two_turns(&local_config(dir.path()), &draft, 8, draft_kv());
     assert_eq!(stat(&s, "verifier_reused"), 0.0, "{s}");
     eprintln!("local mode: {:.1} s", t0.elapsed().as_secs_f64());
 }
@@ -380,7 +386,7 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
         ),
     );
     let r = report(&run(&cfg, PROMPT, N, &[]));
-    let want = greedy_text(&v.state.model, PROMPT, N);
+    let want = greedy_text(&v.state.model, PROMPT, N, KvPrecision::F32);
     assert_eq!(r.text, want, "verified output must be the target's own");
     assert!(r.stats.contains("route=speculative"), "{}", r.stats);
     assert_eq!(stat(&r.stats, "verified"), N as f64, "{}", r.stats);
@@ -392,7 +398,7 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     assert_eq!(r.json["decision"]["decision"]["action"], "speculative");
     // A conversation: turn 2 is the target's greedy output for the whole
     // history, and the verifier continued turn 1's session.
-    let s = two_turns(&cfg, &v.state.model, 8);
+    let s = two_turns(&cfg, &v.state.model, 8, KvPrecision::F32);
     assert!(stat(&s, "verifier_reused") > 10.0, "{s}");
     let opened = |v: &tandem_verifier::RunningVerifier| -> String {
         v.state
@@ -470,6 +476,6 @@ fn unreachable_verifier_gives_provisional_pieces_not_an_error() {
     assert!(r.json["stats"]["breaker_opens"].as_u64().unwrap() >= 1);
     // Provisional greedy tokens are the draft's own.
     let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
-    assert_eq!(r.text, greedy_text(&draft, PROMPT, n));
+    assert_eq!(r.text, greedy_text(&draft, PROMPT, n, draft_kv()));
     eprintln!("unreachable verifier: {:.1} s", t0.elapsed().as_secs_f64());
 }

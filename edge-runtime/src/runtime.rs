@@ -555,11 +555,13 @@ impl<'a, 'b> Run<'a, 'b> {
                 },
             ));
         }
-        let fresh = draft.new_cache();
+        // The draft's KV in the generation's precision (`draft_kv`, INT8 by
+        // default: it changes acceptance only, never a verified token).
+        let fresh = draft.new_cache_with(gen.draft_kv);
         let (mut cache, reuse, continuation, high_water) = match kept.take() {
             Some(k)
                 if k.cache.capacity() == fresh.capacity()
-                    && k.cache.bytes_per_token() == fresh.bytes_per_token() =>
+                    && k.cache.precision() == fresh.precision() =>
             {
                 // Keep at least the prompt's last token to run (its logits).
                 let reuse = common_prefix(&k.tokens, prompt)

@@ -28,7 +28,7 @@ use tandem_edge::openai::{self, RunningServer, ServeConfig};
 use tandem_edge::{EdgeConfig, EdgeRuntime, RoutedRuntime};
 use tandem_model::gguf::GgufFile;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_router::Router;
@@ -446,8 +446,9 @@ fn streaming_and_non_streaming_give_the_same_local_tokens() {
     assert!(st.len() == 24 && st.iter().all(|x| x == "local"), "{st:?}");
     assert!(w["tandem"]["route"].is_null(), "no verifier: no routing");
     // The draft's own greedy tokens, as the library generates them.
-    let expected = generate_single(
+    let expected = generate_single_with(
         &f.draft,
+        GenerateConfig::default().draft_kv,
         &prompt,
         &GenerateConfig {
             max_tokens: 24,

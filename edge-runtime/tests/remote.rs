@@ -12,7 +12,7 @@ use std::time::Duration;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
+use tandem_model::speculative::{generate_single_with, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_verifier::RunningVerifier;
 
@@ -139,9 +139,15 @@ fn greedy_output_equals_target_only_for_k_1_4_16() {
 fn no_verifier_means_local_tokens_equal_to_draft_only() {
     let m = models();
     let draft = load(&m.draft);
-    let expected = generate_single(&draft, PROMPT, &gen_cfg(1, 20), &mut |_| true)
-        .unwrap()
-        .tokens;
+    let expected = generate_single_with(
+        &draft,
+        gen_cfg(1, 20).draft_kv,
+        PROMPT,
+        &gen_cfg(1, 20),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
     let mut edge = EdgeRuntime::new(draft, EdgeConfig::default()).unwrap();
     let g = edge
         .generate(PROMPT, &gen_cfg(4, 20), &mut |_| true)
@@ -412,9 +418,15 @@ fn stalling_verifier_opens_the_breaker_and_drafting_continues_alone() {
             true
         })
         .unwrap();
-    let draft_only = generate_single(&draft, PROMPT, &gen_cfg(1, 16), &mut |_| true)
-        .unwrap()
-        .tokens;
+    let draft_only = generate_single_with(
+        &draft,
+        gen_cfg(1, 16).draft_kv,
+        PROMPT,
+        &gen_cfg(1, 16),
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
     assert_eq!(g.tokens, draft_only);
     assert!(g.statuses.iter().all(|s| *s == TokenStatus::Provisional));
     assert_eq!(g.stats.timeouts, 2);
