@@ -386,14 +386,20 @@ fn table(r: &Report) -> String {
         );
     }
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}x"));
-    let _ = writeln!(
-        s,
-        "\nTTFT growth over turn 1: turn 6 off {} on {}; turn {} off {:.2}x on {:.2}x",
+    let mut growth = format!(
+        "TTFT growth over turn 1: turn 6 off {} on {}",
         f(r.ttft_growth_turn6_off),
-        f(r.ttft_growth_turn6_on),
-        r.turns.len(),
-        r.ttft_growth_last_off,
-        r.ttft_growth_last_on
+        f(r.ttft_growth_turn6_on)
     );
+    if r.turns.len() != 6 {
+        let _ = write!(
+            growth,
+            "; turn {} off {:.2}x on {:.2}x",
+            r.turns.len(),
+            r.ttft_growth_last_off,
+            r.ttft_growth_last_on
+        );
+    }
+    let _ = writeln!(s, "\n{growth}");
     s
 }
