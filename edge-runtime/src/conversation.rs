@@ -48,7 +48,7 @@ impl Default for ConversationConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            budget_mib: 256,
+            budget_mib: 64,
             keep_verifier_sessions: true,
             context_policy: Default::default(),
         }

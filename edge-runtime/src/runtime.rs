@@ -1203,15 +1203,23 @@ impl Net<'_> {
                 // closes it.
                 run.stats.opens += 1;
                 run.stats.verifier_passes += 1;
-                run.stats.verifier_reused_tokens += o.reused_tokens;
                 let positions = (upto as u64).saturating_sub(1);
-                run.stats.verifier_prefill_tokens +=
-                    positions.saturating_sub(o.reused_tokens.min(positions));
+                let reused = o.reused_tokens.min(positions);
+                let prefilled = positions - reused;
+                run.stats.verifier_reused_tokens =
+                    run.stats.verifier_reused_tokens.saturating_add(reused);
+                run.stats.verifier_prefill_tokens =
+                    run.stats.verifier_prefill_tokens.saturating_add(prefilled);
                 if run.stats.opens == 1 && o.resumed {
                     // The first open of a turn resumed: a kept session.
                     run.stats.continued_session = true;
                 }
-                self.open_cost.record(upto, after_headers);
+                // The open's cost per position it prefilled (a continued
+                // session's cheap open must not shorten a later full open's
+                // deadline).
+                let prefilled = usize::try_from(prefilled).unwrap_or(upto);
+                self.open_cost
+                    .record(prefilled.saturating_add(1), after_headers);
                 self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
                 if o.max_prompt_tokens > 0 {
                     run.capacity = run.capacity.min(o.max_prompt_tokens as usize);

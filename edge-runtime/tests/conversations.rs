@@ -9,6 +9,7 @@ mod common;
 use common::{io_runtime, load, start_tiny_verifier, target_greedy, tiny_edge, tiny_models};
 use tandem_edge::context_policy::{fit_messages, ContextError, ContextPolicy};
 use tandem_edge::{EdgeConfig, EdgeGeneration, EdgeRuntime};
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -31,6 +32,20 @@ fn turn(
 ) -> EdgeGeneration {
     rt.generate_in(name, prompt, &gen(max_tokens), &mut |_| true)
         .unwrap()
+}
+
+/// [`turn`] with the draft's KV in f32 (sizes the budget test in f32 bytes).
+fn turn_f32(
+    rt: &mut EdgeRuntime,
+    name: Option<&str>,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> EdgeGeneration {
+    let cfg = GenerateConfig {
+        draft_kv: KvPrecision::F32,
+        ..gen(max_tokens)
+    };
+    rt.generate_in(name, prompt, &cfg, &mut |_| true).unwrap()
 }
 
 /// `prev` context + the reply + a new user message.
@@ -114,7 +129,7 @@ fn named_conversations_and_the_byte_budget() {
     );
     let a: Vec<u32> = (0..len as u32).map(|i| 5 + i % 200).collect();
     let b: Vec<u32> = (0..len as u32).map(|i| 7 + (i * 3) % 200).collect();
-    let ga = turn(&mut rt, Some("a"), &a, 2);
+    let ga = turn_f32(&mut rt, Some("a"), &a, 2);
     // A refused request (longer than the context) loses nothing: the
     // conversation's state is still there for its next turn.
     let too_long = vec![5u32; 600];
@@ -127,16 +142,16 @@ fn named_conversations_and_the_byte_budget() {
     ));
     // A named conversation is taken by its name even with another prompt.
     let a2 = next_prompt(&a, &ga.tokens, &[9]);
-    assert!(turn(&mut rt, Some("a"), &a2, 2).stats.draft_reused_tokens > len);
+    assert!(turn_f32(&mut rt, Some("a"), &a2, 2).stats.draft_reused_tokens > len);
     assert_eq!(rt.conversation_stats().entries, 1);
     // "b" does not fit next to "a": the least recently used ("a") goes.
-    turn(&mut rt, Some("b"), &b, 2);
+    turn_f32(&mut rt, Some("b"), &b, 2);
     let s = rt.conversation_stats();
     assert_eq!((s.entries, s.evictions), (1, 1));
     assert!(s.bytes <= 1 << 20);
     let a3 = next_prompt(&a2, &[], &[10]);
     assert_eq!(
-        turn(&mut rt, Some("a"), &a3, 2).stats.draft_reused_tokens,
+        turn_f32(&mut rt, Some("a"), &a3, 2).stats.draft_reused_tokens,
         0
     );
     assert!(rt.forget_conversation("a"));

@@ -62,6 +62,9 @@ fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig)
     let gen = GenerateConfig {
         k: 4,
         max_tokens: MAX,
+        // f32 draft KV: a draft that is the target is then a perfect draft,
+        // and provisional tokens are `greedy_predictions(draft)`.
+        draft_kv: tandem_model::kv_cache::KvPrecision::F32,
         ..GenerateConfig::default()
     };
     let mut while_silent = Vec::new();

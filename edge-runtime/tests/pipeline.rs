@@ -21,10 +21,14 @@ fn edge(draft: &Path, url: String, spec: SpeculationConfig) -> EdgeRuntime {
     tiny_edge(draft, &url, TOKEN, |c| c.speculation = spec)
 }
 
+/// The draft's KV in f32: a draft that is the target is then a perfect draft,
+/// and provisional tokens are `greedy_predictions(draft)` (INT8 KV, the
+/// default, makes it an imperfect one).
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
     GenerateConfig {
         k,
         max_tokens,
+        draft_kv: tandem_model::kv_cache::KvPrecision::F32,
         ..GenerateConfig::default()
     }
 }
