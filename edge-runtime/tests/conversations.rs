@@ -142,7 +142,12 @@ fn named_conversations_and_the_byte_budget() {
     ));
     // A named conversation is taken by its name even with another prompt.
     let a2 = next_prompt(&a, &ga.tokens, &[9]);
-    assert!(turn_f32(&mut rt, Some("a"), &a2, 2).stats.draft_reused_tokens > len);
+    assert!(
+        turn_f32(&mut rt, Some("a"), &a2, 2)
+            .stats
+            .draft_reused_tokens
+            > len
+    );
     assert_eq!(rt.conversation_stats().entries, 1);
     // "b" does not fit next to "a": the least recently used ("a") goes.
     turn_f32(&mut rt, Some("b"), &b, 2);
@@ -151,7 +156,9 @@ fn named_conversations_and_the_byte_budget() {
     assert!(s.bytes <= 1 << 20);
     let a3 = next_prompt(&a2, &[], &[10]);
     assert_eq!(
-        turn_f32(&mut rt, Some("a"), &a3, 2).stats.draft_reused_tokens,
+        turn_f32(&mut rt, Some("a"), &a3, 2)
+            .stats
+            .draft_reused_tokens,
         0
     );
     assert!(rt.forget_conversation("a"));
