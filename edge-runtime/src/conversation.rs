@@ -21,7 +21,9 @@
 //! 3. **Bounded.** The entries' draft KV bytes stay within `budget_mib`; the least
 //!    recently used entry is dropped first (its verifier session then expires by
 //!    the verifier's idle TTL). An entry is counted at the most positions its KV
-//!    ever held, since RSS does not shrink when a cache is truncated.
+//!    ever held, since RSS does not shrink when a cache is truncated. At most
+//!    [`MAX_ENTRIES`] entries are kept whatever their size (each holds a cache's
+//!    allocations: many tiny conversations must not add up unseen).
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -66,6 +68,9 @@ impl ConversationConfig {
         Ok(())
     }
 }
+
+/// Most conversations kept at once (least recently used dropped first).
+pub const MAX_ENTRIES: usize = 64;
 
 /// A verifier session kept after a turn.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,7 +203,7 @@ impl ConversationCache {
                 last_used: self.clock,
             },
         );
-        while self.bytes() > self.budget_bytes {
+        while self.bytes() > self.budget_bytes || self.entries.len() > MAX_ENTRIES {
             let Some(lru) = self
                 .entries
                 .iter()
@@ -304,6 +309,21 @@ mod tests {
         // Alone larger than the budget: not kept.
         c.put(Some("huge"), kept(&[5], 11));
         assert!(c.take(Some("huge"), &[5]).is_none());
+    }
+
+    #[test]
+    fn the_number_of_entries_is_capped() {
+        let mut c = cache(u64::MAX);
+        for i in 0..MAX_ENTRIES + 5 {
+            c.put(Some(&format!("c{i}")), kept(&[1], 1));
+        }
+        let s = c.stats();
+        assert_eq!((s.entries, s.evictions), (MAX_ENTRIES, 5));
+        // The oldest went first.
+        assert!(c.take(Some("c0"), &[1]).is_none());
+        assert!(c
+            .take(Some(&format!("c{}", MAX_ENTRIES + 4)), &[1])
+            .is_some());
     }
 
     #[test]
