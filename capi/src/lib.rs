@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use serde::Serialize;
-use tandem_edge::context_policy::{fit_messages, ContextError};
+use tandem_edge::context_policy::{drop_oldest, fit_messages, ContextError};
 use tandem_edge::{
     EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision, RoutedRuntime,
     TokenStatus,
@@ -861,14 +861,7 @@ pub unsafe extern "C" fn tandem_conversation_send(
                 .tokenizer()
                 .decode(&g.tokens, true)
                 .map_err(|e| Failure(TandemStatus::Model, format!("decoding the reply: {e}")))?;
-            let system = c
-                .messages
-                .iter()
-                .take_while(|m| m.role == tandem_model::tokenizer::Role::System)
-                .count();
-            let dropped = g.last.stats.dropped_messages;
-            c.messages
-                .drain(system..system.saturating_add(dropped).min(c.messages.len()));
+            drop_oldest(&mut c.messages, g.last.stats.dropped_messages);
             c.messages.push(ChatMessage::assistant(reply));
             if !stats_out.is_null() {
                 *stats_out = g.last.c_stats;

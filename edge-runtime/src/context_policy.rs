@@ -76,6 +76,23 @@ pub struct Fitted {
     pub dropped_messages: usize,
 }
 
+/// How many messages at the start of `messages` are system messages.
+fn leading_system(messages: &[ChatMessage]) -> usize {
+    messages
+        .iter()
+        .take_while(|m| m.role == Role::System)
+        .count()
+}
+
+/// Removes the `n` oldest messages after the leading system messages (what
+/// `drop_oldest` dropped, as [`Fitted::dropped_messages`] counts it): a
+/// caller that keeps the history applies the policy's drop with it.
+pub fn drop_oldest(messages: &mut Vec<ChatMessage>, n: usize) {
+    let system = leading_system(messages);
+    let end = system.saturating_add(n).min(messages.len());
+    messages.drain(system..end);
+}
+
 /// Renders `messages` (with the assistant turn opened) so that the prompt fits
 /// `limit` tokens with room for a reply of up to `max_tokens`, under `policy`
 /// (see the module doc).
@@ -119,10 +136,8 @@ pub fn fit_messages(
                     dropped_messages: 0,
                 });
             }
-            let system = messages
-                .iter()
-                .take_while(|m| m.role == Role::System)
-                .count();
+            // The same messages as `drop_oldest(messages, dropped)` removes.
+            let system = leading_system(messages);
             let mut kept: Vec<ChatMessage> = messages.to_vec();
             let mut dropped = 0;
             let mut last_len = prompt.len();

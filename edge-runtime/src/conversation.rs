@@ -134,6 +134,8 @@ pub struct ConversationStats {
 
 /// The kept conversations, bounded by a byte budget (LRU).
 pub struct ConversationCache {
+    /// `[conversations] enabled`: off, nothing is taken or kept.
+    enabled: bool,
     budget_bytes: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
@@ -144,6 +146,7 @@ pub struct ConversationCache {
 impl ConversationCache {
     pub fn new(cfg: &ConversationConfig) -> Self {
         Self {
+            enabled: cfg.enabled,
             budget_bytes: cfg.budget_mib.saturating_mul(1 << 20),
             entries: HashMap::new(),
             clock: 0,
@@ -153,8 +156,12 @@ impl ConversationCache {
     }
 
     /// Takes the state a request should continue from (see the module doc, 1):
-    /// the named conversation's, or the best anonymous match for `prompt`.
+    /// the named conversation's, or the best anonymous match for `prompt`
+    /// (none when the cache is disabled).
     pub fn take(&mut self, name: Option<&str>, prompt: &[u32]) -> Option<Kept> {
+        if !self.enabled {
+            return None;
+        }
         let key = match name {
             Some(n) => Some(Key::Named(n.to_owned())).filter(|k| self.entries.contains_key(k)),
             None => self
@@ -186,8 +193,12 @@ impl ConversationCache {
 
     /// Keeps a turn's state under `name` (or as a new anonymous entry), then
     /// drops least recently used entries until the budget holds. An entry that
-    /// alone exceeds the budget is not kept.
+    /// alone exceeds the budget is not kept; nothing is kept when the cache is
+    /// disabled.
     pub fn put(&mut self, name: Option<&str>, kept: Kept) {
+        if !self.enabled {
+            return;
+        }
         let key = match name {
             Some(n) => Key::Named(n.to_owned()),
             None => {

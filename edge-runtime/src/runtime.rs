@@ -310,11 +310,14 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
-        let mut kept = self.take_kept(conversation, prompt);
-        let mut run = match Run::new(&self.draft, prompt, gen, on_event, &mut kept) {
-            Ok(r) => r,
-            Err(e) => return Err(self.give_back(conversation, kept, e)),
-        };
+        let mut run = Run::begin(
+            &self.draft,
+            &mut self.conversations,
+            conversation,
+            prompt,
+            gen,
+            on_event,
+        )?;
         let mut res = Ok(());
         while run.stop.is_none() && res.is_ok() {
             res = run.draft_alone(TokenStatus::Local);
@@ -322,9 +325,7 @@ impl EdgeRuntime {
         res?;
         // The verifier session of an earlier turn (if any) stays kept.
         let session = run.continuation.take();
-        if self.cfg.conversations.enabled {
-            self.conversations.put(conversation, run.take_kept(session));
-        }
+        self.conversations.put(conversation, run.take_kept(session));
         Ok(run.finish(None, &RttTracker::default(), Counters::default()))
     }
 
@@ -358,26 +359,6 @@ impl EdgeRuntime {
         self.conversations.forget(conversation)
     }
 
-    fn take_kept(&mut self, conversation: Option<&str>, prompt: &[u32]) -> Option<Kept> {
-        if !self.cfg.conversations.enabled {
-            return None;
-        }
-        self.conversations.take(conversation, prompt)
-    }
-
-    /// Puts back the state a refused request took, and returns its error.
-    fn give_back(
-        &mut self,
-        conversation: Option<&str>,
-        kept: Option<Kept>,
-        e: EdgeError,
-    ) -> EdgeError {
-        if let Some(k) = kept {
-            self.conversations.put(conversation, k);
-        }
-        e
-    }
-
     /// [`Self::generate`] as one turn of the conversation named
     /// `conversation`: its kept state is used whatever the prompt shares with
     /// it (the longest common prefix is reused, exactly), and the turn's state
@@ -403,11 +384,14 @@ impl EdgeRuntime {
         let Some(connector) = self.connector.clone() else {
             return self.generate_local_in(conversation, prompt, gen, on_event);
         };
-        let mut kept = self.take_kept(conversation, prompt);
-        let mut run = match Run::new(&self.draft, prompt, gen, on_event, &mut kept) {
-            Ok(r) => r,
-            Err(e) => return Err(self.give_back(conversation, kept, e)),
-        };
+        let mut run = Run::begin(
+            &self.draft,
+            &mut self.conversations,
+            conversation,
+            prompt,
+            gen,
+            on_event,
+        )?;
         // A kept verifier session is continued (not in split sessions, which
         // send hidden states of their whole context).
         let split_on = self.split.is_some();
@@ -481,10 +465,8 @@ impl EdgeRuntime {
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
         // (After an error the draft KV may be half-written: not kept.)
         res?;
-        if self.cfg.conversations.enabled {
-            self.conversations
-                .put(conversation, run.take_kept(kept_session));
-        }
+        self.conversations
+            .put(conversation, run.take_kept(kept_session));
         let mut g = run.finish(sid, &gen_rtt, counters);
         g.stats.split = self.split.as_ref().map(|s| s.report.clone());
         Ok(g)
@@ -529,6 +511,25 @@ struct Run<'a, 'b> {
 }
 
 impl<'a, 'b> Run<'a, 'b> {
+    /// A generation of `prompt` as a turn of `conversation`: takes its kept
+    /// state from `conversations` (which gives none when disabled) and puts
+    /// it back when the request is refused, so a refusal loses nothing.
+    fn begin(
+        draft: &'a Qwen2Model,
+        conversations: &mut ConversationCache,
+        conversation: Option<&str>,
+        prompt: &[u32],
+        gen: &'a GenerateConfig,
+        on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    ) -> Result<Self, EdgeError> {
+        let mut kept = conversations.take(conversation, prompt);
+        Self::new(draft, prompt, gen, on_event, &mut kept).inspect_err(|_| {
+            if let Some(k) = kept.take() {
+                conversations.put(conversation, k);
+            }
+        })
+    }
+
     /// A generation of `prompt`; with `kept` (a conversation's earlier turn)
     /// its draft KV is reused for the longest common prefix, exactly. `kept`
     /// is taken only once the request is valid (a refused request leaves the

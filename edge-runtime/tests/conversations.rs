@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 mod common;
 use common::{io_runtime, load, start_tiny_verifier, target_greedy, tiny_edge, tiny_models};
-use tandem_edge::context_policy::{fit_messages, ContextError, ContextPolicy};
+use tandem_edge::context_policy::{drop_oldest, fit_messages, ContextError, ContextPolicy};
 use tandem_edge::{EdgeConfig, EdgeGeneration, EdgeRuntime};
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::speculative::GenerateConfig;
@@ -272,6 +272,10 @@ fn the_context_policy_refuses_or_drops_the_oldest_turns_never_silently() {
         .chain(msgs[1 + f.dropped_messages..].iter().cloned())
         .collect();
     assert_eq!(f.prompt, tok.encode_chat(&kept, true).unwrap());
+    // A caller keeping the history drops the same messages.
+    let mut history = msgs.clone();
+    drop_oldest(&mut history, f.dropped_messages);
+    assert_eq!(history, kept);
     assert!(f.prompt.len() + 16 <= limit);
     // Not even the system prompt and the last message fit: refused.
     let e = fit_messages(&tok, &msgs, 8, 4, ContextPolicy::DropOldest).unwrap_err();
