@@ -260,7 +260,8 @@ TandemStatus tandem_generate(const struct TandemRuntime *runtime,
 // # Safety
 // `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
 // `error_message` NULL or a valid `char **`.
-// Thread-safety: any thread.
+// Thread-safety: any thread; it waits while a generation runs on the
+// runtime (it reads the config's system prompt).
 TandemStatus tandem_conversation_new(const struct TandemRuntime *runtime,
                                      struct TandemConversation **conversation_out,
                                      char **error_message);

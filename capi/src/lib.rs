@@ -777,7 +777,8 @@ unsafe fn conversation_arg<'a>(
 /// # Safety
 /// `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
 /// `error_message` NULL or a valid `char **`.
-/// Thread-safety: any thread.
+/// Thread-safety: any thread; it waits while a generation runs on the
+/// runtime (it reads the config's system prompt).
 #[no_mangle]
 pub unsafe extern "C" fn tandem_conversation_new(
     runtime: *const TandemRuntime,
