@@ -109,12 +109,26 @@ struct Report {
     cases: usize,
     positives: u32,
     negatives: u32,
+    /// Negative cases (nothing sensitive expected) with no predicted entity,
+    /// no predicted category and a speculative decision.
+    negatives_clean: u32,
     misses: Vec<String>,
 }
 
 impl Report {
     fn accuracy(&self) -> f64 {
         f64::from(self.decisions_ok) / self.cases as f64
+    }
+
+    /// Share of the negative cases the router left alone (1.0 when there are
+    /// none): the precision that matters on benign text, where a false
+    /// positive keeps a prompt local for no reason.
+    fn negatives_clean_rate(&self) -> f64 {
+        if self.negatives == 0 {
+            1.0
+        } else {
+            f64::from(self.negatives_clean) / f64::from(self.negatives)
+        }
     }
 }
 
@@ -123,11 +137,17 @@ fn evaluate(policy: &Policy, cases: &[&Case]) -> Report {
     let mut cat: BTreeMap<String, Counts> = BTreeMap::new();
     let mut decisions_ok = 0;
     let mut misses = Vec::new();
-    let (mut positives, mut negatives) = (0, 0);
+    let (mut positives, mut negatives, mut negatives_clean) = (0, 0, 0);
     for c in cases {
         let d = policy.decide(&c.text, &RouteContext::default());
         if c.entities.is_empty() && c.categories.is_empty() {
             negatives += 1;
+            if d.entities.is_empty()
+                && d.categories.is_empty()
+                && d.action.as_str() == "speculative"
+            {
+                negatives_clean += 1;
+            }
         } else {
             positives += 1;
         }
@@ -199,6 +219,7 @@ fn evaluate(policy: &Policy, cases: &[&Case]) -> Report {
         cases: cases.len(),
         positives,
         negatives,
+        negatives_clean,
         misses,
     }
 }
@@ -241,11 +262,56 @@ fn print_report(title: &str, r: &Report) {
         );
     }
     println!(
-        "\ndecision accuracy: {}/{} = {:.3}\n",
+        "\ndecision accuracy: {}/{} = {:.3}",
         r.decisions_ok,
         r.cases,
         r.accuracy()
     );
+    println!(
+        "negatives left alone (no entity, no category, speculative): {}/{} = {:.3}\n",
+        r.negatives_clean,
+        r.negatives,
+        r.negatives_clean_rate()
+    );
+}
+
+fn print_errors(title: &str, r: &Report) {
+    println!("{title} errors:");
+    for m in &r.misses {
+        println!("  {m}");
+    }
+    println!();
+}
+
+/// Which evaluation set a case id belongs to. The id prefix is the file it
+/// came from; everything that is not a holdout is the main corpus.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Set {
+    Main,
+    Holdout,
+    Holdout2,
+    Holdout3,
+}
+
+impl Set {
+    fn of(id: &str) -> Set {
+        if id.starts_with("holdout3-") {
+            Set::Holdout3
+        } else if id.starts_with("holdout2-") {
+            Set::Holdout2
+        } else if id.starts_with("holdout-") {
+            Set::Holdout
+        } else {
+            Set::Main
+        }
+    }
+}
+
+fn select<'a>(cases: &'a [Case], sets: &[Set]) -> Vec<&'a Case> {
+    cases
+        .iter()
+        .filter(|c| sets.contains(&Set::of(&c.id)))
+        .collect()
 }
 
 #[test]
@@ -255,42 +321,36 @@ fn corpus_precision_recall() {
     let policy = Policy::from_file(&policy_path).unwrap();
     let cases = load();
     assert!(cases.len() >= 300, "corpus has only {} cases", cases.len());
-    // The tuned set: generated, hand-written and the first holdout (tuned on
-    // since the recall fixes). holdout2 was written before those fixes and is
-    // reported on its own.
-    let tuned: Vec<&Case> = cases
-        .iter()
-        .filter(|c| !c.id.starts_with("holdout2-"))
-        .collect();
-    let holdout: Vec<&Case> = cases
-        .iter()
-        .filter(|c| c.id.starts_with("holdout-"))
-        .collect();
-    let holdout2: Vec<&Case> = cases
-        .iter()
-        .filter(|c| c.id.starts_with("holdout2-"))
-        .collect();
-    let main: Vec<&Case> = cases
-        .iter()
-        .filter(|c| !c.id.starts_with("holdout"))
-        .collect();
-    print_report(
-        "main corpus (generated, hand-written)",
-        &evaluate(&policy, &main),
-    );
-    let r = evaluate(&policy, &tuned);
+    // One table per set. The tuned set is the main corpus plus the first
+    // holdout (tuned on since the recall fixes); holdout2 and holdout3 were
+    // each written before the fixes they measure and are reported on their
+    // own.
+    let main = evaluate(&policy, &select(&cases, &[Set::Main]));
+    print_report("main corpus (generated, hand-written)", &main);
+    let r = evaluate(&policy, &select(&cases, &[Set::Main, Set::Holdout]));
     print_report("tuned corpus (generated, hand-written, holdout)", &r);
-    let h = evaluate(&policy, &holdout);
+    let h = evaluate(&policy, &select(&cases, &[Set::Holdout]));
     print_report(
         "holdout only (written after the recognizers were frozen)",
         &h,
     );
-    let h2 = evaluate(&policy, &holdout2);
+    let h2 = evaluate(&policy, &select(&cases, &[Set::Holdout2]));
     print_report("holdout2 only (written before the recall fixes)", &h2);
-    println!("holdout2 errors:");
-    for m in &h2.misses {
-        println!("  {m}");
-    }
+    let h3 = evaluate(&policy, &select(&cases, &[Set::Holdout3]));
+    print_report(
+        "holdout3 only (finance/legal, written before their lexicon work)",
+        &h3,
+    );
+    let every = evaluate(
+        &policy,
+        &select(
+            &cases,
+            &[Set::Main, Set::Holdout, Set::Holdout2, Set::Holdout3],
+        ),
+    );
+    print_report("every set together", &every);
+    print_errors("holdout2", &h2);
+    print_errors("holdout3", &h3);
     // The holdouts are small (40 and 75 cases, one or two per entity type):
     // loose floors on the totals, mainly to catch false positives creeping
     // in. holdout2 was not tuned on; these floors were set before its
@@ -308,10 +368,7 @@ fn corpus_precision_recall() {
         );
         assert!(h.accuracy() >= 0.85, "{name} decisions {:.3}", h.accuracy());
     }
-    println!("errors:");
-    for m in &r.misses {
-        println!("  {m}");
-    }
+    print_errors("tuned corpus", &r);
     let (ent, cat, all, acc) = (&r.ent, &r.cat, r.all, r.accuracy());
 
     // Floors: set just under what the corpus measures today, so a regression
