@@ -1,10 +1,25 @@
 //! Category lexicons: lists of terms (Chinese and English) per sensitive
-//! category, matched in one Aho-Corasick pass.
+//! category, matched in one Aho-Corasick pass, and the context rules that
+//! decide whether a term found in the text counts.
 //!
 //! The built-in lists live in `router/data/lexicons/<category>.txt`, one term
-//! per line, `#` for comments. ASCII terms match case-insensitively and only on
-//! word boundaries ("hiv" does not fire inside "archive"); other terms (Chinese)
-//! match anywhere.
+//! per line, `#` for comments. ASCII terms match case-insensitively and only
+//! when they stand alone: on word boundaries ("hiv" does not fire inside
+//! "archive"), and not as an identifier or part of one (`calculate_tax`,
+//! `self.balance`, `loan(`, `income=`); other terms (Chinese) match anywhere.
+//!
+//! A line is one of three kinds of term ([`TermKind`]):
+//!
+//! * `term`: counts wherever it stands alone, unless the next word is a
+//!   software word ("loan calculator", "工资管理系统";
+//!   `data/context/software_words.txt`);
+//! * `~ term`: counts only with a first-person marker (`my`, `I`, `我`, …;
+//!   `data/context/first_person.txt`) and no software word within
+//!   [`CONTEXT_WINDOW`] bytes on the same line. For words that are as often
+//!   a topic or a programming task as the writer's own affairs (`mortgage`,
+//!   `工资`, `lawyer`);
+//! * `! phrase`: a benign sense, mostly technical ("smart contract", "load
+//!   balancer"); never counts, and hides any term it overlaps.
 
 use std::sync::OnceLock;
 
@@ -24,11 +39,65 @@ pub const BUILTIN_CATEGORIES: [(&str, &str); 7] = [
     ("minors", include_str!("../data/lexicons/minors.txt")),
 ];
 
-/// Terms of a lexicon file: trimmed, comments and blank lines dropped.
-pub fn parse_terms(file: &str) -> impl Iterator<Item = &str> {
+/// First-person markers, and (`!`) the request phrases that hide them.
+const FIRST_PERSON: &str = include_str!("../data/context/first_person.txt");
+
+/// Words that make a nearby term part of a programming task.
+const SOFTWARE_WORDS: &str = include_str!("../data/context/software_words.txt");
+
+/// How far (bytes, same line) a first-person marker or a software word may
+/// be from a [`TermKind::Personal`] term: about a clause in English, a dozen
+/// Han characters.
+pub const CONTEXT_WINDOW: usize = 48;
+
+/// How much further than [`CONTEXT_WINDOW`] context words are searched, so
+/// that a hiding phrase ("how do I") cut by the window's edge is still seen
+/// whole.
+const CONTEXT_REACH_MARGIN: usize = 16;
+
+/// How a lexicon term counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TermKind {
+    /// Counts wherever it stands alone.
+    Plain,
+    /// Counts only near a first-person marker and away from software words
+    /// (`~ term`).
+    Personal,
+    /// A benign sense: never counts, hides the terms it overlaps (`! phrase`).
+    Benign,
+}
+
+/// One lexicon entry: the text to find and how it counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Term {
+    pub text: String,
+    pub kind: TermKind,
+}
+
+impl Term {
+    /// A term from its lexicon spelling: `~ term` is [`TermKind::Personal`],
+    /// `! phrase` is [`TermKind::Benign`], anything else [`TermKind::Plain`].
+    /// `None` when nothing is left after the marker.
+    pub fn parse(spelling: &str) -> Option<Term> {
+        let spelling = spelling.trim();
+        let (kind, text) = if let Some(rest) = spelling.strip_prefix('~') {
+            (TermKind::Personal, rest.trim())
+        } else if let Some(rest) = spelling.strip_prefix('!') {
+            (TermKind::Benign, rest.trim())
+        } else {
+            (TermKind::Plain, spelling)
+        };
+        (!text.is_empty()).then(|| Term {
+            text: text.to_string(),
+            kind,
+        })
+    }
+}
+
+/// Terms of a lexicon file: comments and blank lines dropped.
+pub fn parse_terms(file: &str) -> impl Iterator<Item = Term> + '_ {
     file.lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
+        .filter_map(|l| Term::parse(l.split('#').next().unwrap_or("")))
 }
 
 /// A compiled set of category lexicons.
@@ -37,6 +106,7 @@ pub struct Lexicon {
     /// Category index per pattern.
     pattern_category: Vec<usize>,
     pattern_ascii: Vec<bool>,
+    pattern_kind: Vec<TermKind>,
     categories: Vec<String>,
 }
 
@@ -52,12 +122,13 @@ impl std::fmt::Debug for Lexicon {
 impl Lexicon {
     /// Build from (category, terms) pairs. Terms are lower-cased for ASCII.
     pub fn new<'a>(
-        entries: impl IntoIterator<Item = (&'a str, Vec<String>)>,
+        entries: impl IntoIterator<Item = (&'a str, Vec<Term>)>,
     ) -> Result<Lexicon, aho_corasick::BuildError> {
         let mut categories: Vec<String> = Vec::new();
         let mut terms = Vec::new();
         let mut pattern_category = Vec::new();
         let mut pattern_ascii = Vec::new();
+        let mut pattern_kind = Vec::new();
         for (cat, ts) in entries {
             let idx = match categories.iter().position(|c| c == cat) {
                 Some(i) => i,
@@ -67,20 +138,24 @@ impl Lexicon {
                 }
             };
             for t in ts {
-                pattern_ascii.push(t.is_ascii());
-                terms.push(t.to_ascii_lowercase());
+                pattern_ascii.push(t.text.is_ascii());
+                terms.push(t.text.to_ascii_lowercase());
                 pattern_category.push(idx);
+                pattern_kind.push(t.kind);
             }
         }
+        // Standard semantics: every overlapping occurrence is reported, and
+        // `standing_terms` chooses among those that stand alone.
         let ac = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
             .kind(Some(aho_corasick::AhoCorasickKind::DFA))
-            .match_kind(MatchKind::LeftmostLongest)
+            .match_kind(MatchKind::Standard)
             .build(&terms)?;
         Ok(Lexicon {
             ac,
             pattern_category,
             pattern_ascii,
+            pattern_kind,
             categories,
         })
     }
@@ -90,29 +165,183 @@ impl Lexicon {
         &self.categories
     }
 
-    /// Every term occurrence in `text`.
+    /// Every term occurrence in `text` that counts under the context rules
+    /// (see the module docs).
     pub fn scan(&self, text: &str) -> Vec<CategoryHit> {
+        let mut hits = Vec::new();
+        for (pattern, start, end) in self.standing_terms(text) {
+            let counts = match self.pattern_kind[pattern] {
+                TermKind::Benign => false,
+                TermKind::Plain => {
+                    !followed_by(text, end, &software_words().around(text, end, end))
+                }
+                TermKind::Personal => {
+                    !within_window(text, start, end, &software_words().around(text, start, end))
+                        && within_window(text, start, end, &first_person().around(text, start, end))
+                }
+            };
+            if counts {
+                hits.push(CategoryHit {
+                    category: self.categories[self.pattern_category[pattern]].clone(),
+                    start,
+                    end,
+                });
+            }
+        }
+        hits
+    }
+
+    /// The term occurrences that stand alone (see [`stands_alone`]), as
+    /// (pattern, start, end): leftmost-longest among them, so a longer term
+    /// that is not a word here ("my debt" in "my debt-to-income") does not
+    /// hide a shorter one that is, and a benign phrase hides every term it
+    /// overlaps. Terms with the same span in several categories all stay.
+    fn standing_terms(&self, text: &str) -> Vec<(usize, usize, usize)> {
         let b = text.as_bytes();
-        let word = |c: u8| c.is_ascii_alphanumeric();
-        self.ac
-            .find_iter(text)
+        let mut found: Vec<(usize, usize, usize)> = self
+            .ac
+            .find_overlapping_iter(text)
+            .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
+            .filter(|&(p, s, e)| !self.pattern_ascii[p] || stands_alone(b, s, e))
+            .collect();
+        let benign: Vec<(usize, usize)> = found
+            .iter()
+            .filter(|&&(p, _, _)| self.pattern_kind[p] == TermKind::Benign)
+            .map(|&(_, s, e)| (s, e))
+            .collect();
+        found.retain(|&(p, s, e)| {
+            self.pattern_kind[p] == TermKind::Benign
+                || benign.iter().all(|&(bs, be)| e <= bs || s >= be)
+        });
+        // Leftmost first, then longest.
+        found.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+        let mut kept: Vec<(usize, usize, usize)> = Vec::with_capacity(found.len());
+        for t in found {
+            let same_span = kept.last().is_some_and(|k| (k.1, k.2) == (t.1, t.2));
+            let free = kept.last().is_none_or(|k| t.1 >= k.2);
+            if same_span || free {
+                kept.push(t);
+            }
+        }
+        kept
+    }
+}
+
+/// Whether an ASCII term at `start..end` stands alone: not inside a word, not
+/// the head of a hyphenated compound ("church-rosser"), and not an
+/// identifier or part of one (`calculate_tax`, `self.balance`, `$loan`,
+/// `Account::new`, `loan(`, `income=`, `loan.rate`, `rows[`).
+fn stands_alone(b: &[u8], start: usize, end: usize) -> bool {
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let before = start.checked_sub(1).and_then(|i| b.get(i)).copied();
+    let before2 = start.checked_sub(2).and_then(|i| b.get(i)).copied();
+    let after = b.get(end).copied();
+    let after2 = end.checked_add(1).and_then(|i| b.get(i)).copied();
+    let inside_word = before.is_some_and(word) || after.is_some_and(word);
+    let compound_head = after == Some(b'-') && after2.is_some_and(|c| c.is_ascii_alphabetic());
+    let identifier_before =
+        matches!(before, Some(b'.' | b'$')) || (before == Some(b':') && before2 == Some(b':'));
+    let identifier_after = matches!(after, Some(b'(' | b'[' | b'='))
+        || (after == Some(b':') && after2 == Some(b':'))
+        || (after == Some(b'.') && after2.is_some_and(word));
+    !(inside_word || compound_head || identifier_before || identifier_after)
+}
+
+/// A list of context words (first-person markers, software words) found in
+/// one pass. ASCII words match case-insensitively on word boundaries; Han
+/// words anywhere. `!` lines are hiding phrases: found like the others, they
+/// hide the words they contain ("help me" hides "me") and are not reported.
+pub(crate) struct ContextWords {
+    ac: Option<AhoCorasick>,
+    words: Vec<Term>,
+}
+
+impl ContextWords {
+    fn new(file: &str) -> ContextWords {
+        let words: Vec<Term> = parse_terms(file).collect();
+        let patterns: Vec<String> = words.iter().map(|t| t.text.to_ascii_lowercase()).collect();
+        let ac = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .ok();
+        ContextWords { ac, words }
+    }
+
+    /// Byte spans of the words in `text` that may be within
+    /// [`CONTEXT_WINDOW`] of `start..end` (the search reaches a little
+    /// further, so a hiding phrase across the window's edge still hides).
+    fn around(&self, text: &str, start: usize, end: usize) -> Vec<(usize, usize)> {
+        let reach = CONTEXT_WINDOW.saturating_add(CONTEXT_REACH_MARGIN);
+        let from = start.saturating_sub(reach);
+        let to = end.saturating_add(reach).min(text.len());
+        self.find(text, from..to)
+    }
+
+    /// Byte spans of the words in `text[range]`, in order (word boundaries
+    /// are judged on the whole text). The single letter `I` counts only in
+    /// upper case (a lower-case `i` is a loop index).
+    fn find(&self, text: &str, range: std::ops::Range<usize>) -> Vec<(usize, usize)> {
+        let Some(ac) = &self.ac else {
+            return Vec::new();
+        };
+        if range.start > range.end || range.end > text.len() {
+            return Vec::new();
+        }
+        let b = text.as_bytes();
+        let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'\'';
+        ac.find_iter(aho_corasick::Input::new(text).range(range))
             .filter(|m| {
-                let p = m.pattern().as_usize();
-                // An ASCII term must stand alone: not inside a word, and not
-                // the head of a hyphenated compound ("church-rosser").
-                !self.pattern_ascii[p]
-                    || ((m.start() == 0 || !word(b[m.start() - 1]))
-                        && (m.end() >= b.len() || !word(b[m.end()]))
-                        && !(b.get(m.end()) == Some(&b'-')
-                            && b.get(m.end() + 1).is_some_and(u8::is_ascii_alphabetic)))
+                let w = &self.words[m.pattern().as_usize()];
+                let alone = !w.text.is_ascii()
+                    || (!m
+                        .start()
+                        .checked_sub(1)
+                        .and_then(|i| b.get(i))
+                        .is_some_and(|&c| word(c))
+                        && !b.get(m.end()).is_some_and(|&c| word(c)));
+                let case_ok = w.text != "I" || b.get(m.start()) == Some(&b'I');
+                w.kind != TermKind::Benign && alone && case_ok
             })
-            .map(|m| CategoryHit {
-                category: self.categories[self.pattern_category[m.pattern().as_usize()]].clone(),
-                start: m.start(),
-                end: m.end(),
-            })
+            .map(|m| (m.start(), m.end()))
             .collect()
     }
+}
+
+fn first_person() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(FIRST_PERSON))
+}
+
+fn software_words() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(SOFTWARE_WORDS))
+}
+
+/// Whether one of `spans` is within [`CONTEXT_WINDOW`] bytes of
+/// `start..end` with no line break in between. A span inside the term
+/// itself does not count ("class" in "class action").
+fn within_window(text: &str, start: usize, end: usize, spans: &[(usize, usize)]) -> bool {
+    spans.iter().any(|&(s, e)| {
+        let (from, to) = if e <= start {
+            (e, start)
+        } else if s >= end {
+            (end, s)
+        } else {
+            return false;
+        };
+        to.saturating_sub(from) <= CONTEXT_WINDOW
+            && text.get(from..to).is_some_and(|gap| !gap.contains('\n'))
+    })
+}
+
+/// Whether one of `spans` starts right after `end` (nothing or one space in
+/// between), as "calculator" in "loan calculator" or "计算器" in "房贷计算器".
+fn followed_by(text: &str, end: usize, spans: &[(usize, usize)]) -> bool {
+    spans.iter().any(|&(s, _)| {
+        s == end || (s == end.saturating_add(1) && text.as_bytes().get(end) == Some(&b' '))
+    })
 }
 
 /// Postal addresses found by their structure rather than by a term: a
@@ -220,7 +449,7 @@ mod tests {
         Lexicon::new(
             BUILTIN_CATEGORIES
                 .iter()
-                .map(|(c, f)| (*c, parse_terms(f).map(String::from).collect())),
+                .map(|(c, f)| (*c, parse_terms(f).collect())),
         )
         .unwrap()
     }
@@ -239,6 +468,76 @@ mod tests {
         let hits = lx.scan("I was diagnosed with HIV last year");
         assert!(hits.iter().all(|h| h.category == "health"));
         assert_eq!(hits.len(), 2);
+    }
+
+    #[test]
+    fn term_spellings() {
+        let t = |s: &str| Term::parse(s).map(|t| (t.text, t.kind));
+        assert_eq!(t("mortgage"), Some(("mortgage".into(), TermKind::Plain)));
+        assert_eq!(t("~ 工资"), Some(("工资".into(), TermKind::Personal)));
+        assert_eq!(
+            t("!load balancer"),
+            Some(("load balancer".into(), TermKind::Benign))
+        );
+        assert_eq!(t("  ~  "), None);
+        assert_eq!(t(""), None);
+    }
+
+    #[test]
+    fn identifiers_do_not_stand_alone() {
+        let alone = |text: &str, term: &str| {
+            let start = text.find(term).unwrap();
+            stands_alone(text.as_bytes(), start, start + term.len())
+        };
+        assert!(alone("my loan is late", "loan"));
+        assert!(alone("my loan.", "loan"));
+        assert!(!alone("calculate_tax", "tax"));
+        assert!(!alone("self.loan", "loan"));
+        assert!(!alone("$loan", "loan"));
+        assert!(!alone("Account::loan", "loan"));
+        assert!(!alone("loan(x)", "loan"));
+        assert!(!alone("loan=1", "loan"));
+        assert!(!alone("loan[0]", "loan"));
+        assert!(!alone("loan.rate", "loan"));
+        assert!(!alone("loan::new", "loan"));
+        assert!(!alone("loan-officer", "loan"));
+    }
+
+    #[test]
+    fn context_windows() {
+        let text = "my notes: the mortgage";
+        let term = text.find("mortgage").unwrap();
+        let end = term + "mortgage".len();
+        assert!(within_window(text, term, end, &[(0, 2)]));
+        let far = format!("my{}mortgage", " ".repeat(CONTEXT_WINDOW + 1));
+        let term = far.find("mortgage").unwrap();
+        assert!(!within_window(&far, term, term + 8, &[(0, 2)]));
+        let other_line = "my\nmortgage";
+        assert!(!within_window(other_line, 3, 11, &[(0, 2)]));
+        // A word inside the term is not near it.
+        assert!(!within_window("class action", 0, 12, &[(0, 5)]));
+        assert!(followed_by("loan calculator", 4, &[(5, 15)]));
+        assert!(followed_by("房贷计算器", 6, &[(6, 15)]));
+        assert!(!followed_by("loan  calculator", 4, &[(6, 16)]));
+    }
+
+    #[test]
+    fn first_person_markers() {
+        let found = |text: &str| -> Vec<String> {
+            first_person()
+                .find(text, 0..text.len())
+                .into_iter()
+                .map(|(s, e)| text[s..e].to_string())
+                .collect()
+        };
+        assert_eq!(found("I think my loan"), ["I", "my"]);
+        assert!(found("for i in items").is_empty());
+        assert!(found("help me with this, tell me how").is_empty());
+        assert!(found("How do I do it").is_empty());
+        assert!(found("myth and enemy").is_empty());
+        assert_eq!(found("帮我看看我的账单"), ["我"]);
+        assert!(found("我们公司").is_empty());
+        assert_eq!(found("我们家"), ["我们家"]);
     }
 
     #[test]

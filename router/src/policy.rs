@@ -15,6 +15,7 @@
 //! [keywords]                     # extra lexicon terms; new names are new categories
 //! health = ["long covid"]
 //! internal = ["project bluebird"]
+//! finance = ["~ stipend", "! stipend api"]  # ~: needs "my"/"I"/"我" near; !: a benign sense
 //!
 //! [[recognizers]]                # custom entity types
 //! name = "EMPLOYEE_ID"
@@ -51,7 +52,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::classify::{compact_value, resolve_overlaps, Classification, Classifier};
-use crate::lexicon::{parse_terms, Lexicon, BUILTIN_CATEGORIES};
+use crate::lexicon::{parse_terms, Lexicon, Term, BUILTIN_CATEGORIES};
 use crate::recognizers::{self, Check, Pattern, Validator, WordSet};
 use crate::types::{Action, CategoryHit, Decision, EntityHit, EntityKind, RouteContext};
 
@@ -548,9 +549,9 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
     }
 
     // Lexicon: built-in files plus policy keywords.
-    let mut lex: Vec<(String, Vec<String>)> = BUILTIN_CATEGORIES
+    let mut lex: Vec<(String, Vec<Term>)> = BUILTIN_CATEGORIES
         .iter()
-        .map(|(c, f)| (c.to_string(), parse_terms(f).map(String::from).collect()))
+        .map(|(c, f)| (c.to_string(), parse_terms(f).collect()))
         .collect();
     for (cat, terms) in &raw.keywords {
         let name = cat.get_ref();
@@ -567,11 +568,10 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
         }
         let mut ts = Vec::new();
         for t in terms {
-            let term = t.get_ref().trim();
-            if term.is_empty() {
+            let Some(term) = Term::parse(t.get_ref()) else {
                 return Err(cx.err(t.span(), format!("keywords.{name}"), "empty keyword"));
-            }
-            ts.push(term.to_string());
+            };
+            ts.push(term);
         }
         match lex.iter_mut().find(|(c, _)| c == name) {
             Some((_, existing)) => existing.extend(ts),

@@ -283,6 +283,29 @@ categories = ["health"]
 }
 
 #[test]
+fn keywords_take_the_personal_and_benign_markers() {
+    let src = r#"
+default = "speculative"
+[keywords]
+internal = ["~ bluebird", "! bluebird sdk", "蓝鸟计划"]
+[[rules]]
+name = "internal"
+action = "local"
+categories = ["internal"]
+"#;
+    let p = Policy::from_toml_str(src).unwrap();
+    // `~`: only with a first-person marker near it.
+    assert_eq!(p.decide("my bluebird numbers", &idle()).rule, "internal");
+    assert_eq!(p.decide("what is bluebird?", &idle()).rule, "default");
+    // `!`: a benign sense that hides the term.
+    assert_eq!(p.decide("my bluebird sdk upgrade", &idle()).rule, "default");
+    assert_eq!(p.decide("蓝鸟计划进展", &idle()).rule, "internal");
+    let err = Policy::from_toml_str("default = \"speculative\"\n[keywords]\ninternal = [\"~ \"]\n")
+        .unwrap_err();
+    assert!(err.to_string().contains("empty keyword"), "{err}");
+}
+
+#[test]
 fn custom_recognizer_with_validator_and_context() {
     let src = r#"
 default = "speculative"

@@ -466,3 +466,60 @@ fn health_symptoms_medications_pregnancy() {
     assert!(cats("模型的假阳性率太高").is_empty());
     assert!(cats("grep on steroids: ripgrep").is_empty());
 }
+
+#[test]
+fn finance_and_legal_need_the_first_person() {
+    // `~` terms count with a first-person marker near them...
+    assert_eq!(cats("I'm three months behind on the mortgage"), ["finance"]);
+    assert_eq!(cats("我的贷款这个月还不上了"), ["finance"]);
+    assert_eq!(cats("my landlord hired a lawyer against me"), ["legal"]);
+    assert_eq!(cats("我下个月要出庭作证"), ["legal"]);
+    // ... and are a topic without one.
+    assert!(cats("Explain how a mortgage works").is_empty());
+    assert!(cats("什么是个人所得税汇算清缴").is_empty());
+    assert!(cats("What does a lawyer do at a deposition?").is_empty());
+    // A request phrase's first person asks for a task; it owns nothing.
+    assert!(cats("How do I refinance a mortgage in general?").is_empty());
+    assert!(cats("帮我写一个贷款审批流程的说明").is_empty());
+    assert!(cats("我们公司的贷款产品介绍").is_empty());
+    // Lower-case `i` is a loop index, not the writer.
+    assert!(cats("for i in loans: total += i.amount  # loan rows").is_empty());
+    // The marker must be on the same line.
+    assert!(cats("my notes\n\n\nmortgage rates explained").is_empty());
+    // Plain terms still count alone.
+    assert_eq!(cats("filed for divorce last week"), ["legal"]);
+    assert_eq!(cats("信用卡欠款两万还不上了怎么办"), ["finance"]);
+}
+
+#[test]
+fn finance_and_legal_terms_in_code_do_not_count() {
+    // Identifiers and parts of them.
+    assert!(cats("My test for calculate_tax(income=50000) fails").is_empty());
+    assert!(cats("my code reads self.salary and Account::balance").is_empty());
+    assert!(cats("I print loan.rate and salary[0] in my loop").is_empty());
+    // A term followed by a software word names software.
+    assert!(cats("refactor the loan calculator module").is_empty());
+    assert!(cats("我在写一个工资管理系统").is_empty());
+    // A `~` term with a software word nearby is a programming task.
+    assert!(cats("In my React app the credit score gauge doesn't animate").is_empty());
+    assert!(cats("我的代码里转账函数有并发问题，余额会变成负数").is_empty());
+    assert!(cats("I need to store the salary of each employee in Postgres").is_empty());
+    // Benign senses hide the terms they overlap.
+    assert!(cats("I'm on the free trial of your API plan").is_empty());
+    assert!(cats("Can you review my smart contract's transfer logic?").is_empty());
+    assert!(cats("I owe you one, thanks").is_empty());
+    assert!(cats("I'll write my online judge solution in C++").is_empty());
+    // But the same words about the writer count.
+    assert_eq!(cats("I'm on trial for fraud next month"), ["legal"]);
+    assert_eq!(cats("I owe the IRS $8,400"), ["finance"]);
+}
+
+#[test]
+fn a_rejected_longer_term_does_not_hide_a_shorter_one() {
+    // "my debt" is the head of a hyphenated compound here and does not
+    // count; "debt-to-income" still does.
+    assert_eq!(
+        cats("the bank mentions my debt-to-income ratio"),
+        ["finance"]
+    );
+}
