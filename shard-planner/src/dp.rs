@@ -197,9 +197,22 @@ impl Table {
 /// sliding-window minimum per `(S, j')`, because `lo` only moves right.
 /// Device prefix values come from `dev_val[s]` (infinite where `s` is not a
 /// source); ranges start at boundaries `>= start`.
-fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
+///
+/// Every state at a boundary `> start` is written (infinite if unreachable),
+/// so a table can be refilled without [`Table::reset`]; rows up to `start`
+/// keep stale values and must not be read. With `pruning`, states that cannot
+/// lead to a plan within its cutoff are left unreachable.
+fn fill_latency(
+    ctx: &Ctx,
+    t: &mut Table,
+    dev_val: &[f64],
+    start: usize,
+    pruning: Option<&Pruning>,
+) {
     let start = start.max(1);
+    t.windows.clear();
     for i in start..=ctx.limit {
+        t.live[i * t.subsets..(i + 1) * t.subsets].fill(false);
         // 1. Finalise states whose last range ends at i.
         if i > start {
             for s2 in 1..t.subsets {
@@ -207,10 +220,15 @@ fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
                     let s = s2 & !(1 << jp);
                     let w = t.win(s, jp);
                     let lo = ctx.lo[jp][i];
+                    let id = t.idx(i, s2, jp);
+                    t.vals[id] = f64::INFINITY;
                     if let Some(slot) = t.windows.front(w, |pos, _| pos >= lo) {
                         let a = t.windows.pos[slot];
-                        let id = t.idx(i, s2, jp);
-                        t.vals[id] = ctx.comp_prefix[ctx.nd[jp]][i] + t.windows.key[slot];
+                        let value = ctx.comp_prefix[ctx.nd[jp]][i] + t.windows.key[slot];
+                        if pruning.is_some_and(|p| p.hopeless_after_range(i, jp, value)) {
+                            continue;
+                        }
+                        t.vals[id] = value;
                         t.back[id] = ((a as u32) << 8) | t.efrom[t.idx(a, s, jp)];
                         t.live[i * t.subsets + s2] = true;
                     }
@@ -240,7 +258,7 @@ fn fill_latency(ctx: &Ctx, t: &mut Table, dev_val: &[f64], start: usize) {
                         }
                     }
                 }
-                if !best.is_finite() {
+                if !best.is_finite() || pruning.is_some_and(|p| p.hopeless_entering(i, jp, best)) {
                     continue;
                 }
                 let e = t.idx(i, s, jp);
@@ -326,7 +344,7 @@ fn offer_u_ends(ctx: &Ctx, t: &Table, source: Option<usize>, best: &mut Best) {
     }
 }
 
-fn solve_latency(ctx: &Ctx, best: &mut Best) {
+fn solve_latency(ctx: &Ctx, fallback: FallbackSearch, best: &mut Best) {
     let (n, p) = (ctx.n, ctx.p);
     let budget = ctx.dev_budget();
     let mut table = Table::new(n, ctx.k);
@@ -343,7 +361,7 @@ fn solve_latency(ctx: &Ctx, best: &mut Best) {
     if ctx.mem(0, n) <= budget {
         // Prefix and suffix can never compete for device memory, and the sum
         // does not care which of them a device layer is in: one table.
-        fill_latency(ctx, &mut table, &dev_val, 1);
+        fill_latency(ctx, &mut table, &dev_val, 1, None);
         if !p.pin_head {
             offer_chain_ends(ctx, &table, best);
         }
@@ -353,7 +371,7 @@ fn solve_latency(ctx: &Ctx, best: &mut Best) {
     // The table from all sources is exact for the chain family and, with the
     // device's prefix and suffix each checked only on their own, a
     // relaxation (a lower bound) for the U family.
-    fill_latency(ctx, &mut table, &dev_val, 1);
+    fill_latency(ctx, &mut table, &dev_val, 1, None);
     if !p.pin_head {
         offer_chain_ends(ctx, &table, best);
     }
@@ -371,17 +389,285 @@ fn solve_latency(ctx: &Ctx, best: &mut Best) {
         return;
     }
     // U-shape with a binding device budget: one table per prefix end.
-    let head_mem = p.layers[n - 1].memory_bytes;
-    let mut single = vec![f64::INFINITY; n + 1];
-    for src in 1..n.saturating_sub(1) {
-        if ctx.mem(0, src).saturating_add(head_mem) > budget {
-            break;
-        }
+    #[cfg(test)]
+    FALLBACK_RUNS.with(|runs| runs.set(runs.get() + 1));
+    match fallback {
+        FallbackSearch::BoundedBestFirst => every_prefix_bounded(ctx, &mut table, &dev_val, best),
+        FallbackSearch::EveryPrefix => every_prefix_exhaustive(ctx, &mut table, &dev_val, best),
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often the per-prefix fallback ran on this thread: the tests check
+    /// that their instances reach it.
+    static FALLBACK_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The prefix ends (sources) the per-prefix fallback considers, in
+/// increasing order: at least one layer, and room left for the head.
+fn fallback_sources<'a>(ctx: &'a Ctx<'a>) -> impl Iterator<Item = usize> + 'a {
+    let n = ctx.n;
+    let head_mem = ctx.p.layers[n - 1].memory_bytes;
+    (1..n.saturating_sub(1))
+        .take_while(move |&src| ctx.mem(0, src).saturating_add(head_mem) <= ctx.dev_budget())
+}
+
+/// The fallback as first written: one full table per prefix end, in order.
+/// Kept as the reference the bounded search is tested and benchmarked against.
+fn every_prefix_exhaustive(ctx: &Ctx, table: &mut Table, dev_val: &[f64], best: &mut Best) {
+    let mut single = vec![f64::INFINITY; ctx.n + 1];
+    for src in fallback_sources(ctx) {
         single[src] = dev_val[src];
         table.reset();
-        fill_latency(ctx, &mut table, &single, src);
-        offer_u_ends(ctx, &table, Some(src), best);
+        fill_latency(ctx, table, &single, src, None);
+        offer_u_ends(ctx, table, Some(src), best);
         single[src] = f64::INFINITY;
+    }
+}
+
+/// The same per-prefix tables, solved best first and pruned, with the same
+/// answer as [`every_prefix_exhaustive`] (ties included):
+///
+/// * each prefix end `src` gets a [`CompletionBound`] for its own allowed
+///   U ends, hence a lower bound on its best plan; the prefix end with the
+///   least bound is solved next, and the search stops when the least bound
+///   exceeds the best plan so far;
+/// * a table is filled for a limit: a state whose value plus its completion
+///   bound exceeds the limit (plus a rounding margin) is dropped. Every plan
+///   within the limit is still built exactly as the exhaustive search builds
+///   it (a state on its path has value plus bound at most the plan's value,
+///   and its predecessors too), so a best plan within the limit is that
+///   prefix end's optimum. The limit is the best plan so far, or, when that
+///   is far above the bound, a trial a little above the bound: if the table
+///   has no plan within it, the trial is a better bound for that prefix end,
+///   which goes back into the queue;
+/// * among equal plans, the exhaustive search keeps the chain plan, then the
+///   smallest prefix end, then the first end in its table; so does this.
+fn every_prefix_bounded(ctx: &Ctx, table: &mut Table, dev_val: &[f64], best: &mut Best) {
+    let mut bound = CompletionBound::new(ctx);
+    let mut queue: Vec<QueuedPrefix> = Vec::new();
+    for src in fallback_sources(ctx) {
+        let Some(first_end) = first_u_end(ctx, src) else {
+            continue;
+        };
+        bound.compute(ctx, first_end);
+        let lower = bound.source_lower_bound(ctx, src, dev_val[src]);
+        if lower.is_finite() {
+            queue.push(QueuedPrefix {
+                lower,
+                src,
+                first_end,
+                trials: 0,
+            });
+        }
+    }
+    let mut single = vec![f64::INFINITY; ctx.n + 1];
+    // The prefix end of the best plan when it came from this search.
+    let mut best_src: Option<usize> = None;
+    while let Some(next) = take_least_bound(&mut queue) {
+        let best_value = if best.assignment.is_some() {
+            best.value
+        } else {
+            f64::INFINITY
+        };
+        if next.lower > with_rounding_margin(best_value) {
+            break; // the least bound: no prefix end left can win or tie
+        }
+        let trial = next.trial_limit();
+        let limit = best_value.min(trial);
+        bound.compute(ctx, next.first_end);
+        single[next.src] = dev_val[next.src];
+        let pruning = Pruning {
+            bound: &bound,
+            cutoff: with_rounding_margin(limit),
+        };
+        fill_latency(ctx, table, &single, next.src, Some(&pruning));
+        single[next.src] = f64::INFINITY;
+        let mut from_src = Best::default();
+        offer_u_ends(ctx, table, Some(next.src), &mut from_src);
+        match from_src.assignment {
+            // Every plan within `limit` survived: this is the prefix end's
+            // optimum, built as the exhaustive search builds it.
+            Some(assignment) if from_src.value <= limit => {
+                let wins = best.assignment.is_none()
+                    || from_src.value < best.value
+                    || (from_src.value == best.value && best_src.is_some_and(|b| next.src < b));
+                if wins {
+                    best.value = from_src.value;
+                    best.assignment = Some(assignment);
+                    best_src = Some(next.src);
+                }
+            }
+            // Nothing within the trial: that prefix end's optimum is above
+            // it. (Nothing within the best plan: it cannot win.)
+            _ if trial < best_value => queue.push(QueuedPrefix {
+                lower: trial,
+                trials: next.trials + 1,
+                ..next
+            }),
+            _ => {}
+        }
+    }
+}
+
+/// A prefix end waiting in [`every_prefix_bounded`]'s queue.
+#[derive(Debug, Clone, Copy)]
+struct QueuedPrefix {
+    /// No plan with this prefix end costs less.
+    lower: f64,
+    src: usize,
+    /// Its first allowed U end ([`first_u_end`]).
+    first_end: usize,
+    /// Tables already filled for it with a trial cutoff that held no plan.
+    trials: u32,
+}
+
+impl QueuedPrefix {
+    /// A limit 1 %, then 4 %, then 16 % above the bound, then none: the
+    /// bound is usually within a fraction of a percent of the optimum, and a
+    /// missed trial costs one more (pruned) table.
+    fn trial_limit(&self) -> f64 {
+        if self.trials >= 3 {
+            return f64::INFINITY;
+        }
+        let step = 0.01 * f64::from(1u32 << (2 * self.trials));
+        self.lower + (self.lower.abs() + 1e-12) * step
+    }
+}
+
+/// Removes and returns the entry with the least bound (the smaller prefix
+/// end among equal bounds).
+fn take_least_bound(queue: &mut Vec<QueuedPrefix>) -> Option<QueuedPrefix> {
+    let at = (0..queue.len()).min_by(|&a, &b| {
+        let (a, b) = (&queue[a], &queue[b]);
+        a.lower.total_cmp(&b.lower).then(a.src.cmp(&b.src))
+    })?;
+    Some(queue.swap_remove(at))
+}
+
+/// `limit` plus a margin far above the rounding error of summing a state's
+/// value and its bound in another order than the plan's own value: pruning
+/// above it never drops a plan whose value is within `limit`.
+fn with_rounding_margin(limit: f64) -> f64 {
+    limit + limit.abs() * 1e-9 + 1e-15
+}
+
+/// The first boundary a chain from prefix end `src` may hand back to the
+/// device at: the device's suffix `[end, n)` must fit next to `[0, src)`.
+/// U ends are `end in (src, n)`, and a later end only frees memory, so the
+/// allowed ends are `[first, n)`. `None` if there is none.
+fn first_u_end(ctx: &Ctx, src: usize) -> Option<usize> {
+    let n = ctx.n;
+    let room = ctx.dev_budget().checked_sub(ctx.mem(0, src))?;
+    (src.saturating_add(1).max(2)..n).find(|&end| ctx.mem(end, n) <= room)
+}
+
+/// Lower bounds, for one prefix end's table, on what a state still has to
+/// pay before a U terminal at an end in `[first_end, n)`. The relaxation
+/// lets the rest of the chain use any node but the one it just left (the
+/// set `S` drops out), so a bound costs O(n·K²) instead of a table's
+/// O(n·2^K·K²). Memory budgets and the allowed ends are kept exactly.
+struct CompletionBound {
+    k: usize,
+    /// `after_range[i * k + j]`: from "node `j`'s range ended at boundary
+    /// `i`" to the end of the plan.
+    after_range: Vec<f64>,
+    /// `entering[i * k + j]`: from "node `j` starts its range at boundary
+    /// `i`" (crossing into it already paid).
+    entering: Vec<f64>,
+    /// One window per node over range ends `b`, keyed `C_j(b) + after_range`.
+    windows: Windows,
+}
+
+impl CompletionBound {
+    fn new(ctx: &Ctx) -> Self {
+        let len = (ctx.n + 1) * ctx.k;
+        CompletionBound {
+            k: ctx.k,
+            after_range: vec![f64::INFINITY; len],
+            entering: vec![f64::INFINITY; len],
+            windows: Windows::new(ctx.k, ctx.n + 1),
+        }
+    }
+
+    /// Fills both bounds for U ends `[first_end, n)`, from the last
+    /// boundary down.
+    fn compute(&mut self, ctx: &Ctx, first_end: usize) {
+        let (n, k) = (ctx.n, self.k);
+        self.after_range.fill(f64::INFINITY);
+        self.entering.fill(f64::INFINITY);
+        self.windows.clear();
+        for i in (1..=ctx.limit).rev() {
+            if i < ctx.limit {
+                self.fill_entering(ctx, i);
+            }
+            for j in 0..k {
+                let mut v = f64::INFINITY;
+                if i >= first_end && i < n {
+                    v = ctx.x(i - 1, j, k) + ctx.dev_comp(i, n);
+                }
+                if i < ctx.limit {
+                    for next in (0..k).filter(|&next| next != j) {
+                        v = v.min(ctx.x(i - 1, j, next) + self.entering[i * k + next]);
+                    }
+                }
+                self.after_range[i * k + j] = v;
+            }
+        }
+    }
+
+    /// `entering(i, j) = min over b in (i, limit] with [i, b) within j's
+    /// budget of C_j(b) - C_j(i) + after_range(b, j)`: a sliding window over
+    /// `b` that moves left with `i` (`lo` is monotone in `b`).
+    fn fill_entering(&mut self, ctx: &Ctx, i: usize) {
+        let k = self.k;
+        let b = i + 1;
+        for j in 0..k {
+            let cp = &ctx.comp_prefix[ctx.nd[j]];
+            let lo = &ctx.lo[j];
+            // `[i, i + 1)` must fit, or no range can start at `i` (nor
+            // would `b` ever be usable by an earlier start).
+            if lo[b] <= i {
+                let key = cp[b] + self.after_range[b * k + j];
+                if key.is_finite() {
+                    self.windows.push(j, b, key, 0, |old, _| old >= key);
+                }
+            }
+            if let Some(slot) = self.windows.front(j, |pos, _| lo[pos] <= i) {
+                self.entering[i * k + j] = self.windows.key[slot] - cp[i];
+            }
+        }
+    }
+
+    /// The best any plan with device prefix `[0, src)` can do: its prefix,
+    /// the crossing into the first node, and that node's bound.
+    fn source_lower_bound(&self, ctx: &Ctx, src: usize, prefix_value: f64) -> f64 {
+        (0..self.k)
+            .map(|j| prefix_value + ctx.x(src - 1, ctx.k, j) + self.entering[src * self.k + j])
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// Drops table states that cannot lead to a plan at or below `cutoff`
+/// ([`CompletionBound`] says what they still have to pay at least).
+struct Pruning<'a> {
+    bound: &'a CompletionBound,
+    cutoff: f64,
+}
+
+impl Pruning<'_> {
+    /// `value` is that of node `j`'s range ending at boundary `i`.
+    fn hopeless_after_range(&self, i: usize, j: usize, value: f64) -> bool {
+        self.hopeless(value + self.bound.after_range[i * self.bound.k + j])
+    }
+    /// `value` is that of entering node `j` at boundary `i`.
+    fn hopeless_entering(&self, i: usize, j: usize, value: f64) -> bool {
+        self.hopeless(value + self.bound.entering[i * self.bound.k + j])
+    }
+    /// Infinite: no allowed end can be reached at all.
+    fn hopeless(&self, total: f64) -> bool {
+        total.is_infinite() || total > self.cutoff
     }
 }
 
@@ -625,10 +911,31 @@ fn solve_throughput(ctx: &Ctx, best: &mut Best) {
     best.offer(value, || witness);
 }
 
+/// How the latency planner searches when the device's prefix and suffix
+/// compete for its memory (the per-prefix fallback; see
+/// `docs/shard-planner.md`). Both give the same plan; only speed differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackSearch {
+    /// Lower-bounded, best first, with pruned tables ([`solve`] uses this).
+    BoundedBestFirst,
+    /// One full table per prefix end: the reference the tests and
+    /// `plan_bench` compare the bounded search with.
+    EveryPrefix,
+}
+
 /// Finds the assignment of least cost under `objective` (see
 /// [`PlanProblem::evaluate`] for the model), or says which constraint makes
 /// the problem infeasible.
 pub fn solve(p: &PlanProblem, objective: Objective) -> Result<Plan, PlanError> {
+    solve_with_fallback(p, objective, FallbackSearch::BoundedBestFirst)
+}
+
+/// [`solve`] with a chosen [`FallbackSearch`] (for tests and benchmarks).
+pub fn solve_with_fallback(
+    p: &PlanProblem,
+    objective: Objective,
+    fallback: FallbackSearch,
+) -> Result<Plan, PlanError> {
     p.validate()?;
     if p.nodes.len() > MAX_NODES {
         return Err(PlanError::InvalidProblem(format!(
@@ -700,7 +1007,7 @@ pub fn solve(p: &PlanProblem, objective: Objective) -> Result<Plan, PlanError> {
                 best.offer(ctx.dev_comp(0, n), || vec![dev; n]);
             }
             if ctx.k > 0 && n >= 2 {
-                solve_latency(&ctx, &mut best);
+                solve_latency(&ctx, fallback, &mut best);
             }
         }
         Objective::Throughput => solve_throughput(&ctx, &mut best),
@@ -913,5 +1220,235 @@ mod tests {
         p.links = vec![vec![None; MAX_NODES + 1]; MAX_NODES + 1];
         let e = solve(&p, Objective::Latency).unwrap_err().to_string();
         assert!(e.contains("at most"), "{e}");
+    }
+}
+
+/// The per-prefix fallback: the bounded search against brute force on small
+/// instances built to reach it, and against the exhaustive per-prefix search
+/// on instances of the benchmark's size.
+#[cfg(test)]
+mod fallback_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{brute_force, LayerCost, LinkCost, NodeCost};
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    /// Solves with both fallback searches and says whether the fallback ran.
+    fn both(p: &PlanProblem) -> (Result<Plan, PlanError>, Result<Plan, PlanError>, bool) {
+        let before = FALLBACK_RUNS.with(|r| r.get());
+        let bounded = solve_with_fallback(p, Objective::Latency, FallbackSearch::BoundedBestFirst);
+        let ran = FALLBACK_RUNS.with(|r| r.get()) > before;
+        let every = solve_with_fallback(p, Objective::Latency, FallbackSearch::EveryPrefix);
+        (bounded, every, ran)
+    }
+
+    /// Small problems where the device is cheap to compute on and crossings
+    /// are dear, so plans want a long device prefix *and* suffix, and the
+    /// device's budget (below the model's size) makes them compete.
+    fn fallback_problem() -> impl Strategy<Value = PlanProblem> {
+        (3usize..=7, 2usize..=4).prop_flat_map(|(n, m)| {
+            (
+                prop::collection::vec((1u64..=10, 0u32..=40), n),
+                prop::collection::vec(0u32..=4, n),
+                prop::collection::vec((0u64..=60, prop::collection::vec(2u32..=30, n)), m - 1),
+                prop::collection::vec(prop::option::weighted(0.9, (0u32..=30, 1u32..=20)), m * m),
+                0u64..=100,
+                any::<bool>(),
+            )
+                .prop_map(
+                    move |(layers, device_comp, servers, links, budget_pct, pin_head)| {
+                        let total: u64 = layers.iter().map(|l| l.0).sum();
+                        let layers: Vec<LayerCost> = layers
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, (mem, cut))| LayerCost {
+                                name: format!("l{i}"),
+                                memory_bytes: mem,
+                                cut_bytes: f64::from(cut),
+                            })
+                            .collect();
+                        let mut nodes = vec![NodeCost {
+                            name: "device".into(),
+                            // between the embedding alone and one byte short of the model
+                            memory_budget_bytes: layers[0].memory_bytes
+                                + (total - 1 - layers[0].memory_bytes.min(total - 1)) * budget_pct
+                                    / 100,
+                            compute_s: device_comp
+                                .into_iter()
+                                .map(|c| f64::from(c) / 10.0)
+                                .collect(),
+                        }];
+                        nodes.extend(servers.into_iter().enumerate().map(|(j, (budget, comp))| {
+                            NodeCost {
+                                name: format!("n{}", j + 1),
+                                memory_budget_bytes: budget,
+                                compute_s: comp.into_iter().map(|c| f64::from(c) / 10.0).collect(),
+                            }
+                        }));
+                        let links = (0..m)
+                            .map(|a| {
+                                (0..m)
+                                    .map(|b| {
+                                        links[a * m + b].filter(|_| a != b).map(|(lat, bw)| {
+                                            LinkCost {
+                                                one_way_latency_s: f64::from(lat) / 10.0,
+                                                bytes_per_s: f64::from(bw),
+                                            }
+                                        })
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        PlanProblem {
+                            layers,
+                            nodes,
+                            links,
+                            device: 0,
+                            pin_head,
+                        }
+                    },
+                )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn fallback_matches_brute_force_and_the_exhaustive_search(p in fallback_problem()) {
+            let (bounded, every, _) = both(&p);
+            match (&bounded, brute_force::solve(&p, Objective::Latency)) {
+                (Ok(plan), Some((optimum, _))) => {
+                    prop_assert!(close(plan.objective_s, optimum), "{} vs brute {}", plan.objective_s, optimum);
+                    prop_assert!(p.evaluate(&plan.assignment).is_ok());
+                }
+                (Err(PlanError::Infeasible(_)), None) => {}
+                (dp, brute) => prop_assert!(false, "dp {:?} but brute {:?}", dp, brute),
+            }
+            prop_assert_eq!(format!("{bounded:?}"), format!("{every:?}"));
+        }
+    }
+
+    /// The generator above must reach the fallback often, or the property
+    /// says little about it.
+    #[test]
+    fn small_instances_reach_the_fallback() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let (mut ran, total) = (0, 2000);
+        for _ in 0..total {
+            let p = fallback_problem().new_tree(&mut runner).unwrap().current();
+            ran += usize::from(both(&p).2);
+        }
+        assert!(ran * 3 > total, "the fallback ran on only {ran}/{total}");
+    }
+
+    /// Benchmark-sized problems (80 layers x 8 nodes, servers holding a
+    /// quarter to three eighths of the model, a device that holds a third
+    /// of it and is anywhere from the slowest node to the fastest), with
+    /// uniform blocks (many near-ties) or random costs.
+    fn large_problem() -> impl Strategy<Value = PlanProblem> {
+        (
+            any::<u64>(),
+            1.0f64..10.0,
+            0.2f64..0.45,
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(seed, device_speed, device_share, uniform, pin_head)| {
+                let mut state = seed | 1;
+                let mut rng = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 11) as f64 / (1u64 << 53) as f64
+                };
+                let (n, m) = (80, 8);
+                let layers: Vec<LayerCost> = (0..n)
+                    .map(|i| LayerCost {
+                        name: format!("l{i}"),
+                        memory_bytes: (40 + (rng() * 10.0) as u64) * 1_000_000,
+                        cut_bytes: 6144.0,
+                    })
+                    .collect();
+                let total: u64 = layers.iter().map(|l| l.memory_bytes).sum();
+                let nodes = (0..m)
+                    .map(|j| {
+                        let (budget, speed) = if j == 0 {
+                            ((total as f64 * device_share) as u64, device_speed)
+                        } else {
+                            (
+                                total / 4 + (rng() * total as f64 / 8.0) as u64,
+                                2.0 + 6.0 * rng(),
+                            )
+                        };
+                        let compute_s = (0..n)
+                            .map(|i| {
+                                let base = match (uniform, i) {
+                                    (false, _) => 0.001 + 0.0005 * rng(),
+                                    (true, 0) => 0.00001,
+                                    (true, i) if i == n - 1 => 0.004,
+                                    (true, _) => 0.0012,
+                                };
+                                base / speed
+                            })
+                            .collect();
+                        NodeCost {
+                            name: format!("n{j}"),
+                            memory_budget_bytes: budget,
+                            compute_s,
+                        }
+                    })
+                    .collect();
+                let links = (0..m)
+                    .map(|a| {
+                        (0..m)
+                            .map(|b| {
+                                (a != b).then(|| LinkCost {
+                                    one_way_latency_s: 0.001 + 0.05 * rng(),
+                                    bytes_per_s: 1e6 + 1e8 * rng(),
+                                })
+                            })
+                            .collect()
+                    })
+                    .collect();
+                PlanProblem {
+                    layers,
+                    nodes,
+                    links,
+                    device: 0,
+                    pin_head,
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn large_instances_get_the_exhaustive_searchs_plan(p in large_problem()) {
+            let (bounded, every, _) = both(&p);
+            prop_assert_eq!(format!("{bounded:?}"), format!("{every:?}"));
+        }
+    }
+
+    #[test]
+    fn large_instances_reach_the_fallback() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let (mut ran, total) = (0, 24);
+        for _ in 0..total {
+            let p = large_problem().new_tree(&mut runner).unwrap().current();
+            let before = FALLBACK_RUNS.with(|r| r.get());
+            let _ = solve(&p, Objective::Latency);
+            ran += usize::from(FALLBACK_RUNS.with(|r| r.get()) > before);
+        }
+        assert!(ran * 2 > total, "the fallback ran on only {ran}/{total}");
     }
 }

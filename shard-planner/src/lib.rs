@@ -28,7 +28,7 @@ pub mod split;
 
 pub use cluster::ClusterConfig;
 pub use cluster::PlanOptions;
-pub use dp::{diagnose, solve, Plan, MAX_NODES};
+pub use dp::{diagnose, solve, solve_with_fallback, FallbackSearch, Plan, MAX_NODES};
 pub use error::PlanError;
 pub use network::{NetworkProfile, NETWORK_PROFILES};
 pub use problem::{Evaluation, LayerCost, LinkCost, NodeCost, Objective, PlanProblem, Transfer};
