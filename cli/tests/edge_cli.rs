@@ -428,10 +428,11 @@ fn plain_http_to_a_non_loopback_verifier_is_refused_before_anything_is_sent() {
     }
 }
 
-/// A CA, a server certificate for `localhost` and a client certificate, both
+/// A CA, a server certificate for `localhost` and two client certificates, all
 /// signed by the CA (PEM files in `dir`): (ca, server cert, server key, client
-/// cert, client key).
-fn mtls_files(dir: &Path) -> [PathBuf; 5] {
+/// cert, client key, another client's cert, its key). The client certificate
+/// is issued to `dev` (the test verifier's device id), the other to `intruder`.
+fn mtls_files(dir: &Path) -> [PathBuf; 7] {
     use rcgen::{
         BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
         KeyUsagePurpose,
@@ -450,10 +451,14 @@ fn mtls_files(dir: &Path) -> [PathBuf; 5] {
         .unwrap()
         .signed_by(&server_key, &issuer)
         .unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let mut client_params = CertificateParams::new(vec!["device".to_string()]).unwrap();
-    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    let client_cert = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        (params.signed_by(&key, &issuer).unwrap(), key)
+    };
+    let (client, client_key) = client_cert("dev");
+    let (other, other_key) = client_cert("intruder");
     let w = |name: &str, pem: String| {
         let p = dir.join(name);
         std::fs::write(&p, pem).unwrap();
@@ -465,13 +470,15 @@ fn mtls_files(dir: &Path) -> [PathBuf; 5] {
         w("server-key.pem", server_key.serialize_pem()),
         w("client.pem", client.pem()),
         w("client-key.pem", client_key.serialize_pem()),
+        w("other.pem", other.pem()),
+        w("other-key.pem", other_key.serialize_pem()),
     ]
 }
 
 #[test]
 fn mutual_tls_needs_the_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let [ca, cert, key, client, client_key] = mtls_files(dir.path());
+    let [ca, cert, key, client, client_key, ..] = mtls_files(dir.path());
     let tok = token_file(dir.path(), TOKEN);
     let v = verifier(
         dir.path(),
@@ -511,4 +518,61 @@ fn mutual_tls_needs_the_client_certificate() {
     ]);
     let j = json_of(&generate(&base, &with_tls));
     assert_eq!(statuses(&j), vec!["verified".to_string(); 4]);
+}
+
+#[test]
+fn a_bound_client_identity_refuses_another_devices_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key, client, client_key, other, other_key] = mtls_files(dir.path());
+    let tok = token_file(dir.path(), TOKEN);
+    let v = verifier(
+        dir.path(),
+        &format!(
+            "[tls]\ncert_pem = {cert:?}\nkey_pem = {key:?}\nclient_ca_pem = {ca:?}\n\
+             bind_client_identity = true"
+        ),
+        "",
+    );
+    let url = format!("https://localhost:{}", v.grpc.rsplit(':').next().unwrap());
+    let base = [
+        "--verifier",
+        &url,
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "3",
+        "--json",
+    ];
+    let with_cert = |cert: &Path, key: &Path| -> Vec<std::ffi::OsString> {
+        vec![
+            "--token-file".into(),
+            tok.clone().into(),
+            "--ca-cert".into(),
+            ca.clone().into(),
+            "--client-cert".into(),
+            cert.into(),
+            "--client-key".into(),
+            key.into(),
+        ]
+    };
+    let run = |extra: &[std::ffi::OsString]| {
+        let extra: Vec<&std::ffi::OsStr> = extra.iter().map(|s| s.as_os_str()).collect();
+        generate(&base, &extra)
+    };
+    // The device's own certificate (issued to `dev`) with its token: served.
+    let j = json_of(&run(&with_cert(&client, &client_key)));
+    assert_eq!(statuses(&j), vec!["verified".to_string(); 3]);
+    // Another device's certificate, valid under the same CA, carrying dev's
+    // token: refused, and the error says why.
+    let out = run(&with_cert(&other, &other_key));
+    assert!(
+        !out.status.success(),
+        "a certificate issued to another device must not pass: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("UNAUTHENTICATED") && err.contains("not issued to \"dev\""),
+        "{err}"
+    );
 }

@@ -74,6 +74,21 @@ impl Admission {
         })
     }
 
+    /// Prompt tokens held in the in-flight prefill budgets: the per-identity
+    /// shares plus the global permits taken. 0 whenever no prefill runs (a
+    /// larger value with nothing running is a leaked [`PrefillPermit`]).
+    pub fn prefill_tokens_in_flight(&self) -> usize {
+        let shares: usize = lock(&self.identities)
+            .values()
+            .map(|e| e.inflight_prefill)
+            .fold(0, usize::saturating_add);
+        let permits = self
+            .limits
+            .max_inflight_prefill_tokens
+            .min(Semaphore::MAX_PERMITS);
+        shares.saturating_add(permits.saturating_sub(self.inflight.available_permits()))
+    }
+
     /// One message from `identity`.
     pub fn message(&self, identity: &str) -> Result<(), Refusal> {
         let l = &self.limits;

@@ -1,6 +1,7 @@
 //! The verifier's one configuration type, loaded from TOML (documented field by
 //! field in `docs/verifier.md` and `config/verifier.example.toml`).
 
+use crate::auth::DeviceCredential;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,19 @@ pub struct VerifierConfig {
     /// Admin HTTP (healthz/readyz/metrics) listen address.
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
+    /// Bearer token `/metrics` requires (`/healthz` and `/readyz` stay open for
+    /// probes). At most one of `metrics_token` / `metrics_token_env`; neither
+    /// leaves `/metrics` open.
+    #[serde(default)]
+    pub metrics_token: Option<String>,
+    /// Name of an environment variable holding the `/metrics` token.
+    #[serde(default)]
+    pub metrics_token_env: Option<String>,
+    /// Serve gRPC server reflection (what `grpcurl` lists without a .proto).
+    /// It answers without a token, so turn it off where the schema should not
+    /// be public.
+    #[serde(default = "default_true")]
+    pub reflection: bool,
     /// Target model GGUF; default: the fetched target (`tandem models path target`).
     #[serde(default)]
     pub model_path: Option<PathBuf>,
@@ -86,6 +100,11 @@ pub struct TlsConfig {
     /// When set, clients must present a certificate signed by this CA (mutual TLS).
     #[serde(default)]
     pub client_ca_pem: Option<PathBuf>,
+    /// Require each request's client certificate to be issued to the device
+    /// its bearer token names (the device's `cert_name`, as a DNS subject
+    /// alternative name). Needs `client_ca_pem`.
+    #[serde(default)]
+    pub bind_client_identity: bool,
 }
 
 /// One device identity.
@@ -100,6 +119,10 @@ pub struct DeviceConfig {
     /// Name of an environment variable holding the bearer token.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// The DNS name this device's client certificate is issued to, checked
+    /// when `[tls] bind_client_identity = true` (default: `id`).
+    #[serde(default)]
+    pub cert_name: Option<String>,
 }
 
 /// Service limits; each refusal has its own status reason.
@@ -195,6 +218,9 @@ fn default_admin_listen() -> SocketAddr {
 }
 fn default_model_id() -> String {
     "qwen2.5-coder-1.5b-instruct-q4_k_m".into()
+}
+fn default_true() -> bool {
+    true
 }
 fn default_max_seq_len() -> usize {
     4096
@@ -341,6 +367,16 @@ impl VerifierConfig {
             }
             _ => {}
         }
+        if let Some(t) = &self.tls {
+            if t.bind_client_identity && t.client_ca_pem.is_none() {
+                return bad(
+                    "tls.bind_client_identity = true needs tls.client_ca_pem (mutual TLS)".into(),
+                );
+            }
+        }
+        if self.metrics_token.is_some() && self.metrics_token_env.is_some() {
+            return bad("set at most one of metrics_token / metrics_token_env".into());
+        }
         if self.devices.is_empty() {
             return bad("no [[devices]]: at least one device token is required".into());
         }
@@ -355,31 +391,51 @@ impl VerifierConfig {
         Ok(())
     }
 
-    /// Resolves every device's token (reading `token_env` variables).
-    pub fn device_tokens(&self) -> Result<Vec<(String, String)>, ConfigError> {
+    /// Resolves every device's credentials (reading `token_env` variables).
+    pub fn device_credentials(&self) -> Result<Vec<DeviceCredential>, ConfigError> {
         self.devices
             .iter()
             .map(|d| {
-                let tok = match (&d.token, &d.token_env) {
-                    (Some(t), _) => t.clone(),
-                    (None, Some(var)) => std::env::var(var).map_err(|_| {
-                        ConfigError::Invalid(format!(
-                            "device {:?}: environment variable {var} is not set",
-                            d.id
-                        ))
-                    })?,
-                    (None, None) => {
-                        return Err(ConfigError::Invalid(format!("device {:?}: no token", d.id)))
-                    }
-                };
-                if tok.len() < 16 {
-                    return Err(ConfigError::Invalid(format!(
-                        "device {:?}: token must be at least 16 characters",
-                        d.id
-                    )));
-                }
-                Ok((d.id.clone(), tok))
+                let what = format!("device {:?}", d.id);
+                let token = resolve_secret(&what, d.token.as_deref(), d.token_env.as_deref())?
+                    .ok_or_else(|| ConfigError::Invalid(format!("{what}: no token")))?;
+                Ok(DeviceCredential {
+                    id: d.id.clone(),
+                    token,
+                    cert_name: d.cert_name.clone().unwrap_or_else(|| d.id.clone()),
+                })
             })
             .collect()
     }
+
+    /// The `/metrics` token, if one is configured.
+    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+        resolve_secret(
+            "metrics_token",
+            self.metrics_token.as_deref(),
+            self.metrics_token_env.as_deref(),
+        )
+    }
+}
+
+/// A secret given inline or through an environment variable: at least 16
+/// characters (`what` names it in errors).
+fn resolve_secret(
+    what: &str,
+    inline: Option<&str>,
+    env: Option<&str>,
+) -> Result<Option<String>, ConfigError> {
+    let secret = match (inline, env) {
+        (Some(t), _) => t.to_owned(),
+        (None, Some(var)) => std::env::var(var).map_err(|_| {
+            ConfigError::Invalid(format!("{what}: environment variable {var} is not set"))
+        })?,
+        (None, None) => return Ok(None),
+    };
+    if secret.chars().count() < 16 {
+        return Err(ConfigError::Invalid(format!(
+            "{what}: token must be at least 16 characters"
+        )));
+    }
+    Ok(Some(secret))
 }

@@ -128,7 +128,8 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ServeError> {
 /// Loads the model and starts the gRPC and admin servers.
 pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     cfg.validate()?;
-    let devices = cfg.device_tokens()?;
+    let devices = cfg.device_credentials()?;
+    let metrics_token = cfg.metrics_token()?;
     let tls = match &cfg.tls {
         Some(t) => {
             let mut tc = ServerTlsConfig::new()
@@ -150,7 +151,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
             source,
         })?;
     let admin_addr = admin_listener.local_addr().map_err(ServeError::Admin)?;
-    let admin_state = AdminState::default();
+    let admin_state = AdminState::with_metrics_token(metrics_token.as_deref());
     let admin = admin::router(admin_state.clone());
     // The admin port outlives the gRPC server's drain (so /readyz says
     // "draining" meanwhile); it stops when the drain is over.
@@ -260,17 +261,27 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection = if cfg.reflection {
+        Some(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(tandem_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()
+                .map_err(|e| ServeError::Reflection(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let svc = VerifierServer::new(VerifierService {
         state: state.clone(),
     })
     .max_decoding_message_size(l.max_message_bytes)
     .max_encoding_message_size(l.max_message_bytes);
-    let svc = InterceptedService::new(svc, Auth::new(&devices, metrics.clone()));
+    let bind_client_identity = cfg.tls.as_ref().is_some_and(|t| t.bind_client_identity);
+    let svc = InterceptedService::new(
+        svc,
+        Auth::new(&devices, bind_client_identity, metrics.clone()),
+    );
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(l.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(l.keepalive_timeout_secs)))
@@ -280,7 +291,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     }
     let router = builder
         .add_service(health_svc)
-        .add_service(reflection)
+        .add_optional_service(reflection)
         .add_service(svc);
     let mut grpc_stop = stop_rx.clone();
     let h2 = health.clone();

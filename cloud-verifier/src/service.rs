@@ -41,7 +41,11 @@ fn inbound_refusal(st: &Status) -> Option<Refusal> {
 }
 
 impl VerifierService {
-    async fn handle(
+    /// One client message of a stream bound to `bound`, as the stream loop
+    /// hands it on after its transport checks (idle time, message size):
+    /// admission, then the message's handler. A refusal ends the stream.
+    /// Public for in-process drivers (the `verifier_messages` fuzz target).
+    pub async fn handle(
         &self,
         who: &Arc<str>,
         bound: &mut Option<Bound>,

@@ -10,10 +10,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_get_with(addr, path, "").await
+}
+
+/// GET with extra header lines (each ending in `\r\n`).
+async fn http_get_with(addr: std::net::SocketAddr, path: &str, headers: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.unwrap();
     let code = buf[9..12].parse().unwrap();
@@ -48,6 +55,127 @@ async fn admin_endpoints_and_metrics_change_after_a_verify() {
         "{after}"
     );
     assert!(after.contains("tandem_verifier_sessions 1"), "{after}");
+    v.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let m = tiny_models();
+    let metrics_token = "metrics-token-0123456789";
+    let toml = config_toml(
+        &m.target,
+        "",
+        &format!(
+            "insecure_loopback = true\nmetrics_token = \"{metrics_token}\"\nreflection = false"
+        ),
+    );
+    let v = tandem_verifier::start(parse(m.dir.path(), &toml))
+        .await
+        .unwrap();
+    // Probes stay open.
+    assert_eq!(http_get(v.admin_addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(v.admin_addr, "/readyz").await.0, 200);
+    // /metrics without a token, with a device's token, with a wrong one of the
+    // same length or a prefix: 401 and no metric in the body.
+    for auth in [
+        String::new(),
+        format!("Authorization: Bearer {TOKEN_A}\r\n"),
+        "Authorization: Bearer metrics-token-0123456780\r\n".into(),
+        "Authorization: Bearer metrics-token\r\n".into(),
+        format!("Authorization: {metrics_token}\r\n"),
+    ] {
+        let (code, body) = http_get_with(v.admin_addr, "/metrics", &auth).await;
+        assert_eq!(code, 401, "{auth:?}: {body}");
+        assert!(body.contains("www-authenticate: Bearer"), "{body}");
+        assert!(!body.contains("tandem_verifier_"), "{body}");
+    }
+    let (code, body) = http_get_with(
+        v.admin_addr,
+        "/metrics",
+        &format!("Authorization: Bearer {metrics_token}\r\n"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("tandem_verifier_sessions 0"), "{body}");
+    // Reflection is off: the service is not there.
+    let ch = Channel::from_shared(format!("http://{}", v.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut r = ServerReflectionClient::new(ch);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let status = match r.server_reflection_info(tokio_stream::iter([req])).await {
+        Err(s) => s,
+        Ok(resp) => {
+            let mut stream = resp.into_inner();
+            stream.message().await.expect_err("reflection must be off")
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    v.shutdown().await.unwrap();
+
+    // The config refuses a short token and two sources.
+    let e = |extra: &str| {
+        let p = m.dir.path().join("bad-metrics.toml");
+        std::fs::write(
+            &p,
+            config_toml(&m.target, "", &format!("insecure_loopback = true\n{extra}")),
+        )
+        .unwrap();
+        tandem_verifier::VerifierConfig::from_file(&p)
+            .and_then(|c| c.metrics_token().map(|_| ()))
+            .unwrap_err()
+            .to_string()
+    };
+    let short = e("metrics_token = \"short\"");
+    assert!(
+        short.contains("metrics_token: token must be at least 16"),
+        "{short}"
+    );
+    let both = e("metrics_token = \"metrics-token-0123456789\"\nmetrics_token_env = \"X\"");
+    assert!(both.contains("at most one of metrics_token"), "{both}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_verifier_by_default() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let ch = Channel::from_shared(format!("http://{}", v.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut r = ServerReflectionClient::new(ch);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = r
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("{msg:?}");
+    };
+    assert!(
+        list.service
+            .iter()
+            .any(|s| s.name == tandem_proto::VERIFIER_SERVICE_NAME),
+        "{list:?}"
+    );
     v.shutdown().await.unwrap();
 }
 

@@ -8,7 +8,8 @@
 //! session-affinity header for load balancers ([`SESSION_AFFINITY_HEADER`]),
 //! [`context_digest`]: the prefix digest of a continued conversation, and
 //! [`hidden`]: the byte encoding of split sessions' hidden states (both sides must
-//! agree on it bit for bit). No other logic.
+//! agree on it bit for bit), and [`bearer`]: reading and comparing the bearer token a
+//! device presents. No other logic.
 //! Code generation uses `protox`, a pure-Rust protobuf compiler: no system `protoc`.
 
 /// Version 1 of the verifier protocol.
@@ -20,6 +21,8 @@ pub mod verifier {
 }
 
 pub use verifier::v1;
+
+pub mod bearer;
 
 /// Encoded `FileDescriptorSet` of `tandem.verifier.v1`, for
 /// `tonic_reflection::server::Builder::register_encoded_file_descriptor_set`.
