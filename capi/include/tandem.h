@@ -208,6 +208,10 @@ extern "C" {
 // the draft model (seconds), the privacy policy and the verifier settings.
 // No connection is made yet.
 //
+// On Unix, the first call sets SIGPIPE to ignored if it is still at its
+// default (so a dropped verifier connection cannot kill the process); a
+// handler or ignore the application installed is left as it is.
+//
 // On success `*out_runtime` is the new runtime and `TANDEM_STATUS_OK` is
 // returned; otherwise `*out_runtime` is NULL and, if `error_message` is not
 // NULL, `*error_message` is a message to free with `tandem_string_free`

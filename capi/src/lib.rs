@@ -418,9 +418,47 @@ fn build_engine(config_path: &Path) -> Result<Engine, Failure> {
     })
 }
 
+/// Writes to a connection the peer has closed raise SIGPIPE, whose default
+/// action kills the process. Rust programs start with it ignored, C programs
+/// do not, and the HTTP/2 stack writes with `writev`, which (unlike `send`)
+/// takes no `MSG_NOSIGNAL`: a verifier or proxy dropping the connection at the
+/// wrong moment would kill the app (found by the `edge_server_messages` fuzz
+/// target). So the first runtime sets SIGPIPE to ignored if, and only if, it
+/// is still at its default; a host that installed its own handler or ignore
+/// (the JVM does) is left alone. The write then fails with EPIPE, which the
+/// runtime handles as a dropped connection.
+#[cfg(unix)]
+fn ignore_sigpipe_if_default() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sigaction with a NULL new action only reads the current
+        // disposition into `old`, a zeroed, valid sigaction struct; the second
+        // call installs SIG_IGN with an empty mask, a valid action.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGPIPE, ptr::null(), &mut old) != 0 {
+                return;
+            }
+            if old.sa_sigaction == libc::SIG_DFL {
+                let mut ign: libc::sigaction = std::mem::zeroed();
+                ign.sa_sigaction = libc::SIG_IGN;
+                libc::sigemptyset(&mut ign.sa_mask);
+                libc::sigaction(libc::SIGPIPE, &ign, ptr::null_mut());
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn ignore_sigpipe_if_default() {}
+
 /// Creates a runtime from a TOML config file (fields: `docs/capi.md`): loads
 /// the draft model (seconds), the privacy policy and the verifier settings.
 /// No connection is made yet.
+///
+/// On Unix, the first call sets SIGPIPE to ignored if it is still at its
+/// default (so a dropped verifier connection cannot kill the process); a
+/// handler or ignore the application installed is left as it is.
 ///
 /// On success `*out_runtime` is the new runtime and `TANDEM_STATUS_OK` is
 /// returned; otherwise `*out_runtime` is NULL and, if `error_message` is not
@@ -445,6 +483,7 @@ pub unsafe extern "C" fn tandem_runtime_new(
             }
             *out_runtime = ptr::null_mut();
             let path = str_arg(config_path, "config_path")?;
+            ignore_sigpipe_if_default();
             let engine = build_engine(Path::new(path))?;
             let rt = Box::new(TandemRuntime {
                 engine: Mutex::new(engine),

@@ -59,32 +59,42 @@ fn lib_dir() -> PathBuf {
     panic!("{name} not found next to {}", exe.display());
 }
 
+/// Compiles the C file `src` against the library into `out`.
+fn compile(src: &Path, out: &Path) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = lib_dir();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    // DT_RPATH, not RUNPATH (--disable-new-dtags): `cargo test` puts
+    // target/<profile> in LD_LIBRARY_PATH, which RUNPATH yields to, and the
+    // cdylib there is only refreshed by `cargo build`; the programs must load
+    // the one in deps/ that this test run built.
+    let o = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg("-I")
+        .arg(root.join("capi/include"))
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,--disable-new-dtags,-rpath,{}", lib.display()))
+        .args(["-ltandem_capi", "-lpthread"])
+        .output()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// Compiles the example once per test process.
 fn program() -> &'static Path {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tandem_example");
-        let lib = lib_dir();
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let o = Command::new(&cc)
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"])
-            .arg("-I")
-            .arg(root.join("capi/include"))
-            .arg(root.join("examples/c/tandem_example.c"))
-            .arg("-o")
-            .arg(&out)
-            .arg("-L")
-            .arg(&lib)
-            .arg(format!("-Wl,-rpath,{}", lib.display()))
-            .args(["-ltandem_capi", "-lpthread"])
-            .output()
-            .unwrap_or_else(|e| panic!("running the C compiler {cc:?}: {e}"));
-        assert!(
-            o.status.success(),
-            "cc failed:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        compile(&root.join("examples/c/tandem_example.c"), &out);
         out
     })
 }
@@ -478,4 +488,65 @@ fn unreachable_verifier_gives_provisional_pieces_not_an_error() {
     let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, n, draft_kv()));
     eprintln!("unreachable verifier: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A C program's SIGPIPE disposition after `tandem_runtime_new`: ignored when
+/// it was at its default (a write to a connection the verifier dropped must
+/// not kill the app), left alone when the app set its own handler.
+#[test]
+fn a_c_host_is_not_killed_by_sigpipe_and_its_own_handler_is_kept() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let src = write(
+        dir.path(),
+        "sigpipe.c",
+        r#"#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include "tandem.h"
+
+static void on_pipe(int sig) { (void)sig; }
+
+int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[2], "own-handler") == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_pipe;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGPIPE, &sa, NULL);
+    }
+    TandemRuntime *rt = NULL;
+    char *err = NULL;
+    if (tandem_runtime_new(argv[1], &rt, &err) != TANDEM_STATUS_OK) {
+        fprintf(stderr, "runtime: %s\n", err ? err : "?");
+        return 2;
+    }
+    struct sigaction now;
+    sigaction(SIGPIPE, NULL, &now);
+    if (now.sa_handler == SIG_IGN) puts("ignored");
+    else if (now.sa_handler == on_pipe) puts("own handler");
+    else puts("default");
+    /* A SIGPIPE now would end the program only at its default action. */
+    raise(SIGPIPE);
+    puts("alive");
+    tandem_runtime_free(rt);
+    return 0;
+}
+"#,
+    );
+    let exe = dir.path().join("sigpipe");
+    compile(&src, &exe);
+    let config = local_config(dir.path());
+    for (arg, want) in [("default", "ignored"), ("own-handler", "own handler")] {
+        let o = Command::new(&exe).arg(&config).arg(arg).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{arg}: {:?} {out} {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(out.lines().collect::<Vec<_>>(), [want, "alive"], "{arg}");
+    }
 }

@@ -1,0 +1,605 @@
+//! The verifier's message handling, structure-aware: a few streams (from two
+//! identities), each a sequence of `ClientMessage`s built from an
+//! `arbitrary`-derived description, run against one in-process verifier
+//! serving a tiny target model (`VerifierService::handle`, what the stream
+//! loop calls after its transport checks).
+//!
+//! Fields are drawn mostly from plausible values (the session ids the
+//! verifier handed out, the round the stream is at, the right digest of a
+//! held context, hidden states of the right width) so inputs reach deep into
+//! the handlers, and otherwise from anything.
+//!
+//! Invariants:
+//! - no panic;
+//! - every refusal names a reason (never `UNSPECIFIED`) and a message, and its
+//!   status carries the reason metadata;
+//! - a verdict answers the round asked, accepts at most the tokens drafted,
+//!   gives a token inside the vocabulary and, for a greedy unsplit session
+//!   whose context the driver tracks, the context length that context implies;
+//! - no leaked store slot: once every session the verifier handed out is
+//!   evicted, the store holds no session and no byte, the KV pool no page, and
+//!   the in-flight prefill budgets no token.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use std::sync::{Arc, OnceLock};
+use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_proto::v1::{
+    client_message, server_message, ClientMessage, Close, Continuation, Draft, HiddenStates, Open,
+    Reason, Resume, SamplingParams, Split, TokenDistribution,
+};
+use tandem_verifier::handlers::Bound;
+use tandem_verifier::service::VerifierService;
+use tandem_verifier::RunningVerifier;
+
+const MODEL_ID: &str = "tiny-target";
+const IDENTITIES: [&str; 2] = ["a", "b"];
+
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    verifier: RunningVerifier,
+    vocab: u32,
+    d_model: usize,
+    n_layer: u32,
+}
+
+fn harness() -> &'static Harness {
+    static H: OnceLock<Harness> = OnceLock::new();
+    H.get_or_init(|| {
+        // As in a Rust binary: a write to a closed socket is an error, not
+        // a SIGPIPE (see edge_server_messages).
+        // SAFETY: installing SIG_IGN for SIGPIPE, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+        let dir = std::env::temp_dir().join(format!("tandem-fuzz-verifier-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let model = dir.join("target.gguf");
+        let tiny = TinyConfig::default();
+        write_tiny_qwen2(&model, &tiny).expect("tiny model");
+        // Small limits, so eviction, quotas and context limits are reached;
+        // rates high, so the fuzzer's speed is not what gets refused.
+        let toml = format!(
+            r#"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+model_path = "{}"
+model_id = "{MODEL_ID}"
+max_seq_len = 96
+insecure_loopback = true
+reflection = false
+
+[[devices]]
+id = "a"
+token = "device-a-token-0123456789"
+
+[[devices]]
+id = "b"
+token = "device-b-token-0123456789"
+
+[limits]
+max_sessions = 3
+max_sessions_per_identity = 2
+session_budget_bytes = 393216
+max_bytes_per_identity = 262144
+max_prompt_tokens = 64
+max_block = 8
+rate_per_sec = 1e9
+rate_burst = 1e9
+prefill_tokens_per_sec = 1e9
+prefill_burst_tokens = 1e9
+max_inflight_prefill_tokens = 256
+max_inflight_prefill_tokens_per_identity = 128
+prefill_wait_secs = 1
+
+[batching]
+max_batch_rows = 32
+prefill_chunk = 16
+gather_window_us = 0
+"#,
+            model.display()
+        );
+        let cfg_path = dir.join("verifier.toml");
+        std::fs::write(&cfg_path, toml).expect("config");
+        let cfg = tandem_verifier::VerifierConfig::from_file(&cfg_path).expect("valid config");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let verifier = rt
+            .block_on(tandem_verifier::start(cfg))
+            .expect("verifier starts");
+        let c = verifier.state.model.config();
+        Harness {
+            vocab: u32::try_from(c.vocab).expect("vocab"),
+            d_model: c.d_model,
+            n_layer: u32::try_from(c.n_layer).expect("layers"),
+            rt,
+            verifier,
+        }
+    })
+}
+
+/// A token: mostly inside the vocabulary, sometimes just past it, sometimes anything.
+#[derive(Arbitrary, Debug)]
+enum TokenChoice {
+    Small(u16),
+    Raw(u32),
+}
+
+#[derive(Arbitrary, Debug)]
+struct Tokens {
+    tokens: Vec<TokenChoice>,
+    /// Repeat the list this many times (long prompts without long inputs).
+    repeat: u8,
+}
+
+impl Tokens {
+    fn build(&self, vocab: u32) -> Vec<u32> {
+        let one: Vec<u32> = self
+            .tokens
+            .iter()
+            .map(|t| match t {
+                TokenChoice::Small(v) => u32::from(*v) % (vocab + 4),
+                TokenChoice::Raw(v) => *v,
+            })
+            .collect();
+        let times = usize::from(self.repeat % 12).max(1);
+        one.iter()
+            .copied()
+            .cycle()
+            .take(one.len() * times)
+            .collect()
+    }
+}
+
+/// A session id: one the verifier handed out, or anything.
+#[derive(Arbitrary, Debug)]
+enum SessionRef {
+    Known(u8),
+    Raw(String),
+}
+
+impl SessionRef {
+    fn build(&self, known: &[Known]) -> String {
+        match self {
+            SessionRef::Known(i) if !known.is_empty() => {
+                known[usize::from(*i) % known.len()].id.clone()
+            }
+            SessionRef::Known(_) => String::new(),
+            SessionRef::Raw(s) => s.clone(),
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum RoundChoice {
+    /// The round the stream is at.
+    Next,
+    Raw(u64),
+}
+
+#[derive(Arbitrary, Debug)]
+enum HiddenChoice {
+    /// `rows` rows of the model's width, finite values.
+    Sized {
+        rows: u8,
+        seed: u8,
+        f16: bool,
+    },
+    Raw {
+        rows: u32,
+        data: Vec<u8>,
+    },
+}
+
+impl HiddenChoice {
+    fn build(&self, d_model: usize) -> HiddenStates {
+        match self {
+            HiddenChoice::Sized { rows, seed, f16 } => {
+                let rows = usize::from(*rows % 20);
+                let n = rows * d_model;
+                let mut data = Vec::with_capacity(n * 4);
+                for i in 0..n {
+                    let v = ((i as f32 + f32::from(*seed)) * 0.37).sin() * 2.0;
+                    if *f16 {
+                        data.extend_from_slice(&half_bits(v).to_le_bytes());
+                    } else {
+                        data.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+                HiddenStates {
+                    rows: rows as u32,
+                    data,
+                }
+            }
+            HiddenChoice::Raw { rows, data } => HiddenStates {
+                rows: *rows,
+                data: data.clone(),
+            },
+        }
+    }
+}
+
+/// f32 -> IEEE half bits (truncating; the values are small and finite).
+fn half_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        return sign;
+    }
+    sign | ((exp.min(30) as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+}
+
+#[derive(Arbitrary, Debug)]
+struct SamplingChoice {
+    temperature: f32,
+    top_k: u32,
+    top_p: f32,
+    repetition_penalty: f32,
+    seed: u64,
+}
+
+#[derive(Arbitrary, Debug)]
+enum DigestChoice {
+    /// sha256 of the first `prefix_len` tokens the driver tracks for the session.
+    Right,
+    Raw(Vec<u8>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Open {
+        right_model: bool,
+        right_fingerprint: bool,
+        prompt: Tokens,
+        sampling: Option<SamplingChoice>,
+        resume: Option<SessionRef>,
+        first_round: u8,
+        split: Option<(u8, bool, bool)>,
+        hidden: Option<HiddenChoice>,
+        continuation: Option<(SessionRef, u8, DigestChoice)>,
+    },
+    Draft {
+        round: RoundChoice,
+        tokens: Tokens,
+        dists: Vec<(Vec<u32>, Vec<f32>)>,
+        hidden: Option<HiddenChoice>,
+        start_pos: Option<u64>,
+    },
+    Resume {
+        context: Tokens,
+        next_round: RoundChoice,
+    },
+    Close {
+        keep: bool,
+    },
+    Empty,
+}
+
+#[derive(Arbitrary, Debug)]
+struct StreamOps {
+    identity_b: bool,
+    ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    streams: Vec<StreamOps>,
+}
+
+/// A session the verifier handed out, and its context when the driver can
+/// track it (greedy, unsplit).
+struct Known {
+    id: String,
+    context: Option<Vec<u32>>,
+}
+
+/// What the stream is at.
+struct StreamState {
+    bound: Option<Bound>,
+    next_round: u64,
+    /// Index into `known` of the session this stream drives.
+    session: Option<usize>,
+    /// Tracks the context (greedy, unsplit).
+    tracked: bool,
+}
+
+fn check_refusal(r: &tandem_verifier::Refusal) {
+    assert_ne!(
+        r.reason,
+        Reason::Unspecified,
+        "a refusal without a reason: {r}"
+    );
+    assert!(!r.message.is_empty(), "a refusal without a message: {r:?}");
+    let st = r.to_status();
+    assert_eq!(tandem_verifier::reason_of(&st), Some(r.reason), "{st:?}");
+}
+
+fn build_open(
+    h: &Harness,
+    known: &[Known],
+    op: &Op,
+) -> Option<(ClientMessage, bool, Option<usize>)> {
+    let Op::Open {
+        right_model,
+        right_fingerprint,
+        prompt,
+        sampling,
+        resume,
+        first_round,
+        split,
+        hidden,
+        continuation,
+    } = op
+    else {
+        return None;
+    };
+    let state = &h.verifier.state;
+    let prompt_tokens = prompt.build(h.vocab);
+    let mut session = None;
+    let continuation = continuation.as_ref().map(|(r, prefix, digest)| {
+        let id = r.build(known);
+        let idx = known.iter().position(|k| k.id == id);
+        session = idx;
+        let prefix_len = u64::from(*prefix);
+        let prefix_sha256 = match digest {
+            DigestChoice::Right => idx
+                .and_then(|i| known[i].context.as_ref())
+                .map(|c| {
+                    let n = usize::from(*prefix).min(c.len());
+                    tandem_proto::context_digest(&c[..n]).to_vec()
+                })
+                .unwrap_or_default(),
+            DigestChoice::Raw(b) => b.clone(),
+        };
+        Continuation {
+            session_id: id,
+            prefix_len,
+            prefix_sha256,
+        }
+    });
+    let resume_session_id = resume.as_ref().map(|r| {
+        let id = r.build(known);
+        session = known.iter().position(|k| k.id == id);
+        id
+    });
+    let split = split.map(|(layer, pin_head, f16)| Split {
+        layer: u32::from(layer) % (h.n_layer + 2),
+        pin_head,
+        format: i32::from(f16),
+    });
+    let tracked = sampling.is_none() && split.is_none();
+    let m = Open {
+        model_id: if *right_model {
+            MODEL_ID.into()
+        } else {
+            "other".into()
+        },
+        tokenizer_fingerprint: if *right_fingerprint {
+            state.fingerprint.clone()
+        } else {
+            "x".into()
+        },
+        prompt_tokens,
+        sampling: sampling.as_ref().map(|s| SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            repetition_penalty: s.repetition_penalty,
+            seed: s.seed,
+        }),
+        resume_session_id,
+        first_round: u64::from(*first_round),
+        split,
+        prompt_hidden: hidden.as_ref().map(|x| x.build(h.d_model)),
+        continuation,
+    };
+    Some((
+        ClientMessage {
+            msg: Some(client_message::Msg::Open(m)),
+        },
+        tracked,
+        session,
+    ))
+}
+
+async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, s: &StreamOps) {
+    let who: Arc<str> = Arc::from(IDENTITIES[usize::from(s.identity_b)]);
+    let mut st = StreamState {
+        bound: None,
+        next_round: 0,
+        session: None,
+        tracked: false,
+    };
+    for op in s.ops.iter().take(12) {
+        let mut drafted: Option<Vec<u32>> = None;
+        let mut asked_round = None;
+        let mut open_prompt = None;
+        let m = match op {
+            Op::Open { first_round, .. } => {
+                let Some((m, tracked, session)) = build_open(h, known, op) else {
+                    return;
+                };
+                if let Some(client_message::Msg::Open(o)) = &m.msg {
+                    open_prompt = Some(o.prompt_tokens.clone());
+                }
+                st.tracked = tracked;
+                st.session = session;
+                st.next_round = u64::from(*first_round);
+                m
+            }
+            Op::Draft {
+                round,
+                tokens,
+                dists,
+                hidden,
+                start_pos,
+            } => {
+                let round = match round {
+                    RoundChoice::Next => st.next_round,
+                    RoundChoice::Raw(r) => *r,
+                };
+                asked_round = Some(round);
+                let tokens = tokens.build(h.vocab);
+                drafted = Some(tokens.clone());
+                let ctx_len = st
+                    .session
+                    .and_then(|i| known.get(i))
+                    .and_then(|k| k.context.as_ref())
+                    .map_or(0, |c| c.len() as u64);
+                ClientMessage {
+                    msg: Some(client_message::Msg::Draft(Draft {
+                        round,
+                        tokens,
+                        draft_dists: dists
+                            .iter()
+                            .take(20)
+                            .map(|(t, p)| TokenDistribution {
+                                tokens: t.iter().take(64).copied().collect(),
+                                probs: p.iter().take(64).copied().collect(),
+                            })
+                            .collect(),
+                        hidden: hidden.as_ref().map(|x| x.build(h.d_model)),
+                        start_pos: start_pos.unwrap_or(ctx_len.saturating_sub(1)),
+                    })),
+                }
+            }
+            Op::Resume {
+                context,
+                next_round,
+            } => {
+                let next_round = match next_round {
+                    RoundChoice::Next => st.next_round,
+                    RoundChoice::Raw(r) => *r,
+                };
+                let context_tokens = context.build(h.vocab);
+                open_prompt = Some(context_tokens.clone());
+                st.next_round = next_round;
+                ClientMessage {
+                    msg: Some(client_message::Msg::Resume(Resume {
+                        context_tokens,
+                        next_round,
+                    })),
+                }
+            }
+            Op::Close { keep } => ClientMessage {
+                msg: Some(client_message::Msg::Close(Close { keep: *keep })),
+            },
+            Op::Empty => ClientMessage { msg: None },
+        };
+        let is_close = matches!(m.msg, Some(client_message::Msg::Close(_)));
+        match svc.handle(&who, &mut st.bound, m).await {
+            Err(r) => {
+                check_refusal(&r);
+                // A refusal ends the stream. The session's context may have
+                // changed under a refused resume: stop tracking it.
+                if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
+                    if matches!(op, Op::Resume { .. } | Op::Open { .. }) {
+                        k.context = None;
+                    }
+                }
+                return;
+            }
+            Ok(out) => match out.msg {
+                Some(server_message::Msg::Opened(o)) => {
+                    assert!(!o.session_id.is_empty(), "{o:?}");
+                    let idx = match known.iter().position(|k| k.id == o.session_id) {
+                        Some(i) => i,
+                        None => {
+                            known.push(Known {
+                                id: o.session_id.clone(),
+                                context: None,
+                            });
+                            known.len() - 1
+                        }
+                    };
+                    st.session = Some(idx);
+                    // A fresh or continued session holds the prompt it was
+                    // sent; a resumed one what it held (not tracked here).
+                    known[idx].context = match (&open_prompt, st.tracked && !o.resumed) {
+                        (Some(p), true) => {
+                            assert_eq!(o.context_len, p.len() as u64, "{o:?}");
+                            Some(p.clone())
+                        }
+                        _ => None,
+                    };
+                }
+                Some(server_message::Msg::Verdict(v)) => {
+                    let Some(round) = asked_round else {
+                        panic!("a verdict answered a non-Draft message: {v:?}");
+                    };
+                    assert_eq!(v.round, round, "{v:?}");
+                    assert!(v.next_token < h.vocab, "{v:?}");
+                    st.next_round = round.saturating_add(1);
+                    if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
+                        if let (Some(ctx), Some(block), true) =
+                            (&mut k.context, &drafted, st.tracked)
+                        {
+                            let n = v.accepted as usize;
+                            assert!(n <= block.len(), "{v:?} for {} drafted", block.len());
+                            ctx.extend_from_slice(&block[..n]);
+                            ctx.push(v.next_token);
+                            assert_eq!(v.context_len, ctx.len() as u64, "{v:?}");
+                        }
+                    }
+                }
+                Some(server_message::Msg::Resumed(r)) => {
+                    if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
+                        k.context = match (&open_prompt, st.tracked) {
+                            (Some(p), true) => {
+                                assert_eq!(r.context_len, p.len() as u64, "{r:?}");
+                                Some(p.clone())
+                            }
+                            _ => None,
+                        };
+                    }
+                }
+                Some(server_message::Msg::Closed(_)) => {
+                    assert!(is_close);
+                    return;
+                }
+                None => panic!("an empty server message"),
+            },
+        }
+        if is_close {
+            return;
+        }
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let h = harness();
+    let svc = VerifierService {
+        state: h.verifier.state.clone(),
+    };
+    let mut known: Vec<Known> = Vec::new();
+    h.rt.block_on(async {
+        for s in input.streams.iter().take(6) {
+            run_stream(h, &svc, &mut known, s).await;
+        }
+    });
+    // Nothing runs now: every session is idle and evictable.
+    let state = &h.verifier.state;
+    {
+        let mut store = state.store();
+        for k in &known {
+            store.evict(&k.id);
+        }
+        assert_eq!(
+            store.len(),
+            0,
+            "a session the verifier never handed out is held"
+        );
+        assert_eq!(store.bytes(), 0, "bytes held by no session");
+    }
+    assert_eq!(state.pool.pages_used(), 0, "KV pages held by no session");
+    assert_eq!(
+        state.admission.prefill_tokens_in_flight(),
+        0,
+        "a prefill permit was not given back"
+    );
+});
