@@ -2,6 +2,7 @@
 //! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function.
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 
 mod bench;
 mod common;
@@ -60,14 +61,22 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The demo narrates its own scenes (an outage included) between streamed
+    // text: a library's warning there would interleave with it, so only
+    // errors are logged unless TANDEM_LOG asks for more. Colour only on a TTY.
+    let default_level = match cli.command {
+        Command::Demo(_) => "error",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let res = match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Demo(a) => demo::run(a),

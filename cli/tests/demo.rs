@@ -82,6 +82,10 @@ fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
     assert!(!stdout.contains(ID), "the ID is printed:\n{stdout}");
     assert!(!stderr.contains(ID), "the ID is logged:\n{stderr}");
     assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes in logs to a pipe:\n{stderr:?}"
+    );
+    assert!(
         stderr.contains("routed"),
         "the decision is logged (without text): {stderr}"
     );
