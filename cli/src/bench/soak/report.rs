@@ -21,8 +21,12 @@ const MAX_FAILURE_DETAILS: usize = 20;
 /// whichever is larger (allocator noise, a few more KV pages held).
 const RSS_GROWTH_FRACTION: f64 = 0.05;
 const RSS_SLACK_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
-/// A series needs this many samples to be judged (two per third).
+/// A series needs this many samples to be judged (two per third), spanning
+/// at least this long: over a shorter span the warm-up (weights paged in,
+/// kept sessions and conversation caches filling to their caps) is all
+/// there is to see.
 const RSS_MIN_SAMPLES: usize = 6;
+const RSS_MIN_SPAN_S: f64 = 120.0;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -75,7 +79,8 @@ pub struct RssTrend {
     pub tolerance_bytes: u64,
     /// Least-squares slope over the middle and last thirds, MiB per minute.
     pub slope_mib_per_min: f64,
-    /// False with fewer than 6 samples: too short to call a trend.
+    /// False with fewer than 6 samples or under 120 s: too short to call a
+    /// trend.
     pub judged: bool,
     pub upward: bool,
 }
@@ -95,7 +100,11 @@ pub fn rss_trend(series: &str, points: &[(f64, u64)]) -> RssTrend {
         (0.0, 0.0)
     };
     let tolerance = (middle * RSS_GROWTH_FRACTION).max(RSS_SLACK_BYTES);
-    let judged = n >= RSS_MIN_SAMPLES;
+    let span = match (points.first(), points.last()) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0.0,
+    };
+    let judged = n >= RSS_MIN_SAMPLES && span >= RSS_MIN_SPAN_S;
     RssTrend {
         series: series.to_owned(),
         samples: n,
@@ -567,7 +576,7 @@ fn mib(bytes: u64) -> f64 {
 fn trend_line(t: &RssTrend) -> String {
     if !t.judged {
         return format!(
-            "{}: {} samples, max {:.0} MiB (too few samples to judge a trend)",
+            "{}: {} samples, max {:.0} MiB (too short to judge a trend)",
             t.series,
             t.samples,
             mib(t.max_bytes)
@@ -880,5 +889,8 @@ mod tests {
         );
         assert!(!t.judged && !t.upward);
         assert_eq!(rss_trend("v", &[]).samples, 0);
+        // Many samples over a minute: still warm-up.
+        let minute: Vec<(f64, u64)> = (0..30).map(|i| (i as f64 * 2.0, i * (64 << 20))).collect();
+        assert!(!rss_trend("v", &minute).judged);
     }
 }
