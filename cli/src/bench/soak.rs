@@ -465,6 +465,11 @@ fn sample(at_s: f64, v: &Verifier) -> RssSample {
         edge_rss_bytes: crate::common::proc_status_bytes("self", "VmRSS:"),
         verifier_sessions: metric("tandem_verifier_sessions"),
         kv_pages_used: metric("tandem_verifier_kv_pages_used"),
+        kv_pages_in_store: metric("tandem_verifier_session_bytes")
+            .zip(metric("tandem_verifier_kv_page_bytes"))
+            .filter(|&(_, page)| page > 0.0)
+            .map(|(bytes, page)| bytes / page),
+        sessions_opened: metric("tandem_verifier_sessions_opened_total"),
     }
 }
 

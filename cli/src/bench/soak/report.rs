@@ -59,6 +59,12 @@ pub struct RssSample {
     /// `tandem_verifier_sessions` and `tandem_verifier_kv_pages_used`.
     pub verifier_sessions: Option<f64>,
     pub kv_pages_used: Option<f64>,
+    /// `tandem_verifier_session_bytes` in pages: the pages of sessions in the
+    /// store. `kv_pages_used` minus this is held by sessions checked out for
+    /// work (queued or running in the scheduler).
+    pub kv_pages_in_store: Option<f64>,
+    /// `tandem_verifier_sessions_opened_total` of this verifier process.
+    pub sessions_opened: Option<f64>,
 }
 
 /// Whether one RSS series grows. The first third of its samples is warm-up
@@ -597,6 +603,10 @@ fn trend_line(t: &RssTrend) -> String {
     )
 }
 
+fn opt_count(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+
 fn opt_mib(b: Option<u64>) -> String {
     b.map_or_else(|| "-".into(), |b| format!("{:.0}", mib(b)))
 }
@@ -776,21 +786,21 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:>7} {:>4} {:>13} {:>9} {:>9} {:>9}",
-        "t s", "proc", "verifier MiB", "edge MiB", "sessions", "KV pages"
+        "{:>7} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "t s", "proc", "verifier MiB", "edge MiB", "sessions", "KV pages", "in store", "opened"
     );
     for x in &r.rss.samples {
         let _ = writeln!(
             o,
-            "{:>7.0} {:>4} {:>13} {:>9} {:>9} {:>9}",
+            "{:>7.0} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>7}",
             x.at_s,
             x.verifier_incarnation,
             opt_mib(x.verifier_rss_bytes),
             opt_mib(x.edge_rss_bytes),
-            x.verifier_sessions
-                .map_or_else(|| "-".into(), |v| format!("{v:.0}")),
-            x.kv_pages_used
-                .map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+            opt_count(x.verifier_sessions),
+            opt_count(x.kv_pages_used),
+            opt_count(x.kv_pages_in_store),
+            opt_count(x.sessions_opened)
         );
     }
     let _ = writeln!(
