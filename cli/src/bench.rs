@@ -10,6 +10,7 @@
 
 mod conversation;
 mod report;
+mod soak;
 mod verifier;
 mod worker;
 
@@ -160,6 +161,10 @@ pub enum BenchCmd {
     /// A multi-turn conversation through serve-edge and a loopback verifier,
     /// the conversation caches off and on side by side (docs/edge.md).
     Conversation(conversation::Args),
+    /// The fault soak: N devices for minutes against one verifier through
+    /// netsim outages, resets and loss, with a verifier SIGKILL and restart;
+    /// every invariant checked (docs/verifier.md, "Fault soak").
+    Soak(soak::Args),
 }
 
 /// Effective settings after defaults and `--quick`.
@@ -214,6 +219,7 @@ pub fn run(args: Args) -> Result<()> {
     match args.cmd {
         Some(BenchCmd::Verifier(a)) => return verifier::run(a),
         Some(BenchCmd::Conversation(a)) => return conversation::run(a),
+        Some(BenchCmd::Soak(a)) => return soak::run(a),
         None => {}
     }
     let res = args.resolve()?;

@@ -9,8 +9,8 @@
 //! docs/cli.md.
 
 mod replay;
-mod report;
-mod trace;
+pub(super) mod report;
+pub(super) mod trace;
 
 use super::worker::{parse_prompts, PromptCase};
 use super::{cpu_model, loadavg, model_file, progress, utc_now, BenchModel, DEFAULT_PROMPTS};
@@ -29,7 +29,11 @@ const K: usize = 4;
 /// an order that alternates short and long blocks as an adaptive k does.
 const MIXED_KS: [usize; 8] = [3, 6, 1, 8, 4, 2, 7, 5];
 /// Bearer token of the one device identity all simulated devices share.
-const TOKEN: &str = "tandem-bench-verifier-token-0123456789";
+pub(super) const TOKEN: &str = "tandem-bench-verifier-token-0123456789";
+/// `127.0.0.1:0`: the verifier picks its port.
+pub(super) const ANY_LOOPBACK_PORT: std::net::SocketAddr = std::net::SocketAddr::V4(
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0),
+);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
@@ -283,7 +287,7 @@ fn clock_ticks() -> f64 {
 }
 
 /// `GET /metrics` on the verifier's admin address (plain HTTP/1.1).
-fn metrics(admin: &str) -> Option<String> {
+pub(super) fn metrics(admin: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(admin).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -305,14 +309,20 @@ fn snapshot(pid: u32, admin: &str, ticks: f64) -> Snapshot {
     }
 }
 
-/// The verifier's config for one configuration.
-/// The verifier's config for one cell. All simulated devices share one
-/// identity, so the per-identity quotas and prefill rates are lifted: they
-/// would otherwise treat N devices as one flooding device.
-fn verifier_toml(model: &Path, max_seq_len: usize, devices: usize, batching: bool) -> String {
+/// The verifier's config for one cell (and for `tandem bench soak`), gRPC on
+/// `listen` (port 0: any). All simulated devices share one identity, so the
+/// per-identity quotas and prefill rates are lifted: they would otherwise
+/// treat N devices as one flooding device.
+pub(super) fn verifier_toml(
+    model: &Path,
+    max_seq_len: usize,
+    devices: usize,
+    batching: bool,
+    listen: std::net::SocketAddr,
+) -> String {
     let model_id = tandem_edge::EdgeConfig::default().model_id;
     format!(
-        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ninsecure_loopback = true\n\
+        "listen = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\ninsecure_loopback = true\n\
          model_path = {model:?}\nmodel_id = {model_id:?}\nmax_seq_len = {max_seq_len}\n\n\
          [limits]\nmax_sessions = {sessions}\nmax_prompt_tokens = {prompt}\n\
          rate_per_sec = 1000000.0\nrate_burst = 1000000.0\nidle_ttl_secs = 3600\n\
@@ -325,6 +335,38 @@ fn verifier_toml(model: &Path, max_seq_len: usize, devices: usize, batching: boo
         sessions = devices.max(64),
         prompt = max_seq_len - tandem_verifier::config::MAX_BLOCK_CAP - 1,
     )
+}
+
+/// A `tandem serve-verifier --config toml` child (stderr in `<out>/<name>.log`)
+/// on `cpus` = (a `taskset -c` list, pin or not, threads), once it has printed
+/// its serving line; returns it with its gRPC and admin addresses.
+pub(super) fn start_verifier(
+    toml: &Path,
+    name: &str,
+    out: &Path,
+    cpus: (&str, bool, usize),
+) -> Result<(lab::Proc, String, String)> {
+    let args = vec![
+        "serve-verifier".to_string(),
+        "--config".into(),
+        toml.display().to_string(),
+    ];
+    let (cores, pin, threads) = cpus;
+    let (proc, line) = lab::start_server(
+        lab::command(cores, pin, threads, &args)?,
+        name,
+        "serving ",
+        out,
+        Duration::from_secs(300),
+    )?;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .map(str::to_owned)
+            .with_context(|| format!("no {key} in the verifier's line {line:?}"))
+    };
+    let (grpc, admin) = (field("grpc=")?, field("admin=")?);
+    Ok((proc, grpc, admin))
 }
 
 /// Everything a configuration needs, shared by all of them.
@@ -354,30 +396,17 @@ fn run_cell(
     let toml = ctx.out.join(format!("{name}.toml"));
     std::fs::write(
         &toml,
-        verifier_toml(ctx.model, ctx.max_seq_len, n, batching),
+        verifier_toml(ctx.model, ctx.max_seq_len, n, batching, ANY_LOOPBACK_PORT),
     )
     .with_context(|| format!("writing {}", toml.display()))?;
-    let args = vec![
-        "serve-verifier".to_string(),
-        "--config".into(),
-        toml.display().to_string(),
-    ];
     let t = Instant::now();
-    let (proc, line) = lab::start_server(
-        lab::command(&ctx.res.cores, ctx.res.pin, ctx.res.threads, &args)?,
+    let (proc, grpc, admin) = start_verifier(
+        &toml,
         &name,
-        "serving ",
         ctx.out,
-        Duration::from_secs(300),
+        (&ctx.res.cores, ctx.res.pin, ctx.res.threads),
     )?;
     let up = t.elapsed().as_secs_f64();
-    let field = |key: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .map(str::to_owned)
-            .with_context(|| format!("no {key} in the verifier's line {line:?}"))
-    };
-    let (grpc, admin) = (field("grpc=")?, field("admin=")?);
     let target = replay::Target {
         url: format!("http://{grpc}"),
         token: TOKEN.into(),
@@ -576,7 +605,7 @@ mod tests {
     #[test]
     fn the_generated_verifier_config_is_valid() {
         for batching in [true, false] {
-            let text = verifier_toml(Path::new("/m.gguf"), 192, 32, batching);
+            let text = verifier_toml(Path::new("/m.gguf"), 192, 32, batching, ANY_LOOPBACK_PORT);
             let cfg: tandem_verifier::VerifierConfig = toml::from_str(&text).unwrap();
             cfg.validate().unwrap();
             assert_eq!(cfg.batching.enabled, batching);

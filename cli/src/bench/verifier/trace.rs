@@ -201,6 +201,24 @@ pub fn store(path: &Path, t: &TraceFile) -> Result<()> {
     Ok(())
 }
 
+/// Each prompt as a one-message chat (user), ready for the assistant's
+/// answer; only its last `tail` tokens when given (shorter prefills).
+pub fn encode_prompts(
+    tok: &Tokenizer,
+    prompts: &[PromptCase],
+    tail: Option<usize>,
+) -> Result<Vec<Vec<u32>>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let ids = tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true)?;
+            let from = tail.map_or(0, |n| ids.len().saturating_sub(n));
+            Ok(ids[from..].to_vec())
+        })
+        .collect::<std::result::Result<_, tandem_model::ModelError>>()
+        .context("tokenizing the prompt set")
+}
+
 /// Records every schedule on every prompt with the real models.
 pub fn record(
     draft_path: &Path,
@@ -215,15 +233,7 @@ pub fn record(
         .with_context(|| format!("opening {}", target_path.display()))?;
     let tok = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     drop(gguf);
-    let encoded: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            let ids = tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true)?;
-            let from = key.prompt_tail.map_or(0, |n| ids.len().saturating_sub(n));
-            Ok(ids[from..].to_vec())
-        })
-        .collect::<std::result::Result<_, tandem_model::ModelError>>()
-        .context("tokenizing the prompt set")?;
+    let encoded = encode_prompts(&tok, prompts, key.prompt_tail)?;
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest + key.tokens + k_max + 8;
     let target = Qwen2Model::load(target_path, LoadOptions::with_max_seq_len(capacity))

@@ -1,0 +1,906 @@
+//! The figures of `tandem bench soak`: the invariants (each must be 0), what
+//! the faults did, the RSS samples and their trend, and the table. The JSON
+//! schema is documented in docs/cli.md ("tandem bench soak --json").
+
+use super::check::GenerationCheck;
+use super::device::Record;
+use crate::bench::report::Machine;
+use crate::lab::report::pct;
+use serde::Serialize;
+use std::fmt::Write as _;
+use tandem_model::speculative::StopReason;
+use tandem_netsim::ProxyStats;
+
+/// Version of the `--json` document; bump when a field changes meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// At most this many failure details in the report.
+const MAX_FAILURE_DETAILS: usize = 20;
+/// RSS growth tolerated between the middle and the last third of a series:
+/// this fraction of the middle third's median, or `RSS_SLACK_BYTES`,
+/// whichever is larger (allocator noise, a few more KV pages held).
+const RSS_GROWTH_FRACTION: f64 = 0.05;
+const RSS_SLACK_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
+/// A series needs this many samples to be judged (two per third), spanning
+/// at least this long: over a shorter span the warm-up (weights paged in,
+/// kept sessions and conversation caches filling to their caps) is all
+/// there is to see.
+const RSS_MIN_SAMPLES: usize = 6;
+const RSS_MIN_SPAN_S: f64 = 120.0;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// An outage of the timeline, seconds from its start (`end_s` None: to the end).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Window {
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+}
+
+/// One verifier SIGKILL and its restart on the same port.
+#[derive(Clone, Debug, Serialize)]
+pub struct Kill {
+    pub at_s: f64,
+    /// When the restarted verifier printed its serving line.
+    pub serving_again_s: f64,
+}
+
+/// One sample of the coordinator, every `--rss-every`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RssSample {
+    pub at_s: f64,
+    /// 1 for the first verifier process, 2 after the first restart, ...
+    pub verifier_incarnation: usize,
+    pub verifier_pid: Option<u32>,
+    /// VmRSS of the verifier process (None: not running, e.g. mid-restart).
+    pub verifier_rss_bytes: Option<u64>,
+    /// VmRSS of this process: every device's runtime, the shared draft model.
+    pub edge_rss_bytes: Option<u64>,
+    /// `tandem_verifier_sessions` and `tandem_verifier_kv_pages_used`.
+    pub verifier_sessions: Option<f64>,
+    pub kv_pages_used: Option<f64>,
+    /// `tandem_verifier_session_bytes` in pages: the pages of sessions in the
+    /// store. `kv_pages_used` minus this is held by sessions checked out for
+    /// work (queued or running in the scheduler).
+    pub kv_pages_in_store: Option<f64>,
+    /// `tandem_verifier_sessions_opened_total` of this verifier process.
+    pub sessions_opened: Option<f64>,
+}
+
+/// Whether one RSS series grows. The first third of its samples is warm-up
+/// (weights paged in, sessions reaching their steady number); the median of
+/// the last third is compared with the median of the middle third.
+#[derive(Clone, Debug, Serialize)]
+pub struct RssTrend {
+    pub series: String,
+    pub samples: usize,
+    pub first_bytes: u64,
+    pub max_bytes: u64,
+    pub last_bytes: u64,
+    pub middle_median_bytes: u64,
+    pub last_median_bytes: u64,
+    /// last_median - middle_median (negative: it shrank).
+    pub growth_bytes: i64,
+    /// The most growth tolerated.
+    pub tolerance_bytes: u64,
+    /// Least-squares slope over the middle and last thirds, MiB per minute.
+    pub slope_mib_per_min: f64,
+    /// False with fewer than 6 samples or under 120 s: too short to call a
+    /// trend.
+    pub judged: bool,
+    pub upward: bool,
+}
+
+/// The series of `(seconds, bytes)` points, judged.
+pub fn rss_trend(series: &str, points: &[(f64, u64)]) -> RssTrend {
+    let n = points.len();
+    let third = n / 3;
+    let bytes: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
+    let median = |xs: &[f64]| pct(&mut xs.to_vec(), 0.5);
+    let (middle, last) = if n >= RSS_MIN_SAMPLES {
+        (
+            median(&bytes[third..n - third]),
+            median(&bytes[n - third..]),
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    let tolerance = (middle * RSS_GROWTH_FRACTION).max(RSS_SLACK_BYTES);
+    let span = match (points.first(), points.last()) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0.0,
+    };
+    let judged = n >= RSS_MIN_SAMPLES && span >= RSS_MIN_SPAN_S;
+    RssTrend {
+        series: series.to_owned(),
+        samples: n,
+        first_bytes: points.first().map_or(0, |p| p.1),
+        max_bytes: points.iter().map(|p| p.1).max().unwrap_or(0),
+        last_bytes: points.last().map_or(0, |p| p.1),
+        middle_median_bytes: middle as u64,
+        last_median_bytes: last as u64,
+        growth_bytes: (last - middle) as i64,
+        tolerance_bytes: tolerance as u64,
+        slope_mib_per_min: slope(&points[third..]) * 60.0 / MIB,
+        judged,
+        upward: judged && last - middle > tolerance,
+    }
+}
+
+/// Least-squares slope of bytes over seconds (0 with fewer than 2 points).
+fn slope(points: &[(f64, u64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n;
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 as f64 - my)).sum();
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx > 0.0 {
+        sxy / sxx
+    } else {
+        0.0
+    }
+}
+
+/// How long after the link or the verifier came back every device emitted a
+/// verified token again (a liveness figure, reported, not one of the
+/// invariants).
+#[derive(Clone, Debug, Serialize)]
+pub struct Recovery {
+    /// `outage` or `verifier restart`.
+    pub fault: String,
+    /// When the link came back / the restarted verifier served again.
+    pub back_at_s: f64,
+    /// Devices that emitted any token after `back_at_s`.
+    pub devices: usize,
+    /// Of them, devices with no verified token after `back_at_s` (stuck
+    /// drafting alone to the end of the soak).
+    pub devices_not_recovered: usize,
+    /// Seconds from `back_at_s` until the last of the recovered devices had a
+    /// verified token.
+    pub all_recovered_after_s: Option<f64>,
+}
+
+/// Per fault end, when every device was verified again.
+fn recoveries(records: &[Record], backs: &[(&str, f64)], sessions: usize) -> Vec<Recovery> {
+    // Per device: when each token came and whether it was verified.
+    let mut tokens: Vec<Vec<(f64, bool)>> = vec![Vec::new(); sessions];
+    for r in records {
+        if let (Ok(f), Some(t)) = (&r.outcome, tokens.get_mut(r.device)) {
+            t.extend(
+                f.token_at_s
+                    .iter()
+                    .zip(&f.statuses)
+                    .map(|(&at, s)| (at, *s == tandem_edge::TokenStatus::Verified)),
+            );
+        }
+    }
+    backs
+        .iter()
+        .map(|&(fault, back)| {
+            let (mut devices, mut stuck, mut slowest) = (0, 0, None::<f64>);
+            for t in &tokens {
+                if !t.iter().any(|&(at, _)| at > back) {
+                    continue;
+                }
+                devices += 1;
+                match t.iter().find(|&&(at, verified)| verified && at > back) {
+                    Some(&(at, _)) => slowest = Some(slowest.map_or(at, |s| s.max(at))),
+                    None => stuck += 1,
+                }
+            }
+            Recovery {
+                fault: fault.to_owned(),
+                back_at_s: back,
+                devices,
+                devices_not_recovered: stuck,
+                all_recovered_after_s: slowest.filter(|_| stuck == 0).map(|s| s - back),
+            }
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    pub sessions: usize,
+    pub duration_s: f64,
+    pub max_tokens: usize,
+    pub k: usize,
+    pub prompt_ids: Vec<String>,
+    pub prompt_tail: Option<usize>,
+    /// The netsim timeline as run (jitter and loss are on every segment).
+    pub timeline: String,
+    pub jitter_ms: Option<f64>,
+    pub loss: Option<f64>,
+    pub seed: u64,
+    pub rss_every_s: f64,
+    pub drain_timeout_s: f64,
+    pub verifier_threads: usize,
+}
+
+/// What the faults were and what netsim counted.
+#[derive(Clone, Debug, Serialize)]
+pub struct Faults {
+    pub outages: Vec<Window>,
+    pub resets_at_s: Vec<f64>,
+    pub kills: Vec<Kill>,
+    pub proxy_connections: u64,
+    /// Connections ended by a reset (the timeline's, a killed verifier's).
+    pub proxy_resets: u64,
+    /// Chunks held back by simulated loss.
+    pub proxy_stalls: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Generations {
+    pub started: usize,
+    /// Returned with a stop reason other than a cancel, and checked.
+    pub completed: usize,
+    /// The runtime returned an error.
+    pub failed: usize,
+    /// Cancelled after `--drain-timeout`.
+    pub cancelled: usize,
+    /// The target check itself failed (a model error).
+    pub check_errors: usize,
+    pub with_provisional_tokens: usize,
+    /// Outputs that depart from the target-only output (at a provisional token
+    /// the target disagrees with; what follows is then the target's
+    /// continuation of the text shown).
+    pub departed_from_target_only: usize,
+    pub equal_to_target_only: usize,
+    /// Generations completed per device, least and most.
+    pub per_device_min: usize,
+    pub per_device_max: usize,
+    /// Wall time of a completed generation, median and longest, seconds.
+    pub seconds_p50: f64,
+    pub seconds_max: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Tokens {
+    pub total: usize,
+    pub verified: usize,
+    pub provisional: usize,
+    /// Provisional tokens in spans the verifier checked after coming back.
+    pub provisional_checked: usize,
+    /// Provisional tokens the target disagrees with (allowed: reported).
+    pub provisional_disagreeing: usize,
+}
+
+/// `EdgeStats` summed over the generations.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EdgeTotals {
+    pub opens: u64,
+    pub background_opens: u64,
+    pub immediate_reopens: u64,
+    pub resends: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+    pub breaker_opens: u64,
+    pub check_rounds: u64,
+}
+
+/// Each must be 0 (false) for the soak to pass.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Invariants {
+    /// Started - completed: errors, cancels, check errors, hung devices.
+    pub incomplete_generations: usize,
+    /// Verified tokens that are not the target's greedy choice given the
+    /// tokens streamed before them.
+    pub verified_differing: usize,
+    /// Tokens streamed twice, lost, or altered (stream vs result).
+    pub duplicated_or_lost: usize,
+    /// Provisional-check reports that are wrong.
+    pub misreported_provisional: usize,
+    /// Provisional tokens outside every reported span.
+    pub unreported_provisional: usize,
+    pub panics_verifier: usize,
+    pub panics_edge: usize,
+    /// Devices whose runtime could not be built or whose thread died.
+    pub device_errors: usize,
+    pub hung_devices: usize,
+    /// RSS series with an upward trend (names).
+    pub rss_upward: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Rss {
+    /// One per verifier process (a kill starts a new one).
+    pub verifier: Vec<RssTrend>,
+    pub edge: RssTrend,
+    pub samples: Vec<RssSample>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub tandem_version: String,
+    pub date_utc: String,
+    pub wall_s: f64,
+    /// From the devices' start to the last generation's end.
+    pub soak_s: f64,
+    pub machine: Machine,
+    /// The kernel path this process's models run (`TANDEM_ISA` name).
+    pub kernel_isa: String,
+    pub settings: Settings,
+    pub faults: Faults,
+    pub generations: Generations,
+    pub tokens: Tokens,
+    pub edge_stats: EdgeTotals,
+    pub invariants: Invariants,
+    pub recovery: Vec<Recovery>,
+    pub rss: Rss,
+    /// The first failure details (device, prompt, what).
+    pub failures: Vec<String>,
+    pub ok: bool,
+}
+
+/// Everything the report is built from.
+pub struct Inputs<'a> {
+    pub date_utc: String,
+    pub wall_s: f64,
+    pub soak_s: f64,
+    pub machine: Machine,
+    pub settings: Settings,
+    pub outages: Vec<Window>,
+    pub resets: Vec<f64>,
+    pub kills: Vec<Kill>,
+    pub proxy: ProxyStats,
+    pub records: &'a [Record],
+    /// One per record (`Err`: the generation failed or could not be checked).
+    pub checks: &'a [Result<GenerationCheck, String>],
+    pub started: usize,
+    pub hung_devices: usize,
+    pub device_errors: Vec<String>,
+    pub samples: Vec<RssSample>,
+    pub panics_verifier: usize,
+    pub panics_edge: usize,
+}
+
+impl Report {
+    pub fn build(i: Inputs<'_>) -> Self {
+        let mut g = Generations {
+            started: i.started,
+            ..Generations::default()
+        };
+        let mut t = Tokens::default();
+        let mut e = EdgeTotals::default();
+        let mut inv = Invariants {
+            panics_verifier: i.panics_verifier,
+            panics_edge: i.panics_edge,
+            device_errors: i.device_errors.len(),
+            hung_devices: i.hung_devices,
+            ..Invariants::default()
+        };
+        let mut failures: Vec<String> = i.device_errors.clone();
+        let mut per_device = vec![0usize; i.settings.sessions];
+        let mut seconds = Vec::new();
+        for (r, c) in i.records.iter().zip(i.checks) {
+            let what = |m: String| {
+                format!(
+                    "device {} prompt {} ({:.1}-{:.1} s): {m}",
+                    r.device, r.prompt, r.started_s, r.ended_s
+                )
+            };
+            let f = match &r.outcome {
+                Ok(f) => f,
+                Err(m) => {
+                    g.failed += 1;
+                    failures.push(what(format!("error: {m}")));
+                    continue;
+                }
+            };
+            let s = &f.stats;
+            e.opens += s.opens;
+            e.background_opens += s.background_opens;
+            e.immediate_reopens += s.immediate_reopens;
+            e.resends += s.resends;
+            e.timeouts += s.timeouts;
+            e.failures += s.failures;
+            e.breaker_opens += s.breaker_opens;
+            e.check_rounds += s.check_rounds;
+            inv.duplicated_or_lost += f.stream_faults.len();
+            failures.extend(f.stream_faults.iter().map(|m| what(m.clone())));
+            if f.stop == StopReason::Cancelled {
+                g.cancelled += 1;
+                failures.push(what("cancelled after the drain timeout".into()));
+                continue;
+            }
+            let c = match c {
+                Ok(c) => c,
+                Err(m) => {
+                    g.check_errors += 1;
+                    failures.push(what(format!("target check failed: {m}")));
+                    continue;
+                }
+            };
+            g.completed += 1;
+            seconds.push(r.ended_s - r.started_s);
+            if let Some(n) = per_device.get_mut(r.device) {
+                *n += 1;
+            }
+            t.total += f.tokens.len();
+            t.verified += c.verified_tokens;
+            t.provisional += c.provisional_tokens;
+            t.provisional_checked += c.provisional_checked;
+            t.provisional_disagreeing += c.provisional_disagreeing;
+            g.with_provisional_tokens += usize::from(c.provisional_tokens > 0);
+            g.departed_from_target_only += usize::from(c.departed);
+            g.equal_to_target_only += usize::from(c.equals_target_only);
+            inv.verified_differing += c.verified_differing.len();
+            inv.misreported_provisional += c.misreported.len();
+            inv.unreported_provisional += c.unreported_provisional.len();
+            for (name, positions) in [
+                (
+                    "verified tokens differ from the target's choice at",
+                    &c.verified_differing,
+                ),
+                ("provisional report wrong at", &c.misreported),
+                (
+                    "provisional tokens outside every span at",
+                    &c.unreported_provisional,
+                ),
+            ] {
+                if !positions.is_empty() {
+                    failures.push(what(format!(
+                        "{name} {positions:?} (tokens {:?}, statuses {:?}, report {:?})",
+                        f.tokens, f.statuses, f.provisional.spans
+                    )));
+                }
+            }
+        }
+        g.per_device_min = per_device.iter().copied().min().unwrap_or(0);
+        g.per_device_max = per_device.iter().copied().max().unwrap_or(0);
+        g.seconds_p50 = pct(&mut seconds, 0.5);
+        g.seconds_max = pct(&mut seconds, 1.0);
+        inv.incomplete_generations = g.started.saturating_sub(g.completed);
+        if inv.incomplete_generations > 0 && failures.is_empty() {
+            failures.push(format!(
+                "{} generation(s) never returned",
+                inv.incomplete_generations
+            ));
+        }
+        let mut backs: Vec<(&str, f64)> = i
+            .outages
+            .iter()
+            .filter_map(|w| Some(("outage", w.end_s?)))
+            .chain(
+                i.kills
+                    .iter()
+                    .map(|k| ("verifier restart", k.serving_again_s)),
+            )
+            .collect();
+        backs.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let recovery = recoveries(i.records, &backs, i.settings.sessions);
+        let rss = rss_figures(i.samples);
+        inv.rss_upward = rss
+            .verifier
+            .iter()
+            .chain(std::iter::once(&rss.edge))
+            .filter(|s| s.upward)
+            .map(|s| s.series.clone())
+            .collect();
+        failures.truncate(MAX_FAILURE_DETAILS);
+        let mut r = Self {
+            schema_version: SCHEMA_VERSION,
+            tandem_version: env!("CARGO_PKG_VERSION").into(),
+            date_utc: i.date_utc,
+            wall_s: i.wall_s,
+            soak_s: i.soak_s,
+            machine: i.machine,
+            kernel_isa: tandem_model::quant::Isa::selected().name().into(),
+            settings: i.settings,
+            faults: Faults {
+                outages: i.outages,
+                resets_at_s: i.resets,
+                kills: i.kills,
+                proxy_connections: i.proxy.connections,
+                proxy_resets: i.proxy.resets,
+                proxy_stalls: i.proxy.stalls,
+            },
+            generations: g,
+            tokens: t,
+            edge_stats: e,
+            invariants: inv,
+            recovery,
+            rss,
+            failures,
+            ok: false,
+        };
+        r.ok = r.failed_invariants().is_empty();
+        r
+    }
+
+    /// The invariants that do not hold, as short phrases.
+    pub fn failed_invariants(&self) -> Vec<String> {
+        let i = &self.invariants;
+        let mut out = Vec::new();
+        for (n, what) in [
+            (i.incomplete_generations, "generations not completed"),
+            (
+                i.verified_differing,
+                "verified tokens differ from the target",
+            ),
+            (i.duplicated_or_lost, "duplicated or lost tokens"),
+            (i.misreported_provisional, "provisional checks misreported"),
+            (
+                i.unreported_provisional,
+                "provisional tokens outside a span",
+            ),
+            (i.panics_verifier, "panics in the verifier's logs"),
+            (i.panics_edge, "panics in the devices"),
+            (i.device_errors, "device threads failed"),
+            (i.hung_devices, "devices hung"),
+        ] {
+            if n > 0 {
+                out.push(format!("{n} {what}"));
+            }
+        }
+        if !i.rss_upward.is_empty() {
+            out.push(format!("RSS grows: {}", i.rss_upward.join(", ")));
+        }
+        if self.generations.started == 0 {
+            out.push("no generation started".into());
+        }
+        out
+    }
+}
+
+/// The trends of the verifier (per process) and of this process.
+fn rss_figures(samples: Vec<RssSample>) -> Rss {
+    let mut verifier = Vec::new();
+    let incarnations: Vec<usize> = {
+        let mut v: Vec<usize> = samples.iter().map(|s| s.verifier_incarnation).collect();
+        v.dedup();
+        v
+    };
+    for inc in incarnations {
+        let points: Vec<(f64, u64)> = samples
+            .iter()
+            .filter(|s| s.verifier_incarnation == inc)
+            .filter_map(|s| Some((s.at_s, s.verifier_rss_bytes?)))
+            .collect();
+        verifier.push(rss_trend(&format!("verifier process {inc}"), &points));
+    }
+    let edge: Vec<(f64, u64)> = samples
+        .iter()
+        .filter_map(|s| Some((s.at_s, s.edge_rss_bytes?)))
+        .collect();
+    Rss {
+        verifier,
+        edge: rss_trend("edge (devices' process)", &edge),
+        samples,
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB
+}
+
+fn trend_line(t: &RssTrend) -> String {
+    if !t.judged {
+        return format!(
+            "{}: {} samples, max {:.0} MiB (too short to judge a trend)",
+            t.series,
+            t.samples,
+            mib(t.max_bytes)
+        );
+    }
+    format!(
+        "{}: {} samples, first {:.0} / max {:.0} / last {:.0} MiB; median of the last third \
+         {:+.1} MiB vs the middle third (tolerance {:.0} MiB), slope {:+.2} MiB/min: {}",
+        t.series,
+        t.samples,
+        mib(t.first_bytes),
+        mib(t.max_bytes),
+        mib(t.last_bytes),
+        t.growth_bytes as f64 / MIB,
+        mib(t.tolerance_bytes),
+        t.slope_mib_per_min,
+        if t.upward { "GROWS" } else { "flat" }
+    )
+}
+
+fn opt_count(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+
+fn opt_mib(b: Option<u64>) -> String {
+    b.map_or_else(|| "-".into(), |b| format!("{:.0}", mib(b)))
+}
+
+/// The human-readable table.
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let s = &r.settings;
+    let f = &r.faults;
+    let g = &r.generations;
+    let t = &r.tokens;
+    let i = &r.invariants;
+    let _ = writeln!(
+        o,
+        "tandem bench soak: {} sessions x {:.0} s against one verifier through netsim; {} tokens \
+         per generation, k = {}, {} prompts (last {} tokens); {} ({} CPUs, kernels {}), load {:?} \
+         -> {:?}",
+        s.sessions,
+        s.duration_s,
+        s.max_tokens,
+        s.k,
+        s.prompt_ids.len(),
+        s.prompt_tail
+            .map_or_else(|| "all".into(), |n| n.to_string()),
+        r.machine.cpu,
+        r.machine.logical_cpus,
+        r.kernel_isa,
+        r.machine.loadavg_before,
+        r.machine.loadavg_after
+    );
+    let _ = writeln!(
+        o,
+        "timeline: \"{}\" (jitter {} ms, loss {}, seed {})",
+        s.timeline,
+        s.jitter_ms.unwrap_or(0.0),
+        s.loss.unwrap_or(0.0),
+        s.seed
+    );
+    let outages: Vec<String> = f
+        .outages
+        .iter()
+        .map(|w| match w.end_s {
+            Some(e) => format!("{:.0}-{:.0} s", w.start_s, e),
+            None => format!("from {:.0} s", w.start_s),
+        })
+        .collect();
+    let kills: Vec<String> = f
+        .kills
+        .iter()
+        .map(|k| {
+            format!(
+                "at {:.1} s, serving again at {:.1} s",
+                k.at_s, k.serving_again_s
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        o,
+        "faults: outages [{}]; resets at {:?} s; verifier SIGKILL [{}]; netsim: {} connections, \
+         {} reset, {} chunks stalled by loss",
+        outages.join(", "),
+        f.resets_at_s,
+        kills.join("; "),
+        f.proxy_connections,
+        f.proxy_resets,
+        f.proxy_stalls
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(o, "{:<52} {:>12}  want", "invariant", "value");
+    let rows: [(&str, String, &str); 9] = [
+        (
+            "generations completed / started",
+            format!("{} / {}", g.completed, g.started),
+            "all",
+        ),
+        (
+            "verified tokens differing from target-only",
+            i.verified_differing.to_string(),
+            "0",
+        ),
+        (
+            "duplicated or lost tokens",
+            i.duplicated_or_lost.to_string(),
+            "0",
+        ),
+        (
+            "provisional checks misreported",
+            i.misreported_provisional.to_string(),
+            "0",
+        ),
+        (
+            "provisional tokens outside a reported span",
+            i.unreported_provisional.to_string(),
+            "0",
+        ),
+        (
+            "panics in logs (verifier / devices)",
+            format!("{} / {}", i.panics_verifier, i.panics_edge),
+            "0",
+        ),
+        (
+            "device errors / hung devices",
+            format!("{} / {}", i.device_errors, i.hung_devices),
+            "0",
+        ),
+        (
+            "verifier RSS max per process, MiB",
+            r.rss
+                .verifier
+                .iter()
+                .map(|v| format!("{:.0}", mib(v.max_bytes)))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            "bounded",
+        ),
+        (
+            "edge RSS max, MiB",
+            format!("{:.0}", mib(r.rss.edge.max_bytes)),
+            "bounded",
+        ),
+    ];
+    for (name, value, want) in rows {
+        let _ = writeln!(o, "{name:<52} {value:>12}  {want}");
+    }
+    let _ = writeln!(o);
+    for rc in &r.recovery {
+        let _ = writeln!(
+            o,
+            "recovery after the {} at {:.1} s: {}",
+            rc.fault,
+            rc.back_at_s,
+            match rc.all_recovered_after_s {
+                Some(s) => format!("all {} devices verified again within {s:.1} s", rc.devices),
+                None => format!(
+                    "{} of {} devices never emitted a verified token again",
+                    rc.devices_not_recovered, rc.devices
+                ),
+            }
+        );
+    }
+    for tr in r.rss.verifier.iter().chain(std::iter::once(&r.rss.edge)) {
+        let _ = writeln!(o, "{}", trend_line(tr));
+    }
+    let _ = writeln!(
+        o,
+        "tokens: {} ({} verified, {} provisional: {} checked after the verifier came back, {} \
+         the target disagrees with, reported); generations: {} with provisional tokens, {} \
+         departed from target-only at one, {} equal to target-only; per device {}..{}; {:.1} s \
+         each (median, longest {:.1} s)",
+        t.total,
+        t.verified,
+        t.provisional,
+        t.provisional_checked,
+        t.provisional_disagreeing,
+        g.with_provisional_tokens,
+        g.departed_from_target_only,
+        g.equal_to_target_only,
+        g.per_device_min,
+        g.per_device_max,
+        g.seconds_p50,
+        g.seconds_max
+    );
+    let e = &r.edge_stats;
+    let _ = writeln!(
+        o,
+        "edge: {} opens ({} in the background, {} immediate re-opens), {} resends, {} timeouts, \
+         {} failures, {} breaker opens, {} check rounds",
+        e.opens,
+        e.background_opens,
+        e.immediate_reopens,
+        e.resends,
+        e.timeouts,
+        e.failures,
+        e.breaker_opens,
+        e.check_rounds
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:>7} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "t s", "proc", "verifier MiB", "edge MiB", "sessions", "KV pages", "in store", "opened"
+    );
+    for x in &r.rss.samples {
+        let _ = writeln!(
+            o,
+            "{:>7.0} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            x.at_s,
+            x.verifier_incarnation,
+            opt_mib(x.verifier_rss_bytes),
+            opt_mib(x.edge_rss_bytes),
+            opt_count(x.verifier_sessions),
+            opt_count(x.kv_pages_used),
+            opt_count(x.kv_pages_in_store),
+            opt_count(x.sessions_opened)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n{} in {:.0} s (soak {:.0} s)",
+        if r.ok { "PASS" } else { "FAIL" },
+        r.wall_s,
+        r.soak_s
+    );
+    for fl in &r.failures {
+        let _ = writeln!(o, "  {fl}");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(f: impl Fn(usize) -> u64) -> Vec<(f64, u64)> {
+        (0..30).map(|i| (i as f64 * 10.0, f(i))).collect()
+    }
+
+    #[test]
+    fn a_flat_series_after_warm_up_is_flat() {
+        // Warm-up climb in the first third, then noise around 1 GiB.
+        let gib = 1u64 << 30;
+        let s = series(|i| {
+            if i < 10 {
+                gib / 10 * i as u64
+            } else {
+                gib + (i as u64 % 3) * (4 << 20)
+            }
+        });
+        let t = rss_trend("v", &s);
+        assert!(t.judged && !t.upward, "{t:?}");
+    }
+
+    #[test]
+    fn a_steady_climb_is_upward() {
+        let s = series(|i| (1u64 << 30) + i as u64 * (16 << 20));
+        let t = rss_trend("v", &s);
+        assert!(t.judged && t.upward, "{t:?}");
+        assert!(t.slope_mib_per_min > 90.0, "{t:?}");
+    }
+
+    fn record(device: usize, at: &[f64], verified: &[bool]) -> Record {
+        use tandem_edge::TokenStatus::{Provisional, Verified};
+        let statuses = verified
+            .iter()
+            .map(|&v| if v { Verified } else { Provisional })
+            .collect();
+        Record {
+            device,
+            prompt: 0,
+            started_s: 0.0,
+            ended_s: 0.0,
+            outcome: Ok(super::super::device::Finished {
+                tokens: vec![1; at.len()],
+                statuses,
+                stop: StopReason::MaxTokens,
+                provisional: Default::default(),
+                stats: Default::default(),
+                stream_faults: Vec::new(),
+                token_at_s: at.to_vec(),
+            }),
+        }
+    }
+
+    #[test]
+    fn recovery_waits_for_the_slowest_device_and_names_the_stuck_ones() {
+        let records = [
+            record(0, &[1.0, 11.0, 12.0], &[true, false, true]),
+            record(1, &[2.0, 13.0, 15.0], &[true, false, true]),
+            record(2, &[3.0, 14.0], &[true, false]),
+        ];
+        let r = recoveries(&records[..2], &[("outage", 10.0)], 3);
+        assert_eq!(r[0].devices, 2);
+        assert_eq!(r[0].devices_not_recovered, 0);
+        assert_eq!(r[0].all_recovered_after_s, Some(5.0));
+        let r = recoveries(&records, &[("outage", 10.0), ("verifier restart", 20.0)], 3);
+        assert_eq!((r[0].devices, r[0].devices_not_recovered), (3, 1));
+        assert_eq!(r[0].all_recovered_after_s, None);
+        // Nothing came after 20 s: no device to judge.
+        assert_eq!(r[1].devices, 0);
+    }
+
+    #[test]
+    fn a_short_series_is_not_judged() {
+        let t = rss_trend(
+            "v",
+            &series(|i| i as u64 * (1 << 30))
+                .into_iter()
+                .take(5)
+                .collect::<Vec<_>>(),
+        );
+        assert!(!t.judged && !t.upward);
+        assert_eq!(rss_trend("v", &[]).samples, 0);
+        // Many samples over a minute: still warm-up.
+        let minute: Vec<(f64, u64)> = (0..30).map(|i| (i as f64 * 2.0, i * (64 << 20))).collect();
+        assert!(!rss_trend("v", &minute).judged);
+    }
+}
