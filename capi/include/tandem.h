@@ -205,8 +205,13 @@ extern "C" {
 #endif // __cplusplus
 
 // Creates a runtime from a TOML config file (fields: `docs/capi.md`): loads
-// the draft model (seconds), the privacy policy and the verifier settings.
-// No connection is made yet.
+// the draft model (seconds), with `[edge.split]` the target model too, the
+// privacy policy and the verifier settings. No connection is made yet.
+//
+// `models_dir` is the directory the config's relative model paths
+// (`draft_model`, `target_model`) are relative to (e.g. the app's download
+// directory); NULL: the config file's directory. The library never looks
+// for models anywhere else.
 //
 // On Unix, the first call sets SIGPIPE to ignored if it is still at its
 // default (so a dropped verifier connection cannot kill the process); a
@@ -218,10 +223,12 @@ extern "C" {
 // (NULL on success).
 //
 // # Safety
-// `config_path` is a NUL-terminated UTF-8 path; `out_runtime` a valid
+// `config_path` is a NUL-terminated UTF-8 path; `models_dir` NULL or a
+// NUL-terminated UTF-8 path; `out_runtime` a valid
 // `TandemRuntime **`; `error_message` NULL or a valid `char **`.
 // Thread-safety: may be called from any thread.
 TandemStatus tandem_runtime_new(const char *config_path,
+                                const char *models_dir,
                                 struct TandemRuntime **out_runtime,
                                 char **error_message);
 

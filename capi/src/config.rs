@@ -1,7 +1,9 @@
 //! [`CapiConfig`]: the TOML file `tandem_runtime_new` reads (documented field
-//! by field in `docs/capi.md`). Relative paths in it (the draft model, the
-//! policy, TLS files) are relative to the config file's directory, so an app
-//! can ship the config next to its assets.
+//! by field in `docs/capi.md`). Relative model paths (`draft_model`,
+//! `target_model`) are relative to the models directory the caller passes
+//! (the app's download directory), else to the config file's directory; the
+//! other relative paths (the policy, TLS files) are relative to the config
+//! file's directory, so an app can ship the config next to its assets.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -61,8 +63,11 @@ impl SamplingConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CapiConfig {
-    /// Draft model GGUF; default: the fetched draft (`tandem models path draft`).
+    /// Draft model GGUF (required).
     pub draft_model: Option<PathBuf>,
+    /// Target model GGUF for split execution: required with `[edge.split]`
+    /// (the device runs the target's first layers), refused without it.
+    pub target_model: Option<PathBuf>,
     /// KV cache capacity of the draft, in tokens.
     pub max_seq_len: usize,
     /// Default `max_tokens` of a generation (when the call passes 0).
@@ -85,6 +90,7 @@ impl Default for CapiConfig {
     fn default() -> Self {
         Self {
             draft_model: None,
+            target_model: None,
             max_seq_len: 2048,
             max_tokens: 256,
             system_prompt: None,
@@ -105,28 +111,37 @@ fn rebase(base: &Path, p: &mut Option<PathBuf>) {
 }
 
 impl CapiConfig {
-    /// Reads, parses and validates the file; relative paths are made relative
-    /// to its directory.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads, parses and validates the file; relative model paths are made
+    /// relative to `models_dir` (`None`: the file's directory), the others to
+    /// the file's directory.
+    pub fn from_file(path: &Path, models_dir: Option<&Path>) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Self::from_toml(&text, base).map_err(|message| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            message,
+        Self::from_toml(&text, base, models_dir.unwrap_or(base)).map_err(|message| {
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            }
         })
     }
 
-    /// Parses and validates TOML text; relative paths are joined to `base`.
-    pub fn from_toml(text: &str, base: &Path) -> Result<Self, String> {
+    /// Parses and validates TOML text; relative model paths are joined to
+    /// `models_dir`, the other relative paths to `base`.
+    pub fn from_toml(text: &str, base: &Path, models_dir: &Path) -> Result<Self, String> {
         let mut c: Self = toml::from_str(text).map_err(|e| e.to_string())?;
-        rebase(base, &mut c.draft_model);
+        rebase(models_dir, &mut c.draft_model);
+        rebase(models_dir, &mut c.target_model);
         rebase(base, &mut c.policy);
         rebase(base, &mut c.edge.ca_cert_pem);
         rebase(base, &mut c.edge.client_cert_pem);
         rebase(base, &mut c.edge.client_key_pem);
+        if let Some(split) = &mut c.edge.split {
+            rebase(base, &mut split.profile);
+            rebase(base, &mut split.server_profile);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -146,14 +161,24 @@ impl CapiConfig {
             .params()
             .validate()
             .map_err(|e| format!("[sampling]: {e}"))?;
-        self.edge.validate().map_err(|e| format!("[edge]: {e}"))
-    }
-
-    /// The draft GGUF to load.
-    pub fn draft_model_path(&self) -> PathBuf {
-        self.draft_model
-            .clone()
-            .unwrap_or_else(|| tandem_fetch::model_path(tandem_fetch::ModelRole::Draft))
+        self.edge.validate().map_err(|e| format!("[edge]: {e}"))?;
+        if self.draft_model.is_none() {
+            return Err(
+                "draft_model is required: the draft GGUF (a relative path is relative to the models directory given to tandem_runtime_new)"
+                    .into(),
+            );
+        }
+        match (&self.edge.split, &self.target_model) {
+            (Some(_), None) => Err(
+                "[edge.split] needs target_model: the target GGUF whose first layers the device runs"
+                    .into(),
+            ),
+            (None, Some(_)) => Err(
+                "target_model is only used for split execution: add [edge.split] or remove it"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -162,29 +187,49 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    const DRAFT: &str = "draft_model = \"d.gguf\"\n";
+
+    fn parse(text: &str) -> Result<CapiConfig, String> {
+        CapiConfig::from_toml(text, Path::new("/app"), Path::new("/models"))
+    }
+
     #[test]
-    fn empty_is_local_with_defaults_and_paths_are_rebased() {
-        let c = CapiConfig::from_toml("", Path::new("/app")).unwrap();
+    fn defaults_are_local_and_paths_are_rebased() {
+        let c = parse(DRAFT).unwrap();
         assert!(c.edge.verifier_url.is_none());
         assert_eq!(c.max_tokens, 256);
-        let c = CapiConfig::from_toml(
-            "draft_model = \"m/d.gguf\"\npolicy = \"/abs/p.toml\"\n[edge]\nverifier_url = \"https://v:1\"\nca_cert_pem = \"ca.pem\"\n",
-            Path::new("/app"),
+        assert_eq!(c.draft_model.unwrap(), Path::new("/models/d.gguf"));
+        let c = parse(
+            "draft_model = \"m/d.gguf\"\ntarget_model = \"/abs/t.gguf\"\npolicy = \"p.toml\"\n\
+             [edge]\nverifier_url = \"https://v:1\"\nca_cert_pem = \"ca.pem\"\n[edge.split]\nlayer = 2\n",
         )
         .unwrap();
-        assert_eq!(c.draft_model.unwrap(), Path::new("/app/m/d.gguf"));
-        assert_eq!(c.policy.unwrap(), Path::new("/abs/p.toml"));
+        assert_eq!(c.draft_model.unwrap(), Path::new("/models/m/d.gguf"));
+        assert_eq!(c.target_model.unwrap(), Path::new("/abs/t.gguf"));
+        assert_eq!(c.policy.unwrap(), Path::new("/app/p.toml"));
         assert_eq!(c.edge.ca_cert_pem.unwrap(), Path::new("/app/ca.pem"));
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let e = CapiConfig::from_toml("max_tokenz = 3\n", Path::new(".")).unwrap_err();
+        let e = parse("max_tokenz = 3\n").unwrap_err();
         assert!(e.contains("max_tokenz"), "{e}");
-        let e = CapiConfig::from_toml("[edge]\nk = 0\n", Path::new(".")).unwrap_err();
+        let e = parse(&format!("{DRAFT}[edge]\nk = 0\n")).unwrap_err();
         assert!(e.contains("[edge]") && e.contains("k must be"), "{e}");
-        let e =
-            CapiConfig::from_toml("[sampling]\ntemperature = -1\n", Path::new(".")).unwrap_err();
+        let e = parse(&format!("{DRAFT}[sampling]\ntemperature = -1\n")).unwrap_err();
         assert!(e.contains("[sampling]"), "{e}");
+        let e = parse("").unwrap_err();
+        assert!(e.contains("draft_model is required"), "{e}");
+    }
+
+    #[test]
+    fn split_and_target_model_come_together() {
+        let e = parse(&format!("{DRAFT}[edge.split]\nlayer = 2\n")).unwrap_err();
+        assert!(e.contains("[edge.split] needs target_model"), "{e}");
+        let e = parse(&format!("{DRAFT}target_model = \"t.gguf\"\n")).unwrap_err();
+        assert!(
+            e.contains("target_model") && e.contains("[edge.split]"),
+            "{e}"
+        );
     }
 }

@@ -369,8 +369,27 @@ unsafe fn runtime_arg<'a>(rt: *const TandemRuntime) -> Result<&'a TandemRuntime,
     unsafe { rt.as_ref() }.ok_or_else(|| Failure::invalid("runtime is NULL"))
 }
 
-fn build_engine(config_path: &Path) -> Result<Engine, Failure> {
-    let cfg = CapiConfig::from_file(config_path)?;
+/// Loads the `role` ("draft", "target") model GGUF at `path`.
+fn load_model(role: &str, path: &Path, max_seq_len: usize) -> Result<Qwen2Model, Failure> {
+    if !path.exists() {
+        return Err(Failure(
+            TandemStatus::Io,
+            format!(
+                "{role} model {} does not exist (set {role}_model in the config, relative to the models directory)",
+                path.display()
+            ),
+        ));
+    }
+    Qwen2Model::load(path, LoadOptions::with_max_seq_len(max_seq_len)).map_err(|e| {
+        Failure(
+            TandemStatus::Model,
+            format!("loading the {role} model {}: {e}", path.display()),
+        )
+    })
+}
+
+fn build_engine(config_path: &Path, models_dir: Option<&Path>) -> Result<Engine, Failure> {
+    let cfg = CapiConfig::from_file(config_path, models_dir)?;
     let router = match &cfg.policy {
         Some(p) => Router::from_file(p).map_err(|e| {
             let code = match e {
@@ -381,23 +400,14 @@ fn build_engine(config_path: &Path) -> Result<Engine, Failure> {
         })?,
         None => Router::with_default_policy(),
     };
-    let draft_path = cfg.draft_model_path();
-    if !draft_path.exists() {
+    let Some(draft_path) = &cfg.draft_model else {
+        // CapiConfig::validate requires it.
         return Err(Failure(
-            TandemStatus::Io,
-            format!(
-                "draft model {} does not exist (set draft_model in the config, or run `tandem models fetch`)",
-                draft_path.display()
-            ),
+            TandemStatus::Config,
+            "draft_model is required".into(),
         ));
-    }
-    let model = Qwen2Model::load(&draft_path, LoadOptions::with_max_seq_len(cfg.max_seq_len))
-        .map_err(|e| {
-            Failure(
-                TandemStatus::Model,
-                format!("loading the draft model {}: {e}", draft_path.display()),
-            )
-        })?;
+    };
+    let model = load_model("draft", draft_path, cfg.max_seq_len)?;
     let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| {
         Failure(
             TandemStatus::Model,
@@ -406,8 +416,13 @@ fn build_engine(config_path: &Path) -> Result<Engine, Failure> {
     })?;
     let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
     let has_verifier = cfg.edge.verifier_url.is_some();
-    let edge = EdgeRuntime::new(Arc::new(model), cfg.edge.clone())?;
-    let routed = RoutedRuntime::new(edge, Arc::new(router), tok);
+    let mut edge = EdgeRuntime::builder(Arc::new(model), cfg.edge.clone());
+    if let Some(target_path) = &cfg.target_model {
+        // Split execution: the device runs the target's first layers.
+        let target = load_model("target", target_path, cfg.max_seq_len)?;
+        edge = edge.split_target(Arc::new(target));
+    }
+    let routed = edge.router(Arc::new(router), tok).build()?;
     Ok(Engine {
         routed,
         use_router: has_verifier && cfg.privacy_router,
@@ -453,8 +468,13 @@ fn ignore_sigpipe_if_default() {
 fn ignore_sigpipe_if_default() {}
 
 /// Creates a runtime from a TOML config file (fields: `docs/capi.md`): loads
-/// the draft model (seconds), the privacy policy and the verifier settings.
-/// No connection is made yet.
+/// the draft model (seconds), with `[edge.split]` the target model too, the
+/// privacy policy and the verifier settings. No connection is made yet.
+///
+/// `models_dir` is the directory the config's relative model paths
+/// (`draft_model`, `target_model`) are relative to (e.g. the app's download
+/// directory); NULL: the config file's directory. The library never looks
+/// for models anywhere else.
 ///
 /// On Unix, the first call sets SIGPIPE to ignored if it is still at its
 /// default (so a dropped verifier connection cannot kill the process); a
@@ -466,12 +486,14 @@ fn ignore_sigpipe_if_default() {}
 /// (NULL on success).
 ///
 /// # Safety
-/// `config_path` is a NUL-terminated UTF-8 path; `out_runtime` a valid
+/// `config_path` is a NUL-terminated UTF-8 path; `models_dir` NULL or a
+/// NUL-terminated UTF-8 path; `out_runtime` a valid
 /// `TandemRuntime **`; `error_message` NULL or a valid `char **`.
 /// Thread-safety: may be called from any thread.
 #[no_mangle]
 pub unsafe extern "C" fn tandem_runtime_new(
     config_path: *const c_char,
+    models_dir: *const c_char,
     out_runtime: *mut *mut TandemRuntime,
     error_message: *mut *mut c_char,
 ) -> TandemStatus {
@@ -483,8 +505,13 @@ pub unsafe extern "C" fn tandem_runtime_new(
             }
             *out_runtime = ptr::null_mut();
             let path = str_arg(config_path, "config_path")?;
+            let models_dir = if models_dir.is_null() {
+                None
+            } else {
+                Some(Path::new(str_arg(models_dir, "models_dir")?))
+            };
             ignore_sigpipe_if_default();
-            let engine = build_engine(Path::new(path))?;
+            let engine = build_engine(Path::new(path), models_dir)?;
             let rt = Box::new(TandemRuntime {
                 engine: Mutex::new(engine),
                 running: AtomicU64::new(0),
@@ -1116,17 +1143,24 @@ mod tests {
     fn null_and_non_utf8_arguments_are_invalid_not_crashes() {
         let mut msg: *mut c_char = ptr::null_mut();
         let mut rt: *mut TandemRuntime = ptr::null_mut();
-        let code = unsafe { tandem_runtime_new(ptr::null(), &mut rt, &mut msg) };
+        let none = ptr::null();
+        let code = unsafe { tandem_runtime_new(ptr::null(), none, &mut rt, &mut msg) };
         assert_eq!(code, TandemStatus::InvalidArgument);
         assert!(rt.is_null());
         assert!(take(msg).contains("config_path is NULL"));
 
         let bad = [0xffu8, 0xfe, 0];
-        let code = unsafe { tandem_runtime_new(bad.as_ptr().cast(), &mut rt, &mut msg) };
+        let code = unsafe { tandem_runtime_new(bad.as_ptr().cast(), none, &mut rt, &mut msg) };
         assert_eq!(code, TandemStatus::InvalidArgument);
         assert!(take(msg).contains("not valid UTF-8"));
+        let code = unsafe {
+            tandem_runtime_new(c"x.toml".as_ptr(), bad.as_ptr().cast(), &mut rt, &mut msg)
+        };
+        assert_eq!(code, TandemStatus::InvalidArgument);
+        assert!(take(msg).contains("models_dir is not valid UTF-8"));
 
-        let code = unsafe { tandem_runtime_new(c"x.toml".as_ptr(), ptr::null_mut(), &mut msg) };
+        let code =
+            unsafe { tandem_runtime_new(c"x.toml".as_ptr(), none, ptr::null_mut(), &mut msg) };
         assert_eq!(code, TandemStatus::InvalidArgument);
         assert!(take(msg).contains("out_runtime is NULL"));
 
@@ -1153,7 +1187,7 @@ mod tests {
             TandemStatus::InvalidArgument
         );
         // NULL error_message is allowed; NULL free is a no-op.
-        let code = unsafe { tandem_runtime_new(ptr::null(), &mut rt, ptr::null_mut()) };
+        let code = unsafe { tandem_runtime_new(ptr::null(), none, &mut rt, ptr::null_mut()) };
         assert_eq!(code, TandemStatus::InvalidArgument);
         unsafe { tandem_runtime_free(ptr::null_mut()) };
         unsafe { tandem_string_free(ptr::null_mut()) };

@@ -8,9 +8,13 @@
 //!   real 1.5B target, self-signed certificate): the text equals the target's own greedy output, every
 //!   piece `verified`; a prompt with an ID number stays on the device (the
 //!   verifier opens no session) and the JSON says which rule and entity type;
+//!   with `[edge.split]` (the device also runs the target's first 14 layers;
+//!   model paths are file names in the models directory the program passes)
+//!   the text is still the target's own;
 //! * cancel from a second thread (and BUSY for a concurrent generation);
-//! * bad input: missing config, bad TOML, missing model -> code + message,
-//!   exit 2, no crash.
+//! * bad input: missing config, bad TOML, missing model (looked up in the
+//!   caller's models directory), no draft_model, `[edge.split]` without
+//!   target_model -> code + message, exit 2, no crash.
 //!
 //! Generations are at most 16 tokens. The tests take a lock (one model run at
 //! a time on 2 cores).
@@ -100,8 +104,25 @@ fn program() -> &'static Path {
 }
 
 fn run(config: &Path, prompt: &str, max_tokens: usize, extra: &[&str]) -> Output {
-    Command::new(program())
-        .arg(config)
+    run_in(None, config, prompt, max_tokens, extra)
+}
+
+/// [`run`] with the models directory the example passes to
+/// `tandem_runtime_new` (its `TANDEM_MODELS_DIR`; `None`: NULL, the config's
+/// directory).
+fn run_in(
+    models_dir: Option<&Path>,
+    config: &Path,
+    prompt: &str,
+    max_tokens: usize,
+    extra: &[&str],
+) -> Output {
+    let mut c = Command::new(program());
+    match models_dir {
+        Some(d) => c.env("TANDEM_MODELS_DIR", d),
+        None => c.env_remove("TANDEM_MODELS_DIR"),
+    };
+    c.arg(config)
         .arg(prompt)
         .arg(max_tokens.to_string())
         .args(extra)
@@ -328,6 +349,39 @@ fn bad_input_gives_a_code_and_a_message() {
     let e = err(&run(&bad, PROMPT, 4, &[]));
     assert!(e.contains("error IO: draft model"), "{e}");
     assert!(e.contains("no/such.gguf"), "{e}");
+    // A relative model path is looked up in the models directory the caller
+    // passed, and nowhere else.
+    let models = dir.path().join("models");
+    let e = err(&run_in(Some(&models), &bad, PROMPT, 4, &[]));
+    let want = models.join("no/such.gguf");
+    assert!(
+        e.contains(&format!("draft model {} does not exist", want.display())),
+        "{e}"
+    );
+
+    // No default model: the caller names it.
+    let bad = write(dir.path(), "nodraft.toml", "max_seq_len = 512\n");
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("draft_model is required"),
+        "{e}"
+    );
+
+    // Split execution needs the target model on the device: refused before
+    // any model loads, naming the field.
+    let bad = write(
+        dir.path(),
+        "split.toml",
+        &format!(
+            "draft_model = {:?}\n[edge]\nverifier_url = \"http://127.0.0.1:1\"\n[edge.split]\nlayer = 2\n",
+            draft_path()
+        ),
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("[edge.split] needs target_model"),
+        "{e}"
+    );
 
     let not_gguf = write(dir.path(), "junk.gguf", "this is not a GGUF file");
     let bad = write(
@@ -410,6 +464,36 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     // history, and the verifier continued turn 1's session.
     let s = two_turns(&cfg, &v.state.model, 8, KvPrecision::F32);
     assert!(stat(&s, "verifier_reused") > 10.0, "{s}");
+
+    // Split execution: the device also loads the target and runs its first
+    // 14 of 28 layers; the output is still the target's own. The model paths
+    // are file names in the models directory the app passes.
+    let name = |p: PathBuf| p.file_name().unwrap().to_str().unwrap().to_string();
+    let target_path = tandem_fetch::model_path(tandem_fetch::ModelRole::Target);
+    let split = write(
+        dir.path(),
+        "split.toml",
+        &format!(
+            "draft_model = {:?}\ntarget_model = {:?}\nmax_seq_len = 512\n[edge]\n\
+             verifier_url = \"https://127.0.0.1:{}\"\nca_cert_pem = \"ca.pem\"\n\
+             tls_domain = \"localhost\"\ntoken = \"{TOKEN}\"\nk = 4\n[edge.split]\nlayer = 14\n",
+            name(draft_path()),
+            name(target_path.clone()),
+            v.grpc_addr.port()
+        ),
+    );
+    let t_split = Instant::now();
+    let r = report(&run_in(target_path.parent(), &split, PROMPT, N, &[]));
+    assert_eq!(r.text, want, "split output must be the target's own");
+    assert_eq!(stat(&r.stats, "verified"), N as f64, "{}", r.stats);
+    let sp = &r.json["stats"]["split"];
+    assert_eq!(
+        (sp["layer"].as_u64(), sp["n_layer"].as_u64()),
+        (Some(14), Some(28)),
+        "{}",
+        r.json
+    );
+    eprintln!("split at 14: {:.1} s", t_split.elapsed().as_secs_f64());
     let opened = |v: &tandem_verifier::RunningVerifier| -> String {
         v.state
             .render_metrics()
@@ -518,7 +602,7 @@ int main(int argc, char **argv) {
     }
     TandemRuntime *rt = NULL;
     char *err = NULL;
-    if (tandem_runtime_new(argv[1], &rt, &err) != TANDEM_STATUS_OK) {
+    if (tandem_runtime_new(argv[1], NULL, &rt, &err) != TANDEM_STATUS_OK) {
         fprintf(stderr, "runtime: %s\n", err ? err : "?");
         return 2;
     }

@@ -165,8 +165,9 @@ pub fn run(args: Args) -> Result<()> {
         probe_timeout_ms: 500,
         ..EdgeConfig::default()
     };
-    let edge = EdgeRuntime::new(Arc::new(draft.model), edge_cfg)?;
-    let mut edge = RoutedRuntime::new(edge, Arc::new(Router::with_default_policy()), tok.clone());
+    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), edge_cfg)
+        .router(Arc::new(Router::with_default_policy()), tok.clone())
+        .build()?;
     println!(
         "device    draft loaded in {:.1} s, privacy router with the built-in policy, k={}\n",
         draft.load_ms / 1000.0,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tandem_edge::split::SplitLayer;
 use tandem_edge::{
     EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
-    RoutedRuntime, TokenStatus,
+    TokenStatus,
 };
 use tandem_fetch::ModelRole;
 use tandem_model::sampling::SamplingParams;
@@ -218,7 +218,7 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
     let routed = url.is_some() && !args.remote.no_privacy_router;
     let router = Arc::new(router.unwrap_or_else(Router::with_default_policy));
     let split = cfg.split.is_some();
-    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), cfg);
     if split {
         // The device runs the target's first layers itself.
         let target = load_model(
@@ -226,9 +226,9 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
             args.target_model.as_ref(),
             args.max_seq_len,
         )?;
-        edge.set_split_target(Arc::new(target.model))?;
+        edge = edge.split_target(Arc::new(target.model));
     }
-    let mut edge = RoutedRuntime::new(edge, router, tok.clone());
+    let mut edge = edge.router(router, tok.clone()).build()?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
     messages.push(ChatMessage::user(prompt));
     let mut route = None;

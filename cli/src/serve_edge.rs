@@ -1,5 +1,5 @@
 //! `tandem serve-edge`: the local OpenAI-compatible HTTP server
-//! (`tandem_edge::openai`) around the device runtime: the draft model here,
+//! (`tandem_edge_http::openai`) around the device runtime: the draft model here,
 //! the target behind `--verifier` (or nothing: every answer local), the
 //! privacy router in front, the admin API under `/admin` when an admin token
 //! is given. Prints `serving http://ADDR model=ID` as its first stdout line,
@@ -12,10 +12,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tandem_edge::admin::AdminConfig;
 use tandem_edge::context_policy::ContextPolicy;
-use tandem_edge::openai::{self, ServeConfig};
-use tandem_edge::{EdgeRuntime, RoutedRuntime};
+use tandem_edge::EdgeRuntime;
+use tandem_edge_http::admin::AdminConfig;
+use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
 use tandem_router::Router;
 
@@ -112,14 +112,14 @@ pub fn run(args: Args) -> Result<()> {
     )?;
     let tok = tokenizer_of(&draft.model)?;
     let split = cfg.split.is_some();
-    let mut edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
+    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), cfg);
     if split {
         // --split: the device runs the target's first layers itself (as in
-        // `generate --verifier --split`); without this the flag was ignored.
+        // `generate --verifier --split`).
         let target = load_model(ModelRole::Target, None, args.max_seq_len)?;
-        edge.set_split_target(Arc::new(target.model))?;
+        edge = edge.split_target(Arc::new(target.model));
     }
-    let routed_rt = RoutedRuntime::new(edge, Arc::new(router), tok);
+    let routed_rt = edge.router(Arc::new(router), tok).build()?;
     let serve = ServeConfig {
         listen: args.listen,
         allow_non_loopback: args.allow_non_loopback,

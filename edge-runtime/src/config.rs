@@ -56,7 +56,7 @@ pub struct EdgeConfig {
     pub speculation: crate::adaptive::SpeculationConfig,
     /// Split execution (`[split]`; see `crate::split` and docs/shard-planner.md):
     /// the device runs target layers `[0, s)`. Needs the target model on the
-    /// device (`EdgeRuntime::set_split_target`).
+    /// device (`EdgeRuntimeBuilder::split_target`; a `[split]` without it is refused).
     pub split: Option<crate::split::SplitConfig>,
     /// Uncertainty-gated verification (`[gate]`; see [`GateConfig`]).
     pub gate: GateConfig,

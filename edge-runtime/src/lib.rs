@@ -18,19 +18,20 @@
 //!
 //! In front of it, [`privacy::RoutedRuntime`] asks the privacy router
 //! (`tandem-router`) before any session is opened: `local` conversations are
-//! answered by the draft alone and nothing leaves the device. [`admin`] serves
-//! the local admin HTTP API (policy get/replace, explain, stats) and hot-reloads
-//! the policy file (see `docs/privacy.md`). [`openai`] is the local
-//! OpenAI-compatible HTTP server (`tandem serve-edge`, see `docs/api.md`)
-//! with the admin API mounted under `/admin`. Two small rules are shared by
-//! them: [`loopback`] (which hosts are this machine: plain-text verifier URLs,
-//! the OpenAI server's `Host` allow-list) and [`bearer`] (reading and
-//! comparing bearer tokens in constant time).
+//! answered by the draft alone and nothing leaves the device. [`split`] runs
+//! the target's first layers on the device when the config has `[split]`.
+//! [`EdgeRuntime::builder`] is the one way to put a runtime together (draft,
+//! config, split target, privacy router).
+//!
+//! This is the library an app embeds (directly or through the C ABI,
+//! `tandem-capi`), so it carries no HTTP server: the local OpenAI-compatible
+//! server and the admin API are `tandem-edge-http`. [`loopback`] is the one
+//! rule of which hosts are this machine (plain-text verifier URLs here, the
+//! OpenAI server's `Host` allow-list there).
 
 pub mod adaptive;
-pub mod admin;
-pub mod bearer;
 pub mod breaker;
+pub mod builder;
 pub mod client;
 pub mod config;
 pub mod context_policy;
@@ -38,12 +39,12 @@ pub mod conversation;
 pub mod error;
 pub mod loopback;
 mod mtls_probe;
-pub mod openai;
 pub mod privacy;
 pub mod runtime;
 pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
+pub use builder::{EdgeRuntimeBuilder, RoutedRuntimeBuilder};
 pub use config::EdgeConfig;
 pub use conversation::{ConversationConfig, ConversationStats};
 pub use error::EdgeError;

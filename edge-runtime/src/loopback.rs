@@ -1,7 +1,7 @@
 //! Which host names mean "this machine": the one rule behind the edge's
 //! loopback-only checks: plain-text `http://` to the verifier
 //! ([`crate::EdgeConfig::validate`]) and the `Host` allow-list of the local
-//! OpenAI server ([`crate::openai`]).
+//! OpenAI server (`tandem_edge_http::openai`).
 //!
 //! An IP literal is loopback when [`std::net::IpAddr::is_loopback`] says so
 //! (127.0.0.0/8, `::1`), the same test the verifier applies to its
@@ -10,7 +10,7 @@
 //! resolve to 127.0.0.1 today, is not: DNS can change under a running process
 //! (that is what DNS rebinding exploits).
 
-use axum::http::uri::{Authority, Uri};
+use http::uri::{Authority, Uri};
 use std::net::IpAddr;
 
 /// True when `host` (a bare host: `127.0.0.1`, `localhost`, `::1` or `[::1]`;

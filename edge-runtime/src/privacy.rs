@@ -186,10 +186,10 @@ pub struct RoutedRuntime {
 }
 
 impl RoutedRuntime {
-    /// `tokenizer` must be the draft's (the chat template comes from it);
-    /// `router` may be shared with the admin API ([`crate::admin`]), which
-    /// swaps its policy.
-    pub fn new(runtime: EdgeRuntime, router: Arc<Router>, tokenizer: Tokenizer) -> Self {
+    /// Made by [`crate::EdgeRuntimeBuilder::router`]: `tokenizer` must be the
+    /// draft's (the chat template comes from it); `router` may be shared with
+    /// an admin API that swaps its policy.
+    pub(crate) fn new(runtime: EdgeRuntime, router: Arc<Router>, tokenizer: Tokenizer) -> Self {
         Self {
             runtime,
             router,

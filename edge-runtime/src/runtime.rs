@@ -219,11 +219,33 @@ fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
 }
 
 impl EdgeRuntime {
-    /// A runtime around a loaded draft model. The tokenizer fingerprint comes from
-    /// the draft GGUF (draft and target share the tokenizer) unless the config
-    /// overrides it.
-    pub fn new(draft: Arc<Qwen2Model>, cfg: EdgeConfig) -> Result<Self, EdgeError> {
+    /// A runtime around a loaded draft model (callers go through
+    /// [`EdgeRuntime::builder`]). The tokenizer fingerprint comes from the
+    /// draft GGUF (draft and target share the tokenizer) unless the config
+    /// overrides it. `split_target` is the target model whose first layers the
+    /// device runs: required by `[split]`, refused without it.
+    pub(crate) fn new(
+        draft: Arc<Qwen2Model>,
+        cfg: EdgeConfig,
+        split_target: Option<Arc<Qwen2Model>>,
+    ) -> Result<Self, EdgeError> {
         cfg.validate()?;
+        let split = match (cfg.split.clone(), split_target) {
+            (Some(sc), Some(target)) => Some(crate::split::SplitExec::new(target, sc, cfg.k)?),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(EdgeError::Config(
+                    "[split] is set, but no target model was given for the device's layers \
+                     (split_target); give the target GGUF or remove [split]"
+                        .into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(EdgeError::Config(
+                    "a split target model was given, but the config has no [split]".into(),
+                ))
+            }
+        };
         let fingerprint = match &cfg.tokenizer_fingerprint {
             Some(f) => f.clone(),
             None => match Tokenizer::from_gguf(draft.gguf()) {
@@ -252,7 +274,7 @@ impl EdgeRuntime {
         Ok(Self {
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec: crate::adaptive::SpecState::new(&cfg.speculation),
-            split: None,
+            split,
             conversations: ConversationCache::new(&cfg.conversations),
             draft,
             cfg,
@@ -267,18 +289,6 @@ impl EdgeRuntime {
 
     pub fn config(&self) -> &EdgeConfig {
         &self.cfg
-    }
-
-    /// Gives the device the target model for split execution (the config's
-    /// `[split]`); without `[split]` this is an error.
-    pub fn set_split_target(&mut self, target: Arc<Qwen2Model>) -> Result<(), EdgeError> {
-        let Some(sc) = self.cfg.split.clone() else {
-            return Err(EdgeError::Config(
-                "set_split_target without [split] in the config".into(),
-            ));
-        };
-        self.split = Some(crate::split::SplitExec::new(target, sc, self.cfg.k)?);
-        Ok(())
     }
 
     pub fn breaker_state(&self) -> BreakerState {

@@ -81,7 +81,7 @@ fn adaptive_k_keeps_greedy_identity_and_adapts() {
             speculation: spec,
             ..EdgeConfig::default()
         };
-        let mut e = EdgeRuntime::new(load(draft), cfg).unwrap();
+        let mut e = EdgeRuntime::builder(load(draft), cfg).build().unwrap();
         let mut ks = Vec::new();
         // Several generations: the chooser's estimates carry over.
         for _ in 0..2 {

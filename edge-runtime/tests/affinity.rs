@@ -211,7 +211,7 @@ fn edge(addr: SocketAddr) -> EdgeRuntime {
         probe_timeout_ms: 200,
         ..EdgeConfig::default()
     };
-    EdgeRuntime::new(load(&draft), cfg).unwrap()
+    EdgeRuntime::builder(load(&draft), cfg).build().unwrap()
 }
 
 fn gen_cfg() -> GenerateConfig {

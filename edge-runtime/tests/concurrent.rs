@@ -103,7 +103,7 @@ fn sixteen_concurrent_sessions_with_a_small_budget_all_equal_target_only() {
             };
             let draft = draft.clone();
             std::thread::spawn(move || {
-                let mut edge = EdgeRuntime::new(draft, cfg).unwrap();
+                let mut edge = EdgeRuntime::builder(draft, cfg).build().unwrap();
                 edge.generate(&prompt(i), &gen_cfg(), &mut |_| true)
                     .unwrap()
             })

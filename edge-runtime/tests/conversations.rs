@@ -62,10 +62,14 @@ fn the_device_reuses_exactly_the_common_prefix_of_a_conversation() {
     let (_target, draft) = tiny_models(dir.path());
     // No verifier: the draft answers alone (the offline app); its output with
     // a reused prefix must equal a fresh runtime's, bit for bit.
-    let mut rt = EdgeRuntime::new(load(&draft), EdgeConfig::default()).unwrap();
+    let mut rt = EdgeRuntime::builder(load(&draft), EdgeConfig::default())
+        .build()
+        .unwrap();
     let mut fresh_cfg = EdgeConfig::default();
     fresh_cfg.conversations.enabled = false;
-    let mut fresh = EdgeRuntime::new(load(&draft), fresh_cfg).unwrap();
+    let mut fresh = EdgeRuntime::builder(load(&draft), fresh_cfg)
+        .build()
+        .unwrap();
 
     let p1: Vec<u32> = vec![5, 17, 42, 99, 3, 250, 7];
     let g1 = turn(&mut rt, None, &p1, 6);
@@ -119,7 +123,7 @@ fn named_conversations_and_the_byte_budget() {
     // the tiny draft's positions are small, so scale the conversation up).
     let positions_per_mib = (1u64 << 20) / per_token;
     cfg.conversations.budget_mib = 1;
-    let mut rt = EdgeRuntime::new(model, cfg).unwrap();
+    let mut rt = EdgeRuntime::builder(model, cfg).build().unwrap();
     let len = usize::try_from(positions_per_mib * 6 / 10)
         .unwrap()
         .min(400);

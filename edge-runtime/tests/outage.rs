@@ -58,7 +58,7 @@ fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig)
         ..EdgeConfig::default()
     };
     assert_eq!(cfg.open_timeout_ms, 30_000);
-    let mut edge = EdgeRuntime::new(load(draft), cfg).unwrap();
+    let mut edge = EdgeRuntime::builder(load(draft), cfg).build().unwrap();
     let gen = GenerateConfig {
         k: 4,
         max_tokens: MAX,

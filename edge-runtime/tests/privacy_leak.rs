@@ -9,7 +9,7 @@
 //! in anything captured (raw UTF-8, the varint encoding of its token ids, the
 //! decoded token ids); multi-turn conversations where the sensitive turn comes
 //! first or later; the live context (device state, RTT, breaker) reaching the
-//! decision; a hot-reloaded policy file deciding the next turn; and a negative
+//! decision; a policy replaced while serving deciding the next turn; and a negative
 //! control (a non-sensitive prompt is found in the
 //! capture, so the detectors can fail).
 
@@ -440,12 +440,13 @@ impl Fixture {
 
     /// A routed runtime talking to the verifier through the recorder.
     fn routed(&self, router: &Arc<Router>) -> RoutedRuntime {
-        let edge = EdgeRuntime::new(
+        EdgeRuntime::builder(
             self.draft.clone(),
             self.edge_config(format!("http://{}", self.proxy)),
         )
-        .unwrap();
-        RoutedRuntime::new(edge, router.clone(), self.tok.clone())
+        .router(router.clone(), self.tok.clone())
+        .build()
+        .unwrap()
     }
 
     fn capture(&self) -> Capture {
@@ -827,8 +828,10 @@ rtt_ms_above = 0.0
     let mut cfg = f.edge_config(format!("http://{dead}"));
     cfg.breaker_failures = 1;
     cfg.probe_interval_ms = 60_000;
-    let edge = EdgeRuntime::new(f.draft.clone(), cfg).unwrap();
-    let mut rt = RoutedRuntime::new(edge, router.clone(), f.tok.clone());
+    let mut rt = EdgeRuntime::builder(f.draft.clone(), cfg)
+        .router(router.clone(), f.tok.clone())
+        .build()
+        .unwrap();
     let e = rt.chat("e", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(e.route.action(), Action::Speculative);
     assert!(e
@@ -855,48 +858,29 @@ rtt_ms_above = 0.0
     assert_eq!((s.total, s.local, s.speculative), (6, 4, 2));
 }
 
+/// A policy swapped while the runtime serves (what the admin API's `PUT` and
+/// its policy file hot reload do, `tandem-edge-http`'s `admin`; the file
+/// watcher itself is tested in `edge-http/tests/admin_http.rs`) decides the
+/// next turn, and that turn sends nothing.
 #[test]
-fn a_hot_reloaded_policy_file_takes_effect_on_the_next_turn() {
+fn a_replaced_policy_takes_effect_on_the_next_turn() {
     let f = fixture();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("policy.toml");
-    std::fs::write(&file, "version = 1\ndefault = \"speculative\"\n").unwrap();
-    let router = Arc::new(Router::from_file(&file).unwrap());
-    let admin =
-        f.rt.block_on(tandem_edge::admin::start(
-            router.clone(),
-            tandem_edge::admin::AdminConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                token: TOKEN.into(),
-                policy_file: Some(file.clone()),
-                poll_interval_ms: 20,
-                ..Default::default()
-            },
-        ))
-        .unwrap();
+    let router =
+        Arc::new(Router::from_toml_str("version = 1\ndefault = \"speculative\"\n").unwrap());
     let mut rt = f.routed(&router);
     let msg = [ChatMessage::user("close ticket TCK-12345 please")];
     let a = rt.chat("t1", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(a.route.action(), Action::Speculative);
     let sent = f.rec.snapshot();
     assert!(sent.connections > 0);
-    // The operator adds a rule to the file; the watcher swaps it in.
-    let tmp = dir.path().join("policy.tmp");
-    std::fs::write(
-        &tmp,
+    // The operator adds a rule; the shared router swaps it in.
+    let next = Policy::from_toml_str(
         "version = 1\ndefault = \"speculative\"\n[[recognizers]]\nname = \"TICKET\"\n\
          pattern = 'TCK-[0-9]{5}'\nscore = 0.9\n[[rules]]\nname = \"tickets\"\n\
          action = \"local\"\nentities = [\"TICKET\"]\n",
     )
     .unwrap();
-    std::fs::rename(&tmp, &file).unwrap();
-    for _ in 0..500 {
-        if router.generation() == 2 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(router.generation(), 2, "the file was not reloaded");
+    assert_eq!(router.replace(next), 2);
     let b = rt.chat("t2", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(
         (b.route.action(), b.route.decision.rule.as_str()),
@@ -904,8 +888,6 @@ fn a_hot_reloaded_policy_file_takes_effect_on_the_next_turn() {
     );
     assert_eq!(b.route.policy_generation, 2);
     assert_eq!(f.rec.snapshot(), sent, "the local turn went out");
-    drop(rt);
-    f.rt.block_on(admin.shutdown());
 }
 
 #[test]

@@ -103,7 +103,9 @@ fn greedy_output_equals_target_only_for_k_1_4_16() {
     let url = format!("http://{}", v.grpc_addr);
     // A different draft (acceptance ~0) and the target itself as draft (all accepted).
     for (draft_path, same) in [(&m.draft, false), (&m.target, true)] {
-        let mut edge = EdgeRuntime::new(load(draft_path), edge_config(url.clone())).unwrap();
+        let mut edge = EdgeRuntime::builder(load(draft_path), edge_config(url.clone()))
+            .build()
+            .unwrap();
         for k in [1, 4, 16] {
             let mut streamed = Vec::new();
             let g = edge
@@ -152,7 +154,9 @@ fn no_verifier_means_local_tokens_equal_to_draft_only() {
     )
     .unwrap()
     .tokens;
-    let mut edge = EdgeRuntime::new(draft, EdgeConfig::default()).unwrap();
+    let mut edge = EdgeRuntime::builder(draft, EdgeConfig::default())
+        .build()
+        .unwrap();
     let g = edge
         .generate(PROMPT, &gen_cfg(4, 20), &mut |_| true)
         .unwrap();
@@ -188,7 +192,7 @@ fn verifier_killed_mid_generation_then_restarted_resumes_without_loss() {
         Mutex::new(Some((first_rt, first)));
     let mut cfg = edge_config(format!("http://{addr}"));
     cfg.breaker_failures = 2;
-    let mut edge = EdgeRuntime::new(draft.clone(), cfg).unwrap();
+    let mut edge = EdgeRuntime::builder(draft.clone(), cfg).build().unwrap();
     let (mut killed, mut restarted, mut provisional_seen) = (false, false, 0);
     let mut events = Vec::new();
     let max = 48;
@@ -322,10 +326,11 @@ fn evicted_session_is_resent_and_output_is_identical() {
             "[limits]\nidle_ttl_secs = 1",
         ),
     );
-    let mut edge = EdgeRuntime::new(
+    let mut edge = EdgeRuntime::builder(
         load(&m.draft),
         edge_config(format!("http://{}", v.grpc_addr)),
     )
+    .build()
     .unwrap();
     let mut slept = false;
     let g = edge
@@ -411,7 +416,7 @@ fn stalling_verifier_opens_the_breaker_and_drafting_continues_alone() {
     cfg.deadline_initial_ms = 150;
     cfg.breaker_failures = 2;
     cfg.probe_interval_ms = 50;
-    let mut edge = EdgeRuntime::new(draft.clone(), cfg).unwrap();
+    let mut edge = EdgeRuntime::builder(draft.clone(), cfg).build().unwrap();
     // After the first timeout the device drafts alone while it re-opens in the
     // background; a device slower than the tiny model (10 ms per token) lets
     // that open (answered at once by the fake) complete, so the provisional
@@ -486,7 +491,7 @@ fn tls_with_a_self_signed_cert_works_and_an_untrusted_ca_fails_clearly() {
     let url = format!("https://localhost:{}", v.grpc_addr.port());
     let mut cfg = edge_config(url.clone());
     cfg.ca_cert_pem = Some(tls.cert.clone());
-    let mut edge = EdgeRuntime::new(load(&m.draft), cfg).unwrap();
+    let mut edge = EdgeRuntime::builder(load(&m.draft), cfg).build().unwrap();
     let g = edge
         .generate(PROMPT, &gen_cfg(4, 12), &mut |_| true)
         .unwrap();
@@ -495,7 +500,7 @@ fn tls_with_a_self_signed_cert_works_and_an_untrusted_ca_fails_clearly() {
 
     let mut cfg = edge_config(url);
     cfg.ca_cert_pem = Some(tls.other_ca.clone());
-    let mut edge = EdgeRuntime::new(load(&m.draft), cfg).unwrap();
+    let mut edge = EdgeRuntime::builder(load(&m.draft), cfg).build().unwrap();
     let err = edge
         .generate(PROMPT, &gen_cfg(4, 12), &mut |_| true)
         .unwrap_err();
@@ -515,7 +520,8 @@ fn wrong_token_and_wrong_fingerprint_are_refused_with_their_reason() {
     let url = format!("http://{}", v.grpc_addr);
     let mut cfg = edge_config(url.clone());
     cfg.token = Some("not-the-right-token-at-all".into());
-    let err = EdgeRuntime::new(load(&m.draft), cfg)
+    let err = EdgeRuntime::builder(load(&m.draft), cfg)
+        .build()
         .unwrap()
         .generate(PROMPT, &gen_cfg(4, 8), &mut |_| true)
         .unwrap_err();
@@ -525,7 +531,8 @@ fn wrong_token_and_wrong_fingerprint_are_refused_with_their_reason() {
     );
     let mut cfg = edge_config(url);
     cfg.tokenizer_fingerprint = Some("something-else".into());
-    let err = EdgeRuntime::new(load(&m.draft), cfg)
+    let err = EdgeRuntime::builder(load(&m.draft), cfg)
+        .build()
         .unwrap()
         .generate(PROMPT, &gen_cfg(4, 8), &mut |_| true)
         .unwrap_err();

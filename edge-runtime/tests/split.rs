@@ -58,9 +58,10 @@ fn edge(
         split: Some(split),
         ..EdgeConfig::default()
     };
-    let mut e = EdgeRuntime::new(draft, cfg).unwrap();
-    e.set_split_target(target).unwrap();
-    e
+    EdgeRuntime::builder(draft, cfg)
+        .split_target(target)
+        .build()
+        .unwrap()
 }
 
 fn gen_cfg(sampling: SamplingParams) -> GenerateConfig {
@@ -174,7 +175,7 @@ fn sampled_split_equals_unsplit_sampled_output_for_the_same_seed() {
         k: 4,
         ..EdgeConfig::default()
     };
-    let mut plain = EdgeRuntime::new(m.draft.clone(), cfg).unwrap();
+    let mut plain = EdgeRuntime::builder(m.draft.clone(), cfg).build().unwrap();
     let expected = plain
         .generate(PROMPT, &gen_cfg(sampling), &mut |_| true)
         .unwrap()
@@ -302,10 +303,11 @@ fn a_measured_server_profile_and_round_overhead_drive_auto_and_the_prediction() 
         split: Some(cfg),
         ..EdgeConfig::default()
     };
-    let mut e = EdgeRuntime::new(m.draft.clone(), cfg).unwrap();
-    let err = e
-        .set_split_target(m.target.clone())
-        .unwrap_err()
+    let err = EdgeRuntime::builder(m.draft.clone(), cfg)
+        .split_target(m.target.clone())
+        .build()
+        .err()
+        .unwrap()
         .to_string();
     assert!(err.contains("server_profile needs profile"), "{err}");
 }

@@ -4,7 +4,10 @@
  *   tandem_example CONFIG.toml PROMPT [MAX_TOKENS] [--cancel-after N]
  *   tandem_example CONFIG.toml PROMPT MAX_TOKENS --conversation FOLLOW_UP...
  *
- * Creates a runtime from CONFIG.toml, generates an answer to PROMPT with a
+ * Creates a runtime from CONFIG.toml (its relative model paths are relative
+ * to the directory in the environment variable TANDEM_MODELS_DIR, where
+ * `tandem models fetch` puts them; unset: to CONFIG.toml's directory),
+ * generates an answer to PROMPT with a
  * per-piece callback, prints the text, the per-status counts and the
  * statistics, then frees everything. With --cancel-after N a second thread
  * cancels the generation once N pieces have arrived (and checks, while the
@@ -182,7 +185,9 @@ int main(int argc, char **argv) {
 
     TandemRuntime *rt = NULL;
     char *err = NULL;
-    TandemStatus rc = tandem_runtime_new(argv[1], &rt, &err);
+    /* An app passes its own model directory (e.g. its download directory). */
+    const char *models_dir = getenv("TANDEM_MODELS_DIR");
+    TandemStatus rc = tandem_runtime_new(argv[1], models_dir, &rt, &err);
     if (rc != TANDEM_STATUS_OK) {
         return fail(rc, err);
     }

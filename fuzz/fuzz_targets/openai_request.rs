@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tandem_edge::openai::request::{parse_chat, parse_completion, Limits};
+use tandem_edge_http::openai::request::{parse_chat, parse_completion, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let lim = Limits {

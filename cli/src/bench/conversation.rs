@@ -22,8 +22,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tandem_edge::openai::{self, ServeConfig};
-use tandem_edge::{EdgeConfig, EdgeRuntime, RoutedRuntime};
+use tandem_edge::{EdgeConfig, EdgeRuntime};
+use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::ChatMessage;
@@ -202,8 +202,9 @@ fn run_once(
         ..EdgeConfig::default()
     };
     cfg.conversations.enabled = on;
-    let edge = EdgeRuntime::new(Arc::new(draft.model), cfg)?;
-    let routed = RoutedRuntime::new(edge, Arc::new(Router::with_default_policy()), tok);
+    let routed = EdgeRuntime::builder(Arc::new(draft.model), cfg)
+        .router(Arc::new(Router::with_default_policy()), tok)
+        .build()?;
     let serve = ServeConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         max_tokens_limit: args.max_tokens,

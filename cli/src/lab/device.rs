@@ -139,7 +139,7 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                     },
                     ..base.clone()
                 };
-                e.insert(EdgeRuntime::new(model.clone(), cfg)?)
+                e.insert(EdgeRuntime::builder(model.clone(), cfg).build()?)
             }
         };
         let gen = GenerateConfig {

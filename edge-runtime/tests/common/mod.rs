@@ -65,7 +65,9 @@ pub fn tiny_edge(
         ..tandem_edge::EdgeConfig::default()
     };
     tweak(&mut cfg);
-    tandem_edge::EdgeRuntime::new(load(draft), cfg).unwrap()
+    tandem_edge::EdgeRuntime::builder(load(draft), cfg)
+        .build()
+        .unwrap()
 }
 
 /// A small I/O runtime for the in-process verifier.

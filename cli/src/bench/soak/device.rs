@@ -62,7 +62,8 @@ pub struct Shared {
 /// Generates until `shared.stop`, adding each generation to
 /// `shared.records` as it ends; `Err` when the runtime could not be built.
 pub fn run(device: usize, shared: &Shared) -> Result<(), String> {
-    let mut edge = EdgeRuntime::new(shared.draft.clone(), shared.edge.clone())
+    let mut edge = EdgeRuntime::builder(shared.draft.clone(), shared.edge.clone())
+        .build()
         .map_err(|e| format!("device {device}: building the edge runtime: {e}"))?;
     let span = tracing::info_span!("soak_device", device);
     let _entered = span.enter();

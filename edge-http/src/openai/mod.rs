@@ -49,10 +49,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminConfig, MountedAdmin};
-use crate::privacy::RoutedRuntime;
-use crate::runtime::{ProvisionalCheck, TokenStatus};
 pub use error::{ApiError, ServeError};
 use request::{GenRequest, Limits};
+use tandem_edge::RoutedRuntime;
+use tandem_edge::{ProvisionalCheck, TokenStatus};
 pub use worker::ServeCounters;
 use worker::{Event, Job, Worker};
 

@@ -1,4 +1,4 @@
-//! The OpenAI-compatible server (`tandem_edge::openai`) against real HTTP on
+//! The OpenAI-compatible server (`tandem_edge_http::openai`) against real HTTP on
 //! 127.0.0.1, with tiny random models (and a tiny byte-level tokenizer the
 //! test writes): request validation and error shape, non-streaming vs SSE
 //! streaming (same tokens, usage chunk, `[DONE]`), greedy output through a
@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use serde_json::{json, Value};
-use tandem_edge::admin::AdminConfig;
-use tandem_edge::openai::{self, RunningServer, ServeConfig};
-use tandem_edge::{EdgeConfig, EdgeRuntime, RoutedRuntime};
+use tandem_edge::{EdgeConfig, EdgeRuntime};
+use tandem_edge_http::admin::AdminConfig;
+use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
@@ -173,12 +173,10 @@ impl Fixture {
     }
 
     fn server(&self, edge: EdgeConfig, cfg: ServeConfig) -> RunningServer {
-        let rt = EdgeRuntime::new(self.draft.clone(), edge).unwrap();
-        let routed = RoutedRuntime::new(
-            rt,
-            Arc::new(Router::with_default_policy()),
-            self.tok.clone(),
-        );
+        let routed = EdgeRuntime::builder(self.draft.clone(), edge)
+            .router(Arc::new(Router::with_default_policy()), self.tok.clone())
+            .build()
+            .unwrap();
         let listen = "127.0.0.1:0".parse().unwrap();
         self.rt
             .block_on(openai::start(routed, ServeConfig { listen, ..cfg }))

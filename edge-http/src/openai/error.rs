@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::admin::AdminError;
-use crate::error::EdgeError;
+use tandem_edge::EdgeError;
 
 /// Why [`super::start`] failed.
 #[derive(Debug, thiserror::Error)]

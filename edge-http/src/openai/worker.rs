@@ -22,9 +22,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
 use super::request::{GenRequest, Input};
-use crate::context_policy::{fit_messages, ContextError};
-use crate::privacy::{RoutedDecision, RoutedRuntime};
-use crate::runtime::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
+use tandem_edge::context_policy::{fit_messages, ContextError};
+use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
+use tandem_edge::{RoutedDecision, RoutedRuntime};
 
 /// What a job reports, in order: `Started`, then `Delta`/`Checked`, then
 /// `Done` — or `Failed` at any point.
@@ -399,7 +399,7 @@ fn run_job(
         }
     };
     // A named conversation keeps its state under its id; an anonymous one is
-    // found again by its prompt's prefix (crate::conversation).
+    // found again by its prompt's prefix (tandem_edge::conversation).
     let name = req.conversation_id.as_deref();
     let res = if local {
         rt.runtime_mut()

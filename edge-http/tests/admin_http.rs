@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tandem_edge::admin::{self, policy_sha256, AdminConfig, AdminError, RunningAdmin};
+use tandem_edge_http::admin::{self, policy_sha256, AdminConfig, AdminError, RunningAdmin};
 use tandem_router::{Conversation, RouteContext, Router, DEFAULT_POLICY_TOML};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

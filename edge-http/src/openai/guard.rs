@@ -4,7 +4,7 @@
 //!
 //! * [`host_and_origin`] (every route): the `Host` header must name this
 //!   machine's loopback interface (`127.0.0.1`, `localhost`, `[::1]`, any
-//!   port; [`crate::loopback`]) or a name the operator allowed
+//!   port; [`tandem_edge::loopback`]) or a name the operator allowed
 //!   ([`ServeConfig::allowed_hosts`]); otherwise 403 `host_not_allowed`. This
 //!   defeats DNS rebinding: a page on `evil.example` whose name is re-pointed
 //!   at 127.0.0.1 sends `Host: evil.example`. A browser `Origin` header must
@@ -28,7 +28,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, ServeError};
 use super::ServeConfig;
-use crate::{bearer, loopback};
+use crate::bearer;
+use tandem_edge::loopback;
 
 /// The checked, normalised access settings of a [`ServeConfig`].
 #[derive(Debug)]

@@ -1,0 +1,157 @@
+//! The one way to assemble a device runtime: [`EdgeRuntime::builder`].
+//!
+//! ```ignore
+//! // The runtime alone (no privacy router):
+//! let edge = EdgeRuntime::builder(draft, cfg).build()?;
+//! // Split execution, with the privacy router in front:
+//! let routed = EdgeRuntime::builder(draft, cfg)
+//!     .split_target(target)
+//!     .router(router, tokenizer)
+//!     .build()?;
+//! ```
+//!
+//! `build` checks the config ([`EdgeConfig::validate`]) and refuses a `[split]`
+//! without a split target (and a split target without `[split]`), so split
+//! execution is never silently off.
+
+use std::sync::Arc;
+
+use tandem_model::qwen2::Qwen2Model;
+use tandem_model::tokenizer::Tokenizer;
+use tandem_router::Router;
+
+use crate::config::EdgeConfig;
+use crate::error::EdgeError;
+use crate::privacy::RoutedRuntime;
+use crate::runtime::EdgeRuntime;
+
+/// What [`EdgeRuntime::builder`] returns; [`Self::build`] makes the runtime.
+pub struct EdgeRuntimeBuilder {
+    draft: Arc<Qwen2Model>,
+    cfg: EdgeConfig,
+    split_target: Option<Arc<Qwen2Model>>,
+}
+
+/// An [`EdgeRuntimeBuilder`] with the privacy router in front;
+/// [`Self::build`] makes the [`RoutedRuntime`].
+pub struct RoutedRuntimeBuilder {
+    edge: EdgeRuntimeBuilder,
+    router: Arc<Router>,
+    tokenizer: Tokenizer,
+}
+
+impl EdgeRuntime {
+    /// Starts assembling a runtime around a loaded draft model and its config.
+    pub fn builder(draft: Arc<Qwen2Model>, cfg: EdgeConfig) -> EdgeRuntimeBuilder {
+        EdgeRuntimeBuilder {
+            draft,
+            cfg,
+            split_target: None,
+        }
+    }
+}
+
+impl EdgeRuntimeBuilder {
+    /// The target model whose first layers the device runs (the config's
+    /// `[split]`; required by it).
+    pub fn split_target(mut self, target: Arc<Qwen2Model>) -> Self {
+        self.split_target = Some(target);
+        self
+    }
+
+    /// Puts the privacy router in front of the runtime: `tokenizer` must be
+    /// the draft's (the chat template comes from it); `router` may be shared
+    /// with an admin API that swaps its policy.
+    pub fn router(self, router: Arc<Router>, tokenizer: Tokenizer) -> RoutedRuntimeBuilder {
+        RoutedRuntimeBuilder {
+            edge: self,
+            router,
+            tokenizer,
+        }
+    }
+
+    /// The runtime. Fails on an invalid config, a `[split]` without a split
+    /// target (or a split target without `[split]`), or a verifier URL that
+    /// cannot be set up.
+    pub fn build(self) -> Result<EdgeRuntime, EdgeError> {
+        EdgeRuntime::new(self.draft, self.cfg, self.split_target)
+    }
+}
+
+impl RoutedRuntimeBuilder {
+    /// The routed runtime (the errors of [`EdgeRuntimeBuilder::build`]).
+    pub fn build(self) -> Result<RoutedRuntime, EdgeError> {
+        Ok(RoutedRuntime::new(
+            self.edge.build()?,
+            self.router,
+            self.tokenizer,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::split::{SplitConfig, SplitLayer};
+    use tandem_model::qwen2::LoadOptions;
+    use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+
+    fn tiny() -> (tempfile::TempDir, Arc<Qwen2Model>, Tokenizer) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tiny.gguf");
+        let cfg = TinyConfig {
+            tokenizer: true,
+            ..TinyConfig::default()
+        };
+        write_tiny_qwen2(&p, &cfg).unwrap();
+        let m = Qwen2Model::load(&p, LoadOptions::with_max_seq_len(64)).unwrap();
+        let tok = Tokenizer::from_gguf(m.gguf()).unwrap();
+        (dir, Arc::new(m), tok)
+    }
+
+    fn with_split() -> EdgeConfig {
+        EdgeConfig {
+            split: Some(SplitConfig {
+                layer: SplitLayer::Fixed(1),
+                ..SplitConfig::default()
+            }),
+            ..EdgeConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_split_config_without_a_split_target_is_refused_naming_the_field() {
+        let (_d, m, tok) = tiny();
+        let err = EdgeRuntime::builder(m.clone(), with_split())
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("[split]") && err.contains("split_target"),
+            "{err}"
+        );
+        let routed = EdgeRuntime::builder(m.clone(), with_split())
+            .router(Arc::new(Router::with_default_policy()), tok)
+            .build();
+        assert!(routed.is_err());
+        let err = EdgeRuntime::builder(m.clone(), EdgeConfig::default())
+            .split_target(m.clone())
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("no [split]"), "{err}");
+    }
+
+    #[test]
+    fn a_split_config_with_its_target_builds_and_reports_the_split() {
+        let (_d, m, _tok) = tiny();
+        let rt = EdgeRuntime::builder(m.clone(), with_split())
+            .split_target(m)
+            .build()
+            .unwrap();
+        assert!(rt.config().split.is_some());
+    }
+}
