@@ -331,19 +331,13 @@ fn bad_input_gives_a_code_and_a_message() {
     assert!(e.contains("error IO: reading the config"), "{e}");
     assert!(e.contains("nope.toml"), "{e}");
 
-    let bad = write(dir.path(), "bad.toml", "max_tokenz = 3\n");
-    let e = err(&run(&bad, PROMPT, 4, &[]));
-    assert!(
-        e.contains("error CONFIG:") && e.contains("max_tokenz"),
-        "{e}"
-    );
-
-    let bad = write(dir.path(), "k.toml", "[edge]\nk = 99\n");
-    let e = err(&run(&bad, PROMPT, 4, &[]));
-    assert!(
-        e.contains("error CONFIG:") && e.contains("k must be"),
-        "{e}"
-    );
+    // A config refused with CONFIG and a message containing `names`.
+    let refused = |name: &str, text: &str, names: &str| {
+        let e = err(&run(&write(dir.path(), name, text), PROMPT, 4, &[]));
+        assert!(e.contains("error CONFIG:") && e.contains(names), "{e}");
+    };
+    refused("bad.toml", "max_tokenz = 3\n", "max_tokenz");
+    refused("k.toml", "[edge]\nk = 99\n", "k must be");
 
     let bad = write(dir.path(), "model.toml", "draft_model = \"no/such.gguf\"\n");
     let e = err(&run(&bad, PROMPT, 4, &[]));
@@ -360,27 +354,21 @@ fn bad_input_gives_a_code_and_a_message() {
     );
 
     // No default model: the caller names it.
-    let bad = write(dir.path(), "nodraft.toml", "max_seq_len = 512\n");
-    let e = err(&run(&bad, PROMPT, 4, &[]));
-    assert!(
-        e.contains("error CONFIG:") && e.contains("draft_model is required"),
-        "{e}"
+    refused(
+        "nodraft.toml",
+        "max_seq_len = 512\n",
+        "draft_model is required",
     );
 
     // Split execution needs the target model on the device: refused before
     // any model loads, naming the field.
-    let bad = write(
-        dir.path(),
+    refused(
         "split.toml",
         &format!(
             "draft_model = {:?}\n[edge]\nverifier_url = \"http://127.0.0.1:1\"\n[edge.split]\nlayer = 2\n",
             draft_path()
         ),
-    );
-    let e = err(&run(&bad, PROMPT, 4, &[]));
-    assert!(
-        e.contains("error CONFIG:") && e.contains("[edge.split] needs target_model"),
-        "{e}"
+        "[edge.split] needs target_model",
     );
 
     let not_gguf = write(dir.path(), "junk.gguf", "this is not a GGUF file");
