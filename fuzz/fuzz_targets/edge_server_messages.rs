@@ -336,7 +336,7 @@ fuzz_target!(|input: Input| {
         probe_timeout_ms: 100,
         ..EdgeConfig::default()
     };
-    let Ok(mut edge) = EdgeRuntime::new(h.draft.clone(), cfg) else {
+    let Ok(mut edge) = EdgeRuntime::builder(h.draft.clone(), cfg).build() else {
         return;
     };
     let max_tokens = usize::from(input.max_tokens % 12) + 1;
