@@ -441,8 +441,12 @@ impl EdgeRuntime {
         };
         let res = net.drive(&mut run);
         if let Some(op) = net.opening.take() {
-            // The generation ended while a re-open was in flight: drop it (the
-            // verifier frees the session when the stream goes away).
+            // The generation ended while a re-open was in flight: drop it. The
+            // verifier does not free what that open made: it keeps the session
+            // for a resume until its idle TTL or an eviction, and prefills an
+            // Open even after its stream went away (docs/verifier.md "Fault
+            // soak": under load, re-opens that never finish keep a fleet
+            // provisional).
             op.task.abort();
         }
         // Keep the verifier's session for the next turn when its context is
