@@ -60,9 +60,6 @@ async fn admin_endpoints_and_metrics_change_after_a_verify() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
     let m = tiny_models();
     let metrics_token = "metrics-token-0123456789";
     let toml = config_toml(
@@ -101,23 +98,9 @@ async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("tandem_verifier_sessions 0"), "{body}");
     // Reflection is off: the service is not there.
-    let ch = Channel::from_shared(format!("http://{}", v.grpc_addr))
-        .unwrap()
-        .connect()
+    let status = reflection_list(v.grpc_addr)
         .await
-        .unwrap();
-    let mut r = ServerReflectionClient::new(ch);
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let status = match r.server_reflection_info(tokio_stream::iter([req])).await {
-        Err(s) => s,
-        Ok(resp) => {
-            let mut stream = resp.into_inner();
-            stream.message().await.expect_err("reflection must be off")
-        }
-    };
+        .expect_err("reflection must be off");
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
     v.shutdown().await.unwrap();
 
@@ -143,38 +126,43 @@ async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
     assert!(both.contains("at most one of metrics_token"), "{both}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_lists_the_verifier_by_default() {
+/// The services gRPC reflection lists at `addr`, or the status the
+/// reflection call ends with.
+async fn reflection_list(addr: std::net::SocketAddr) -> Result<Vec<String>, tonic::Status> {
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let m = tiny_models();
-    let v = start_plain(&m, "").await;
-    let ch = Channel::from_shared(format!("http://{}", v.grpc_addr))
+    let ch = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let mut r = ServerReflectionClient::new(ch);
     let req = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
     };
-    let mut stream = r
+    let mut stream = ServerReflectionClient::new(ch)
         .server_reflection_info(tokio_stream::iter([req]))
-        .await
-        .unwrap()
+        .await?
         .into_inner();
-    let msg = stream.message().await.unwrap().unwrap();
+    let msg = stream.message().await?.expect("an answer to ListServices");
     let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
         panic!("{msg:?}");
     };
+    Ok(list.service.into_iter().map(|s| s.name).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_verifier_by_default() {
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let names = reflection_list(v.grpc_addr).await.unwrap();
     assert!(
-        list.service
+        names
             .iter()
-            .any(|s| s.name == tandem_proto::VERIFIER_SERVICE_NAME),
-        "{list:?}"
+            .any(|n| n == tandem_proto::VERIFIER_SERVICE_NAME),
+        "{names:?}"
     );
     v.shutdown().await.unwrap();
 }
