@@ -1,14 +1,13 @@
 //! `tandem`: the one binary. Each subcommand lives in its own module with an
-//! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function.
+//! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function;
+//! `lab` and `bench` live in their own crates (`tandem-lab`, `tandem-bench`)
+//! with the same shape, and this file only dispatches.
 
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
 
-mod bench;
-mod common;
 mod demo;
 mod generate;
-mod lab;
 mod models;
 mod netsim;
 mod plan;
@@ -33,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Benchmark Tandem's model core against candle and llama.cpp.
-    Bench(bench::Args),
+    Bench(tandem_bench::Args),
     /// Run the demo: speculative decoding over TLS, privacy routing and an
     /// outage with recovery, all on loopback (fetches the models first).
     Demo(demo::Args),
@@ -57,7 +56,7 @@ enum Command {
     /// Network simulator: a TCP proxy with a named profile or timeline.
     Netsim(netsim::Args),
     /// Latency experiments: modes x network profiles x prompts (docs/lab.md).
-    Lab(lab::Args),
+    Lab(tandem_lab::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,7 +77,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let res = match cli.command {
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => tandem_bench::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Models(a) => models::run(a),
@@ -89,7 +88,7 @@ fn main() -> std::process::ExitCode {
         Command::ServeVerifier(a) => serve_verifier::run(a),
         Command::ServeEdge(a) => serve_edge::run(a),
         Command::Netsim(a) => netsim::run(a),
-        Command::Lab(a) => lab::run(a),
+        Command::Lab(a) => tandem_lab::run(a),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
