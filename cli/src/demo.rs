@@ -28,12 +28,12 @@
 //! Ends with a short summary. Exit code 1 when a part did not show what it
 //! should (e.g. the speculative output differs from the target's).
 
-use crate::common::{load_model, prompt_tokens, resolve_model, tokenizer_of};
 use anyhow::{Context, Result};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tandem_cli_common::models::{load_model, prompt_tokens, resolve_model, tokenizer_of};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
 use tandem_model::speculative::{generate_single, GenerateConfig};

@@ -2,11 +2,11 @@
 //! local speculative decoding), streamed to stdout, with statistics. With
 //! `--verifier URL` (or `--edge-config`) the target is remote: see `remote.rs`.
 
-use crate::common::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
+use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use tandem_fetch::ModelRole;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;

@@ -1,14 +1,13 @@
 //! `tandem`: the one binary. Each subcommand lives in its own module with an
-//! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function.
+//! `Args` struct (clap) and a `run(Args) -> anyhow::Result<()>` function;
+//! `lab` and `bench` live in their own crates (`tandem-lab`, `tandem-bench`)
+//! with the same shape, and this file only dispatches.
 
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
 
-mod bench;
-mod common;
 mod demo;
 mod generate;
-mod lab;
 mod models;
 mod netsim;
 mod plan;
@@ -33,7 +32,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Benchmark Tandem's model core against candle and llama.cpp.
-    Bench(bench::Args),
+    #[cfg(feature = "bench")]
+    Bench(tandem_bench::Args),
+    /// Not built in: this binary was built without the `bench` feature.
+    #[cfg(not(feature = "bench"))]
+    #[command(hide = true)]
+    Bench(NotBuiltIn),
     /// Run the demo: speculative decoding over TLS, privacy routing and an
     /// outage with recovery, all on loopback (fetches the models first).
     Demo(demo::Args),
@@ -57,7 +61,31 @@ enum Command {
     /// Network simulator: a TCP proxy with a named profile or timeline.
     Netsim(netsim::Args),
     /// Latency experiments: modes x network profiles x prompts (docs/lab.md).
-    Lab(lab::Args),
+    #[cfg(feature = "lab")]
+    Lab(tandem_lab::Args),
+    /// Not built in: this binary was built without the `lab` feature.
+    #[cfg(not(feature = "lab"))]
+    #[command(hide = true)]
+    Lab(NotBuiltIn),
+}
+
+/// The arguments of a subcommand left out of this build (`lab`, `bench`):
+/// whatever they are, the command says it was not built in.
+#[cfg(not(all(feature = "lab", feature = "bench")))]
+#[derive(clap::Args)]
+struct NotBuiltIn {
+    /// Taken and ignored: the command only refuses.
+    #[allow(dead_code)]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<String>,
+}
+
+#[cfg(not(all(feature = "lab", feature = "bench")))]
+fn not_built_in(command: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "`tandem {command}` is not built into this binary (built without the `{command}` \
+         feature); build it with `cargo build -p tandem --features {command}`"
+    )
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,7 +106,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let res = match cli.command {
-        Command::Bench(a) => bench::run(a),
+        #[cfg(feature = "bench")]
+        Command::Bench(a) => tandem_bench::run(a),
+        #[cfg(not(feature = "bench"))]
+        Command::Bench(_) => not_built_in("bench"),
         Command::Demo(a) => demo::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Models(a) => models::run(a),
@@ -89,7 +120,10 @@ fn main() -> std::process::ExitCode {
         Command::ServeVerifier(a) => serve_verifier::run(a),
         Command::ServeEdge(a) => serve_edge::run(a),
         Command::Netsim(a) => netsim::run(a),
-        Command::Lab(a) => lab::run(a),
+        #[cfg(feature = "lab")]
+        Command::Lab(a) => tandem_lab::run(a),
+        #[cfg(not(feature = "lab"))]
+        Command::Lab(_) => not_built_in("lab"),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,

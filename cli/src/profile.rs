@@ -14,11 +14,11 @@
 //! pick the passes that were not preempted and their sum undercounts what a whole
 //! forward costs there (on a quiet core the factor is ~1).
 
-use crate::common::{load_model, resolve_model};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
+use tandem_cli_common::models::{load_model, resolve_model};
 use tandem_fetch::ModelRole;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_shard::profile::{LayerKind, LayerProfile};

@@ -4,13 +4,13 @@
 //! terminal), or prints one JSON object with a per-token `status` array; ends with
 //! the edge statistics. JSON schema: docs/cli.md; usage: docs/edge.md.
 
-use crate::common::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use crate::generate::Args;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use tandem_edge::split::SplitLayer;
 use tandem_edge::{
     EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,

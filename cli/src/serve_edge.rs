@@ -5,13 +5,13 @@
 //! is given. Prints `serving http://ADDR model=ID` as its first stdout line,
 //! then serves until Ctrl-C. Reference: docs/api.md.
 
-use crate::common::{load_model, tokenizer_of};
 use crate::remote::RemoteArgs;
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tandem_cli_common::models::{load_model, tokenizer_of};
 use tandem_edge::context_policy::ContextPolicy;
 use tandem_edge::EdgeRuntime;
 use tandem_edge_http::admin::AdminConfig;

@@ -4,10 +4,10 @@
 
 use super::check::GenerationCheck;
 use super::device::Record;
-use crate::bench::report::Machine;
-use crate::lab::report::pct;
+use crate::report::Machine;
 use serde::Serialize;
 use std::fmt::Write as _;
+use tandem_lab::report::pct;
 use tandem_model::speculative::StopReason;
 use tandem_netsim::ProxyStats;
 

@@ -14,13 +14,13 @@ pub(super) mod trace;
 
 use super::worker::{parse_prompts, PromptCase};
 use super::{cpu_model, loadavg, model_file, progress, utc_now, BenchModel, DEFAULT_PROMPTS};
-use crate::lab;
 use anyhow::{bail, Context, Result};
 use report::{Cell, ModelInfo, Report, Settings, Snapshot, TraceInfo};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_fetch::{ModelRole, ModelSpec};
+use tandem_lab as lab;
 use trace::{Schedule, SessionTrace, TraceFile, TraceKey};
 
 /// Block length of the fixed-k speculative mode.
@@ -305,7 +305,7 @@ fn snapshot(pid: u32, admin: &str, ticks: f64) -> Snapshot {
         verifier_cpu_s: cpu_seconds(&pid, ticks),
         client_cpu_s: cpu_seconds("self", ticks),
         metrics: metrics(admin),
-        peak_rss: crate::common::proc_status_bytes(&pid, "VmHWM:"),
+        peak_rss: tandem_cli_common::models::proc_status_bytes(&pid, "VmHWM:"),
     }
 }
 

@@ -8,10 +8,15 @@
 //! profile (verifier cores; a fresh one per run for timelines), and per mode one
 //! long-lived `tandem lab device` (device cores) that loads the draft once and
 //! runs the jobs it reads on stdin.
+//!
+//! A command crate of the `tandem` binary (its `lab` feature): `Args` is the
+//! subcommand's clap struct, `run` its body, and errors are `anyhow::Error`
+//! because the binary only prints them. The processes it starts are the
+//! running binary itself (`std::env::current_exe`).
 
 mod config;
 mod device;
-pub(crate) mod report;
+pub mod report;
 
 use anyhow::{bail, Context, Result};
 use config::{LabConfig, Mode, Prompt};
@@ -197,14 +202,14 @@ fn loadavg() -> String {
 }
 
 /// A child process killed (and reaped) when dropped.
-pub(crate) struct Proc {
+pub struct Proc {
     child: Child,
     name: String,
 }
 
 impl Proc {
     /// The child's process id (the program's own: `taskset` execs it).
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -216,7 +221,8 @@ impl Drop for Proc {
     }
 }
 
-pub(crate) fn taskset_works() -> bool {
+/// Whether `taskset` can pin a process here (it is absent in some containers).
+pub fn taskset_works() -> bool {
     Command::new("taskset")
         .args(["-c", "0", "true"])
         .stdout(Stdio::null())
@@ -227,7 +233,7 @@ pub(crate) fn taskset_works() -> bool {
 }
 
 /// `exe args...`, under `taskset -c cores` when pinning.
-pub(crate) fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Command> {
+pub fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -> Result<Command> {
     let exe = std::env::current_exe().context("finding the tandem binary")?;
     let mut c = if pin && !cores.is_empty() {
         let mut c = Command::new("taskset");
@@ -244,7 +250,7 @@ pub(crate) fn command(cores: &str, pin: bool, threads: usize, args: &[String]) -
 
 /// Starts a server child and waits (≤ timeout) for its first stdout line
 /// starting with `prefix`; returns the rest of that line.
-pub(crate) fn start_server(
+pub fn start_server(
     mut cmd: Command,
     name: &str,
     prefix: &str,

@@ -7,6 +7,12 @@
 //! re-executed with the hidden `--worker` flag, printing one JSON object), one
 //! after the other, so that peak RSS is that pair's alone and no two
 //! measurements compete for the cores.
+//!
+//! A command crate of the `tandem` binary (its `bench` feature): `Args` is the
+//! subcommand's clap struct, `run` its body, and errors are `anyhow::Error`
+//! because the binary only prints them. candle-transformers, the reference
+//! engine, is a dependency of this crate only, so the product binary built
+//! without the feature does not link it.
 
 mod conversation;
 mod report;

@@ -25,8 +25,6 @@ use super::verifier::trace::encode_prompts;
 use super::verifier::{metrics, start_verifier, verifier_toml, ANY_LOOPBACK_PORT, TOKEN};
 use super::worker::{parse_prompts, PromptCase};
 use super::{cpu_model, loadavg, model_file, progress, utc_now, BenchModel, DEFAULT_PROMPTS};
-use crate::lab;
-use crate::netsim::LinkOverrides;
 use anyhow::{bail, Context, Result};
 use check::{GenerationCheck, TargetOracle};
 use device::{Record, Shared};
@@ -36,7 +34,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_cli_common::link_overrides::LinkOverrides;
 use tandem_edge::EdgeConfig;
+use tandem_lab as lab;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::Tokenizer;
@@ -461,8 +461,8 @@ fn sample(at_s: f64, v: &Verifier) -> RssSample {
         verifier_incarnation: v.incarnation,
         verifier_pid: pid,
         verifier_rss_bytes: pid
-            .and_then(|p| crate::common::proc_status_bytes(&p.to_string(), "VmRSS:")),
-        edge_rss_bytes: crate::common::proc_status_bytes("self", "VmRSS:"),
+            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "VmRSS:")),
+        edge_rss_bytes: tandem_cli_common::models::proc_status_bytes("self", "VmRSS:"),
         verifier_sessions: metric("tandem_verifier_sessions"),
         kv_pages_used: metric("tandem_verifier_kv_pages_used"),
         kv_pages_in_store: metric("tandem_verifier_session_bytes")

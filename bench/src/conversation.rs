@@ -15,13 +15,13 @@
 //! for the whole history, computed here target-only.
 
 use super::{cpu_model, loadavg, progress, utc_now};
-use crate::common::{load_model, resolve_model, tokenizer_of};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
+use tandem_cli_common::models::{load_model, resolve_model, tokenizer_of};
 use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
@@ -31,7 +31,7 @@ use tandem_router::Router;
 
 /// The built-in conversation (10 user turns; code and prose; English and
 /// Chinese).
-const DEFAULT_SCRIPT: &str = include_str!("../../../prompts/conversation.jsonl");
+const DEFAULT_SCRIPT: &str = include_str!("../../prompts/conversation.jsonl");
 const TOKEN: &str = "tandem-bench-conversation-token-0123456789";
 /// Context capacity on both sides.
 const MAX_SEQ_LEN: usize = 4096;

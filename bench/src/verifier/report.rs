@@ -4,13 +4,13 @@
 //! schema is documented in docs/cli.md ("tandem bench verifier --json").
 
 use super::replay::{CellRun, DeviceRun};
-use crate::bench::report::Machine;
-use crate::lab::report::{draw_line_chart, pct, plot_err};
+use crate::report::Machine;
 use anyhow::Result;
 use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::Path;
+use tandem_lab::report::{draw_line_chart, pct, plot_err};
 
 /// Version of the `--json` document; bump when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;

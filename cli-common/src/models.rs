@@ -1,4 +1,4 @@
-//! Pieces shared by the subcommands that run models.
+//! Locating, fetching and loading the real models; the chat prompt's tokens; process memory.
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;

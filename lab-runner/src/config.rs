@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_TOML: &str = include_str!("../../../lab/default.toml");
-pub const QUICK_TOML: &str = include_str!("../../../lab/quick.toml");
-pub const PROMPTS_JSONL: &str = include_str!("../../../lab/prompts.jsonl");
+pub const DEFAULT_TOML: &str = include_str!("../../lab/default.toml");
+pub const QUICK_TOML: &str = include_str!("../../lab/quick.toml");
+pub const PROMPTS_JSONL: &str = include_str!("../../lab/prompts.jsonl");
 
 /// One lab run's settings (every field documented in docs/lab.md).
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -87,7 +87,7 @@ pub struct Meta {
 }
 
 /// The `q` quantile (nearest rank) of a sample; 0 for an empty one. Sorts `v`.
-pub(crate) fn pct(v: &mut [f64], q: f64) -> f64 {
+pub fn pct(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -553,7 +553,7 @@ fn gating(cells: &[Cell], profiles: &[String]) -> Option<String> {
 
 type Series = Vec<(String, Vec<f64>)>;
 
-pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plotting: {e:?}")
 }
 
@@ -641,7 +641,7 @@ fn line_chart(
 
 /// Lines with points drawn on `root` (a whole SVG or one panel of it); x on a
 /// log10 scale when `log_x`. The caller presents the root.
-pub(crate) fn draw_line_chart(
+pub fn draw_line_chart(
     root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     title: &str,
     x_desc: &str,

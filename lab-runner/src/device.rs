@@ -3,7 +3,6 @@
 //! a mode's many runs share one model load. Runs pinned to the device core(s).
 
 use super::config::Mode;
-use crate::common::{load_model, prompt_tokens, tokenizer_of};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -11,6 +10,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use tandem_cli_common::models::{load_model, prompt_tokens, tokenizer_of};
 use tandem_edge::adaptive::{RoundRecord, SpeculationConfig};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, TokenStatus};
 use tandem_fetch::ModelRole;

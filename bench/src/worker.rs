@@ -48,7 +48,7 @@ fn ms_since(t: Instant) -> f64 {
 
 /// A line of /proc/self/status in bytes (Linux); 0 elsewhere.
 fn status_bytes(key: &str) -> u64 {
-    crate::common::proc_status_bytes("self", key).unwrap_or(0)
+    tandem_cli_common::models::proc_status_bytes("self", key).unwrap_or(0)
 }
 
 pub fn rss_now() -> u64 {
@@ -491,7 +491,7 @@ mod tests {
         );
         // The editing set (issue 21): at least 40 prompts, English and Chinese,
         // each carrying the code or text to change.
-        let edit = parse_prompts(include_str!("../../../prompts/editing.jsonl")).unwrap();
+        let edit = parse_prompts(include_str!("../../prompts/editing.jsonl")).unwrap();
         assert!(edit.len() >= 40, "{}", edit.len());
         for kind in ["edit-en", "edit-zh"] {
             assert!(edit.iter().any(|c| c.kind == kind), "no {kind} prompt");
