@@ -662,6 +662,7 @@ fn generate(
     let gen = GenerateConfig {
         max_tokens,
         k: cfg.edge.k,
+        proposer: cfg.edge.proposer,
         sampling: cfg.sampling.params(),
         stop_tokens: engine.stop_tokens.clone(),
         ..GenerateConfig::default()

@@ -448,9 +448,48 @@ fn against_a_loopback_verifier_output_is_the_targets_and_id_numbers_stay_local()
     assert!(r.pieces.contains("provisional=0 local=0"), "{}", r.pieces);
     assert_eq!(r.json["route"], "speculative");
     assert_eq!(r.json["decision"]["decision"]["action"], "speculative");
+    // `[edge] proposer` is honoured (no key: `auto`); every proposer gives the
+    // target's own output, and the JSON says which proposed the rounds.
+    let p = &r.json["stats"]["proposers"];
+    let rounds = r.json["stats"]["rounds"].as_u64().unwrap();
+    let sum = |p: &serde_json::Value| {
+        p["draft"]["rounds"].as_u64().unwrap()
+            + p["lookup"]["rounds"].as_u64().unwrap()
+            + p["none_rounds"].as_u64().unwrap()
+    };
+    assert_eq!(sum(p), rounds, "{p}");
+    for (proposer, draft_rounds_zero) in [("draft", false), ("lookup", true)] {
+        let c = write(
+            dir.path(),
+            &format!("{proposer}.toml"),
+            &format!(
+                "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"https://127.0.0.1:{}\"\n\
+                 ca_cert_pem = \"ca.pem\"\ntls_domain = \"localhost\"\ntoken = \"{TOKEN}\"\nk = 4\n\
+                 proposer = \"{proposer}\"\n",
+                draft_path(),
+                v.grpc_addr.port()
+            ),
+        );
+        let r = report(&run(&c, PROMPT, N, &[]));
+        assert_eq!(
+            r.text, want,
+            "{proposer}: verified output must be the target's own"
+        );
+        let p = &r.json["stats"]["proposers"];
+        let rounds = r.json["stats"]["rounds"].as_u64().unwrap();
+        assert_eq!(sum(p), rounds, "{proposer}: {p}");
+        if draft_rounds_zero {
+            assert_eq!(p["draft"]["rounds"], 0, "{proposer}: {p}");
+        } else {
+            assert_eq!(p["draft"]["rounds"].as_u64().unwrap(), rounds, "{p}");
+        }
+    }
     // A conversation: turn 2 is the target's greedy output for the whole
-    // history, and the verifier continued turn 1's session.
-    let s = two_turns(&cfg, &v.state.model, 8, KvPrecision::F32);
+    // history, and the verifier continued turn 1's session. With the draft
+    // proposer, so that turn 1 ran the draft over the prompt (auto and lookup
+    // run it lazily, only when they choose it: then there is less to keep).
+    let draft_cfg = dir.path().join("draft.toml");
+    let s = two_turns(&draft_cfg, &v.state.model, 8, KvPrecision::F32);
     assert!(stat(&s, "verifier_reused") > 10.0, "{s}");
 
     // Split execution: the device also loads the target and runs its first

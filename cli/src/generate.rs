@@ -36,7 +36,8 @@ pub struct Args {
     pub k: usize,
     /// What proposes each block: the draft model, prompt lookup (no model:
     /// continues text that already occurred), or auto (per round, whichever
-    /// promises more tokens per second). Local speculative mode only for now.
+    /// promises more tokens per second). Speculative mode, locally and with
+    /// --verifier.
     #[arg(long, default_value = "draft")]
     pub proposer: ProposerKind,
     /// How the draft model's KV cache stores keys and values: int8 (a
@@ -143,11 +144,6 @@ pub fn run(args: Args) -> Result<()> {
         anyhow::ensure!(
             args.target_model.is_none(),
             "--target-model is not used with --verifier (the verifier loads the target)"
-        );
-        anyhow::ensure!(
-            args.proposer == ProposerKind::Draft,
-            "--proposer {} is not available with --verifier yet (the edge runtime drafts with the draft model only)",
-            args.proposer
         );
         return crate::remote::run(&args, &prompt, cfg_probe);
     }

@@ -167,6 +167,9 @@ pub struct RemoteJson {
     pub status: Vec<TokenStatus>,
     pub stop: StopReason,
     pub k: usize,
+    /// What proposed the blocks (`--proposer`); per-proposer counts in
+    /// `stats.proposers`.
+    pub proposer: tandem_model::proposer::ProposerKind,
     pub sampling: SamplingParams,
     pub load_ms: f64,
     pub peak_rss_bytes: Option<u64>,
@@ -353,6 +356,7 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
             status: g.statuses.clone(),
             stop: g.stop,
             k: gen.k,
+            proposer: gen.proposer,
             sampling: gen.sampling,
             load_ms,
             peak_rss_bytes: peak_rss_bytes(),
@@ -423,6 +427,19 @@ pub fn human_stats(
         s.verifier_passes,
         s.verifier_passes_per_token
     ));
+    let by = &s.proposers;
+    if by.lookup.rounds > 0 || by.none_rounds > 0 {
+        o.push_str(&format!(
+            "    by proposer: draft {} rounds ({}/{} accepted), lookup {} rounds ({}/{} accepted), no proposal {} rounds\n",
+            by.draft.rounds,
+            by.draft.accepted,
+            by.draft.drafted,
+            by.lookup.rounds,
+            by.lookup.accepted,
+            by.lookup.drafted,
+            by.none_rounds
+        ));
+    }
     o.push_str(&format!(
         "    RTT mean {:.1} ms, p95 {:.1} ms; bytes sent {}, received {}\n",
         s.rtt_mean_ms, s.rtt_p95_ms, s.bytes_sent, s.bytes_received

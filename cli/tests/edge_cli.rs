@@ -132,6 +132,46 @@ fn json_has_per_token_status_and_edge_stats_and_equals_target_only() {
 }
 
 #[test]
+fn proposer_auto_and_lookup_with_a_verifier_give_the_target_s_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = verifier(dir.path(), "insecure_loopback = true", "");
+    let tf = token_file(dir.path(), TOKEN);
+    let url = format!("http://{}", v.grpc);
+    let want = draft_only("16");
+    for proposer in ["auto", "lookup"] {
+        let out = generate(
+            &[
+                "--verifier",
+                &url,
+                "--proposer",
+                proposer,
+                "--prompt",
+                PROMPT,
+                "--max-tokens",
+                "16",
+                "--json",
+            ],
+            &["--token-file".as_ref(), tf.as_os_str()],
+        );
+        let j = json_of(&out);
+        assert_eq!(j["tokens"], want["tokens"], "{proposer}");
+        assert_eq!(j["proposer"], proposer);
+        assert_eq!(statuses(&j), vec!["verified".to_string(); 16]);
+        let s = &j["stats"];
+        let p = &s["proposers"];
+        let rounds = |k: &str| p[k]["rounds"].as_u64().unwrap();
+        assert_eq!(
+            rounds("draft") + rounds("lookup") + p["none_rounds"].as_u64().unwrap(),
+            s["rounds"].as_u64().unwrap(),
+            "{proposer}: {s}"
+        );
+        if proposer == "lookup" {
+            assert_eq!(rounds("draft"), 0, "{s}");
+        }
+    }
+}
+
+#[test]
 fn streams_plain_text_to_a_pipe_and_prints_edge_stats() {
     let dir = tempfile::tempdir().unwrap();
     let v = verifier(dir.path(), "insecure_loopback = true", "");

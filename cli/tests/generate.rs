@@ -154,11 +154,11 @@ fn bad_input_gets_clear_errors() {
             "--verifier",
             "https://127.0.0.1:9",
             "--proposer",
-            "lookup",
+            "magic",
             "--prompt",
             "x",
         ],
-        "not available with --verifier",
+        "expected draft, lookup or auto",
     );
     expect_error(
         &["--draft-model", "/nonexistent/x.gguf", "--prompt", "x"],

@@ -169,6 +169,11 @@ fn the_openai_python_client_accepts_serve_edge() {
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let verifier_url = format!("http://{}", v.grpc);
+    // The draft proposer (the default is auto): the conversation checks below
+    // need turn 1 to have run the draft over the prompt (auto runs it lazily,
+    // and a turn lookup serves leaves no draft KV to reuse).
+    let edge_config = dir.path().join("edge.toml");
+    std::fs::write(&edge_config, "proposer = \"draft\"\n").unwrap();
     let (server, addr, line) = serve_edge(&[
         "--admin-token-env",
         "TANDEM_TEST_ADMIN",
@@ -178,6 +183,8 @@ fn the_openai_python_client_accepts_serve_edge() {
         &verifier_url,
         "--token-file",
         token_file.to_str().unwrap(),
+        "--edge-config",
+        edge_config.to_str().unwrap(),
     ]);
     assert!(line.trim_end().ends_with("model=tandem"), "{line:?}");
 

@@ -40,6 +40,7 @@
 //! a long round trip makes long blocks pay, low acceptance makes them not.
 
 use serde::{Deserialize, Serialize};
+use tandem_model::proposer::{AutoChooser, ProposerStats};
 use tandem_model::speculative::MAX_K;
 
 /// How the device speculates (the `[speculation]` table of an `EdgeConfig`).
@@ -367,6 +368,13 @@ pub struct SpecState {
     pub cfg: SpeculationConfig,
     pub chooser: AdaptiveK,
     pub rounds: Vec<RoundRecord>,
+    /// Acceptance per proposer (`lookup`/`auto` rounds), across generations:
+    /// what `auto` estimates from.
+    pub proposers: ProposerStats,
+    /// `auto`'s cost model (`tandem_model::proposer::AutoChooser`): the
+    /// round trip per verified rows as the target's cost, the draft's forward
+    /// times; fed by the same rounds as the adaptive-k chooser.
+    pub auto: AutoChooser,
     /// Pipelined drafting: tokens drafted beyond the context (the draft cache +
     /// pending hold ctx + these), valid for the context length `ahead_at`.
     pub(crate) ahead: Vec<u32>,
@@ -378,6 +386,8 @@ impl SpecState {
         Self {
             cfg: cfg.clone(),
             chooser: AdaptiveK::new(cfg),
+            proposers: ProposerStats::default(),
+            auto: AutoChooser::default(),
             rounds: Vec::new(),
             ahead: Vec::new(),
             ahead_at: 0,

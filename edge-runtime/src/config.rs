@@ -31,6 +31,12 @@ pub struct EdgeConfig {
     pub tokenizer_fingerprint: Option<String>,
     /// Draft block length used by callers that do not pass their own (1..=16).
     pub k: usize,
+    /// What proposes the blocks, for callers that do not pass their own
+    /// (`tandem serve-edge`, the C ABI): `draft` (the draft model), `lookup`
+    /// (prompt lookup, no model) or `auto` (per round, whichever promises more
+    /// tokens per second; the default). Applies to plain rounds; pipelined and
+    /// gated rounds draft with the model (docs/edge.md "Proposers").
+    pub proposer: tandem_model::proposer::ProposerKind,
     /// TCP + TLS connect timeout.
     pub connect_timeout_ms: u64,
     /// Deadline for `Opened` / `Resumed` (the verifier prefills the context).
@@ -126,6 +132,7 @@ impl Default for EdgeConfig {
             model_id: "qwen2.5-coder-1.5b-instruct-q4_k_m".into(),
             tokenizer_fingerprint: None,
             k: 4,
+            proposer: tandem_model::proposer::ProposerKind::Auto,
             connect_timeout_ms: 2_000,
             open_timeout_ms: 30_000,
             deadline_initial_ms: 5_000,

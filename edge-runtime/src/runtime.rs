@@ -31,7 +31,6 @@ use rounds::{RoundKind, Rounds};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
@@ -173,6 +172,10 @@ pub struct EdgeStats {
     pub ttft_ms: f64,
     pub total_ms: f64,
     pub tokens_per_s: f64,
+    /// Rounds, drafted and accepted tokens per proposer (`--proposer`; rounds
+    /// of the draft-only kinds count as draft rounds).
+    #[serde(default)]
+    pub proposers: tandem_model::proposer::ProposerStats,
     /// Split execution (when configured): s, format, per-round times, prediction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<crate::split::SplitReport>,
@@ -202,6 +205,8 @@ pub struct EdgeRuntime {
     rtt: RttTracker,
     open_cost: OpenCost,
     probe: Option<tokio::task::JoinHandle<()>>,
+    /// A session re-open a generation left in flight (the next one adopts it).
+    reopening: Option<connection::Opening>,
     spec: SpecState,
     split: Option<crate::split::SplitExec>,
     conversations: ConversationCache,
@@ -211,6 +216,9 @@ impl Drop for EdgeRuntime {
     fn drop(&mut self) {
         if let Some(p) = self.probe.take() {
             p.abort();
+        }
+        if let Some(op) = self.reopening.take() {
+            op.abandon();
         }
     }
 }
@@ -296,6 +304,7 @@ impl EdgeRuntime {
             rtt: RttTracker::default(),
             open_cost: OpenCost::default(),
             probe: None,
+            reopening: None,
         })
     }
 
@@ -405,16 +414,6 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
-        if gen.proposer != ProposerKind::Draft {
-            // Until the round loop takes a proposer (issue 21), say so rather
-            // than silently drafting with the model.
-            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
-                format!(
-                    "proposer {} is not supported by the edge runtime yet (only draft)",
-                    gen.proposer
-                ),
-            )));
-        }
         let Some(connector) = self.connector.clone() else {
             return self.generate_local_in(conversation, prompt, gen, on_event);
         };
@@ -471,17 +470,16 @@ impl EdgeRuntime {
             codec,
         };
         let mut rounds = Rounds { conn, spec, kind };
+        if let Some(op) = self.reopening.take() {
+            rounds.conn.adopt(op, &gen.sampling);
+        }
         let res = rounds.drive(&mut run);
         let mut net = rounds.conn;
-        if let Some(op) = net.opening.take() {
-            // The generation ended while a re-open was in flight: drop it. The
-            // verifier does not free what that open made: it keeps the session
-            // for a resume until its idle TTL or an eviction, and prefills an
-            // Open even after its stream went away (docs/verifier.md "Fault
-            // soak": under load, re-opens that never finish keep a fleet
-            // provisional).
-            op.task.abort();
-        }
+        // The generation ended while a re-open was in flight: the runtime
+        // keeps it and the next generation adopts it. (Aborting it here meant
+        // that once an open took longer than a generation none ever completed
+        // and a fleet stayed provisional: docs/verifier.md "Fault soak".)
+        self.reopening = net.opening.take();
         // Keep the verifier's session for the next turn when its context is
         // known (the stream is live and no provisional span is unchecked: the
         // verifier then holds the device's context, possibly plus a stop token

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
+use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::GenerateConfig;
 
 const TOKEN: &str = "outage-test-token-0123456789";
@@ -40,7 +41,12 @@ struct Outcome {
 /// One generation through the proxy; the link goes silent at token `SILENT_AT`
 /// for `SILENCE`. The edge config keeps the default `open_timeout_ms` (30 s),
 /// the budget the old re-open waited for.
-fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig) -> Outcome {
+fn generate_through_outage(
+    draft: &Path,
+    target: &Path,
+    spec: SpeculationConfig,
+    proposer: ProposerKind,
+) -> Outcome {
     let vrt = io_runtime();
     let v = start_tiny_verifier(&vrt, target, TOKEN);
     let (addr, silent) = start_switchable_proxy(&vrt, v.grpc_addr, Duration::from_millis(2));
@@ -65,6 +71,7 @@ fn generate_through_outage(draft: &Path, target: &Path, spec: SpeculationConfig)
         // f32 draft KV: a draft that is the target is then a perfect draft,
         // and provisional tokens are `greedy_predictions(draft)`.
         draft_kv: tandem_model::kv_cache::KvPrecision::F32,
+        proposer,
         ..GenerateConfig::default()
     };
     let mut while_silent = Vec::new();
@@ -170,7 +177,7 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
             ..SpeculationConfig::default()
         },
     ] {
-        let o = generate_through_outage(&draft_p, &target_p, spec.clone());
+        let o = generate_through_outage(&draft_p, &target_p, spec.clone(), ProposerKind::Draft);
         let (first, last) = check_common(&o);
         let g = &o.g;
         // Verified tokens are the target's greedy choice given the streamed
@@ -206,7 +213,12 @@ fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
     let (target_p, _) = tiny_models(dir.path());
     let target = load(&target_p);
     let t = std::time::Instant::now();
-    let o = generate_through_outage(&target_p, &target_p, SpeculationConfig::default());
+    let o = generate_through_outage(
+        &target_p,
+        &target_p,
+        SpeculationConfig::default(),
+        ProposerKind::Draft,
+    );
     check_common(&o);
     let want = target_greedy(&target, PROMPT, MAX);
     assert_eq!(o.g.tokens, want);
@@ -216,4 +228,40 @@ fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
         "outage run (perfect draft): {:.1} s",
         t.elapsed().as_secs_f64()
     );
+}
+
+#[test]
+fn silent_link_with_lookup_proposals_keeps_the_same_guarantees() {
+    // Lookup rounds leave the draft behind the context; drafting alone must
+    // catch it up, and the span is checked as with the draft proposer.
+    let dir = tempfile::tempdir().unwrap();
+    let (target_p, draft_p) = tiny_models(dir.path());
+    let (target, draft) = (load(&target_p), load(&draft_p));
+    let target_only = target_greedy(&target, PROMPT, MAX);
+    let o = generate_through_outage(
+        &draft_p,
+        &target_p,
+        SpeculationConfig::default(),
+        ProposerKind::Lookup,
+    );
+    let (first, last) = check_common(&o);
+    let g = &o.g;
+    let t_pred = greedy_predictions(&target, PROMPT, &g.tokens);
+    let d_pred = greedy_predictions(&draft, PROMPT, &g.tokens);
+    let mut mismatches = Vec::new();
+    for i in 0..MAX {
+        if i < first || i > last {
+            assert_eq!(g.tokens[i], t_pred[i], "verified token {i}");
+        } else {
+            assert_eq!(g.tokens[i], d_pred[i], "provisional token {i}");
+            if t_pred[i] != g.tokens[i] {
+                mismatches.push(i);
+            }
+        }
+    }
+    assert_eq!(g.provisional.spans[0].mismatches, mismatches);
+    assert_eq!(g.tokens[..first], target_only[..first]);
+    let p = &g.stats.proposers;
+    assert_eq!(p.draft.rounds, 0, "{p:?}");
+    assert_eq!(p.lookup.rounds + p.none_rounds, g.stats.rounds, "{p:?}");
 }

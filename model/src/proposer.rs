@@ -307,6 +307,55 @@ impl AutoChooser {
     }
 }
 
+/// A round's proposal: the source, its length, and the tokens when the
+/// source is lookup (the draft's are drafted by the caller).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub source: Source,
+    pub len: usize,
+    pub lookup: Vec<u32>,
+}
+
+/// What proposes a round of at most `k` tokens after `history` (which
+/// `index` has indexed): the draft model (`k`), lookup's offer (none: no
+/// proposal), or `auto`'s choice from `chooser` and `stats`.
+/// `draft_backlog` (tokens the draft has not run yet) is asked only by
+/// `auto`. The local loop and the edge runtime plan their rounds here.
+pub fn plan_round(
+    kind: ProposerKind,
+    index: &NgramIndex,
+    history: &[u32],
+    k: usize,
+    chooser: &AutoChooser,
+    stats: &ProposerStats,
+    draft_backlog: impl FnOnce() -> usize,
+) -> Plan {
+    // What lookup offers (looked up once; the draft-only loop never asks).
+    let mut offer = match kind {
+        ProposerKind::Draft => Vec::new(),
+        ProposerKind::Lookup | ProposerKind::Auto => index.propose(history, k).0,
+    };
+    let (source, len) = match kind {
+        ProposerKind::Draft => (Source::Draft, k),
+        ProposerKind::Lookup => match offer.len() {
+            0 => (Source::Nothing, 0),
+            n => (Source::Lookup, n),
+        },
+        ProposerKind::Auto => chooser.choose(stats, offer.len(), k, draft_backlog()),
+    };
+    if source == Source::Lookup {
+        // The first `len` tokens of the offer (auto may take fewer).
+        offer.truncate(len);
+    } else {
+        offer.clear();
+    }
+    Plan {
+        source,
+        len,
+        lookup: offer,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@
 //! in (see [`crate::qwen2`]).
 
 use crate::kv_cache::{KvCache, KvPrecision};
-use crate::proposer::{AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
+use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
 use crate::qwen2::Qwen2Model;
 use crate::sampling::{self, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
 use crate::verify::{verdict_from_logits, Verdict};
@@ -442,29 +442,22 @@ pub fn generate_speculative(
             em.stop = Some(StopReason::ContextFull);
             break;
         }
-        // What lookup offers (looked up once; the draft-only loop never asks).
-        let mut offer = match cfg.proposer {
-            ProposerKind::Draft => Vec::new(),
-            ProposerKind::Lookup | ProposerKind::Auto => index.propose(&history, k).0,
-        };
-        let (source, len) = match cfg.proposer {
-            ProposerKind::Draft => (Source::Draft, k),
-            ProposerKind::Lookup => match offer.len() {
-                0 => (Source::Nothing, 0),
-                n => (Source::Lookup, n),
-            },
-            ProposerKind::Auto => {
-                chooser.choose(&stats.proposers, offer.len(), k, drafter.backlog(&history))
-            }
-        };
+        let plan = plan_round(
+            cfg.proposer,
+            &index,
+            &history,
+            k,
+            &chooser,
+            &stats.proposers,
+            || drafter.backlog(&history),
+        );
+        let (source, len) = (plan.source, plan.len);
         let (block, qs) = match source {
             Source::Draft => {
                 drafter.propose(&history, len, cfg, &mut rng, &mut stats, &mut chooser)?
             }
             Source::Lookup => {
-                // The first `len` tokens of the offer (auto may take fewer).
-                offer.truncate(len);
-                let block = offer;
+                let block = plan.lookup;
                 // A lookup proposal is a point mass (q = 1).
                 let qs = if params.is_greedy() {
                     Vec::new()

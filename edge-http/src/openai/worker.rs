@@ -333,6 +333,7 @@ fn run_job(
     let gen = GenerateConfig {
         max_tokens: req.max_tokens,
         k: cfg.k,
+        proposer: cfg.proposer,
         sampling: req.sampling,
         stop_tokens: if req.ignore_eos {
             Vec::new()

@@ -10,6 +10,7 @@ use super::connection::draft_positions;
 use super::generation::Generation;
 use super::rounds::{RoundOutcome, Rounds};
 use crate::error::EdgeError;
+use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
@@ -85,6 +86,7 @@ pub(super) fn round(
         positions: draft_positions(0),
         draft_ms: 0.0,
         reused: 0,
+        source: Source::Nothing,
         apply: true,
     }))
 }

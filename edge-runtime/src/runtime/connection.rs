@@ -78,11 +78,27 @@ pub(crate) fn draft_positions(k: usize) -> usize {
     k + 1
 }
 
-/// A session open in flight on the I/O runtime.
-pub(super) struct Opening {
+/// A session open in flight on the I/O runtime. It outlives the generation
+/// that started it: the runtime keeps it, and the next generation adopts it
+/// ([`Connection::adopt`]) instead of starting another (docs/edge.md,
+/// "Re-opens outlive a generation").
+pub(crate) struct Opening {
     pub(super) task: tokio::task::JoinHandle<(OpenResult, Counters)>,
-    /// The context length the Open carries (the verifier will hold `ctx[..upto]`).
-    pub(super) upto: usize,
+    /// The context the Open carries (the verifier will hold it).
+    pub(super) context: Vec<u32>,
+    /// The sampling the session was opened with.
+    pub(super) sampling: pb::SamplingParams,
+    /// The affinity key of its stream, and its first round number.
+    pub(super) session_key: String,
+    pub(super) first_round: u64,
+}
+
+impl Opening {
+    /// Abandons the open (the runtime is dropped, or the next generation
+    /// cannot use it).
+    pub(crate) fn abandon(self) {
+        self.task.abort();
+    }
 }
 
 /// Outcome of a network step.
@@ -292,7 +308,27 @@ impl Connection<'_> {
                 self.connector
                     .open(msg, &self.session_key, d, &mut self.counters),
             );
-        self.opened(run, r, upto)
+        self.opened(run, r, upto, None)
+    }
+
+    /// Takes over an open an earlier generation left in flight when it is
+    /// usable (same sampling: the Open fixed it; a token-id session); else
+    /// abandons it. A taken one continues the earlier session's rounds and
+    /// affinity; the kept conversation session (if any) is not continued.
+    pub(super) fn adopt(&mut self, op: Opening, sampling: &tandem_model::sampling::SamplingParams) {
+        if op.sampling != to_pb_sampling(sampling) || !self.codec.tokens_only() {
+            op.abandon();
+            return;
+        }
+        tracing::debug!(
+            context = op.context.len(),
+            "adopting the re-open of an earlier generation"
+        );
+        self.session_key = op.session_key.clone();
+        self.round = op.first_round;
+        self.continuation = None;
+        self.outage = true;
+        self.opening = Some(op);
     }
 
     /// Starts opening the session on the I/O runtime; `drive` drafts alone until
@@ -309,16 +345,25 @@ impl Connection<'_> {
         });
         run.stats.background_opens += 1;
         tracing::debug!(session = ?self.session_id, context = upto, ?d, "re-opening in the background");
-        self.opening = Some(Opening { task, upto });
+        self.opening = Some(Opening {
+            task,
+            context: run.ctx[..upto].to_vec(),
+            sampling: to_pb_sampling(&run.gen.sampling),
+            session_key: self.session_key.clone(),
+            first_round: self.round,
+        });
         Ok(())
     }
 
-    /// Applies the answer to an Open of `ctx[..upto]`.
+    /// Applies the answer to an Open of `ctx[..upto]`, or, with `other`, of a
+    /// context `other` of `upto` tokens that is not a prefix of this
+    /// generation's (an adopted open of an earlier generation).
     pub(super) fn opened(
         &mut self,
         run: &mut Generation<'_, '_>,
         r: OpenResult,
         upto: usize,
+        other: Option<&[u32]>,
     ) -> Result<Step, EdgeError> {
         match r {
             Ok((
@@ -365,6 +410,9 @@ impl Connection<'_> {
                 self.session_id = Some(o.session_id);
                 self.stream = Some(stream);
                 self.live = true;
+                if let Some(held) = other {
+                    return self.resume_adopted(run, held);
+                }
                 if upto < run.ctx.len() {
                     // Opened in the background while the device drafted alone.
                     // Greedy: `check_provisional` verifies those tokens from
@@ -385,6 +433,29 @@ impl Connection<'_> {
             Ok(_) => Err(EdgeError::Protocol("first answer was not Opened".into())),
             Err(e) => self.fail(run, e),
         }
+    }
+
+    /// An adopted session holds another generation's context `held`: move it
+    /// to this one's. Greedy: to where the provisional span starts (it is
+    /// checked next); otherwise the span is left unchecked and the session
+    /// gets the whole context.
+    fn resume_adopted(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        held: &[u32],
+    ) -> Result<Step, EdgeError> {
+        let checks = run.gen.sampling.is_greedy() && self.codec.tokens_only();
+        let upto = match run.check.as_ref() {
+            Some(c) if checks => run.prompt_len + c.next,
+            _ => {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, false);
+                }
+                run.ctx.len()
+            }
+        };
+        let fresh = upto.saturating_sub(common_prefix(held, &run.ctx[..upto]));
+        self.resume_at(run, upto, fresh.max(1))
     }
 
     /// Sends the whole context (`Resume`) to a session that holds a prefix of it.

@@ -29,6 +29,7 @@ use super::rounds::{ms, RoundOutcome, Rounds};
 use super::TokenStatus;
 use crate::error::EdgeError;
 use std::time::Instant;
+use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
@@ -125,6 +126,7 @@ pub(super) fn round(
         positions: draft_positions(total),
         draft_ms,
         reused: 0,
+        source: Source::Draft,
         apply: n >= g,
     };
     if n < g {

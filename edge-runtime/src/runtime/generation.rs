@@ -11,6 +11,7 @@ use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession};
 use crate::error::EdgeError;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
+use tandem_model::proposer::NgramIndex;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::{
     apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
@@ -55,6 +56,9 @@ pub(super) struct Generation<'a, 'b> {
     pub(super) continuation: Option<KeptSession>,
     /// Most positions `cache` has held (for the conversation cache's budget).
     pub(super) high_water: usize,
+    /// Prompt lookup's n-gram index over `ctx` (`lookup`/`auto`; extended as
+    /// the context grows).
+    pub(super) lookup: NgramIndex,
 }
 
 impl<'a, 'b> Generation<'a, 'b> {
@@ -149,6 +153,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             first: None,
             continuation,
             high_water,
+            lookup: NgramIndex::new(),
         })
     }
 

@@ -13,6 +13,7 @@ use super::rounds::{RoundOutcome, Rounds};
 use crate::client::{Counters, NetError};
 use crate::error::EdgeError;
 use std::time::Duration;
+use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
@@ -75,6 +76,7 @@ pub(super) fn round(
         positions: draft_positions(k),
         draft_ms,
         reused,
+        source: Source::Draft,
         apply: true,
     }))
 }

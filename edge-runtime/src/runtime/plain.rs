@@ -1,11 +1,13 @@
-//! The plain round: draft a block of k (fixed, or the chooser's with adaptive
-//! k), encode it with the session's codec, exchange it (or let the codec answer
+//! The plain round: propose a block of up to k (fixed, or the chooser's with
+//! adaptive k) with the generation's proposer (the draft model, prompt lookup,
+//! or `auto`'s choice; `tandem_model::proposer`), encode it with the session's codec, exchange it (or let the codec answer
 //! on the device: an all-local split round) and decode the verdict.
 
 use super::connection::draft_positions;
 use super::generation::Generation;
 use super::rounds::{RoundOutcome, Rounds};
 use crate::error::EdgeError;
+use tandem_model::proposer::{plan_round, ProposerKind, Source};
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
@@ -22,10 +24,48 @@ pub(super) fn round(
         run.stop = Some(StopReason::ContextFull);
         return Ok(None);
     }
-    let k = r.block_len(run, limit);
+    let k_max = r.block_len(run, limit);
     let ctx_before = run.ctx.len();
-    let mut block = Vec::with_capacity(k);
-    let (dists, draft_ms) = r.draft_block(run, &mut block, k)?;
+    // What proposes the block (tandem_model::proposer, as in the local loop).
+    if run.gen.proposer != ProposerKind::Draft {
+        run.lookup.extend(&run.ctx);
+    }
+    let backlog = run.pending.len();
+    let plan = plan_round(
+        run.gen.proposer,
+        &run.lookup,
+        &run.ctx,
+        k_max,
+        &r.spec.auto,
+        &r.spec.proposers,
+        || backlog,
+    );
+    let k = plan.len;
+    let (block, dists, draft_ms) = match plan.source {
+        Source::Draft => {
+            let mut block = Vec::with_capacity(k);
+            let (dists, draft_ms) = r.draft_block(run, &mut block, k)?;
+            (block, dists, draft_ms)
+        }
+        Source::Lookup => {
+            // A lookup proposal is a point mass (q = 1) in sampled mode; the
+            // draft model does not run (it catches up when it is needed).
+            let dists = if run.gen.sampling.is_greedy() {
+                Vec::new()
+            } else {
+                plan.lookup
+                    .iter()
+                    .map(|&t| pb::TokenDistribution {
+                        tokens: vec![t],
+                        probs: vec![1.0],
+                    })
+                    .collect()
+            };
+            (plan.lookup, dists, 0.0)
+        }
+        // No proposal: the verifier's next token (k = 0).
+        Source::Nothing => (Vec::new(), Vec::new(), 0.0),
+    };
     let round = r.conn.round;
     let draft = pb::Draft {
         round,
@@ -65,6 +105,7 @@ pub(super) fn round(
         positions: draft_positions(k),
         draft_ms,
         reused: 0,
+        source: plan.source,
         apply: true,
     }))
 }

@@ -13,6 +13,7 @@ use crate::client::{Counters, NetError};
 use crate::codec::check_verdict;
 use crate::error::EdgeError;
 use std::time::{Duration, Instant};
+use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
@@ -70,6 +71,8 @@ pub(super) struct RoundOutcome {
     pub draft_ms: f64,
     /// Block tokens that had been drafted ahead in the previous round.
     pub reused: usize,
+    /// What proposed the block.
+    pub source: Source,
     /// Apply the verdict to the draft and emit (false: the caller handles the
     /// tokens, e.g. a gated span the verifier disagreed with).
     pub apply: bool,
@@ -105,7 +108,9 @@ impl Rounds<'_> {
                     ),
                 };
                 self.conn.counters.add(c);
-                if let Step::Lost = self.conn.opened(run, r, op.upto)? {
+                let upto = op.context.len();
+                let other = (!run.ctx.starts_with(&op.context)).then_some(&op.context[..]);
+                if let Step::Lost = self.conn.opened(run, r, upto, other)? {
                     continue;
                 }
                 self.check_provisional(run)?;
@@ -200,11 +205,14 @@ impl Rounds<'_> {
         // prefill in the first round, a catch-up after target streaming).
         let (mut first, mut timed, mut timed_ms) = (None, 0usize, 0.0f64);
         while held.len() < k {
-            let catch_up = run.pending.len() > 2;
+            let fed = run.pending.len();
+            let catch_up = fed > 2;
             let is_first = held.is_empty();
             let t = Instant::now();
             let (d, q) = run.draft_next(&hist)?;
-            let took = ms(t.elapsed());
+            let elapsed = t.elapsed();
+            self.spec.auto.draft_forward(fed, elapsed);
+            let took = ms(elapsed);
             if !catch_up {
                 if is_first {
                     first = Some(took);
@@ -244,6 +252,8 @@ impl Rounds<'_> {
     /// The one place a round's outcome is accounted and applied.
     pub(super) fn commit(&mut self, run: &mut Generation<'_, '_>, o: RoundOutcome) {
         if let Some(rtt) = o.rtt {
+            // The round trip is what a verify of these rows costs the device.
+            self.spec.auto.target_forward(o.positions, rtt);
             self.conn.record_rtt(rtt, o.positions);
             self.conn.success();
             // Round numbers and passes count the verifier's rounds (an
@@ -257,6 +267,10 @@ impl Rounds<'_> {
             return;
         }
         run.stats.accepted += o.accepted as u64;
+        if self.kind != RoundKind::CloudStreamed {
+            run.stats.proposers.record(o.source, o.k, o.accepted);
+            self.spec.proposers.record(o.source, o.k, o.accepted);
+        }
         let rtt_ms = o.rtt.map(ms).unwrap_or(0.0);
         let observes = matches!(self.kind, RoundKind::Plain | RoundKind::Pipelined);
         if self.tuned() && observes {
