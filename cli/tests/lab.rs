@@ -128,6 +128,7 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
         s.contains("prompt set\tlab (lab/prompts.jsonl, built in)"),
         "{s}"
     );
+    assert!(s.contains("pipeline-k4\tfast-4g\t2 runs"), "{s}");
 
     // The shared sets by name: the editing set (its long prompts, no tags).
     let dir = tempfile::tempdir().unwrap();
@@ -149,7 +150,6 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
         "{s}"
     );
     assert!(s.contains("total\t6 runs, 3 prompts"), "{s}");
-    assert!(s.contains("pipeline-k4\tfast-4g\t2 runs"), "{s}");
 
     // The default matrix: every shipped prompt id exists, the outage timeline parses.
     let o = tandem().args(["lab", "--dry-run"]).output().unwrap();
