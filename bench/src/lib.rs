@@ -34,8 +34,10 @@ use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use worker::{MicroPlan, SpecPlan};
 
-/// The shared prompt set, built in so the binary runs from anywhere.
+/// The shared general prompt set, built in so the binary runs from anywhere.
 pub(crate) const DEFAULT_PROMPTS: &str = include_str!("../../prompts/default.jsonl");
+/// The editing prompt set (code or text to change, carried in the prompt).
+const EDITING_PROMPTS: &str = include_str!("../../prompts/editing.jsonl");
 /// The llama.cpp measurement script, built in and run with `python3 -c`.
 const LLAMA_CPP_SCRIPT: &str = include_str!("../../scripts/llama_cpp_bench.py");
 /// Verify block sizes of the cost curve (k = 1 is the reference). 24, 40 and 64
@@ -140,10 +142,12 @@ pub struct Args {
     /// target-only generation.
     #[arg(long, value_delimiter = ',', default_values = ["int8"])]
     draft_kv: Vec<KvPrecision>,
-    /// Prompt set (JSON lines with id, kind, prompt, max_tokens); default: the
-    /// built-in prompts/default.jsonl.
-    #[arg(long)]
-    prompts: Option<PathBuf>,
+    /// Prompt sets of the speculative comparison, comma-separated, one table
+    /// each: `default` (the built-in general set, prompts/default.jsonl),
+    /// `editing` (the built-in editing set, prompts/editing.jsonl), or a file
+    /// of JSON lines with id, kind, prompt, max_tokens.
+    #[arg(long, value_delimiter = ',', default_values = ["default"])]
+    prompts: Vec<String>,
     /// Python interpreter for the llama.cpp column.
     #[arg(long, env = "TANDEM_PYTHON", default_value = "python3")]
     python: String,
@@ -200,6 +204,8 @@ impl Args {
             .decode_tokens
             .unwrap_or(if self.quick { 32 } else { 64 });
         anyhow::ensure!(decode_tokens >= 1, "--decode-tokens must be at least 1");
+        // A bad prompt set fails now, not after the model measurements.
+        self.prompt_sets()?;
         Ok(Resolved {
             threads,
             repeats,
@@ -209,15 +215,25 @@ impl Args {
         })
     }
 
-    fn prompt_set(&self) -> Result<Vec<worker::PromptCase>> {
-        match &self.prompts {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading prompt set {}", p.display()))?;
-                worker::parse_prompts(&text)
-            }
-            None => worker::parse_prompts(DEFAULT_PROMPTS),
+    /// The `--prompts` sets, each with its name (`default`, `editing`, or the
+    /// file as given).
+    fn prompt_sets(&self) -> Result<Vec<(String, Vec<worker::PromptCase>)>> {
+        let mut sets = Vec::new();
+        for name in &self.prompts {
+            let cases = match name.as_str() {
+                "default" => worker::parse_prompts(DEFAULT_PROMPTS)?,
+                "editing" => worker::parse_prompts(EDITING_PROMPTS)?,
+                file => {
+                    let text = std::fs::read_to_string(file).with_context(|| {
+                        format!("reading prompt set {file} (built in: default, editing)")
+                    })?;
+                    worker::parse_prompts(&text)
+                        .with_context(|| format!("parsing prompt set {file}"))?
+                }
+            };
+            sets.push((name.clone(), cases));
         }
+        Ok(sets)
     }
 }
 
@@ -268,19 +284,23 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
             serde_json::to_string(&m)?
         }
         WorkerKind::Spec => {
-            let mut prompts = args.prompt_set()?;
-            prompts.truncate(res.spec_prompts);
-            let plan = SpecPlan {
-                prompts,
-                k: args.k,
-                proposers: args.proposers.clone(),
-                draft_kvs: args.draft_kv.clone(),
-                max_tokens_cap: res.spec_cap,
-                threads: res.threads,
-            };
             let draft = model_file(BenchModel::Draft)?;
             let target = model_file(BenchModel::Target)?;
-            serde_json::to_string(&worker::speculative(&draft, &target, &plan)?)?
+            let mut reports = Vec::new();
+            for (prompt_set, mut prompts) in args.prompt_sets()? {
+                prompts.truncate(res.spec_prompts);
+                let plan = SpecPlan {
+                    prompt_set,
+                    prompts,
+                    k: args.k,
+                    proposers: args.proposers.clone(),
+                    draft_kvs: args.draft_kv.clone(),
+                    max_tokens_cap: res.spec_cap,
+                    threads: res.threads,
+                };
+                reports.extend(worker::speculative(&draft, &target, &plan)?);
+            }
+            serde_json::to_string(&reports)?
         }
     };
     println!("{json}");
@@ -596,9 +616,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
         if args.quick {
             cmd.arg("--quick");
         }
-        if let Some(p) = &args.prompts {
-            cmd.arg("--prompts").arg(p);
-        }
+        cmd.arg("--prompts").arg(args.prompts.join(","));
         match run_child::<Vec<SpecReport>>(cmd, "speculative") {
             Ok(s) => {
                 all_ok &= s.iter().all(|r| r.identical);
@@ -648,9 +666,10 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
     for s in &report.speculative {
         if !s.identical {
             eprintln!(
-                "MISMATCH: speculative output ({} proposer, {} draft KV) differs from target-only output on prompt(s) {}",
+                "MISMATCH: speculative output ({} proposer, {} draft KV, prompt set {}) differs from target-only output on prompt(s) {}",
                 s.proposer,
                 s.draft_kv,
+                s.prompt_set,
                 s.mismatches.join(", ")
             );
             bail!("speculative decoding changed the greedy output (MISMATCH)");
@@ -820,20 +839,24 @@ fn render(r: &BenchReport) -> String {
          Tandem's forward with the head over the last position only, the same work as \
          candle's forward; below them, tandem's time ÷ the other's (<1: Tandem faster)."
     );
-    if let Some(sp) = r.speculative.first() {
-        let _ = writeln!(
-            o,
-            "\nlocal speculative decoding (greedy, k = {}, {} prompts, {} threads; proposers \
-             draft = the draft model, lookup = prompt lookup, auto = per round)",
-            sp.k, sp.prompts, sp.threads
-        );
-        let _ = writeln!(
-            o,
-            "  target only       {:>7.1} tok/s  ({} tokens in {:.1} s)",
-            sp.target_only.tok_s, sp.target_only.tokens, sp.target_only.seconds
-        );
-    }
+    let mut set_shown: Option<&str> = None;
     for sp in &r.speculative {
+        // One table per prompt set: its header and target-only row first.
+        if set_shown != Some(sp.prompt_set.as_str()) {
+            set_shown = Some(sp.prompt_set.as_str());
+            let _ = writeln!(
+                o,
+                "\nlocal speculative decoding, prompt set {} (greedy, k = {}, {} prompts, {} \
+                 threads, {} kernels; proposers draft = the draft model, lookup = prompt \
+                 lookup, auto = per round)",
+                sp.prompt_set, sp.k, sp.prompts, sp.threads, sp.isa
+            );
+            let _ = writeln!(
+                o,
+                "  target only       {:>7.1} tok/s  ({} tokens in {:.1} s)",
+                sp.target_only.tok_s, sp.target_only.tokens, sp.target_only.seconds
+            );
+        }
         let b = &sp.by_proposer;
         let _ = writeln!(
             o,

@@ -247,6 +247,12 @@ pub struct Throughput {
 /// Greedy target-only vs speculative decoding, draft and target in one process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SpecReport {
+    /// The prompt set (`--prompts`: `default`, `editing` or the file given).
+    #[serde(default)]
+    pub prompt_set: String,
+    /// The kernel ISA the model core dispatched to (`avx512vnni`, `avx2`, …).
+    #[serde(default)]
+    pub isa: String,
     /// What proposed the blocks (`--proposers`; one report per proposer and
     /// draft KV precision).
     pub proposer: ProposerKind,

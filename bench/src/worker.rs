@@ -276,6 +276,8 @@ pub fn parse_prompts(text: &str) -> Result<Vec<PromptCase>> {
 /// What the speculative worker does.
 #[derive(Clone, Debug)]
 pub struct SpecPlan {
+    /// The prompt set's name (`--prompts`), carried into each report.
+    pub prompt_set: String,
     pub prompts: Vec<PromptCase>,
     pub k: usize,
     /// One speculative run per proposer and draft KV precision, after each
@@ -429,6 +431,8 @@ fn summarize(
         .map(|p| p.id.clone())
         .collect();
     SpecReport {
+        prompt_set: plan.prompt_set.clone(),
+        isa: tandem_model::quant::Isa::selected().name().into(),
         proposer,
         draft_kv: draft_kv.0,
         draft_kv_bytes_per_token: draft_kv.1,
@@ -535,6 +539,7 @@ mod tests {
     #[test]
     fn summary_pools_tokens_and_time_and_lists_mismatches() {
         let plan = SpecPlan {
+            prompt_set: "editing".into(),
             prompts: Vec::new(),
             k: 4,
             proposers: vec![ProposerKind::Lookup],
@@ -554,6 +559,7 @@ mod tests {
         assert_eq!(r.target_only.tokens, 40);
         assert_eq!(r.target_only.tok_s, 20.0);
         assert_eq!(r.speculative.tok_s, 20.0);
+        assert_eq!(r.prompt_set, "editing");
         assert_eq!(r.speedup, 1.0);
         assert_eq!(r.acceptance_rate, 0.5);
         assert_eq!(r.mean_accepted_len, 2.0);

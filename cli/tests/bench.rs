@@ -175,6 +175,8 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
 /// One proposer's report: identical output, figures that add up.
 fn check_speculative_report(s: &Value) {
     let who = s["proposer"].as_str().unwrap();
+    assert_eq!(s["prompt_set"], "default", "{who}");
+    assert!(!s["isa"].as_str().unwrap().is_empty(), "{who}");
     assert_eq!(u(s, "prompts"), 3);
     assert_eq!(u(s, "k"), 4);
     assert_eq!(
@@ -288,6 +290,61 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
     assert_eq!(stderr.matches("× llama-cpp").count(), 1, "{stderr}");
 }
 
+/// `--prompts default,editing`: one speculative table per prompt set, each
+/// named, the editing set's long prompts included, output identical to
+/// target-only in both.
+#[test]
+fn speculative_tables_are_per_prompt_set() {
+    let out = tandem()
+        .args([
+            "bench",
+            "--quick",
+            "--models",
+            "draft",
+            "--engines",
+            "tandem",
+            "--repeats",
+            "1",
+            "--spec-prompts",
+            "1",
+            "--proposers",
+            "lookup,auto",
+            "--prompts",
+            "default,editing",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at = |needle: &str| {
+        stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("missing `{needle}` in:\n{stdout}"))
+    };
+    let general = at("local speculative decoding, prompt set default (");
+    let editing = at("local speculative decoding, prompt set editing (");
+    assert!(general < editing, "{stdout}");
+    // Each table: its target-only row, then one row per proposer, each identical.
+    for (from, to) in [(general, editing), (editing, stdout.len())] {
+        let table = &stdout[from..to];
+        assert_eq!(table.matches("  target only ").count(), 1, "{table}");
+        for proposer in ["  lookup  proposer", "  auto    proposer"] {
+            assert_eq!(table.matches(proposer).count(), 1, "{table}");
+        }
+        assert_eq!(
+            table
+                .matches("output identical to target-only on 1/1 prompts")
+                .count(),
+            2,
+            "{table}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_fail_with_a_clear_message() {
     for (args, needle) in [
@@ -296,6 +353,10 @@ fn bad_arguments_fail_with_a_clear_message() {
         (vec!["--repeats", "0"], "--repeats must be at least 1"),
         (vec!["--rounds", "0"], "--rounds must be at least 1"),
         (vec!["--engines", "gpu"], "invalid value 'gpu'"),
+        (
+            vec!["--prompts", "editing,/nonexistent/set.jsonl"],
+            "reading prompt set /nonexistent/set.jsonl (built in: default, editing)",
+        ),
     ] {
         let out = tandem().arg("bench").args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -81,6 +81,10 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
 
     // Plots and the report that embeds them.
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("- prompt set: lab (lab/prompts.jsonl, built in)"),
+        "{report}"
+    );
     for svg in [
         "tokens_per_s.svg",
         "tokens_per_s_vs_rtt.svg",
@@ -120,7 +124,32 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(s.contains("total\t22 runs, 2 prompts"), "{s}");
+    assert!(
+        s.contains("prompt set\tlab (lab/prompts.jsonl, built in)"),
+        "{s}"
+    );
     assert!(s.contains("pipeline-k4\tfast-4g\t2 runs"), "{s}");
+
+    // The shared sets by name: the editing set (its long prompts, no tags).
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("editing.toml");
+    std::fs::write(
+        &cfg,
+        "prompts = \"editing\"\nprompt_limit = 3\nmodes = [\"target-only\", \"spec-k4\"]\nprofiles = [\"lan\"]\n",
+    )
+    .unwrap();
+    let o = tandem()
+        .args(["lab", "--dry-run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        s.contains("prompt set\tediting (prompts/editing.jsonl, built in)"),
+        "{s}"
+    );
+    assert!(s.contains("total\t6 runs, 3 prompts"), "{s}");
 
     // The default matrix: every shipped prompt id exists, the outage timeline parses.
     let o = tandem().args(["lab", "--dry-run"]).output().unwrap();

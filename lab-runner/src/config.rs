@@ -9,13 +9,36 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_TOML: &str = include_str!("../../lab/default.toml");
 pub const QUICK_TOML: &str = include_str!("../../lab/quick.toml");
 pub const PROMPTS_JSONL: &str = include_str!("../../lab/prompts.jsonl");
+/// The shared prompt sets of `tandem bench`, by the names `prompts` takes.
+const BUILT_IN_SETS: [(&str, &str, &str); 2] = [
+    (
+        "default",
+        "prompts/default.jsonl",
+        include_str!("../../prompts/default.jsonl"),
+    ),
+    (
+        "editing",
+        "prompts/editing.jsonl",
+        include_str!("../../prompts/editing.jsonl"),
+    ),
+];
+
+/// The built-in set `prompts` names, if it names one: (file, text).
+fn built_in_set(prompts: &Path) -> Option<(&'static str, &'static str)> {
+    let name = prompts.to_str()?;
+    BUILT_IN_SETS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, file, text)| (*file, *text))
+}
 
 /// One lab run's settings (every field documented in docs/lab.md).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LabConfig {
-    /// Prompt set (JSONL: id, prompt, max_tokens, tags); relative to the config
-    /// file. None: the built-in lab/prompts.jsonl.
+    /// Prompt set: `default` or `editing` (the built-in prompts/default.jsonl,
+    /// prompts/editing.jsonl), else a file (JSONL: id, prompt, max_tokens,
+    /// tags) relative to the config file. None: the built-in lab/prompts.jsonl.
     pub prompts: Option<PathBuf>,
     /// Use only the prompts with these ids (empty: all, then `prompt_limit`).
     pub prompt_ids: Vec<String>,
@@ -269,7 +292,7 @@ impl LabConfig {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut c = Self::from_toml(&text, &path.display().to_string())?;
         if let (Some(p), Some(dir)) = (&c.prompts, path.parent()) {
-            if p.is_relative() {
+            if p.is_relative() && built_in_set(p).is_none() {
                 c.prompts = Some(dir.join(p));
             }
         }
@@ -381,15 +404,28 @@ impl LabConfig {
             .collect()
     }
 
+    /// Which prompt set this run uses, as the report names it.
+    pub fn prompt_set_name(&self) -> String {
+        match &self.prompts {
+            None => "lab (lab/prompts.jsonl, built in)".into(),
+            Some(p) => match built_in_set(p) {
+                Some((file, _)) => format!("{} ({file}, built in)", p.display()),
+                None => p.display().to_string(),
+            },
+        }
+    }
+
     /// The prompts of this run (file or built-in, filtered, capped).
     pub fn load_prompts(&self) -> Result<Vec<Prompt>> {
-        let mut v = match &self.prompts {
-            Some(p) => {
+        let built_in = self.prompts.as_deref().and_then(built_in_set);
+        let mut v = match (&self.prompts, built_in) {
+            (_, Some((file, text))) => parse_prompts(text, file)?,
+            (Some(p), None) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading {}", p.display()))?;
                 parse_prompts(&text, &p.display().to_string())?
             }
-            None => parse_prompts(PROMPTS_JSONL, "lab/prompts.jsonl")?,
+            (None, None) => parse_prompts(PROMPTS_JSONL, "lab/prompts.jsonl")?,
         };
         if !self.prompt_ids.is_empty() {
             for id in &self.prompt_ids {

@@ -152,6 +152,7 @@ pub fn run(args: Args) -> Result<()> {
         for ((m, p), n) in counts {
             println!("{m}\t{p}\t{n} runs");
         }
+        println!("prompt set\t{}", cfg.prompt_set_name());
         println!("total\t{} runs, {} prompts", planned.len(), prompts.len());
         return Ok(());
     }
@@ -169,6 +170,7 @@ pub fn run(args: Args) -> Result<()> {
         load_after: loadavg(),
         config: toml::to_string(&cfg).unwrap_or_default(),
         prompts: prompts.len(),
+        prompt_set: cfg.prompt_set_name(),
     };
     let flagged = report::write_all(&args.out, &cfg, &planned, &results, &meta)?;
     eprintln!(

@@ -84,6 +84,8 @@ pub struct Meta {
     pub load_after: String,
     pub config: String,
     pub prompts: usize,
+    /// The prompt set's name ([`LabConfig::prompt_set_name`]).
+    pub prompt_set: String,
 }
 
 /// The `q` quantile (nearest rank) of a sample; 0 for an empty one. Sorts `v`.
@@ -953,6 +955,7 @@ pub fn write_all(
         cfg.repetitions
     );
     let _ = writeln!(md, "- matrix: {}", meta.origin);
+    let _ = writeln!(md, "- prompt set: {}", meta.prompt_set);
     let _ = writeln!(md, "- machine: {}", machine());
     let _ = writeln!(
         md,
