@@ -83,6 +83,7 @@ struct Inner {
     emitted: u64,
     sessions_opened: u64,
     sessions_kept: u64,
+    abandoned: u64,
     /// Indexed by [`ContinuationOutcome`].
     continuations: [u64; 3],
     errors: BTreeMap<&'static str, u64>,
@@ -102,6 +103,7 @@ impl Default for Inner {
             emitted: 0,
             sessions_opened: 0,
             sessions_kept: 0,
+            abandoned: 0,
             continuations: [0; 3],
             errors: BTreeMap::new(),
         }
@@ -159,6 +161,11 @@ impl Metrics {
         self.with(|m| m.sessions_kept += 1);
     }
 
+    /// Counts jobs the scheduler dropped unrun because their handler went away.
+    pub fn abandoned(&self, jobs: usize) {
+        self.with(|m| m.abandoned = m.abandoned.saturating_add(jobs as u64));
+    }
+
     /// Counts an Open with a continuation by its outcome.
     pub fn continuation(&self, outcome: ContinuationOutcome) {
         self.with(|m| m.continuations[outcome as usize] += 1);
@@ -201,6 +208,7 @@ impl Metrics {
             m.queue_wait.render(o, "tandem_verifier_queue_wait_seconds", "Time a job waited in the scheduler's queue for its first rows.");
             scalar(o, "tandem_verifier_forwards_total", "counter", "Forwards run by the scheduler.", m.forwards);
             scalar(o, "tandem_verifier_prefill_tokens_total", "counter", "Prompt rows prefilled.", m.prefill_tokens);
+            scalar(o, "tandem_verifier_abandoned_jobs_total", "counter", "Jobs dropped unrun because their stream ended first (e.g. an Open the device gave up on).", m.abandoned);
             scalar(o, "tandem_verifier_reused_tokens_total", "counter", "Context positions whose KV a resume or continuation reused (not prefilled again).", m.reused_tokens);
             scalar(o, "tandem_verifier_kv_pages_used", "gauge", "KV pages held by sessions.", g.pages_used);
             scalar(o, "tandem_verifier_kv_pages_free", "gauge", "KV pages left in the pool.", g.pages_free);

@@ -108,6 +108,7 @@ pub struct Job {
 pub struct Scheduler {
     tx: mpsc::Sender<(Job, Instant)>,
     panic_next: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
 }
 
 impl Scheduler {
@@ -119,6 +120,7 @@ impl Scheduler {
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let panic_next = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
         let mut worker = Worker {
             model,
             cfg,
@@ -127,11 +129,16 @@ impl Scheduler {
             pending: VecDeque::new(),
             turn: 0,
             panic_next: panic_next.clone(),
+            paused: paused.clone(),
         };
         std::thread::Builder::new()
             .name("tandem-scheduler".into())
             .spawn(move || worker.run())?;
-        Ok(Self { tx, panic_next })
+        Ok(Self {
+            tx,
+            panic_next,
+            paused,
+        })
     }
 
     /// Runs `job`; the answer comes on its `reply`. Refused only when the
@@ -150,6 +157,14 @@ impl Scheduler {
     #[doc(hidden)]
     pub fn panic_next_forward(&self) {
         self.panic_next.store(true, Ordering::SeqCst);
+    }
+
+    /// Fault injection for tests: while paused the worker queues jobs but
+    /// runs no forward (a scheduler busy with others' work, made
+    /// deterministic).
+    #[doc(hidden)]
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
     }
 }
 
@@ -186,6 +201,7 @@ struct Worker {
     /// Round-robin start among identities for prefill chunks.
     turn: usize,
     panic_next: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -207,6 +223,11 @@ impl Worker {
             }
             while let Ok(j) = self.rx.try_recv() {
                 self.enqueue(j);
+            }
+            self.drop_abandoned();
+            if self.paused.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
             }
             self.iteration();
         }
@@ -245,6 +266,22 @@ impl Worker {
             );
         }
         self.pending.push_back(p);
+    }
+
+    /// Drops the jobs nobody waits for: their handler went away (the
+    /// device's stream ended while the job queued or was part-way through a
+    /// prefill, e.g. an Open the device gave up on). Running them would only
+    /// spend forwards that others wait for; dropping one returns its pages.
+    /// A checked-out session's entry is already gone from the store by then
+    /// (`CheckedOut` removes it when its handler is dropped).
+    fn drop_abandoned(&mut self) {
+        let before = self.pending.len();
+        self.pending.retain(|p| !p.job.reply.is_closed());
+        let dropped = before - self.pending.len();
+        if dropped > 0 {
+            self.metrics.abandoned(dropped);
+            tracing::debug!(dropped, "dropped jobs whose handler went away");
+        }
     }
 
     /// One iteration: rows for each chosen job, one forward, the answers.

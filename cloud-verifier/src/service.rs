@@ -40,6 +40,13 @@ fn inbound_refusal(st: &Status) -> Option<Refusal> {
     })
 }
 
+/// An Open of a fresh session (no resume, no continuation): dropping its
+/// handler loses nothing the device could come back to.
+fn abandonable(m: &ClientMessage) -> bool {
+    matches!(&m.msg, Some(client_message::Msg::Open(o))
+        if o.resume_session_id.is_none() && o.continuation.is_none())
+}
+
 impl VerifierService {
     /// One client message of a stream bound to `bound`, as the stream loop
     /// hands it on after its transport checks (idle time, message size):
@@ -125,7 +132,27 @@ impl VerifierService {
                 }
             };
             let is_close = matches!(m.msg, Some(client_message::Msg::Close(_)));
-            match self.handle(&who, &mut bound, m).await {
+            let answer = if abandonable(&m) {
+                // Nothing exists yet that the device could come back to, so
+                // when it goes away (its stream dropped) the prefill stops:
+                // the handler is dropped, the scheduler drops the queued job
+                // (`Worker::drop_abandoned`) and its pages and prefill budget
+                // go back. A device that gives up on an Open under load
+                // otherwise leaves a whole-context prefill in everyone's way.
+                tokio::select! {
+                    a = self.handle(&who, &mut bound, m) => a,
+                    () = tx.closed() => {
+                        tracing::debug!("the device left before its session was opened");
+                        return;
+                    }
+                }
+            } else {
+                // Rounds, resumes and continuations run to the end even if the
+                // device left: the session they hold is checked back in, so
+                // that the device's resume reuses it.
+                self.handle(&who, &mut bound, m).await
+            };
+            match answer {
                 Ok(out) => {
                     if tx.send(Ok(out)).await.is_err() || is_close {
                         return;

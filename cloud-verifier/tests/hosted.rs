@@ -232,6 +232,59 @@ async fn an_honest_open_is_not_queued_behind_another_identitys_flood_of_long_ope
     v.shutdown().await.unwrap();
 }
 
+/// Polls `done` every 2 ms for up to 20 s.
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_the_device_gives_up_on_is_never_prefilled_and_frees_its_pages() {
+    // The fault soak's finding: a device that abandons a re-open under load
+    // left its whole-context prefill queued in front of everyone else's work.
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let fp = model_fingerprint(&load(&m.target));
+    let mut c = client(&v).await;
+    // A busy scheduler, made deterministic: the Open queues but cannot run.
+    v.state.scheduler.set_paused(true);
+    let s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let open = client_message::Msg::Open(open_msg(&fp, &prompt(60)));
+    s.tx.send(tandem_proto::v1::ClientMessage { msg: Some(open) })
+        .await
+        .unwrap();
+    wait_for("the Open's prefill to be admitted", || {
+        v.state.admission.prefill_tokens_in_flight() > 0
+    })
+    .await;
+    assert!(v.state.pool.pages_used() > 0, "its pages are reserved");
+    drop(s); // the device gives up on it (its stream is reset)
+    wait_for("the abandoned Open's handler to be dropped", || {
+        v.state.admission.prefill_tokens_in_flight() == 0
+    })
+    .await;
+    v.state.scheduler.set_paused(false);
+    wait_for("the abandoned job's pages to go back", || {
+        v.state.pool.pages_used() == 0
+    })
+    .await;
+    let text = v.state.render_metrics();
+    assert_eq!(metric(&text, "tandem_verifier_abandoned_jobs_total"), 1.0);
+    assert_eq!(metric(&text, "tandem_verifier_prefill_tokens_total"), 0.0);
+    assert_eq!(metric(&text, "tandem_verifier_sessions_opened_total"), 0.0);
+    assert_eq!(v.state.store().len(), 0, "no session was made for nobody");
+    // The verifier goes on: the next Open is answered.
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    s.open(open_msg(&fp, &prompt(8))).await.unwrap();
+    v.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_is_ended_and_its_session_kept_for_a_resume() {
     let m = tiny_models();
