@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Benchmark Tandem's model core against candle and llama.cpp.
-    Bench(bench::Args),
+    Bench(Box<bench::Args>),
     /// Run the demo: speculative decoding over TLS, privacy routing and an
     /// outage with recovery, all on loopback (fetches the models first).
     Demo(demo::Args),
@@ -78,7 +78,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let res = match cli.command {
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => bench::run(*a),
         Command::Demo(a) => demo::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Models(a) => models::run(a),
