@@ -35,6 +35,7 @@ pub mod adaptive;
 pub mod breaker;
 pub mod builder;
 pub mod client;
+mod codec;
 pub mod config;
 pub mod context_policy;
 pub mod conversation;

@@ -17,6 +17,7 @@
 //! provisional spans are not checked by the verifier in split sessions (as in
 //! sampled mode); bandwidth is configured, not measured.
 
+use crate::codec::{check_verdict, BlockCodec};
 use crate::error::EdgeError;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::{Distribution, Sampler, SamplingParams};
 use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
-use tandem_proto::v1::{self as pb, HiddenFormat};
+use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg, HiddenFormat};
 use tandem_shard::split::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
 use tandem_shard::ModelProfile;
 
@@ -700,6 +701,74 @@ impl SplitExec {
     pub fn rollback(&mut self, ctx_len: usize) {
         self.cache.truncate(ctx_len.saturating_sub(1));
         self.round_start = None;
+    }
+}
+
+impl BlockCodec for SplitExec {
+    fn tokens_only(&self) -> bool {
+        false
+    }
+
+    fn open(
+        &mut self,
+        ctx: &[u32],
+        sampling: &SamplingParams,
+        open: pb::Open,
+    ) -> Result<pb::Open, EdgeError> {
+        self.open_message(ctx, sampling, open)
+    }
+
+    fn check_opened(&self, opened: &pb::Opened) -> Result<(), EdgeError> {
+        SplitExec::check_opened(self, opened)
+    }
+
+    fn encode(&mut self, ctx: &[u32], draft: pb::Draft) -> Result<pb::Draft, EdgeError> {
+        self.draft_message(ctx, draft)
+    }
+
+    fn answer_locally(&mut self, round: u64, ctx_len: usize) -> Option<pb::Verdict> {
+        self.local_answer(round, ctx_len)
+    }
+
+    fn decode(
+        &mut self,
+        answer: ServerMsg,
+        round: u64,
+        k: usize,
+        ctx: &[u32],
+        sampling: &SamplingParams,
+    ) -> Result<pb::Verdict, EdgeError> {
+        if !self.pin_head() {
+            return check_verdict(answer, round, k, ctx.len());
+        }
+        let ServerMsg::Verdict(v) = answer else {
+            return Err(EdgeError::Protocol("expected a Verdict".into()));
+        };
+        if v.round != round {
+            return Err(EdgeError::Protocol(format!(
+                "verdict for round {}, expected {round}",
+                v.round
+            )));
+        }
+        self.local_verdict(&v, ctx, sampling)
+    }
+
+    fn accepted(
+        &mut self,
+        ctx_before: usize,
+        accepted: usize,
+        exchange_ms: Option<f64>,
+        k: usize,
+    ) -> bool {
+        self.accept(ctx_before, accepted, exchange_ms, k)
+    }
+
+    fn rollback(&mut self, ctx_len: usize) {
+        SplitExec::rollback(self, ctx_len)
+    }
+
+    fn report(&self) -> Option<SplitReport> {
+        Some(self.report.clone())
     }
 }
 

@@ -143,6 +143,13 @@ fn greedy_split_equals_the_target_for_every_split_point_with_and_without_pinned_
             assert_eq!((r.hidden_format.as_str(), r.lossy), ("f32", false));
             assert_eq!(r.round_ms.len() as u64, g.stats.rounds);
             assert!(g.stats.rounds > 0);
+            // A verifier pass per open and per round the verifier ran: an
+            // all-local round runs none (they were once counted as passes).
+            assert_eq!(
+                g.stats.verifier_passes,
+                g.stats.opens + g.stats.rounds - r.local_rounds,
+                "s = {s}, pin_head = {pin_head}"
+            );
             if pin_head && s == N_LAYER {
                 // All on the device: no round goes to the verifier.
                 assert_eq!(r.local_rounds, g.stats.rounds);

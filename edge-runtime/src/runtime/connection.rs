@@ -1,0 +1,464 @@
+//! The connection lifecycle of a generation ([`Connection`]): opening the
+//! verifier session (in the foreground, or in the background while the device
+//! drafts alone), resuming it, reacting to failures (retries, the circuit
+//! breaker and its health probe), and the deadlines of every exchange. A round
+//! (`super::rounds`) only asks it to exchange a message.
+
+use super::generation::Generation;
+use super::{lock, to_pb_sampling};
+use crate::breaker::{BreakerState, CircuitBreaker, OpenCost, RttTracker};
+use crate::client::{Connector, Counters, NetError, OpenDeadlines, Stream};
+use crate::codec::BlockCodec;
+use crate::config::EdgeConfig;
+use crate::conversation::{common_prefix, KeptSession};
+use crate::error::EdgeError;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tandem_model::speculative::StopReason;
+use tandem_proto::v1::{
+    self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg, ClientMessage,
+};
+
+/// One generation's connection to the verifier: the session's stream and its
+/// lifecycle (open, background re-open, resume, failure handling, breaker and
+/// probe, deadlines). The rounds (`super::rounds`) use it to exchange blocks.
+pub(super) struct Connection<'a> {
+    pub(super) cfg: &'a EdgeConfig,
+    pub(super) fingerprint: &'a str,
+    pub(super) connector: Connector,
+    pub(super) rt: &'a tokio::runtime::Runtime,
+    pub(super) breaker: &'a Arc<Mutex<CircuitBreaker>>,
+    pub(super) rtt: &'a mut RttTracker,
+    pub(super) open_cost: &'a mut OpenCost,
+    /// A session open running in the background (after a failure) while the
+    /// device drafts alone.
+    pub(super) opening: Option<Opening>,
+    /// No new open before this instant (backoff after a failure); the device
+    /// drafts alone meanwhile.
+    pub(super) retry_at: Option<Instant>,
+    /// The last failure was a timeout or a broken link (not a busy verifier).
+    pub(super) outage: bool,
+    pub(super) probe: &'a mut Option<tokio::task::JoinHandle<()>>,
+    pub(super) gen_rtt: RttTracker,
+    pub(super) counters: Counters,
+    pub(super) stream: Option<Stream>,
+    /// When each request still unanswered on the stream was sent (cloud-streamed
+    /// rounds keep a window of them).
+    pub(super) in_flight: VecDeque<Instant>,
+    pub(super) session_id: Option<String>,
+    /// This generation's session-affinity key, sent on every stream
+    /// ([`tandem_proto::SESSION_AFFINITY_HEADER`]).
+    pub(super) session_key: String,
+    /// A verifier session kept by this conversation's earlier turn: the first
+    /// open continues it (`Open.continuation`); taken by that open, so a
+    /// refused continuation is followed by an open of the whole context.
+    pub(super) continuation: Option<KeptSession>,
+    /// A stream that breaks may be re-opened once at once (set again by every
+    /// success); see [`Net::fail`].
+    pub(super) reopen_now: bool,
+    /// A stream is (or was, until the failure being handled) open.
+    pub(super) live: bool,
+    pub(super) round: u64,
+    pub(super) max_block: usize,
+    /// Most drafts per round the device state allows (`crate::device`):
+    /// bounds `max_block`, so every kind of round is capped.
+    pub(super) k_cap: usize,
+    pub(super) resends_in_a_row: u32,
+    /// The wire form of blocks (token ids, or split hidden states).
+    pub(super) codec: &'a mut dyn BlockCodec,
+}
+
+/// How long a Close may take before the session is left to the verifier's
+/// idle TTL.
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub(super) type OpenResult = Result<(Stream, pb::ServerMessage, Duration), NetError>;
+
+/// Positions a verifier's forward covers for a draft of `k` tokens: the last
+/// committed token and the k drafts.
+pub(crate) fn draft_positions(k: usize) -> usize {
+    k + 1
+}
+
+/// A session open in flight on the I/O runtime.
+pub(super) struct Opening {
+    pub(super) task: tokio::task::JoinHandle<(OpenResult, Counters)>,
+    /// The context length the Open carries (the verifier will hold `ctx[..upto]`).
+    pub(super) upto: usize,
+}
+
+/// Outcome of a network step.
+pub(super) enum Step {
+    Ok,
+    /// The stream is gone; the loop decides what next.
+    Lost,
+}
+
+impl Connection<'_> {
+    /// After a failure the device does not wait for a session: it opens one in
+    /// the background and drafts alone (provisional) until it is there. Split
+    /// sessions always open in the foreground (the device's layers would have
+    /// to follow the provisional tokens).
+    pub(super) fn open_in_background(&self) -> bool {
+        self.outage && self.codec.tokens_only() && lock(self.breaker).consecutive_failures() > 0
+    }
+
+    /// Deadlines of the next open of a context of `ctx_len` tokens. The headers
+    /// come after about one round trip on a live link; `Opened` after the
+    /// prefill, estimated from the measured cost of earlier opens of this
+    /// runtime scaled by the context (none measured yet: `open_timeout_ms`).
+    /// Both double with every consecutive failure (a slow verifier is
+    /// eventually waited for), within `open_timeout_ms`.
+    pub(super) fn open_deadlines(&self, ctx_len: usize) -> OpenDeadlines {
+        let c = self.cfg;
+        let total = c.open_timeout();
+        let fails = lock(self.breaker).consecutive_failures();
+        let scale = f64::from(1u32 << fails.clamp(1, 5).saturating_sub(1));
+        let headers = (c.connect_timeout() + self.deadline(1)).mul_f64(scale);
+        let opened = match self.open_cost.estimate(ctx_len) {
+            Some(est) => {
+                let rtt = Duration::from_secs_f64(self.rtt.p95_ms().unwrap_or(0.0) / 1000.0);
+                (est + rtt)
+                    .mul_f64(c.deadline_factor)
+                    .max(Duration::from_millis(c.deadline_floor_ms))
+                    .mul_f64(scale)
+            }
+            _ => total,
+        };
+        OpenDeadlines {
+            headers: headers.min(total),
+            opened: opened.min(total),
+            total,
+        }
+    }
+
+    /// Deadline of an exchange whose verifier forward covers `positions` tokens
+    /// (a draft of k: k + 1).
+    pub(super) fn deadline(&self, positions: usize) -> Duration {
+        let c = self.cfg;
+        self.rtt.deadline(
+            positions,
+            Duration::from_millis(c.deadline_initial_ms),
+            Duration::from_millis(c.deadline_floor_ms),
+            c.deadline_factor,
+            Duration::from_millis(c.deadline_max_ms),
+        )
+    }
+
+    /// Reacts to a failed exchange; Err only for fatal conditions.
+    pub(super) fn fail(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        e: NetError,
+    ) -> Result<Step, EdgeError> {
+        // The failure came from an opened stream (not from an open); pipelined
+        // exchanges hold the stream elsewhere, so this is tracked on its own.
+        let was_live = std::mem::take(&mut self.live);
+        self.stream = None;
+        tracing::debug!(error = %e, session = ?self.session_id, "verifier exchange failed");
+        // A live stream that broke (reset, ended; not a timeout): the link to
+        // the verifier's address often still works and only what was behind it
+        // went away (a verifier replica behind a load balancer, which sends the
+        // re-open to another replica). Re-open once at once, in the foreground,
+        // before counting a failure and drafting alone. A refused or failing
+        // re-open then takes the usual path below.
+        if was_live && self.reopen_now && matches!(e, NetError::Unavailable(_)) {
+            self.reopen_now = false;
+            self.outage = false;
+            run.stats.immediate_reopens += 1;
+            tracing::info!(error = %e, session = ?self.session_id, "session stream broke: re-opening at once");
+            return Ok(Step::Lost);
+        }
+        // Only a silent or broken link makes the next open a background one; a
+        // verifier that answers (busy, evicting) is retried in the foreground.
+        let outage = matches!(e, NetError::Timeout | NetError::Unavailable(_));
+        match e {
+            NetError::Fatal(e) => return Err(e),
+            NetError::ContextFull => {
+                run.stop.get_or_insert(StopReason::ContextFull);
+                return Ok(Step::Lost);
+            }
+            NetError::Resend(_) if self.resends_in_a_row < 3 => {
+                self.resends_in_a_row += 1;
+                run.stats.resends += 1;
+                return Ok(Step::Lost);
+            }
+            NetError::Timeout => run.stats.timeouts += 1,
+            NetError::Resend(_) | NetError::Unavailable(_) | NetError::Busy(_) => {}
+        }
+
+        run.stats.failures += 1;
+        self.outage = outage;
+        let (opened, attempt) = {
+            let mut b = lock(self.breaker);
+            (b.on_failure(), b.consecutive_failures())
+        };
+        if opened {
+            run.stats.breaker_opens += 1;
+            tracing::warn!(session = ?self.session_id, "verifier unreachable: circuit breaker open, drafting alone");
+            self.start_probe();
+        } else if lock(self.breaker).state() == BreakerState::Closed {
+            if self.open_in_background() {
+                // The device drafts alone until then (see `drive`).
+                self.retry_at = Some(Instant::now() + self.cfg.backoff(attempt));
+            } else {
+                std::thread::sleep(self.cfg.backoff(attempt));
+            }
+        }
+        Ok(Step::Lost)
+    }
+
+    pub(super) fn start_probe(&mut self) {
+        if let Some(p) = self.probe.take() {
+            p.abort();
+        }
+        let (b, c) = (self.breaker.clone(), self.connector.clone());
+        let (every, timeout) = (self.cfg.probe_interval(), self.cfg.probe_timeout());
+        *self.probe = Some(self.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if c.probe(timeout).await {
+                    lock(&b).probe_succeeded();
+                    tracing::info!("verifier healthy again: circuit breaker half-open");
+                    return;
+                }
+            }
+        }));
+    }
+
+    pub(super) fn success(&mut self) {
+        self.outage = false;
+        self.reopen_now = true;
+        lock(self.breaker).on_success();
+        self.resends_in_a_row = 0;
+    }
+
+    /// The Open (or resume) carrying the context the verifier must hold, and that
+    /// context's length.
+    pub(super) fn open_message(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+    ) -> Result<(ClientMessage, usize), EdgeError> {
+        let greedy = run.gen.sampling.is_greedy();
+        let tokens_only = self.codec.tokens_only();
+        if !greedy || !tokens_only {
+            // Sampled mode and split sessions: provisional spans are not checked;
+            // send everything.
+            if let Some(c) = run.check.take() {
+                run.complete_check(c, false);
+            }
+        }
+        let upto = match &run.check {
+            Some(c) => run.prompt_len + c.next,
+            None => run.ctx.len(),
+        };
+        let mut open = pb::Open {
+            model_id: self.cfg.model_id.clone(),
+            tokenizer_fingerprint: self.fingerprint.to_owned(),
+            prompt_tokens: run.ctx[..upto].to_vec(),
+            sampling: Some(to_pb_sampling(&run.gen.sampling)),
+            resume_session_id: self.session_id.clone(),
+            first_round: self.round,
+            ..pb::Open::default()
+        };
+        // A conversation's kept session: send only what follows the prefix
+        // both sides hold (at least the last token). Taken here, so a refusal
+        // (CONTEXT_NOT_HELD) is followed by an open of the whole context.
+        if let Some(kept) = self.continuation.take().filter(|_| tokens_only) {
+            let ctx = &run.ctx[..upto];
+            let prefix = common_prefix(&kept.context, ctx).min(upto.saturating_sub(1));
+            if prefix > 0 {
+                open.prompt_tokens = ctx[prefix..].to_vec();
+                open.resume_session_id = None;
+                open.continuation = Some(pb::Continuation {
+                    session_id: kept.id.clone(),
+                    prefix_len: prefix as u64,
+                    prefix_sha256: tandem_proto::context_digest(&ctx[..prefix]).to_vec(),
+                });
+                self.session_id = Some(kept.id);
+            }
+        }
+        let open = self.codec.open(&run.ctx[..upto], &run.gen.sampling, open)?;
+        let msg = ClientMessage {
+            msg: Some(ClientMsg::Open(open)),
+        };
+        Ok((msg, upto))
+    }
+
+    /// Opens (or resumes) the session and waits for it.
+    pub(super) fn open(&mut self, run: &mut Generation<'_, '_>) -> Result<Step, EdgeError> {
+        let (msg, upto) = self.open_message(run)?;
+        let d = self.open_deadlines(upto);
+        let r =
+            self.rt.block_on(
+                self.connector
+                    .open(msg, &self.session_key, d, &mut self.counters),
+            );
+        self.opened(run, r, upto)
+    }
+
+    /// Starts opening the session on the I/O runtime; `drive` drafts alone until
+    /// it completes.
+    pub(super) fn spawn_open(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+        let (msg, upto) = self.open_message(run)?;
+        let d = self.open_deadlines(upto);
+        let connector = self.connector.clone();
+        let key = self.session_key.clone();
+        let task = self.rt.spawn(async move {
+            let mut c = Counters::default();
+            let r = connector.open(msg, &key, d, &mut c).await;
+            (r, c)
+        });
+        run.stats.background_opens += 1;
+        tracing::debug!(session = ?self.session_id, context = upto, ?d, "re-opening in the background");
+        self.opening = Some(Opening { task, upto });
+        Ok(())
+    }
+
+    /// Applies the answer to an Open of `ctx[..upto]`.
+    pub(super) fn opened(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        r: OpenResult,
+        upto: usize,
+    ) -> Result<Step, EdgeError> {
+        match r {
+            Ok((
+                stream,
+                pb::ServerMessage {
+                    msg: Some(ServerMsg::Opened(o)),
+                },
+                after_headers,
+            )) => {
+                if o.context_len != upto as u64 {
+                    return Err(EdgeError::Protocol(format!(
+                        "Opened.context_len {} != {upto}",
+                        o.context_len
+                    )));
+                }
+                self.codec.check_opened(&o)?;
+                // Not a success for the breaker yet: a verifier that opens sessions
+                // but never answers a verify must still trip it. The first verdict
+                // closes it.
+                run.stats.opens += 1;
+                run.stats.verifier_passes += 1;
+                let positions = (upto as u64).saturating_sub(1);
+                let reused = o.reused_tokens.min(positions);
+                let prefilled = positions - reused;
+                run.stats.verifier_reused_tokens =
+                    run.stats.verifier_reused_tokens.saturating_add(reused);
+                run.stats.verifier_prefill_tokens =
+                    run.stats.verifier_prefill_tokens.saturating_add(prefilled);
+                if run.stats.opens == 1 && o.resumed {
+                    // The first open of a turn resumed: a kept session.
+                    run.stats.continued_session = true;
+                }
+                // The open's cost per position it prefilled (a continued
+                // session's cheap open must not shorten a later full open's
+                // deadline).
+                let prefilled = usize::try_from(prefilled).unwrap_or(upto);
+                self.open_cost
+                    .record(prefilled.saturating_add(1), after_headers);
+                self.max_block = (o.max_block as usize)
+                    .clamp(1, tandem_model::speculative::MAX_K)
+                    .min(self.k_cap);
+                if o.max_prompt_tokens > 0 {
+                    run.capacity = run.capacity.min(o.max_prompt_tokens as usize);
+                }
+                tracing::debug!(session = %o.session_id, resumed = o.resumed, "session open");
+                self.session_id = Some(o.session_id);
+                self.stream = Some(stream);
+                self.live = true;
+                if upto < run.ctx.len() {
+                    // Opened in the background while the device drafted alone.
+                    // Greedy: `check_provisional` verifies those tokens from
+                    // `upto` on. Otherwise they are not checked: give the
+                    // verifier the rest of the context.
+                    let checks = run.gen.sampling.is_greedy()
+                        && self.codec.tokens_only()
+                        && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
+                    if !checks {
+                        if let Some(c) = run.check.take() {
+                            run.complete_check(c, false);
+                        }
+                        return self.resume_to_end(run, upto);
+                    }
+                }
+                Ok(Step::Ok)
+            }
+            Ok(_) => Err(EdgeError::Protocol("first answer was not Opened".into())),
+            Err(e) => self.fail(run, e),
+        }
+    }
+
+    /// Sends the whole context (`Resume`) to a session that holds a prefix of it.
+    /// `held`: the context length the session holds now.
+    pub(super) fn resume_to_end(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        held: usize,
+    ) -> Result<Step, EdgeError> {
+        let fresh = run.ctx.len().saturating_sub(held);
+        self.resume_at(run, run.ctx.len(), fresh)
+    }
+
+    /// Moves the session to the context `ctx[..upto]` (`Resume`); the verifier
+    /// prefills `fresh` tokens for it (sets the deadline).
+    pub(super) fn resume_at(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        upto: usize,
+        fresh: usize,
+    ) -> Result<Step, EdgeError> {
+        let resume = pb::Resume {
+            context_tokens: run.ctx[..upto].to_vec(),
+            next_round: self.round,
+        };
+        match self.exchange(ClientMsg::Resume(resume), fresh) {
+            Ok((ServerMsg::Resumed(r), _)) => {
+                if r.context_len != upto as u64 {
+                    return Err(EdgeError::Protocol("Resumed.context_len differs".into()));
+                }
+                run.stats.verifier_passes += 1;
+                Ok(Step::Ok)
+            }
+            Ok(_) => Err(EdgeError::Protocol("expected Resumed".into())),
+            Err(e) => self.fail(run, e),
+        }
+    }
+
+    /// One request and its answer; `positions`: what the verifier's forward
+    /// covers (sets the deadline; [`draft_positions`] for a `Draft`).
+    pub(super) fn exchange(
+        &mut self,
+        msg: ClientMsg,
+        positions: usize,
+    ) -> Result<(ServerMsg, Duration), NetError> {
+        let deadline = self.deadline(positions);
+        let Some(s) = self.stream.as_mut() else {
+            return Err(NetError::Unavailable("no session".into()));
+        };
+        self.rt
+            .block_on(s.exchange(msg, deadline, &mut self.counters))
+    }
+
+    /// A round trip whose verifier forward covered `positions` tokens.
+    pub(super) fn record_rtt(&mut self, rtt: Duration, positions: usize) {
+        self.rtt.record(rtt, positions);
+        self.gen_rtt.record(rtt, positions);
+    }
+
+    /// Closes the session (not kept) so that the next round opens a new one.
+    pub(super) fn close_for_reopen(&mut self) {
+        self.live = false;
+        if let Some(mut st) = self.stream.take() {
+            let c = &mut self.counters;
+            let _ = self.rt.block_on(st.exchange(
+                ClientMsg::Close(pb::Close::default()),
+                CLOSE_TIMEOUT,
+                c,
+            ));
+        }
+    }
+}

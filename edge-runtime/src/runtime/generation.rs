@@ -1,0 +1,391 @@
+//! One generation's device side ([`Generation`]): the context, the draft
+//! model and its cache, emitting tokens, applying a verdict to the draft, and
+//! the final statistics. Knows nothing of the network.
+
+use super::{
+    EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
+};
+use crate::breaker::RttTracker;
+use crate::client::Counters;
+use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession};
+use crate::error::EdgeError;
+use std::time::Instant;
+use tandem_model::kv_cache::KvCache;
+use tandem_model::qwen2::Qwen2Model;
+use tandem_model::sampling::{
+    apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
+    Sampler,
+};
+use tandem_model::speculative::{GenerateConfig, StopReason};
+
+/// Progress of checking a provisional span.
+pub(super) struct Check {
+    pub(super) start: usize,
+    pub(super) next: usize,
+    pub(super) mismatches: Vec<usize>,
+}
+
+/// One generation's device-side state: the context, the draft model's cache and
+/// what has been emitted. Invariant: the draft cache plus `pending` hold
+/// exactly `ctx` (pending: tokens the draft has not run yet, never empty).
+pub(super) struct Generation<'a, 'b> {
+    pub(super) draft: &'a Qwen2Model,
+    pub(super) gen: &'a GenerateConfig,
+    pub(super) prompt_len: usize,
+    pub(super) ctx: Vec<u32>,
+    pub(super) statuses: Vec<TokenStatus>,
+    pub(super) cache: KvCache,
+    pub(super) pending: Vec<u32>,
+    pub(super) capacity: usize,
+    pub(super) rng: Sampler,
+    pub(super) stop: Option<StopReason>,
+    pub(super) on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    pub(super) stats: EdgeStats,
+    pub(super) report: ProvisionalReport,
+    pub(super) check: Option<Check>,
+    /// The open `check` is a gated span (verified with the next block sent).
+    pub(super) gated: bool,
+    /// Compute `conf` in greedy drafting (gating is on).
+    pub(super) want_conf: bool,
+    /// The draft's top-1 probability of its last greedy token (`want_conf`).
+    pub(super) conf: f32,
+    pub(super) start: Instant,
+    pub(super) first: Option<Instant>,
+    /// The verifier session a kept conversation left (taken by `generate`).
+    pub(super) continuation: Option<KeptSession>,
+    /// Most positions `cache` has held (for the conversation cache's budget).
+    pub(super) high_water: usize,
+}
+
+impl<'a, 'b> Generation<'a, 'b> {
+    /// A generation of `prompt` as a turn of `conversation`: takes its kept
+    /// state from `conversations` (which gives none when disabled) and puts
+    /// it back when the request is refused, so a refusal loses nothing.
+    pub(super) fn begin(
+        draft: &'a Qwen2Model,
+        conversations: &mut ConversationCache,
+        conversation: Option<&str>,
+        prompt: &[u32],
+        gen: &'a GenerateConfig,
+        on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    ) -> Result<Self, EdgeError> {
+        let mut kept = conversations.take(conversation, prompt);
+        Self::new(draft, prompt, gen, on_event, &mut kept).inspect_err(|_| {
+            if let Some(k) = kept.take() {
+                conversations.put(conversation, k);
+            }
+        })
+    }
+
+    /// A generation of `prompt`; with `kept` (a conversation's earlier turn)
+    /// its draft KV is reused for the longest common prefix, exactly. `kept`
+    /// is taken only once the request is valid (a refused request leaves the
+    /// conversation's state where it was).
+    pub(super) fn new(
+        draft: &'a Qwen2Model,
+        prompt: &[u32],
+        gen: &'a GenerateConfig,
+        on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+        kept: &mut Option<Kept>,
+    ) -> Result<Self, EdgeError> {
+        gen.validate()?;
+        let capacity = draft.max_seq_len();
+        if prompt.is_empty() {
+            return Err(EdgeError::Model(tandem_model::ModelError::InvalidArgument(
+                "the prompt is empty".into(),
+            )));
+        }
+        if prompt.len() >= capacity {
+            return Err(EdgeError::Model(
+                tandem_model::ModelError::SequenceTooLong {
+                    needed: prompt.len() + 1,
+                    capacity,
+                },
+            ));
+        }
+        // The draft's KV in the generation's precision (`draft_kv`, INT8 by
+        // default: it changes acceptance only, never a verified token).
+        let fresh = draft.new_cache_with(gen.draft_kv);
+        let (mut cache, reuse, continuation, high_water) = match kept.take() {
+            Some(k)
+                if k.cache.capacity() == fresh.capacity()
+                    && k.cache.precision() == fresh.precision() =>
+            {
+                // Keep at least the prompt's last token to run (its logits).
+                let reuse = common_prefix(&k.tokens, prompt)
+                    .min(k.cache.len())
+                    .min(prompt.len().saturating_sub(1));
+                (k.cache, reuse, k.session, k.high_water)
+            }
+            Some(k) => (fresh, 0, k.session, 0),
+            None => (fresh, 0, None, 0),
+        };
+        cache.truncate(reuse);
+        let stop = (gen.max_tokens == 0).then_some(StopReason::MaxTokens);
+        Ok(Self {
+            draft,
+            gen,
+            prompt_len: prompt.len(),
+            ctx: prompt.to_vec(),
+            statuses: Vec::new(),
+            cache,
+            pending: prompt[reuse..].to_vec(),
+            capacity,
+            rng: Sampler::from_params(&gen.sampling),
+            stop,
+            on_event,
+            stats: EdgeStats {
+                prompt_tokens: prompt.len(),
+                draft_reused_tokens: reuse,
+                draft_prefill_tokens: prompt.len() - reuse,
+                ..EdgeStats::default()
+            },
+            report: ProvisionalReport::default(),
+            check: None,
+            gated: false,
+            want_conf: false,
+            conf: 1.0,
+            start: Instant::now(),
+            first: None,
+            continuation,
+            high_water,
+        })
+    }
+
+    /// The state this turn leaves for the conversation's next one: the draft
+    /// KV, cut to the context (a stop token or a cancelled block may have run
+    /// past it), and the context.
+    pub(super) fn take_kept(&mut self, session: Option<KeptSession>) -> Kept {
+        let mut cache = std::mem::replace(&mut self.cache, KvCache::new(0, 0, 0, 0));
+        let high_water = self.high_water.max(cache.len());
+        cache.truncate(cache.len().min(self.ctx.len()));
+        Kept {
+            cache,
+            tokens: self.ctx.clone(),
+            session,
+            high_water,
+        }
+    }
+
+    pub(super) fn out_len(&self) -> usize {
+        self.ctx.len() - self.prompt_len
+    }
+
+    pub(super) fn out(&self) -> &[u32] {
+        &self.ctx[self.prompt_len..]
+    }
+
+    /// Emits one token (already in the draft's view via `pending` by the caller);
+    /// false when generation must end.
+    pub(super) fn emit(&mut self, t: u32, status: TokenStatus) -> bool {
+        if self.stop.is_some() {
+            return false;
+        }
+        self.first.get_or_insert_with(Instant::now);
+        if self.gen.stop_tokens.contains(&t) {
+            self.stop = Some(StopReason::Stop);
+            return false;
+        }
+        self.ctx.push(t);
+        self.statuses.push(status);
+        let index = self.out_len() - 1;
+        if !(self.on_event)(&EdgeEvent::Token {
+            index,
+            id: t,
+            status,
+        }) {
+            self.stop = Some(StopReason::Cancelled);
+            return false;
+        }
+        if self.out_len() >= self.gen.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+            return false;
+        }
+        if self.ctx.len() >= self.capacity {
+            self.stop = Some(StopReason::ContextFull);
+            return false;
+        }
+        true
+    }
+
+    /// Runs the draft over `pending`; returns its next token (and, sampled, the
+    /// top-k distribution it was drawn from). Leaves `pending = [token]`.
+    pub(super) fn draft_next(
+        &mut self,
+        hist: &[u32],
+    ) -> Result<(u32, Option<Distribution>), EdgeError> {
+        let pos = self.cache.len();
+        let logits = self
+            .draft
+            .forward_last(&self.pending, pos, &mut self.cache)?;
+        self.stats.draft_forwards += 1;
+        self.high_water = self.high_water.max(self.cache.len());
+        let params = &self.gen.sampling;
+        let (t, q) = if params.is_greedy() {
+            let mut l = logits;
+            if params.repetition_penalty != 1.0 {
+                apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
+            }
+            let t = argmax(&l);
+            if self.want_conf {
+                self.conf = token_prob(&l, t);
+            }
+            (t, None)
+        } else {
+            let q = top_k_truncate(&distribution(params, &logits, hist), self.gen.draft_top_k);
+            (self.rng.sample(&q), Some(q))
+        };
+        self.pending.clear();
+        self.pending.push(t);
+        Ok((t, q))
+    }
+
+    /// One token from the draft alone.
+    pub(super) fn draft_alone(&mut self, status: TokenStatus) -> Result<(), EdgeError> {
+        let hist = self.ctx.clone();
+        let (t, _) = self.draft_next(&hist)?;
+        if status == TokenStatus::Provisional && self.check.is_none() {
+            let n = self.out_len();
+            self.check = Some(Check {
+                start: n,
+                next: n,
+                mismatches: Vec::new(),
+            });
+        }
+        self.emit(t, status);
+        Ok(())
+    }
+
+    /// Applies a verdict: `n` of `drafted` (drafted from a context of
+    /// `ctx_before` tokens; the draft cache holds ctx_before + a prefix of them,
+    /// the rest is pending, or a prefix of ctx_before when the draft did not
+    /// run) are accepted, then the verifier's token `t`. Rolls
+    /// the draft back to ctx_before + drafted[..n], queues `t`, and emits
+    /// drafted[..n] and `t` as verified.
+    pub(super) fn accept(&mut self, ctx_before: usize, drafted: &[u32], n: usize, t: u32) {
+        let keep = ctx_before + n;
+        let cache_len = self.cache.len();
+        if cache_len >= keep {
+            self.cache.truncate(keep);
+            self.pending.clear();
+        } else if cache_len >= ctx_before {
+            self.pending = drafted[cache_len - ctx_before..n].to_vec();
+        } else {
+            // The draft is behind the context (cloud-streamed rounds do not run
+            // it): it still has ctx[cache_len..ctx_before] to run, then the
+            // accepted drafts.
+            let mut p = self.ctx[cache_len..ctx_before].to_vec();
+            p.extend_from_slice(&drafted[..n]);
+            self.pending = p;
+        }
+        self.pending.push(t);
+        for &x in &drafted[..n] {
+            if !self.emit(x, TokenStatus::Verified) {
+                return;
+            }
+        }
+        self.emit(t, TokenStatus::Verified);
+    }
+
+    /// Undo a drafted block whose verdict never came: the draft holds `ctx`.
+    pub(super) fn rollback_unverified(&mut self) {
+        let keep = self.ctx.len() - 1;
+        self.cache.truncate(keep.min(self.cache.len()));
+        if self.cache.len() < keep {
+            // Cannot happen after drafting (the cache covered ctx), but stay exact.
+            self.pending = self.ctx[self.cache.len()..].to_vec();
+        } else {
+            self.pending = vec![self.ctx[keep]];
+        }
+    }
+
+    pub(super) fn finish(
+        mut self,
+        session_id: Option<String>,
+        gen_rtt: &RttTracker,
+        counters: Counters,
+    ) -> EdgeGeneration {
+        let mut s = std::mem::take(&mut self.stats);
+        let now = Instant::now();
+        s.total_ms = (now - self.start).as_secs_f64() * 1000.0;
+        if let Some(f) = self.first {
+            s.ttft_ms = (f - self.start).as_secs_f64() * 1000.0;
+        }
+        s.generated_tokens = self.out_len();
+        let count = |st| self.statuses.iter().filter(|&&x| x == st).count();
+        s.verified_tokens = count(TokenStatus::Verified);
+        s.provisional_tokens = count(TokenStatus::Provisional);
+        s.local_tokens = count(TokenStatus::Local);
+        if s.total_ms > 0.0 {
+            s.tokens_per_s = s.generated_tokens as f64 / (s.total_ms / 1000.0);
+        }
+        if s.drafted > 0 {
+            s.acceptance_rate = s.accepted as f64 / s.drafted as f64;
+        }
+        if s.rounds > 0 {
+            s.mean_accepted_len = s.accepted as f64 / s.rounds as f64;
+        }
+        s.rtt_mean_ms = gen_rtt.mean_ms().unwrap_or(0.0);
+        s.rtt_p95_ms = gen_rtt.p95_ms().unwrap_or(0.0);
+        s.bytes_sent = counters.sent;
+        s.bytes_received = counters.received;
+        if s.generated_tokens > 0 {
+            s.verifier_passes_per_token = s.verifier_passes as f64 / s.generated_tokens as f64;
+        }
+        // A span still unchecked at the end stays in the report as unchecked.
+        if let Some(c) = self.check.take() {
+            let end = self.out_len();
+            self.report.checked_tokens += c.next - c.start;
+            self.report.mismatched_tokens += c.mismatches.len();
+            if self.report.first_mismatch.is_none() {
+                self.report.first_mismatch = c.mismatches.first().copied();
+            }
+            self.report.spans.push(ProvisionalCheck {
+                start: c.start,
+                end,
+                mismatches: c.mismatches,
+                checked: false,
+            });
+        }
+        self.report.provisional_tokens = s.provisional_tokens;
+        let stop = self.stop.unwrap_or(StopReason::MaxTokens);
+        EdgeGeneration {
+            tokens: self.ctx[self.prompt_len..].to_vec(),
+            statuses: self.statuses,
+            stop,
+            stats: s,
+            provisional: self.report,
+            session_id,
+        }
+    }
+
+    /// Records a finished span check and tells the caller.
+    pub(super) fn complete_check(&mut self, c: Check, checked: bool) {
+        let end = self.out_len();
+        let span = ProvisionalCheck {
+            start: c.start,
+            end,
+            mismatches: c.mismatches,
+            checked,
+        };
+        if checked {
+            self.report.checked_tokens += end - c.start;
+        }
+        self.report.mismatched_tokens += span.mismatches.len();
+        if self.report.first_mismatch.is_none() {
+            self.report.first_mismatch = span.mismatches.first().copied();
+        }
+        if !span.mismatches.is_empty() {
+            tracing::warn!(
+                start = span.start,
+                end = span.end,
+                mismatches = span.mismatches.len(),
+                "provisional tokens differ from the verifier's"
+            );
+        }
+        self.report.spans.push(span.clone());
+        if !(self.on_event)(&EdgeEvent::ProvisionalChecked(span)) && self.stop.is_none() {
+            self.stop = Some(StopReason::Cancelled);
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The plain round: draft a block of k (fixed, or the chooser's with adaptive
+//! k), encode it with the session's codec, exchange it (or let the codec answer
+//! on the device: an all-local split round) and decode the verdict.
+
+use super::connection::draft_positions;
+use super::generation::Generation;
+use super::rounds::{RoundOutcome, Rounds};
+use crate::error::EdgeError;
+use tandem_model::speculative::StopReason;
+use tandem_proto::v1::{
+    self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
+};
+
+/// One plain round; `None` when it ended without a verdict (the failure is
+/// handled) or the context is full.
+pub(super) fn round(
+    r: &mut Rounds<'_>,
+    run: &mut Generation<'_, '_>,
+) -> Result<Option<RoundOutcome>, EdgeError> {
+    let limit = r.limit(run, 0);
+    if limit == 0 {
+        run.stop = Some(StopReason::ContextFull);
+        return Ok(None);
+    }
+    let k = r.block_len(run, limit);
+    let ctx_before = run.ctx.len();
+    let mut block = Vec::with_capacity(k);
+    let (dists, draft_ms) = r.draft_block(run, &mut block, k)?;
+    let round = r.conn.round;
+    let draft = pb::Draft {
+        round,
+        tokens: block.clone(),
+        draft_dists: dists,
+        ..pb::Draft::default()
+    };
+    let draft = r.conn.codec.encode(&run.ctx, draft)?;
+    let (answer, rtt) = match r.conn.codec.answer_locally(round, ctx_before) {
+        Some(v) => (ServerMsg::Verdict(v), None),
+        None => match r.conn.exchange(ClientMsg::Draft(draft), draft_positions(k)) {
+            Ok((a, rtt)) => (a, Some(rtt)),
+            Err(e) => {
+                r.lost_block(run, e)?;
+                return Ok(None);
+            }
+        },
+    };
+    let v = r
+        .conn
+        .codec
+        .decode(answer, round, k, &run.ctx, &run.gen.sampling)?;
+    let accepted = v.accepted as usize;
+    let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
+    if r.conn.codec.accepted(ctx_before, accepted, exchange_ms, k) {
+        // The codec changed its wire form (split `auto` chose another s): the
+        // next round opens a new session.
+        r.conn.close_for_reopen();
+    }
+    Ok(Some(RoundOutcome {
+        ctx_before,
+        drafted: block,
+        k,
+        accepted,
+        next_token: v.next_token,
+        rtt,
+        positions: draft_positions(k),
+        draft_ms,
+        reused: 0,
+        apply: true,
+    }))
+}

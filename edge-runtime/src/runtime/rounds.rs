@@ -1,0 +1,386 @@
+//! The round loop of a generation against the verifier ([`Rounds`]): the
+//! round kind is chosen once per generation ([`RoundKind`]); every round
+//! returns a [`RoundOutcome`] and [`Rounds::commit`] does the bookkeeping
+//! (statistics, RTT, breaker, round numbers, the adaptive-k chooser, the
+//! round log, and the verdict applied to the draft). Between rounds the loop
+//! drafts alone while no session is there, and has provisional spans checked.
+
+use super::connection::{draft_positions, Connection, Step};
+use super::generation::{Check, Generation};
+use super::{cloud_stream, gated, pipelined, plain, TokenStatus};
+use crate::adaptive::{RoundRecord, SpecState};
+use crate::client::{Counters, NetError};
+use crate::codec::check_verdict;
+use crate::error::EdgeError;
+use std::time::{Duration, Instant};
+use tandem_model::speculative::StopReason;
+use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
+
+/// How the rounds of a generation go (chosen once, by [`RoundKind::choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RoundKind {
+    /// Draft a block, exchange it, apply the verdict (`super::plain`).
+    Plain,
+    /// Keep drafting while the verify is in flight (`super::pipelined`).
+    Pipelined,
+    /// The verifier generates and streams, k = 0 (`super::cloud_stream`).
+    CloudStreamed,
+    /// Blocks the draft is sure of are shown provisional without a round
+    /// trip (`super::gated`).
+    Gated,
+}
+
+impl RoundKind {
+    /// The kind for a generation: gating, cloud streaming and pipelining need
+    /// a session that carries token ids only; pipelining needs greedy mode.
+    pub(super) fn choose(gated: bool, spec: &SpecState, tokens_only: bool, greedy: bool) -> Self {
+        if !tokens_only {
+            Self::Plain
+        } else if gated {
+            Self::Gated
+        } else if spec.cfg.target_stream {
+            Self::CloudStreamed
+        } else if spec.cfg.pipeline && greedy {
+            Self::Pipelined
+        } else {
+            Self::Plain
+        }
+    }
+}
+
+/// What one round came to.
+pub(super) struct RoundOutcome {
+    /// The context length the block was drafted after.
+    pub ctx_before: usize,
+    /// The tokens the draft ran from `ctx_before` on: the block (its first
+    /// `k`), then any drafted ahead while the verify was in flight.
+    pub drafted: Vec<u32>,
+    /// Drafted tokens the verifier judged.
+    pub k: usize,
+    /// Of those, accepted.
+    pub accepted: usize,
+    /// The verifier's token after the accepted ones.
+    pub next_token: u32,
+    /// The round trip; `None` when the device answered the block itself (an
+    /// all-local split round): no verifier pass.
+    pub rtt: Option<Duration>,
+    /// Positions the verifier's forward covered (sets the RTT model).
+    pub positions: usize,
+    /// Time spent drafting the block.
+    pub draft_ms: f64,
+    /// Block tokens that had been drafted ahead in the previous round.
+    pub reused: usize,
+    /// Apply the verdict to the draft and emit (false: the caller handles the
+    /// tokens, e.g. a gated span the verifier disagreed with).
+    pub apply: bool,
+}
+
+pub(super) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The rounds of one generation: its connection, the speculation state and
+/// the kind of round.
+pub(super) struct Rounds<'a> {
+    pub conn: Connection<'a>,
+    pub spec: &'a mut SpecState,
+    pub kind: RoundKind,
+}
+
+impl Rounds<'_> {
+    pub(super) fn drive(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+        while run.stop.is_none() {
+            if let Some(op) = self.conn.opening.take() {
+                if !op.task.is_finished() {
+                    // The verifier is not (yet) reachable: keep generating alone.
+                    self.conn.opening = Some(op);
+                    run.draft_alone(TokenStatus::Provisional)?;
+                    continue;
+                }
+                let (r, c) = match self.conn.rt.block_on(op.task) {
+                    Ok(x) => x,
+                    Err(e) => (
+                        Err(NetError::Unavailable(format!("open task failed: {e}"))),
+                        Counters::default(),
+                    ),
+                };
+                self.conn.counters.add(c);
+                if let Step::Lost = self.conn.opened(run, r, op.upto)? {
+                    continue;
+                }
+                self.check_provisional(run)?;
+                continue;
+            }
+            let allowed = super::lock(self.conn.breaker).allows_request();
+            if !allowed {
+                run.draft_alone(TokenStatus::Provisional)?;
+                continue;
+            }
+            if self.conn.stream.is_none() {
+                if self.conn.open_in_background() {
+                    if self.conn.retry_at.is_some_and(|t| Instant::now() < t) {
+                        run.draft_alone(TokenStatus::Provisional)?;
+                    } else {
+                        self.conn.retry_at = None;
+                        self.conn.spawn_open(run)?;
+                    }
+                    continue;
+                }
+                if let Step::Lost = self.conn.open(run)? {
+                    continue;
+                }
+                self.check_provisional(run)?;
+                continue;
+            }
+            let outcome = match self.kind {
+                RoundKind::Plain => plain::round(self, run)?,
+                RoundKind::Pipelined => pipelined::round(self, run)?,
+                RoundKind::CloudStreamed => cloud_stream::round(self, run)?,
+                RoundKind::Gated => gated::round(self, run)?,
+            };
+            if let Some(o) = outcome {
+                self.commit(run, o);
+            }
+        }
+        // Gated tokens still waiting at the end: verify them now (one pass), so
+        // the report says whether they were right (not after a cancel: nobody
+        // is listening).
+        let cancelled = run.stop == Some(StopReason::Cancelled);
+        if run.gated && run.check.is_some() && self.conn.stream.is_some() && !cancelled {
+            self.check_provisional(run)?;
+        }
+        Ok(())
+    }
+
+    /// Most tokens the next block may have: the session's block limit less
+    /// `reserved` (tokens sent with it), the room in the draft's cache and in
+    /// the output (at least 1, for the verifier's token). 0: the context is full.
+    pub(super) fn limit(&self, run: &Generation<'_, '_>, reserved: usize) -> usize {
+        let room_out = run.gen.max_tokens.saturating_sub(run.out_len());
+        self.conn
+            .max_block
+            .saturating_sub(reserved)
+            .min(run.capacity.saturating_sub(run.ctx.len()))
+            .min(room_out.max(1))
+    }
+
+    /// The block length of this round: the chooser's (adaptive k) or the
+    /// configured k, within `limit`.
+    pub(super) fn block_len(&self, run: &Generation<'_, '_>, limit: usize) -> usize {
+        if self.spec.cfg.adaptive_k && self.kind != RoundKind::Gated {
+            self.spec.chooser.choose(limit, run.gen.k)
+        } else {
+            run.gen.k.min(limit)
+        }
+    }
+
+    /// Whether rounds feed the chooser and the round log
+    /// ([`crate::adaptive::SpeculationConfig::active`]).
+    fn tuned(&self) -> bool {
+        self.spec.active()
+    }
+
+    /// Drafts until `held` (tokens drafted after the context, possibly ahead
+    /// from the previous round) has `k`; returns the wire distributions of the
+    /// tokens drafted here (sampled mode) and the drafting time. With the
+    /// chooser on, feeds it the forward times.
+    pub(super) fn draft_block(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        held: &mut Vec<u32>,
+        k: usize,
+    ) -> Result<(Vec<pb::TokenDistribution>, f64), EdgeError> {
+        let mut hist = run.ctx.clone();
+        hist.extend_from_slice(held);
+        let mut dists = Vec::new();
+        let t0 = Instant::now();
+        // Draft times for the chooser: the block's first forward (it also runs
+        // the verifier's token) apart from the later ones, without forwards that
+        // also (pre)filled more than a couple of pending tokens (the prompt's
+        // prefill in the first round, a catch-up after target streaming).
+        let (mut first, mut timed, mut timed_ms) = (None, 0usize, 0.0f64);
+        while held.len() < k {
+            let catch_up = run.pending.len() > 2;
+            let is_first = held.is_empty();
+            let t = Instant::now();
+            let (d, q) = run.draft_next(&hist)?;
+            let took = ms(t.elapsed());
+            if !catch_up {
+                if is_first {
+                    first = Some(took);
+                } else {
+                    timed += 1;
+                    timed_ms += took;
+                }
+            }
+            hist.push(d);
+            held.push(d);
+            if let Some(q) = q {
+                let (tokens, probs) = q.entries().iter().copied().unzip();
+                dists.push(pb::TokenDistribution { tokens, probs });
+            }
+        }
+        if self.tuned() {
+            self.spec
+                .chooser
+                .observe_draft_forwards(first, timed, timed_ms);
+        }
+        Ok((dists, ms(t0.elapsed())))
+    }
+
+    /// A block whose verdict never came: the draft and the codec go back to
+    /// the context, and the failure is handled.
+    pub(super) fn lost_block(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        e: NetError,
+    ) -> Result<(), EdgeError> {
+        run.rollback_unverified();
+        self.conn.codec.rollback(run.ctx.len());
+        self.conn.fail(run, e)?;
+        Ok(())
+    }
+
+    /// The one place a round's outcome is accounted and applied.
+    pub(super) fn commit(&mut self, run: &mut Generation<'_, '_>, o: RoundOutcome) {
+        if let Some(rtt) = o.rtt {
+            self.conn.record_rtt(rtt, o.positions);
+            self.conn.success();
+            // Round numbers and passes count the verifier's rounds (an
+            // all-local split round has neither).
+            self.conn.round += 1;
+            run.stats.verifier_passes += 1;
+        }
+        run.stats.rounds += 1;
+        run.stats.drafted += o.k as u64;
+        if !o.apply {
+            return;
+        }
+        run.stats.accepted += o.accepted as u64;
+        let rtt_ms = o.rtt.map(ms).unwrap_or(0.0);
+        let observes = matches!(self.kind, RoundKind::Plain | RoundKind::Pipelined);
+        if self.tuned() && observes {
+            self.spec.chooser.observe_round(o.k, o.accepted, rtt_ms);
+        }
+        if self.tuned() || self.kind == RoundKind::Gated {
+            self.spec.rounds.push(RoundRecord {
+                k: o.k,
+                accepted: o.accepted,
+                rtt_ms,
+                draft_ms: o.draft_ms,
+                reused: o.reused,
+            });
+        }
+        let (k, n, t) = (o.k, o.accepted, o.next_token);
+        if n == k && o.drafted.len() > k && o.drafted[k] == t {
+            // Full acceptance and the bonus token drafted ahead (pipelined):
+            // the draft cache (+ pending) already holds ctx + block + t + the
+            // rest: keep them for the next block.
+            for &x in &o.drafted[..k] {
+                if !run.emit(x, TokenStatus::Verified) {
+                    return;
+                }
+            }
+            if run.emit(t, TokenStatus::Verified) {
+                self.spec.ahead = o.drafted[k + 1..].to_vec();
+                self.spec.ahead_at = run.ctx.len();
+            }
+            return;
+        }
+        run.accept(o.ctx_before, &o.drafted, n, t);
+    }
+
+    /// Verify-only pass over the provisional span (greedy): the verifier holds the
+    /// context up to `check.next`; send the streamed tokens as drafts and compare.
+    pub(super) fn check_provisional(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+    ) -> Result<Step, EdgeError> {
+        loop {
+            let Some(c) = run.check.as_ref() else {
+                return Ok(Step::Ok);
+            };
+            let (p, e) = (c.next, run.out_len());
+            if p >= e {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, true);
+                }
+                return Ok(Step::Ok);
+            }
+            let chunk = run.out()[p..e.min(p + self.conn.max_block)].to_vec();
+            let k = chunk.len();
+            let draft = pb::Draft {
+                round: self.conn.round,
+                tokens: chunk,
+                ..pb::Draft::default()
+            };
+            let (answer, rtt) = match self
+                .conn
+                .exchange(ClientMsg::Draft(draft), draft_positions(k))
+            {
+                Ok(a) => a,
+                Err(e) => return self.conn.fail(run, e),
+            };
+            let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p)?;
+            self.conn.record_rtt(rtt, draft_positions(k));
+            self.conn.success();
+            self.conn.round += 1;
+            run.stats.check_rounds += 1;
+            run.stats.verifier_passes += 1;
+            let n = v.accepted as usize;
+            if p + n < e {
+                let differs = v.next_token != run.out()[p + n];
+                if let Some(c) = run.check.as_mut() {
+                    c.next = p + n + 1;
+                    if differs {
+                        c.mismatches.push(p + n);
+                    }
+                }
+                if differs {
+                    if let Step::Lost = self.resume_shown(run, run.prompt_len + p + n + 1)? {
+                        return Ok(Step::Lost);
+                    }
+                }
+            } else {
+                // The whole rest matched; the verdict's token follows the span and
+                // is the target's own: emit it (the verifier already holds it).
+                if let Some(mut c) = run.check.take() {
+                    c.next = e;
+                    run.complete_check(c, true);
+                }
+                run.pending.push(v.next_token);
+                run.emit(v.next_token, TokenStatus::Verified);
+                return Ok(Step::Ok);
+            }
+        }
+    }
+
+    /// After a verdict that disagreed with a shown (provisional) token: move the
+    /// verifier's session to the shown context `ctx[..upto]`.
+    /// The session holds `ctx[..upto - 1]` plus the target's own token.
+    pub(super) fn resume_shown(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        upto: usize,
+    ) -> Result<Step, EdgeError> {
+        let step = self.conn.resume_at(run, upto, 1)?;
+        if let Step::Ok = step {
+            // Part of checking provisional tokens.
+            run.stats.check_rounds += 1;
+        }
+        Ok(step)
+    }
+
+    /// Opens a gated span at the current end of the output (if none is open).
+    pub(super) fn start_gated_span(run: &mut Generation<'_, '_>) {
+        if run.check.is_none() {
+            let n = run.out_len();
+            run.check = Some(Check {
+                start: n,
+                next: n,
+                mismatches: Vec::new(),
+            });
+            run.gated = true;
+        }
+    }
+}

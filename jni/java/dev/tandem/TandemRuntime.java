@@ -1,0 +1,225 @@
+package dev.tandem;
+
+import java.util.Objects;
+import java.util.concurrent.locks.ReentrantReadWriteLock;
+
+/**
+ * Tandem's device runtime for Java and Kotlin: the draft model, the verifier
+ * client (deadlines, circuit breaker, provisional tokens) and the privacy
+ * router, behind the C ABI ({@code docs/capi.md}) through the native library
+ * {@code libtandem_jni.so} ({@code docs/mobile.md}).
+ *
+ * <pre>{@code
+ * try (TandemRuntime rt = TandemRuntime.create(configPath, modelsDir)) {
+ *     Stats s = rt.generate("Write a haiku.", 64, (text, status) -> {
+ *         System.out.print(text);
+ *         return true;
+ *     });
+ * }
+ * }</pre>
+ *
+ * <p>Threads: one {@link #generate} at a time per runtime (a concurrent one
+ * throws {@link TandemException} with status {@code BUSY}); {@link #cancel},
+ * {@link #stats} and {@link #lastJson} from any thread at any time;
+ * {@link #close} from any thread but the callback: it cancels the running
+ * generation and waits for it to return. Any call after {@code close} throws
+ * {@link IllegalStateException}; a second {@code close} does nothing.
+ */
+public final class TandemRuntime implements AutoCloseable {
+    static {
+        // The system property names the library file (tests, desktop JVMs);
+        // an Android app ships it as jniLibs/<abi>/libtandem_jni.so.
+        String path = System.getProperty("dev.tandem.library");
+        if (path != null) {
+            System.load(path);
+        } else {
+            System.loadLibrary("tandem_jni");
+        }
+    }
+
+    /** Generations and the other calls hold the read lock; close the write lock. */
+    private final ReentrantReadWriteLock lock = new ReentrantReadWriteLock();
+    /** The C ABI's {@code TandemRuntime *}; 0 once closed. Guarded by {@link #lock}. */
+    private long handle;
+
+    private TandemRuntime(long handle) {
+        this.handle = handle;
+    }
+
+    /**
+     * Loads the config (TOML, fields in {@code docs/capi.md}), the privacy
+     * policy and the draft model (seconds). No connection is made yet.
+     *
+     * @param configPath the config file
+     * @param modelsDir the directory the config's relative model paths are
+     *     relative to (the app's download directory); null: the config
+     *     file's directory
+     * @throws TandemException {@code IO} (a missing file, named), {@code CONFIG}
+     *     (the field named), {@code MODEL}, ...
+     */
+    public static TandemRuntime create(String configPath, String modelsDir) {
+        Objects.requireNonNull(configPath, "configPath");
+        return new TandemRuntime(nativeNew(configPath, modelsDir));
+    }
+
+    /**
+     * Generates an answer to {@code prompt} (one user message through the
+     * model's chat template), calling {@code callback} with each text piece
+     * on this thread. Blocks until the generation ends (end of turn,
+     * {@code maxTokens}, cancel). An unreachable verifier is not an error:
+     * pieces arrive {@link TokenStatus#PROVISIONAL}.
+     *
+     * @param maxTokens at most this many tokens; 0: the config's {@code max_tokens}
+     * @param callback may be null
+     * @return this generation's statistics
+     * @throws TandemException {@code BUSY} while another generation runs,
+     *     {@code TLS}, {@code REFUSED}, ... with the C ABI's message
+     */
+    public Stats generate(String prompt, int maxTokens, TokenCallback callback) {
+        Objects.requireNonNull(prompt, "prompt");
+        if (maxTokens < 0) {
+            throw new IllegalArgumentException("maxTokens must be >= 0, got " + maxTokens);
+        }
+        lock.readLock().lock();
+        try {
+            long h = open();
+            long[] counts = new long[Stats.COUNTS];
+            double[] times = new double[Stats.TIMES];
+            Sink sink = callback == null ? null : new Sink(callback);
+            nativeGenerate(h, prompt, maxTokens, sink, counts, times);
+            return new Stats(counts, times);
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
+     * Stops the generation running now (from any thread, or from the
+     * callback); it returns at the next token with stop reason
+     * {@code CANCELLED} and the text so far. Does nothing when none runs,
+     * and never reaches a later generation.
+     */
+    public void cancel() {
+        lock.readLock().lock();
+        try {
+            nativeCancel(open());
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
+     * The statistics of the last finished generation.
+     *
+     * @throws TandemException {@code NO_GENERATION} if none has finished yet
+     */
+    public Stats stats() {
+        lock.readLock().lock();
+        try {
+            long[] counts = new long[Stats.COUNTS];
+            double[] times = new double[Stats.TIMES];
+            nativeStats(open(), counts, times);
+            return new Stats(counts, times);
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
+     * The last finished generation as JSON: route, the privacy router's
+     * decision (rule, entity types, byte spans; never the text), stop, all
+     * edge statistics, the verifier's check of provisional tokens
+     * ({@code docs/capi.md}).
+     */
+    public String lastJson() {
+        lock.readLock().lock();
+        try {
+            return nativeLastJson(open());
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
+     * Frees the runtime (the draft model, the verifier connections). A
+     * generation running on another thread is cancelled first and waited
+     * for. A second call does nothing.
+     *
+     * @throws IllegalStateException when called from this runtime's callback
+     */
+    @Override
+    public void close() {
+        if (lock.getReadHoldCount() > 0) {
+            throw new IllegalStateException(
+                    "TandemRuntime.close() called from inside this runtime's callback");
+        }
+        lock.readLock().lock();
+        try {
+            if (handle != 0) {
+                nativeCancel(handle);
+            }
+        } finally {
+            lock.readLock().unlock();
+        }
+        lock.writeLock().lock();
+        try {
+            if (handle != 0) {
+                nativeFree(handle);
+                handle = 0;
+            }
+        } finally {
+            lock.writeLock().unlock();
+        }
+    }
+
+    /** Whether {@link #close} has run. */
+    public boolean isClosed() {
+        lock.readLock().lock();
+        try {
+            return handle == 0;
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /** The native library's version ({@code "0.1.0"}). */
+    public static String version() {
+        return nativeVersion();
+    }
+
+    private long open() {
+        if (handle == 0) {
+            throw new IllegalStateException("TandemRuntime is closed");
+        }
+        return handle;
+    }
+
+    /** What the native side calls per piece: the status code becomes the enum. */
+    private static final class Sink {
+        private final TokenCallback callback;
+
+        Sink(TokenCallback callback) {
+            this.callback = callback;
+        }
+
+        @SuppressWarnings("unused") // called from native code
+        boolean piece(String text, int status) {
+            return callback.onToken(text, TokenStatus.fromCode(status));
+        }
+    }
+
+    private static native long nativeNew(String configPath, String modelsDir);
+
+    private static native void nativeGenerate(
+            long handle, String prompt, int maxTokens, Sink sink, long[] counts, double[] times);
+
+    private static native void nativeCancel(long handle);
+
+    private static native void nativeStats(long handle, long[] counts, double[] times);
+
+    private static native String nativeLastJson(long handle);
+
+    private static native void nativeFree(long handle);
+
+    private static native String nativeVersion();
+}
