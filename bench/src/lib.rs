@@ -15,6 +15,7 @@
 //! without the feature does not link it.
 
 mod conversation;
+mod device_soak;
 mod report;
 mod soak;
 mod verifier;
@@ -152,6 +153,32 @@ pub struct Args {
     #[arg(long, env = "TANDEM_PYTHON", default_value = "python3")]
     python: String,
 
+    /// Device soak instead of the comparison: generate with the draft (local
+    /// mode) back to back for this long (e.g. 10m, 30s) and report
+    /// first-token latency and decode tok/s per --soak-window, and the decay
+    /// (docs/benchmarks.md, "Device soak"). `--threads` sets the draft's
+    /// threads. (Not `tandem bench soak`, the verifier fault soak.)
+    #[arg(long, value_parser = tandem_netsim::parse_duration)]
+    soak: Option<std::time::Duration>,
+    /// Window of the soak's table.
+    #[arg(long, default_value = "1m", value_parser = tandem_netsim::parse_duration, requires = "soak")]
+    soak_window: std::time::Duration,
+    /// Tokens per soak generation (no stop token: every one does the same work).
+    #[arg(long, default_value_t = 64, requires = "soak")]
+    soak_tokens: usize,
+    /// Draft GGUF of the soak (default: the cached Qwen2.5-Coder 0.5B).
+    #[arg(long, requires = "soak")]
+    soak_draft: Option<PathBuf>,
+    /// Run the warm-up forward at load (EdgeConfig.warmup) before the soak.
+    #[arg(long, requires = "soak")]
+    warmup: bool,
+    /// Inject a thermal state (nominal, fair, serious, critical) for the soak.
+    #[arg(long, value_parser = device_soak::parse_thermal, requires = "soak")]
+    soak_thermal: Option<tandem_edge::ThermalState>,
+    /// Inject a battery level (percent, not charging) for the soak.
+    #[arg(long, requires = "soak")]
+    soak_battery: Option<u8>,
+
     /// Internal: run one measurement in this process and print its JSON.
     #[arg(long, hide = true)]
     worker: Option<WorkerKind>,
@@ -243,6 +270,27 @@ pub fn run(args: Args) -> Result<()> {
         Some(BenchCmd::Conversation(a)) => return conversation::run(a),
         Some(BenchCmd::Soak(a)) => return soak::run(a),
         None => {}
+    }
+    if let Some(duration) = args.soak {
+        let draft = match &args.soak_draft {
+            Some(p) => p.clone(),
+            None => model_file(BenchModel::Draft)?,
+        };
+        return device_soak::run(device_soak::SoakPlan {
+            duration,
+            window: args.soak_window,
+            tokens: args.soak_tokens,
+            warmup: args.warmup,
+            draft,
+            threads: args.threads,
+            prompts: args.prompt_set()?,
+            device: tandem_edge::DeviceState {
+                thermal: args.soak_thermal,
+                battery_pct: args.soak_battery,
+                ..Default::default()
+            },
+            json: args.json,
+        });
     }
     let res = args.resolve()?;
     match args.worker {

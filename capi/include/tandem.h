@@ -5,8 +5,9 @@
  *  - a TandemRuntime may be shared between threads;
  *  - tandem_generate: one at a time per runtime (a concurrent call returns
  *    TANDEM_STATUS_BUSY); the callback runs on the calling thread;
- *  - tandem_cancel, tandem_runtime_stats, tandem_runtime_last_json: any
- *    thread, any time (also during a generation);
+ *  - tandem_cancel, tandem_runtime_set_device_state, tandem_runtime_stats,
+ *    tandem_runtime_last_json: any thread, any time (also during a
+ *    generation);
  *  - tandem_runtime_free: only when no other call is using the runtime.
  * Strings: UTF-8. Strings returned through char ** are freed with
  * tandem_string_free; pieces passed to the callback are valid only during it.
@@ -138,6 +139,30 @@ typedef int32_t TandemStopReason;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// Thermal state of the device (`TandemDeviceState.thermal`), on iOS's
+// `ProcessInfo.ThermalState` scale; Android's `PowerManager` thermal status
+// maps NONE -> NOMINAL, LIGHT -> FAIR, MODERATE -> SERIOUS, SEVERE and
+// above -> CRITICAL.
+enum TandemThermalState
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Not reported.
+  TANDEM_THERMAL_STATE_UNKNOWN = -1,
+  TANDEM_THERMAL_STATE_NOMINAL = 0,
+  TANDEM_THERMAL_STATE_FAIR = 1,
+  TANDEM_THERMAL_STATE_SERIOUS = 2,
+  TANDEM_THERMAL_STATE_CRITICAL = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum TandemThermalState TandemThermalState;
+#else
+typedef int32_t TandemThermalState;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // Opaque handle of a multi-turn conversation on one runtime: its history
 // (the config's system prompt, then every message and reply) and, inside
 // the runtime, its kept state (draft KV, verifier session), so that each
@@ -198,7 +223,27 @@ typedef struct TandemStats {
   uint64_t draft_reused_tokens;
   uint64_t verifier_reused_tokens;
   uint64_t dropped_messages;
+  // Device state (read at the generation's start): the threads the draft
+  // ran on, and the most draft tokens per round it allowed (0: no cap).
+  uint32_t draft_threads;
+  uint32_t k_cap;
 } TandemStats;
+
+// What the app knows about the device, for
+// `tandem_runtime_set_device_state`. Plain data.
+typedef struct TandemDeviceState {
+  // A `TandemThermalState` value (`TANDEM_THERMAL_STATE_UNKNOWN` = -1 when
+  // not known); other values are refused.
+  int32_t thermal;
+  // Battery charge in percent, 0..=100, or -1 when not known.
+  int32_t battery_pct;
+  // Plugged in and charging.
+  bool charging;
+  // The OS's power-save / low-power mode is on.
+  bool power_save;
+  // The user asked that nothing leave the device (a privacy-router input).
+  bool user_opt_out;
+} TandemDeviceState;
 
 #ifdef __cplusplus
 extern "C" {
@@ -324,6 +369,27 @@ void tandem_conversation_free(const struct TandemRuntime *runtime,
 // Thread-safety: may be called from any thread, also while `tandem_generate`
 // runs on another thread (that is its purpose) and from the callback.
 TandemStatus tandem_cancel(const struct TandemRuntime *runtime);
+
+// Reports the device's state: thermal state, battery, charging, power save
+// (and the user's opt-out, a privacy-router input). Generations started
+// after this call run with it: fewer draft threads when hot, fewer draft
+// tokens per round on low battery or in power-save mode (the table in
+// `docs/capi.md`); the privacy router's rules see it at once. A generation
+// running now keeps what it started with. Verified output does not change.
+// Call it whenever the platform reports a change.
+//
+// `TANDEM_STATUS_INVALID_ARGUMENT` (and nothing changes) for a NULL `state`,
+// a `thermal` that is not a `TandemThermalState` or a `battery_pct` outside
+// -1..=100.
+//
+// # Safety
+// `runtime` from `tandem_runtime_new`, not freed; `state` NULL or a valid
+// `TandemDeviceState *`; `error_message` NULL or a valid `char **`.
+// Thread-safety: any thread, any time (also while `tandem_generate` runs,
+// and from its callback).
+TandemStatus tandem_runtime_set_device_state(const struct TandemRuntime *runtime,
+                                             const struct TandemDeviceState *state,
+                                             char **error_message);
 
 // Copies the statistics of the last finished generation into `*stats_out`.
 // `TANDEM_STATUS_NO_GENERATION` if none has finished yet.

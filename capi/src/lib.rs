@@ -15,10 +15,14 @@
 //!    prefills only what is new, on the device and on the verifier, and the
 //!    context policy applies when the history outgrows the context,
 //! 4. may cancel a running generation from any thread ([`tandem_cancel`]),
-//! 5. reads the last generation's statistics ([`tandem_runtime_stats`], or
+//! 5. reports the device's state (thermal, battery, charging, power save)
+//!    from any thread ([`tandem_runtime_set_device_state`]): from the next
+//!    generation on the draft runs on fewer threads when hot and drafts
+//!    fewer tokens per round on low battery (`tandem_edge::device`),
+//! 6. reads the last generation's statistics ([`tandem_runtime_stats`], or
 //!    everything incl. the routing decision as JSON with
 //!    [`tandem_runtime_last_json`]),
-//! 6. frees it ([`tandem_runtime_free`]); strings the library returns are
+//! 7. frees it ([`tandem_runtime_free`]); strings the library returns are
 //!    freed with [`tandem_string_free`].
 //!
 //! Every entry point returns a [`TandemStatus`] code (and, where it takes a
@@ -40,8 +44,8 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use serde::Serialize;
 use tandem_edge::context_policy::{drop_oldest, fit_messages, ContextError};
 use tandem_edge::{
-    EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision, RoutedRuntime,
-    TokenStatus,
+    DeviceState, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
+    RoutedRuntime, SharedDeviceState, ThermalState, TokenStatus,
 };
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::{GenerateConfig, StopReason};
@@ -150,6 +154,72 @@ pub enum TandemRoute {
     Speculative = 2,
 }
 
+/// Thermal state of the device (`TandemDeviceState.thermal`), on iOS's
+/// `ProcessInfo.ThermalState` scale; Android's `PowerManager` thermal status
+/// maps NONE -> NOMINAL, LIGHT -> FAIR, MODERATE -> SERIOUS, SEVERE and
+/// above -> CRITICAL.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TandemThermalState {
+    /// Not reported.
+    Unknown = -1,
+    Nominal = 0,
+    Fair = 1,
+    Serious = 2,
+    Critical = 3,
+}
+
+/// What the app knows about the device, for
+/// `tandem_runtime_set_device_state`. Plain data.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TandemDeviceState {
+    /// A `TandemThermalState` value (`TANDEM_THERMAL_STATE_UNKNOWN` = -1 when
+    /// not known); other values are refused.
+    pub thermal: i32,
+    /// Battery charge in percent, 0..=100, or -1 when not known.
+    pub battery_pct: i32,
+    /// Plugged in and charging.
+    pub charging: bool,
+    /// The OS's power-save / low-power mode is on.
+    pub power_save: bool,
+    /// The user asked that nothing leave the device (a privacy-router input).
+    pub user_opt_out: bool,
+}
+
+impl TandemDeviceState {
+    fn to_state(self) -> Result<DeviceState, Failure> {
+        let thermal = match self.thermal {
+            -1 => None,
+            t => Some(
+                u8::try_from(t)
+                    .ok()
+                    .and_then(ThermalState::from_level)
+                    .ok_or_else(|| {
+                        Failure::invalid(format!(
+                            "thermal must be a TandemThermalState (-1..=3), got {t}"
+                        ))
+                    })?,
+            ),
+        };
+        let battery_pct = match self.battery_pct {
+            -1 => None,
+            b => Some(u8::try_from(b).ok().filter(|b| *b <= 100).ok_or_else(|| {
+                Failure::invalid(format!(
+                    "battery_pct must be 0..=100 (or -1: unknown), got {b}"
+                ))
+            })?),
+        };
+        Ok(DeviceState {
+            thermal,
+            battery_pct,
+            charging: self.charging,
+            power_save: self.power_save,
+            user_opt_out: self.user_opt_out,
+        })
+    }
+}
+
 /// Statistics of one generation. Plain data; counts are tokens unless named
 /// otherwise.
 #[repr(C)]
@@ -189,6 +259,10 @@ pub struct TandemStats {
     pub draft_reused_tokens: u64,
     pub verifier_reused_tokens: u64,
     pub dropped_messages: u64,
+    /// Device state (read at the generation's start): the threads the draft
+    /// ran on, and the most draft tokens per round it allowed (0: no cap).
+    pub draft_threads: u32,
+    pub k_cap: u32,
 }
 
 /// Receives each text piece as it is generated, on the thread that called
@@ -237,6 +311,9 @@ struct Engine {
 /// `tandem_runtime_free`.
 pub struct TandemRuntime {
     engine: Mutex<Engine>,
+    /// The engine's device state, set without taking the engine's lock (so
+    /// from any thread, also during a generation and from its callback).
+    device: SharedDeviceState,
     /// Id of the generation running now (0: none).
     running: AtomicU64,
     /// Id of the generation `tandem_cancel` asked to stop.
@@ -512,8 +589,10 @@ pub unsafe extern "C" fn tandem_runtime_new(
             };
             ignore_sigpipe_if_default();
             let engine = build_engine(Path::new(path), models_dir)?;
+            let device = engine.routed.runtime().device_handle();
             let rt = Box::new(TandemRuntime {
                 engine: Mutex::new(engine),
+                device,
                 running: AtomicU64::new(0),
                 cancel: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
@@ -789,6 +868,15 @@ fn generate(
         draft_reused_tokens: s.draft_reused_tokens as u64,
         verifier_reused_tokens: s.verifier_reused_tokens,
         dropped_messages: s.dropped_messages as u64,
+        draft_threads: s
+            .device
+            .as_ref()
+            .map_or(0, |d| u32::try_from(d.draft_threads).unwrap_or(u32::MAX)),
+        k_cap: s
+            .device
+            .as_ref()
+            .and_then(|d| d.k_cap)
+            .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
     };
     let last = LastGeneration {
         route: match route {
@@ -985,6 +1073,42 @@ pub unsafe extern "C" fn tandem_cancel(runtime: *const TandemRuntime) -> TandemS
             if id != 0 {
                 rt.cancel.store(id, Ordering::SeqCst);
             }
+            Ok(())
+        })
+    }
+}
+
+/// Reports the device's state: thermal state, battery, charging, power save
+/// (and the user's opt-out, a privacy-router input). Generations started
+/// after this call run with it: fewer draft threads when hot, fewer draft
+/// tokens per round on low battery or in power-save mode (the table in
+/// `docs/capi.md`); the privacy router's rules see it at once. A generation
+/// running now keeps what it started with. Verified output does not change.
+/// Call it whenever the platform reports a change.
+///
+/// `TANDEM_STATUS_INVALID_ARGUMENT` (and nothing changes) for a NULL `state`,
+/// a `thermal` that is not a `TandemThermalState` or a `battery_pct` outside
+/// -1..=100.
+///
+/// # Safety
+/// `runtime` from `tandem_runtime_new`, not freed; `state` NULL or a valid
+/// `TandemDeviceState *`; `error_message` NULL or a valid `char **`.
+/// Thread-safety: any thread, any time (also while `tandem_generate` runs,
+/// and from its callback).
+#[no_mangle]
+pub unsafe extern "C" fn tandem_runtime_set_device_state(
+    runtime: *const TandemRuntime,
+    state: *const TandemDeviceState,
+    error_message: *mut *mut c_char,
+) -> TandemStatus {
+    // SAFETY: the caller's contract.
+    unsafe {
+        guard(error_message, || {
+            let rt = runtime_arg(runtime)?;
+            let state = state
+                .as_ref()
+                .ok_or_else(|| Failure::invalid("state is NULL"))?;
+            rt.device.set(state.to_state()?)?;
             Ok(())
         })
     }

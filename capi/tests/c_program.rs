@@ -12,6 +12,10 @@
 //!   model paths are file names in the models directory the program passes)
 //!   the text is still the target's own;
 //! * cancel from a second thread (and BUSY for a concurrent generation);
+//! * the device state from C (`tandem_runtime_set_device_state`, called from
+//!   inside the callback): the next generation drafts on one thread with
+//!   k capped, the text does not change, bad states are refused; the warm-up
+//!   at load (`[edge] warmup = true`) runs;
 //! * bad input: missing config, bad TOML, missing model (looked up in the
 //!   caller's models directory), no draft_model, `[edge.split]` without
 //!   target_model -> code + message, exit 2, no crash.
@@ -660,4 +664,130 @@ int main(int argc, char **argv) {
         );
         assert_eq!(out.lines().collect::<Vec<_>>(), [want, "alive"], "{arg}");
     }
+}
+
+/// The device state through the C ABI: set from inside the callback (no
+/// deadlock with the running generation, which keeps what it started with),
+/// the next generation reports one draft thread and k capped to 1 (critical
+/// heat, battery 5 %), its text is the same, an unknown state is refused and
+/// changes nothing, and "unknown" again gives all threads back.
+#[test]
+fn device_state_from_c_throttles_the_next_generation() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let src = write(
+        dir.path(),
+        "device.c",
+        r#"#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tandem.h"
+
+struct run { TandemRuntime *rt; char text[4096]; size_t len; int set_in_callback; TandemStatus set_status; };
+
+static bool on_piece(const char *piece, size_t n, TandemTokenStatus status, void *user) {
+    (void)status;
+    struct run *r = user;
+    if (r->len + n < sizeof r->text) { memcpy(r->text + r->len, piece, n); r->len += n; r->text[r->len] = 0; }
+    if (r->set_in_callback) {
+        r->set_in_callback = 0;
+        TandemDeviceState hot = { TANDEM_THERMAL_STATE_CRITICAL, 5, false, false, false };
+        r->set_status = tandem_runtime_set_device_state(r->rt, &hot, NULL);
+    }
+    return true;
+}
+
+static int generate(struct run *r, const char *prompt, TandemStats *stats) {
+    char *err = NULL;
+    r->len = 0; r->text[0] = 0;
+    if (tandem_generate(r->rt, prompt, 6, on_piece, r, stats, &err) != TANDEM_STATUS_OK) {
+        fprintf(stderr, "generate: %s\n", err ? err : "?");
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    struct run r;
+    memset(&r, 0, sizeof r);
+    char *err = NULL;
+    if (tandem_runtime_new(argv[1], NULL, &r.rt, &err) != TANDEM_STATUS_OK) {
+        fprintf(stderr, "runtime: %s\n", err ? err : "?");
+        return 2;
+    }
+    TandemStats a, b, c;
+    r.set_in_callback = 1;
+    if (generate(&r, argv[2], &a)) return 2;
+    char first[4096];
+    strcpy(first, r.text);
+    printf("set_in_callback %s\n", tandem_status_name(r.set_status));
+    printf("first threads=%u k_cap=%u\n", a.draft_threads, a.k_cap);
+    if (generate(&r, argv[2], &b)) return 2;
+    printf("second threads=%u k_cap=%u same_text=%d\n", b.draft_threads, b.k_cap, strcmp(first, r.text) == 0);
+    TandemDeviceState bad_thermal = { 7, -1, false, false, false };
+    TandemStatus s1 = tandem_runtime_set_device_state(r.rt, &bad_thermal, &err);
+    printf("bad_thermal %s %s\n", tandem_status_name(s1), err ? err : "");
+    tandem_string_free(err); err = NULL;
+    TandemDeviceState bad_battery = { TANDEM_THERMAL_STATE_NOMINAL, 101, false, false, false };
+    TandemStatus s2 = tandem_runtime_set_device_state(r.rt, &bad_battery, &err);
+    printf("bad_battery %s %s\n", tandem_status_name(s2), err ? err : "");
+    tandem_string_free(err); err = NULL;
+    printf("null %s\n", tandem_status_name(tandem_runtime_set_device_state(r.rt, NULL, NULL)));
+    /* Refused states changed nothing: still throttled. */
+    if (generate(&r, argv[2], &c)) return 2;
+    printf("after_refusals threads=%u k_cap=%u\n", c.draft_threads, c.k_cap);
+    TandemDeviceState unknown = { TANDEM_THERMAL_STATE_UNKNOWN, -1, false, false, false };
+    tandem_runtime_set_device_state(r.rt, &unknown, NULL);
+    if (generate(&r, argv[2], &c)) return 2;
+    printf("unknown threads=%u k_cap=%u\n", c.draft_threads, c.k_cap);
+    tandem_runtime_free(r.rt);
+    return 0;
+}
+"#,
+    );
+    let exe = dir.path().join("device");
+    compile(&src, &exe);
+    let config = write(
+        dir.path(),
+        "device.toml",
+        &format!(
+            "draft_model = {:?}\nmax_seq_len = 256\n[edge]\nwarmup = true\n",
+            draft_path()
+        ),
+    );
+    let o = Command::new(&exe)
+        .arg(&config)
+        .arg(PROMPT)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{:?} {out} {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{out}");
+    let line = |p: &str| {
+        out.lines()
+            .find(|l| l.starts_with(p))
+            .unwrap_or_else(|| panic!("no {p:?} in {out}"))
+            .to_string()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(line("set_in_callback"), "set_in_callback OK");
+    assert_eq!(line("first"), format!("first threads={cores} k_cap=0"));
+    assert_eq!(line("second"), "second threads=1 k_cap=1 same_text=1");
+    assert!(
+        line("bad_thermal").starts_with("bad_thermal INVALID_ARGUMENT thermal"),
+        "{out}"
+    );
+    assert!(
+        line("bad_battery").starts_with("bad_battery INVALID_ARGUMENT battery_pct"),
+        "{out}"
+    );
+    assert_eq!(line("null"), "null INVALID_ARGUMENT");
+    assert_eq!(line("after_refusals"), "after_refusals threads=1 k_cap=1");
+    assert_eq!(line("unknown"), format!("unknown threads={cores} k_cap=0"));
 }

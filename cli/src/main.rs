@@ -33,7 +33,7 @@ struct Cli {
 enum Command {
     /// Benchmark Tandem's model core against candle and llama.cpp.
     #[cfg(feature = "bench")]
-    Bench(tandem_bench::Args),
+    Bench(Box<tandem_bench::Args>),
     /// Not built in: this binary was built without the `bench` feature.
     #[cfg(not(feature = "bench"))]
     #[command(hide = true)]
@@ -107,7 +107,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let res = match cli.command {
         #[cfg(feature = "bench")]
-        Command::Bench(a) => tandem_bench::run(a),
+        Command::Bench(a) => tandem_bench::run(*a),
         #[cfg(not(feature = "bench"))]
         Command::Bench(_) => not_built_in("bench"),
         Command::Demo(a) => demo::run(a),

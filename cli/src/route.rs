@@ -50,9 +50,15 @@ struct ContextArgs {
     /// Battery charge in percent.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
     battery: Option<u8>,
-    /// Thermal throttling level (0 = nominal).
-    #[arg(long)]
+    /// Thermal throttling level (0 = nominal, 1 = fair, 2 = serious, 3 = critical).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     thermal: Option<u8>,
+    /// The device is charging.
+    #[arg(long)]
+    charging: bool,
+    /// The OS's power-save mode is on.
+    #[arg(long)]
+    power_save: bool,
     /// The user opted out of sending anything off the device.
     #[arg(long)]
     opt_out: bool,
@@ -65,6 +71,8 @@ impl ContextArgs {
             breaker_open: self.breaker_open,
             battery_pct: self.battery,
             thermal_level: self.thermal,
+            charging: self.charging,
+            power_save: self.power_save,
             user_opt_out: self.opt_out,
         }
     }

@@ -10,6 +10,8 @@
 //! | `PUT /v1/policy` | policy TOML | validate, write the policy file durably (when one is configured), then swap atomically: `{generation, sha256}`; invalid: 400 `{error, line, field}`, unwritable file: 500; either way the old policy keeps serving |
 //! | `POST /v1/route/explain` | `{"text": .., "context": {..}?}` | the decision (action, rule, entities with byte spans and scores, categories, category term spans); not counted in stats |
 //! | `GET /v1/route/stats` | – | decisions by action and by rule, policy generation, reload counters |
+//! | `GET /v1/device` | – | `{state, adjustments}`: the device state the app reported and what a generation started now runs with (draft threads, k cap, reasons; `tandem_edge::device`) |
+//! | `PUT /v1/device` | `{"thermal": "nominal"\|"fair"\|"serious"\|"critical", "battery_pct": 0..=100, "charging", "power_save", "user_opt_out"}` (every field optional) | replaces the state (from the next generation on; the router's context at once), answers as `GET`; invalid: 400 `{error}` and the old state stays |
 //!
 //! **Durable `PUT`**: with [`AdminConfig::policy_file`] set, a `PUT` that
 //! validates is first written to the file ([`write_durably`]: a temporary
@@ -50,6 +52,7 @@ use axum::routing::{get, post};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tandem_edge::device::{DeviceAdjustments, DeviceState, SharedDeviceState};
 use tandem_router::{CategoryHit, Decision, Policy, PolicyError, RouteContext, RouteStats, Router};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -142,6 +145,8 @@ pub struct ContextJson {
     pub breaker_open: bool,
     pub battery_pct: Option<u8>,
     pub thermal_level: Option<u8>,
+    pub charging: bool,
+    pub power_save: bool,
     pub user_opt_out: bool,
 }
 
@@ -152,6 +157,8 @@ impl From<ContextJson> for RouteContext {
             breaker_open: c.breaker_open,
             battery_pct: c.battery_pct,
             thermal_level: c.thermal_level,
+            charging: c.charging,
+            power_save: c.power_save,
             user_opt_out: c.user_opt_out,
         }
     }
@@ -167,6 +174,13 @@ pub struct ExplainResponse {
     pub policy_generation: u64,
 }
 
+/// `GET` / `PUT /v1/device` answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceResponse {
+    pub state: DeviceState,
+    pub adjustments: DeviceAdjustments,
+}
+
 /// A refusal, as JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct ErrorResponse {
@@ -177,6 +191,7 @@ pub struct ErrorResponse {
 
 struct AdminState {
     router: Arc<Router>,
+    device: SharedDeviceState,
     token: String,
     policy_file: Option<PathBuf>,
     reloads: Mutex<ReloadCounters>,
@@ -186,12 +201,13 @@ struct AdminState {
 }
 
 impl AdminState {
-    fn new(router: Arc<Router>, cfg: &AdminConfig) -> Arc<Self> {
+    fn new(router: Arc<Router>, device: SharedDeviceState, cfg: &AdminConfig) -> Arc<Self> {
         if let Some(p) = &cfg.policy_file {
             remove_stale_temp_files(p);
         }
         Arc::new(AdminState {
             router,
+            device,
             token: cfg.token.clone(),
             policy_file: cfg.policy_file.clone(),
             reloads: Mutex::new(ReloadCounters::default()),
@@ -253,8 +269,14 @@ impl Drop for RunningAdmin {
     }
 }
 
-/// Bind and serve the admin API for `router` (call inside a tokio runtime).
-pub async fn start(router: Arc<Router>, cfg: AdminConfig) -> Result<RunningAdmin, AdminError> {
+/// Bind and serve the admin API for `router` and the device state `device`
+/// (a runtime's [`tandem_edge::EdgeRuntime::device_handle`]); call inside a
+/// tokio runtime.
+pub async fn start(
+    router: Arc<Router>,
+    device: SharedDeviceState,
+    cfg: AdminConfig,
+) -> Result<RunningAdmin, AdminError> {
     if cfg.token.chars().count() < 16 {
         return Err(AdminError::Config(
             "token is required and must be at least 16 characters".into(),
@@ -279,7 +301,7 @@ pub async fn start(router: Arc<Router>, cfg: AdminConfig) -> Result<RunningAdmin
         addr: cfg.listen,
         source,
     })?;
-    let state = AdminState::new(router, &cfg);
+    let state = AdminState::new(router, device, &cfg);
     let app = app(state.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -311,7 +333,11 @@ pub async fn start(router: Arc<Router>, cfg: AdminConfig) -> Result<RunningAdmin
 /// `cfg.policy_file` is set, the hot-reload watcher. `cfg.listen` and
 /// `allow_non_loopback` are the host server's business and not used here.
 /// Call inside a tokio runtime.
-pub fn mount(router: Arc<Router>, cfg: &AdminConfig) -> Result<MountedAdmin, AdminError> {
+pub fn mount(
+    router: Arc<Router>,
+    device: SharedDeviceState,
+    cfg: &AdminConfig,
+) -> Result<MountedAdmin, AdminError> {
     if cfg.token.chars().count() < 16 {
         return Err(AdminError::Config(
             "token is required and must be at least 16 characters".into(),
@@ -320,7 +346,7 @@ pub fn mount(router: Arc<Router>, cfg: &AdminConfig) -> Result<MountedAdmin, Adm
     if cfg.poll_interval_ms == 0 {
         return Err(AdminError::Config("poll_interval_ms must be > 0".into()));
     }
-    let state = AdminState::new(router, cfg);
+    let state = AdminState::new(router, device, cfg);
     let watcher = cfg.policy_file.clone().map(|path| {
         let every = Duration::from_millis(cfg.poll_interval_ms);
         tokio::spawn(watch(state.clone(), path, every))
@@ -358,6 +384,7 @@ fn app(state: Arc<AdminState>) -> axum::Router {
         .route("/v1/policy", get(get_policy).put(put_policy))
         .route("/v1/route/explain", post(explain))
         .route("/v1/route/stats", get(stats))
+        .route("/v1/device", get(get_device).put(put_device))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
 }
@@ -396,6 +423,36 @@ async fn auth(State(s): State<Arc<AdminState>>, req: Request<Body>, next: Next) 
         Some(r) => r,
         None => next.run(req).await,
     }
+}
+
+fn device_response(device: &SharedDeviceState) -> Json<DeviceResponse> {
+    Json(DeviceResponse {
+        state: device.get(),
+        adjustments: device.adjustments(),
+    })
+}
+
+async fn get_device(State(s): State<Arc<AdminState>>) -> Json<DeviceResponse> {
+    device_response(&s.device)
+}
+
+async fn put_device(State(s): State<Arc<AdminState>>, body: String) -> Response {
+    let state: DeviceState = match serde_json::from_str(&body) {
+        Ok(d) => d,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("device state: {e}")),
+    };
+    if let Err(e) = s.device.set(state) {
+        return error(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    let answer = device_response(&s.device);
+    tracing::info!(
+        thermal = ?answer.state.thermal,
+        battery_pct = ?answer.state.battery_pct,
+        threads = answer.adjustments.draft_threads,
+        k_cap = ?answer.adjustments.k_cap,
+        "device state set through the admin API"
+    );
+    answer.into_response()
 }
 
 async fn get_policy(State(s): State<Arc<AdminState>>) -> Json<PolicyResponse> {
@@ -643,7 +700,11 @@ mod tests {
 
     fn state() -> Arc<AdminState> {
         let router = Arc::new(Router::with_default_policy());
-        AdminState::new(router, &AdminConfig::default())
+        AdminState::new(
+            router,
+            SharedDeviceState::default(),
+            &AdminConfig::default(),
+        )
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The edge admin HTTP API against a real server on 127.0.0.1: auth, each
 //! endpoint, a refused policy leaving the old one serving, hot reload of the
-//! policy file (good, bad, good again) and the decision counters.
+//! policy file (good, bad, good again), the decision counters and the device
+//! state (`/v1/device`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tandem_edge::{DeviceState, SharedDeviceState, ThermalState};
 use tandem_edge_http::admin::{self, policy_sha256, AdminConfig, AdminError, RunningAdmin};
 use tandem_router::{Conversation, RouteContext, Router, DEFAULT_POLICY_TOML};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -100,6 +102,7 @@ async fn get_json(addr: SocketAddr, path: &str) -> Value {
 async fn start(router: Arc<Router>, policy_file: Option<&Path>) -> RunningAdmin {
     admin::start(
         router,
+        SharedDeviceState::default(),
         AdminConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             token: TOKEN.into(),
@@ -143,6 +146,8 @@ async fn every_endpoint_needs_the_bearer_token() {
         ("PUT", "/v1/policy", Some(DEFAULT_POLICY_TOML)),
         ("POST", "/v1/route/explain", Some(explain)),
         ("GET", "/v1/route/stats", None),
+        ("GET", "/v1/device", None),
+        ("PUT", "/v1/device", Some(r#"{"thermal": "fair"}"#)),
     ];
     for (method, path, body) in endpoints {
         for auth in [
@@ -495,7 +500,7 @@ async fn start_refuses_a_short_token_and_a_public_address() {
         ..AdminConfig::default()
     };
     assert!(matches!(
-        admin::start(router.clone(), short).await,
+        admin::start(router.clone(), SharedDeviceState::default(), short).await,
         Err(AdminError::Config(m)) if m.contains("token")
     ));
     let public = AdminConfig {
@@ -504,7 +509,7 @@ async fn start_refuses_a_short_token_and_a_public_address() {
         ..AdminConfig::default()
     };
     assert!(matches!(
-        admin::start(router.clone(), public).await,
+        admin::start(router.clone(), SharedDeviceState::default(), public).await,
         Err(AdminError::Config(m)) if m.contains("loopback")
     ));
     // The default binds loopback.
@@ -513,7 +518,80 @@ async fn start_refuses_a_short_token_and_a_public_address() {
         "listen = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\npoll_interval_ms = 100\n"
     ))
     .unwrap();
-    let a = admin::start(router, cfg).await.unwrap();
+    let a = admin::start(router, SharedDeviceState::default(), cfg)
+        .await
+        .unwrap();
     assert!(a.addr.ip().is_loopback() && a.addr.port() != 0);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn put_device_sets_the_state_the_runtime_reads_and_get_shows_the_adjustments() {
+    // The handle a runtime would read at the start of each generation
+    // (`EdgeRuntime::device_handle`; serve-edge mounts it under /admin).
+    let device = SharedDeviceState::default();
+    let a = admin::start(
+        Arc::new(Router::with_default_policy()),
+        device.clone(),
+        AdminConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: TOKEN.into(),
+            ..AdminConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let idle = get_json(a.addr, "/v1/device").await;
+    println!("GET /v1/device\n{idle}");
+    assert_eq!(idle["state"]["thermal"], Value::Null);
+    assert_eq!(idle["adjustments"]["k_cap"], Value::Null);
+    assert_eq!(
+        idle["adjustments"]["draft_threads"],
+        idle["adjustments"]["base_threads"]
+    );
+
+    let hot = r#"{"thermal": "critical", "battery_pct": 15, "charging": false}"#;
+    let (st, _, body) = http(a.addr, "PUT", "/v1/device", Some(BEARER), Some(hot)).await;
+    assert_eq!(st, 200, "{body}");
+    let put: Value = serde_json::from_str(&body).unwrap();
+    println!("PUT /v1/device {hot}\n{put}");
+    assert_eq!(put["state"]["thermal"], "critical");
+    assert_eq!(put["adjustments"]["draft_threads"], 1);
+    assert_eq!(put["adjustments"]["k_cap"], 2);
+    assert_eq!(
+        put["adjustments"]["reasons"],
+        json!(["thermal critical", "battery 15% < 20%"])
+    );
+    // The runtime's handle sees it.
+    assert_eq!(
+        device.get(),
+        DeviceState {
+            thermal: Some(ThermalState::Critical),
+            battery_pct: Some(15),
+            ..DeviceState::default()
+        }
+    );
+    assert_eq!(get_json(a.addr, "/v1/device").await, put);
+
+    // Refused: a state out of range, an unknown thermal name, an unknown
+    // field, not JSON. The state stays.
+    for bad in [
+        r#"{"battery_pct": 101}"#,
+        r#"{"thermal": "hot"}"#,
+        r#"{"temperature": 80}"#,
+        "thermal = 1",
+    ] {
+        let (st, _, body) = http(a.addr, "PUT", "/v1/device", Some(BEARER), Some(bad)).await;
+        assert_eq!(st, 400, "{bad}: {body}");
+        let e: Value = serde_json::from_str(&body).unwrap();
+        assert!(e["error"].as_str().unwrap().contains("device state"), "{e}");
+    }
+    assert_eq!(device.get().thermal, Some(ThermalState::Critical));
+    // Set from the app's side: the API shows it.
+    device.set(DeviceState::default()).unwrap();
+    assert_eq!(
+        get_json(a.addr, "/v1/device").await["adjustments"]["k_cap"],
+        Value::Null
+    );
     a.shutdown().await;
 }

@@ -812,6 +812,42 @@ fn admin_routes_need_the_admin_token_and_are_off_without_one() {
     );
     // The OpenAI routes need no token.
     assert_eq!(http(s.addr, "GET", "/v1/models", None, "").status, 200);
+
+    // The device state set through /admin reaches the runtime: the next
+    // generation drafts on one thread, and says so in its stats.
+    let req = chat_body("tell me a story", json!({"max_tokens": 4}));
+    let cool = post(s.addr, "/v1/chat/completions", &req).json();
+    let cool_device = &cool["tandem"]["stats"]["device"];
+    assert_eq!(cool_device["reasons"], json!([]), "{cool_device}");
+    assert_eq!(
+        http(
+            s.addr,
+            "PUT",
+            "/admin/v1/device",
+            None,
+            r#"{"thermal":"critical"}"#
+        )
+        .status,
+        401
+    );
+    let put = http(
+        s.addr,
+        "PUT",
+        "/admin/v1/device",
+        Some(ADMIN),
+        r#"{"thermal":"critical"}"#,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    let hot = post(s.addr, "/v1/chat/completions", &req).json();
+    let hot_device = &hot["tandem"]["stats"]["device"];
+    assert_eq!(hot_device["draft_threads"], 1, "{hot_device}");
+    assert_eq!(hot_device["reasons"], json!(["thermal critical"]));
+    assert_eq!(
+        ids_of(&hot["tandem"]["token_ids"]),
+        ids_of(&cool["tandem"]["token_ids"])
+    );
+    let got = http(s.addr, "GET", "/admin/v1/device", Some(ADMIN), "").json();
+    assert_eq!(got["state"]["thermal"], "critical");
 }
 
 #[test]

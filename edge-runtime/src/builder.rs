@@ -59,6 +59,13 @@ impl EdgeRuntimeBuilder {
         self
     }
 
+    /// Runs a short warm-up forward of the draft in `build` (the config's
+    /// `warmup`; see [`EdgeRuntime::warmup_ms`]).
+    pub fn warmup(mut self, on: bool) -> Self {
+        self.cfg.warmup = on;
+        self
+    }
+
     /// Puts the privacy router in front of the runtime: `tokenizer` must be
     /// the draft's (the chat template comes from it); `router` may be shared
     /// with an admin API that swaps its policy.

@@ -69,6 +69,10 @@ pub struct EdgeConfig {
     /// Multi-turn state kept between generations (`[conversations]`; see
     /// `crate::conversation`).
     pub conversations: crate::conversation::ConversationConfig,
+    /// Run a short warm-up forward of the draft when the runtime is built
+    /// (pages the weights in, starts the thread pool), so the first request
+    /// does not pay for it (`EdgeRuntime::warmup_ms`).
+    pub warmup: bool,
 }
 
 /// Uncertainty-gated verification (`[gate]`, greedy only; docs/edge.md "Gated
@@ -148,6 +152,7 @@ impl Default for EdgeConfig {
             split: None,
             gate: GateConfig::default(),
             conversations: Default::default(),
+            warmup: false,
         }
     }
 }

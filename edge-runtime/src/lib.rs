@@ -21,7 +21,9 @@
 //! answered by the draft alone and nothing leaves the device. [`split`] runs
 //! the target's first layers on the device when the config has `[split]`.
 //! [`EdgeRuntime::builder`] is the one way to put a runtime together (draft,
-//! config, split target, privacy router).
+//! config, split target, privacy router). [`device`] holds what the app
+//! reports about the phone (thermal, battery, power save) and the pure policy
+//! that turns it into fewer draft threads and a smaller k.
 //!
 //! This is the library an app embeds (directly or through the C ABI,
 //! `tandem-capi`), so it carries no HTTP server: the local OpenAI-compatible
@@ -37,6 +39,7 @@ mod codec;
 pub mod config;
 pub mod context_policy;
 pub mod conversation;
+pub mod device;
 pub mod error;
 pub mod loopback;
 mod mtls_probe;
@@ -48,8 +51,9 @@ pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use builder::{EdgeRuntimeBuilder, RoutedRuntimeBuilder};
 pub use config::EdgeConfig;
 pub use conversation::{ConversationConfig, ConversationStats};
+pub use device::{DeviceAdjustments, DeviceState, SharedDeviceState, ThermalState};
 pub use error::EdgeError;
-pub use privacy::{DeviceState, RoutedDecision, RoutedGeneration, RoutedRuntime};
+pub use privacy::{RoutedDecision, RoutedGeneration, RoutedRuntime};
 pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,

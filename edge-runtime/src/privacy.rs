@@ -39,19 +39,9 @@ use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_router::{Action, Conversation, Decision, RouteContext, Router};
 
 use crate::breaker::BreakerState;
+use crate::device::DeviceState;
 use crate::error::EdgeError;
 use crate::runtime::{EdgeEvent, EdgeGeneration, EdgeRuntime};
-
-/// Device state the app reports (goes into every [`RouteContext`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DeviceState {
-    /// Battery charge in percent, if known.
-    pub battery_pct: Option<u8>,
-    /// Thermal throttling level (0 = nominal), if known.
-    pub thermal_level: Option<u8>,
-    /// The user asked that nothing leave the device.
-    pub user_opt_out: bool,
-}
 
 /// Why a conversation went where it went. Holds no text.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -73,11 +63,13 @@ pub struct RoutedDecision {
 
 fn ser_ctx<S: serde::Serializer>(c: &RouteContext, s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeStruct;
-    let mut st = s.serialize_struct("RouteContext", 5)?;
+    let mut st = s.serialize_struct("RouteContext", 7)?;
     st.serialize_field("rtt_ms", &c.rtt_ms)?;
     st.serialize_field("breaker_open", &c.breaker_open)?;
     st.serialize_field("battery_pct", &c.battery_pct)?;
     st.serialize_field("thermal_level", &c.thermal_level)?;
+    st.serialize_field("charging", &c.charging)?;
+    st.serialize_field("power_save", &c.power_save)?;
     st.serialize_field("user_opt_out", &c.user_opt_out)?;
     st.end()
 }
@@ -181,7 +173,6 @@ pub struct RoutedRuntime {
     runtime: EdgeRuntime,
     router: Arc<Router>,
     tokenizer: Tokenizer,
-    device: DeviceState,
     pinned: PinMap,
 }
 
@@ -194,7 +185,6 @@ impl RoutedRuntime {
             runtime,
             router,
             tokenizer,
-            device: DeviceState::default(),
             pinned: PinMap::new(DEFAULT_PIN_CAPACITY),
         }
     }
@@ -226,24 +216,29 @@ impl RoutedRuntime {
         &self.tokenizer
     }
 
-    /// Report the device state used by later decisions.
-    pub fn set_device_state(&mut self, device: DeviceState) {
-        self.device = device;
+    /// Report the device state used by later decisions and generations
+    /// ([`EdgeRuntime::set_device_state`]; a battery level over 100 % is
+    /// refused and changes nothing).
+    pub fn set_device_state(&self, device: DeviceState) -> Result<(), EdgeError> {
+        self.runtime.set_device_state(device)
     }
 
-    pub fn device_state(&self) -> &DeviceState {
-        &self.device
+    pub fn device_state(&self) -> DeviceState {
+        self.runtime.device_state()
     }
 
     /// The live context a decision would be taken in now: breaker open, mean
     /// RTT of recent verifies (none before the first), device state.
     pub fn route_context(&self) -> RouteContext {
+        let device = self.runtime.device_state();
         RouteContext {
             rtt_ms: self.runtime.rtt().mean_ms(),
             breaker_open: self.runtime.breaker_state() == BreakerState::Open,
-            battery_pct: self.device.battery_pct,
-            thermal_level: self.device.thermal_level,
-            user_opt_out: self.device.user_opt_out,
+            battery_pct: device.battery_pct,
+            thermal_level: device.thermal_level(),
+            charging: device.charging,
+            power_save: device.power_save,
+            user_opt_out: device.user_opt_out,
         }
     }
 

@@ -179,6 +179,10 @@ pub struct EdgeStats {
     /// Split execution (when configured): s, format, per-round times, prediction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<crate::split::SplitReport>,
+    /// What the device state changed for this generation (draft threads, k
+    /// cap; read once at its start: `crate::device`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::device::DeviceAdjustments>,
 }
 
 /// The result of [`EdgeRuntime::generate`].
@@ -210,6 +214,11 @@ pub struct EdgeRuntime {
     spec: SpecState,
     split: Option<crate::split::SplitExec>,
     conversations: ConversationCache,
+    /// What the app reports about the device (any thread may set it).
+    device: crate::device::SharedDeviceState,
+    draft_pools: crate::device::DraftPools,
+    /// How long the warm-up forward at load took (`EdgeConfig::warmup`).
+    warmup_ms: Option<f64>,
 }
 
 impl Drop for EdgeRuntime {
@@ -291,7 +300,15 @@ impl EdgeRuntime {
             }
             None => None,
         };
+        let warmup_ms = if cfg.warmup {
+            Some(warm_up(&draft)?)
+        } else {
+            None
+        };
         Ok(Self {
+            device: Default::default(),
+            draft_pools: Default::default(),
+            warmup_ms,
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec: crate::adaptive::SpecState::new(&cfg.speculation),
             split,
@@ -310,6 +327,64 @@ impl EdgeRuntime {
 
     pub fn config(&self) -> &EdgeConfig {
         &self.cfg
+    }
+
+    /// Reports the device's state (thermal, battery, power save); it applies
+    /// from the next generation on (`crate::device`). Refused (and nothing
+    /// changed) for a battery level over 100 %.
+    pub fn set_device_state(&self, state: crate::device::DeviceState) -> Result<(), EdgeError> {
+        self.device.set(state)
+    }
+
+    pub fn device_state(&self) -> crate::device::DeviceState {
+        self.device.get()
+    }
+
+    /// A handle to set the device state from another thread (e.g. the app's
+    /// thermal listener, or an admin API) while this runtime generates.
+    pub fn device_handle(&self) -> crate::device::SharedDeviceState {
+        self.device.clone()
+    }
+
+    /// The adjustments a generation started now would run with.
+    pub fn device_adjustments(&self) -> crate::device::DeviceAdjustments {
+        self.device.adjustments()
+    }
+
+    /// How long the warm-up forward at load took (ms), when `warmup` is on.
+    pub fn warmup_ms(&self) -> Option<f64> {
+        self.warmup_ms
+    }
+
+    /// Reads the device state once for a generation: its adjustments and the
+    /// guard that runs this thread's draft forwards on the chosen number of
+    /// threads until the generation ends.
+    fn device_begin(
+        &mut self,
+    ) -> Result<
+        (
+            crate::device::DeviceAdjustments,
+            Option<tandem_model::forward_threads::ForwardPoolGuard>,
+        ),
+        EdgeError,
+    > {
+        let base = tandem_model::forward_threads::current();
+        let mut adj = crate::device::adjustments(&self.device.get(), base);
+        let guard = self
+            .draft_pools
+            .get(adj.draft_threads, base)?
+            .map(tandem_model::forward_threads::use_pool);
+        // What the draft's forwards will really use.
+        adj.draft_threads = tandem_model::forward_threads::current();
+        if !adj.reasons.is_empty() {
+            tracing::debug!(
+                threads = adj.draft_threads,
+                k_cap = ?adj.k_cap,
+                reasons = ?adj.reasons,
+                "device state adjusts this generation"
+            );
+        }
+        Ok((adj, guard))
     }
 
     pub fn breaker_state(&self) -> BreakerState {
@@ -353,6 +428,7 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
+        let (device, _threads) = self.device_begin()?;
         let mut run = Generation::begin(
             &self.draft,
             &mut self.conversations,
@@ -369,7 +445,9 @@ impl EdgeRuntime {
         // The verifier session of an earlier turn (if any) stays kept.
         let session = run.continuation.take();
         self.conversations.put(conversation, run.take_kept(session));
-        Ok(run.finish(None, &RttTracker::default(), Counters::default()))
+        let mut g = run.finish(None, &RttTracker::default(), Counters::default());
+        g.stats.device = Some(device);
+        Ok(g)
     }
 
     /// Speculative generation against the verifier (or local when none is
@@ -416,6 +494,22 @@ impl EdgeRuntime {
     ) -> Result<EdgeGeneration, EdgeError> {
         let Some(connector) = self.connector.clone() else {
             return self.generate_local_in(conversation, prompt, gen, on_event);
+        };
+        // The device state, read once: fewer draft threads, a k cap.
+        let (device, _threads) = self.device_begin()?;
+        let k_cap = device
+            .k_cap
+            .unwrap_or(tandem_model::speculative::MAX_K)
+            .max(1);
+        let capped;
+        let gen = if gen.k > k_cap {
+            capped = GenerateConfig {
+                k: k_cap,
+                ..gen.clone()
+            };
+            &capped
+        } else {
+            gen
         };
         let mut run = Generation::begin(
             &self.draft,
@@ -466,6 +560,7 @@ impl EdgeRuntime {
             live: false,
             round: 0,
             max_block: gen.k.min(tandem_model::speculative::MAX_K),
+            k_cap,
             resends_in_a_row: 0,
             codec,
         };
@@ -513,6 +608,30 @@ impl EdgeRuntime {
             .put(conversation, run.take_kept(kept_session));
         let mut g = run.finish(sid, &gen_rtt, counters);
         g.stats.split = split;
+        g.stats.device = Some(device);
         Ok(g)
     }
+}
+
+/// Tokens of the warm-up forward (`EdgeConfig::warmup`): a short prefill and
+/// one decode step, so both the many-row and the one-row kernels, the
+/// thread pool and the model's pages are touched before the first request.
+const WARMUP_PREFILL: usize = 16;
+
+/// Runs the warm-up forward on a throwaway cache; returns its time (ms).
+fn warm_up(draft: &Qwen2Model) -> Result<f64, EdgeError> {
+    let t = std::time::Instant::now();
+    let n = WARMUP_PREFILL
+        .min(draft.max_seq_len().saturating_sub(1))
+        .max(1);
+    let vocab = u32::try_from(draft.config().vocab)
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let tokens: Vec<u32> = (0..n as u32).map(|i| i % vocab).collect();
+    let mut cache = draft.new_cache();
+    draft.forward_last(&tokens, 0, &mut cache)?;
+    if n < draft.max_seq_len() {
+        draft.forward_last(&tokens[..1], n, &mut cache)?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
 }

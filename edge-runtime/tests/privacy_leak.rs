@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use prost::Message;
-use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, RoutedRuntime, TokenStatus};
+use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, RoutedRuntime, ThermalState, TokenStatus};
 use tandem_model::gguf::GgufFile;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::GenerateConfig;
@@ -794,7 +794,8 @@ rtt_ms_above = 0.0
     rt.set_device_state(DeviceState {
         battery_pct: Some(10),
         ..DeviceState::default()
-    });
+    })
+    .unwrap();
     let a = rt.chat("d", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(
         (a.route.action(), a.route.decision.rule.as_str()),
@@ -803,13 +804,14 @@ rtt_ms_above = 0.0
     assert_eq!(a.route.context.battery_pct, Some(10));
     assert_eq!(rt.pinned_by("d"), None, "device state must not pin");
     rt.set_device_state(DeviceState {
-        thermal_level: Some(3),
+        thermal: Some(ThermalState::Critical),
         ..DeviceState::default()
-    });
+    })
+    .unwrap();
     let b = rt.chat("d", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(b.route.decision.rule, "hot");
     assert_eq!(f.rec.snapshot().connections, 0);
-    rt.set_device_state(DeviceState::default());
+    rt.set_device_state(DeviceState::default()).unwrap();
     // RTT unknown until the first verify: speculative, then "slow".
     let c = rt.chat("d", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(c.route.action(), Action::Speculative);

@@ -469,6 +469,8 @@ mod tests {
             draft_reused_tokens: 0,
             verifier_reused_tokens: 0,
             dropped_messages: 0,
+            draft_threads: 0,
+            k_cap: 0,
         }
     }
 

@@ -19,8 +19,11 @@
 //! - [`proposer`]: what proposes a round's tokens: the draft model, prompt lookup
 //!   (an n-gram index of the history), or a per-round choice between them.
 //! - [`speculative`]: local (single-process) speculative decoding loop.
+//! - [`forward_threads`]: which rayon pool (how many threads) a forward called
+//!   on this thread uses (the device runs its draft on fewer when hot).
 
 pub mod error;
+pub mod forward_threads;
 pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;

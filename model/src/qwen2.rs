@@ -501,7 +501,8 @@ impl Qwen2Model {
         // Run the whole layer loop on a pool thread: the ~8 parallel calls per
         // layer then split work from inside the pool instead of each injecting
         // a job and parking the calling thread until it is done.
-        rayon::scope(|_| {
+        // (On this thread's forward pool: crate::forward_threads.)
+        crate::forward_threads::run(|| {
             for l in range {
                 self.layer_forward(l, hidden, &rows, &rope, seqs);
             }
@@ -516,7 +517,9 @@ impl Qwen2Model {
         let mut normed = vec![0f32; hidden.len()];
         rms_norm(hidden, &self.output_norm, self.cfg.rms_eps, &mut normed);
         let mut logits = vec![0f32; n * self.cfg.vocab];
-        quant::matmul(&self.output.view(self.bytes()), &normed, n, &mut logits);
+        crate::forward_threads::run(|| {
+            quant::matmul(&self.output.view(self.bytes()), &normed, n, &mut logits)
+        });
         logits
     }
 

@@ -35,7 +35,9 @@
 //! rtt_ms_below = 50.0
 //! breaker_open = true
 //! battery_below = 15             # device: known battery % below this
-//! thermal_at_least = 3
+//! thermal_at_least = 2           # 0 nominal, 1 fair, 2 serious, 3 critical
+//! charging = false
+//! power_save = true
 //! user_opt_out = true
 //! ```
 //!
@@ -230,6 +232,8 @@ struct RawRule {
     breaker_open: Option<bool>,
     battery_below: Option<u8>,
     thermal_at_least: Option<u8>,
+    charging: Option<bool>,
+    power_save: Option<bool>,
     user_opt_out: Option<bool>,
 }
 
@@ -250,6 +254,8 @@ pub struct Rule {
     pub breaker_open: Option<bool>,
     pub battery_below: Option<u8>,
     pub thermal_at_least: Option<u8>,
+    pub charging: Option<bool>,
+    pub power_save: Option<bool>,
     pub user_opt_out: Option<bool>,
 }
 
@@ -291,6 +297,8 @@ impl Rule {
             && self
                 .thermal_at_least
                 .is_none_or(|l| ctx.thermal_level.is_some_and(|t| t >= l))
+            && self.charging.is_none_or(|b| b == ctx.charging)
+            && self.power_save.is_none_or(|b| b == ctx.power_save)
             && self.user_opt_out.is_none_or(|b| b == ctx.user_opt_out)
     }
 }
@@ -686,6 +694,47 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
                 ));
             }
         }
+        if let Some(t) = r.thermal_at_least {
+            if t > 3 {
+                return Err(cx.err(
+                    r.name.span(),
+                    field("thermal_at_least"),
+                    format!("thermal levels are 0 (nominal) ..= 3 (critical), got {t}"),
+                ));
+            }
+        }
+        if let Some(b) = r.battery_below {
+            if b > 101 {
+                return Err(cx.err(
+                    r.name.span(),
+                    field("battery_below"),
+                    format!("battery is a percentage (0..=100), got {b}"),
+                ));
+            }
+        }
+        let device_condition = r.battery_below.is_some()
+            || r.thermal_at_least.is_some()
+            || r.charging.is_some()
+            || r.power_save.is_some();
+        let content_condition = r.entities.is_some() || r.categories.is_some();
+        if device_condition && !content_condition && r.action == Action::Speculative {
+            // First match wins: such a rule before a local content rule would
+            // send sensitive text out whenever the device is hot or low.
+            if let Some(later) = raw.rules[i + 1..].iter().find(|l| {
+                l.action == Action::Local && (l.entities.is_some() || l.categories.is_some())
+            }) {
+                return Err(cx.err(
+                    r.name.span(),
+                    field("action"),
+                    format!(
+                        "a speculative rule on device state must come after every local content \
+                         rule (here before {:?}): sensitive prompts never leave the device, \
+                         whatever its state",
+                        later.name.get_ref()
+                    ),
+                ));
+            }
+        }
         rules.push(Rule {
             name: name.clone(),
             action: r.action,
@@ -697,6 +746,8 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
             breaker_open: r.breaker_open,
             battery_below: r.battery_below,
             thermal_at_least: r.thermal_at_least,
+            charging: r.charging,
+            power_save: r.power_save,
             user_opt_out: r.user_opt_out,
         });
     }

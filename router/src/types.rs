@@ -129,8 +129,13 @@ pub struct RouteContext {
     pub breaker_open: bool,
     /// Battery charge in percent, if the device reports it.
     pub battery_pct: Option<u8>,
-    /// Thermal throttling level (0 = nominal), if the device reports it.
+    /// Thermal throttling level (0 = nominal, 1 = fair, 2 = serious, 3 =
+    /// critical: `tandem_edge::device::ThermalState`), if the device reports it.
     pub thermal_level: Option<u8>,
+    /// The device is charging.
+    pub charging: bool,
+    /// The OS's power-save / low-power mode is on.
+    pub power_save: bool,
     /// The user asked that nothing leave the device.
     pub user_opt_out: bool,
 }

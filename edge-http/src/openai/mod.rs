@@ -205,6 +205,7 @@ fn drop_off_async(rt: RoutedRuntime) {
 /// Everything [`start`] checks and binds before the worker takes the runtime.
 async fn prepare(
     router: Arc<tandem_router::Router>,
+    device: tandem_edge::SharedDeviceState,
     cfg: &ServeConfig,
 ) -> Result<Prepared, ServeError> {
     if !cfg.listen.ip().is_loopback() && !cfg.allow_non_loopback {
@@ -231,7 +232,7 @@ async fn prepare(
         ));
     }
     let mounted = match &cfg.admin {
-        Some(a) => Some(admin::mount(router, a)?),
+        Some(a) => Some(admin::mount(router, device, a)?),
         None => None,
     };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -268,7 +269,7 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
         listener,
         addr,
         access,
-    } = match prepare(rt.router().clone(), &cfg).await {
+    } = match prepare(rt.router().clone(), rt.runtime().device_handle(), &cfg).await {
         Ok(p) => p,
         Err(e) => {
             drop_off_async(rt);

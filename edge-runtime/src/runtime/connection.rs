@@ -61,6 +61,9 @@ pub(super) struct Connection<'a> {
     pub(super) live: bool,
     pub(super) round: u64,
     pub(super) max_block: usize,
+    /// Most drafts per round the device state allows (`crate::device`):
+    /// bounds `max_block`, so every kind of round is capped.
+    pub(super) k_cap: usize,
     pub(super) resends_in_a_row: u32,
     /// The wire form of blocks (token ids, or split hidden states).
     pub(super) codec: &'a mut dyn BlockCodec,
@@ -402,7 +405,9 @@ impl Connection<'_> {
                 let prefilled = usize::try_from(prefilled).unwrap_or(upto);
                 self.open_cost
                     .record(prefilled.saturating_add(1), after_headers);
-                self.max_block = (o.max_block as usize).clamp(1, tandem_model::speculative::MAX_K);
+                self.max_block = (o.max_block as usize)
+                    .clamp(1, tandem_model::speculative::MAX_K)
+                    .min(self.k_cap);
                 if o.max_prompt_tokens > 0 {
                     run.capacity = run.capacity.min(o.max_prompt_tokens as usize);
                 }
