@@ -283,7 +283,12 @@ pub fn run(args: Args) -> Result<()> {
             warmup: args.warmup,
             draft,
             threads: args.threads,
-            prompts: args.prompt_set()?,
+            // The soak cycles through every prompt of the --prompts sets.
+            prompts: args
+                .prompt_sets()?
+                .into_iter()
+                .flat_map(|(_, c)| c)
+                .collect(),
             device: tandem_edge::DeviceState {
                 thermal: args.soak_thermal,
                 battery_pct: args.soak_battery,
