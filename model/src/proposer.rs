@@ -29,6 +29,10 @@ pub const MAX_NGRAM: usize = 4;
 /// Shortest suffix looked up (one token matches too often to pay).
 pub const MIN_NGRAM: usize = 2;
 
+/// Most tokens over which `auto` spreads the draft's catch-up cost
+/// ([`AutoChooser::choose`]).
+pub const AMORTIZE_TOKENS: usize = 64;
+
 /// Which proposer drafts the speculative rounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -270,15 +274,24 @@ impl AutoChooser {
     }
 
     /// The source and length for a round: lookup offers `lookup_len`
-    /// tokens, the draft up to `k`, and the draft has not yet seen
-    /// `draft_backlog` tokens. Every length up to the offer is considered
-    /// (a shorter block is cheaper to verify), so this also picks k.
+    /// tokens, the draft up to `k`, the draft has not yet seen
+    /// `draft_backlog` tokens, and the generation may still produce
+    /// `remaining` tokens. Every length up to the offer is considered (a
+    /// shorter block is cheaper to verify), so this also picks k.
+    ///
+    /// The draft's backlog (its lazy prefill of the prompt) is paid once and
+    /// then serves the rest of the generation, so a round is charged its share
+    /// over the rounds the draft would run in the next `remaining` tokens (at
+    /// most [`AMORTIZE_TOKENS`]: a generation may stop early). Charging it
+    /// all to one round would decline the draft forever, since declining it
+    /// never shrinks the backlog.
     pub fn choose(
         &self,
         stats: &ProposerStats,
         lookup_len: usize,
         k: usize,
         draft_backlog: usize,
+        remaining: usize,
     ) -> (Source, usize) {
         let per_s = |tokens: f64, cost: f64| if cost > 0.0 { tokens / cost } else { 0.0 };
         let mut best = ((Source::Nothing, 0), per_s(1.0, self.target_cost(1)));
@@ -296,9 +309,13 @@ impl AutoChooser {
             .unwrap_or(self.draft_token_cost() / 4.0);
         // Feeding the backlog: one token rides in the first draft step.
         let backlog = draft_backlog.saturating_sub(1) as f64 * prefill;
+        let horizon = remaining.clamp(1, AMORTIZE_TOKENS) as f64;
         for len in 1..=k {
-            let cost = self.target_cost(len + 1) + len as f64 * self.draft_token_cost() + backlog;
-            let v = per_s(1.0 + expected_accepted(a, len), cost);
+            let tokens = 1.0 + expected_accepted(a, len);
+            let rounds = (horizon / tokens).max(1.0);
+            let cost =
+                self.target_cost(len + 1) + len as f64 * self.draft_token_cost() + backlog / rounds;
+            let v = per_s(tokens, cost);
             if v > best.1 {
                 best = ((Source::Draft, len), v);
             }
@@ -320,12 +337,15 @@ pub struct Plan {
 /// `index` has indexed): the draft model (`k`), lookup's offer (none: no
 /// proposal), or `auto`'s choice from `chooser` and `stats`.
 /// `draft_backlog` (tokens the draft has not run yet) is asked only by
-/// `auto`. The local loop and the edge runtime plan their rounds here.
+/// `auto`; `remaining` is how many tokens the generation may still produce.
+/// The local loop and the edge runtime plan their rounds here.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_round(
     kind: ProposerKind,
     index: &NgramIndex,
     history: &[u32],
     k: usize,
+    remaining: usize,
     chooser: &AutoChooser,
     stats: &ProposerStats,
     draft_backlog: impl FnOnce() -> usize,
@@ -341,7 +361,7 @@ pub fn plan_round(
             0 => (Source::Nothing, 0),
             n => (Source::Lookup, n),
         },
-        ProposerKind::Auto => chooser.choose(stats, offer.len(), k, draft_backlog()),
+        ProposerKind::Auto => chooser.choose(stats, offer.len(), k, draft_backlog(), remaining),
     };
     if source == Source::Lookup {
         // The first `len` tokens of the offer (auto may take fewer).
@@ -427,7 +447,7 @@ mod tests {
     fn auto_prefers_free_lookup_and_skips_a_cold_draft_with_a_long_backlog() {
         let c = AutoChooser::default();
         let fresh = ProposerStats::default();
-        assert_eq!(c.choose(&fresh, 4, 4, 1).0, Source::Lookup);
+        assert_eq!(c.choose(&fresh, 4, 4, 1, 100).0, Source::Lookup);
         // A draft that has been right 95 % of the time beats a plain step.
         let good = ProposerStats {
             draft: ProposerStat {
@@ -437,11 +457,11 @@ mod tests {
             },
             ..ProposerStats::default()
         };
-        let (source, len) = c.choose(&good, 0, 4, 1);
+        let (source, len) = c.choose(&good, 0, 4, 1, 100);
         assert_eq!(source, Source::Draft);
         assert!((1..=4).contains(&len));
         // ... but not when its whole prefill (2,000 tokens) is still owed.
-        assert_eq!(c.choose(&good, 0, 4, 2000).0, Source::Nothing);
+        assert_eq!(c.choose(&good, 0, 4, 2000, 100).0, Source::Nothing);
         // A lookup that keeps failing loses to the good draft.
         let bad_lookup = ProposerStats {
             lookup: ProposerStat {
@@ -451,7 +471,7 @@ mod tests {
             },
             ..good
         };
-        assert_eq!(c.choose(&bad_lookup, 4, 4, 1).0, Source::Draft);
+        assert_eq!(c.choose(&bad_lookup, 4, 4, 1, 100).0, Source::Draft);
         // Measured costs count: a target forward of 2 rows as slow as 5 one-row
         // forwards makes any proposal lose.
         let mut slow = AutoChooser::default();
@@ -459,7 +479,34 @@ mod tests {
         for rows in 2..=17 {
             slow.target_forward(rows, Duration::from_millis(50));
         }
-        assert_eq!(slow.choose(&good, 4, 4, 1).0, Source::Nothing);
+        assert_eq!(slow.choose(&good, 4, 4, 1, 100).0, Source::Nothing);
+    }
+
+    #[test]
+    fn auto_pays_the_draft_s_catch_up_once_when_the_generation_has_far_to_go() {
+        // Over a network: a verify costs one round trip (100 ms) whatever its
+        // rows, a draft token 10 ms, its prefill 1 ms per token.
+        let mut net = AutoChooser::default();
+        for rows in 1..=17 {
+            net.target_forward(rows, Duration::from_millis(100));
+        }
+        net.draft_forward(1, Duration::from_millis(10));
+        net.draft_forward(300, Duration::from_millis(300));
+        let good = ProposerStats {
+            draft: ProposerStat {
+                rounds: 50,
+                drafted: 200,
+                accepted: 170,
+            },
+            ..ProposerStats::default()
+        };
+        // 300 prompt tokens owed (300 ms): charged to one round it would lose
+        // to a plain 100 ms step; spread over the rounds of 64 tokens it wins.
+        assert_eq!(net.choose(&good, 0, 4, 300, 200).0, Source::Draft);
+        // Two tokens from the end the catch-up is not worth it.
+        assert_eq!(net.choose(&good, 0, 4, 300, 2).0, Source::Nothing);
+        // A prompt so long that even spread it costs more than it saves.
+        assert_eq!(net.choose(&good, 0, 4, 100_000, 200).0, Source::Nothing);
     }
 
     #[test]

@@ -447,6 +447,7 @@ pub fn generate_speculative(
             &index,
             &history,
             k,
+            room_out,
             &chooser,
             &stats.proposers,
             || drafter.backlog(&history),

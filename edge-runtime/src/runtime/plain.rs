@@ -36,6 +36,7 @@ pub(super) fn round(
         &run.lookup,
         &run.ctx,
         k_max,
+        run.gen.max_tokens.saturating_sub(run.out_len()),
         &r.spec.auto,
         &r.spec.proposers,
         || backlog,
