@@ -39,6 +39,7 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
     let modes = [
         "target-only",
         "spec-k4",
+        "auto-k4",
         "adaptive",
         "pipeline-k4",
         "gated-k4-0.9",
@@ -60,7 +61,7 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
     }
     let draft = rows.iter().find(|r| r[mode] == "draft-only").unwrap();
     assert_eq!(draft[matches], "n/a");
-    assert_eq!(rows.len(), 11, "{csv}");
+    assert_eq!(rows.len(), 13, "{csv}");
 
     // runs.jsonl: one line per run with the per-run measurements.
     let runs_text = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
@@ -68,7 +69,7 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 22);
+    assert_eq!(recs.len(), 26);
     for r in &recs {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["generated"].as_u64().unwrap() > 0, "{r}");
@@ -76,6 +77,22 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         if r["mode"] == "spec-k4" {
             assert!(!r["round_log"].as_array().unwrap().is_empty());
             assert!(r["passes_per_token"].as_f64().unwrap() < 1.0, "{r}");
+            // spec-kN is the draft model's, whatever the edge default proposer.
+            assert!(
+                r["proposers"]["draft"]["rounds"].as_u64().unwrap() > 0,
+                "{r}"
+            );
+            assert_eq!(r["proposers"]["lookup"]["rounds"], 0, "{r}");
+            assert_eq!(r["proposers"]["none_rounds"], 0, "{r}");
+        }
+        if r["mode"] == "auto-k4" {
+            let p = &r["proposers"];
+            let chosen = ["draft", "lookup"]
+                .iter()
+                .map(|s| p[s]["rounds"].as_u64().unwrap())
+                .sum::<u64>()
+                + p["none_rounds"].as_u64().unwrap();
+            assert!(chosen > 0, "auto recorded no round: {r}");
         }
     }
 
@@ -109,6 +126,8 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         "| / target-only |",
         "## Uncertainty-gated verification",
         "| lan | gated-k4-0.9 |",
+        "## Proposers (lookup-kN and auto-kN vs spec-kN, the draft model)",
+        "| fast-4g | auto-k4 |",
         "```toml",
     ] {
         assert!(report.contains(needle), "report lacks {needle:?}");
@@ -123,7 +142,8 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
         .unwrap();
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
-    assert!(s.contains("total\t22 runs, 2 prompts"), "{s}");
+    assert!(s.contains("total\t26 runs, 2 prompts"), "{s}");
+    assert!(s.contains("auto-k4\tlan\t2 runs"), "{s}");
     assert!(
         s.contains("prompt set\tlab (lab/prompts.jsonl, built in)"),
         "{s}"
@@ -173,6 +193,11 @@ fn dry_run_prints_the_matrix_and_bad_configs_are_refused() {
             "modes = [\"target-only\"]\nprofiles = [\"moon\"]\n",
             "profile",
         ),
+        (
+            "modes = [\"target-only\", \"spec-k4\"]\nprofiles = [\"lan\"]\n[edge]\nproposer = \"lookup\"\n",
+            "proposer: the lab sets it",
+        ),
+        ("modes = [\"lookup-k0\"]\n", "k must be in 1..=16"),
         (
             "modes = [\"spec-k4\"]\nprofiles = [\"lan\"]\n",
             "add \"target-only\"",

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tandem_model::proposer::ProposerKind;
 
 pub const DEFAULT_TOML: &str = include_str!("../../lab/default.toml");
 pub const QUICK_TOML: &str = include_str!("../../lab/quick.toml");
@@ -118,6 +119,7 @@ const LAB_OWNED_EDGE_FIELDS: &[&str] = &[
     "client_key_pem",
     "tls_domain",
     "k",
+    "proposer",
     "split",
 ];
 /// `[edge.gate]` fields the mode sets (`gated-kN-T`).
@@ -149,10 +151,14 @@ pub enum Mode {
     DraftOnly,
     /// The verifier's target generates; k = 0 requests stream its tokens.
     TargetOnly,
+    /// Speculative rounds of (up to) k proposed by `proposer`: `spec-kN` the
+    /// draft model, `lookup-kN` prompt lookup, `auto-kN` auto's choice per
+    /// round (adaptive and pipelined modes draft with the model).
     Spec {
         k: usize,
         adaptive: bool,
         pipeline: bool,
+        proposer: ProposerKind,
     },
     /// Speculative with fixed k and uncertainty-gated verification at
     /// confidence `permille / 1000` (`gated-kN-T`, e.g. `gated-k4-0.95`).
@@ -175,24 +181,35 @@ impl Mode {
                 k: 4,
                 adaptive: true,
                 pipeline: false,
+                proposer: ProposerKind::Draft,
             },
             "adaptive-pipeline" => Self::Spec {
                 k: 4,
                 adaptive: true,
                 pipeline: true,
+                proposer: ProposerKind::Draft,
             },
             _ => {
-                if let Some(r) = s.strip_prefix("spec-k") {
+                let proposed = [
+                    ("spec-k", ProposerKind::Draft),
+                    ("lookup-k", ProposerKind::Lookup),
+                    ("auto-k", ProposerKind::Auto),
+                ]
+                .into_iter()
+                .find_map(|(prefix, p)| s.strip_prefix(prefix).map(|r| (r, p)));
+                if let Some((r, proposer)) = proposed {
                     Self::Spec {
                         k: k_of(r)?,
                         adaptive: false,
                         pipeline: false,
+                        proposer,
                     }
                 } else if let Some(r) = s.strip_prefix("pipeline-k") {
                     Self::Spec {
                         k: k_of(r)?,
                         adaptive: false,
                         pipeline: true,
+                        proposer: ProposerKind::Draft,
                     }
                 } else if let Some(r) = s.strip_prefix("gated-k") {
                     let (k, t) = r.split_once('-').with_context(|| {
@@ -215,7 +232,7 @@ impl Mode {
                         permille: permille as u16,
                     }
                 } else {
-                    bail!("unknown mode {s:?} (draft-only, target-only, spec-kN, adaptive, pipeline-kN, adaptive-pipeline, gated-kN-T)")
+                    bail!("unknown mode {s:?} (draft-only, target-only, spec-kN, lookup-kN, auto-kN, adaptive, pipeline-kN, adaptive-pipeline, gated-kN-T)")
                 }
             }
         })
@@ -229,13 +246,27 @@ impl Mode {
                 k,
                 adaptive,
                 pipeline,
+                proposer,
             } => match (adaptive, pipeline) {
                 (true, false) => "adaptive".into(),
                 (true, true) => "adaptive-pipeline".into(),
-                (false, false) => format!("spec-k{k}"),
+                (false, false) => match proposer {
+                    ProposerKind::Draft => format!("spec-k{k}"),
+                    ProposerKind::Lookup => format!("lookup-k{k}"),
+                    ProposerKind::Auto => format!("auto-k{k}"),
+                },
                 (false, true) => format!("pipeline-k{k}"),
             },
             Self::Gated { k, permille } => format!("gated-k{k}-{}", f64::from(permille) / 1000.0),
+        }
+    }
+
+    /// What proposes the mode's speculative rounds (the draft model unless
+    /// the mode says otherwise).
+    pub fn proposer(&self) -> ProposerKind {
+        match *self {
+            Self::Spec { proposer, .. } => proposer,
+            _ => ProposerKind::Draft,
         }
     }
 

@@ -145,6 +145,7 @@ pub fn run(args: DeviceArgs) -> Result<()> {
         let gen = GenerateConfig {
             max_tokens: job.max_tokens,
             k,
+            proposer: mode.proposer(),
             sampling: SamplingParams {
                 temperature: args.temperature,
                 ..SamplingParams::default()

@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use tandem_model::proposer::{ProposerStat, ProposerStats};
 
 /// Everything recorded about one run (one line of runs.jsonl).
 #[derive(Clone, Debug, Serialize)]
@@ -42,6 +43,9 @@ pub struct RunRecord {
     pub rounds: usize,
     pub drafted: u64,
     pub accepted: u64,
+    /// Rounds, drafted and accepted tokens per proposer (`auto` modes: what
+    /// it chose).
+    pub proposers: ProposerStats,
     pub verifier_passes: u64,
     pub passes_per_token: f64,
     pub bytes_up_per_token: f64,
@@ -160,6 +164,7 @@ fn record(i: usize, p: &Planned, r: &DeviceResult) -> RunRecord {
         rounds: r.rounds.len(),
         drafted: s.drafted,
         accepted: s.accepted,
+        proposers: s.proposers,
         verifier_passes: s.verifier_passes,
         passes_per_token: s.verifier_passes as f64 / gen,
         bytes_up_per_token: s.bytes_sent as f64 / gen,
@@ -264,6 +269,8 @@ pub struct Cell {
     /// disagreed with (gated modes, outages).
     pub provisional_share: f64,
     pub provisional_wrong_share: f64,
+    /// Per proposer over the cell's runs.
+    pub proposers: ProposerStats,
 }
 
 fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
@@ -349,6 +356,10 @@ fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
                     sum(&|r| r.rtt_mean_ms) / ok.len() as f64
                 },
                 matches_target: matches,
+                proposers: ok.iter().fold(ProposerStats::default(), |mut a, r| {
+                    a.add(&r.proposers);
+                    a
+                }),
                 pos_reached: reached,
                 pos_accepted: acc,
                 mode,
@@ -358,7 +369,7 @@ fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
         .collect()
 }
 
-const CSV_HEADER: &str = "mode,profile,runs,errors,tokens,tokens_per_s,verified_per_s,provisional_per_s,ttft_p50_ms,itt_p50_ms,itt_p95_ms,acceptance,mean_accepted_len,mean_k,verifier_passes_per_token,bytes_up_per_token,bytes_down_per_token,rtt_mean_ms,matches_target";
+const CSV_HEADER: &str = "mode,profile,runs,errors,tokens,tokens_per_s,verified_per_s,provisional_per_s,ttft_p50_ms,itt_p50_ms,itt_p95_ms,acceptance,mean_accepted_len,mean_k,verifier_passes_per_token,bytes_up_per_token,bytes_down_per_token,rtt_mean_ms,matches_target,draft_rounds,lookup_rounds,none_rounds,draft_acceptance,lookup_acceptance";
 
 fn csv(cells: &[Cell]) -> String {
     let mut s = String::from(CSV_HEADER);
@@ -366,7 +377,7 @@ fn csv(cells: &[Cell]) -> String {
     for c in cells {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{:.1},{:.4},{:.3},{:.2},{:.4},{:.1},{:.1},{:.1},{}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{:.1},{:.4},{:.3},{:.2},{:.4},{:.1},{:.1},{:.1},{},{},{},{},{:.4},{:.4}",
             c.mode,
             c.profile,
             c.runs,
@@ -385,10 +396,20 @@ fn csv(cells: &[Cell]) -> String {
             c.bytes_up_per_token,
             c.bytes_down_per_token,
             c.rtt_mean_ms,
-            c.matches_target
+            c.matches_target,
+            c.proposers.draft.rounds,
+            c.proposers.lookup.rounds,
+            c.proposers.none_rounds,
+            acceptance_of(&c.proposers.draft),
+            acceptance_of(&c.proposers.lookup),
         );
     }
     s
+}
+
+/// Accepted / drafted tokens of one proposer (0 when it drafted nothing).
+fn acceptance_of(p: &ProposerStat) -> f64 {
+    p.accepted as f64 / p.drafted.max(1) as f64
 }
 
 fn markdown_table(cells: &[Cell]) -> String {
@@ -508,6 +529,59 @@ fn comparisons(cells: &[Cell], profiles: &[String]) -> String {
         return "(no adaptive or pipeline modes next to fixed-k ones in this matrix)\n".into();
     }
     s
+}
+
+/// Proposers: each `lookup-kN` / `auto-kN` cell next to `spec-kN` (the draft
+/// model) on the same profile: user-visible tok/s, verifier passes and bytes
+/// up per token, and which proposer drafted the rounds with what acceptance.
+fn proposers(cells: &[Cell], profiles: &[String]) -> Option<String> {
+    let mut s = String::from(
+        "| profile | mode | tok/s | vs spec-kN tok/s | verifier passes / token | vs spec-kN passes | bytes up / token | vs spec-kN bytes up | draft rounds (acceptance) | lookup rounds (acceptance) | rounds without proposal |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let share = |p: &ProposerStat| {
+        if p.rounds == 0 {
+            "0".to_string()
+        } else {
+            format!("{} ({:.0}%)", p.rounds, 100.0 * acceptance_of(p))
+        }
+    };
+    let mut rows = 0;
+    for p in profiles {
+        for c in cells.iter().filter(|c| {
+            &c.profile == p
+                && ["spec-k", "lookup-k", "auto-k"]
+                    .iter()
+                    .any(|m| c.mode.starts_with(m))
+        }) {
+            let k = c.mode.rsplit("-k").next().unwrap_or("");
+            let draft = cells
+                .iter()
+                .find(|o| &o.profile == p && o.mode == format!("spec-k{k}"));
+            let ratio = |a: f64, b: Option<f64>| match b {
+                Some(b) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            rows += 1;
+            let _ = writeln!(
+                s,
+                "| {p} | {} | {:.2} | {} | {:.2} | {} | {:.0} | {} | {} | {} | {} |",
+                c.mode,
+                c.tokens_per_s,
+                ratio(c.tokens_per_s, draft.map(|o| o.tokens_per_s)),
+                c.passes_per_token,
+                ratio(c.passes_per_token, draft.map(|o| o.passes_per_token)),
+                c.bytes_up_per_token,
+                ratio(c.bytes_up_per_token, draft.map(|o| o.bytes_up_per_token)),
+                share(&c.proposers.draft),
+                share(&c.proposers.lookup),
+                c.proposers.none_rounds,
+            );
+        }
+    }
+    let others = cells
+        .iter()
+        .any(|c| c.mode.starts_with("lookup-k") || c.mode.starts_with("auto-k"));
+    (rows > 0 && others).then_some(s)
 }
 
 /// Uncertainty-gated verification: each `gated-kN-T` cell next to `spec-kN` on
@@ -996,6 +1070,11 @@ pub fn write_all(
     md.push_str("\n## Adaptive k vs the best fixed k, pipelining vs plain (tokens/s)\n\n");
     md.push_str(&comparisons(&cells, &cfg.profiles));
     md.push('\n');
+    if let Some(t) = proposers(&cells, &cfg.profiles) {
+        md.push_str("## Proposers (lookup-kN and auto-kN vs spec-kN, the draft model)\n\n");
+        md.push_str(&t);
+        md.push('\n');
+    }
     if let Some(g) = gating(&cells, &cfg.profiles) {
         md.push_str("## Uncertainty-gated verification (gated-kN-T vs spec-kN)\n\n");
         md.push_str(&g);
