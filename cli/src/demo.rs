@@ -11,13 +11,16 @@
 //! * starts the edge runtime (draft 0.5B, TLS to the verifier through the
 //!   proxy) behind the privacy router (built-in policy);
 //!
-//! and runs three requests:
+//! and runs four requests:
 //!
-//! 1. a speculative generation (greedy) with acceptance statistics, checked
-//!    token for token against the target model's own greedy output;
-//! 2. a prompt with a synthetic ID number: the router keeps it on the device
+//! 1. a speculative generation (greedy, the draft model proposes) with
+//!    acceptance statistics, checked token for token against the target
+//!    model's own greedy output, with both speeds and their ratio;
+//! 2. the same for an edit of code the prompt carries, with the `auto`
+//!    proposer (prompt lookup or the draft model per round);
+//! 3. a prompt with a synthetic ID number: the router keeps it on the device
 //!    and says why (rule, entity type, span); the proxy shows no byte sent;
-//! 3. an outage in the middle of a generation: after a few verified tokens
+//! 4. an outage in the middle of a generation: after a few verified tokens
 //!    the proxy's timeline goes `offline` (blackhole); the edge falls back to
 //!    provisional tokens; after a few of those the link is back, the verifier
 //!    checks the provisional tokens and generation continues verified (this
@@ -36,11 +39,21 @@ use std::time::{Duration, Instant};
 use tandem_cli_common::models::{load_model, prompt_tokens, resolve_model, tokenizer_of};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
+use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_netsim::{NetConfig, Proxy, ProxyHandle, Timeline};
 use tandem_router::{Action, Router};
 
+/// The editing case: code to change, carried by the prompt (the answer is
+/// mostly a copy of it, which prompt lookup proposes for free).
+const EDIT_PROMPT: &str = "Rename the variable `total` to `sum_of_squares` in this Python function and give back the whole function:
+
+def compute(values):
+    total = 0
+    for v in values:
+        total += v * v
+    return total";
 const DEMO_PROMPT: &str =
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.";
 /// A synthetic (checksum-valid, not a real person's) resident ID number.
@@ -79,6 +92,7 @@ pub struct Args {
 #[derive(Default)]
 struct Summary {
     spec: Option<String>,
+    edit: Option<String>,
     private: Option<String>,
     outage: Option<String>,
     problems: Vec<String>,
@@ -182,8 +196,29 @@ pub fn run(args: Args) -> Result<()> {
     };
     let mut summary = Summary::default();
     let prompt = args.prompt.as_deref().unwrap_or(DEMO_PROMPT);
-    let res = speculative_part(&mut edge, &tok, &verifier, prompt, &gen, &mut summary)
-        .and_then(|()| private_part(&mut edge, &tok, &proxy, &gen, &mut summary))
+    let generation = Case {
+        heading: format!("[1/4] speculative generation (greedy): the draft proposes blocks of k={}, the verifier checks each block in one target pass", gen.k),
+        name: "generation",
+        session: "demo-1",
+        prompt,
+        proposer: ProposerKind::Draft,
+    };
+    let editing = Case {
+        heading: format!("[2/4] editing code the prompt carries: proposer auto picks prompt lookup (the continuation is a copy of prompt text, no draft forward) or the draft model per round, k up to {}", gen.k),
+        name: "editing",
+        session: "demo-edit",
+        prompt: EDIT_PROMPT,
+        proposer: ProposerKind::Auto,
+    };
+    let res = speculative_case(&mut edge, &tok, &verifier, &generation, &gen, &mut summary)
+        .and_then(|line| {
+            summary.spec = Some(line);
+            speculative_case(&mut edge, &tok, &verifier, &editing, &gen, &mut summary)
+        })
+        .and_then(|line| {
+            summary.edit = Some(line);
+            private_part(&mut edge, &tok, &proxy, &gen, &mut summary)
+        })
         .and_then(|()| outage_part(&mut edge, &tok, &proxy, &args.profile, &gen, &mut summary));
     drop(edge);
     rt.block_on(proxy.shutdown());
@@ -191,9 +226,14 @@ pub fn run(args: Args) -> Result<()> {
     res?;
 
     println!("== summary ==");
-    for (n, s) in [&summary.spec, &summary.private, &summary.outage]
-        .into_iter()
-        .enumerate()
+    for (n, s) in [
+        &summary.spec,
+        &summary.edit,
+        &summary.private,
+        &summary.outage,
+    ]
+    .into_iter()
+    .enumerate()
     {
         if let Some(s) = s {
             println!("{}. {s}", n + 1);
@@ -291,24 +331,50 @@ fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
 }
 
-fn speculative_part(
+/// One speculative case of the demo: generating new code, or editing code the
+/// prompt carries.
+struct Case<'a> {
+    /// "[1/4] ..." and the summary's name for it.
+    heading: String,
+    name: &'static str,
+    session: &'static str,
+    prompt: &'a str,
+    proposer: ProposerKind,
+}
+
+/// A speculative case, checked token for token against the target alone on
+/// the same prompt, with both speeds (wall time of the whole call, prefill
+/// included, in this process) and their ratio. Returns the summary line.
+fn speculative_case(
     edge: &mut RoutedRuntime,
     tok: &Tokenizer,
     verifier: &tandem_verifier::RunningVerifier,
-    prompt: &str,
+    case: &Case<'_>,
     gen: &GenerateConfig,
     summary: &mut Summary,
-) -> Result<()> {
-    println!("[1/3] speculative generation (greedy): the draft proposes blocks of k={}, the verifier checks each block in one target pass", gen.k);
-    println!("   prompt: {prompt}");
-    let messages = [ChatMessage::user(prompt)];
+) -> Result<String> {
+    println!("{}", case.heading);
+    let shown: String = case.prompt.lines().next().unwrap_or_default().into();
+    let more = if case.prompt.lines().count() > 1 {
+        format!(" (+ {} lines of code)", case.prompt.lines().count() - 1)
+    } else {
+        String::new()
+    };
+    println!("   prompt: {shown}{more}");
+    let gen = GenerateConfig {
+        proposer: case.proposer,
+        ..gen.clone()
+    };
+    let messages = [ChatMessage::user(case.prompt)];
     let mut p = Printer::new(tok);
-    let g = edge.chat("demo-1", &messages, gen, &mut |ev| {
+    let t = Instant::now();
+    let g = edge.chat(case.session, &messages, &gen, &mut |ev| {
         if let EdgeEvent::Token { id, status, .. } = ev {
             p.push(*id, *status);
         }
         true
     })?;
+    let spec_s = t.elapsed().as_secs_f64();
     p.finish();
     let s = &g.generation.stats;
     println!("   router: {} (nothing sensitive found)", g.route.decision);
@@ -323,40 +389,55 @@ fn speculative_part(
         s.drafted,
         s.mean_accepted_len
     );
+    let by = &s.proposers;
     println!(
-        "   target passes {} ({:.2} per token, vs 1 per token for the target alone); RTT mean {:.0} ms; {:.1} tok/s",
-        s.verifier_passes, s.verifier_passes_per_token, s.rtt_mean_ms, s.tokens_per_s
+        "   proposer {}: {} rounds drafted by the draft model, {} by prompt lookup, {} without a proposal",
+        case.proposer, by.draft.rounds, by.lookup.rounds, by.none_rounds
+    );
+    println!(
+        "   target passes {} ({:.2} per token, vs 1 per token for the target alone); RTT mean {:.0} ms",
+        s.verifier_passes, s.verifier_passes_per_token, s.rtt_mean_ms
     );
     // The invariant, checked: the target alone, greedy, on the same prompt.
-    let ids = prompt_tokens(tok, prompt, None, false)?;
+    let ids = prompt_tokens(tok, case.prompt, None, false)?;
     print!("   checking: the target model alone on the same prompt ...\r");
     let _ = std::io::stdout().flush();
     let t = Instant::now();
-    let reference = generate_single(&verifier.state.model, &ids, gen, &mut |_| true)?;
+    let reference = generate_single(&verifier.state.model, &ids, &gen, &mut |_| true)?;
+    let target_s = t.elapsed().as_secs_f64();
     let out = &g.generation.tokens;
     let same = &reference.tokens == out;
-    let prov = s.provisional_tokens;
     println!(
-        "   identical to the target model's own greedy output: {} ({} tokens compared; the target alone, same process: {:.1} s, {:.1} tok/s)\n",
+        "   identical to the target model's own greedy output: {} ({} tokens compared)",
         if same { "yes" } else { "NO" },
         reference.tokens.len().max(out.len()),
-        t.elapsed().as_secs_f64(),
-        reference.stats.tokens_per_s
     );
-    if !same && prov == 0 {
-        summary
-            .problems
-            .push("speculative output differs from the target's greedy output".into());
+    let per_s = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    let spec_tps = per_s(out.len(), spec_s);
+    let target_tps = per_s(reference.tokens.len(), target_s);
+    let ratio = if target_tps > 0.0 {
+        spec_tps / target_tps
+    } else {
+        0.0
+    };
+    println!(
+        "   speed: {spec_tps:.2} tok/s speculative vs {target_tps:.2} tok/s for the target alone: {ratio:.2}x (wall time of each whole call, prefill included, same prompt and machine)\n"
+    );
+    if !same && s.provisional_tokens == 0 {
+        summary.problems.push(format!(
+            "{}: speculative output differs from the target's greedy output",
+            case.name
+        ));
     }
-    summary.spec = Some(format!(
-        "speculative: {} tokens, {} verified, acceptance {}, {:.2} target passes/token; = target's own greedy output: {}",
+    Ok(format!(
+        "{}: {} tokens, {} verified, acceptance {}, {:.2} target passes/token, {ratio:.2}x the target alone; = target's own greedy output: {}",
+        case.name,
         s.generated_tokens,
         s.verified_tokens,
         pct(s.acceptance_rate),
         s.verifier_passes_per_token,
         if same { "yes" } else { "no" }
-    ));
-    Ok(())
+    ))
 }
 
 /// The prompt with every entity span the router found replaced by its type.
@@ -384,7 +465,7 @@ fn private_part(
     gen: &GenerateConfig,
     summary: &mut Summary,
 ) -> Result<()> {
-    println!("[2/3] a prompt with a (synthetic) ID number: the privacy router decides before anything is sent");
+    println!("[3/4] a prompt with a (synthetic) ID number: the privacy router decides before anything is sent");
     let messages = [ChatMessage::user(PRIVATE_PROMPT)];
     let before = proxy.stats();
     let mut p = Printer::new(tok);
@@ -458,7 +539,7 @@ fn outage_part(
     summary: &mut Summary,
 ) -> Result<()> {
     println!(
-        "[3/3] an outage in the middle of a generation: after {OUTAGE_AFTER_VERIFIED} verified tokens the netsim timeline goes offline (blackhole), back after {OUTAGE_PROVISIONAL} provisional tokens"
+        "[4/4] an outage in the middle of a generation: after {OUTAGE_AFTER_VERIFIED} verified tokens the netsim timeline goes offline (blackhole), back after {OUTAGE_PROVISIONAL} provisional tokens"
     );
     println!("   prompt: {OUTAGE_PROMPT}");
     // Blackhole (connections accepted, nothing forwarded) until cut short.

@@ -1,7 +1,9 @@
 //! `tandem demo` as a user runs it (the README's first command), on the real
-//! models, shortened to 32 tokens per request: the three parts appear with
-//! sane numbers, the ID number of part 2 is never printed (stdout or logs),
-//! and the outage of part 3 falls back to provisional tokens and recovers.
+//! models, shortened to 32 tokens per request: the four parts appear with
+//! sane numbers (the generation and editing cases equal the target alone and
+//! print their speed ratio), the ID number of part 3 is never printed (stdout
+//! or logs), and the outage of part 4 falls back to provisional tokens and
+//! recovers.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::process::Command;
@@ -42,7 +44,7 @@ fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    for part in ["[1/3]", "[2/3]", "[3/3]", "== summary =="] {
+    for part in ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "== summary =="] {
         assert!(stdout.contains(part), "{part} missing:\n{stdout}");
     }
 
@@ -58,6 +60,30 @@ fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
         stdout.contains("identical to the target model's own greedy output: yes"),
         "{stdout}"
     );
+    // Both speculative cases print their speed beside the target alone's.
+    let speeds: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("   speed: ") && l.contains("x (wall time"))
+        .collect();
+    assert_eq!(speeds.len(), 2, "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("identical to the target model's own greedy output: yes")
+            .count(),
+        2,
+        "both cases equal the target's own output:\n{stdout}"
+    );
+    // 2. editing: auto proposes the copied code by prompt lookup.
+    let edit = line_with(&stdout, "proposer auto:");
+    let lookup_rounds: u64 = edit
+        .split(" by prompt lookup")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{edit}"));
+    assert!(lookup_rounds >= 1, "no lookup round: {edit}");
+    let draft = line_with(&stdout, "proposer draft:");
+    assert!(num_before(draft, "rounds") >= 1, "{draft}");
     let passes = line_with(&stdout, "target passes");
     let per_token: f64 = passes
         .split(" per token")
