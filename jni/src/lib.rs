@@ -28,18 +28,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use jni::objects::{JClass, JDoubleArray, JLongArray, JObject, JString, JThrowable, JValue};
-use jni::sys::{jint, jlong, jstring};
+use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;
 use tandem_capi::{
     tandem_cancel, tandem_generate, tandem_runtime_free, tandem_runtime_last_json,
-    tandem_runtime_new, tandem_runtime_stats, tandem_status_name, tandem_string_free,
-    tandem_version, TandemRuntime, TandemStats, TandemStatus, TandemTokenStatus,
+    tandem_runtime_new, tandem_runtime_set_device_state, tandem_runtime_stats, tandem_status_name,
+    tandem_string_free, tandem_version, TandemDeviceState, TandemRuntime, TandemStats,
+    TandemStatus, TandemTokenStatus,
 };
 
 const TANDEM_EXCEPTION: &str = "dev/tandem/TandemException";
 
 /// The lengths of the arrays `dev.tandem.Stats` reads (its `COUNTS`, `TIMES`).
-const COUNTS: usize = 17;
+const COUNTS: usize = 19;
 const TIMES: usize = 5;
 
 /// A Java exception is pending: return to the JVM at once.
@@ -183,6 +184,8 @@ fn stats_arrays(s: &TandemStats) -> ([jlong; COUNTS], [f64; TIMES]) {
             n(s.draft_reused_tokens),
             n(s.verifier_reused_tokens),
             n(s.dropped_messages),
+            jlong::from(s.draft_threads),
+            jlong::from(s.k_cap),
         ],
         [
             s.acceptance_rate,
@@ -388,6 +391,34 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeStats<'l>(
     })
 }
 
+/// `TandemRuntime.nativeSetDeviceState(long, int, int, boolean, boolean, boolean)`.
+#[no_mangle]
+pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeSetDeviceState<'l>(
+    mut env: JNIEnv<'l>,
+    _class: JClass<'l>,
+    handle: jlong,
+    thermal: jint,
+    battery_pct: jint,
+    charging: jboolean,
+    power_save: jboolean,
+    user_opt_out: jboolean,
+) {
+    guard(&mut env, (), |env| {
+        let state = TandemDeviceState {
+            thermal,
+            battery_pct,
+            charging: charging != 0,
+            power_save: power_save != 0,
+            user_opt_out: user_opt_out != 0,
+        };
+        let mut err: *mut c_char = ptr::null_mut();
+        // SAFETY: a live runtime (the Java class checks), a valid state and
+        // out-pointer.
+        let status = unsafe { tandem_runtime_set_device_state(runtime(handle), &state, &mut err) };
+        check(env, status, err)
+    })
+}
+
 /// `TandemRuntime.nativeLastJson(long)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeLastJson<'l>(
@@ -487,6 +518,15 @@ mod tests {
         let (c, t) = stats_arrays(&s);
         assert_eq!((c[0], c[1]), (2, 3), "route, stop codes");
         assert_eq!((c[2], c[3], c[16]), (2, 3, 16));
+        let device = TandemStats {
+            draft_threads: 2,
+            k_cap: 1,
+            ..zero_stats()
+        };
+        assert_eq!(
+            (stats_arrays(&device).0[17], stats_arrays(&device).0[18]),
+            (2, 1)
+        );
         assert_eq!((t[0], t[4]), (0.5, 9.0));
         // Counts past i64 saturate instead of wrapping negative.
         let big = TandemStats {

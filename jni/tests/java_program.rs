@@ -398,6 +398,28 @@ fn errors_cancel_busy_callback_exceptions_and_close() {
     assert!(c.ends_with("statuses=[LOCAL, LOCAL, LOCAL]"), "{c}");
     // The earlier cancel (and one while nothing ran) does not reach it.
     assert_eq!(line(&out, "second "), "stop=MAX_TOKENS generated=4");
+    // setDeviceState reaches the runtime as the C ABI's does (capi's
+    // c_program test: the same state, the same adjustments).
+    assert_eq!(line(&out, "device_hot "), "threads=1 k_cap=1 generated=4");
+    let bad = line(&out, "device_bad_battery ");
+    assert!(
+        bad.starts_with("TandemException INVALID_ARGUMENT: ") && bad.contains("101"),
+        "{bad}"
+    );
+    assert_eq!(
+        line(&out, "device_null "),
+        "NullPointerException: state is null"
+    );
+    assert_eq!(
+        line(&out, "device_null_thermal "),
+        "NullPointerException: thermal is null (use ThermalState.UNKNOWN)"
+    );
+    assert_eq!(line(&out, "device_after_refusals "), "threads=1 k_cap=1");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(
+        line(&out, "device_unknown "),
+        format!("threads={cores} k_cap=0")
+    );
     assert_eq!(
         line(&out, "callback_throws "),
         "IllegalStateException: the app's callback failed"

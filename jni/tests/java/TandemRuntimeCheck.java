@@ -1,6 +1,8 @@
+import dev.tandem.DeviceState;
 import dev.tandem.Stats;
 import dev.tandem.TandemException;
 import dev.tandem.TandemRuntime;
+import dev.tandem.ThermalState;
 import dev.tandem.TokenStatus;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -124,6 +126,25 @@ public final class TandemRuntimeCheck {
         rt.cancel();
         Stats second = rt.generate(prompt, 4, null);
         System.out.println("second stop=" + second.stop + " generated=" + second.generatedTokens);
+
+        // The device state: hot and nearly empty means one draft thread and
+        // one draft token per round; refused states change nothing; unknown
+        // lifts it.
+        rt.setDeviceState(new DeviceState(ThermalState.CRITICAL, 5, false, false, false));
+        Stats hot = rt.generate(prompt, 4, null);
+        System.out.println("device_hot threads=" + hot.draftThreads + " k_cap=" + hot.kCap
+                + " generated=" + hot.generatedTokens);
+        System.out.println("device_bad_battery " + thrown(() -> rt.setDeviceState(
+                new DeviceState(ThermalState.NOMINAL, 101, false, false, false))));
+        System.out.println("device_null " + thrown(() -> rt.setDeviceState(null)));
+        System.out.println("device_null_thermal " + thrown(
+                () -> new DeviceState(null, 50, false, false, false)));
+        Stats still = rt.generate(prompt, 4, null);
+        System.out.println("device_after_refusals threads=" + still.draftThreads
+                + " k_cap=" + still.kCap);
+        rt.setDeviceState(new DeviceState(ThermalState.UNKNOWN, -1, false, false, false));
+        Stats cool = rt.generate(prompt, 4, null);
+        System.out.println("device_unknown threads=" + cool.draftThreads + " k_cap=" + cool.kCap);
 
         // The callback's exception propagates out of generate and stops it;
         // the runtime stays usable.

@@ -42,6 +42,10 @@ public final class Stats {
     public final long draftReusedTokens;
     public final long verifierReusedTokens;
     public final long droppedMessages;
+    /** Device state at the generation's start: the threads the draft ran on. */
+    public final long draftThreads;
+    /** The most draft tokens per round the device state allowed (0: no cap). */
+    public final long kCap;
     /** accepted / drafted (0 when nothing was drafted). */
     public final double acceptanceRate;
     public final double rttMeanMs;
@@ -50,7 +54,7 @@ public final class Stats {
     public final double tokensPerS;
 
     /** Number of entries of the arrays the native library fills. */
-    static final int COUNTS = 17;
+    static final int COUNTS = 19;
     static final int TIMES = 5;
 
     /** From the arrays the native library filled (order: tandem-jni's {@code stats_arrays}). */
@@ -72,6 +76,8 @@ public final class Stats {
         draftReusedTokens = c[14];
         verifierReusedTokens = c[15];
         droppedMessages = c[16];
+        draftThreads = c[17];
+        kCap = c[18];
         acceptanceRate = t[0];
         rttMeanMs = t[1];
         ttftMs = t[2];
@@ -86,6 +92,7 @@ public final class Stats {
                 + " provisional=" + provisionalTokens + " local=" + localTokens
                 + " rounds=" + rounds + " drafted=" + drafted + " accepted=" + accepted
                 + " passes=" + verifierPasses + " breaker_opens=" + breakerOpens
+                + " draft_threads=" + draftThreads + " k_cap=" + kCap
                 + String.format(" acceptance=%.3f ttft_ms=%.1f total_ms=%.1f tok_s=%.2f",
                         acceptanceRate, ttftMs, totalMs, tokensPerS);
     }

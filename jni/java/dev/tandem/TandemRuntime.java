@@ -109,6 +109,28 @@ public final class TandemRuntime implements AutoCloseable {
     }
 
     /**
+     * Reports the device's state (call it whenever the platform reports a
+     * change, from any thread, also during a generation). Generations started
+     * after it run with it; one running now keeps what it started with.
+     *
+     * @throws NullPointerException when {@code state} is null
+     * @throws TandemException {@code INVALID_ARGUMENT} (nothing changes) for a
+     *     battery level outside -1..=100
+     */
+    public void setDeviceState(DeviceState state) {
+        if (state == null) {
+            throw new NullPointerException("state is null");
+        }
+        lock.readLock().lock();
+        try {
+            nativeSetDeviceState(open(), state.thermal.code, state.batteryPct, state.charging,
+                    state.powerSave, state.userOptOut);
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
      * The statistics of the last finished generation.
      *
      * @throws TandemException {@code NO_GENERATION} if none has finished yet
@@ -216,6 +238,14 @@ public final class TandemRuntime implements AutoCloseable {
     private static native void nativeCancel(long handle);
 
     private static native void nativeStats(long handle, long[] counts, double[] times);
+
+    private static native void nativeSetDeviceState(
+            long handle,
+            int thermal,
+            int batteryPct,
+            boolean charging,
+            boolean powerSave,
+            boolean userOptOut);
 
     private static native String nativeLastJson(long handle);
 
