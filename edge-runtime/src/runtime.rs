@@ -31,6 +31,8 @@ use rounds::{RoundKind, Rounds};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tandem_model::proposer::ProposerKind;
 use tandem_model::qwen2::Qwen2Model;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
@@ -300,8 +302,11 @@ impl EdgeRuntime {
             }
             None => None,
         };
+        let mut spec = SpecState::new(&cfg.speculation);
         let warmup_ms = if cfg.warmup {
-            Some(warm_up(&draft)?)
+            let t = time_draft_forwards(&draft)?;
+            t.feed(&mut spec.auto);
+            Some(t.total_ms())
         } else {
             None
         };
@@ -310,7 +315,7 @@ impl EdgeRuntime {
             draft_pools: Default::default(),
             warmup_ms,
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
-            spec: crate::adaptive::SpecState::new(&cfg.speculation),
+            spec,
             split,
             conversations: ConversationCache::new(&cfg.conversations),
             draft,
@@ -511,6 +516,13 @@ impl EdgeRuntime {
         } else {
             gen
         };
+        if gen.proposer == ProposerKind::Auto && !self.spec.auto.draft_measured() {
+            // auto weighs the draft by its measured forward time, and the
+            // target's cost here is a round trip: time the draft once (the
+            // warm-up's forwards, on a throwaway cache) so that its cost is
+            // the device's, not a share of the link's latency.
+            time_draft_forwards(&self.draft)?.feed(&mut self.spec.auto);
+        }
         let mut run = Generation::begin(
             &self.draft,
             &mut self.conversations,
@@ -618,9 +630,30 @@ impl EdgeRuntime {
 /// thread pool and the model's pages are touched before the first request.
 const WARMUP_PREFILL: usize = 16;
 
-/// Runs the warm-up forward on a throwaway cache; returns its time (ms).
-fn warm_up(draft: &Qwen2Model) -> Result<f64, EdgeError> {
-    let t = std::time::Instant::now();
+/// The times of the warm-up's draft forwards.
+struct DraftTiming {
+    prefill: Duration,
+    decode: Option<Duration>,
+}
+
+impl DraftTiming {
+    fn total_ms(&self) -> f64 {
+        (self.prefill + self.decode.unwrap_or_default()).as_secs_f64() * 1000.0
+    }
+
+    /// Seeds `auto`'s cost of a decoded draft token. (Not of a prefilled
+    /// one: a 16-token prefill on an empty cache is cheaper per token than a
+    /// real prompt's, which the first catch-up measures.)
+    fn feed(&self, auto: &mut tandem_model::proposer::AutoChooser) {
+        if let Some(d) = self.decode {
+            auto.draft_forward(1, d);
+        }
+    }
+}
+
+/// The warm-up forwards on a throwaway cache (a short prefill, then one
+/// decode step), timed.
+fn time_draft_forwards(draft: &Qwen2Model) -> Result<DraftTiming, EdgeError> {
     let n = WARMUP_PREFILL
         .min(draft.max_seq_len().saturating_sub(1))
         .max(1);
@@ -629,9 +662,15 @@ fn warm_up(draft: &Qwen2Model) -> Result<f64, EdgeError> {
         .max(1);
     let tokens: Vec<u32> = (0..n as u32).map(|i| i % vocab).collect();
     let mut cache = draft.new_cache();
+    let t = Instant::now();
     draft.forward_last(&tokens, 0, &mut cache)?;
-    if n < draft.max_seq_len() {
+    let prefill = t.elapsed();
+    let decode = if n < draft.max_seq_len() {
+        let t = Instant::now();
         draft.forward_last(&tokens[..1], n, &mut cache)?;
-    }
-    Ok(t.elapsed().as_secs_f64() * 1000.0)
+        Some(t.elapsed())
+    } else {
+        None
+    };
+    Ok(DraftTiming { prefill, decode })
 }

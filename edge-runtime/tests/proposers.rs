@@ -8,7 +8,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{io_runtime, load, start_tiny_verifier, target_greedy, tiny_edge, tiny_models};
+use common::{
+    io_runtime, load, start_delay_proxy, start_tiny_verifier, target_greedy, tiny_edge, tiny_models,
+};
 use tandem_edge::split::{SplitConfig, SplitLayer};
 use tandem_edge::TokenStatus;
 use tandem_model::proposer::ProposerKind;
@@ -139,5 +141,37 @@ fn split_sessions_take_lookup_and_auto_proposals() {
             );
         }
     }
+    rt.block_on(v.shutdown()).unwrap();
+}
+
+#[test]
+fn over_a_slow_link_auto_drafts_with_the_model_when_lookup_has_nothing() {
+    // A 40 ms round trip against a tiny draft forward (well under a
+    // millisecond): a draft round costs about what a plain step costs and
+    // yields more, so auto must choose it where lookup has no match. Before
+    // the runtime timed the draft, auto priced an unmeasured draft token at
+    // 0.45 of a *round trip* and never chose it over a network.
+    const DISTINCT: &[u32] = &[5, 17, 42, 99, 3, 250, 7, 11, 13, 19, 23, 29];
+    const N: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let (target_p, draft_p) = tiny_models(dir.path());
+    let want = target_greedy(&load(&target_p), DISTINCT, N);
+    let rt = io_runtime();
+    let v = start_tiny_verifier(&rt, &target_p, TOKEN);
+    let proxy = start_delay_proxy(&rt, v.grpc_addr, std::time::Duration::from_millis(20));
+    let mut edge = tiny_edge(&draft_p, &format!("http://{proxy}"), TOKEN, |_| {});
+    let g = edge
+        .generate(
+            DISTINCT,
+            &GenerateConfig {
+                max_tokens: N,
+                ..gen(ProposerKind::Auto)
+            },
+            &mut |_| true,
+        )
+        .unwrap();
+    assert_eq!(g.tokens, want);
+    let p = &g.stats.proposers;
+    assert!(p.draft.rounds > 0, "auto never drafted: {p:?}");
     rt.block_on(v.shutdown()).unwrap();
 }

@@ -32,6 +32,27 @@ pub const MIN_NGRAM: usize = 2;
 /// Most tokens over which `auto` spreads the draft's catch-up cost
 /// ([`AutoChooser::choose`]).
 pub const AMORTIZE_TOKENS: usize = 64;
+/// How much better than the best alternative a draft round that still owes
+/// a catch-up must look ([`AutoChooser::choose`]): the catch-up is a sunk
+/// cost and the estimates behind the comparison are rough. Without it auto
+/// paid a 3.2–3.5 s catch-up of a 330-token editing prompt over `fast-4g`
+/// for a draft round that looked 2–4 % better than a plain step, and ended
+/// 17 % below lookup on those prompts; spreading the catch-up over half the
+/// horizon instead cost 16 % on short general prompts, where the draft's
+/// advantage is 30–40 % (docs/benchmarks.md).
+pub const CATCH_UP_MARGIN: f64 = 1.15;
+
+/// An untimed draft token, in one-row target forwards ([`AutoChooser`]).
+pub const DRAFT_TOKEN: f64 = 0.45;
+/// An untimed draft prefill token, in draft tokens ([`AutoChooser`]).
+pub const PREFILL_TOKEN: f64 = 0.4;
+/// What one more verified row adds to a target forward, in one-row forwards.
+pub const EXTRA_ROW: f64 = 0.3;
+
+/// A target forward of `rows` rows in one-row forwards, untimed.
+fn rows_factor(rows: usize) -> f64 {
+    1.0 + EXTRA_ROW * rows.saturating_sub(1) as f64
+}
 
 /// Which proposer drafts the speculative rounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -218,12 +239,20 @@ impl Ema {
 /// [`ProposerKind::Auto`]'s choice per round: the source with the most
 /// expected tokens (accepted + the target's own) per second of forwards.
 ///
-/// Costs come from measured forward times: the target's per rows verified
-/// (1..=[`crate::speculative::MAX_K`] + 1), and the draft's per token, plus the
-/// draft tokens still to be fed to it (its lazy prefill). Until measured, a
-/// target forward of m rows is taken as `(1 + 0.3 (m − 1))` one-row forwards
-/// and a draft token as 0.45 of a one-row target forward (docs/benchmarks.md
-/// measured a draft token at 0.4–0.5 and c(5) ≈ 2–2.4 on CPUs).
+/// Costs come from measured times: the target's per rows verified
+/// (1..=[`crate::speculative::MAX_K`] + 1; over a network, the round trip),
+/// the draft's per token, and per token it still has to be fed (its lazy
+/// prefill). A row count not measured yet costs the nearest measured one
+/// plus [`EXTRA_ROW`] of a row's compute per extra row (a round trip's
+/// latency does not grow with rows); a row's compute is a draft token over
+/// [`DRAFT_TOKEN`] once the draft is timed, else the measured time scaled
+/// down. An untimed draft token is [`DRAFT_TOKEN`] of a one-row target
+/// forward, an untimed prefill token [`PREFILL_TOKEN`] of a draft token
+/// (docs/benchmarks.md measured a draft token at 0.4–0.5 of a target step
+/// and c(5) ≈ 2–2.4 on CPUs; the lab measured the 0.5B's prompt prefill at
+/// 8–10 ms per token against 23 ms per decoded token on one Zen core).
+/// Nothing measured at all: everything in units of one target row, so the
+/// costs compared are always in one unit.
 #[derive(Clone, Debug)]
 pub struct AutoChooser {
     target: Vec<Ema>,
@@ -259,18 +288,53 @@ impl AutoChooser {
         }
     }
 
+    /// Whether a one-token draft forward has been timed. Until then the
+    /// draft's cost is a guess relative to the target's measured cost, which
+    /// is only right when that cost is a local forward: over a network it is
+    /// a round trip, and the guess would price the draft at a share of the
+    /// link's latency. Callers that verify remotely time the draft once first
+    /// (the edge runtime does).
+    pub fn draft_measured(&self) -> bool {
+        self.draft_token.0.is_some()
+    }
+
+    /// One target row's compute: from the timed draft, else from the
+    /// measured target times, else 1 (relative units).
+    fn row_compute(&self) -> f64 {
+        if let Some(d) = self.draft_token.0 {
+            return d / DRAFT_TOKEN;
+        }
+        self.measured_target()
+            .next()
+            .map_or(1.0, |(m, t)| t / rows_factor(m))
+    }
+
+    /// The measured target times: (rows, seconds).
+    fn measured_target(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.target
+            .iter()
+            .enumerate()
+            .filter_map(|(m, e)| e.0.map(|t| (m, t)))
+    }
+
     fn target_cost(&self, rows: usize) -> f64 {
-        let one = self.target.get(1).and_then(|e| e.0);
-        match (self.target.get(rows).and_then(|e| e.0), one) {
-            (Some(t), _) => t,
-            (None, Some(one)) => one * (1.0 + 0.3 * (rows.saturating_sub(1)) as f64),
-            // Nothing measured yet: relative units.
-            (None, None) => 1.0 + 0.3 * (rows.saturating_sub(1)) as f64,
+        if let Some(t) = self.target.get(rows).and_then(|e| e.0) {
+            return t;
+        }
+        let u = self.row_compute();
+        match self.measured_target().min_by_key(|(m, _)| m.abs_diff(rows)) {
+            Some((m, t)) => {
+                let extra = EXTRA_ROW * (rows as f64 - m as f64) * u;
+                (t + extra).max(0.25 * t)
+            }
+            None => u * rows_factor(rows),
         }
     }
 
     fn draft_token_cost(&self) -> f64 {
-        self.draft_token.0.unwrap_or(0.45 * self.target_cost(1))
+        self.draft_token
+            .0
+            .unwrap_or_else(|| DRAFT_TOKEN * self.row_compute())
     }
 
     /// The source and length for a round: lookup offers `lookup_len`
@@ -282,7 +346,8 @@ impl AutoChooser {
     /// The draft's backlog (its lazy prefill of the prompt) is paid once and
     /// then serves the rest of the generation, so a round is charged its share
     /// over the rounds the draft would run in the next `remaining` tokens (at
-    /// most [`AMORTIZE_TOKENS`]: a generation may stop early). Charging it
+    /// most [`AMORTIZE_TOKENS`]: a generation may stop early), and must beat
+    /// the alternatives by [`CATCH_UP_MARGIN`]. Charging it
     /// all to one round would decline the draft forever, since declining it
     /// never shrinks the backlog.
     pub fn choose(
@@ -306,16 +371,22 @@ impl AutoChooser {
         let prefill = self
             .draft_prefill_token
             .0
-            .unwrap_or(self.draft_token_cost() / 4.0);
+            .unwrap_or(PREFILL_TOKEN * self.draft_token_cost());
         // Feeding the backlog: one token rides in the first draft step.
         let backlog = draft_backlog.saturating_sub(1) as f64 * prefill;
         let horizon = remaining.clamp(1, AMORTIZE_TOKENS) as f64;
+        // More than a round's tokens to feed: a catch-up, not a round's lag.
+        let margin = if draft_backlog > k + 1 {
+            CATCH_UP_MARGIN
+        } else {
+            1.0
+        };
         for len in 1..=k {
             let tokens = 1.0 + expected_accepted(a, len);
             let rounds = (horizon / tokens).max(1.0);
             let cost =
                 self.target_cost(len + 1) + len as f64 * self.draft_token_cost() + backlog / rounds;
-            let v = per_s(tokens, cost);
+            let v = per_s(tokens, cost) / margin;
             if v > best.1 {
                 best = ((Source::Draft, len), v);
             }
@@ -507,6 +578,35 @@ mod tests {
         assert_eq!(net.choose(&good, 0, 4, 300, 2).0, Source::Nothing);
         // A prompt so long that even spread it costs more than it saves.
         assert_eq!(net.choose(&good, 0, 4, 100_000, 200).0, Source::Nothing);
+    }
+
+    #[test]
+    fn an_unmeasured_row_count_is_priced_from_a_measured_one_in_the_same_unit() {
+        // A LAN as the lab measured it: only 2-row round trips (54 ms) timed so
+        // far, a draft token 23 ms, its prefill 9 ms per token, 59 prompt
+        // tokens owed, 32 tokens to go, the draft right 72 % of the time.
+        let mut lan = AutoChooser::default();
+        lan.target_forward(2, Duration::from_millis(54));
+        lan.draft_forward(1, Duration::from_millis(23));
+        lan.draft_forward(60, Duration::from_millis(540));
+        let stats = ProposerStats {
+            draft: ProposerStat {
+                rounds: 64,
+                drafted: 64,
+                accepted: 46,
+            },
+            ..ProposerStats::default()
+        };
+        // A plain step (~39 ms: the 2-row trip minus a row's compute) beats
+        // a draft round (≥ 105 ms for 1.7 tokens). Priced in relative units
+        // (1.0 "s") the plain step looked 25x too dear and the draft won.
+        assert_eq!(lan.choose(&stats, 0, 4, 60, 32).0, Source::Nothing);
+        // The same device over a 200 ms link: the draft's round pays.
+        let mut far = AutoChooser::default();
+        far.target_forward(1, Duration::from_millis(200));
+        far.draft_forward(1, Duration::from_millis(23));
+        far.draft_forward(60, Duration::from_millis(540));
+        assert_eq!(far.choose(&stats, 0, 4, 60, 32).0, Source::Draft);
     }
 
     #[test]
