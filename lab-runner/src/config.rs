@@ -144,6 +144,14 @@ fn merge(base: &mut toml::Table, over: &toml::Table) {
     }
 }
 
+/// The fixed-k speculative modes' name prefixes, by proposer (`spec-kN`,
+/// `lookup-kN`, `auto-kN`).
+const SPEC_PREFIXES: [(&str, ProposerKind); 3] = [
+    ("spec-k", ProposerKind::Draft),
+    ("lookup-k", ProposerKind::Lookup),
+    ("auto-k", ProposerKind::Auto),
+];
+
 /// What the device does in one mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -190,13 +198,9 @@ impl Mode {
                 proposer: ProposerKind::Draft,
             },
             _ => {
-                let proposed = [
-                    ("spec-k", ProposerKind::Draft),
-                    ("lookup-k", ProposerKind::Lookup),
-                    ("auto-k", ProposerKind::Auto),
-                ]
-                .into_iter()
-                .find_map(|(prefix, p)| s.strip_prefix(prefix).map(|r| (r, p)));
+                let proposed = SPEC_PREFIXES
+                    .into_iter()
+                    .find_map(|(prefix, p)| s.strip_prefix(prefix).map(|r| (r, p)));
                 if let Some((r, proposer)) = proposed {
                     Self::Spec {
                         k: k_of(r)?,
@@ -250,11 +254,13 @@ impl Mode {
             } => match (adaptive, pipeline) {
                 (true, false) => "adaptive".into(),
                 (true, true) => "adaptive-pipeline".into(),
-                (false, false) => match proposer {
-                    ProposerKind::Draft => format!("spec-k{k}"),
-                    ProposerKind::Lookup => format!("lookup-k{k}"),
-                    ProposerKind::Auto => format!("auto-k{k}"),
-                },
+                (false, false) => {
+                    let prefix = SPEC_PREFIXES
+                        .iter()
+                        .find(|(_, p)| *p == proposer)
+                        .map_or("spec-k", |(prefix, _)| prefix);
+                    format!("{prefix}{k}")
+                }
                 (false, true) => format!("pipeline-k{k}"),
             },
             Self::Gated { k, permille } => format!("gated-k{k}-{}", f64::from(permille) / 1000.0),

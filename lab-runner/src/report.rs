@@ -2,7 +2,7 @@
 //! plots (plotters, SVG backend only: text is written as SVG <text>, no fonts are
 //! read) and report.md.
 
-use super::config::LabConfig;
+use super::config::{LabConfig, Mode};
 use super::device::DeviceResult;
 use super::Planned;
 use anyhow::{Context, Result};
@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use tandem_model::proposer::{ProposerStat, ProposerStats};
+use tandem_model::proposer::{ProposerKind, ProposerStat, ProposerStats};
 
 /// Everything recorded about one run (one line of runs.jsonl).
 #[derive(Clone, Debug, Serialize)]
@@ -468,18 +468,14 @@ fn ratios(cells: &[Cell], profiles: &[String]) -> String {
             .find(|c| c.mode == "target-only" && &c.profile == p)
             .map(|c| c.tokens_per_s);
         for c in cells.iter().filter(|c| &c.profile == p && c.mean_k > 0.0) {
-            let r = |b: Option<f64>| match b {
-                Some(b) if b > 0.0 => format!("{:.2}", c.tokens_per_s / b),
-                _ => "-".into(),
-            };
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.2} | {} | {} |",
                 c.mode,
                 p,
                 c.tokens_per_s,
-                r(target),
-                r(draft)
+                ratio(c.tokens_per_s, target),
+                ratio(c.tokens_per_s, draft)
             );
         }
     }
@@ -546,21 +542,20 @@ fn proposers(cells: &[Cell], profiles: &[String]) -> Option<String> {
         }
     };
     let mut rows = 0;
+    let mut others = false;
     for p in profiles {
-        for c in cells.iter().filter(|c| {
-            &c.profile == p
-                && ["spec-k", "lookup-k", "auto-k"]
-                    .iter()
-                    .any(|m| c.mode.starts_with(m))
-        }) {
-            let k = c.mode.rsplit("-k").next().unwrap_or("");
-            let draft = cells
-                .iter()
-                .find(|o| &o.profile == p && o.mode == format!("spec-k{k}"));
-            let ratio = |a: f64, b: Option<f64>| match b {
-                Some(b) if b > 0.0 => format!("{:.2}", a / b),
-                _ => "-".into(),
+        for c in cells.iter().filter(|c| &c.profile == p) {
+            let Ok(Mode::Spec {
+                k,
+                adaptive: false,
+                pipeline: false,
+                proposer,
+            }) = Mode::parse(&c.mode)
+            else {
+                continue;
             };
+            others |= proposer != ProposerKind::Draft;
+            let draft = spec_cell(cells, p, k);
             rows += 1;
             let _ = writeln!(
                 s,
@@ -578,10 +573,30 @@ fn proposers(cells: &[Cell], profiles: &[String]) -> Option<String> {
             );
         }
     }
-    let others = cells
-        .iter()
-        .any(|c| c.mode.starts_with("lookup-k") || c.mode.starts_with("auto-k"));
     (rows > 0 && others).then_some(s)
+}
+
+/// `a / b` to two decimals, or "-" without a positive baseline.
+fn ratio(a: f64, b: Option<f64>) -> String {
+    match b {
+        Some(b) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    }
+}
+
+/// The `spec-kN` cell (the draft model, fixed `k`) on `profile`: the
+/// baseline of the proposer and gating tables.
+fn spec_cell<'a>(cells: &'a [Cell], profile: &str, k: usize) -> Option<&'a Cell> {
+    let name = Mode::Spec {
+        k,
+        adaptive: false,
+        pipeline: false,
+        proposer: ProposerKind::Draft,
+    }
+    .name();
+    cells
+        .iter()
+        .find(|o| o.profile == profile && o.mode == name)
 }
 
 /// Uncertainty-gated verification: each `gated-kN-T` cell next to `spec-kN` on
@@ -592,23 +607,11 @@ fn gating(cells: &[Cell], profiles: &[String]) -> Option<String> {
     );
     let mut rows = 0;
     for p in profiles {
-        for c in cells
-            .iter()
-            .filter(|c| &c.profile == p && c.mode.starts_with("gated-k"))
-        {
-            let k = c
-                .mode
-                .trim_start_matches("gated-k")
-                .split('-')
-                .next()
-                .unwrap_or("");
-            let plain = cells
-                .iter()
-                .find(|o| &o.profile == p && o.mode == format!("spec-k{k}"));
-            let ratio = |a: f64, b: Option<f64>| match b {
-                Some(b) if b > 0.0 => format!("{:.2}", a / b),
-                _ => "-".into(),
+        for c in cells.iter().filter(|c| &c.profile == p) {
+            let Ok(Mode::Gated { k, .. }) = Mode::parse(&c.mode) else {
+                continue;
             };
+            let plain = spec_cell(cells, p, k);
             rows += 1;
             let _ = writeln!(
                 s,

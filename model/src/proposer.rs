@@ -347,9 +347,9 @@ impl AutoChooser {
     /// then serves the rest of the generation, so a round is charged its share
     /// over the rounds the draft would run in the next `remaining` tokens (at
     /// most [`AMORTIZE_TOKENS`]: a generation may stop early), and must beat
-    /// the alternatives by [`CATCH_UP_MARGIN`]. Charging it
-    /// all to one round would decline the draft forever, since declining it
-    /// never shrinks the backlog.
+    /// the alternatives by [`CATCH_UP_MARGIN`]. Charging it all to one round
+    /// would decline the draft forever, since declining it never shrinks the
+    /// backlog.
     pub fn choose(
         &self,
         stats: &ProposerStats,
@@ -368,10 +368,11 @@ impl AutoChooser {
             }
         }
         let a = acceptance(&stats.draft, 0.7);
+        let draft_token = self.draft_token_cost();
         let prefill = self
             .draft_prefill_token
             .0
-            .unwrap_or(PREFILL_TOKEN * self.draft_token_cost());
+            .unwrap_or(PREFILL_TOKEN * draft_token);
         // Feeding the backlog: one token rides in the first draft step.
         let backlog = draft_backlog.saturating_sub(1) as f64 * prefill;
         let horizon = remaining.clamp(1, AMORTIZE_TOKENS) as f64;
@@ -384,8 +385,7 @@ impl AutoChooser {
         for len in 1..=k {
             let tokens = 1.0 + expected_accepted(a, len);
             let rounds = (horizon / tokens).max(1.0);
-            let cost =
-                self.target_cost(len + 1) + len as f64 * self.draft_token_cost() + backlog / rounds;
+            let cost = self.target_cost(len + 1) + len as f64 * draft_token + backlog / rounds;
             let v = per_s(tokens, cost) / margin;
             if v > best.1 {
                 best = ((Source::Draft, len), v);
@@ -514,20 +514,26 @@ mod tests {
         assert_eq!(whole.propose(&h, 8), steps.propose(&h, 8));
     }
 
+    /// Statistics where the draft ran `rounds` rounds, `accepted` of
+    /// `drafted` tokens accepted.
+    fn draft_record(rounds: u64, drafted: u64, accepted: u64) -> ProposerStats {
+        ProposerStats {
+            draft: ProposerStat {
+                rounds,
+                drafted,
+                accepted,
+            },
+            ..ProposerStats::default()
+        }
+    }
+
     #[test]
     fn auto_prefers_free_lookup_and_skips_a_cold_draft_with_a_long_backlog() {
         let c = AutoChooser::default();
         let fresh = ProposerStats::default();
         assert_eq!(c.choose(&fresh, 4, 4, 1, 100).0, Source::Lookup);
         // A draft that has been right 95 % of the time beats a plain step.
-        let good = ProposerStats {
-            draft: ProposerStat {
-                rounds: 50,
-                drafted: 200,
-                accepted: 190,
-            },
-            ..ProposerStats::default()
-        };
+        let good = draft_record(50, 200, 190);
         let (source, len) = c.choose(&good, 0, 4, 1, 100);
         assert_eq!(source, Source::Draft);
         assert!((1..=4).contains(&len));
@@ -563,14 +569,7 @@ mod tests {
         }
         net.draft_forward(1, Duration::from_millis(10));
         net.draft_forward(300, Duration::from_millis(300));
-        let good = ProposerStats {
-            draft: ProposerStat {
-                rounds: 50,
-                drafted: 200,
-                accepted: 170,
-            },
-            ..ProposerStats::default()
-        };
+        let good = draft_record(50, 200, 170);
         // 300 prompt tokens owed (300 ms): charged to one round it would lose
         // to a plain 100 ms step; spread over the rounds of 64 tokens it wins.
         assert_eq!(net.choose(&good, 0, 4, 300, 200).0, Source::Draft);
@@ -589,14 +588,7 @@ mod tests {
         lan.target_forward(2, Duration::from_millis(54));
         lan.draft_forward(1, Duration::from_millis(23));
         lan.draft_forward(60, Duration::from_millis(540));
-        let stats = ProposerStats {
-            draft: ProposerStat {
-                rounds: 64,
-                drafted: 64,
-                accepted: 46,
-            },
-            ..ProposerStats::default()
-        };
+        let stats = draft_record(64, 64, 46);
         // A plain step (~39 ms: the 2-row trip minus a row's compute) beats
         // a draft round (≥ 105 ms for 1.7 tokens). Priced in relative units
         // (1.0 "s") the plain step looked 25x too dear and the draft won.
