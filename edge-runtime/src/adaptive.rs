@@ -40,7 +40,7 @@
 //! a long round trip makes long blocks pay, low acceptance makes them not.
 
 use serde::{Deserialize, Serialize};
-use tandem_model::proposer::{AutoChooser, ProposerStats};
+use tandem_model::proposer::{AutoChooser, PositionAcceptance};
 use tandem_model::speculative::MAX_K;
 
 /// How the device speculates (the `[speculation]` table of an `EdgeConfig`).
@@ -125,50 +125,15 @@ pub struct RoundRecord {
     pub reused: usize,
 }
 
-/// Per-position acceptance estimate: exponentially decayed counts with a prior.
-#[derive(Clone, Debug)]
-struct PositionEstimate {
-    reached: [f64; MAX_K],
-    accepted: [f64; MAX_K],
-}
-
+/// Prior of the per-position acceptance (optimistic: positions a short k
+/// never reaches look worth trying, and get measured).
 const PRIOR_ALPHA: f64 = 0.8;
-const PRIOR_WEIGHT: f64 = 2.0;
+/// Weight (in rounds) of the prior of the draft-time ratio.
+const PRIOR_WEIGHT: f64 = PositionAcceptance::PRIOR_WEIGHT;
 /// Per-round decay of old observations (half-life ~ 35 rounds).
-const DECAY: f64 = 0.98;
+const DECAY: f64 = PositionAcceptance::DECAY;
 /// Prior of the later / first draft forward time ratio (optimistic).
 const RATIO_PRIOR: f64 = 0.5;
-
-impl PositionEstimate {
-    fn new() -> Self {
-        Self {
-            reached: [0.0; MAX_K],
-            accepted: [0.0; MAX_K],
-        }
-    }
-
-    fn observe(&mut self, k: usize, n: usize) {
-        for i in 0..MAX_K {
-            self.reached[i] *= DECAY;
-            self.accepted[i] *= DECAY;
-        }
-        // Position i (0-based) was reached when i <= n and i < k; accepted when i < n.
-        for i in 0..k.min(n + 1).min(MAX_K) {
-            self.reached[i] += 1.0;
-            if i < n {
-                self.accepted[i] += 1.0;
-            }
-        }
-    }
-
-    /// Conditional acceptance at 0-based position i: the decayed counts plus an
-    /// optimistic prior, so that positions a short k never reaches look worth
-    /// trying (and get measured) rather than staying unexplored.
-    fn alpha(&self, i: usize) -> f64 {
-        let j = i.min(MAX_K - 1);
-        (self.accepted[j] + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
-    }
-}
 
 /// Exponential moving average (weight 0.2 on the new value).
 fn ema(old: Option<f64>, x: f64) -> Option<f64> {
@@ -179,7 +144,7 @@ fn ema(old: Option<f64>, x: f64) -> Option<f64> {
 #[derive(Clone, Debug)]
 pub struct AdaptiveK {
     cfg: SpeculationConfig,
-    pos: PositionEstimate,
+    pos: PositionAcceptance,
     /// EMA of the time of a block's first draft forward (ms).
     draft_first_ms: Option<f64>,
     /// Decayed sum and count of (later forward / first forward) over rounds that
@@ -203,7 +168,7 @@ impl AdaptiveK {
     pub fn new(cfg: &SpeculationConfig) -> Self {
         Self {
             cfg: cfg.clone(),
-            pos: PositionEstimate::new(),
+            pos: PositionAcceptance::new(PRIOR_ALPHA, PRIOR_ALPHA),
             draft_first_ms: None,
             ratio_sum: 0.0,
             ratio_n: 0.0,
@@ -279,12 +244,7 @@ impl AdaptiveK {
 
     /// Expected tokens per round (accepted drafts + the verifier's token) for k.
     pub fn expected_tokens(&self, k: usize) -> f64 {
-        let (mut e, mut p) = (1.0, 1.0);
-        for i in 1..=k {
-            p *= self.alpha(i);
-            e += p;
-        }
-        e
+        1.0 + self.pos.expected_accepted(k)
     }
 
     /// The fitted verify round trip for a block of k (ms): (r0, v) with the slope
@@ -368,12 +328,10 @@ pub struct SpecState {
     pub cfg: SpeculationConfig,
     pub chooser: AdaptiveK,
     pub rounds: Vec<RoundRecord>,
-    /// Acceptance per proposer (`lookup`/`auto` rounds), across generations:
-    /// what `auto` estimates from.
-    pub proposers: ProposerStats,
-    /// `auto`'s cost model (`tandem_model::proposer::AutoChooser`): the
-    /// round trip per verified rows as the target's cost, the draft's forward
-    /// times; fed by the same rounds as the adaptive-k chooser.
+    /// `auto`'s estimates (`tandem_model::proposer::AutoChooser`), across
+    /// generations: acceptance per proposer and position, the round trip per
+    /// verified rows as the target's cost, the draft's forward times; fed by
+    /// the same rounds as the adaptive-k chooser.
     pub auto: AutoChooser,
     /// Pipelined drafting: tokens drafted beyond the context (the draft cache +
     /// pending hold ctx + these), valid for the context length `ahead_at`.
@@ -386,7 +344,6 @@ impl SpecState {
         Self {
             cfg: cfg.clone(),
             chooser: AdaptiveK::new(cfg),
-            proposers: ProposerStats::default(),
             auto: AutoChooser::default(),
             rounds: Vec::new(),
             ahead: Vec::new(),

@@ -449,10 +449,9 @@ pub fn generate_speculative(
             k,
             room_out,
             &chooser,
-            &stats.proposers,
             || drafter.backlog(&history),
         );
-        let (source, len) = (plan.source, plan.len);
+        let (source, len, lookup_match) = (plan.source, plan.len, plan.lookup_match);
         let (block, qs) = match source {
             Source::Draft => {
                 drafter.propose(&history, len, cfg, &mut rng, &mut stats, &mut chooser)?
@@ -483,6 +482,7 @@ pub fn generate_speculative(
         let n = verdict.accepted;
         stats.record_round(block.len(), n);
         stats.proposers.record(source, block.len(), n);
+        chooser.observe(source, lookup_match, block.len(), n);
         // Both caches keep [.., last, d1..dn].
         tcache.truncate(base + 1 + n);
         drafter.rollback(base + 1 + n);

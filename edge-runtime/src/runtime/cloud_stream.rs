@@ -87,6 +87,7 @@ pub(super) fn round(
         draft_ms: 0.0,
         reused: 0,
         source: Source::Nothing,
+        lookup_match: None,
         apply: true,
     }))
 }

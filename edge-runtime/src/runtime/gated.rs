@@ -127,6 +127,7 @@ pub(super) fn round(
         draft_ms,
         reused: 0,
         source: Source::Draft,
+        lookup_match: None,
         apply: n >= g,
     };
     if n < g {

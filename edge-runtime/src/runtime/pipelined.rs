@@ -77,6 +77,7 @@ pub(super) fn round(
         draft_ms,
         reused,
         source: Source::Draft,
+        lookup_match: None,
         apply: true,
     }))
 }

@@ -38,7 +38,6 @@ pub(super) fn round(
         k_max,
         run.gen.max_tokens.saturating_sub(run.out_len()),
         &r.spec.auto,
-        &r.spec.proposers,
         || backlog,
     );
     let k = plan.len;
@@ -107,6 +106,7 @@ pub(super) fn round(
         draft_ms,
         reused: 0,
         source: plan.source,
+        lookup_match: plan.lookup_match,
         apply: true,
     }))
 }

@@ -73,6 +73,8 @@ pub(super) struct RoundOutcome {
     pub reused: usize,
     /// What proposed the block.
     pub source: Source,
+    /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
+    pub lookup_match: Option<usize>,
     /// Apply the verdict to the draft and emit (false: the caller handles the
     /// tokens, e.g. a gated span the verifier disagreed with).
     pub apply: bool,
@@ -269,7 +271,9 @@ impl Rounds<'_> {
         run.stats.accepted += o.accepted as u64;
         if self.kind != RoundKind::CloudStreamed {
             run.stats.proposers.record(o.source, o.k, o.accepted);
-            self.spec.proposers.record(o.source, o.k, o.accepted);
+            self.spec
+                .auto
+                .observe(o.source, o.lookup_match, o.k, o.accepted);
         }
         let rtt_ms = o.rtt.map(ms).unwrap_or(0.0);
         let observes = matches!(self.kind, RoundKind::Plain | RoundKind::Pipelined);
