@@ -135,7 +135,8 @@ pub struct EdgeStats {
     /// alone, provisional, while they were in flight).
     #[serde(default)]
     pub background_opens: u64,
-    /// Streams that broke after they had worked and were re-opened at once, in
+    /// Streams that broke after they had worked, or opens refused as
+    /// unavailable while nothing had failed, that were re-opened at once, in
     /// the foreground, before the device drafted alone (a load balancer re-homes
     /// such a re-open to another verifier replica; docs/edge.md).
     #[serde(default)]

@@ -34,6 +34,9 @@ enum Break {
     /// Right after a verdict (between two rounds), end the first stream with
     /// `UNAVAILABLE` + `tandem-reason: SHUTTING_DOWN`, as a draining verifier does.
     Draining,
+    /// Answer the first stream's Open with a bare `UNAVAILABLE`: nginx's 502
+    /// when the replica it picked died as the Open reached it.
+    Open,
 }
 
 mod fake {
@@ -84,6 +87,12 @@ mod fake {
                 let mut verdicts = 0;
                 while let Ok(Some(m)) = incoming.message().await {
                     let answer = match m.msg {
+                        Some(client_message::Msg::Open(_)) if breaks && mode == Break::Open => {
+                            let _ = tx
+                                .send(Err(tonic::Status::unavailable("bad gateway")))
+                                .await;
+                            return;
+                        }
                         Some(client_message::Msg::Open(o)) => {
                             ctx = o.prompt_tokens.len() as u64;
                             server_message::Msg::Opened(Opened {
@@ -265,6 +274,25 @@ fn every_stream_of_a_generation_carries_the_same_affinity_key() {
     assert_ne!(key2, key, "one key per generation");
     assert_eq!(g2.stats.immediate_reopens, 0);
     assert!(g2.statuses.iter().all(|s| *s == TokenStatus::Verified));
+}
+
+#[test]
+fn an_open_refused_as_unavailable_is_retried_at_once_with_the_same_key() {
+    let fake = start_fake(Break::Open, 0);
+    let mut edge = edge(fake.addr);
+    let g = edge.generate(PROMPT, &gen_cfg(), &mut |_| true).unwrap();
+    let keys: Vec<Option<String>> = fake.keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2, "the refused open and its retry: {keys:?}");
+    assert_eq!(keys[0], keys[1], "the retry carries the same key");
+    assert_eq!(g.stats.immediate_reopens, 1, "{:?}", g.stats);
+    assert_eq!(g.stats.failures, 0, "a re-homed open is not a failure");
+    assert_eq!(g.stats.background_opens, 0);
+    assert_eq!(g.tokens.len(), 24);
+    assert!(
+        g.statuses.iter().all(|s| *s == TokenStatus::Verified),
+        "no provisional token: the retry was immediate: {:?}",
+        g.statuses
+    );
 }
 
 #[test]

@@ -178,8 +178,12 @@ impl Connection<'_> {
         // went away (a verifier replica behind a load balancer, which sends the
         // re-open to another replica). Re-open once at once, in the foreground,
         // before counting a failure and drafting alone. A refused or failing
-        // re-open then takes the usual path below.
-        if was_live && self.reopen_now && matches!(e, NetError::Unavailable(_)) {
+        // re-open then takes the usual path below. The same holds for an
+        // open refused as unavailable while nothing has failed (a balancer's
+        // 502 from a replica that died as the open reached it: the next open
+        // goes to a live one); during an outage an open takes the usual path.
+        let link_worked = was_live || lock(self.breaker).consecutive_failures() == 0;
+        if link_worked && self.reopen_now && matches!(e, NetError::Unavailable(_)) {
             self.reopen_now = false;
             self.outage = false;
             run.stats.immediate_reopens += 1;
