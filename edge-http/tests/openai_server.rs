@@ -21,7 +21,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use serde_json::{json, Value};
 use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
@@ -36,76 +35,6 @@ use tandem_verifier::RunningVerifier;
 
 const TOKEN: &str = "openai-test-token-0123456789";
 const ADMIN: &str = "openai-admin-token-0123456789";
-const VOCAB: usize = 384;
-
-// ---- tiny tokenizer (as in privacy_leak.rs) ----------------------------------
-
-fn byte_chars() -> Vec<char> {
-    let mut next = 256u32;
-    (0..256u32)
-        .map(|b| {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-            let cp = if printable {
-                b
-            } else {
-                next += 1;
-                next - 1
-            };
-            char::from_u32(cp).unwrap()
-        })
-        .collect()
-}
-
-/// 256 byte tokens, 125 merges and the three Qwen control tokens (384 ids).
-fn write_tiny_tokenizer(path: &Path) {
-    let chars = byte_chars();
-    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
-    let sp = chars[b' ' as usize];
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for c in ('a'..='z').chain('A'..='Z') {
-        pairs.push((sp.to_string(), c.to_string()));
-    }
-    'fill: for a in 'a'..='z' {
-        for b in 'a'..='z' {
-            if pairs.len() >= 125 {
-                break 'fill;
-            }
-            pairs.push((a.to_string(), b.to_string()));
-        }
-    }
-    let mut merges = Vec::new();
-    for (a, b) in pairs {
-        merges.push(format!("{a} {b}"));
-        tokens.push(format!("{a}{b}"));
-    }
-    let mut types = vec![1i32; tokens.len()];
-    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
-        tokens.push(s.to_string());
-        types.push(3);
-    }
-    assert_eq!(tokens.len(), VOCAB);
-    let s = |x: &str| GgufValue::String(x.to_string());
-    let md: Vec<(&str, GgufValue)> = vec![
-        ("tokenizer.ggml.model", s("gpt2")),
-        ("tokenizer.ggml.pre", s("qwen2")),
-        (
-            "tokenizer.ggml.tokens",
-            GgufValue::Array(tokens.iter().map(|t| s(t)).collect()),
-        ),
-        (
-            "tokenizer.ggml.token_type",
-            GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
-        ),
-        (
-            "tokenizer.ggml.merges",
-            GgufValue::Array(merges.iter().map(|m| s(m)).collect()),
-        ),
-        ("tokenizer.ggml.eos_token_id", GgufValue::U32(382)),
-    ];
-    let refs: Vec<(&str, &GgufValue)> = md.iter().map(|(k, v)| (*k, v)).collect();
-    let mut f = std::fs::File::create(path).unwrap();
-    gguf_file::write(&mut f, &refs, &[]).unwrap();
-}
 
 // ---- fixture -------------------------------------------------------------------
 
@@ -119,15 +48,18 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let (target, draft, tokp) = (
+    let (target, draft) = (
         dir.path().join("target.gguf"),
         dir.path().join("draft.gguf"),
-        dir.path().join("tokenizer.gguf"),
     );
-    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    // The target carries the tokenizer (tandem_model::testing's tiny BPE).
+    let with_tokenizer = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::default()
+    };
+    write_tiny_qwen2(&target, &with_tokenizer).unwrap();
     write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
-    write_tiny_tokenizer(&tokp);
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&tokp).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
     let load =
         |p: &Path| Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {

@@ -17,10 +17,9 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use candle_core::quantized::gguf_file::{self, Value};
 use prost::Message;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, RoutedRuntime, ThermalState, TokenStatus};
 use tandem_model::gguf::GgufFile;
@@ -28,101 +27,12 @@ use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_proto::v1::{client_message::Msg as Cm, ClientMessage};
+use tandem_proto::v1::{client_message::Msg as ClientMsg, ClientMessage};
 use tandem_router::{Action, Policy, RouteContext, Router};
 use tandem_verifier::RunningVerifier;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "leak-test-token-0123456789";
-const VOCAB: usize = 384;
-
-// ---- tiny tokenizer ----------------------------------------------------------
-
-/// GPT-2 byte-level alphabet (as the tokenizer expects it).
-fn byte_chars() -> Vec<char> {
-    let mut next = 256u32;
-    (0..256u32)
-        .map(|b| {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-            let cp = if printable {
-                b
-            } else {
-                next += 1;
-                next - 1
-            };
-            char::from_u32(cp).unwrap()
-        })
-        .collect()
-}
-
-/// A byte-level BPE tokenizer of exactly the tiny model's 384 ids: 256 byte
-/// tokens, 125 merges (space+letter, common English bigrams) and the three
-/// Qwen control tokens. Written as a metadata-only GGUF.
-fn write_tiny_tokenizer(path: &Path) {
-    let chars = byte_chars();
-    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
-    let mut merges: Vec<String> = Vec::new();
-    let sp = chars[b' ' as usize];
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for c in ('a'..='z').chain('A'..='Z') {
-        pairs.push((sp.to_string(), c.to_string()));
-    }
-    for bg in [
-        "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of",
-        "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le",
-        "ve", "co", "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce", "li", "ch", "ll",
-        "be", "ma", "si", "om", "ur",
-    ] {
-        let mut it = bg.chars();
-        pairs.push((
-            it.next().unwrap().to_string(),
-            it.next().unwrap().to_string(),
-        ));
-    }
-    'fill: for a in 'a'..='z' {
-        for b in 'a'..='z' {
-            if pairs.len() >= 125 {
-                break 'fill;
-            }
-            let p = (a.to_string(), b.to_string());
-            if !pairs.contains(&p) {
-                pairs.push(p);
-            }
-        }
-    }
-    pairs.truncate(125);
-    for (a, b) in pairs {
-        merges.push(format!("{a} {b}"));
-        tokens.push(format!("{a}{b}"));
-    }
-    let mut types = vec![1i32; tokens.len()];
-    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
-        tokens.push(s.to_string());
-        types.push(3);
-    }
-    assert_eq!(tokens.len(), VOCAB);
-    let s = |x: &str| Value::String(x.to_string());
-    let md: Vec<(&str, Value)> = vec![
-        ("tokenizer.ggml.model", s("gpt2")),
-        ("tokenizer.ggml.pre", s("qwen2")),
-        (
-            "tokenizer.ggml.tokens",
-            Value::Array(tokens.iter().map(|t| s(t)).collect()),
-        ),
-        (
-            "tokenizer.ggml.token_type",
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        ),
-        (
-            "tokenizer.ggml.merges",
-            Value::Array(merges.iter().map(|m| s(m)).collect()),
-        ),
-        ("tokenizer.ggml.eos_token_id", Value::U32(382)),
-    ];
-    let refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
-    let mut f = std::fs::File::create(path).unwrap();
-    gguf_file::write(&mut f, &refs, &[]).unwrap();
-}
 
 // ---- recording proxy -------------------------------------------------------------
 
@@ -293,12 +203,12 @@ fn token_sequences(msgs: &[ClientMessage]) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
     for m in msgs {
         match &m.msg {
-            Some(Cm::Open(o)) => out.push(o.prompt_tokens.clone()),
-            Some(Cm::Draft(d)) => {
+            Some(ClientMsg::Open(o)) => out.push(o.prompt_tokens.clone()),
+            Some(ClientMsg::Draft(d)) => {
                 out.push(d.tokens.clone());
                 out.extend(d.draft_dists.iter().map(|q| q.tokens.clone()));
             }
-            Some(Cm::Resume(r)) => out.push(r.context_tokens.clone()),
+            Some(ClientMsg::Resume(r)) => out.push(r.context_tokens.clone()),
             _ => {}
         }
     }
@@ -389,15 +299,18 @@ impl Drop for Fixture {
 
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let (target, draft, tokp) = (
+    let (target, draft) = (
         dir.path().join("target.gguf"),
         dir.path().join("draft.gguf"),
-        dir.path().join("tokenizer.gguf"),
     );
-    write_tiny_qwen2(&target, &TinyConfig::default()).unwrap();
+    // The target carries the tokenizer (tandem_model::testing's tiny BPE).
+    let with_tokenizer = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::default()
+    };
+    write_tiny_qwen2(&target, &with_tokenizer).unwrap();
     write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
-    write_tiny_tokenizer(&tokp);
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&tokp).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -749,7 +662,7 @@ fn non_sensitive_prompt_reaches_the_verifier() {
         .all(|s| *s == TokenStatus::Verified));
     drop(rt);
     let msgs: Vec<ClientMessage> = f.rec.messages().concat();
-    let Some(Cm::Open(open)) = &msgs[0].msg else {
+    let Some(ClientMsg::Open(open)) = &msgs[0].msg else {
         panic!("first message is not Open");
     };
     let prompt = f.tok.encode_chat(&[ChatMessage::user(text)], true).unwrap();
