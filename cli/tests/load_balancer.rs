@@ -243,14 +243,15 @@ fn check_outputs(done: &[Done], want: &[Vec<u64>]) -> usize {
         let w = &want[i % PROMPTS.len()];
         assert_eq!(
             &got, w,
-            "device {i}: output differs from target-only\n{}",
-            d.stderr
+            "device {i}: output differs from target-only\n{}\nstats: {}",
+            d.stderr, j["stats"]
         );
         assert_eq!(st.len(), got.len(), "one status per token");
         assert!(
             st.iter().all(|s| s == "verified"),
-            "device {i}: not all verified: {st:?}\n{}",
-            d.stderr
+            "device {i}: not all verified: {st:?}\n{}\nstats: {}",
+            d.stderr,
+            j["stats"]
         );
         let stats = &j["stats"];
         assert_eq!(stats["generated_tokens"].as_u64(), Some(got.len() as u64));

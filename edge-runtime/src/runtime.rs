@@ -569,7 +569,7 @@ impl EdgeRuntime {
             session_id: None,
             session_key,
             continuation,
-            reopen_now: true,
+            reopens_left: connection::IMMEDIATE_REOPENS,
             live: false,
             round: 0,
             max_block: gen.k.min(tandem_model::speculative::MAX_K),

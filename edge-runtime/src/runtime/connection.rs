@@ -54,9 +54,10 @@ pub(super) struct Connection<'a> {
     /// open continues it (`Open.continuation`); taken by that open, so a
     /// refused continuation is followed by an open of the whole context.
     pub(super) continuation: Option<KeptSession>,
-    /// A stream that breaks may be re-opened once at once (set again by every
-    /// success); see [`Net::fail`].
-    pub(super) reopen_now: bool,
+    /// Immediate re-opens left before a failure counts
+    /// ([`IMMEDIATE_REOPENS`] again after every success); see
+    /// [`Connection::fail`].
+    pub(super) reopens_left: u32,
     /// A stream is (or was, until the failure being handled) open.
     pub(super) live: bool,
     pub(super) round: u64,
@@ -103,6 +104,17 @@ impl Opening {
         self.task.abort();
     }
 }
+
+/// Foreground re-opens at once, per success, of a broken stream or an open
+/// refused as unavailable, before the failure counts and the device drafts
+/// alone. Two, the second after [`EdgeConfig::backoff`]`(1)`: a balancer can
+/// pass the first re-open to the replica that is dying (nginx retries another
+/// upstream only before it has passed the request on, and takes a replica
+/// out of the ring only after a failed attempt), and answer 502; the second
+/// goes to a live replica. Measured in `cli/tests/load_balancer.rs` under CPU
+/// load: with one, a device met the killed replica on its re-open and drafted
+/// all 12 tokens provisionally.
+pub(super) const IMMEDIATE_REOPENS: u32 = 2;
 
 /// Outcome of a network step.
 pub(super) enum Step {
@@ -176,15 +188,21 @@ impl Connection<'_> {
         // A live stream that broke (reset, ended; not a timeout): the link to
         // the verifier's address often still works and only what was behind it
         // went away (a verifier replica behind a load balancer, which sends the
-        // re-open to another replica). Re-open once at once, in the foreground,
-        // before counting a failure and drafting alone. A refused or failing
-        // re-open then takes the usual path below. The same holds for an
+        // re-open to another replica). Re-open at once, in the foreground
+        // (up to IMMEDIATE_REOPENS times per success), before counting a
+        // failure and drafting alone; a re-open refused each time then takes
+        // the usual path below. The same holds for an
         // open refused as unavailable while nothing has failed (a balancer's
         // 502 from a replica that died as the open reached it: the next open
         // goes to a live one); during an outage an open takes the usual path.
         let link_worked = was_live || lock(self.breaker).consecutive_failures() == 0;
-        if link_worked && self.reopen_now && matches!(e, NetError::Unavailable(_)) {
-            self.reopen_now = false;
+        if link_worked && self.reopens_left > 0 && matches!(e, NetError::Unavailable(_)) {
+            if self.reopens_left < IMMEDIATE_REOPENS {
+                // The last re-open met the dying replica: give the balancer
+                // the time to take it out.
+                std::thread::sleep(self.cfg.backoff(1));
+            }
+            self.reopens_left -= 1;
             self.outage = false;
             run.stats.immediate_reopens += 1;
             tracing::info!(error = %e, session = ?self.session_id, "session stream broke: re-opening at once");
@@ -249,7 +267,7 @@ impl Connection<'_> {
 
     pub(super) fn success(&mut self) {
         self.outage = false;
-        self.reopen_now = true;
+        self.reopens_left = IMMEDIATE_REOPENS;
         lock(self.breaker).on_success();
         self.resends_in_a_row = 0;
     }
