@@ -191,10 +191,10 @@ impl Connection<'_> {
         // re-open to another replica). Re-open at once, in the foreground
         // (up to IMMEDIATE_REOPENS times per success), before counting a
         // failure and drafting alone; a re-open refused each time then takes
-        // the usual path below. The same holds for an
-        // open refused as unavailable while nothing has failed (a balancer's
-        // 502 from a replica that died as the open reached it: the next open
-        // goes to a live one); during an outage an open takes the usual path.
+        // the usual path below. The same holds for an open refused as
+        // unavailable while nothing has failed (a balancer's 502 from a
+        // replica that died as the open reached it: the next open goes to a
+        // live one); during an outage an open takes the usual path.
         let link_worked = was_live || lock(self.breaker).consecutive_failures() == 0;
         if link_worked && self.reopens_left > 0 && matches!(e, NetError::Unavailable(_)) {
             if self.reopens_left < IMMEDIATE_REOPENS {
@@ -205,7 +205,7 @@ impl Connection<'_> {
             self.reopens_left -= 1;
             self.outage = false;
             run.stats.immediate_reopens += 1;
-            tracing::info!(error = %e, session = ?self.session_id, "session stream broke: re-opening at once");
+            tracing::info!(error = %e, session = ?self.session_id, "verifier unavailable (stream broke or open refused): re-opening at once");
             return Ok(Step::Lost);
         }
         // Only a silent or broken link makes the next open a background one; a
