@@ -327,7 +327,6 @@ pub fn speculative(
             stop_tokens: stop_tokens.clone(),
             proposer,
             draft_kv,
-            ..GenerateConfig::default()
         };
     let runs: Vec<(ProposerKind, KvPrecision)> = plan
         .proposers

@@ -2,8 +2,8 @@
 //!
 //! Serves many devices from one target model. Devices drive sessions over the
 //! `tandem.verifier.v1.Verifier/Session` gRPC stream (see `tandem-proto`); a
-//! verify is one forward over `[last, d1..dk]`, a greedy or lossless
-//! rejection-sampling verdict ([`tandem_model::verify::verdict_from_logits`]),
+//! verify is one forward over `[last, d1..dk]`, a verdict against the target's
+//! own greedy or keyed-sampled tokens ([`tandem_model::verify::verdict_from_logits`]),
 //! and the KV rolled back to the accepted prefix.
 //!
 //! Where things are (the module graph is acyclic, leaves first):

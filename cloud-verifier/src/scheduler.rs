@@ -44,7 +44,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_model::kv_pages::PagedKv;
 use tandem_model::qwen2::{BatchSeq, Logits, Qwen2Model};
-use tandem_model::sampling::Distribution;
 use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::v1::Reason;
 use tokio::sync::oneshot;
@@ -66,10 +65,7 @@ pub enum Work {
     Prefill { tokens: Vec<u32> },
     /// One forward over `[last, draft..]`, the verdict, and the KV rolled back
     /// to the accepted prefix; `draft` may be empty (a streaming step).
-    Verify {
-        draft: Vec<u32>,
-        dists: Vec<Distribution>,
-    },
+    Verify { draft: Vec<u32> },
     /// A forward that cannot share the batch (a split session's layer range):
     /// runs alone, with the model and the state.
     Alone(AloneFn),
@@ -354,8 +350,8 @@ impl Worker {
             match &p.job.work {
                 Work::Prefill { .. } if p.left() > 0 => self.pending.push_back(p),
                 Work::Prefill { .. } => finish(p, Ok(Outcome::Prefilled)),
-                Work::Verify { draft, dists } => {
-                    let out = complete_verify(&mut p.job.state, draft, dists, &rows_logits);
+                Work::Verify { draft } => {
+                    let out = complete_verify(&mut p.job.state, draft, &rows_logits);
                     finish(p, out.map(Outcome::Verdict));
                 }
                 Work::Alone(_) => lose(p, "a split round was planned into a batch"),
@@ -479,11 +475,10 @@ impl Worker {
 fn complete_verify(
     st: &mut SessionState,
     draft: &[u32],
-    dists: &[Distribution],
     logits: &[f32],
 ) -> Result<Verdict, Refusal> {
     let base = st.kv.len().saturating_sub(draft.len() + 1);
-    match verdict_from_logits(&st.sampling, &st.context, draft, dists, logits, &mut st.rng) {
+    match verdict_from_logits(&st.sampling, &st.context, draft, logits) {
         Ok(v) => {
             let n = v.accepted;
             st.kv.truncate(base + 1 + n);
@@ -493,10 +488,7 @@ fn complete_verify(
         }
         Err(e) => {
             st.kv.truncate(base);
-            Err(Refusal::new(
-                Reason::BadRequest,
-                format!("draft distributions: {e}"),
-            ))
+            Err(Refusal::new(Reason::InternalError, format!("verdict: {e}")))
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::error::Refusal;
 use tandem_model::kv_pages::PagedKv;
-use tandem_model::sampling::{Sampler, SamplingParams};
+use tandem_model::sampling::SamplingParams;
 use tandem_proto::v1::{HiddenFormat, Reason};
 
 /// One session's state: its KV pages, context and round bookkeeping.
@@ -12,8 +12,9 @@ pub struct SessionState {
     pub kv: PagedKv,
     /// Whole context (prompt + emitted tokens); the last one is `last`.
     pub context: Vec<u32>,
+    /// The generation's sampling; a seeded token is keyed by its position in
+    /// `context`, so the session holds no random state.
     pub sampling: SamplingParams,
-    pub rng: Sampler,
     /// Round number the next Draft must carry.
     pub next_round: u64,
     /// Rounds verified so far.
@@ -31,7 +32,6 @@ impl SessionState {
             kv,
             context,
             sampling,
-            rng: Sampler::from_params(&sampling),
             next_round: first_round,
             rounds: 0,
             split: None,

@@ -12,7 +12,6 @@
 use crate::error::Refusal;
 use crate::session::{SessionState, SplitSpec};
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::Distribution;
 use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::hidden;
 use tandem_proto::v1::{HiddenFormat, HiddenStates, Reason};
@@ -115,8 +114,8 @@ pub enum SplitAnswer {
     Hidden(HiddenStates),
 }
 
-/// One split verify round. `draft`/`draft_dists` are the Draft's tokens and
-/// distributions (already checked against the vocabulary), `hidden` its rows.
+/// One split verify round. `draft` is the Draft's tokens (already checked
+/// against the vocabulary), `hidden` its rows.
 ///
 /// Logs the round's compute here (decode, layers `[s, N)`, head + verdict or
 /// encode) at debug level on target `tandem_verifier::split`, so the cost
@@ -126,12 +125,11 @@ pub fn split_round(
     model: &Qwen2Model,
     st: &mut SessionState,
     draft: &[u32],
-    draft_dists: &[Distribution],
     hidden: Option<&HiddenStates>,
     start_pos: usize,
 ) -> Result<SplitAnswer, Refusal> {
     let t = std::time::Instant::now();
-    let r = split_round_inner(model, st, draft, draft_dists, hidden, start_pos);
+    let r = split_round_inner(model, st, draft, hidden, start_pos);
     if let (Ok(_), Some(spec)) = (&r, st.split) {
         tracing::debug!(
             target: "tandem_verifier::split",
@@ -149,7 +147,6 @@ fn split_round_inner(
     model: &Qwen2Model,
     st: &mut SessionState,
     draft: &[u32],
-    draft_dists: &[Distribution],
     hidden: Option<&HiddenStates>,
     start_pos: usize,
 ) -> Result<SplitAnswer, Refusal> {
@@ -167,9 +164,9 @@ fn split_round_inner(
         )
     };
     if spec.pin_head {
-        if !draft.is_empty() || !draft_dists.is_empty() {
+        if !draft.is_empty() {
             return Err(bad(
-                "U-shape split sessions send no token ids: tokens and draft_dists must be empty",
+                "U-shape split sessions send no token ids: tokens must be empty",
             ));
         }
         let rows = hidden.map_or(0, |h| h.rows as usize);
@@ -207,15 +204,8 @@ fn split_round_inner(
     let mut h = decode(model, hidden, k + 1, spec.format)?;
     run_suffix(model, &spec, st, &mut h, cached)?;
     let logits = model.head(&h);
-    let verdict = verdict_from_logits(
-        &st.sampling,
-        &st.context,
-        draft,
-        draft_dists,
-        &logits,
-        &mut st.rng,
-    )
-    .map_err(|e| bad(format!("draft distributions: {e}")))?;
+    let verdict = verdict_from_logits(&st.sampling, &st.context, draft, &logits)
+        .map_err(|e| Refusal::new(Reason::InternalError, format!("verdict: {e}")))?;
     let n = verdict.accepted;
     st.kv.truncate(cached + 1 + n);
     st.context.extend_from_slice(&draft[..n]);

@@ -69,7 +69,6 @@ async fn split_sessions_match_the_unsplit_model_and_refuse_bad_requests() {
         tokens: vec![t1, 7],
         hidden: Some(hidden::encode(&hb, 3, HiddenFormat::HiddenF32)),
         start_pos: 4,
-        ..Draft::default()
     };
     let verdict = match s.call(client_message::Msg::Draft(draft)).await.unwrap() {
         server_message::Msg::Verdict(v) => v,

@@ -27,6 +27,7 @@ use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -783,7 +784,7 @@ fn admin_routes_need_the_admin_token_and_are_off_without_one() {
 }
 
 #[test]
-fn sampled_mode_through_the_verifier_is_reproducible_with_a_seed() {
+fn sampled_mode_through_the_verifier_is_the_targets_own_seeded_output() {
     let f = fixture();
     let v = f.verifier();
     let s = f.server(
@@ -801,7 +802,34 @@ fn sampled_mode_through_the_verifier_is_reproducible_with_a_seed() {
     };
     let (a, b, c) = (run(7), run(7), run(8));
     let ids = |j: &Value| ids_of(&j["tandem"]["token_ids"]);
+    // The target alone with the same parameters and seed: what a sampled
+    // generation must be, whatever auto proposed and however long the blocks.
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let target_only = |seed: u64| {
+        generate_single(
+            &f.target,
+            &prompt,
+            &GenerateConfig {
+                max_tokens: 24,
+                sampling: SamplingParams {
+                    temperature: 0.9,
+                    top_p: 0.95,
+                    seed,
+                    ..SamplingParams::default()
+                },
+                ..GenerateConfig::default()
+            },
+            &mut |_| true,
+        )
+        .unwrap()
+        .tokens
+    };
+    assert_eq!(ids(&a), target_only(7), "seed 7 is the target's own draw");
     assert_eq!(ids(&a), ids(&b), "same seed, same tokens");
+    assert_eq!(ids(&c), target_only(8), "seed 8 is the target's own draw");
     assert_ne!(ids(&a), ids(&c), "another seed, other tokens");
     for j in [&a, &c] {
         let st = j["tandem"]["token_status"].as_array().unwrap();

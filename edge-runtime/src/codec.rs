@@ -19,12 +19,7 @@ pub(crate) trait BlockCodec {
     fn tokens_only(&self) -> bool;
 
     /// Completes an Open of the context `ctx`.
-    fn open(
-        &mut self,
-        ctx: &[u32],
-        sampling: &SamplingParams,
-        open: pb::Open,
-    ) -> Result<pb::Open, EdgeError>;
+    fn open(&mut self, ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError>;
 
     /// Checks the verifier's Opened.
     fn check_opened(&self, opened: &pb::Opened) -> Result<(), EdgeError>;
@@ -73,12 +68,7 @@ impl BlockCodec for TokenCodec {
         true
     }
 
-    fn open(
-        &mut self,
-        _ctx: &[u32],
-        _sampling: &SamplingParams,
-        open: pb::Open,
-    ) -> Result<pb::Open, EdgeError> {
+    fn open(&mut self, _ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError> {
         Ok(open)
     }
 

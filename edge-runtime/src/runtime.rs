@@ -53,7 +53,8 @@ mod rounds;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenStatus {
-    /// Came through a verdict of the verifier (greedy: the target's own token).
+    /// Came through a verdict of the verifier: the target's own token (its
+    /// argmax, or in sampled mode its keyed draw for the seed).
     Verified,
     /// Drafted on the device alone while the verifier was unreachable.
     Provisional,
@@ -67,11 +68,12 @@ pub struct ProvisionalCheck {
     /// Output positions `start..end` were provisional.
     pub start: usize,
     pub end: usize,
-    /// Output positions where the target (given the streamed tokens before it)
-    /// would have chosen a different token. Empty in sampled mode, where spans
-    /// are not checked (see `checked`).
+    /// Output positions where the target (given the streamed tokens before it,
+    /// and in sampled mode the seed) would have chosen a different token.
+    /// Empty when the span was not checked (see `checked`).
     pub mismatches: Vec<usize>,
-    /// False when the span was not checked (sampled mode).
+    /// False when the span was not checked (split sessions, or the generation
+    /// ended first).
     pub checked: bool,
 }
 
@@ -547,7 +549,7 @@ impl EdgeRuntime {
             .unwrap_or_else(crate::client::new_session_key);
         run.want_conf = self.cfg.gate.enabled() && gen.sampling.is_greedy();
         let spec = self.spec.begin();
-        let kind = RoundKind::choose(run.want_conf, spec, tokens_only, gen.sampling.is_greedy());
+        let kind = RoundKind::choose(run.want_conf, spec, tokens_only);
         let conn = Connection {
             cfg: &self.cfg,
             fingerprint: &self.fingerprint,

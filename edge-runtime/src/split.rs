@@ -14,8 +14,8 @@
 //!
 //! Known limits: the device maps the whole target file and allocates its KV cache
 //! for all N layers (only `[0, s)` is written; untouched capacity maps lazily);
-//! provisional spans are not checked by the verifier in split sessions (as in
-//! sampled mode); bandwidth is configured, not measured.
+//! provisional spans are not checked by the verifier in split sessions;
+//! bandwidth is configured, not measured.
 
 use crate::codec::{check_verdict, BlockCodec};
 use crate::error::EdgeError;
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::{Distribution, Sampler, SamplingParams};
+use tandem_model::sampling::SamplingParams;
 use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
 use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg, HiddenFormat};
@@ -387,20 +387,18 @@ pub fn predict(
     evaluate_split(&p, s).ok().map(|e| e.latency_s)
 }
 
-/// A split session's device side: the target, its KV cache for layers `[0, s)`,
-/// and (U-shape) the verdict's random source.
+/// A split session's device side: the target and its KV cache for layers
+/// `[0, s)`.
 pub struct SplitExec {
     target: Arc<Qwen2Model>,
     cfg: SplitConfig,
     layer: usize,
     format: HiddenFormat,
     cache: KvCache,
-    rng: Sampler,
     auto: Option<AutoSplit>,
     profile: Option<Profiles>,
-    /// U-shape: the block and distributions of the Draft in flight.
+    /// U-shape: the block of the Draft in flight.
     pending: Vec<u32>,
-    pending_dists: Vec<Distribution>,
     round_start: Option<Instant>,
     /// All-local rounds (U-shape at s = N): the final hidden states computed here.
     local_hidden: Option<Vec<f32>>,
@@ -448,11 +446,9 @@ impl SplitExec {
             target,
             layer,
             format,
-            rng: Sampler::from_params(&SamplingParams::default()),
             auto,
             profile,
             pending: Vec::new(),
-            pending_dists: Vec::new(),
             round_start: None,
             local_hidden: None,
             local_rounds: 0,
@@ -487,14 +483,8 @@ impl SplitExec {
     }
 
     /// Fills a split Open for the context `ctx` (recomputes the device's cache).
-    pub fn open_message(
-        &mut self,
-        ctx: &[u32],
-        sampling: &SamplingParams,
-        mut open: pb::Open,
-    ) -> Result<pb::Open, EdgeError> {
+    pub fn open_message(&mut self, ctx: &[u32], mut open: pb::Open) -> Result<pb::Open, EdgeError> {
         self.cache.clear();
-        self.rng = Sampler::from_params(sampling);
         let rows = ctx.len().saturating_sub(1);
         let h = if rows > 0 {
             self.prefix(&ctx[..rows], 0)?
@@ -549,16 +539,12 @@ impl SplitExec {
         self.local_hidden = self.all_local().then_some(h);
         if self.cfg.pin_head {
             self.pending = std::mem::take(&mut draft.tokens);
-            self.pending_dists = std::mem::take(&mut draft.draft_dists)
-                .into_iter()
-                .map(|d| Distribution::from_pairs(d.tokens.into_iter().zip(d.probs)))
-                .collect::<Result<_, _>>()?;
         }
         Ok(draft)
     }
 
     /// U-shape: the verdict from the verifier's final hidden states, computed here
-    /// exactly as the verifier would (head, greedy prefix match or rejection rule).
+    /// exactly as the verifier would (head, then the prefix equal to the target's tokens).
     /// `ctx` is the context before the block.
     pub fn local_verdict(
         &mut self,
@@ -584,14 +570,7 @@ impl SplitExec {
         let t = Instant::now();
         let logits = self.target.head(&h);
         self.device_s += t.elapsed().as_secs_f64();
-        let verdict = verdict_from_logits(
-            sampling,
-            ctx,
-            &self.pending,
-            &self.pending_dists,
-            &logits,
-            &mut self.rng,
-        )?;
+        let verdict = verdict_from_logits(sampling, ctx, &self.pending, &logits)?;
         Ok(pb::Verdict {
             round: v.round,
             accepted: verdict.accepted as u32,
@@ -709,13 +688,8 @@ impl BlockCodec for SplitExec {
         false
     }
 
-    fn open(
-        &mut self,
-        ctx: &[u32],
-        sampling: &SamplingParams,
-        open: pb::Open,
-    ) -> Result<pb::Open, EdgeError> {
-        self.open_message(ctx, sampling, open)
+    fn open(&mut self, ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError> {
+        self.open_message(ctx, open)
     }
 
     fn check_opened(&self, opened: &pb::Opened) -> Result<(), EdgeError> {

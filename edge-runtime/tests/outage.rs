@@ -10,7 +10,7 @@
 
 mod common;
 use common::{
-    greedy_predictions, io_runtime, load, start_switchable_proxy, start_tiny_verifier,
+    greedy_predictions, io_runtime, load, predictions, start_switchable_proxy, start_tiny_verifier,
     target_greedy, tiny_models, FP,
 };
 use std::path::Path;
@@ -20,7 +20,8 @@ use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
-use tandem_model::speculative::GenerateConfig;
+use tandem_model::sampling::SamplingParams;
+use tandem_model::speculative::{generate_single, GenerateConfig};
 
 const TOKEN: &str = "outage-test-token-0123456789";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
@@ -46,6 +47,7 @@ fn generate_through_outage(
     target: &Path,
     spec: SpeculationConfig,
     proposer: ProposerKind,
+    sampling: SamplingParams,
 ) -> Outcome {
     let vrt = io_runtime();
     let v = start_tiny_verifier(&vrt, target, TOKEN);
@@ -72,6 +74,7 @@ fn generate_through_outage(
         // and provisional tokens are `greedy_predictions(draft)`.
         draft_kv: tandem_model::kv_cache::KvPrecision::F32,
         proposer,
+        sampling,
         ..GenerateConfig::default()
     };
     let mut while_silent = Vec::new();
@@ -146,10 +149,7 @@ fn check_common(o: &Outcome) -> (usize, usize) {
     assert!(st[last + 1..].iter().all(|s| *s == TokenStatus::Verified));
     let r = &g.provisional;
     assert_eq!(r.provisional_tokens, last + 1 - first);
-    assert_eq!(
-        r.checked_tokens, r.provisional_tokens,
-        "greedy: all checked"
-    );
+    assert_eq!(r.checked_tokens, r.provisional_tokens, "all checked");
     assert_eq!(r.spans.len(), 1);
     assert!(r.spans[0].checked);
     assert_eq!((r.spans[0].start, r.spans[0].end), (first, last + 1));
@@ -167,23 +167,46 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
     let dir = tempfile::tempdir().unwrap();
     let (target_p, draft_p) = tiny_models(dir.path());
     let (target, draft) = (load(&target_p), load(&draft_p));
-    let target_only = target_greedy(&target, PROMPT, MAX);
     let t = std::time::Instant::now();
-    for spec in [
-        SpeculationConfig::default(),
-        SpeculationConfig {
-            adaptive_k: true,
-            pipeline: true,
-            ..SpeculationConfig::default()
-        },
+    // Greedy, then sampled (keyed draws: the span is checked the same way)
+    // with adaptive k and pipelined drafting.
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: 11,
+        ..SamplingParams::default()
+    };
+    for (spec, sampling) in [
+        (SpeculationConfig::default(), SamplingParams::default()),
+        (
+            SpeculationConfig {
+                adaptive_k: true,
+                pipeline: true,
+                ..SpeculationConfig::default()
+            },
+            sampled,
+        ),
     ] {
-        let o = generate_through_outage(&draft_p, &target_p, spec.clone(), ProposerKind::Draft);
+        let alone = GenerateConfig {
+            max_tokens: MAX,
+            sampling,
+            ..GenerateConfig::default()
+        };
+        let target_only = generate_single(&target, PROMPT, &alone, &mut |_| true)
+            .unwrap()
+            .tokens;
+        let o = generate_through_outage(
+            &draft_p,
+            &target_p,
+            spec.clone(),
+            ProposerKind::Draft,
+            sampling,
+        );
         let (first, last) = check_common(&o);
         let g = &o.g;
-        // Verified tokens are the target's greedy choice given the streamed
-        // prefix, provisional ones the draft's; mismatches are reported exactly.
-        let t_pred = greedy_predictions(&target, PROMPT, &g.tokens);
-        let d_pred = greedy_predictions(&draft, PROMPT, &g.tokens);
+        // Verified tokens are the target's choice given the streamed prefix,
+        // provisional ones the draft's; mismatches are reported exactly.
+        let t_pred = predictions(&target, PROMPT, &g.tokens, &sampling);
+        let d_pred = predictions(&draft, PROMPT, &g.tokens, &sampling);
         let mut mismatches = Vec::new();
         for i in 0..MAX {
             if i < first || i > last {
@@ -218,6 +241,7 @@ fn silent_link_with_a_perfect_draft_gives_exactly_the_target_output() {
         &target_p,
         SpeculationConfig::default(),
         ProposerKind::Draft,
+        SamplingParams::default(),
     );
     check_common(&o);
     let want = target_greedy(&target, PROMPT, MAX);
@@ -243,6 +267,7 @@ fn silent_link_with_lookup_proposals_keeps_the_same_guarantees() {
         &target_p,
         SpeculationConfig::default(),
         ProposerKind::Lookup,
+        SamplingParams::default(),
     );
     let (first, last) = check_common(&o);
     let g = &o.g;

@@ -1,8 +1,8 @@
 //! Pipelined drafting and target-only streaming against a real in-process
 //! verifier (tiny random models) behind a small delaying TCP proxy (so a verify
-//! is in flight long enough to draft ahead): greedy output must equal the
-//! target's own, whether the pre-drafted tokens are used (draft = target) or
-//! discarded (a different draft).
+//! is in flight long enough to draft ahead): greedy and seeded sampled output
+//! must equal the target's own, whether the pre-drafted tokens are used
+//! (draft = target) or discarded (a different draft).
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{EdgeRuntime, TokenStatus};
+use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, GenerateConfig, StopReason};
 
 const TOKEN: &str = "pipeline-test-token-0123456789";
@@ -34,7 +35,7 @@ fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
 }
 
 #[test]
-fn pipelined_greedy_output_equals_target_only() {
+fn pipelined_greedy_and_sampled_output_equals_target_only() {
     let dir = tempfile::tempdir().unwrap();
     let (target_path, draft_path) = tiny_models(dir.path());
     let target = load(&target_path);
@@ -78,6 +79,31 @@ fn pipelined_greedy_output_equals_target_only() {
         assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
         assert!(other.last_rounds().iter().any(|r| r.accepted < r.k));
     }
+    // Sampled: the draft guesses the verdict's token with its keyed draw, the
+    // target's key; the output is the target's own for the seed.
+    let sampled = GenerateConfig {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: 3,
+            ..SamplingParams::default()
+        },
+        ..gen_cfg(4, 40)
+    };
+    let expected = generate_single(&target, PROMPT, &sampled, &mut |_| true)
+        .unwrap()
+        .tokens;
+    let g = same.generate(PROMPT, &sampled, &mut |_| true).unwrap();
+    assert_eq!(g.tokens, expected, "sampled, draft = target");
+    assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+    let rounds = same.last_rounds();
+    assert!(
+        rounds.iter().map(|r| r.reused).sum::<usize>() > 0,
+        "{rounds:?}"
+    );
+    assert!(rounds.iter().all(|r| r.accepted == r.k));
+    let g = other.generate(PROMPT, &sampled, &mut |_| true).unwrap();
+    assert_eq!(g.tokens, expected, "sampled, different draft");
+    assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
 }
 
 #[test]

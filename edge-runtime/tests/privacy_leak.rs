@@ -198,16 +198,13 @@ fn frames(bytes: &[u8]) -> Vec<Frame> {
 }
 
 /// Token-id sequences the messages carried (Open prompts, draft blocks,
-/// draft distributions' token sets, resumed contexts).
+/// resumed contexts).
 fn token_sequences(msgs: &[ClientMessage]) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
     for m in msgs {
         match &m.msg {
             Some(ClientMsg::Open(o)) => out.push(o.prompt_tokens.clone()),
-            Some(ClientMsg::Draft(d)) => {
-                out.push(d.tokens.clone());
-                out.extend(d.draft_dists.iter().map(|q| q.tokens.clone()));
-            }
+            Some(ClientMsg::Draft(d)) => out.push(d.tokens.clone()),
             Some(ClientMsg::Resume(r)) => out.push(r.context_tokens.clone()),
             _ => {}
         }

@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::{
     client_message, server_message, ClientMessage, Close, Continuation, Draft, HiddenStates, Open,
-    Reason, Resume, SamplingParams, Split, TokenDistribution,
+    Reason, Resume, SamplingParams, Split,
 };
 use tandem_verifier::handlers::Bound;
 use tandem_verifier::service::VerifierService;
@@ -266,7 +266,6 @@ enum Op {
     Draft {
         round: RoundChoice,
         tokens: Tokens,
-        dists: Vec<(Vec<u32>, Vec<f32>)>,
         hidden: Option<HiddenChoice>,
         start_pos: Option<u64>,
     },
@@ -435,7 +434,6 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
             Op::Draft {
                 round,
                 tokens,
-                dists,
                 hidden,
                 start_pos,
             } => {
@@ -455,14 +453,6 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
                     msg: Some(client_message::Msg::Draft(Draft {
                         round,
                         tokens,
-                        draft_dists: dists
-                            .iter()
-                            .take(20)
-                            .map(|(t, p)| TokenDistribution {
-                                tokens: t.iter().take(64).copied().collect(),
-                                probs: p.iter().take(64).copied().collect(),
-                            })
-                            .collect(),
                         hidden: hidden.as_ref().map(|x| x.build(h.d_model)),
                         start_pos: start_pos.unwrap_or(ctx_len.saturating_sub(1)),
                     })),

@@ -13,9 +13,10 @@
 //!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`; f32, or INT8 for a draft:
 //!   [`kv_cache::KvPrecision`]) or in pages of a shared
 //!   byte-sized pool ([`kv_pages`]), both behind [`kv_cache::KvStore`].
-//! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, seeded.
-//! - [`verify`]: speculative verification math (greedy prefix match and lossless
-//!   rejection sampling), pure functions.
+//! - [`sampling`]: greedy / temperature / top-k / top-p / repetition penalty, and
+//!   the keyed draw that makes a seeded token a function of its position.
+//! - [`verify`]: speculative verification math (the longest prefix equal to the
+//!   target's own tokens, greedy or seeded), pure functions.
 //! - [`proposer`]: what proposes a round's tokens: the draft model, prompt lookup
 //!   (an n-gram index of the history), or a per-round choice between them.
 //! - [`speculative`]: local (single-process) speculative decoding loop.

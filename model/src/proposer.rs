@@ -2,15 +2,15 @@
 //!
 //! Any proposal is safe: the target verifies every token, so a proposer changes
 //! how many tokens a round yields, never which tokens (greedy output is the
-//! target's own, and sampled output keeps the target's distribution).
+//! target's own, and sampled output the target's own for the seed: keyed
+//! draws, [`crate::verify`]).
 //!
 //! - [`ProposerKind::Draft`]: the draft model, token by token.
 //! - [`ProposerKind::Lookup`]: prompt lookup. The longest suffix of the history
 //!   (n = [`MAX_NGRAM`] down to [`MIN_NGRAM`] tokens) that occurred before is
 //!   looked up in an [`NgramIndex`] (O(1) per token to maintain and per lookup,
 //!   no rescan), and the tokens that followed its latest occurrence are
-//!   proposed. Costs no model forward; in sampled mode each token is a point
-//!   mass (q = 1), which the lossless rule handles exactly.
+//!   proposed. Costs no model forward.
 //! - [`ProposerKind::Auto`]: per round, whichever of lookup, the draft model
 //!   and no proposal (a plain target step) promises the most tokens per
 //!   second, from running acceptance estimates per proposer and measured

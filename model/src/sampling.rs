@@ -13,13 +13,20 @@
 //! 5. renormalise.
 //!
 //! Top-p is applied to the tempered probabilities (the Hugging Face order). The result
-//! is a sparse [`Distribution`] sorted by token id; a [`Sampler`] draws from it with a
-//! small explicit PRNG (xoshiro256**, seeded through SplitMix64) whose sequence is fixed
-//! by this file, so a seed reproduces the same tokens on every platform and with every
-//! dependency version.
+//! is a sparse [`Distribution`] sorted by token id.
 //!
-//! The speculative draft samples from [`top_k_truncate`] of its distribution and hands
-//! the resulting `(token, prob)` pairs to the verifier (see [`crate::verify`]).
+//! **Keyed draws.** A sampled token is drawn by [`keyed_token`]: every candidate token
+//! `t` at context position `pos` gets a uniform `u = keyed_uniform(seed, pos, t)`, a
+//! hash of those three numbers only, and the token with the smallest `-ln(u) / p(t)`
+//! wins (an exponential race, i.e. Gumbel-max: `t` wins with probability exactly
+//! `p(t)`). The draw at a position therefore depends on the seed, the position and the
+//! distribution, and on nothing else: not on how many draws came before, which model
+//! proposed what, how blocks were cut or which process computed it. That is what makes
+//! a seeded speculative generation the target's own seeded generation, token for
+//! token ([`crate::verify`]), and two close distributions (draft and target) draw the
+//! same token with high probability under the same key. The hash (SplitMix64) and the
+//! race are written out here, so a seed gives the same tokens on every platform and
+//! with every dependency version.
 
 use serde::{Deserialize, Serialize};
 
@@ -153,9 +160,9 @@ impl Distribution {
 
     /// Builds a distribution from `(token, weight)` pairs, normalising the weights.
     ///
-    /// This is how the verifier rebuilds a draft distribution received over the
-    /// network, so it checks everything: weights finite and `>= 0`, token ids unique,
-    /// at least one positive weight. Zero-weight entries are dropped; order is free.
+    /// Checks everything, as for untrusted input: weights finite and `>= 0`, token
+    /// ids unique, at least one positive weight. Zero-weight entries are dropped;
+    /// order is free.
     pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, f32)>) -> Result<Self> {
         let mut entries: Vec<(u32, f32)> = pairs.into_iter().collect();
         for &(token, p) in &entries {
@@ -264,11 +271,6 @@ impl TryFrom<DistributionRepr> for Distribution {
             Ok(normalised)
         }
     }
-}
-
-/// Orders `(token, prob)` by descending probability, ties by ascending token id.
-fn prob_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 /// Applies the repetition penalty (llama.cpp semantics) to `logits` in place: each
@@ -388,24 +390,6 @@ pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) ->
     Distribution::from_weights_sorted(cand).unwrap_or_else(|| Distribution::point(argmax(logits)))
 }
 
-/// Keeps the `k` most likely tokens of `dist` (ties: lower token id) and renormalises.
-///
-/// The speculative draft samples from this truncated distribution and sends its
-/// `(token, prob)` pairs to the verifier, which makes rejection sampling exact.
-/// `k = 0` means no truncation.
-pub fn top_k_truncate(dist: &Distribution, k: usize) -> Distribution {
-    if k == 0 || k >= dist.len() {
-        return dist.clone();
-    }
-    let mut kept = dist.entries.clone();
-    kept.select_nth_unstable_by(k - 1, prob_desc);
-    kept.truncate(k);
-    kept.sort_unstable_by_key(|&(t, _)| t);
-    let weights: Vec<(u32, f64)> = kept.into_iter().map(|(t, p)| (t, p as f64)).collect();
-    // The kept entries include the most likely token, whose probability is positive.
-    Distribution::from_weights_sorted(weights).unwrap_or_else(|| Distribution::point(dist.mode()))
-}
-
 /// SplitMix64 step: used to expand a 64-bit seed into the xoshiro state.
 fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -415,7 +399,8 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A seeded random source for sampling.
+/// A seeded random number generator (for tests and synthetic inputs; tokens are
+/// drawn by [`keyed_token`], which needs no generator state).
 ///
 /// The generator is xoshiro256** (Blackman & Vigna) with its state expanded from the
 /// seed by SplitMix64, both written out here, so a seed gives the same sequence on
@@ -436,11 +421,6 @@ impl Sampler {
             splitmix64(&mut sm),
         ];
         Self { s }
-    }
-
-    /// A sampler seeded with `params.seed`.
-    pub fn from_params(params: &SamplingParams) -> Self {
-        Self::new(params.seed)
     }
 
     /// A sampler with the raw xoshiro256** state (must not be all zero; an all-zero
@@ -471,24 +451,6 @@ impl Sampler {
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
-
-    /// Draws a token from `dist`. A distribution with a single token (e.g. greedy)
-    /// returns it without consuming randomness.
-    pub fn sample(&mut self, dist: &Distribution) -> u32 {
-        if let [(t, _)] = dist.entries() {
-            return *t;
-        }
-        let weights = dist.entries().iter().map(|&(t, p)| (t, p as f64));
-        sample_weighted(self, weights).unwrap_or_else(|| dist.mode())
-    }
-
-    /// Picks the next token from a row of logits: greedy parameters take the argmax
-    /// of the penalised logits without touching the RNG; otherwise samples from
-    /// [`distribution`].
-    pub fn next_token(&mut self, params: &SamplingParams, logits: &[f32], history: &[u32]) -> u32 {
-        let dist = distribution(params, logits, history);
-        self.sample(&dist)
-    }
 }
 
 /// The greedy choice: the argmax of `logits` after the repetition penalty over
@@ -503,29 +465,69 @@ pub fn greedy_token(params: &SamplingParams, logits: &[f32], history: &[u32]) ->
     }
 }
 
-/// Draws a token with probability proportional to its weight (weights `>= 0`, any
-/// order; ties in the cumulative walk are resolved in iteration order). `None` when
-/// the total weight is not positive. Consumes exactly one `uniform()`.
-pub(crate) fn sample_weighted(
-    rng: &mut Sampler,
-    weights: impl Iterator<Item = (u32, f64)> + Clone,
-) -> Option<u32> {
-    let total: f64 = weights.clone().map(|(_, w)| w).sum();
-    if !(total > 0.0 && total.is_finite()) {
-        return None;
+/// A uniform number in `(0, 1]` that depends on `seed`, the context `position` and
+/// the `token` only (SplitMix64 over the three).
+pub fn keyed_uniform(seed: u64, position: usize, token: u32) -> f64 {
+    keyed_unit(position_key(seed, position), token)
+}
+
+/// The part of the key shared by every token of one position.
+fn position_key(seed: u64, position: usize) -> u64 {
+    let mut s = seed;
+    let mut p = splitmix64(&mut s) ^ position as u64;
+    splitmix64(&mut p)
+}
+
+/// `(0, 1]` from a position key and a token.
+fn keyed_unit(key: u64, token: u32) -> f64 {
+    let mut s = key ^ u64::from(token).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    ((splitmix64(&mut s) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// The token `dist` yields at context `position` under `seed`: the smallest
+/// `-ln(u_t) / p(t)` over its tokens, with `u_t = keyed_uniform(seed, position, t)`
+/// (ties, which have probability 0, go to the lower token id). Over seeds, token
+/// `t` is drawn with probability `p(t)`; for one seed and position, the draw is a
+/// fixed function of the distribution. A one-token distribution returns its token.
+pub fn keyed_token(dist: &Distribution, seed: u64, position: usize) -> u32 {
+    if let [(t, _)] = dist.entries() {
+        return *t;
     }
-    let u = rng.uniform() * total;
-    let mut cum = 0.0;
-    let mut last_positive = None;
-    for (t, w) in weights {
-        if w > 0.0 {
-            cum += w;
-            last_positive = Some(t);
-            if cum > u {
-                return Some(t);
-            }
+    let key = position_key(seed, position);
+    let mut best = (dist.mode(), f64::INFINITY);
+    for &(t, p) in dist.entries() {
+        let p = f64::from(p);
+        if p <= 0.0 {
+            continue;
+        }
+        let u = keyed_unit(key, t);
+        // -ln(u) >= 1 - u: most tokens lose without the logarithm.
+        if (1.0 - u) / p >= best.1 {
+            continue;
+        }
+        let race = -u.ln() / p;
+        if race < best.1 {
+            best = (t, race);
         }
     }
-    // Rounding can leave u just above the accumulated total: take the last token.
-    last_positive
+    best.0
+}
+
+/// The next token from one row of logits under `params`, for the context
+/// `history` (the tokens before it; its position is `history.len()`): greedy
+/// parameters take the argmax of the penalised logits, sampled ones the
+/// [`keyed_token`] of [`distribution`]. The one place a token is picked: the
+/// target-only loop, the draft, the verifier and split execution all call it,
+/// which is why a seeded generation is the same whichever of them computed a
+/// position.
+pub fn next_token(params: &SamplingParams, logits: &[f32], history: &[u32]) -> u32 {
+    if params.is_greedy() {
+        greedy_token(params, logits, history)
+    } else {
+        keyed_token(
+            &distribution(params, logits, history),
+            params.seed,
+            history.len(),
+        )
+    }
 }

@@ -3,15 +3,17 @@
 //! lookup, or a per-round choice) offering blocks of up to `k` tokens and the
 //! target verifying each block in one forward pass.
 //!
-//! In greedy mode the speculative output is token for token the target's own
-//! greedy output: the verifier compares against the target's argmax, and the
-//! target's logits for a position do not depend on the block they were computed
-//! in (see [`crate::qwen2`]).
+//! The speculative output is token for token the target's own output with the
+//! same sampling parameters: in greedy mode its greedy output, in sampled mode
+//! its output with the same seed. The verifier compares against the target's
+//! token at each position ([`crate::sampling::next_token`]), and the target's
+//! logits for a position do not depend on the block they were computed in (see
+//! [`crate::qwen2`]).
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
 use crate::qwen2::Qwen2Model;
-use crate::sampling::{self, distribution, top_k_truncate, Distribution, Sampler, SamplingParams};
+use crate::sampling::{next_token, SamplingParams};
 use crate::verify::{verdict_from_logits, Verdict};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
@@ -36,9 +38,6 @@ pub struct GenerateConfig {
     /// Draft block length (1..=16), speculative mode only.
     pub k: usize,
     pub sampling: SamplingParams,
-    /// In sampled mode the draft samples from its top-`draft_top_k` tokens and
-    /// hands those (token, prob) pairs to the verifier.
-    pub draft_top_k: usize,
     /// Tokens that end the generation (not emitted).
     pub stop_tokens: Vec<u32>,
     /// What proposes the draft tokens (speculative mode).
@@ -57,7 +56,6 @@ impl Default for GenerateConfig {
             max_tokens: 128,
             k: 4,
             sampling: SamplingParams::default(),
-            draft_top_k: 32,
             stop_tokens: Vec::new(),
             proposer: ProposerKind::Draft,
             draft_kv: KvPrecision::Int8,
@@ -72,11 +70,6 @@ impl GenerateConfig {
                 "draft length k = {} is out of range (1..={MAX_K})",
                 self.k
             )));
-        }
-        if self.draft_top_k == 0 {
-            return Err(ModelError::InvalidArgument(
-                "draft_top_k must be at least 1".into(),
-            ));
         }
         self.sampling.validate()
     }
@@ -186,16 +179,6 @@ pub struct Generation {
 /// cancel the generation.
 pub type OnToken<'a> = dyn FnMut(u32) -> bool + 'a;
 
-/// The next token under `params` from one row of logits (greedy: argmax of the
-/// penalised logits; no randomness).
-fn pick(params: &SamplingParams, logits: &[f32], history: &[u32], rng: &mut Sampler) -> u32 {
-    if params.is_greedy() {
-        sampling::greedy_token(params, logits, history)
-    } else {
-        rng.next_token(params, logits, history)
-    }
-}
-
 struct Emitter<'a, 'b> {
     cfg: &'a GenerateConfig,
     capacity: usize,
@@ -276,7 +259,6 @@ pub fn generate_single_with(
         prompt_tokens: prompt.len(),
         ..GenStats::default()
     };
-    let mut rng = Sampler::from_params(&cfg.sampling);
     let mut history = prompt.to_vec();
     let mut em = Emitter {
         cfg,
@@ -293,7 +275,7 @@ pub fn generate_single_with(
         em.stop = Some(StopReason::MaxTokens);
     }
     while em.stop.is_none() {
-        let t = pick(&cfg.sampling, &logits, &history, &mut rng);
+        let t = next_token(&cfg.sampling, &logits, &history);
         history.push(t);
         if !em.emit(t) {
             break;
@@ -328,20 +310,17 @@ impl DraftModel<'_> {
     }
 
     /// Draft `k` tokens after `history` (which ends with a token the draft
-    /// has not seen), with their distributions in sampled mode.
+    /// has not seen), each drawn like the target's ([`next_token`]).
     fn propose(
         &mut self,
         history: &[u32],
         k: usize,
-        cfg: &GenerateConfig,
-        rng: &mut Sampler,
+        params: &SamplingParams,
         stats: &mut GenStats,
         chooser: &mut AutoChooser,
-    ) -> Result<(Vec<u32>, Vec<Distribution>)> {
-        let params = &cfg.sampling;
+    ) -> Result<Vec<u32>> {
         let mut pending = history[self.cache.len().min(history.len())..].to_vec();
         let mut block = Vec::with_capacity(k);
-        let mut qs = Vec::new();
         let mut dhist = history.to_vec();
         for _ in 0..k {
             let t = Instant::now();
@@ -350,21 +329,14 @@ impl DraftModel<'_> {
                 .forward_last(&pending, self.cache.len(), &mut self.cache)?;
             chooser.draft_forward(pending.len(), t.elapsed());
             stats.draft_forwards += 1;
-            let d = if params.is_greedy() {
-                pick(params, &l, &dhist, rng)
-            } else {
-                let q = top_k_truncate(&distribution(params, &l, &dhist), cfg.draft_top_k);
-                let d = rng.sample(&q);
-                qs.push(q);
-                d
-            };
+            let d = next_token(params, &l, &dhist);
             block.push(d);
             dhist.push(d);
             pending.clear();
             pending.push(d);
         }
         // The last drafted token is not fed: it may be rejected.
-        Ok((block, qs))
+        Ok(block)
     }
 
     /// After a verdict: the first `verified` history positions are final;
@@ -407,7 +379,6 @@ pub fn generate_speculative(
         ..GenStats::default()
     };
     let params = &cfg.sampling;
-    let mut rng = Sampler::from_params(params);
     let mut history = prompt.to_vec();
     let mut em = Emitter {
         cfg,
@@ -421,7 +392,7 @@ pub fn generate_speculative(
     // The target's first token comes from its prefill.
     let logits = target.forward_last(prompt, 0, &mut tcache)?;
     stats.target_forwards += 1;
-    let mut last = pick(params, &logits, &history, &mut rng);
+    let mut last = next_token(params, &logits, &history);
     history.push(last);
     if cfg.max_tokens == 0 {
         em.stop = Some(StopReason::MaxTokens);
@@ -452,21 +423,10 @@ pub fn generate_speculative(
             || drafter.backlog(&history),
         );
         let (source, len, lookup_match) = (plan.source, plan.len, plan.lookup_match);
-        let (block, qs) = match source {
-            Source::Draft => {
-                drafter.propose(&history, len, cfg, &mut rng, &mut stats, &mut chooser)?
-            }
-            Source::Lookup => {
-                let block = plan.lookup;
-                // A lookup proposal is a point mass (q = 1).
-                let qs = if params.is_greedy() {
-                    Vec::new()
-                } else {
-                    block.iter().map(|&t| Distribution::point(t)).collect()
-                };
-                (block, qs)
-            }
-            Source::Nothing => (Vec::new(), Vec::new()),
+        let block = match source {
+            Source::Draft => drafter.propose(&history, len, params, &mut stats, &mut chooser)?,
+            Source::Lookup => plan.lookup,
+            Source::Nothing => Vec::new(),
         };
 
         // Verify [last, block..] in one target forward.
@@ -478,7 +438,7 @@ pub fn generate_speculative(
         let tl = target.forward(&input, base, &mut tcache)?;
         chooser.target_forward(input.len(), t.elapsed());
         stats.target_forwards += 1;
-        let verdict: Verdict = verdict_from_logits(params, &history, &block, &qs, &tl, &mut rng)?;
+        let verdict: Verdict = verdict_from_logits(params, &history, &block, &tl)?;
         let n = verdict.accepted;
         stats.record_round(block.len(), n);
         stats.proposers.record(source, block.len(), n);

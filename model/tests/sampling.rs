@@ -1,13 +1,13 @@
 //! Sampling as its callers meet it: parameters and their validation, argmax, the
-//! distribution pipeline (repetition penalty, temperature, top-k, top-p), top-k
-//! truncation for the draft, and the seeded sampler.
+//! distribution pipeline (repetition penalty, temperature, top-k, top-p), the keyed
+//! draw, and the seeded generator the tests use for their inputs.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod verify_support;
 
 use tandem_model::sampling::{
-    apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
-    Sampler, SamplingParams, REPETITION_WINDOW,
+    apply_repetition_penalty, argmax, distribution, keyed_token, keyed_uniform, next_token,
+    token_prob, Distribution, Sampler, SamplingParams, REPETITION_WINDOW,
 };
 use tandem_model::ModelError;
 
@@ -367,8 +367,7 @@ fn temperature_to_zero_converges_to_argmax() {
     }
     assert!(prev > 0.999_999, "mass at T=1e-5 is {prev}");
     let d = distribution(&temp(1e-5), &l, &[]);
-    let mut rng = Sampler::new(0);
-    assert!((0..100).all(|_| rng.sample(&d) == am));
+    assert!((0..100).all(|seed| keyed_token(&d, seed, 5) == am));
 }
 
 #[test]
@@ -437,52 +436,13 @@ fn repetition_penalty_changes_the_greedy_choice_and_respects_the_window() {
     };
     assert_eq!(distribution(&p, &l, &[]).mode(), 0);
     assert_eq!(distribution(&p, &l, &[0]).mode(), 1);
-    let mut rng = Sampler::new(0);
-    assert_eq!(rng.next_token(&p, &l, &[0]), 1);
+    assert_eq!(next_token(&p, &l, &[0]), 1);
     // Token 0 followed by a full window of other tokens: no longer penalised.
     let mut history = vec![0u32];
     history.extend(std::iter::repeat_n(2, REPETITION_WINDOW));
     assert_eq!(distribution(&p, &l, &history).mode(), 0);
     history.pop();
     assert_eq!(distribution(&p, &l, &history).mode(), 1);
-}
-
-// ---------- top_k_truncate (the draft's distribution) ----------
-
-#[test]
-fn top_k_truncate_keeps_k_renormalised() {
-    let d = Distribution::from_pairs([(3, 0.1), (7, 0.4), (9, 0.2), (12, 0.3)]).unwrap();
-    let t = top_k_truncate(&d, 2);
-    assert_eq!(tokens(&t), vec![7, 12]);
-    assert!((t.prob(7) - 0.4 / 0.7).abs() < 1e-6);
-    assert!((t.prob(12) - 0.3 / 0.7).abs() < 1e-6);
-    assert_eq!(top_k_truncate(&d, 0), d);
-    assert_eq!(top_k_truncate(&d, 4), d);
-    assert_eq!(top_k_truncate(&d, 10), d);
-    assert_eq!(tokens(&top_k_truncate(&d, 1)), vec![7]);
-    // Ties: lower ids first.
-    let tie = Distribution::from_pairs([(5, 0.25), (1, 0.25), (8, 0.25), (2, 0.25)]).unwrap();
-    assert_eq!(tokens(&top_k_truncate(&tie, 2)), vec![1, 2]);
-}
-
-#[test]
-fn top_k_truncate_of_a_distribution_matches_top_k_param() {
-    let l = random_logits(6, 5000, 5.0);
-    for k in [1usize, 3, 8, 64] {
-        let a = top_k_truncate(&distribution(&temp(0.7), &l, &[]), k);
-        let b = distribution(
-            &SamplingParams {
-                top_k: k,
-                ..temp(0.7)
-            },
-            &l,
-            &[],
-        );
-        assert_eq!(tokens(&a), tokens(&b));
-        for &(t, p) in a.entries() {
-            assert!((p - b.prob(t)).abs() < 1e-5);
-        }
-    }
 }
 
 // ---------- Distribution ----------
@@ -562,21 +522,14 @@ fn seeding_uses_splitmix64() {
 
 #[test]
 fn seeds_reproduce_sequences() {
-    let d = distribution(&temp(1.0), &random_logits(8, 50, 2.0), &[]);
     let draw = |seed| {
         let mut s = Sampler::new(seed);
-        (0..1000).map(|_| s.sample(&d)).collect::<Vec<u32>>()
+        (0..1000).map(|_| s.next_u64()).collect::<Vec<u64>>()
     };
     assert_eq!(draw(123), draw(123));
     assert_ne!(draw(123), draw(124));
-    let p = SamplingParams {
-        seed: 123,
-        ..temp(1.0)
-    };
-    let mut a = Sampler::from_params(&p);
-    let mut b = Sampler::new(123);
-    assert_eq!(a.next_u64(), b.next_u64());
-    // A clone continues the same sequence (a session can snapshot its sampler).
+    // A clone continues the same sequence.
+    let mut a = Sampler::new(7);
     let mut c = a.clone();
     assert_eq!(a.uniform(), c.uniform());
 }
@@ -595,15 +548,68 @@ fn uniform_is_in_unit_interval_and_uniform() {
     assert!(c.p_value > 1e-4, "{c:?}");
 }
 
+// ---------- keyed draws ----------
+
 #[test]
-fn sampler_frequencies_match_the_distribution() {
+fn keyed_uniforms_are_pinned() {
+    // A seed's tokens must not change between versions or platforms: these values
+    // are SplitMix64 over (seed, position, token) as written in sampling.rs.
+    // Changing the hash changes every seeded generation users have recorded.
+    let got: Vec<f64> = [
+        (0, 0, 0),
+        (1, 0, 0),
+        (0, 1, 0),
+        (0, 0, 1),
+        (42, 300, 151_935),
+    ]
+    .iter()
+    .map(|&(s, p, t)| keyed_uniform(s, p, t))
+    .collect();
+    let want = [
+        0.13870941014555438,
+        0.6935121390102293,
+        0.2691303195904542,
+        0.2263983162502501,
+        0.8524580666586017,
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn keyed_uniforms_are_uniform_and_independent_across_keys() {
+    let n = 100_000u64;
+    let mut bins = vec![0u64; 20];
+    let mut pairs = vec![0u64; 16];
+    for i in 0..n {
+        // Along seeds, positions and tokens in turn.
+        let u = match i % 3 {
+            0 => keyed_uniform(i, 17, 3),
+            1 => keyed_uniform(5, i as usize, 3),
+            _ => keyed_uniform(5, 17, i as u32),
+        };
+        assert!(u > 0.0 && u <= 1.0);
+        bins[((u * 20.0) as usize).min(19)] += 1;
+        // Neighbouring positions are independent: joint quartiles of (i, i + 1).
+        let (a, b) = (
+            keyed_uniform(9, i as usize, 1),
+            keyed_uniform(9, i as usize + 1, 1),
+        );
+        pairs[((a * 4.0) as usize).min(3) * 4 + ((b * 4.0) as usize).min(3)] += 1;
+    }
+    let c = verify_support::chi_square(&bins, &[0.05; 20]);
+    assert!(c.p_value > 1e-4, "{c:?}");
+    let c = verify_support::chi_square(&pairs, &[1.0 / 16.0; 16]);
+    assert!(c.p_value > 1e-4, "{c:?}");
+}
+
+#[test]
+fn keyed_frequencies_over_seeds_match_the_distribution() {
     let l = random_logits(9, 12, 1.5);
     let d = distribution(&temp(1.0), &l, &[]);
     let expected: Vec<f64> = (0..12u32).map(|t| d.prob(t) as f64).collect();
-    let mut r = Sampler::new(5);
     let mut counts = vec![0u64; 12];
-    for _ in 0..100_000 {
-        counts[r.sample(&d) as usize] += 1;
+    for seed in 0..100_000 {
+        counts[keyed_token(&d, seed, 40) as usize] += 1;
     }
     let c = verify_support::chi_square(&counts, &expected);
     assert!(c.p_value > 1e-4, "{c:?}");
@@ -611,10 +617,45 @@ fn sampler_frequencies_match_the_distribution() {
     let other = distribution(&temp(1.1), &l, &[]);
     let other: Vec<f64> = (0..12u32).map(|t| other.prob(t) as f64).collect();
     assert!(verify_support::chi_square(&counts, &other).p_value < 1e-4);
+    // Along positions, for one seed, too.
+    let mut counts = vec![0u64; 12];
+    for pos in 0..100_000 {
+        counts[keyed_token(&d, 3, pos) as usize] += 1;
+    }
+    let c = verify_support::chi_square(&counts, &expected);
+    assert!(c.p_value > 1e-4, "{c:?}");
 }
 
 #[test]
-fn sampler_never_draws_tokens_outside_the_distribution() {
+fn a_keyed_draw_depends_on_seed_position_and_distribution_only() {
+    let l = random_logits(13, 1000, 3.0);
+    let d = distribution(&temp(1.0), &l, &[]);
+    let draws = |seed| {
+        (0..200)
+            .map(|pos| keyed_token(&d, seed, pos))
+            .collect::<Vec<u32>>()
+    };
+    assert_eq!(draws(7), draws(7));
+    assert_ne!(draws(7), draws(8));
+    // The same distribution through the parameters: next_token keys the draw by
+    // the history's length.
+    let p = SamplingParams {
+        seed: 7,
+        ..temp(1.0)
+    };
+    let history = vec![1u32; 57];
+    assert_eq!(next_token(&p, &l, &history), keyed_token(&d, 7, 57));
+    // Identical distributions draw identically (the coupling's base case), and a
+    // nearby one mostly agrees.
+    let near = distribution(&temp(1.05), &l, &[]);
+    let agree = (0..2000)
+        .filter(|&pos| keyed_token(&d, 1, pos) == keyed_token(&near, 1, pos))
+        .count();
+    assert!(agree > 1700, "{agree} of 2000");
+}
+
+#[test]
+fn keyed_draws_never_leave_the_distribution() {
     let p = SamplingParams {
         top_k: 3,
         top_p: 0.9,
@@ -622,28 +663,22 @@ fn sampler_never_draws_tokens_outside_the_distribution() {
     };
     let l = random_logits(10, 1000, 4.0);
     let d = distribution(&p, &l, &[]);
-    let mut r = Sampler::new(1);
-    for _ in 0..10_000 {
-        assert!(d.prob(r.sample(&d)) > 0.0);
+    for pos in 0..10_000 {
+        assert!(d.prob(keyed_token(&d, 1, pos)) > 0.0);
     }
+    assert_eq!(keyed_token(&Distribution::point(42), 9, 9), 42);
 }
 
 #[test]
-fn greedy_sampling_uses_no_randomness() {
+fn greedy_parameters_ignore_the_seed() {
     let l = random_logits(11, 100, 2.0);
-    let mut r = Sampler::new(3);
-    let before = r.clone();
-    for _ in 0..10 {
-        assert_eq!(
-            r.next_token(&SamplingParams::default(), &l, &[]),
-            argmax(&l)
-        );
-        assert_eq!(r.sample(&Distribution::point(42)), 42);
+    for seed in 0..10 {
+        let p = SamplingParams {
+            seed,
+            ..SamplingParams::default()
+        };
+        assert_eq!(next_token(&p, &l, &[1, 2]), argmax(&l));
     }
-    assert_eq!(r, before);
-    // Non-greedy sampling does advance the generator.
-    r.next_token(&temp(1.0), &l, &[]);
-    assert_ne!(r, before);
 }
 
 #[test]
@@ -659,7 +694,19 @@ fn next_token_on_a_full_vocabulary_row() {
     };
     let d = distribution(&p, &l, &[1, 2, 3]);
     assert!(d.len() <= 50 && !d.is_empty());
-    let mut r = Sampler::from_params(&p);
-    let t = r.next_token(&p, &l, &[1, 2, 3]);
+    let t = next_token(&p, &l, &[1, 2, 3]);
     assert!(d.prob(t) > 0.0);
+    // Without filters every token is a candidate: still one keyed race.
+    let all = distribution(&temp(1.0), &l, &[]);
+    assert_eq!(all.len(), l.len());
+    assert!(
+        all.prob(next_token(
+            &SamplingParams {
+                seed: 4,
+                ..temp(1.0)
+            },
+            &l,
+            &[]
+        )) > 0.0
+    );
 }

@@ -233,40 +233,55 @@ fn context_full_ends_cleanly_and_matches_target() {
 }
 
 #[test]
-fn sampled_speculative_runs_and_is_reproducible() {
+fn sampled_speculative_is_the_targets_own_seeded_output() {
+    // Whatever proposes and however long the blocks, a seeded sampled generation
+    // is the target's own with that seed (keyed draws, tandem_model::verify).
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 256);
     let sampling = SamplingParams {
         temperature: 0.8,
         top_p: 0.95,
+        top_k: 40,
+        repetition_penalty: 1.1,
         seed: 7,
-        ..SamplingParams::default()
     };
     let cfg = GenerateConfig {
-        k: 4,
-        max_tokens: 50,
+        max_tokens: 40,
         sampling,
         ..GenerateConfig::default()
     };
-    let a = generate_speculative(&draft, &target, &[3, 1, 4], &cfg, &mut |_| true).unwrap();
-    let b = generate_speculative(&draft, &target, &[3, 1, 4], &cfg, &mut |_| true).unwrap();
-    assert_eq!(a.tokens, b.tokens, "same seed, same output");
-    assert_eq!(a.tokens.len(), 50);
-    let c = generate_speculative(
-        &draft,
-        &target,
-        &[3, 1, 4],
-        &GenerateConfig {
-            sampling: SamplingParams {
-                seed: 8,
-                ..sampling
-            },
-            ..cfg.clone()
+    let prompt = [3, 1, 4, 1, 5];
+    let alone = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
+    assert_eq!(alone.tokens.len(), 40);
+    let mut drafted_accepted = 0;
+    for proposer in [
+        ProposerKind::Draft,
+        ProposerKind::Lookup,
+        ProposerKind::Auto,
+    ] {
+        for k in [1, 3, 8] {
+            let c = GenerateConfig {
+                k,
+                proposer,
+                ..cfg.clone()
+            };
+            let g = generate_speculative(&draft, &target, &prompt, &c, &mut |_| true).unwrap();
+            assert_eq!(g.tokens, alone.tokens, "{proposer:?} k={k}");
+            if proposer == ProposerKind::Draft {
+                drafted_accepted += g.stats.accepted;
+            }
+        }
+    }
+    assert!(drafted_accepted > 0, "the draft never matched a keyed draw");
+    let other = GenerateConfig {
+        sampling: SamplingParams {
+            seed: 8,
+            ..sampling
         },
-        &mut |_| true,
-    )
-    .unwrap();
-    assert_ne!(a.tokens, c.tokens, "another seed, another sample");
+        ..cfg.clone()
+    };
+    let c = generate_single(&target, &prompt, &other, &mut |_| true).unwrap();
+    assert_ne!(alone.tokens, c.tokens, "another seed, another sample");
 }
 
 #[test]

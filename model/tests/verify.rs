@@ -1,9 +1,9 @@
 //! Verification rules at the level the speculative loop and the verifier call them:
-//! greedy prefix matching, and the edge cases and errors of sampled verification.
+//! the prefix match, and `verdict_from_logits` in greedy and sampled (keyed) mode.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use tandem_model::sampling::{Distribution, Sampler};
-use tandem_model::verify::{verify_greedy, verify_sampled, Verdict};
+use tandem_model::sampling::{keyed_token, next_token, Sampler, SamplingParams};
+use tandem_model::verify::{verdict_from_logits, verify_prefix, Verdict};
 use tandem_model::ModelError;
 
 fn is_invalid(e: &ModelError) -> bool {
@@ -14,7 +14,7 @@ fn is_invalid(e: &ModelError) -> bool {
 
 #[test]
 fn greedy_all_accepted_gives_bonus_token() {
-    let v = verify_greedy(&[5, 6, 7], &[5, 6, 7, 42]).unwrap();
+    let v = verify_prefix(&[5, 6, 7], &[5, 6, 7, 42]).unwrap();
     assert_eq!(
         v,
         Verdict {
@@ -28,7 +28,7 @@ fn greedy_all_accepted_gives_bonus_token() {
 
 #[test]
 fn greedy_first_rejected_gives_target_correction() {
-    let v = verify_greedy(&[9, 6, 7], &[5, 6, 7, 42]).unwrap();
+    let v = verify_prefix(&[9, 6, 7], &[5, 6, 7, 42]).unwrap();
     assert_eq!(
         v,
         Verdict {
@@ -43,7 +43,7 @@ fn greedy_first_rejected_gives_target_correction() {
 #[test]
 fn greedy_mid_rejection_stops_at_first_mismatch() {
     // Position 2 mismatches; position 3 matching again must not count.
-    let v = verify_greedy(&[1, 2, 3, 4], &[1, 2, 8, 4, 0]).unwrap();
+    let v = verify_prefix(&[1, 2, 3, 4], &[1, 2, 8, 4, 0]).unwrap();
     assert_eq!(
         v,
         Verdict {
@@ -57,14 +57,14 @@ fn greedy_mid_rejection_stops_at_first_mismatch() {
 #[test]
 fn greedy_k1_accept_and_reject() {
     assert_eq!(
-        verify_greedy(&[3], &[3, 11]).unwrap(),
+        verify_prefix(&[3], &[3, 11]).unwrap(),
         Verdict {
             accepted: 1,
             next_token: 11
         }
     );
     assert_eq!(
-        verify_greedy(&[3], &[4, 11]).unwrap(),
+        verify_prefix(&[3], &[4, 11]).unwrap(),
         Verdict {
             accepted: 0,
             next_token: 4
@@ -81,10 +81,10 @@ fn greedy_rejects_empty_draft_and_length_mismatch() {
         (&[1, 2][..], &[1, 2, 3, 4][..]),
         (&[1][..], &[][..]),
     ] {
-        let err = verify_greedy(draft, target).unwrap_err();
+        let err = verify_prefix(draft, target).unwrap_err();
         assert!(is_invalid(&err), "{draft:?} {target:?}: {err}");
     }
-    let msg = verify_greedy(&[1, 2], &[1, 2]).unwrap_err().to_string();
+    let msg = verify_prefix(&[1, 2], &[1, 2]).unwrap_err().to_string();
     assert!(msg.contains("3") && msg.contains("2"), "{msg}");
 }
 
@@ -116,7 +116,7 @@ fn greedy_rounds_reproduce_target_sequence() {
             }
             let mut argmax = vec![target_next(last)];
             argmax.extend(draft.iter().map(|&d| target_next(d)));
-            let v = verify_greedy(&draft, &argmax).unwrap();
+            let v = verify_prefix(&draft, &argmax).unwrap();
             for tok in v.emitted(&draft) {
                 out.push(tok);
                 last = tok;
@@ -126,161 +126,85 @@ fn greedy_rounds_reproduce_target_sequence() {
     }
 }
 
-// ---------- sampled ----------
+// ---------- verdict_from_logits ----------
 
-fn dist(pairs: &[(u32, f32)]) -> Distribution {
-    Distribution::from_pairs(pairs.iter().copied()).expect("test distribution is valid")
+const V: usize = 6;
+
+/// Rows of logits for positions `0..rows` of a toy target (a fixed function
+/// of the position).
+fn rows(start: usize, n: usize) -> Vec<f32> {
+    (start..start + n)
+        .flat_map(|pos| (0..V).map(move |t| ((pos * 7 + t * 13) % 10) as f32 * 0.3))
+        .collect()
 }
 
-#[test]
-fn sampled_with_point_masses_equals_greedy() {
-    // Temperature 0 on both sides: q = δ(d_i), p = δ(argmax_i). The sampled rule must
-    // then make exactly the greedy decision, for any draft.
-    let mut gen = Sampler::new(4);
-    let mut rng = Sampler::new(5);
-    for _ in 0..2000 {
-        let k = 1 + (gen.next_u64() % 6) as usize;
-        let draft: Vec<u32> = (0..k).map(|_| (gen.next_u64() % 3) as u32).collect();
-        let argmax: Vec<u32> = (0..=k).map(|_| (gen.next_u64() % 3) as u32).collect();
-        let q: Vec<Distribution> = draft.iter().map(|&d| Distribution::point(d)).collect();
-        let p: Vec<Distribution> = argmax.iter().map(|&a| Distribution::point(a)).collect();
-        assert_eq!(
-            verify_sampled(&draft, &q, &p, &mut rng).unwrap(),
-            verify_greedy(&draft, &argmax).unwrap(),
-            "draft {draft:?} argmax {argmax:?}"
-        );
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        seed,
+        ..SamplingParams::default()
     }
 }
 
 #[test]
-fn sampled_accepts_when_target_is_at_least_as_likely() {
-    // p(d) >= q(d) at every position: always accepted, bonus from p_{k+1}.
-    let q = vec![dist(&[(1, 0.5), (2, 0.5)]), dist(&[(3, 0.4), (4, 0.6)])];
-    let p = vec![
-        dist(&[(1, 0.9), (2, 0.1)]),
-        dist(&[(3, 0.4), (4, 0.6)]),
-        Distribution::point(77),
-    ];
-    let mut rng = Sampler::new(1);
-    for _ in 0..500 {
-        let v = verify_sampled(&[1, 3], &q, &p, &mut rng).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 2,
-                next_token: 77
-            }
-        );
-    }
-}
-
-#[test]
-fn sampled_rejects_tokens_the_target_forbids_and_samples_residual() {
-    // p(d1) = 0: always rejected at position 0; the residual max(0, p - q) has all its
-    // mass on token 2 (p = {1: .3, 2: .7}, q = {1: .5, 9: .5}: residual {2: .7}).
-    let q = vec![dist(&[(1, 0.5), (9, 0.5)])];
-    let p = vec![dist(&[(1, 0.3), (2, 0.7)]), Distribution::point(0)];
-    let mut rng = Sampler::new(2);
-    for _ in 0..500 {
-        let v = verify_sampled(&[9], &q, &p, &mut rng).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 0,
-                next_token: 2
-            }
-        );
-    }
-}
-
-#[test]
-fn sampled_acceptance_rate_is_p_over_q() {
-    // q(d) = 0.8, p(d) = 0.2: accepted with probability 0.25.
-    let q = vec![dist(&[(0, 0.8), (1, 0.2)])];
-    let p = vec![dist(&[(0, 0.2), (1, 0.8)]), Distribution::point(5)];
-    let mut rng = Sampler::new(3);
-    let n = 40_000;
-    let mut accepted = 0;
-    for _ in 0..n {
-        let v = verify_sampled(&[0], &q, &p, &mut rng).unwrap();
-        if v.accepted == 1 {
-            assert_eq!(v.next_token, 5);
-            accepted += 1;
-        } else {
-            // Residual: {1: 0.6} only.
-            assert_eq!(v.next_token, 1);
+fn a_sampled_verdict_accepts_exactly_the_targets_keyed_draws() {
+    let history = vec![3u32; 10];
+    for seed in 0..200 {
+        let p = sampled(seed);
+        let logits = rows(history.len(), 4);
+        // The target's own tokens at positions 10, 11, 12, 13.
+        let mut hist = history.clone();
+        let mut own = Vec::new();
+        for i in 0..4 {
+            let t = next_token(&p, &logits[i * V..(i + 1) * V], &hist);
+            own.push(t);
+            hist.push(t);
         }
+        // All three right: the bonus is the fourth.
+        let v = verdict_from_logits(&p, &history, &own[..3], &logits).unwrap();
+        assert_eq!((v.accepted, v.next_token), (3, own[3]), "seed {seed}");
+        // The second one wrong: one accepted, then the target's own second.
+        let wrong = [own[0], (own[1] + 1) % V as u32, own[2]];
+        let v = verdict_from_logits(&p, &history, &wrong, &logits).unwrap();
+        assert_eq!((v.accepted, v.next_token), (1, own[1]), "seed {seed}");
+        // No proposal: the target's next token.
+        let v = verdict_from_logits(&p, &history, &[], &logits[..V]).unwrap();
+        assert_eq!((v.accepted, v.next_token), (0, own[0]));
     }
-    let rate = accepted as f64 / n as f64;
-    // Binomial sd = sqrt(.25 * .75 / 40000) ≈ 0.0022; 5 sd.
-    assert!((rate - 0.25).abs() < 0.011, "rate {rate}");
 }
 
 #[test]
-fn sampled_falls_back_to_target_when_residual_is_empty() {
-    // q puts a sliver of mass on token 1 which p forbids, and q(0) rounds to 1.0 = p(0):
-    // the rejection happens but max(0, p - q) is zero everywhere; the verdict must
-    // then come from p itself.
-    let q = vec![dist(&[(0, 1.0), (1, 1e-30)])];
-    assert!(q[0].prob(1) > 0.0 && q[0].prob(0) == 1.0);
-    let p = vec![Distribution::point(0), Distribution::point(3)];
-    let mut rng = Sampler::new(6);
-    let v = verify_sampled(&[1], &q, &p, &mut rng).unwrap();
-    assert_eq!(
-        v,
-        Verdict {
-            accepted: 0,
-            next_token: 0
-        }
+fn a_sampled_draw_is_keyed_by_its_position_in_the_context() {
+    // The same row of logits at another position is another draw; the same
+    // position under another history length is not the same key.
+    let p = sampled(5);
+    let row = rows(0, 1);
+    let d = tandem_model::sampling::distribution(&p, &row, &[]);
+    let at = |len: usize| {
+        verdict_from_logits(&p, &vec![0u32; len], &[], &row)
+            .unwrap()
+            .next_token
+    };
+    for len in 1..50 {
+        assert_eq!(at(len), keyed_token(&d, 5, len));
+    }
+    assert!(
+        (1..50)
+            .map(at)
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 1
     );
 }
 
 #[test]
-fn sampled_rejects_caller_bugs() {
-    let q1 = dist(&[(1, 0.5), (2, 0.5)]);
-    let p1 = dist(&[(1, 0.5), (2, 0.5)]);
-    let mut rng = Sampler::new(0);
-    // Empty draft.
-    let e = verify_sampled(&[], &[], std::slice::from_ref(&p1), &mut rng).unwrap_err();
+fn verdicts_refuse_mismatched_logits() {
+    let p = sampled(1);
+    // 12 floats cannot be 5 rows (a block of 4) of one vocabulary.
+    let e = verdict_from_logits(&p, &[1], &[1, 2, 3, 4], &rows(1, 2)).unwrap_err();
     assert!(is_invalid(&e), "{e}");
-    // Wrong number of draft distributions.
-    let e = verify_sampled(&[1], &[], &[p1.clone(), p1.clone()], &mut rng).unwrap_err();
+    let e = verdict_from_logits(&p, &[1], &[1], &[]).unwrap_err();
     assert!(is_invalid(&e), "{e}");
-    // Wrong number of target distributions (needs k + 1).
-    let e = verify_sampled(
-        &[1],
-        std::slice::from_ref(&q1),
-        std::slice::from_ref(&p1),
-        &mut rng,
-    )
-    .unwrap_err();
-    assert!(is_invalid(&e) && e.to_string().contains("2 target"), "{e}");
-    // Draft token with q = 0: the draft could not have sampled it.
-    let before = rng.clone();
-    let e = verify_sampled(
-        &[1, 7],
-        &[q1.clone(), q1.clone()],
-        &[p1.clone(), p1.clone(), p1.clone()],
-        &mut rng,
-    )
-    .unwrap_err();
-    assert!(is_invalid(&e) && e.to_string().contains("token 7"), "{e}");
-    // The whole block is checked before any randomness is used.
-    assert_eq!(rng, before);
-}
-
-#[test]
-fn sampled_is_reproducible_with_a_seed() {
-    let q = vec![dist(&[(0, 0.6), (1, 0.4)]); 3];
-    let p = vec![dist(&[(0, 0.3), (1, 0.3), (2, 0.4)]); 4];
-    let run = |seed| {
-        let mut rng = Sampler::new(seed);
-        (0..200)
-            .map(|_| verify_sampled(&[0, 1, 0], &q, &p, &mut rng).unwrap())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(run(11), run(11));
-    assert_ne!(run(11), run(12));
 }
 
 #[test]

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use prost::Message;
-use tandem_proto::v1::{client_message, ClientMessage, Draft, Reason, TokenDistribution};
+use tandem_proto::v1::{client_message, ClientMessage, Draft, Reason};
 
 #[test]
 fn draft_round_trips_through_the_wire_encoding() {
@@ -12,16 +12,26 @@ fn draft_round_trips_through_the_wire_encoding() {
         msg: Some(client_message::Msg::Draft(Draft {
             round: 7,
             tokens: vec![1, 150_000, 3],
-            draft_dists: vec![TokenDistribution {
-                tokens: vec![1, 2],
-                probs: vec![0.75, 0.25],
-            }],
             ..Draft::default()
         })),
     };
     let bytes = msg.encode_to_vec();
     let back = ClientMessage::decode(bytes.as_slice()).unwrap();
     assert_eq!(back, msg);
+}
+
+#[test]
+fn an_old_clients_draft_distributions_are_skipped() {
+    let draft = Draft {
+        round: 7,
+        tokens: vec![1, 150_000, 3],
+        ..Draft::default()
+    };
+    let mut bytes = draft.encode_to_vec();
+    // Field 3 (reserved, once `draft_dists`): one distribution whose field 1
+    // holds the packed tokens [1, 2].
+    bytes.extend_from_slice(&[0x1a, 4, 0x0a, 2, 1, 2]);
+    assert_eq!(Draft::decode(bytes.as_slice()).unwrap(), draft);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::time::Instant;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::argmax;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_model::verify::verify_greedy;
+use tandem_model::verify::verify_prefix;
 
 /// Bump when the recorded content or its meaning changes (old files are then
 /// never read: the version is part of the cache key).
@@ -338,7 +338,7 @@ fn record_session(
         let am: Vec<u32> = (0..=k)
             .map(|i| argmax(&tl[i * vocab..(i + 1) * vocab]))
             .collect();
-        let v = verify_greedy(&block, &am)?;
+        let v = verify_prefix(&block, &am)?;
         let n = v.accepted;
         tcache.truncate(base + 1 + n);
         // The draft cache keeps what the new context shares with it.

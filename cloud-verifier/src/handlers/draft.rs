@@ -9,31 +9,7 @@ use crate::state::{store_refusal, VerifierState};
 use crate::store::CheckedOut;
 use std::sync::Arc;
 use std::time::Instant;
-use tandem_model::sampling::Distribution;
 use tandem_proto::v1::{server_message, Draft, Reason, ServerMessage};
-
-/// The draft distributions of a Draft, checked.
-fn dists_from_wire(s: &VerifierState, d: &Draft) -> Result<Vec<Distribution>, Refusal> {
-    let mut dists = Vec::with_capacity(d.draft_dists.len());
-    for (i, td) in d.draft_dists.iter().enumerate() {
-        if td.tokens.len() != td.probs.len() {
-            return Err(Refusal::new(
-                Reason::BadRequest,
-                format!(
-                    "draft_dists[{i}]: {} tokens but {} probs",
-                    td.tokens.len(),
-                    td.probs.len()
-                ),
-            ));
-        }
-        s.check_tokens(&td.tokens)?;
-        dists.push(
-            Distribution::from_pairs(td.tokens.iter().copied().zip(td.probs.iter().copied()))
-                .map_err(|e| Refusal::new(Reason::BadRequest, format!("draft_dists[{i}]: {e}")))?,
-        );
-    }
-    Ok(dists)
-}
 
 pub async fn draft(
     s: &VerifierState,
@@ -59,7 +35,6 @@ pub async fn draft(
         ));
     }
     s.check_tokens(&d.tokens)?;
-    let dists = dists_from_wire(s, &d)?;
     let start_pos = wire_usize(d.start_pos, "start_pos")?;
     let (guard, mut st) = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(store_refusal)?;
     if d.round != st.next_round {
@@ -75,26 +50,6 @@ pub async fn draft(
         return Err(Refusal::new(
             Reason::BadRequest,
             "round number 2^64 - 1 is the last: open a new session with first_round = 0",
-        ));
-    }
-    let greedy = st.sampling.is_greedy();
-    let ushape = st.split.is_some_and(|sp| sp.pin_head);
-    let bad_dists = if ushape {
-        false // checked by split_round
-    } else if greedy {
-        !dists.is_empty()
-    } else {
-        dists.len() != k
-    };
-    if bad_dists {
-        guard.checkin(st);
-        return Err(Refusal::new(
-            Reason::BadRequest,
-            if greedy {
-                "greedy sessions take no draft_dists".to_string()
-            } else {
-                format!("sampled mode needs one draft distribution per token ({k})")
-            },
         ));
     }
     // Pages for the block's rows, before any work is scheduled.
@@ -124,14 +79,10 @@ pub async fn draft(
     let work = if st.split.is_some() {
         let (tokens, hidden) = (d.tokens, d.hidden);
         Work::Alone(Box::new(move |model, st| {
-            split::split_round(model, st, &tokens, &dists, hidden.as_ref(), start_pos)
-                .map(Outcome::Split)
+            split::split_round(model, st, &tokens, hidden.as_ref(), start_pos).map(Outcome::Split)
         }))
     } else {
-        Work::Verify {
-            draft: d.tokens,
-            dists,
-        }
+        Work::Verify { draft: d.tokens }
     };
     let t0 = Instant::now();
     let (st, out) = s.run(who, &b.id, st, work).await;

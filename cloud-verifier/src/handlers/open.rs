@@ -14,7 +14,7 @@ use crate::split;
 use crate::state::{store_refusal, VerifierState};
 use crate::store::{CheckedOut, StoreError};
 use std::sync::Arc;
-use tandem_model::sampling::{Sampler, SamplingParams};
+use tandem_model::sampling::SamplingParams;
 use tandem_proto::v1::{Continuation, Open, Opened, Reason};
 
 fn sampling_from_wire(
@@ -222,10 +222,9 @@ async fn open_continued(
     let epoch = guard.epoch();
     let (st, res) = resync(s, who, &sid, st, &ctx).await;
     let (guard, mut st, reused) = settle(guard, st, res)?;
-    // A new turn is a new generation: its own sampling, the random source
-    // seeded afresh (as a fresh session of the whole context would be).
+    // A new turn is a new generation with its own sampling (a seeded token is
+    // keyed by its position, as in a fresh session of the whole context).
     st.sampling = sampling;
-    st.rng = Sampler::from_params(&sampling);
     st.next_round = first_round;
     guard.checkin(st);
     tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");

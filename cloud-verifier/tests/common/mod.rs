@@ -145,7 +145,6 @@ impl Conn {
         let m = client_message::Msg::Draft(Draft {
             round,
             tokens: tokens.to_vec(),
-            draft_dists: vec![],
             ..Draft::default()
         });
         match self.call(m).await? {

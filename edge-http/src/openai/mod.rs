@@ -15,7 +15,8 @@
 //!
 //! Errors use OpenAI's shape `{"error": {message, type, param, code}}`.
 //! `temperature` 0 or absent is greedy (with a verifier: token for token the
-//! target's greedy output); > 0 samples (speculative sampling, lossless).
+//! target's greedy output); > 0 samples (with a verifier: token for token the
+//! target's own sampled output for the `seed`).
 //! Extension fields (`tandem` in every answer and chunk) carry per-token
 //! status, the routing decision (no text) and the edge statistics; the full
 //! reference is `docs/api.md`.

@@ -278,11 +278,9 @@ impl Connection<'_> {
         &mut self,
         run: &mut Generation<'_, '_>,
     ) -> Result<(ClientMessage, usize), EdgeError> {
-        let greedy = run.gen.sampling.is_greedy();
         let tokens_only = self.codec.tokens_only();
-        if !greedy || !tokens_only {
-            // Sampled mode and split sessions: provisional spans are not checked;
-            // send everything.
+        if !tokens_only {
+            // Split sessions: provisional spans are not checked; send everything.
             if let Some(c) = run.check.take() {
                 run.complete_check(c, false);
             }
@@ -317,7 +315,7 @@ impl Connection<'_> {
                 self.session_id = Some(kept.id);
             }
         }
-        let open = self.codec.open(&run.ctx[..upto], &run.gen.sampling, open)?;
+        let open = self.codec.open(&run.ctx[..upto], open)?;
         let msg = ClientMessage {
             msg: Some(ClientMsg::Open(open)),
         };
@@ -442,11 +440,10 @@ impl Connection<'_> {
                 }
                 if upto < run.ctx.len() {
                     // Opened in the background while the device drafted alone.
-                    // Greedy: `check_provisional` verifies those tokens from
-                    // `upto` on. Otherwise they are not checked: give the
-                    // verifier the rest of the context.
-                    let checks = run.gen.sampling.is_greedy()
-                        && self.codec.tokens_only()
+                    // `check_provisional` verifies those tokens from `upto` on
+                    // (greedy or keyed draws alike). Otherwise they are not
+                    // checked: give the verifier the rest of the context.
+                    let checks = self.codec.tokens_only()
                         && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
                     if !checks {
                         if let Some(c) = run.check.take() {
@@ -463,15 +460,15 @@ impl Connection<'_> {
     }
 
     /// An adopted session holds another generation's context `held`: move it
-    /// to this one's. Greedy: to where the provisional span starts (it is
-    /// checked next); otherwise the span is left unchecked and the session
-    /// gets the whole context.
+    /// to this one's. Token sessions: to where the provisional span starts (it
+    /// is checked next); split sessions leave the span unchecked and the
+    /// session gets the whole context.
     fn resume_adopted(
         &mut self,
         run: &mut Generation<'_, '_>,
         held: &[u32],
     ) -> Result<Step, EdgeError> {
-        let checks = run.gen.sampling.is_greedy() && self.codec.tokens_only();
+        let checks = self.codec.tokens_only();
         let upto = match run.check.as_ref() {
             Some(c) if checks => run.prompt_len + c.next,
             _ => {

@@ -70,7 +70,7 @@ pub(super) fn round(
     let mut conf = 1.0f32;
     let t0 = Instant::now();
     for _ in 0..k {
-        let (d, _) = run.draft_next(&hist)?;
+        let d = run.draft_next(&hist)?;
         conf = conf.min(run.conf);
         hist.push(d);
         block.push(d);

@@ -13,10 +13,7 @@ use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::proposer::NgramIndex;
 use tandem_model::qwen2::Qwen2Model;
-use tandem_model::sampling::{
-    apply_repetition_penalty, argmax, distribution, token_prob, top_k_truncate, Distribution,
-    Sampler,
-};
+use tandem_model::sampling::{apply_repetition_penalty, argmax, next_token, token_prob};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 
 /// Progress of checking a provisional span.
@@ -38,7 +35,6 @@ pub(super) struct Generation<'a, 'b> {
     pub(super) cache: KvCache,
     pub(super) pending: Vec<u32>,
     pub(super) capacity: usize,
-    pub(super) rng: Sampler,
     pub(super) stop: Option<StopReason>,
     pub(super) on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
     pub(super) stats: EdgeStats,
@@ -135,7 +131,6 @@ impl<'a, 'b> Generation<'a, 'b> {
             cache,
             pending: prompt[reuse..].to_vec(),
             capacity,
-            rng: Sampler::from_params(&gen.sampling),
             stop,
             on_event,
             stats: EdgeStats {
@@ -213,12 +208,10 @@ impl<'a, 'b> Generation<'a, 'b> {
         true
     }
 
-    /// Runs the draft over `pending`; returns its next token (and, sampled, the
-    /// top-k distribution it was drawn from). Leaves `pending = [token]`.
-    pub(super) fn draft_next(
-        &mut self,
-        hist: &[u32],
-    ) -> Result<(u32, Option<Distribution>), EdgeError> {
+    /// Runs the draft over `pending`; returns its next token after `hist`
+    /// (sampled: its keyed draw at position `hist.len()`, the same key the
+    /// verifier's draw uses). Leaves `pending = [token]`.
+    pub(super) fn draft_next(&mut self, hist: &[u32]) -> Result<u32, EdgeError> {
         let pos = self.cache.len();
         let logits = self
             .draft
@@ -226,7 +219,7 @@ impl<'a, 'b> Generation<'a, 'b> {
         self.stats.draft_forwards += 1;
         self.high_water = self.high_water.max(self.cache.len());
         let params = &self.gen.sampling;
-        let (t, q) = if params.is_greedy() {
+        let t = if params.is_greedy() {
             let mut l = logits;
             if params.repetition_penalty != 1.0 {
                 apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
@@ -235,20 +228,19 @@ impl<'a, 'b> Generation<'a, 'b> {
             if self.want_conf {
                 self.conf = token_prob(&l, t);
             }
-            (t, None)
+            t
         } else {
-            let q = top_k_truncate(&distribution(params, &logits, hist), self.gen.draft_top_k);
-            (self.rng.sample(&q), Some(q))
+            next_token(params, &logits, hist)
         };
         self.pending.clear();
         self.pending.push(t);
-        Ok((t, q))
+        Ok(t)
     }
 
     /// One token from the draft alone.
     pub(super) fn draft_alone(&mut self, status: TokenStatus) -> Result<(), EdgeError> {
         let hist = self.ctx.clone();
-        let (t, _) = self.draft_next(&hist)?;
+        let t = self.draft_next(&hist)?;
         if status == TokenStatus::Provisional && self.check.is_none() {
             let n = self.out_len();
             self.check = Some(Check {

@@ -1,6 +1,7 @@
-//! Pipelined drafting (greedy only): once block `d1..dk` is sent, the device keeps
-//! drafting while the verify is in flight, assuming full acceptance: `g` (its
-//! guess of the verifier's bonus token), then `e1, e2, ...`. If the verdict
+//! Pipelined drafting: once block `d1..dk` is sent, the device keeps drafting
+//! while the verify is in flight, assuming full acceptance: `g` (its guess of the
+//! verifier's bonus token: its own argmax, or in sampled mode its keyed draw,
+//! which the target's shares the key of), then `e1, e2, ...`. If the verdict
 //! accepts all k and its token equals `g`, `e1..` are already in the draft cache
 //! and start the next block, so the next round trip leaves at once. Otherwise
 //! they are discarded (the draft cache is truncated to the accepted prefix), as
@@ -38,12 +39,11 @@ pub(super) fn round(
     let k = r.block_len(run, limit);
     let ctx_before = run.ctx.len();
     let reused = held.len().min(k);
-    let (dists, draft_ms) = r.draft_block(run, &mut held, k)?;
+    let draft_ms = r.draft_block(run, &mut held, k)?;
     let round = r.conn.round;
     let msg = ClientMsg::Draft(pb::Draft {
         round,
         tokens: held[..k].to_vec(),
-        draft_dists: dists,
         ..pb::Draft::default()
     });
     // Longest next block worth preparing, and room in the output/cache.
@@ -109,7 +109,7 @@ fn exchange_drafting(
     hist.extend_from_slice(held);
     // Keep one slot of the cache free for the verdict's token.
     while !task.is_finished() && held.len() < cap && ctx_before + held.len() + 2 < run.capacity {
-        let (d, _) = run.draft_next(&hist)?;
+        let d = run.draft_next(&hist)?;
         hist.push(d);
         held.push(d);
     }

@@ -41,36 +41,21 @@ pub(super) fn round(
         || backlog,
     );
     let k = plan.len;
-    let (block, dists, draft_ms) = match plan.source {
+    let (block, draft_ms) = match plan.source {
         Source::Draft => {
             let mut block = Vec::with_capacity(k);
-            let (dists, draft_ms) = r.draft_block(run, &mut block, k)?;
-            (block, dists, draft_ms)
+            let draft_ms = r.draft_block(run, &mut block, k)?;
+            (block, draft_ms)
         }
-        Source::Lookup => {
-            // A lookup proposal is a point mass (q = 1) in sampled mode; the
-            // draft model does not run (it catches up when it is needed).
-            let dists = if run.gen.sampling.is_greedy() {
-                Vec::new()
-            } else {
-                plan.lookup
-                    .iter()
-                    .map(|&t| pb::TokenDistribution {
-                        tokens: vec![t],
-                        probs: vec![1.0],
-                    })
-                    .collect()
-            };
-            (plan.lookup, dists, 0.0)
-        }
+        // The draft model does not run (it catches up when it is needed).
+        Source::Lookup => (plan.lookup, 0.0),
         // No proposal: the verifier's next token (k = 0).
-        Source::Nothing => (Vec::new(), Vec::new(), 0.0),
+        Source::Nothing => (Vec::new(), 0.0),
     };
     let round = r.conn.round;
     let draft = pb::Draft {
         round,
         tokens: block.clone(),
-        draft_dists: dists,
         ..pb::Draft::default()
     };
     let draft = r.conn.codec.encode(&run.ctx, draft)?;

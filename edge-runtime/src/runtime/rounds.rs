@@ -33,15 +33,17 @@ pub(super) enum RoundKind {
 
 impl RoundKind {
     /// The kind for a generation: gating, cloud streaming and pipelining need
-    /// a session that carries token ids only; pipelining needs greedy mode.
-    pub(super) fn choose(gated: bool, spec: &SpecState, tokens_only: bool, greedy: bool) -> Self {
+    /// a session that carries token ids only. Pipelining guesses the verdict's
+    /// token with the draft's own (its argmax, or its keyed draw in sampled
+    /// mode: the same key as the target's).
+    pub(super) fn choose(gated: bool, spec: &SpecState, tokens_only: bool) -> Self {
         if !tokens_only {
             Self::Plain
         } else if gated {
             Self::Gated
         } else if spec.cfg.target_stream {
             Self::CloudStreamed
-        } else if spec.cfg.pipeline && greedy {
+        } else if spec.cfg.pipeline {
             Self::Pipelined
         } else {
             Self::Plain
@@ -188,18 +190,16 @@ impl Rounds<'_> {
     }
 
     /// Drafts until `held` (tokens drafted after the context, possibly ahead
-    /// from the previous round) has `k`; returns the wire distributions of the
-    /// tokens drafted here (sampled mode) and the drafting time. With the
+    /// from the previous round) has `k`; returns the drafting time. With the
     /// chooser on, feeds it the forward times.
     pub(super) fn draft_block(
         &mut self,
         run: &mut Generation<'_, '_>,
         held: &mut Vec<u32>,
         k: usize,
-    ) -> Result<(Vec<pb::TokenDistribution>, f64), EdgeError> {
+    ) -> Result<f64, EdgeError> {
         let mut hist = run.ctx.clone();
         hist.extend_from_slice(held);
-        let mut dists = Vec::new();
         let t0 = Instant::now();
         // Draft times for the chooser: the block's first forward (it also runs
         // the verifier's token) apart from the later ones, without forwards that
@@ -211,7 +211,7 @@ impl Rounds<'_> {
             let catch_up = fed > 2;
             let is_first = held.is_empty();
             let t = Instant::now();
-            let (d, q) = run.draft_next(&hist)?;
+            let d = run.draft_next(&hist)?;
             let elapsed = t.elapsed();
             self.spec.auto.draft_forward(fed, elapsed);
             let took = ms(elapsed);
@@ -225,17 +225,13 @@ impl Rounds<'_> {
             }
             hist.push(d);
             held.push(d);
-            if let Some(q) = q {
-                let (tokens, probs) = q.entries().iter().copied().unzip();
-                dists.push(pb::TokenDistribution { tokens, probs });
-            }
         }
         if self.tuned() {
             self.spec
                 .chooser
                 .observe_draft_forwards(first, timed, timed_ms);
         }
-        Ok((dists, ms(t0.elapsed())))
+        Ok(ms(t0.elapsed()))
     }
 
     /// A block whose verdict never came: the draft and the codec go back to

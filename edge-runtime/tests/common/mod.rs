@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-use tandem_model::sampling::argmax;
+use tandem_model::sampling::{next_token, SamplingParams};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,6 +36,18 @@ pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], max_tokens: usize) -> V
 /// Greedy prediction of `model` for every output position of `prompt + out`
 /// (row i = the model's argmax for out[i] given everything before it).
 pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Vec<u32> {
+    predictions(model, prompt, out, &SamplingParams::default())
+}
+
+/// `model`'s token under `sampling` for every output position of `prompt +
+/// out` (row i: its argmax, or its keyed draw, for out[i] given everything
+/// before it).
+pub fn predictions(
+    model: &Qwen2Model,
+    prompt: &[u32],
+    out: &[u32],
+    sampling: &SamplingParams,
+) -> Vec<u32> {
     let mut all = prompt.to_vec();
     all.extend_from_slice(out);
     let mut cache = model.new_cache();
@@ -44,7 +56,7 @@ pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Ve
     (0..out.len())
         .map(|i| {
             let row = prompt.len() - 1 + i;
-            argmax(&logits[row * v..(row + 1) * v])
+            next_token(sampling, &logits[row * v..(row + 1) * v], &all[..=row])
         })
         .collect()
 }
