@@ -48,7 +48,8 @@ pub struct Args {
     pub draft_kv: KvPrecision,
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// 0 = greedy (output identical to the target's own greedy output).
+    /// 0 = greedy (output identical to the target's own greedy output); > 0 =
+    /// sampled (output identical to the target's own for --seed).
     /// Negative values parse so that they get the sampler's clear error.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
@@ -58,6 +59,9 @@ pub struct Args {
     pub top_p: f32,
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// Seed of the sampled draws: the token at each position is a function of
+    /// the seed, the position and the distribution, so a seed reproduces the
+    /// output in every mode.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// KV cache capacity in tokens (prompt + output).
