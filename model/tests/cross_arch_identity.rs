@@ -10,6 +10,8 @@
 //!   one-token steps and a 7-token block.
 //! - The real draft model: the first greedy tokens for three prompts of the
 //!   shared set, and a SHA-256 of every step's logits.
+//! - Sampled mode's keyed draws: the distributions (`exp`) and draws (`ln`) of
+//!   full-vocabulary rows under two parameter sets, 64 positions each.
 //!
 //! To regenerate on x86-64 (after a deliberate change of the numerics):
 //! `TANDEM_WRITE_CROSS_ARCH_FIXTURES=1 cargo test -p tandem-model --test cross_arch_identity`.
@@ -22,7 +24,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-use tandem_model::sampling::argmax;
+use tandem_model::sampling::{argmax, distribution, keyed_token, Sampler, SamplingParams};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 /// Greedy tokens per prompt of the real-draft check (keeps the qemu run of
@@ -139,6 +141,51 @@ fn tiny_models_give_the_x86_logits_bit_for_bit() {
         lines.push(format!("{name} logits {:x}", h.finalize()));
     }
     check_fixture("cross_arch_tiny.txt", &lines);
+}
+
+#[test]
+fn keyed_draws_equal_the_x86_draws() {
+    // Full-vocabulary rows of random logits; the distribution pipeline uses
+    // `exp` and the keyed race `ln`, both from the platform's libm.
+    let mut rng = Sampler::new(2026);
+    let rows: Vec<Vec<f32>> = (0..4)
+        .map(|_| {
+            (0..151_936)
+                .map(|_| ((rng.uniform() - 0.5) * 24.0) as f32)
+                .collect()
+        })
+        .collect();
+    let params = [
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: 20,
+            repetition_penalty: 1.05,
+            seed: 0,
+        },
+        SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+    ];
+    let history: Vec<u32> = (0..64).map(|i| (i * 2_371) % 151_936).collect();
+    let mut lines = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            let d = distribution(p, row, &history);
+            let mut h = Sha256::new();
+            for &(t, q) in d.entries() {
+                h.update(t.to_le_bytes());
+                h.update(q.to_bits().to_le_bytes());
+            }
+            let draws: Vec<String> = (0..64u64)
+                .map(|pos| keyed_token(&d, pos / 8, pos as usize).to_string())
+                .collect();
+            lines.push(format!("params{i} row{r} dist {:x}", h.finalize()));
+            lines.push(format!("params{i} row{r} draws {}", draws.join(",")));
+        }
+    }
+    check_fixture("cross_arch_keyed.txt", &lines);
 }
 
 #[test]
