@@ -258,6 +258,8 @@ fn harness() -> &'static Harness {
         write_tiny_qwen2(&path, &TinyConfig::draft_like()).expect("tiny model");
         let draft =
             Arc::new(Qwen2Model::load(&path, LoadOptions::with_max_seq_len(256)).expect("load"));
+        // The mapping outlives the file: leave nothing behind in /tmp.
+        let _ = std::fs::remove_dir_all(&dir);
         let vocab = u32::try_from(draft.config().vocab).expect("vocab");
         let io = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -12,17 +12,30 @@ use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::tokenizer::Tokenizer;
 
 /// One scratch file per fuzzing process (the loader maps a path).
+static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
+
 fn scratch() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
+    SCRATCH.get_or_init(|| {
         let dir = PathBuf::from("/dev/shm");
         let dir = if dir.is_dir() {
             dir
         } else {
             std::env::temp_dir()
         };
+        // libFuzzer ends a timed run with exit(): remove the file then, or
+        // every run leaves one in /dev/shm (memory, on CI).
+        // SAFETY: registers a plain function; it runs once, at exit.
+        unsafe {
+            libc::atexit(remove_scratch);
+        }
         dir.join(format!("tandem-fuzz-gguf-{}.gguf", std::process::id()))
     })
+}
+
+extern "C" fn remove_scratch() {
+    if let Some(p) = SCRATCH.get() {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -16,8 +16,8 @@ use tandem_model::tokenizer::Tokenizer;
 fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        let path = match std::env::var_os("TANDEM_FUZZ_TOKENIZER") {
-            Some(p) => p.into(),
+        let (path, scratch) = match std::env::var_os("TANDEM_FUZZ_TOKENIZER") {
+            Some(p) => (p.into(), false),
             None => {
                 let p = std::env::temp_dir()
                     .join(format!("tandem-fuzz-tok-{}.gguf", std::process::id()));
@@ -27,11 +27,16 @@ fn tokenizer() -> &'static Tokenizer {
                     ..TinyConfig::draft_like()
                 };
                 write_tiny_qwen2(&p, &cfg).expect("writing the tiny tokenizer");
-                p
+                (p, true)
             }
         };
         let gguf = GgufFile::open(&path).expect("opening the tokenizer GGUF");
-        Tokenizer::from_gguf(&gguf).expect("building the tokenizer")
+        let tok = Tokenizer::from_gguf(&gguf).expect("building the tokenizer");
+        if scratch {
+            // The tokenizer owns its tables: leave nothing in /tmp.
+            let _ = std::fs::remove_file(&path);
+        }
+        tok
     })
 }
 

@@ -14,8 +14,9 @@
 //! - every refusal names a reason (never `UNSPECIFIED`) and a message, and its
 //!   status carries the reason metadata;
 //! - a verdict answers the round asked, accepts at most the tokens drafted,
-//!   gives a token inside the vocabulary and, for a greedy unsplit session
-//!   whose context the driver tracks, the context length that context implies;
+//!   gives a token inside the vocabulary and, for an unsplit session (greedy
+//!   or sampled: keyed draws need nothing but the tokens) whose context the
+//!   driver tracks, the context length that context implies;
 //! - no leaked store slot: once every session the verifier handed out is
 //!   evicted, the store holds no session and no byte, the KV pool no page, and
 //!   the in-flight prefill budgets no token.
@@ -111,6 +112,8 @@ gather_window_us = 0
         let verifier = rt
             .block_on(tandem_verifier::start(cfg))
             .expect("verifier starts");
+        // The model is mapped and the config read: leave nothing in /tmp.
+        let _ = std::fs::remove_dir_all(&dir);
         let c = verifier.state.model.config();
         Harness {
             vocab: u32::try_from(c.vocab).expect("vocab"),
@@ -291,7 +294,7 @@ struct Input {
 }
 
 /// A session the verifier handed out, and its context when the driver can
-/// track it (greedy, unsplit).
+/// track it (unsplit).
 struct Known {
     id: String,
     context: Option<Vec<u32>>,
@@ -303,7 +306,7 @@ struct StreamState {
     next_round: u64,
     /// Index into `known` of the session this stream drives.
     session: Option<usize>,
-    /// Tracks the context (greedy, unsplit).
+    /// Tracks the context (unsplit).
     tracked: bool,
 }
 
@@ -371,7 +374,7 @@ fn build_open(
         pin_head,
         format: i32::from(f16),
     });
-    let tracked = sampling.is_none() && split.is_none();
+    let tracked = split.is_none();
     let m = Open {
         model_id: if *right_model {
             MODEL_ID.into()
