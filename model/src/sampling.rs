@@ -25,8 +25,9 @@
 //! a seeded speculative generation the target's own seeded generation, token for
 //! token ([`crate::verify`]), and two close distributions (draft and target) draw the
 //! same token with high probability under the same key. The hash (SplitMix64) and the
-//! race are written out here, so a seed gives the same tokens on every platform and
-//! with every dependency version.
+//! race are written out here, so a seed gives the same tokens with every dependency
+//! version; across platforms they rest on libm's `exp` and `ln`, which
+//! `tests/cross_arch_identity.rs` pins for x86-64 and aarch64 (glibc).
 
 use serde::{Deserialize, Serialize};
 
