@@ -17,20 +17,12 @@
 //! Medians of repeated runs; threads: rayon's global pool (`RAYON_NUM_THREADS`);
 //! kernel path: `TANDEM_ISA`.
 
-use std::path::PathBuf;
 use std::time::Instant;
+use tandem_fetch::{model_path, ModelRole};
 
 use tandem_model::gguf::GgufFile;
 use tandem_model::quant::{self, Isa, QMatrix, QuantFormat};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
-
-fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/tandem/models")
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -73,12 +65,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps = num("--steps", 16);
     let ctx = num("--ctx", 128);
-    let file = match which {
-        "draft" => "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "target" => "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    let role = match which {
+        "draft" => ModelRole::Draft,
+        "target" => ModelRole::Target,
         other => return Err(format!("unknown model {other} (draft|target)").into()),
     };
-    let path = models_dir().join(file);
+    let path = model_path(role);
     let model = Qwen2Model::load(&path, LoadOptions::default())?;
     let cfg = model.config().clone();
     println!(

@@ -26,19 +26,10 @@
 //! blocks that are wrong (each a rollback of shown text), and the precision
 //! the gate needs to pay. Greedy; threads: `RAYON_NUM_THREADS`.
 
-use std::path::PathBuf;
-
+use tandem_fetch::{model_path, ModelRole};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::{argmax, token_prob};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-
-fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/tandem/models")
-}
 
 /// The greedy token and the softmax probability the model gives it.
 fn argmax_prob(logits: &[f32]) -> (u32, f32) {
@@ -69,9 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let opts = || LoadOptions::with_max_seq_len(2048);
-    let dir = models_dir();
-    let draft = Qwen2Model::load(dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), opts())?;
-    let target = Qwen2Model::load(dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), opts())?;
+    let draft = Qwen2Model::load(model_path(ModelRole::Draft), opts())?;
+    let target = Qwen2Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
     let stops = [tok.im_end_id(), tok.endoftext_id()];
 

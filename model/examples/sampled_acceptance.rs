@@ -16,21 +16,12 @@
 //! device sees, so these are the per-position acceptance rates a round starts
 //! from. Threads: `RAYON_NUM_THREADS`.
 
-use std::path::PathBuf;
-
+use tandem_fetch::{model_path, ModelRole};
 use tandem_model::qwen2::{LoadOptions, Qwen2Model};
 use tandem_model::sampling::{
     argmax, distribution, keyed_token, next_token, Distribution, SamplingParams,
 };
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-
-fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/tandem/models")
-}
 
 /// Total variation distance of two sparse distributions (both sorted by token).
 fn total_variation(p: &Distribution, q: &Distribution) -> f64 {
@@ -90,9 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let opts = || LoadOptions::with_max_seq_len(2048);
-    let dir = models_dir();
-    let draft = Qwen2Model::load(dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), opts())?;
-    let target = Qwen2Model::load(dir.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), opts())?;
+    let draft = Qwen2Model::load(model_path(ModelRole::Draft), opts())?;
+    let target = Qwen2Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
     let stops = [tok.im_end_id(), tok.endoftext_id()];
     let vocab = target.config().vocab;
