@@ -11,7 +11,7 @@
 mod common;
 use common::{
     greedy_predictions, io_runtime, load, predictions, start_switchable_proxy, start_tiny_verifier,
-    target_greedy, tiny_models, FP,
+    target_greedy, target_own, tiny_models, FP,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
-use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::speculative::GenerateConfig;
 
 const TOKEN: &str = "outage-test-token-0123456789";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
@@ -186,14 +186,7 @@ fn silent_link_keeps_tokens_flowing_as_provisional_then_checks_them() {
             sampled,
         ),
     ] {
-        let alone = GenerateConfig {
-            max_tokens: MAX,
-            sampling,
-            ..GenerateConfig::default()
-        };
-        let target_only = generate_single(&target, PROMPT, &alone, &mut |_| true)
-            .unwrap()
-            .tokens;
+        let target_only = target_own(&target, PROMPT, MAX, sampling);
         let o = generate_through_outage(
             &draft_p,
             &target_p,

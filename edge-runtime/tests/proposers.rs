@@ -9,13 +9,14 @@
 
 mod common;
 use common::{
-    io_runtime, load, start_delay_proxy, start_tiny_verifier, target_greedy, tiny_edge, tiny_models,
+    io_runtime, load, start_delay_proxy, start_tiny_verifier, target_greedy, target_own, tiny_edge,
+    tiny_models,
 };
 use tandem_edge::split::{SplitConfig, SplitLayer};
 use tandem_edge::TokenStatus;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
-use tandem_model::speculative::{generate_single, GenerateConfig};
+use tandem_model::speculative::GenerateConfig;
 
 const TOKEN: &str = "proposer-test-token-0123456789";
 /// Repeats itself, so that lookup finds matches from the first round.
@@ -85,14 +86,7 @@ fn sampled_output_is_the_targets_own_for_every_proposer() {
         seed: 7,
         ..SamplingParams::default()
     };
-    let alone = GenerateConfig {
-        max_tokens: MAX,
-        sampling,
-        ..GenerateConfig::default()
-    };
-    let want = generate_single(&target, PROMPT, &alone, &mut |_| true)
-        .unwrap()
-        .tokens;
+    let want = target_own(&target, PROMPT, MAX, sampling);
     for proposer in ProposerKind::ALL {
         let cfg = GenerateConfig {
             sampling,

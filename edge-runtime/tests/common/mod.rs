@@ -23,9 +23,21 @@ pub fn load(p: &Path) -> Arc<Qwen2Model> {
 
 /// The model's own greedy output for `prompt` (one token per forward).
 pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    target_own(model, prompt, max_tokens, SamplingParams::default())
+}
+
+/// The model's own output for `prompt` under `sampling` (one token per
+/// forward): what a generation through the verifier must equal.
+pub fn target_own(
+    model: &Qwen2Model,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> Vec<u32> {
     let cfg = GenerateConfig {
         k: 1,
         max_tokens,
+        sampling,
         ..GenerateConfig::default()
     };
     generate_single(model, prompt, &cfg, &mut |_| true)
