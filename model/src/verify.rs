@@ -78,11 +78,27 @@ pub fn verify_prefix(draft: &[u32], target: &[u32]) -> Result<Verdict> {
             target.len()
         )));
     }
-    let accepted = draft.iter().zip(target).take_while(|(d, t)| d == t).count();
-    Ok(Verdict {
-        accepted,
-        next_token: target[accepted],
-    })
+    Ok(first_disagreement(draft, |i| target[i]))
+}
+
+/// The prefix rule, the one place it exists: walks `draft` while it equals the
+/// target's token at each position (`target_at(i)`, asked in order and only up
+/// to the first disagreement, or `k` when all agree) and answers that position's
+/// target token.
+fn first_disagreement(draft: &[u32], mut target_at: impl FnMut(usize) -> u32) -> Verdict {
+    let mut accepted = 0;
+    loop {
+        let t = target_at(accepted);
+        match draft.get(accepted) {
+            Some(&d) if d == t => accepted += 1,
+            _ => {
+                return Verdict {
+                    accepted,
+                    next_token: t,
+                }
+            }
+        }
+    }
 }
 
 /// The verdict for `draft` (k tokens, `k = 0` allowed: a plain next-token step)
@@ -108,21 +124,14 @@ pub fn verdict_from_logits(
             logits.len()
         )));
     }
-    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-    // The history each position's prediction sees: ..last, d1..d(i-1).
+    // The history each position's prediction sees: ..last, d1..d(i-1). Rows
+    // past the first disagreement are never turned into tokens (in sampled
+    // mode each is a full-vocabulary distribution).
     let mut hist = history.to_vec();
-    let mut target = Vec::with_capacity(k + 1);
-    for i in 0..=k {
-        target.push(next_token(params, row(i), &hist));
-        if let Some(&d) = draft.get(i) {
+    Ok(first_disagreement(draft, |i| {
+        if let Some(&d) = i.checked_sub(1).and_then(|j| draft.get(j)) {
             hist.push(d);
         }
-    }
-    if k == 0 {
-        return Ok(Verdict {
-            accepted: 0,
-            next_token: target[0],
-        });
-    }
-    verify_prefix(draft, &target)
+        next_token(params, &logits[i * vocab..(i + 1) * vocab], &hist)
+    }))
 }
