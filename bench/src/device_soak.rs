@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, ThermalState};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -162,7 +162,7 @@ pub fn run(plan: SoakPlan) -> Result<()> {
     };
     let t_load = Instant::now();
     let draft = Arc::new(
-        Qwen2Model::load(&plan.draft, LoadOptions::with_max_seq_len(2048))
+        Model::load(&plan.draft, LoadOptions::with_max_seq_len(2048))
             .with_context(|| format!("loading the draft {}", plan.draft.display()))?,
     );
     let tok = Tokenizer::from_gguf(draft.gguf()).context("building the tokenizer")?;

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use tandem_cli_common::link_overrides::LinkOverrides;
 use tandem_edge::EdgeConfig;
 use tandem_lab as lab;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_netsim::{Proxy, Step, Timeline};
@@ -499,7 +499,7 @@ pub fn run(args: Args) -> Result<()> {
         .div_ceil(64)
         .saturating_mul(64);
     let draft = Arc::new(
-        Qwen2Model::load(&draft_path, LoadOptions::with_max_seq_len(max_seq_len))
+        Model::load(&draft_path, LoadOptions::with_max_seq_len(max_seq_len))
             .with_context(|| format!("loading {}", draft_path.display()))?,
     );
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Instant;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::{ProposerKind, ProposerStats};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, SamplingParams};
 use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -115,7 +115,7 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
         "the verify curve starts at k = 1"
     );
     let t = Instant::now();
-    let model = Qwen2Model::load(path, LoadOptions::with_max_seq_len(plan.capacity()))
+    let model = Model::load(path, LoadOptions::with_max_seq_len(plan.capacity()))
         .with_context(|| format!("loading {}", path.display()))?;
     let load_ms = ms_since(t);
     let rss_load = rss_now();
@@ -311,9 +311,9 @@ pub fn speculative(
     plan: &SpecPlan,
 ) -> Result<Vec<SpecReport>> {
     let opts = || LoadOptions::with_max_seq_len(2048);
-    let draft = Qwen2Model::load(draft_path, opts())
+    let draft = Model::load(draft_path, opts())
         .with_context(|| format!("loading {}", draft_path.display()))?;
-    let target = Qwen2Model::load(target_path, opts())
+    let target = Model::load(target_path, opts())
         .with_context(|| format!("loading {}", target_path.display()))?;
     let tok = Tokenizer::from_gguf(target.gguf()).context("building the tokenizer")?;
     let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];

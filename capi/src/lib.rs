@@ -47,7 +47,7 @@ use tandem_edge::{
     DeviceState, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
     RoutedRuntime, SharedDeviceState, ThermalState, TokenStatus,
 };
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_router::{Action, Router};
@@ -447,7 +447,7 @@ unsafe fn runtime_arg<'a>(rt: *const TandemRuntime) -> Result<&'a TandemRuntime,
 }
 
 /// Loads the `role` ("draft", "target") model GGUF at `path`.
-fn load_model(role: &str, path: &Path, max_seq_len: usize) -> Result<Qwen2Model, Failure> {
+fn load_model(role: &str, path: &Path, max_seq_len: usize) -> Result<Model, Failure> {
     if !path.exists() {
         return Err(Failure(
             TandemStatus::Io,
@@ -457,7 +457,7 @@ fn load_model(role: &str, path: &Path, max_seq_len: usize) -> Result<Qwen2Model,
             ),
         ));
     }
-    Qwen2Model::load(path, LoadOptions::with_max_seq_len(max_seq_len)).map_err(|e| {
+    Model::load(path, LoadOptions::with_max_seq_len(max_seq_len)).map_err(|e| {
         Failure(
             TandemStatus::Model,
             format!("loading the {role} model {}: {e}", path.display()),

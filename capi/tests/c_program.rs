@@ -30,7 +30,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use tandem_model::kv_cache::KvPrecision;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single_with, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -177,7 +177,7 @@ fn stat(stats: &str, key: &str) -> f64 {
 }
 
 /// Greedy output of `model` alone for the chat prompt, decoded.
-fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize, kv: KvPrecision) -> String {
+fn greedy_text(model: &Model, prompt: &str, n: usize, kv: KvPrecision) -> String {
     greedy_chat(model, &[ChatMessage::user(prompt)], n, kv)
 }
 
@@ -187,7 +187,7 @@ fn draft_kv() -> KvPrecision {
 }
 
 /// Greedy output of `model` alone for a conversation, decoded.
-fn greedy_chat(model: &Qwen2Model, messages: &[ChatMessage], n: usize, kv: KvPrecision) -> String {
+fn greedy_chat(model: &Model, messages: &[ChatMessage], n: usize, kv: KvPrecision) -> String {
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {
@@ -228,7 +228,7 @@ fn turns(o: &Output) -> Vec<(String, String)> {
 /// reply and checks that turn 2 reused turn 1's draft KV and equals
 /// `model`'s greedy output for the whole conversation; returns turn 2's
 /// stats line.
-fn two_turns(config: &Path, model: &Qwen2Model, n: usize, kv: KvPrecision) -> String {
+fn two_turns(config: &Path, model: &Model, n: usize, kv: KvPrecision) -> String {
     let t = turns(&run(config, PROMPT, n, &["--conversation", FOLLOW_UP]));
     assert_eq!(t.len(), 2, "{t:?}");
     let history = [
@@ -264,7 +264,7 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let r = report(&run(&local_config(dir.path()), PROMPT, N, &[]));
-    let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
+    let draft = Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, N, draft_kv()));
     assert!(!r.text.is_empty());
     assert!(r.stats.contains("route=local_no_verifier"), "{}", r.stats);
@@ -600,7 +600,7 @@ fn unreachable_verifier_gives_provisional_pieces_not_an_error() {
     assert!(!r.pieces.contains("provisional=0"), "{}", r.pieces);
     assert!(r.json["stats"]["breaker_opens"].as_u64().unwrap() >= 1);
     // Provisional greedy tokens are the draft's own.
-    let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
+    let draft = Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, n, draft_kv()));
     eprintln!("unreachable verifier: {:.1} s", t0.elapsed().as_secs_f64());
 }

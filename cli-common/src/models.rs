@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 use tandem_fetch::{ensure_model, ModelRole, Progress};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
 /// The model file: an explicit path (must exist), else the cached model,
@@ -22,7 +22,7 @@ pub fn resolve_model(role: ModelRole, explicit: Option<&PathBuf>) -> Result<Path
 
 /// A loaded model with its load time.
 pub struct Loaded {
-    pub model: Qwen2Model,
+    pub model: Model,
     pub load_ms: f64,
 }
 
@@ -33,7 +33,7 @@ pub fn load_model(
 ) -> Result<Loaded> {
     let path = resolve_model(role, explicit)?;
     let t = Instant::now();
-    let model = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(max_seq_len))
+    let model = Model::load(&path, LoadOptions::with_max_seq_len(max_seq_len))
         .with_context(|| format!("loading {}", path.display()))?;
     Ok(Loaded {
         model,
@@ -41,7 +41,7 @@ pub fn load_model(
     })
 }
 
-pub fn tokenizer_of(model: &Qwen2Model) -> Result<Tokenizer> {
+pub fn tokenizer_of(model: &Model) -> Result<Tokenizer> {
     Tokenizer::from_gguf(model.gguf()).context("building the tokenizer from the GGUF")
 }
 

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tandem_cli_common::models::{load_model, resolve_model};
 use tandem_fetch::ModelRole;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_shard::profile::{LayerKind, LayerProfile};
 use tandem_shard::ModelProfile;
 
@@ -88,7 +88,7 @@ fn cpu_name() -> String {
 }
 
 /// Weight bytes: (embedding, per block, head).
-fn weight_bytes(m: &Qwen2Model) -> (u64, Vec<u64>, u64) {
+fn weight_bytes(m: &Model) -> (u64, Vec<u64>, u64) {
     let t = &m.gguf().tensors;
     let size = |name: &str| t.get(name).map_or(0, |e| e.len as u64);
     let n = m.config().n_layer;
@@ -115,7 +115,7 @@ fn weight_bytes(m: &Qwen2Model) -> (u64, Vec<u64>, u64) {
 /// Seconds per layer (embedding, blocks, head) of one pass over `k` tokens at
 /// position `ctx`; the cache is rolled back to `ctx` afterwards.
 fn one_pass(
-    m: &Qwen2Model,
+    m: &Model,
     cache: &mut tandem_model::kv_cache::KvCache,
     tokens: &[u32],
     ctx: usize,

@@ -27,7 +27,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -399,7 +399,7 @@ fn the_openai_python_client_accepts_serve_edge() {
 /// assistant turn opened), stopping at the end of the turn.
 fn target_greedy_chat(messages: &[ChatMessage], n: usize) -> Vec<u32> {
     let path = tandem_fetch::model_path(tandem_fetch::ModelRole::Target);
-    let model = Qwen2Model::load(path, LoadOptions::with_max_seq_len(1024)).unwrap();
+    let model = Model::load(path, LoadOptions::with_max_seq_len(1024)).unwrap();
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {

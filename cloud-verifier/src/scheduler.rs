@@ -43,7 +43,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_model::kv_pages::PagedKv;
-use tandem_model::qwen2::{BatchSeq, Logits, Qwen2Model};
+use tandem_model::transformer::{BatchSeq, Logits, Model};
 use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::v1::Reason;
 use tokio::sync::oneshot;
@@ -73,7 +73,7 @@ pub enum Work {
 
 /// A forward run alone by the scheduler, with the model and the session's state.
 pub type AloneFn =
-    Box<dyn FnOnce(&Qwen2Model, &mut SessionState) -> Result<Outcome, Refusal> + Send>;
+    Box<dyn FnOnce(&Model, &mut SessionState) -> Result<Outcome, Refusal> + Send>;
 
 /// What came of a job.
 #[derive(Debug)]
@@ -110,7 +110,7 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the scheduler thread.
     pub fn start(
-        model: Arc<Qwen2Model>,
+        model: Arc<Model>,
         cfg: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
@@ -189,7 +189,7 @@ impl Pending {
 }
 
 struct Worker {
-    model: Arc<Qwen2Model>,
+    model: Arc<Model>,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
     rx: mpsc::Receiver<(Job, Instant)>,

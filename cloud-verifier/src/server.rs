@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tandem_model::kv_pages::KvPool;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::Tokenizer;
 use tandem_proto::v1::verifier_server::VerifierServer;
 use tokio::net::TcpListener;
@@ -59,7 +59,7 @@ pub enum ServeError {
 
 /// The tokenizer fingerprint of a model: its GGUF tokenizer's, or (tiny test
 /// models without tokenizer metadata) `shape:` + sha256 of the model's shape.
-pub fn model_fingerprint(model: &Qwen2Model) -> String {
+pub fn model_fingerprint(model: &Model) -> String {
     match Tokenizer::from_gguf(model.gguf()) {
         Ok(t) => t.fingerprint(),
         Err(_) => {
@@ -174,7 +174,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     let max_seq_len = cfg.max_seq_len;
     let p = path.clone();
     let model = tokio::task::spawn_blocking(move || {
-        Qwen2Model::load(&p, LoadOptions::with_max_seq_len(max_seq_len))
+        Model::load(&p, LoadOptions::with_max_seq_len(max_seq_len))
     })
     .await
     .map_err(|e| ServeError::Join(e.to_string()))?

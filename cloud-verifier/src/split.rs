@@ -11,7 +11,7 @@
 
 use crate::error::Refusal;
 use crate::session::{SessionState, SplitSpec};
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::hidden;
 use tandem_proto::v1::{HiddenFormat, HiddenStates, Reason};
@@ -25,7 +25,7 @@ fn internal(e: tandem_model::ModelError) -> Refusal {
 }
 
 fn decode(
-    model: &Qwen2Model,
+    model: &Model,
     h: Option<&HiddenStates>,
     rows: usize,
     format: HiddenFormat,
@@ -37,7 +37,7 @@ fn decode(
 
 /// Runs layers `[s, N)` over `h` at `start_pos` (nothing when s = N).
 fn run_suffix(
-    model: &Qwen2Model,
+    model: &Model,
     spec: &SplitSpec,
     st: &mut SessionState,
     h: &mut [f32],
@@ -93,7 +93,7 @@ pub fn open_context(
 /// Prefills a new split session's layers `[s, N)` with the prompt's hidden
 /// states (its pages reserved for them).
 pub fn prefill(
-    model: &Qwen2Model,
+    model: &Model,
     st: &mut SessionState,
     prompt_hidden: Option<&HiddenStates>,
 ) -> Result<(), Refusal> {
@@ -122,7 +122,7 @@ pub enum SplitAnswer {
 /// model's server term can be checked against the server's own clock
 /// (`scripts/split_table.sh` reads it).
 pub fn split_round(
-    model: &Qwen2Model,
+    model: &Model,
     st: &mut SessionState,
     draft: &[u32],
     hidden: Option<&HiddenStates>,
@@ -144,7 +144,7 @@ pub fn split_round(
 }
 
 fn split_round_inner(
-    model: &Qwen2Model,
+    model: &Model,
     st: &mut SessionState,
     draft: &[u32],
     hidden: Option<&HiddenStates>,

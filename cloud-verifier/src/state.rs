@@ -13,7 +13,7 @@ use crate::store::{SessionStore, StoreError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tandem_model::kv_pages::{KvPool, PagedKv};
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_proto::v1::Reason;
 use tokio::sync::{oneshot, watch};
 
@@ -28,7 +28,7 @@ pub struct ServiceLimits {
 
 /// Shared state of the verify service.
 pub struct VerifierState {
-    pub model: Arc<Qwen2Model>,
+    pub model: Arc<Model>,
     pub model_id: String,
     pub fingerprint: String,
     pub limits: ServiceLimits,

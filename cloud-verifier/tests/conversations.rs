@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_proto::v1::verifier_client::VerifierClient;
 use tandem_proto::v1::{
     client_message, server_message, Close, Continuation, Open, Opened, Reason, SamplingParams,
@@ -63,7 +63,7 @@ async fn refused(c: &mut VerifierClient<Channel>, o: Open) -> tonic::Status {
 /// `ctx` following the verdicts. Returns the drafts and the verdicts.
 async fn run_rounds(
     conn: &mut Conn,
-    draft: &Qwen2Model,
+    draft: &Model,
     ctx: &mut Vec<u32>,
     rounds: u64,
 ) -> Vec<(Vec<u32>, Verdict)> {
@@ -84,7 +84,7 @@ async fn run_rounds(
 async fn kept_turn(
     c: &mut VerifierClient<Channel>,
     fp: &str,
-    draft: &Qwen2Model,
+    draft: &Model,
     prompt: &[u32],
     rounds: u64,
 ) -> (String, Vec<u32>) {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::Tokenizer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,7 +23,7 @@ async fn real_target_verifies_a_few_rounds() {
     let v = tandem_verifier::start(parse(dir.path(), &toml))
         .await
         .unwrap();
-    let target = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(512)).unwrap();
+    let target = Model::load(&path, LoadOptions::with_max_seq_len(512)).unwrap();
     let tok = Tokenizer::from_gguf(target.gguf()).unwrap();
     let p = tok.encode("fn fibonacci(n: u64) -> u64 {", false).unwrap();
     let want = target_greedy(&target, &p, 8);

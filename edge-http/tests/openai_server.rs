@@ -26,7 +26,7 @@ use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -41,8 +41,8 @@ const ADMIN: &str = "openai-admin-token-0123456789";
 
 struct Fixture {
     dir: tempfile::TempDir,
-    draft: Arc<Qwen2Model>,
-    target: Arc<Qwen2Model>,
+    draft: Arc<Model>,
+    target: Arc<Model>,
     tok: Tokenizer,
     rt: tokio::runtime::Runtime,
 }
@@ -62,7 +62,7 @@ fn fixture() -> Fixture {
     write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
     let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
     let load =
-        |p: &Path| Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
+        |p: &Path| Arc::new(Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {
         draft: load(&draft),
         target: load(&target),

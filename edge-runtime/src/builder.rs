@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_router::Router;
 
@@ -27,9 +27,9 @@ use crate::runtime::EdgeRuntime;
 
 /// What [`EdgeRuntime::builder`] returns; [`Self::build`] makes the runtime.
 pub struct EdgeRuntimeBuilder {
-    draft: Arc<Qwen2Model>,
+    draft: Arc<Model>,
     cfg: EdgeConfig,
-    split_target: Option<Arc<Qwen2Model>>,
+    split_target: Option<Arc<Model>>,
 }
 
 /// An [`EdgeRuntimeBuilder`] with the privacy router in front;
@@ -42,7 +42,7 @@ pub struct RoutedRuntimeBuilder {
 
 impl EdgeRuntime {
     /// Starts assembling a runtime around a loaded draft model and its config.
-    pub fn builder(draft: Arc<Qwen2Model>, cfg: EdgeConfig) -> EdgeRuntimeBuilder {
+    pub fn builder(draft: Arc<Model>, cfg: EdgeConfig) -> EdgeRuntimeBuilder {
         EdgeRuntimeBuilder {
             draft,
             cfg,
@@ -54,7 +54,7 @@ impl EdgeRuntime {
 impl EdgeRuntimeBuilder {
     /// The target model whose first layers the device runs (the config's
     /// `[split]`; required by it).
-    pub fn split_target(mut self, target: Arc<Qwen2Model>) -> Self {
+    pub fn split_target(mut self, target: Arc<Model>) -> Self {
         self.split_target = Some(target);
         self
     }
@@ -101,10 +101,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::split::{SplitConfig, SplitLayer};
-    use tandem_model::qwen2::LoadOptions;
+    use tandem_model::transformer::LoadOptions;
     use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
-    fn tiny() -> (tempfile::TempDir, Arc<Qwen2Model>, Tokenizer) {
+    fn tiny() -> (tempfile::TempDir, Arc<Model>, Tokenizer) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("tiny.gguf");
         let cfg = TinyConfig {
@@ -112,7 +112,7 @@ mod tests {
             ..TinyConfig::default()
         };
         write_tiny_qwen2(&p, &cfg).unwrap();
-        let m = Qwen2Model::load(&p, LoadOptions::with_max_seq_len(64)).unwrap();
+        let m = Model::load(&p, LoadOptions::with_max_seq_len(64)).unwrap();
         let tok = Tokenizer::from_gguf(m.gguf()).unwrap();
         (dir, Arc::new(m), tok)
     }

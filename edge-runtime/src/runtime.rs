@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tandem_model::proposer::ProposerKind;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::Tokenizer;
@@ -205,7 +205,7 @@ pub struct EdgeGeneration {
 /// The device runtime: draft model + verifier client + breaker. Reuse one runtime
 /// for many generations (the breaker and RTT history carry over).
 pub struct EdgeRuntime {
-    draft: Arc<Qwen2Model>,
+    draft: Arc<Model>,
     cfg: EdgeConfig,
     fingerprint: String,
     connector: Option<Connector>,
@@ -259,9 +259,9 @@ impl EdgeRuntime {
     /// overrides it. `split_target` is the target model whose first layers the
     /// device runs: required by `[split]`, refused without it.
     pub(crate) fn new(
-        draft: Arc<Qwen2Model>,
+        draft: Arc<Model>,
         cfg: EdgeConfig,
-        split_target: Option<Arc<Qwen2Model>>,
+        split_target: Option<Arc<Model>>,
     ) -> Result<Self, EdgeError> {
         cfg.validate()?;
         let split = match (cfg.split.clone(), split_target) {
@@ -656,7 +656,7 @@ impl DraftTiming {
 
 /// The warm-up forwards on a throwaway cache (a short prefill, then one
 /// decode step), timed.
-fn time_draft_forwards(draft: &Qwen2Model) -> Result<DraftTiming, EdgeError> {
+fn time_draft_forwards(draft: &Model) -> Result<DraftTiming, EdgeError> {
     let n = WARMUP_PREFILL
         .min(draft.max_seq_len().saturating_sub(1))
         .max(1);

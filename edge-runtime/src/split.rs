@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
@@ -390,7 +390,7 @@ pub fn predict(
 /// A split session's device side: the target and its KV cache for layers
 /// `[0, s)`.
 pub struct SplitExec {
-    target: Arc<Qwen2Model>,
+    target: Arc<Model>,
     cfg: SplitConfig,
     layer: usize,
     format: HiddenFormat,
@@ -411,7 +411,7 @@ pub struct SplitExec {
 
 impl SplitExec {
     /// Device-side split state for `target` (block size `k + 1` for `auto`).
-    pub fn new(target: Arc<Qwen2Model>, cfg: SplitConfig, k: usize) -> Result<Self, EdgeError> {
+    pub fn new(target: Arc<Model>, cfg: SplitConfig, k: usize) -> Result<Self, EdgeError> {
         cfg.validate()?;
         let n = target.config().n_layer;
         let profile = Profiles::load(&cfg, n)?;

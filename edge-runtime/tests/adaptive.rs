@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
@@ -21,8 +21,8 @@ const TOKEN: &str = "adaptive-test-token-0123456789";
 const FP: &str = "tiny-test-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
+fn load(p: &Path) -> Arc<Model> {
+    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::kv_pages::PAGE_TOKENS;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
@@ -17,8 +17,8 @@ const FP: &str = "tiny-test-fingerprint";
 const DEVICES: usize = 16;
 const MAX_TOKENS: usize = 24;
 
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
+fn load(p: &Path) -> Arc<Model> {
+    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn token(i: usize) -> String {

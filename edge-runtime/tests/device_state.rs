@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, ThermalState, TokenStatus};
 use tandem_model::forward_threads;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::ChatMessage;
@@ -23,8 +23,8 @@ const TOKEN: &str = "device-state-test-token-0123456789";
 const FP: &str = "tiny-test-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
+fn load(p: &Path) -> Arc<Model> {
+    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
@@ -56,7 +56,7 @@ fn four_threads() -> forward_threads::ForwardPoolGuard {
 struct Models {
     _dir: tempfile::TempDir,
     target_path: std::path::PathBuf,
-    draft: Arc<Qwen2Model>,
+    draft: Arc<Model>,
     expected: Vec<u32>,
 }
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use prost::Message;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, RoutedRuntime, ThermalState, TokenStatus};
 use tandem_model::gguf::GgufFile;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -278,7 +278,7 @@ impl Capture {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    draft: Arc<Qwen2Model>,
+    draft: Arc<Model>,
     tok: Tokenizer,
     rt: tokio::runtime::Runtime,
     verifier: Option<RunningVerifier>,
@@ -324,7 +324,7 @@ fn fixture() -> Fixture {
     let (proxy, rec) = start_recorder(&rt, verifier.grpc_addr);
     Fixture {
         _dir: dir,
-        draft: Arc::new(Qwen2Model::load(&draft, LoadOptions::with_max_seq_len(4096)).unwrap()),
+        draft: Arc::new(Model::load(&draft, LoadOptions::with_max_seq_len(4096)).unwrap()),
         tok,
         rt,
         verifier: Some(verifier),

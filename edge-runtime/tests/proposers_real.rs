@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
 use tandem_model::proposer::ProposerKind;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -48,8 +48,8 @@ fn prompts(set: &str) -> Vec<String> {
 fn lookup_and_auto_over_the_network_give_the_target_s_greedy_output_on_both_sets() {
     let (draft_p, target_p) = (model_file(ModelRole::Draft), model_file(ModelRole::Target));
     let opts = LoadOptions::with_max_seq_len(2048);
-    let draft = Arc::new(Qwen2Model::load(&draft_p, opts.clone()).unwrap());
-    let target = Qwen2Model::load(&target_p, opts).unwrap();
+    let draft = Arc::new(Model::load(&draft_p, opts.clone()).unwrap());
+    let target = Model::load(&target_p, opts).unwrap();
     let tok = Tokenizer::from_gguf(draft.gguf()).unwrap();
     let fp = tok.fingerprint();
 

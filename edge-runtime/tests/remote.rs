@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::speculative::{generate_single_with, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_verifier::RunningVerifier;
@@ -86,7 +86,7 @@ fn gen_cfg(k: usize, max_tokens: usize) -> GenerateConfig {
     }
 }
 
-fn target_only(target: &Qwen2Model, max_tokens: usize) -> Vec<u32> {
+fn target_only(target: &Model, max_tokens: usize) -> Vec<u32> {
     target_greedy(target, PROMPT, max_tokens)
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tandem_edge::split::{SplitConfig, SplitLayer};
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -21,8 +21,8 @@ const FP: &str = "tiny-split-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 const N_LAYER: usize = 4;
 
-fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
+fn load(p: &Path) -> Arc<Model> {
+    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 fn io_runtime() -> tokio::runtime::Runtime {
@@ -47,8 +47,8 @@ fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> RunningVerifie
 fn edge(
     url: &str,
     split: SplitConfig,
-    draft: Arc<Qwen2Model>,
-    target: Arc<Qwen2Model>,
+    draft: Arc<Model>,
+    target: Arc<Model>,
 ) -> EdgeRuntime {
     let cfg = EdgeConfig {
         verifier_url: Some(url.into()),
@@ -75,8 +75,8 @@ fn gen_cfg(sampling: SamplingParams) -> GenerateConfig {
 
 struct Setup {
     _dir: tempfile::TempDir,
-    draft: Arc<Qwen2Model>,
-    target: Arc<Qwen2Model>,
+    draft: Arc<Model>,
+    target: Arc<Model>,
     target_path: std::path::PathBuf,
 }
 

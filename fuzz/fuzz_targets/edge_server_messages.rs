@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::verifier_server::{Verifier, VerifierServer};
@@ -237,7 +237,7 @@ struct Harness {
     _io: tokio::runtime::Runtime,
     url: String,
     script: Script,
-    draft: Arc<Qwen2Model>,
+    draft: Arc<Model>,
     vocab: u32,
 }
 
@@ -257,7 +257,7 @@ fn harness() -> &'static Harness {
         let path = dir.join("draft.gguf");
         write_tiny_qwen2(&path, &TinyConfig::draft_like()).expect("tiny model");
         let draft =
-            Arc::new(Qwen2Model::load(&path, LoadOptions::with_max_seq_len(256)).expect("load"));
+            Arc::new(Model::load(&path, LoadOptions::with_max_seq_len(256)).expect("load"));
         // The mapping outlives the file: leave nothing behind in /tmp.
         let _ = std::fs::remove_dir_all(&dir);
         let vocab = u32::try_from(draft.config().vocab).expect("vocab");

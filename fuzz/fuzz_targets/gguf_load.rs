@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use tandem_model::gguf::GgufFile;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::Tokenizer;
 
 /// One scratch file per fuzzing process (the loader maps a path).
@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
             max_seq_len: 8,
             repack,
         };
-        let Ok(model) = Qwen2Model::from_gguf(gguf, opts) else {
+        let Ok(model) = Model::from_gguf(gguf, opts) else {
             return;
         };
         if let Some(tok) = &tok {

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use tandem_capi::{TandemRuntime, TandemStats, TandemStatus, TandemTokenStatus};
 use tandem_model::kv_cache::KvPrecision;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single_with, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -211,7 +211,7 @@ fn c_abi_pieces(config: &Path, prompt: &str, max_tokens: u32) -> (Vec<(String, S
 }
 
 /// Greedy output of `model` alone for the chat prompt, decoded.
-fn greedy_text(model: &Qwen2Model, prompt: &str, n: usize, kv: KvPrecision) -> String {
+fn greedy_text(model: &Model, prompt: &str, n: usize, kv: KvPrecision) -> String {
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode_chat(&[ChatMessage::user(prompt)], true).unwrap();
     let cfg = GenerateConfig {
@@ -262,7 +262,7 @@ fn local_mode_streams_what_the_c_abi_streams_the_drafts_greedy_output() {
     ]);
     assert_eq!(line(&out, "version "), env!("CARGO_PKG_VERSION"));
     let text = same_as_c_abi(&out, &config, "LOCAL");
-    let draft = Qwen2Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
+    let draft = Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     let kv = GenerateConfig::default().draft_kv;
     assert_eq!(text, greedy_text(&draft, PROMPT, N, kv));
     let stats = line(&out, "stats ");

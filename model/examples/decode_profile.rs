@@ -22,7 +22,7 @@ use tandem_fetch::{model_path, ModelRole};
 
 use tandem_model::gguf::GgufFile;
 use tandem_model::quant::{self, Isa, QMatrix, QuantFormat};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("unknown model {other} (draft|target)").into()),
     };
     let path = model_path(role);
-    let model = Qwen2Model::load(&path, LoadOptions::default())?;
+    let model = Model::load(&path, LoadOptions::default())?;
     let cfg = model.config().clone();
     println!(
         "{which}: {} layers d={} ff={} vocab={}  threads {}  isa {}  load {:?}",

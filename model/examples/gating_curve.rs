@@ -27,7 +27,7 @@
 //! the gate needs to pay. Greedy; threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, token_prob};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
@@ -60,8 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let opts = || LoadOptions::with_max_seq_len(2048);
-    let draft = Qwen2Model::load(model_path(ModelRole::Draft), opts())?;
-    let target = Qwen2Model::load(model_path(ModelRole::Target), opts())?;
+    let draft = Model::load(model_path(ModelRole::Draft), opts())?;
+    let target = Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
     let stops = [tok.im_end_id(), tok.endoftext_id()];
 

@@ -17,7 +17,7 @@
 //! from. Threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{
     argmax, distribution, keyed_token, next_token, Distribution, SamplingParams,
 };
@@ -81,8 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let opts = || LoadOptions::with_max_seq_len(2048);
-    let draft = Qwen2Model::load(model_path(ModelRole::Draft), opts())?;
-    let target = Qwen2Model::load(model_path(ModelRole::Target), opts())?;
+    let draft = Model::load(model_path(ModelRole::Draft), opts())?;
+    let target = Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
     let stops = [tok.im_end_id(), tok.endoftext_id()];
     let vocab = target.config().vocab;

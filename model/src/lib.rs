@@ -7,7 +7,7 @@
 //!   bit-identical between a one-token decode and a block verify.
 //! - [`tokenizer`]: the Qwen2 byte-level BPE tokenizer built from GGUF metadata,
 //!   special tokens, ChatML template and a UTF-8-safe streaming decoder.
-//! - [`qwen2`]: the transformer: `embed`, `forward_layers(range, hidden)`, `head`,
+//! - [`transformer`]: the transformer ([`transformer::Model`], every supported architecture): `embed`, `forward_layers(range, hidden)`, `head`,
 //!   and `forward_batch` (many sequences' rows in one forward, each attending only
 //!   to its own KV, logits only for the rows that ask); KV in a
 //!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`; f32, or INT8 for a draft:
@@ -23,6 +23,7 @@
 //! - [`forward_threads`]: which rayon pool (how many threads) a forward called
 //!   on this thread uses (the device runs its draft on fewer when hot).
 
+mod attention;
 pub mod error;
 pub mod forward_threads;
 pub mod gguf;
@@ -30,7 +31,7 @@ pub mod kv_cache;
 pub mod kv_pages;
 pub mod proposer;
 pub mod quant;
-pub mod qwen2;
+pub mod transformer;
 pub mod sampling;
 pub mod speculative;
 pub mod testing;

@@ -12,7 +12,7 @@
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
-use crate::qwen2::Qwen2Model;
+use crate::transformer::Model;
 use crate::sampling::{next_token, SamplingParams};
 use crate::verify::{verdict_from_logits, Verdict};
 use crate::{ModelError, Result};
@@ -234,7 +234,7 @@ fn check_prompt(prompt: &[u32], capacity: usize) -> Result<()> {
 
 /// Plain autoregressive generation with one model (f32 KV cache).
 pub fn generate_single(
-    model: &Qwen2Model,
+    model: &Model,
     prompt: &[u32],
     cfg: &GenerateConfig,
     on_token: &mut OnToken<'_>,
@@ -245,7 +245,7 @@ pub fn generate_single(
 /// [`generate_single`] with the model's KV cache at `kv` (draft-only
 /// generation with [`GenerateConfig::draft_kv`]).
 pub fn generate_single_with(
-    model: &Qwen2Model,
+    model: &Model,
     kv: KvPrecision,
     prompt: &[u32],
     cfg: &GenerateConfig,
@@ -299,7 +299,7 @@ pub fn generate_single_with(
 /// fed on its next use, so a generation that never asks the draft never pays
 /// for its prefill.
 struct DraftModel<'m> {
-    model: &'m Qwen2Model,
+    model: &'m Model,
     cache: KvCache,
 }
 
@@ -352,8 +352,8 @@ impl DraftModel<'_> {
 /// `cfg.proposer` chooses what proposes each block (with
 /// [`ProposerKind::Lookup`] the draft model is never run).
 pub fn generate_speculative(
-    draft: &Qwen2Model,
-    target: &Qwen2Model,
+    draft: &Model,
+    target: &Model,
     prompt: &[u32],
     cfg: &GenerateConfig,
     on_token: &mut OnToken<'_>,

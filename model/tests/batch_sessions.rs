@@ -7,20 +7,20 @@
 use rand::{Rng, SeedableRng};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::kv_pages::{KvPool, PagedKv};
-use tandem_model::qwen2::{BatchSeq, LoadOptions, Logits, Qwen2Model};
+use tandem_model::transformer::{BatchSeq, LoadOptions, Logits, Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
 const MAX_SEQ: usize = 256;
 
-fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Qwen2Model) {
+fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_qwen2(&path, cfg).unwrap();
-    let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(MAX_SEQ)).unwrap();
+    let m = Model::load(&path, LoadOptions::with_max_seq_len(MAX_SEQ)).unwrap();
     (dir, m)
 }
 
-fn pool(m: &Qwen2Model) -> std::sync::Arc<KvPool> {
+fn pool(m: &Model) -> std::sync::Arc<KvPool> {
     let c = m.config();
     KvPool::new(c.n_layer, c.n_kv_head, c.head_dim, 64 << 20)
 }
@@ -64,7 +64,7 @@ fn random_mix(rng: &mut impl Rng, vocab: usize, max_rows: usize) -> Vec<Session>
 }
 
 /// The reference: the session alone, on a contiguous cache.
-fn alone(m: &Qwen2Model, s: &Session) -> Vec<f32> {
+fn alone(m: &Model, s: &Session) -> Vec<f32> {
     let mut c = m.new_cache();
     if !s.prefix.is_empty() {
         m.forward_last(&s.prefix, 0, &mut c).unwrap();

@@ -23,7 +23,7 @@ use candle_core::quantized::GgmlDType;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, distribution, keyed_token, Sampler, SamplingParams};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
@@ -119,7 +119,7 @@ fn tiny_models_give_the_x86_logits_bit_for_bit() {
         let path = dir.path().join("tiny.gguf");
         write_tiny_qwen2(&path, &cfg).unwrap();
         let gguf = Sha256::digest(std::fs::read(&path).unwrap());
-        let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(64)).unwrap();
+        let m = Model::load(&path, LoadOptions::with_max_seq_len(64)).unwrap();
         let toks: Vec<u32> = (0..35)
             .map(|i| ((i * 7919 + 13) % cfg.vocab) as u32)
             .collect();

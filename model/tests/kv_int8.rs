@@ -4,14 +4,14 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::kv_cache::{KvCache, KvPrecision, KvRow, KvStore};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
-fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Qwen2Model) {
+fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_qwen2(&path, cfg).unwrap();
-    let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(128)).unwrap();
+    let m = Model::load(&path, LoadOptions::with_max_seq_len(128)).unwrap();
     (dir, m)
 }
 
@@ -20,7 +20,7 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Logits of every position, computing the sequence in blocks of `block`.
-fn logits(m: &Qwen2Model, kv: KvPrecision, toks: &[u32], block: usize) -> Vec<f32> {
+fn logits(m: &Model, kv: KvPrecision, toks: &[u32], block: usize) -> Vec<f32> {
     let mut cache = m.new_cache_with(kv);
     assert_eq!(cache.precision(), kv);
     let mut out = Vec::new();

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_qwen2::ModelWeights;
 use common::*;
 use tandem_fetch::ModelRole;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 
 const ROLES: [ModelRole; 2] = [ModelRole::Draft, ModelRole::Target];
@@ -23,7 +23,7 @@ fn prompt_64(tok: &tandem_model::tokenizer::Tokenizer) -> Vec<u32> {
     ids[..64].to_vec()
 }
 
-fn logits_in_blocks(m: &Qwen2Model, toks: &[u32], block: usize) -> Vec<f32> {
+fn logits_in_blocks(m: &Model, toks: &[u32], block: usize) -> Vec<f32> {
     let mut cache = m.new_cache();
     let mut out = Vec::with_capacity(toks.len() * m.config().vocab);
     let mut pos = 0;
@@ -67,8 +67,8 @@ fn regrouped_q5_0_matrices_give_the_mapped_logits_bit_for_bit() {
         repack,
         ..LoadOptions::with_max_seq_len(128)
     };
-    let mapped = Qwen2Model::load(&path, opts(false)).unwrap();
-    let packed = Qwen2Model::load(&path, opts(true)).unwrap();
+    let mapped = Model::load(&path, opts(false)).unwrap();
+    let packed = Model::load(&path, opts(true)).unwrap();
     assert_eq!(mapped.regrouped(), (0, 0));
     let (n, bytes) = packed.regrouped();
     // 24 layers: attn_q/k/output and ffn_gate/up are Q5_0, attn_v sometimes.
@@ -116,7 +116,7 @@ impl CandleModel {
 /// diff, argmax disagreements with the gap between the two candidates in our
 /// logits).
 fn cross_check(
-    ours: &Qwen2Model,
+    ours: &Model,
     theirs: &mut CandleModel,
     prompt: &[u32],
     n: usize,
@@ -196,7 +196,7 @@ fn greedy_tokens_match_candle_transformers() {
 #[test]
 fn real_target_mixed_session_batches_of_24_40_64_rows_match_each_session_alone() {
     use tandem_model::kv_pages::{KvPool, PagedKv};
-    use tandem_model::qwen2::{BatchSeq, Logits};
+    use tandem_model::transformer::{BatchSeq, Logits};
     let tok = tokenizer();
     let toks = prompt_64(&tok);
     let m = load(ModelRole::Target, 256);

@@ -5,14 +5,14 @@
 
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
     generate_single, generate_single_with, generate_speculative, GenerateConfig, StopReason,
 };
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 
-fn pair(dir: &std::path::Path, cap: usize) -> (Qwen2Model, Qwen2Model) {
+fn pair(dir: &std::path::Path, cap: usize) -> (Model, Model) {
     let t = dir.join("target.gguf");
     let d = dir.join("draft.gguf");
     write_tiny_qwen2(&t, &TinyConfig::default()).unwrap();
@@ -27,8 +27,8 @@ fn pair(dir: &std::path::Path, cap: usize) -> (Qwen2Model, Qwen2Model) {
     .unwrap();
     let o = LoadOptions::with_max_seq_len(cap);
     (
-        Qwen2Model::load(&d, o.clone()).unwrap(),
-        Qwen2Model::load(&t, o).unwrap(),
+        Model::load(&d, o.clone()).unwrap(),
+        Model::load(&t, o).unwrap(),
     )
 }
 

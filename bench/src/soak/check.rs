@@ -19,7 +19,7 @@ use std::path::Path;
 use tandem_edge::conversation::common_prefix;
 use tandem_edge::TokenStatus;
 use tandem_model::kv_cache::KvCache;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 
 /// A prompt's target-only greedy generation.
@@ -37,7 +37,7 @@ struct Reference {
 
 /// The target model and every prompt's reference.
 pub struct TargetOracle {
-    model: Qwen2Model,
+    model: Model,
     references: Vec<Reference>,
 }
 
@@ -76,7 +76,7 @@ impl TargetOracle {
     ) -> Result<Self> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let capacity = longest.saturating_add(max_tokens).saturating_add(8);
-        let model = Qwen2Model::load(target, LoadOptions::with_max_seq_len(capacity))
+        let model = Model::load(target, LoadOptions::with_max_seq_len(capacity))
             .with_context(|| format!("loading {}", target.display()))?;
         let references = prompts
             .iter()
@@ -146,7 +146,7 @@ impl TargetOracle {
 
 /// The target-only greedy generation of `prompt`, one token at a time.
 fn reference(
-    model: &Qwen2Model,
+    model: &Model,
     prompt: &[u32],
     max_tokens: usize,
     stop_tokens: &[u32],

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, TokenStatus};
 use tandem_edge::{ProvisionalCheck, ProvisionalReport};
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 
 /// A generation that returned (whatever its stop reason).
@@ -43,7 +43,7 @@ pub struct Record {
 
 /// What the coordinator shares with every device.
 pub struct Shared {
-    pub draft: Arc<Qwen2Model>,
+    pub draft: Arc<Model>,
     pub edge: EdgeConfig,
     pub gen: GenerateConfig,
     pub prompts: Arc<Vec<Vec<u32>>>,

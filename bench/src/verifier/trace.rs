@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_model::verify::verify_prefix;
@@ -236,9 +236,9 @@ pub fn record(
     let encoded = encode_prompts(&tok, prompts, key.prompt_tail)?;
     let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest + key.tokens + k_max + 8;
-    let target = Qwen2Model::load(target_path, LoadOptions::with_max_seq_len(capacity))
+    let target = Model::load(target_path, LoadOptions::with_max_seq_len(capacity))
         .with_context(|| format!("loading {}", target_path.display()))?;
-    let draft = Qwen2Model::load(draft_path, LoadOptions::with_max_seq_len(capacity))
+    let draft = Model::load(draft_path, LoadOptions::with_max_seq_len(capacity))
         .with_context(|| format!("loading {}", draft_path.display()))?;
     let mut recorded = Vec::new();
     for schedule in &key.schedules {
@@ -293,8 +293,8 @@ fn check_same_output(recorded: &[Recorded]) -> Result<()> {
 /// The greedy speculative loop of one prompt, round by round, until at least
 /// `tokens` tokens are emitted.
 fn record_session(
-    draft: &Qwen2Model,
-    target: &Qwen2Model,
+    draft: &Model,
+    target: &Model,
     prompt: &[u32],
     ks: &[usize],
     tokens: usize,

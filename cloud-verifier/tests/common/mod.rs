@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::verifier_client::VerifierClient;
@@ -35,8 +35,8 @@ pub fn tiny_models() -> Models {
     Models { dir, target, draft }
 }
 
-pub fn load(p: &Path) -> Qwen2Model {
-    Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap()
+pub fn load(p: &Path) -> Model {
+    Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap()
 }
 
 /// TOML for a plain-text loopback verifier on OS-assigned ports; `extra` is appended
@@ -171,7 +171,7 @@ pub fn reason(st: &Status) -> Reason {
 }
 
 /// The target's own greedy output: `n` tokens after `prompt`.
-pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], n: usize) -> Vec<u32> {
+pub fn target_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut cache = model.new_cache();
     let mut logits = model.forward_last(prompt, 0, &mut cache).unwrap();
     let mut out = Vec::new();
@@ -184,7 +184,7 @@ pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 /// `k` greedy draft tokens after `ctx` (fresh cache: simple, fine for tiny models).
-pub fn draft_greedy(model: &Qwen2Model, ctx: &[u32], k: usize) -> Vec<u32> {
+pub fn draft_greedy(model: &Model, ctx: &[u32], k: usize) -> Vec<u32> {
     let mut c = ctx.to_vec();
     let mut out = Vec::new();
     for _ in 0..k {
@@ -207,7 +207,7 @@ pub fn prompt(n: usize) -> Vec<u32> {
 pub async fn generate(
     conn_for: &mut VerifierClient<Channel>,
     fp: &str,
-    draft: &tandem_model::qwen2::Qwen2Model,
+    draft: &tandem_model::transformer::Model,
     prompt: &[u32],
     n: usize,
     on_round: impl FnMut(u64, &str),
@@ -220,7 +220,7 @@ pub async fn generate_as(
     token: &str,
     conn_for: &mut VerifierClient<Channel>,
     fp: &str,
-    draft: &tandem_model::qwen2::Qwen2Model,
+    draft: &tandem_model::transformer::Model,
     prompt: &[u32],
     n: usize,
     mut on_round: impl FnMut(u64, &str),

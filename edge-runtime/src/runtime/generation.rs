@@ -12,7 +12,7 @@ use crate::error::EdgeError;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::proposer::NgramIndex;
-use tandem_model::qwen2::Qwen2Model;
+use tandem_model::transformer::Model;
 use tandem_model::sampling::{apply_repetition_penalty, argmax, next_token, token_prob};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 
@@ -27,7 +27,7 @@ pub(super) struct Check {
 /// what has been emitted. Invariant: the draft cache plus `pending` hold
 /// exactly `ctx` (pending: tokens the draft has not run yet, never empty).
 pub(super) struct Generation<'a, 'b> {
-    pub(super) draft: &'a Qwen2Model,
+    pub(super) draft: &'a Model,
     pub(super) gen: &'a GenerateConfig,
     pub(super) prompt_len: usize,
     pub(super) ctx: Vec<u32>,
@@ -62,7 +62,7 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// state from `conversations` (which gives none when disabled) and puts
     /// it back when the request is refused, so a refusal loses nothing.
     pub(super) fn begin(
-        draft: &'a Qwen2Model,
+        draft: &'a Model,
         conversations: &mut ConversationCache,
         conversation: Option<&str>,
         prompt: &[u32],
@@ -82,7 +82,7 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// is taken only once the request is valid (a refused request leaves the
     /// conversation's state where it was).
     pub(super) fn new(
-        draft: &'a Qwen2Model,
+        draft: &'a Model,
         prompt: &[u32],
         gen: &'a GenerateConfig,
         on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{next_token, SamplingParams};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -17,19 +17,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The tokenizer fingerprint the tiny verifiers are configured with.
 pub const FP: &str = "tiny-test-fingerprint";
 
-pub fn load(p: &Path) -> Arc<Qwen2Model> {
-    Arc::new(Qwen2Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
+pub fn load(p: &Path) -> Arc<Model> {
+    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
 }
 
 /// The model's own greedy output for `prompt` (one token per forward).
-pub fn target_greedy(model: &Qwen2Model, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+pub fn target_greedy(model: &Model, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     target_own(model, prompt, max_tokens, SamplingParams::default())
 }
 
 /// The model's own output for `prompt` under `sampling` (one token per
 /// forward): what a generation through the verifier must equal.
 pub fn target_own(
-    model: &Qwen2Model,
+    model: &Model,
     prompt: &[u32],
     max_tokens: usize,
     sampling: SamplingParams,
@@ -47,7 +47,7 @@ pub fn target_own(
 
 /// Greedy prediction of `model` for every output position of `prompt + out`
 /// (row i = the model's argmax for out[i] given everything before it).
-pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Vec<u32> {
+pub fn greedy_predictions(model: &Model, prompt: &[u32], out: &[u32]) -> Vec<u32> {
     predictions(model, prompt, out, &SamplingParams::default())
 }
 
@@ -55,7 +55,7 @@ pub fn greedy_predictions(model: &Qwen2Model, prompt: &[u32], out: &[u32]) -> Ve
 /// out` (row i: its argmax, or its keyed draw, for out[i] given everything
 /// before it).
 pub fn predictions(
-    model: &Qwen2Model,
+    model: &Model,
     prompt: &[u32],
     out: &[u32],
     sampling: &SamplingParams,

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
 use tandem_model::gguf::GgufFile;
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 
 pub fn model_file(role: ModelRole) -> PathBuf {
@@ -20,8 +20,8 @@ pub fn model_file(role: ModelRole) -> PathBuf {
     p
 }
 
-pub fn load(role: ModelRole, max_seq_len: usize) -> Qwen2Model {
-    Qwen2Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len))
+pub fn load(role: ModelRole, max_seq_len: usize) -> Model {
+    Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len))
         .expect("load model")
 }
 

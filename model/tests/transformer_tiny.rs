@@ -2,15 +2,15 @@
 //! ranges and error handling. Fast; no model files needed.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use tandem_model::qwen2::{LoadOptions, Qwen2Model};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::ModelError;
 
-fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Qwen2Model) {
+fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_qwen2(&path, cfg).unwrap();
-    let m = Qwen2Model::load(&path, LoadOptions::with_max_seq_len(128)).unwrap();
+    let m = Model::load(&path, LoadOptions::with_max_seq_len(128)).unwrap();
     (dir, m)
 }
 
@@ -19,7 +19,7 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Logits of every position, computing the sequence in blocks of `block`.
-fn logits_in_blocks(m: &Qwen2Model, toks: &[u32], block: usize) -> Vec<f32> {
+fn logits_in_blocks(m: &Model, toks: &[u32], block: usize) -> Vec<f32> {
     let mut cache = m.new_cache();
     let mut out = Vec::new();
     let mut pos = 0;
@@ -150,12 +150,12 @@ fn corrupt_and_foreign_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.gguf");
     assert!(matches!(
-        Qwen2Model::load(&missing, LoadOptions::default()),
+        Model::load(&missing, LoadOptions::default()),
         Err(ModelError::NotFound(_))
     ));
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"definitely not a gguf file").unwrap();
-    let e = Qwen2Model::load(&junk, LoadOptions::default()).unwrap_err();
+    let e = Model::load(&junk, LoadOptions::default()).unwrap_err();
     assert!(matches!(e, ModelError::BadGguf { .. }), "{e}");
     // Truncated: a valid file cut in half.
     let good = dir.path().join("good.gguf");
@@ -163,7 +163,7 @@ fn corrupt_and_foreign_files_are_clear_errors() {
     let bytes = std::fs::read(&good).unwrap();
     let cut = dir.path().join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let e = Qwen2Model::load(&cut, LoadOptions::default()).unwrap_err();
+    let e = Model::load(&cut, LoadOptions::default()).unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
 }
 
@@ -180,7 +180,7 @@ fn unknown_architecture_is_refused_by_name() {
     bytes[val..val + 5].copy_from_slice(b"llama");
     let other = dir.path().join("llama.gguf");
     std::fs::write(&other, bytes).unwrap();
-    let e = Qwen2Model::load(&other, LoadOptions::default()).unwrap_err();
+    let e = Model::load(&other, LoadOptions::default()).unwrap_err();
     assert!(
         matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "llama"),
         "{e}"

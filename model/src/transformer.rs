@@ -8,9 +8,10 @@
 //! `[rows, features]`, row-major.
 
 use crate::gguf::{GgufFile, TensorEntry};
-use crate::kv_cache::{widen_i8, KvCache, KvPrecision, KvRow, KvStore};
+use crate::attention::attend;
+use crate::kv_cache::{KvCache, KvPrecision, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
-use crate::vecops::{axpy, dot};
+use crate::vecops::dot;
 use crate::{ModelError, Result};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Qwen2Config {
+pub struct ModelConfig {
     pub n_layer: usize,
     pub d_model: usize,
     pub n_head: usize,
@@ -32,7 +33,7 @@ pub struct Qwen2Config {
     pub context_length: usize,
 }
 
-impl Qwen2Config {
+impl ModelConfig {
     fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.meta_str("general.architecture")?;
         if arch != "qwen2" {
@@ -249,7 +250,7 @@ struct Layer {
 /// Options for loading a model.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Maximum sequence length of caches created by [`Qwen2Model::new_cache`].
+    /// Maximum sequence length of caches created by [`Model::new_cache`].
     pub max_seq_len: usize,
     /// Regroup the layers' Q5_0 matrices into [`QuantFormat::Q5_0x4`] at load
     /// time (read from the file into memory instead of mapped; same size,
@@ -280,9 +281,9 @@ impl Default for LoadOptions {
 /// A loaded Qwen2 model: weights stay in the memory-mapped GGUF, except
 /// matrices regrouped at load time ([`LoadOptions::repack`]), which replace
 /// their mapped originals.
-pub struct Qwen2Model {
+pub struct Model {
     gguf: GgufFile,
-    cfg: Qwen2Config,
+    cfg: ModelConfig,
     opts: LoadOptions,
     embd: Weight,
     output: Weight,
@@ -291,16 +292,16 @@ pub struct Qwen2Model {
     inv_freq: Vec<f64>,
 }
 
-impl std::fmt::Debug for Qwen2Model {
+impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qwen2Model")
+        f.debug_struct("Model")
             .field("path", &self.gguf.path)
             .field("cfg", &self.cfg)
             .finish()
     }
 }
 
-impl Qwen2Model {
+impl Model {
     /// Open a GGUF file and map its weights (no copies; only norms, biases
     /// and the matrices regrouped by [`LoadOptions::repack`] are read into
     /// memory).
@@ -315,7 +316,7 @@ impl Qwen2Model {
                 "max_seq_len must be at least 1".into(),
             ));
         }
-        let cfg = Qwen2Config::from_gguf(&gguf)?;
+        let cfg = ModelConfig::from_gguf(&gguf)?;
         let (d, hd) = (cfg.d_model, cfg.head_dim);
         let kvd = cfg.n_kv_head * hd;
         let w = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
@@ -374,7 +375,7 @@ impl Qwen2Model {
         Ok(model)
     }
 
-    pub fn config(&self) -> &Qwen2Config {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -669,7 +670,7 @@ impl Qwen2Model {
             let (seq, pos) = rows[i];
             let g = h / group;
             let qh = &q[i * d + h * hd..i * d + (h + 1) * hd];
-            attend(qh, caches[seq], l, pos + 1, g * hd, hd, scale, out);
+            attend(qh, caches[seq], l, 0..pos + 1, g * hd, hd, scale, out);
         });
         let mut o = vec![0f32; n * d];
         quant::matmul(&layer.wo.view(bytes), &attn, n, &mut o);
@@ -706,7 +707,7 @@ impl Qwen2Model {
     }
 }
 
-/// Which logits a sequence of [`Qwen2Model::forward_batch`] wants.
+/// Which logits a sequence of [`Model::forward_batch`] wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
     /// Every row's (a verify block).
@@ -728,7 +729,7 @@ impl Logits {
     }
 }
 
-/// One sequence of a [`Qwen2Model::forward_batch`]: its tokens, where they
+/// One sequence of a [`Model::forward_batch`]: its tokens, where they
 /// start, its KV and which logits it wants.
 pub struct BatchSeq<'a, C: KvStore> {
     pub tokens: &'a [u32],
@@ -737,7 +738,7 @@ pub struct BatchSeq<'a, C: KvStore> {
     pub logits: Logits,
 }
 
-/// One sequence's rows in [`Qwen2Model::forward_layers_batch`]: `n` rows at
+/// One sequence's rows in [`Model::forward_layers_batch`]: `n` rows at
 /// positions `start_pos..start_pos + n` of `cache`.
 pub struct SeqRows<'a, C: KvStore> {
     pub start_pos: usize,
@@ -764,54 +765,6 @@ fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)]) {
             let (a, b) = (head[j], head[j + half]);
             head[j] = a * c - b * s;
             head[j + half] = a * s + b * c;
-        }
-    }
-}
-
-/// Causal attention of one query head over the first `ctx` positions of
-/// `layer` in `cache` (the head's K/V at `off..off + hd` of each row). An f32
-/// row is read in place; an INT8 row's head is widened to f32 and its scale
-/// applied to the dot product (keys) or the weight (values).
-#[allow(clippy::too_many_arguments)]
-fn attend<C: KvStore>(
-    q: &[f32],
-    cache: &C,
-    layer: usize,
-    ctx: usize,
-    off: usize,
-    hd: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let head = off / hd;
-    let mut wide = Vec::new(); // an INT8 head widened (stays empty for f32)
-    let mut scores = vec![0f32; ctx];
-    let mut max = f32::NEG_INFINITY;
-    for (t, s) in scores.iter_mut().enumerate() {
-        *s = match cache.key(layer, t) {
-            KvRow::F32(r) => dot(q, &r[off..off + hd]),
-            KvRow::Int8 { q: kq, scales } => {
-                widen_i8(&kq[off..off + hd], &mut wide);
-                dot(q, &wide) * scales[head]
-            }
-        } * scale;
-        max = max.max(*s);
-    }
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    out.fill(0.0);
-    for (t, s) in scores.iter().enumerate() {
-        let w = s * inv;
-        match cache.value(layer, t) {
-            KvRow::F32(r) => axpy(out, w, &r[off..off + hd]),
-            KvRow::Int8 { q: vq, scales } => {
-                widen_i8(&vq[off..off + hd], &mut wide);
-                axpy(out, w * scales[head], &wide);
-            }
         }
     }
 }
