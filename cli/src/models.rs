@@ -28,6 +28,43 @@ enum ModelsCommand {
     List(ListArgs),
     /// Print where a model's GGUF is (or will be after `fetch`).
     Path(PathArgs),
+    /// Whether two GGUF files can pair as draft and target, and why not.
+    ///
+    /// They pair when their vocabularies agree (the embedding tables may differ
+    /// by up to 128 trailing padding rows) and so do their tokenizers: every
+    /// token's text and type, the special ids and the tokenizer fingerprint.
+    /// Exit status 0 when they pair, 1 when not.
+    CheckPair(CheckPairArgs),
+    /// What a GGUF file is: architecture, shape, vocabulary, tensor formats,
+    /// tokenizer and chat template, and whether Tandem can run it.
+    Info(InfoArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckPairArgs {
+    /// The draft model: a GGUF path or a built-in name (draft, target, gemma, …).
+    draft: String,
+    /// The target model: a GGUF path or a built-in name.
+    target: String,
+    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct InfoArgs {
+    /// GGUF files or built-in names.
+    #[arg(required = true)]
+    files: Vec<String>,
+    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print one JSON array.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -102,7 +139,86 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{}", a.model.spec().path_in(&dir).display());
             Ok(())
         }
+        ModelsCommand::CheckPair(a) => run_check_pair(a),
+        ModelsCommand::Info(a) => run_info(a),
     }
+}
+
+/// A user-named file, or the path of a built-in model by its short name.
+fn model_file(name: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let p = PathBuf::from(name);
+    if p.exists() {
+        return Ok(p);
+    }
+    if let Some(spec) = ModelSpec::by_name(name) {
+        let path = spec.path_in(dir);
+        anyhow::ensure!(
+            path.exists(),
+            "the built-in model `{name}` is not fetched yet (`tandem models fetch --model {name}`): {}",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let names: Vec<String> = ModelSpec::builtin().into_iter().map(|s| s.name).collect();
+    anyhow::bail!(
+        "`{name}` is neither a file nor a built-in model ({})",
+        names.join(", ")
+    )
+}
+
+fn run_check_pair(a: CheckPairArgs) -> anyhow::Result<()> {
+    let dir = a.dir.unwrap_or_else(models_dir);
+    let draft = tandem_cli_common::inspect::inspect(&model_file(&a.draft, &dir)?)?;
+    let target = tandem_cli_common::inspect::inspect(&model_file(&a.target, &dir)?)?;
+    let verdict = tandem_cli_common::inspect::check_pair(&draft, &target);
+    if a.json {
+        let doc = serde_json::json!({
+            "draft": draft.summary(),
+            "target": target.summary(),
+            "pairs": verdict.is_ok(),
+            "vocab": verdict.as_ref().ok().map(|r| r.vocab),
+            "reason": verdict.as_ref().err().map(|e| e.to_string()),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!("draft:  {}", draft.one_line());
+        println!("target: {}", target.one_line());
+        match &verdict {
+            Ok(r) => println!(
+                "they pair: a shared vocabulary of {} tokens (embedding rows: draft {}, target {}){}",
+                r.vocab,
+                r.draft_rows,
+                r.target_rows,
+                if r.tokenizers_compared {
+                    "; tokenizers agree on every token and special id"
+                } else {
+                    "; the files carry no tokenizer to compare"
+                }
+            ),
+            Err(e) => println!("they do not pair: {e}"),
+        }
+    }
+    if verdict.is_err() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn run_info(a: InfoArgs) -> anyhow::Result<()> {
+    let dir = a.dir.unwrap_or_else(models_dir);
+    let mut docs = Vec::new();
+    for name in &a.files {
+        let info = tandem_cli_common::inspect::inspect(&model_file(name, &dir)?)?;
+        if a.json {
+            docs.push(info.summary());
+        } else {
+            println!("{}", info.report());
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&docs)?);
+    }
+    Ok(())
 }
 
 /// The specs selected by `--model` flags, in a stable order, no duplicates.

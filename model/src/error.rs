@@ -15,7 +15,7 @@ pub enum ModelError {
     },
     #[error("not a valid GGUF file {path}: {reason}")]
     BadGguf { path: PathBuf, reason: String },
-    #[error("unsupported model architecture `{0}` (supported: qwen2)")]
+    #[error("unsupported model architecture `{0}` (supported: qwen2, qwen3, llama, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("missing GGUF metadata key `{0}`")]
     MissingMetadata(String),
@@ -23,6 +23,8 @@ pub enum ModelError {
     MissingTensor(String),
     #[error("tensor `{name}`: {reason}")]
     BadTensor { name: String, reason: String },
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
     #[error("unsupported weight format {0}")]
     UnsupportedFormat(String),
     #[error("sequence too long: {needed} tokens exceed the KV cache capacity of {capacity}")]

@@ -23,12 +23,14 @@
 //! - [`forward_threads`]: which rayon pool (how many threads) a forward called
 //!   on this thread uses (the device runs its draft on fewer when hot).
 
+pub mod arch;
 mod attention;
 pub mod error;
 pub mod forward_threads;
 pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;
+pub mod pair;
 pub mod proposer;
 pub mod quant;
 pub mod transformer;

@@ -359,13 +359,8 @@ pub fn generate_speculative(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
-    if draft.config().vocab != target.config().vocab {
-        return Err(ModelError::InvalidArgument(format!(
-            "draft vocabulary ({}) differs from target vocabulary ({})",
-            draft.config().vocab,
-            target.config().vocab
-        )));
-    }
+    crate::pair::check_vocab(draft.config(), target.config())
+        .map_err(|e| ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}")))?;
     let mut tcache = target.new_cache();
     let mut drafter = DraftModel {
         model: draft,

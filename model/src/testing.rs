@@ -1,9 +1,11 @@
-//! Tiny random-weight Qwen2 models written as GGUF, for fast tests here and in
-//! the crates that build on this one. Same architecture and tensor names as the
-//! real models, a few layers, quantized with the same formats; optionally with
-//! a small byte-level BPE tokenizer in the same file, so the whole user path
+//! Tiny random-weight models of every supported family written as GGUF, for
+//! fast tests here and in the crates that build on this one. Same
+//! architecture metadata and tensor names as the real models, a few layers,
+//! quantized with the same formats; optionally with a small byte-level BPE
+//! tokenizer in the same file, so the whole user path
 //! (`tandem generate --draft-model tiny.gguf`) runs on it.
 
+use crate::arch::Arch;
 use crate::{ModelError, Result};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -13,12 +15,18 @@ use std::path::Path;
 /// Shape and formats of a tiny model.
 #[derive(Clone, Debug)]
 pub struct TinyConfig {
+    /// The family (tensor set and metadata keys); [`Arch::Qwen2`] by default.
+    pub arch: Arch,
     pub n_layer: usize,
     pub d_model: usize,
     pub n_head: usize,
     pub n_kv_head: usize,
     pub d_ff: usize,
     pub vocab: usize,
+    /// Per-head width (`{arch}.attention.key_length`); `None`: `d_model / n_head`.
+    pub head_dim: Option<usize>,
+    /// Gemma 3's `attention.sliding_window` (ignored by the other families).
+    pub sliding_window: usize,
     /// Format of the attention/MLP matrices (the "Q4_K_M" mix uses Q4_K,
     /// with ffn_down and attn_v in Q6_K on even layers, like the target).
     pub matrix_format: GgmlDType,
@@ -36,12 +44,15 @@ pub struct TinyConfig {
 impl Default for TinyConfig {
     fn default() -> Self {
         Self {
+            arch: Arch::Qwen2,
             n_layer: 2,
             d_model: 256,
             n_head: 4,
             n_kv_head: 2,
             d_ff: 512,
             vocab: 384,
+            head_dim: None,
+            sliding_window: 8,
             matrix_format: GgmlDType::Q4K,
             embd_format: GgmlDType::Q4K,
             output_format: GgmlDType::Q6K,
@@ -53,6 +64,32 @@ impl Default for TinyConfig {
 }
 
 impl TinyConfig {
+    /// A tiny model of `arch`, shaped like that family's real ones where the
+    /// shape matters: Qwen3 and Gemma 3 with heads wider than
+    /// `d_model / n_head`, Gemma 3 with tied output, sliding windows of 8
+    /// positions on 5 of every 6 layers (7 layers: both kinds, twice).
+    pub fn for_arch(arch: Arch) -> Self {
+        let base = Self {
+            arch,
+            seed: 10 + arch as u64,
+            ..Self::default()
+        };
+        match arch {
+            Arch::Qwen2 | Arch::Llama => base,
+            Arch::Qwen3 => Self {
+                head_dim: Some(128),
+                ..base
+            },
+            Arch::Gemma3 => Self {
+                n_layer: 7,
+                n_kv_head: 1,
+                head_dim: Some(128),
+                output_format: GgmlDType::Q4K,
+                ..base
+            },
+        }
+    }
+
     /// Like the draft model's mix: Q5_0 matrices, Q8_0 output.
     pub fn draft_like() -> Self {
         Self {
@@ -131,11 +168,19 @@ fn err(e: candle_core::Error) -> ModelError {
     ModelError::InvalidArgument(format!("writing tiny model: {e}"))
 }
 
-/// Write a tiny random Qwen2 GGUF to `path`.
+/// Write a tiny random Qwen2 GGUF to `path` (any family: [`TinyConfig::arch`]).
 pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
+    write_tiny_model(path, cfg)
+}
+
+/// Write a tiny random model of the family [`TinyConfig::arch`] to `path`.
+pub fn write_tiny_model(path: &Path, cfg: &TinyConfig) -> Result<()> {
     let mut rng = Rng(cfg.seed);
-    let hd = cfg.d_model / cfg.n_head;
-    let kvd = cfg.n_kv_head * hd;
+    let hd = cfg.head_dim.unwrap_or(cfg.d_model / cfg.n_head.max(1));
+    let (qd, kvd) = (cfg.n_head * hd, cfg.n_kv_head * hd);
+    let traits = cfg.arch.traits();
+    let bias = cfg.arch == Arch::Qwen2;
+    let tied = cfg.arch == Arch::Gemma3;
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     let mut add =
         |name: String, dims: &[usize], scale: f32, offset: f32, fmt: GgmlDType| -> Result<()> {
@@ -147,20 +192,29 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
             Ok(())
         };
     let (d, f) = (cfg.d_model, cfg.d_ff);
+    // Gemma scales the embeddings by sqrt(d): keep the hidden state's size
+    // like the other families'.
+    let embd_scale = if traits.scale_embeddings {
+        1.0 / (d as f32).sqrt()
+    } else {
+        1.0
+    };
     add(
         "token_embd.weight".into(),
         &[cfg.vocab, d],
-        1.0,
+        embd_scale,
         0.0,
         cfg.embd_format,
     )?;
-    add(
-        "output.weight".into(),
-        &[cfg.vocab, d],
-        0.5,
-        0.0,
-        cfg.output_format,
-    )?;
+    if !tied {
+        add(
+            "output.weight".into(),
+            &[cfg.vocab, d],
+            0.5,
+            0.0,
+            cfg.output_format,
+        )?;
+    }
     add("output_norm.weight".into(), &[d], 0.1, 1.0, GgmlDType::F32)?;
     for i in 0..cfg.n_layer {
         let p = |s: &str| format!("blk.{i}.{s}");
@@ -173,12 +227,14 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
         add(p("attn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
         add(
             p("attn_q.weight"),
-            &[d, d],
+            &[qd, d],
             ws * 2.0,
             0.0,
             cfg.matrix_format,
         )?;
-        add(p("attn_q.bias"), &[d], 0.1, 0.0, GgmlDType::F32)?;
+        if bias {
+            add(p("attn_q.bias"), &[qd], 0.1, 0.0, GgmlDType::F32)?;
+        }
         add(
             p("attn_k.weight"),
             &[kvd, d],
@@ -186,10 +242,28 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
             0.0,
             cfg.matrix_format,
         )?;
-        add(p("attn_k.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
+        if bias {
+            add(p("attn_k.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
+        }
         add(p("attn_v.weight"), &[kvd, d], ws, 0.0, mix)?;
-        add(p("attn_v.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
-        add(p("attn_output.weight"), &[d, d], ws, 0.0, cfg.matrix_format)?;
+        if bias {
+            add(p("attn_v.bias"), &[kvd], 0.1, 0.0, GgmlDType::F32)?;
+        }
+        if traits.qk_norm {
+            add(p("attn_q_norm.weight"), &[hd], 0.1, 1.0, GgmlDType::F32)?;
+            add(p("attn_k_norm.weight"), &[hd], 0.1, 1.0, GgmlDType::F32)?;
+        }
+        add(
+            p("attn_output.weight"),
+            &[d, qd],
+            1.0 / (qd as f32).sqrt(),
+            0.0,
+            cfg.matrix_format,
+        )?;
+        if traits.post_norms {
+            add(p("post_attention_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
+            add(p("post_ffw_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
+        }
         add(p("ffn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
         add(p("ffn_gate.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
         add(p("ffn_up.weight"), &[f, d], ws, 0.0, cfg.matrix_format)?;
@@ -201,30 +275,39 @@ pub fn write_tiny_qwen2(path: &Path, cfg: &TinyConfig) -> Result<()> {
             mix,
         )?;
     }
+    let a = cfg.arch.name();
+    let k = |s: &str| format!("{a}.{s}");
     let mut meta: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String("qwen2".into())),
+        ("general.architecture".into(), Value::String(a.into())),
         (
             "general.name".into(),
             Value::String("tandem tiny test model".into()),
         ),
-        ("qwen2.block_count".into(), Value::U32(cfg.n_layer as u32)),
-        ("qwen2.context_length".into(), Value::U32(4096)),
-        ("qwen2.embedding_length".into(), Value::U32(d as u32)),
-        ("qwen2.feed_forward_length".into(), Value::U32(f as u32)),
+        (k("block_count"), Value::U32(cfg.n_layer as u32)),
+        (k("context_length"), Value::U32(4096)),
+        (k("embedding_length"), Value::U32(d as u32)),
+        (k("feed_forward_length"), Value::U32(f as u32)),
+        (k("attention.head_count"), Value::U32(cfg.n_head as u32)),
         (
-            "qwen2.attention.head_count".into(),
-            Value::U32(cfg.n_head as u32),
-        ),
-        (
-            "qwen2.attention.head_count_kv".into(),
+            k("attention.head_count_kv"),
             Value::U32(cfg.n_kv_head as u32),
         ),
-        ("qwen2.rope.freq_base".into(), Value::F32(1_000_000.0)),
-        (
-            "qwen2.attention.layer_norm_rms_epsilon".into(),
-            Value::F32(1e-6),
-        ),
+        (k("rope.freq_base"), Value::F32(1_000_000.0)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
     ];
+    if cfg.head_dim.is_some() {
+        meta.push((k("attention.key_length"), Value::U32(hd as u32)));
+        meta.push((k("attention.value_length"), Value::U32(hd as u32)));
+    }
+    if cfg.arch == Arch::Llama {
+        meta.push((k("rope.dimension_count"), Value::U32(hd as u32)));
+    }
+    if cfg.arch == Arch::Gemma3 {
+        meta.push((
+            k("attention.sliding_window"),
+            Value::U32(cfg.sliding_window as u32),
+        ));
+    }
     if cfg.tokenizer {
         meta.extend(tiny_tokenizer_metadata(cfg.vocab)?);
     }

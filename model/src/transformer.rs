@@ -1,5 +1,7 @@
-//! The Qwen2 transformer (decoder-only, GQA attention with q/k/v biases,
-//! NeoX-style RoPE, RMSNorm, SwiGLU MLP), written out explicitly.
+//! The decoder-only transformer of every supported family (Qwen2, Qwen3,
+//! Llama, Gemma 3: GQA attention with RoPE, RMSNorm, a gated FFN), written
+//! out explicitly. The families' differences are data ([`crate::arch`]) and
+//! a few clear branches in [`Model::layer_forward`], not copies of the layer.
 //!
 //! Every step is computed row by row with the same code whatever the number of
 //! rows in the block, and the quantized matmuls honour the kernel contract in
@@ -8,6 +10,8 @@
 //! `[rows, features]`, row-major.
 
 use crate::gguf::{GgufFile, TensorEntry};
+pub use crate::arch::{Arch, ModelConfig, MAX_LAYERS};
+use crate::arch::{Bias, FfnAct, RopeParams, RopeStyle};
 use crate::attention::attend;
 use crate::kv_cache::{KvCache, KvPrecision, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
@@ -17,137 +21,6 @@ use rayon::prelude::*;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Hyper-parameters read from the GGUF metadata.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ModelConfig {
-    pub n_layer: usize,
-    pub d_model: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub d_ff: usize,
-    pub vocab: usize,
-    pub rope_theta: f32,
-    pub rms_eps: f32,
-    pub context_length: usize,
-}
-
-impl ModelConfig {
-    fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.meta_str("general.architecture")?;
-        if arch != "qwen2" {
-            return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
-        }
-        let u = |k: &str| g.meta_u32(&format!("qwen2.{k}")).map(|v| v as usize);
-        let d_model = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let n_kv_head = u("attention.head_count_kv")?;
-        let embd = g.entry("token_embd.weight")?;
-        let cfg = Self {
-            n_layer: u("block_count")?,
-            d_model,
-            n_head,
-            n_kv_head,
-            head_dim: d_model.checked_div(n_head).unwrap_or(0),
-            d_ff: u("feed_forward_length")?,
-            vocab: embd.dims.get(1).copied().unwrap_or(0),
-            rope_theta: g.meta_f32("qwen2.rope.freq_base").unwrap_or(10_000.0),
-            rms_eps: g
-                .meta_f32("qwen2.attention.layer_norm_rms_epsilon")
-                .unwrap_or(1e-6),
-            context_length: u("context_length").unwrap_or(32768),
-        };
-        let bad = |reason| ModelError::BadGguf {
-            path: g.path.clone(),
-            reason,
-        };
-        cfg.validate().map_err(bad)?;
-        // Layers are loaded side by side into a vector of `n_layer` slots:
-        // a count the file does not back would allocate before any tensor
-        // is found missing.
-        let present = layers_present(g);
-        if cfg.n_layer > present {
-            return Err(bad(format!(
-                "metadata `qwen2.block_count` is {} but the file holds tensors for {present} layers",
-                cfg.n_layer
-            )));
-        }
-        Ok(cfg)
-    }
-
-    fn validate(&self) -> std::result::Result<(), String> {
-        for (key, v) in [
-            ("block_count", self.n_layer),
-            ("embedding_length", self.d_model),
-            ("attention.head_count", self.n_head),
-            ("attention.head_count_kv", self.n_kv_head),
-        ] {
-            if v == 0 {
-                return Err(format!("metadata `qwen2.{key}` is 0"));
-            }
-        }
-        if self.n_layer > MAX_LAYERS {
-            return Err(format!(
-                "metadata `qwen2.block_count` is {}, more than the {MAX_LAYERS} layers a model may have",
-                self.n_layer
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "metadata `qwen2.rope.freq_base` is {}; it must be a positive number",
-                self.rope_theta
-            ));
-        }
-        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
-            return Err(format!(
-                "metadata `qwen2.attention.layer_norm_rms_epsilon` is {}; it must be a non-negative number",
-                self.rms_eps
-            ));
-        }
-        if !self.d_model.is_multiple_of(self.n_head) || !self.n_head.is_multiple_of(self.n_kv_head)
-        {
-            return Err(format!(
-                "heads do not divide: d_model {} n_head {} n_kv_head {}",
-                self.d_model, self.n_head, self.n_kv_head
-            ));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
-        }
-        Ok(())
-    }
-
-    /// K+V bytes per cached token over all layers (f32 cache).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        self.kv_bytes_per_token_with(KvPrecision::F32)
-    }
-
-    /// K+V bytes per cached token over all layers of a cache at `precision`.
-    pub fn kv_bytes_per_token_with(&self, precision: KvPrecision) -> usize {
-        precision.bytes_per_token(self.n_layer, self.n_kv_head, self.head_dim)
-    }
-}
-
-/// Most transformer layers a model file may declare (the largest released
-/// models have ~130; the cap keeps a hostile count from sizing allocations).
-pub const MAX_LAYERS: usize = 4096;
-
-/// Number of consecutive layers `blk.0.`, `blk.1.`, … that have at least one
-/// tensor in `g`.
-fn layers_present(g: &GgufFile) -> usize {
-    let mut seen = vec![false; g.tensors.len()];
-    for name in g.tensors.keys() {
-        let layer = name
-            .strip_prefix("blk.")
-            .and_then(|rest| rest.split_once('.'))
-            .and_then(|(i, _)| i.parse::<usize>().ok());
-        if let Some(slot) = layer.and_then(|i| seen.get_mut(i)) {
-            *slot = true;
-        }
-    }
-    seen.iter().take_while(|&&s| s).count()
-}
 
 /// Where a weight matrix's bytes are.
 #[derive(Clone, Debug)]
@@ -232,19 +105,28 @@ impl Weight {
     }
 }
 
+/// One layer's weights. Optional parts are present as the family's
+/// [`crate::arch::ArchTraits`] say (and biases where the file has them).
 struct Layer {
     attn_norm: Vec<f32>,
     wq: Weight,
-    bq: Vec<f32>,
     wk: Weight,
-    bk: Vec<f32>,
     wv: Weight,
-    bv: Vec<f32>,
+    /// q, k, v biases (all three or none).
+    qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights of q and k (`[head_dim]` each).
+    qk_norm: Option<[Vec<f32>; 2]>,
     wo: Weight,
+    /// RMSNorm of the attention output before its residual add.
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     w_gate: Weight,
     w_up: Weight,
     w_down: Weight,
+    /// RMSNorm of the FFN output before its residual add.
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Which of [`Model::ropes`] this layer uses.
+    rope: usize,
 }
 
 /// Options for loading a model.
@@ -278,7 +160,7 @@ impl Default for LoadOptions {
     }
 }
 
-/// A loaded Qwen2 model: weights stay in the memory-mapped GGUF, except
+/// A loaded model of any supported family: weights stay in the memory-mapped GGUF, except
 /// matrices regrouped at load time ([`LoadOptions::repack`]), which replace
 /// their mapped originals.
 pub struct Model {
@@ -289,7 +171,9 @@ pub struct Model {
     output: Weight,
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
-    inv_freq: Vec<f64>,
+    /// Per RoPE kind (global, then local layers'): the angle per position
+    /// step of each rotated pair, `[rope_dims / 2]`.
+    ropes: Vec<Vec<f64>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -317,17 +201,29 @@ impl Model {
             ));
         }
         let cfg = ModelConfig::from_gguf(&gguf)?;
+        let traits = cfg.arch.traits();
         let (d, hd) = (cfg.d_model, cfg.head_dim);
-        let kvd = cfg.n_kv_head * hd;
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let w = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             Weight::from_entry(name, gguf.entry(name)?, rows, cols)
         };
         let lw = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             Weight::layer_matrix(&gguf, name, rows, cols, opts.repack)
         };
-        let embd = w("token_embd.weight", cfg.vocab, d)?;
-        let output = if gguf.tensors.contains_key("output.weight") {
-            w("output.weight", cfg.vocab, d)?
+        let has = |name: &str| gguf.tensors.contains_key(name);
+        // The table keeps all its rows (padding included); the logits cover
+        // the model's vocabulary only (`cfg.vocab` ≤ `cfg.embd_rows`).
+        let embd = w("token_embd.weight", cfg.embd_rows, d)?;
+        let output = if has("output.weight") {
+            let out = gguf.entry("output.weight")?;
+            let rows = out.dims.get(1).copied().unwrap_or(0);
+            if rows < cfg.vocab {
+                return Err(ModelError::BadTensor {
+                    name: "output.weight".into(),
+                    reason: format!("{rows} rows for a vocabulary of {}", cfg.vocab),
+                });
+            }
+            w("output.weight", rows, d)?
         } else {
             embd.clone() // tied embeddings
         };
@@ -338,26 +234,56 @@ impl Model {
             .into_par_iter()
             .map(|i| {
                 let p = |s: &str| format!("blk.{i}.{s}");
+                let v = |s: &str, len: usize| gguf.vector_f32(&p(s), len);
+                let opt_v = |s: &str, len: usize, on: bool| -> Result<Option<Vec<f32>>> {
+                    on.then(|| v(s, len)).transpose()
+                };
+                let bias = match traits.qkv_bias {
+                    Bias::Required => true,
+                    Bias::IfPresent => has(&p("attn_q.bias")),
+                };
                 Ok(Layer {
-                    attn_norm: gguf.vector_f32(&p("attn_norm.weight"), d)?,
-                    wq: lw(&p("attn_q.weight"), d, d)?,
-                    bq: gguf.vector_f32(&p("attn_q.bias"), d)?,
+                    attn_norm: v("attn_norm.weight", d)?,
+                    wq: lw(&p("attn_q.weight"), qd, d)?,
                     wk: lw(&p("attn_k.weight"), kvd, d)?,
-                    bk: gguf.vector_f32(&p("attn_k.bias"), kvd)?,
                     wv: lw(&p("attn_v.weight"), kvd, d)?,
-                    bv: gguf.vector_f32(&p("attn_v.bias"), kvd)?,
-                    wo: lw(&p("attn_output.weight"), d, d)?,
-                    ffn_norm: gguf.vector_f32(&p("ffn_norm.weight"), d)?,
+                    qkv_bias: match bias {
+                        true => Some([
+                            v("attn_q.bias", qd)?,
+                            v("attn_k.bias", kvd)?,
+                            v("attn_v.bias", kvd)?,
+                        ]),
+                        false => None,
+                    },
+                    qk_norm: match traits.qk_norm {
+                        true => Some([v("attn_q_norm.weight", hd)?, v("attn_k_norm.weight", hd)?]),
+                        false => None,
+                    },
+                    wo: lw(&p("attn_output.weight"), d, qd)?,
+                    post_attn_norm: opt_v("post_attention_norm.weight", d, traits.post_norms)?,
+                    ffn_norm: v("ffn_norm.weight", d)?,
                     w_gate: lw(&p("ffn_gate.weight"), cfg.d_ff, d)?,
                     w_up: lw(&p("ffn_up.weight"), cfg.d_ff, d)?,
                     w_down: lw(&p("ffn_down.weight"), d, cfg.d_ff)?,
+                    post_ffn_norm: opt_v("post_ffw_norm.weight", d, traits.post_norms)?,
+                    rope: usize::from(cfg.is_local(i)),
                 })
             })
             .collect();
         let layers = layers.into_iter().collect::<Result<Vec<_>>>()?;
-        let inv_freq = (0..hd / 2)
-            .map(|j| 1.0 / (cfg.rope_theta as f64).powf(2.0 * j as f64 / hd as f64))
-            .collect();
+        // llama3-style RoPE scaling: one divisor per rotated pair.
+        let factors = match has("rope_freqs.weight") {
+            true => Some(gguf.vector_f32("rope_freqs.weight", cfg.rope_dims / 2)?),
+            false => None,
+        };
+        let global = RopeParams {
+            theta: cfg.rope_theta,
+            scale: cfg.rope_scale,
+        };
+        let mut ropes = vec![rope_steps(&global, cfg.rope_dims, factors.as_deref())];
+        if let Some(w) = &cfg.sliding_window {
+            ropes.push(rope_steps(&w.rope, cfg.rope_dims, None));
+        }
         let model = Self {
             gguf,
             cfg,
@@ -366,7 +292,7 @@ impl Model {
             output,
             output_norm,
             layers,
-            inv_freq,
+            ropes,
         };
         let (n, bytes) = model.regrouped();
         if n > 0 {
@@ -438,6 +364,11 @@ impl Model {
             }
             table.dequantize_row(*t as usize, row);
         }
+        if self.cfg.arch.traits().scale_embeddings {
+            // Gemma: embeddings × sqrt(d_model), in f32 as llama.cpp does.
+            let scale = (d as f32).sqrt();
+            out.iter_mut().for_each(|x| *x *= scale);
+        }
         Ok(out)
     }
 
@@ -498,7 +429,9 @@ impl Model {
             .enumerate()
             .flat_map(|(i, s)| (s.start_pos..s.start_pos + s.n).map(move |p| (i, p)))
             .collect();
-        let rope = self.rope_table(rows.iter().map(|&(_, p)| p));
+        let rope: Vec<Vec<(f32, f32)>> = (0..self.ropes.len())
+            .map(|kind| self.rope_table(kind, rows.iter().map(|&(_, p)| p)))
+            .collect();
         // Run the whole layer loop on a pool thread: the ~8 parallel calls per
         // layer then split work from inside the pool instead of each injecting
         // a job and parking the calling thread until it is done.
@@ -518,9 +451,14 @@ impl Model {
         let mut normed = vec![0f32; hidden.len()];
         rms_norm(hidden, &self.output_norm, self.cfg.rms_eps, &mut normed);
         let mut logits = vec![0f32; n * self.cfg.vocab];
-        crate::forward_threads::run(|| {
-            quant::matmul(&self.output.view(self.bytes()), &normed, n, &mut logits)
-        });
+        let output = self.output.view(self.bytes());
+        // The model's vocabulary only: trailing padding rows get no logits.
+        let output = QMatrix {
+            rows: self.cfg.vocab,
+            data: &output.data[..output.data.len() / output.rows.max(1) * self.cfg.vocab],
+            ..output
+        };
+        crate::forward_threads::run(|| quant::matmul(&output, &normed, n, &mut logits));
         logits
     }
 
@@ -612,26 +550,29 @@ impl Model {
     }
 
     /// Layer `l` over the rows of `seqs` (`rows[i]` = row i's sequence and
-    /// position; `rope` its (cos, sin) table, `[rows, head_dim / 2]`).
+    /// position; `rope[kind]` each RoPE kind's (cos, sin) table,
+    /// `[rows, rope_dims / 2]`).
     fn layer_forward<C: KvStore>(
         &self,
         l: usize,
         hidden: &mut [f32],
         rows: &[(usize, usize)],
-        rope: &[(f32, f32)],
+        rope: &[Vec<(f32, f32)>],
         seqs: &mut [SeqRows<'_, C>],
     ) {
         let n = rows.len();
         let cfg = &self.cfg;
+        let traits = cfg.arch.traits();
         let (d, hd) = (cfg.d_model, cfg.head_dim);
-        let kvd = cfg.n_kv_head * hd;
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let layer = &self.layers[l];
         let bytes = self.bytes();
 
-        // Attention block.
+        // Attention block: x = norm(h); q, k, v = x·W (+ b); per-head q/k
+        // norm; RoPE; append k, v to each sequence's cache; attend.
         let mut x = vec![0f32; n * d];
         rms_norm(hidden, &layer.attn_norm, cfg.rms_eps, &mut x);
-        let mut q = vec![0f32; n * d];
+        let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
         quant::matmul_shared(
@@ -643,14 +584,21 @@ impl Model {
             &x,
             n,
         );
-        add_bias(&mut q, &layer.bq);
-        add_bias(&mut k, &layer.bk);
-        add_bias(&mut v, &layer.bv);
-        let half = hd / 2;
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            add_bias(&mut q, bq);
+            add_bias(&mut k, bk);
+            add_bias(&mut v, bv);
+        }
+        if let Some([q_norm, k_norm]) = &layer.qk_norm {
+            rms_norm_in_place(&mut q, q_norm, cfg.rms_eps);
+            rms_norm_in_place(&mut k, k_norm, cfg.rms_eps);
+        }
+        let half = cfg.rope_dims / 2;
+        let table = &rope[layer.rope];
         for i in 0..n {
-            let table = &rope[i * half..(i + 1) * half];
-            apply_rope(&mut q[i * d..(i + 1) * d], hd, table);
-            apply_rope(&mut k[i * kvd..(i + 1) * kvd], hd, table);
+            let t = &table[i * half..(i + 1) * half];
+            apply_rope(&mut q[i * qd..(i + 1) * qd], hd, t, traits.rope_style);
+            apply_rope(&mut k[i * kvd..(i + 1) * kvd], hd, t, traits.rope_style);
         }
         let mut r0 = 0;
         for s in seqs.iter_mut() {
@@ -659,24 +607,28 @@ impl Model {
             r0 += s.n;
         }
         let caches: Vec<&C> = seqs.iter().map(|s| &*s.cache).collect();
-        let mut attn = vec![0f32; n * d];
+        let mut attn = vec![0f32; n * qd];
         let group = cfg.n_head / cfg.n_kv_head;
-        let scale = 1.0 / (hd as f32).sqrt();
         // One task per (row, head): each output is computed by exactly one
-        // task with a fixed loop order over its own sequence's positions,
-        // independent of the other rows.
+        // task with a fixed loop order over its own sequence's positions
+        // (all of them, or a local layer's window), independent of the other
+        // rows.
         attn.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
             let (i, h) = (idx / cfg.n_head, idx % cfg.n_head);
             let (seq, pos) = rows[i];
             let g = h / group;
-            let qh = &q[i * d + h * hd..i * d + (h + 1) * hd];
-            attend(qh, caches[seq], l, 0..pos + 1, g * hd, hd, scale, out);
+            let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
+            let span = cfg.attention_span(l, pos);
+            attend(qh, caches[seq], l, span, g * hd, hd, cfg.attn_scale, out);
         });
         let mut o = vec![0f32; n * d];
         quant::matmul(&layer.wo.view(bytes), &attn, n, &mut o);
+        if let Some(w) = &layer.post_attn_norm {
+            rms_norm_in_place(&mut o, w, cfg.rms_eps);
+        }
         add_in_place(hidden, &o);
 
-        // MLP block.
+        // FFN block: h += down(act(gate(norm(h))) · up(norm(h))).
         rms_norm(hidden, &layer.ffn_norm, cfg.rms_eps, &mut x);
         let mut gate = vec![0f32; n * cfg.d_ff];
         let mut up = vec![0f32; n * cfg.d_ff];
@@ -688,17 +640,22 @@ impl Model {
             &x,
             n,
         );
-        swiglu(&mut gate, &up);
+        gated(&mut gate, &up, traits.ffn_act);
         quant::matmul(&layer.w_down.view(bytes), &gate, n, &mut o);
+        if let Some(w) = &layer.post_ffn_norm {
+            rms_norm_in_place(&mut o, w, cfg.rms_eps);
+        }
         add_in_place(hidden, &o);
     }
 
-    /// `(cos, sin)` of `pos * inv_freq[j]` for each position
-    /// (`[positions, head_dim / 2]`); angles in f64, the same whatever the block.
-    fn rope_table(&self, positions: impl Iterator<Item = usize>) -> Vec<(f32, f32)> {
+    /// `(cos, sin)` of `pos · step_j` for RoPE kind `kind` at each position
+    /// (`[positions, rope_dims / 2]`); angles in f64, the same whatever the
+    /// block.
+    fn rope_table(&self, kind: usize, positions: impl Iterator<Item = usize>) -> Vec<(f32, f32)> {
+        let steps = &self.ropes[kind];
         positions
             .flat_map(|pos| {
-                self.inv_freq.iter().map(move |f| {
+                steps.iter().map(move |f| {
                     let (s, c) = (pos as f64 * f).sin_cos();
                     (c as f32, s as f32)
                 })
@@ -756,15 +713,51 @@ impl<'a, C: KvStore> SeqRows<'a, C> {
     }
 }
 
-/// NeoX-style rotary embedding over each head of `x` (`[heads * head_dim]`)
-/// with one position's `(cos, sin)` table.
-fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)]) {
-    let half = hd / 2;
+/// The angle per position step of each rotated pair `j < dims / 2`:
+/// `scale · theta^(-2j / dims) / factor_j` (f64; without a scale or factors
+/// exactly `1 / theta^(2j / dims)`).
+fn rope_steps(p: &RopeParams, dims: usize, factors: Option<&[f32]>) -> Vec<f64> {
+    (0..dims / 2)
+        .map(|j| {
+            let mut f = 1.0 / (p.theta as f64).powf(2.0 * j as f64 / dims as f64);
+            if p.scale != 1.0 {
+                f *= p.scale as f64;
+            }
+            if let Some(ff) = factors {
+                f /= ff[j] as f64;
+            }
+            f
+        })
+        .collect()
+}
+
+/// Rotary embedding over each head of `x` (`[heads * head_dim]`) with one
+/// position's `(cos, sin)` table (`[rope_dims / 2]`): the first `rope_dims`
+/// elements of each head rotate in pairs as `style` says, the rest pass.
+fn apply_rope(x: &mut [f32], hd: usize, table: &[(f32, f32)], style: RopeStyle) {
+    let half = table.len();
     for head in x.chunks_exact_mut(hd) {
         for (j, &(c, s)) in table.iter().enumerate() {
-            let (a, b) = (head[j], head[j + half]);
-            head[j] = a * c - b * s;
-            head[j + half] = a * s + b * c;
+            let (ia, ib) = match style {
+                RopeStyle::Neox => (j, j + half),
+                RopeStyle::Adjacent => (2 * j, 2 * j + 1),
+            };
+            let (a, b) = (head[ia], head[ib]);
+            head[ia] = a * c - b * s;
+            head[ib] = a * s + b * c;
+        }
+    }
+}
+
+/// RMSNorm of each `w.len()`-wide chunk of `x` in place (q/k per head,
+/// post-norms per row).
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss = dot(xr, xr);
+        let scale = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (o, wv) in xr.iter_mut().zip(w) {
+            *o = *o * scale * wv;
         }
     }
 }
@@ -796,24 +789,29 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// Elements per task of [`swiglu`]; a one-token step (4,864 or 8,960 values)
-/// stays on the calling thread.
-const SWIGLU_CHUNK: usize = 16 * 1024;
+/// GELU with the tanh approximation (ggml's `gelu`).
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
 
-/// `gate = silu(gate) · up`, element by element (so any split gives the same
+/// Elements per task of [`gated`]; a one-token step (4,864 or 8,960 values)
+/// stays on the calling thread.
+const GATED_CHUNK: usize = 16 * 1024;
+
+/// `gate = act(gate) · up`, element by element (so any split gives the same
 /// bits). A 17-token verify of the 1.5B has 152k values per layer; its `exp`
 /// was ~1.3 % of that forward's samples when done on one thread.
-fn swiglu(gate: &mut [f32], up: &[f32]) {
-    let f = |(g, u): (&mut [f32], &[f32])| {
-        for (g, u) in g.iter_mut().zip(u) {
-            *g = silu(*g) * u;
-        }
+fn gated(gate: &mut [f32], up: &[f32], act: FfnAct) {
+    let f = |(g, u): (&mut [f32], &[f32])| match act {
+        FfnAct::Silu => g.iter_mut().zip(u).for_each(|(g, u)| *g = silu(*g) * u),
+        FfnAct::GeluTanh => g.iter_mut().zip(u).for_each(|(g, u)| *g = gelu_tanh(*g) * u),
     };
-    if gate.len() <= SWIGLU_CHUNK {
+    if gate.len() <= GATED_CHUNK {
         f((gate, up));
     } else {
-        gate.par_chunks_mut(SWIGLU_CHUNK)
-            .zip(up.par_chunks(SWIGLU_CHUNK))
+        gate.par_chunks_mut(GATED_CHUNK)
+            .zip(up.par_chunks(GATED_CHUNK))
             .for_each(f);
     }
 }

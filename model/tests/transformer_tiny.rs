@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::transformer::{LoadOptions, Model};
+use tandem_model::arch::Arch;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::ModelError;
 
@@ -37,16 +38,30 @@ fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
+/// The Qwen2 target- and draft-like mixes and one tiny model of every other
+/// family (Gemma 3's with local layers whose window of 8 the 40 tokens pass).
+fn every_family() -> Vec<TinyConfig> {
+    let mut cfgs = vec![TinyConfig::default(), TinyConfig::draft_like()];
+    cfgs.extend(
+        Arch::ALL
+            .into_iter()
+            .filter(|a| *a != Arch::Qwen2)
+            .map(TinyConfig::for_arch),
+    );
+    cfgs
+}
+
 #[test]
 fn logits_are_bit_identical_across_block_sizes() {
-    for cfg in [TinyConfig::default(), TinyConfig::draft_like()] {
+    for cfg in every_family() {
         let (_d, m) = tiny(&cfg);
         let toks = tokens(40, cfg.vocab);
         let one = logits_in_blocks(&m, &toks, 1);
         assert!(one.iter().all(|x| x.is_finite()));
         for block in [2, 3, 5, 8, 16, 40] {
             let b = logits_in_blocks(&m, &toks, block);
-            assert_bits_eq(&one, &b, &format!("{:?} block {block}", cfg.matrix_format));
+            let what = format!("{} {:?} block {block}", cfg.arch, cfg.matrix_format);
+            assert_bits_eq(&one, &b, &what);
         }
     }
 }
@@ -69,7 +84,13 @@ fn logits_depend_on_context() {
 
 #[test]
 fn truncate_rolls_back_exactly() {
-    let (_d, m) = tiny(&TinyConfig::default());
+    for cfg in every_family() {
+        truncate_rolls_back_exactly_for(&cfg);
+    }
+}
+
+fn truncate_rolls_back_exactly_for(cfg: &TinyConfig) {
+    let (_d, m) = tiny(cfg);
     let v = m.config().vocab;
     let mut cache = m.new_cache();
     m.forward(&[5, 6, 7, 8], 0, &mut cache).unwrap();
@@ -85,20 +106,54 @@ fn truncate_rolls_back_exactly() {
 
 #[test]
 fn layer_ranges_compose_to_the_full_forward() {
-    let (_d, m) = tiny(&TinyConfig {
-        n_layer: 3,
-        ..TinyConfig::default()
-    });
-    let toks = [3u32, 1, 4, 1, 5];
-    let mut c = m.new_cache();
-    let full = m.forward(&toks, 0, &mut c).unwrap();
-    for split in 0..=3 {
+    for arch in Arch::ALL {
+        // Gemma 3's seven: local and global layers on both sides of a split.
+        let (_d, m) = tiny(&TinyConfig {
+            n_layer: if arch == Arch::Gemma3 { 7 } else { 3 },
+            ..TinyConfig::for_arch(arch)
+        });
+        let n = m.config().n_layer;
+        // Past Gemma's window of 8, so local layers drop positions.
+        let toks = tokens(13, m.config().vocab);
         let mut c = m.new_cache();
-        let mut h = m.embed(&toks).unwrap();
-        m.forward_layers(0..split, &mut h, 0, &mut c).unwrap();
-        m.forward_layers(split..3, &mut h, 0, &mut c).unwrap();
-        assert_bits_eq(&full, &m.head(&h), &format!("split {split}"));
+        let full = m.forward(&toks, 0, &mut c).unwrap();
+        for split in 0..=n {
+            let mut c = m.new_cache();
+            let mut h = m.embed(&toks).unwrap();
+            m.forward_layers(0..split, &mut h, 0, &mut c).unwrap();
+            m.forward_layers(split..n, &mut h, 0, &mut c).unwrap();
+            assert_bits_eq(&full, &m.head(&h), &format!("{arch} split {split}"));
+        }
     }
+}
+
+#[test]
+fn local_layers_see_only_their_window() {
+    // Two Gemma 3 layers, both local (every 6th layer is global), window 8:
+    // the last position sees tokens back to 2 · (8 - 1) positions before it,
+    // and nothing earlier, bit for bit.
+    let cfg = TinyConfig {
+        n_layer: 2,
+        ..TinyConfig::for_arch(Arch::Gemma3)
+    };
+    let (_d, m) = tiny(&cfg);
+    let v = m.config().vocab;
+    let toks = tokens(30, v);
+    let last = |toks: &[u32]| {
+        let mut c = m.new_cache();
+        m.forward_last(toks, 0, &mut c).unwrap()
+    };
+    let reference = last(&toks);
+    let reach = 29 - 2 * 7; // the earliest position the last one sees
+    for early in 0..reach {
+        let mut changed = toks.clone();
+        changed[early] = (changed[early] + 1) % v as u32;
+        assert_bits_eq(&reference, &last(&changed), &format!("token {early} changed"));
+    }
+    // A token inside the window does change the result (the test can fail).
+    let mut changed = toks.clone();
+    changed[reach] = (changed[reach] + 1) % v as u32;
+    assert_ne!(reference, last(&changed), "token {reach} is inside the reach");
 }
 
 #[test]
@@ -173,17 +228,19 @@ fn unknown_architecture_is_refused_by_name() {
     let good = dir.path().join("good.gguf");
     write_tiny_qwen2(&good, &TinyConfig::default()).unwrap();
     let mut bytes = std::fs::read(&good).unwrap();
-    // Rewrite the value of general.architecture ("qwen2" -> "llama", same length).
+    // Rewrite the value of general.architecture ("qwen2" -> "mamba", same length).
     let key = b"general.architecture";
     let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
     let val = at + bytes[at..].windows(5).position(|w| w == b"qwen2").unwrap();
-    bytes[val..val + 5].copy_from_slice(b"llama");
-    let other = dir.path().join("llama.gguf");
+    bytes[val..val + 5].copy_from_slice(b"mamba");
+    let other = dir.path().join("mamba.gguf");
     std::fs::write(&other, bytes).unwrap();
     let e = Model::load(&other, LoadOptions::default()).unwrap_err();
     assert!(
-        matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "llama"),
+        matches!(e, ModelError::UnsupportedArchitecture(ref a) if a == "mamba"),
         "{e}"
     );
-    assert!(e.to_string().contains("llama"));
+    // The refusal names what is unsupported and what is.
+    let msg = e.to_string();
+    assert!(msg.contains("mamba") && msg.contains("qwen3, llama, gemma3"), "{msg}");
 }

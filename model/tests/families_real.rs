@@ -1,0 +1,139 @@
+//! Real models of every family against llama.cpp: greedy generations
+//! recorded with llama-cpp-python (`scripts/llama_reference.py greedy`, the
+//! command is in each fixture's `made_by`) from the same prompt ids, compared
+//! token for token with Tandem's (f32 KV, as the target runs).
+//!
+//! Two engines whose arithmetic differs (llama.cpp keeps an f16 KV cache and
+//! sums in other orders) can split a near-tie. So where the tokens first
+//! differ, the test requires the tie to be visible: llama.cpp's own top-2
+//! logit margin at that step must be below [`TIE_MARGIN`]. Anything else (a
+//! wrong RoPE, norm, window or scale) moves the logits by whole units and
+//! diverges at a large margin. The agreement per model is printed
+//! (`cargo test -p tandem-model --test families_real -- --nocapture`) and
+//! recorded in docs/models.md.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use std::path::PathBuf;
+use tandem_model::sampling::argmax;
+use tandem_model::transformer::{LoadOptions, Model};
+
+/// llama.cpp's top1 − top2 logit gap below which a split is a near-tie.
+/// Measured: the Qwen2.5 1.5B target diverges from llama.cpp at margins 0.28
+/// and 0.09 (issue 28); logit differences between two correct engines reach
+/// ~0.9 through 24–28 layers (model/tests/real_models.rs against candle), but
+/// a split needs both top candidates to move toward each other, which the
+/// measured splits bound well below 1.
+const TIE_MARGIN: f32 = 1.0;
+
+#[derive(serde::Deserialize)]
+struct Record {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    generated: Vec<u32>,
+    margin: Vec<f32>,
+}
+
+fn fixture(name: &str) -> Vec<Record> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("greedy_{name}.jsonl"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Greedy tokens from `prompt`, with our own top-2 gap at each step.
+fn greedy(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut cache = m.new_cache();
+    let mut logits = m.forward_last(prompt, 0, &mut cache).unwrap();
+    let (mut out, mut gaps) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = argmax(&logits);
+        let top = logits[t as usize];
+        let second = logits
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != t as usize)
+            .fold(f32::MIN, |m, (_, &x)| m.max(x));
+        out.push(t);
+        gaps.push(top - second);
+        let pos = prompt.len() + out.len() - 1;
+        logits = m.forward_last(&[t], pos, &mut cache).unwrap();
+    }
+    (out, gaps)
+}
+
+/// Compare every fixture prompt of `name` with the model at `path`; returns
+/// (prompts fully equal, prompts).
+fn agree_with_llama_cpp(name: &str, path: PathBuf) -> (usize, usize) {
+    let records = fixture(name);
+    assert!(!records.is_empty(), "{name}: empty fixture");
+    let max = records
+        .iter()
+        .map(|r| r.prompt_ids.len() + r.generated.len())
+        .max()
+        .unwrap();
+    let m = Model::load(&path, LoadOptions::with_max_seq_len(max + 1)).unwrap();
+    let mut equal = 0;
+    for r in &records {
+        let (ours, gaps) = greedy(&m, &r.prompt_ids, r.generated.len());
+        match ours.iter().zip(&r.generated).position(|(a, b)| a != b) {
+            None => equal += 1,
+            Some(i) => {
+                eprintln!(
+                    "{name}: {:?}: first difference at step {i}: ours {} theirs {}, \
+                     llama.cpp margin {:.3}, ours {:.3}",
+                    r.prompt.chars().take(40).collect::<String>(),
+                    ours[i],
+                    r.generated[i],
+                    r.margin[i],
+                    gaps[i]
+                );
+                assert!(
+                    r.margin[i] < TIE_MARGIN,
+                    "{name}: {:?} diverges from llama.cpp at step {i} where llama.cpp's \
+                     top-2 margin is {} (not a near-tie)",
+                    r.prompt,
+                    r.margin[i]
+                );
+            }
+        }
+    }
+    eprintln!("{name}: {equal} of {} prompts equal to llama.cpp", records.len());
+    (equal, records.len())
+}
+
+fn fetched(name: &str) -> PathBuf {
+    let spec = tandem_fetch::ModelSpec::by_name(name).unwrap();
+    let path = spec.path_in(&tandem_fetch::models_dir());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo run -p tandem -- models fetch` (CI fetches it)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn gemma3_270m_greedy_agrees_with_llama_cpp() {
+    // Includes a prompt longer than the 512-position sliding window.
+    let (equal, n) = agree_with_llama_cpp("gemma3", fetched("gemma"));
+    assert!(equal * 2 >= n, "{equal} of {n}");
+}
+
+#[test]
+fn smollm2_135m_greedy_agrees_with_llama_cpp() {
+    let (equal, n) = agree_with_llama_cpp("smollm2", fetched("smollm2"));
+    assert!(equal * 2 >= n, "{equal} of {n}");
+}
+
+#[test]
+fn qwen2_pair_greedy_agrees_with_llama_cpp() {
+    for (fixture, name) in [("qwen2_draft", "draft"), ("qwen2_target", "target")] {
+        let (equal, n) = agree_with_llama_cpp(fixture, fetched(name));
+        assert!(equal * 2 >= n, "{fixture}: {equal} of {n}");
+    }
+}
