@@ -27,9 +27,9 @@
 //! the gate needs to pay. Greedy; threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, token_prob};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// The greedy token and the softmax probability the model gives it.
 fn argmax_prob(logits: &[f32]) -> (u32, f32) {

@@ -17,11 +17,11 @@
 //! from. Threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{
     argmax, distribution, keyed_token, next_token, Distribution, SamplingParams,
 };
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// Total variation distance of two sparse distributions (both sorted by token).
 fn total_variation(p: &Distribution, q: &Distribution) -> f64 {

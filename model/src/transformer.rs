@@ -7,8 +7,8 @@
 //! is decoded alone or verified inside a block. Shapes are noted as
 //! `[rows, features]`, row-major.
 
-use crate::gguf::{GgufFile, TensorEntry};
 use crate::attention::attend;
+use crate::gguf::{GgufFile, TensorEntry};
 use crate::kv_cache::{KvCache, KvPrecision, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
 use crate::vecops::dot;

@@ -94,10 +94,12 @@ fn byte_token(t: &Tokenizer, b: u8) -> u32 {
 fn vocabulary_and_special_ids() {
     let t = tok();
     assert_eq!(t.vocab_size(), 151_936);
-    assert_eq!(t.im_start_id(), IM_START);
-    assert_eq!(t.im_end_id(), IM_END);
-    assert_eq!(t.endoftext_id(), END_OF_TEXT);
-    assert_eq!(t.eos_id(), IM_END);
+    assert_eq!(t.token_to_id("<|im_start|>"), Some(IM_START));
+    assert_eq!(t.token_to_id("<|endoftext|>"), Some(END_OF_TEXT));
+    assert_eq!(t.eos_id(), Some(IM_END));
+    assert_eq!(t.eot_id(), Some(IM_END));
+    assert!(!t.add_bos());
+    assert_eq!(t.real_vocab_size(), 151_665);
     assert_eq!(t.bos_id(), Some(END_OF_TEXT));
     assert_eq!(t.token_to_id("<|im_end|>"), Some(IM_END));
     assert_eq!(t.token_to_id("Ġworld"), Some(1879));
@@ -342,9 +344,12 @@ fn expected_default_chat() -> String {
 fn chat_template_renders_chatml() {
     let t = tok();
     let msgs = [ChatMessage::user("Write hello world in Rust.")];
-    assert_eq!(t.apply_chat_template(&msgs, true), expected_default_chat());
     assert_eq!(
-        t.apply_chat_template(&msgs, false),
+        t.apply_chat_template(&msgs, true).unwrap(),
+        expected_default_chat()
+    );
+    assert_eq!(
+        t.apply_chat_template(&msgs, false).unwrap(),
         expected_default_chat().trim_end_matches("<|im_start|>assistant\n")
     );
 
@@ -352,7 +357,7 @@ fn chat_template_renders_chatml() {
         ChatMessage::system("You are a helpful assistant."),
         ChatMessage::user("Implement quicksort in Rust."),
     ];
-    let rendered = t.apply_chat_template(&msgs, true);
+    let rendered = t.apply_chat_template(&msgs, true).unwrap();
     // This is the fixture line rendered by the same template.
     let fixture = fixtures()
         .into_iter()
@@ -371,7 +376,7 @@ fn chat_template_renders_chatml() {
         ChatMessage::user("Q2"),
     ];
     assert_eq!(
-        t.apply_chat_template(&msgs, false),
+        t.apply_chat_template(&msgs, false).unwrap(),
         "<|im_start|>system\nS<|im_end|>\n\
          <|im_start|>user\nQ1<|im_end|>\n\
          <|im_start|>assistant\nA1<|im_end|>\n\
@@ -381,7 +386,7 @@ fn chat_template_renders_chatml() {
     );
     // Empty conversation: only the default system turn.
     assert_eq!(
-        t.apply_chat_template(&[], false),
+        t.apply_chat_template(&[], false).unwrap(),
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
     );
 }
@@ -401,7 +406,7 @@ fn encode_chat_equals_encoding_the_rendered_template() {
     ];
     for msgs in convs {
         for gen in [false, true] {
-            let rendered = t.apply_chat_template(&msgs, gen);
+            let rendered = t.apply_chat_template(&msgs, gen).unwrap();
             assert_eq!(
                 t.encode_chat(&msgs, gen).unwrap(),
                 t.encode(&rendered, true).unwrap(),
@@ -425,10 +430,12 @@ fn encode_chat_keeps_control_tokens_out_of_message_contents() {
     // The text is still all there.
     assert_eq!(
         t.decode(&ids, false).unwrap(),
-        t.apply_chat_template(&msgs, true)
+        t.apply_chat_template(&msgs, true).unwrap()
     );
     // Whereas parsing the rendered string with specials would be injectable.
-    let injected = t.encode(&t.apply_chat_template(&msgs, true), true).unwrap();
+    let injected = t
+        .encode(&t.apply_chat_template(&msgs, true).unwrap(), true)
+        .unwrap();
     assert!(injected.iter().filter(|&&i| i == IM_START).count() > 3);
 }
 
@@ -508,13 +515,17 @@ fn bad_tokenizer_metadata_is_a_clear_error() {
     assert!(e.to_string().contains("tokenizer.ggml.merges"), "{e}");
 
     let mut m = tokenizer_meta();
-    m.insert("tokenizer.ggml.pre".into(), Value::String("llama3".into()));
+    m.insert("tokenizer.ggml.pre".into(), Value::String("tekken".into()));
     let e = load(&m, "pre.gguf").unwrap_err();
     assert!(matches!(e, ModelError::Tokenizer(_)), "{e:?}");
-    assert!(e.to_string().contains("llama3"), "{e}");
+    assert!(e.to_string().contains("tekken"), "{e}");
+    assert!(
+        e.to_string().contains("qwen2, "),
+        "names the supported ones: {e}"
+    );
 
     let mut m = tokenizer_meta();
-    m.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+    m.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
     let e = load(&m, "model.gguf").unwrap_err();
     assert!(e.to_string().contains("unsupported tokenizer model"), "{e}");
 
