@@ -49,6 +49,9 @@ pub(crate) fn byte_level_decode(text: &str, table: &[Option<u8>; 0x144]) -> Opti
         .collect()
 }
 
+/// Marks a byte without a token (never a merge operand).
+const NO_TOKEN: u32 = u32::MAX;
+
 pub(crate) struct Bpe {
     /// Id of the one-byte token for each byte value.
     byte_to_id: [u32; 256],
@@ -66,12 +69,16 @@ impl Bpe {
         token_to_id: &FxMap<String, u32>,
     ) -> Result<(Self, Vec<&'g str>)> {
         let chars = byte_level_chars();
-        let mut byte_to_id = [0u32; 256];
+        // A byte without a token (StarCoder has none for 0xC0, 0xC1, 0xF5..,
+        // which UTF-8 text never holds) is dropped, as llama.cpp drops it.
+        let mut byte_to_id = [NO_TOKEN; 256];
         for (b, c) in chars.iter().enumerate() {
-            byte_to_id[b] = token_to_id
-                .get(c.encode_utf8(&mut [0; 4]) as &str)
-                .copied()
-                .ok_or_else(|| err(format!("no token for byte 0x{b:02x}")))?;
+            if let Some(&id) = token_to_id.get(c.encode_utf8(&mut [0; 4]) as &str) {
+                byte_to_id[b] = id;
+            }
+        }
+        if let Some(b) = (0..128).find(|&b| byte_to_id[b] == NO_TOKEN) {
+            return Err(err(format!("no token for byte 0x{b:02x}")));
         }
         let merge_texts = string_array(gguf, "tokenizer.ggml.merges")?;
         // Resolving the merge strings to ids is read-only: do it in parallel,
@@ -154,7 +161,10 @@ impl Bpe {
         match bytes.len() {
             0 => return,
             1 => {
-                out.push(self.byte_to_id[bytes[0] as usize]);
+                let id = self.byte_to_id[bytes[0] as usize];
+                if id != NO_TOKEN {
+                    out.push(id);
+                }
                 return;
             }
             _ => {}
@@ -207,7 +217,9 @@ impl Bpe {
         }
         let mut i = 0;
         while i != NONE {
-            out.push(syms[i].id);
+            if syms[i].id != NO_TOKEN {
+                out.push(syms[i].id);
+            }
             i = syms[i].next;
         }
     }
