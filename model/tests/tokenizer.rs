@@ -557,7 +557,9 @@ fn chatml_reference(messages: &[ChatMessage], gen: bool) -> Vec<(bool, String)> 
     let t = |s: &str| (false, s.to_string());
     let mut p = Vec::new();
     match messages.first() {
-        Some(m) if m.role == Role::System => p.extend([c("<|im_start|>"), t("system\n"), t(&m.content)]),
+        Some(m) if m.role == Role::System => {
+            p.extend([c("<|im_start|>"), t("system\n"), t(&m.content)])
+        }
         _ => p.extend([c("<|im_start|>"), t("system\n"), t(SYS)]),
     }
     p.extend([c("<|im_end|>"), t("\n")]);
@@ -576,7 +578,11 @@ fn chatml_reference(messages: &[ChatMessage], gen: bool) -> Vec<(bool, String)> 
                 if i == 0 || messages[i - 1].role != Role::Tool {
                     p.extend([c("<|im_start|>"), t("user")]);
                 }
-                p.extend([t("\n<tool_response>\n"), t(&m.content), t("\n</tool_response>")]);
+                p.extend([
+                    t("\n<tool_response>\n"),
+                    t(&m.content),
+                    t("\n</tool_response>"),
+                ]);
                 if messages.get(i + 1).is_none_or(|n| n.role != Role::Tool) {
                     p.extend([c("<|im_end|>"), t("\n")]);
                 }
@@ -660,4 +666,9 @@ fn gguf_template_equals_the_former_hand_written_chatml() {
         }
     }
     assert_eq!(checked, 2 * (1 + 4 + 16 + 64 + 256));
+    // The template Tandem ships for tiny models is the GGUF's, byte for byte.
+    assert_eq!(
+        t.chat_template(),
+        Some(tandem_model::tokenizer::QWEN2_CHAT_TEMPLATE)
+    );
 }

@@ -100,8 +100,13 @@ fn check_chat(tok: &Tokenizer, name: &str) -> usize {
     for f in &fx {
         if f.get("no_chat_template").is_some() {
             assert!(tok.chat_template().is_none());
-            let e = tok.encode_chat(&[ChatMessage::user("hi")], true).unwrap_err();
-            assert!(matches!(e, tandem_model::ModelError::NoChatTemplate), "{e:?}");
+            let e = tok
+                .encode_chat(&[ChatMessage::user("hi")], true)
+                .unwrap_err();
+            assert!(
+                matches!(e, tandem_model::ModelError::NoChatTemplate),
+                "{e:?}"
+            );
             continue;
         }
         if f.get("tools").is_some_and(|t| !t.is_null()) {
@@ -111,11 +116,21 @@ fn check_chat(tok: &Tokenizer, name: &str) -> usize {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| ChatMessage::new(role(m["role"].as_str().unwrap()), m["content"].as_str().unwrap()))
+            .map(|m| {
+                ChatMessage::new(
+                    role(m["role"].as_str().unwrap()),
+                    m["content"].as_str().unwrap(),
+                )
+            })
             .collect();
         let gen = f["add_generation_prompt"].as_bool().unwrap();
         let rendered = f["rendered"].as_str().unwrap();
-        assert_eq!(tok.apply_chat_template(&msgs, gen).unwrap(), rendered, "{}", f["name"]);
+        assert_eq!(
+            tok.apply_chat_template(&msgs, gen).unwrap(),
+            rendered,
+            "{}",
+            f["name"]
+        );
         let mut want = ids(&f["ids"]);
         if tok.add_bos() && want.first() != tok.bos_id().as_ref() {
             want.insert(0, tok.bos_id().unwrap());
@@ -129,7 +144,10 @@ fn check_chat(tok: &Tokenizer, name: &str) -> usize {
 #[test]
 fn qwen2_equals_llama_cpp() {
     let tok = load("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert_eq!((tok.model(), tok.pre_name()), (TokenizerModel::Gpt2, "qwen2"));
+    assert_eq!(
+        (tok.model(), tok.pre_name()),
+        (TokenizerModel::Gpt2, "qwen2")
+    );
     assert!(check_tokenize(&tok, "qwen2") >= 50);
     assert!(check_chat(&tok, "qwen2") >= 3);
 }
@@ -137,7 +155,10 @@ fn qwen2_equals_llama_cpp() {
 #[test]
 fn smollm2_equals_llama_cpp() {
     let tok = load("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert_eq!((tok.model(), tok.pre_name()), (TokenizerModel::Gpt2, "smollm"));
+    assert_eq!(
+        (tok.model(), tok.pre_name()),
+        (TokenizerModel::Gpt2, "smollm")
+    );
     assert!(check_tokenize(&tok, "smollm2") >= 50);
     assert!(check_chat(&tok, "smollm2") >= 3);
 }

@@ -30,11 +30,19 @@ fn check(name: &str) {
     for (text, want) in texts.iter().zip(&expected) {
         let got = tok.encode(text, false).unwrap();
         if &got != want {
-            failures.push(format!("{text:?}\n  llama.cpp {want:?}\n  tandem    {got:?}"));
+            failures.push(format!(
+                "{text:?}\n  llama.cpp {want:?}\n  tandem    {got:?}"
+            ));
         }
     }
     assert!(expected.len() >= 30, "{} cases", expected.len());
-    assert!(failures.is_empty(), "{name}: {} of {} differ\n{}", failures.len(), expected.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} differ\n{}",
+        failures.len(),
+        expected.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

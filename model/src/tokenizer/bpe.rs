@@ -69,16 +69,14 @@ impl Bpe {
         token_to_id: &FxMap<String, u32>,
     ) -> Result<(Self, Vec<&'g str>)> {
         let chars = byte_level_chars();
-        // A byte without a token (StarCoder has none for 0xC0, 0xC1, 0xF5..,
-        // which UTF-8 text never holds) is dropped, as llama.cpp drops it.
+        // A byte without a token is dropped, as llama.cpp drops it: StarCoder
+        // has none for 0xC0, 0xC1, 0xF5.. (never in UTF-8), SmolLM2 none for
+        // some ASCII control characters either.
         let mut byte_to_id = [NO_TOKEN; 256];
         for (b, c) in chars.iter().enumerate() {
             if let Some(&id) = token_to_id.get(c.encode_utf8(&mut [0; 4]) as &str) {
                 byte_to_id[b] = id;
             }
-        }
-        if let Some(b) = (0..128).find(|&b| byte_to_id[b] == NO_TOKEN) {
-            return Err(err(format!("no token for byte 0x{b:02x}")));
         }
         let merge_texts = string_array(gguf, "tokenizer.ggml.merges")?;
         // Resolving the merge strings to ids is read-only: do it in parallel,

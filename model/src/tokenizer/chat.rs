@@ -24,6 +24,11 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 use std::sync::Arc;
 
+/// The Qwen2.5 chat template exactly as the Qwen2.5(-Coder) GGUFs carry it
+/// (`tokenizer.chat_template`): ChatML with Qwen's default system prompt and
+/// tool turns. For tiny test models and operators who want ChatML.
+pub const QWEN2_CHAT_TEMPLATE: &str = include_str!("qwen2_chat_template.jinja");
+
 /// Who speaks a chat message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -108,6 +113,7 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 /// The rendered conversation and the byte ranges of message contents in it.
+#[derive(Debug)]
 pub(crate) struct Rendered {
     pub text: String,
     pub contents: Vec<(usize, usize)>,

@@ -37,7 +37,7 @@ mod spm;
 mod stream;
 mod vocab;
 
-pub use chat::{ChatMessage, Role};
+pub use chat::{ChatMessage, Role, QWEN2_CHAT_TEMPLATE};
 pub use pair::PairError;
 pub use pre::{supported_names as supported_pre_tokenizers, PreType};
 pub use stream::StreamDecoder;
@@ -180,15 +180,15 @@ impl Tokenizer {
         let ids = Specials::from_gguf(gguf, defaults, &tokens, &mut kinds, &token_to_id)?;
 
         let real_vocab_size = vocab::real_vocab_size(&tokens, &kinds);
-        // Every id the tokenizer produces must have an embedding row; the
-        // embedding may have more rows than tokens, or fewer only where the
-        // vocabulary has trailing padding slots.
+        // Every id the model can produce must decode, and every id the
+        // tokenizer produces must have an embedding row: as llama.cpp, the
+        // embedding has exactly one row per token (padding slots included;
+        // pairing across padding compares real_vocab_size, not rows).
         if let Some(embd) = gguf.tensors.get("token_embd.weight") {
             let rows = embd.dims.get(1).copied().unwrap_or(1);
-            if rows < real_vocab_size {
+            if rows != n {
                 return Err(err(format!(
-                    "`tokenizer.ggml.tokens` has {real_vocab_size} tokens but `token_embd.weight` \
-                     has only {rows} rows"
+                    "`tokenizer.ggml.tokens` has {n} tokens but `token_embd.weight` has {rows} rows"
                 )));
             }
         }
@@ -296,6 +296,13 @@ impl Tokenizer {
     /// vocabularies have none).
     pub fn pre_name(&self) -> &str {
         self.inner.pre_name.as_deref().unwrap_or("default")
+    }
+
+    /// SentencePiece's `add_space_prefix`: a space is put before text that
+    /// starts the input or follows a special token (so `decode(encode(s))`
+    /// is `" " + s` for plain text). Always false for BPE.
+    pub fn add_space_prefix(&self) -> bool {
+        self.inner.add_space_prefix
     }
 
     /// Id of a token by its vocabulary text (GGUF form, e.g. `Ġworld` for
