@@ -1,6 +1,7 @@
 //! Tokenizer encode/decode, for both vocabulary models (byte-level BPE and
 //! SentencePiece). Invariants: `decode(encode(s)) == s` for every valid UTF-8
-//! `s` (with and without parsing control tokens; with SentencePiece's
+//! `s` (with and without parsing control tokens; SentencePiece decodes a
+//! literal `▁` as a space; with its
 //! `add_space_prefix`, `" " + s` for text without special-token text);
 //! any id sequence decodes without a panic (out-of-range ids are an `Err`);
 //! the streaming decoder's chunks plus its flush equal `decode` of the same
@@ -136,13 +137,23 @@ fn stream_decode(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> String {
 }
 
 fn check(tok: &Tokenizer, data: &[u8]) {
-    if let Ok(s) = std::str::from_utf8(data) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        // SentencePiece writes spaces as U+2581, so a literal one in the text
+        // decodes as a space (as in llama.cpp).
+        let s_owned;
+        let s = if tok.model() == tandem_model::tokenizer::TokenizerModel::Llama {
+            s_owned = text.replace('\u{2581}', " ");
+            s_owned.as_str()
+        } else {
+            text
+        };
         let prefixed = format!(" {s}");
         // With a space prefix, text with special-token text gets more
         // spaces (after each one); only the plain case has an exact form.
         let plain_text = !tok.add_space_prefix()
-            || (!s.is_empty() && tok.encode(s, true).ok() == tok.encode(s, false).ok()
-                && tok.encode(s, false).is_ok_and(|ids| {
+            || (!text.is_empty()
+                && tok.encode(text, true).ok() == tok.encode(text, false).ok()
+                && tok.encode(text, false).is_ok_and(|ids| {
                     ids.iter().all(|&i| {
                         matches!(
                             tok.token_kind(i),
@@ -152,7 +163,7 @@ fn check(tok: &Tokenizer, data: &[u8]) {
                     })
                 }));
         for parse_special in [false, true] {
-            let ids = tok.encode(s, parse_special).expect("encode");
+            let ids = tok.encode(text, parse_special).expect("encode");
             let back = tok.decode(&ids, false).expect("decode of encoded ids");
             if !tok.add_space_prefix() {
                 assert_eq!(back, s, "round trip (parse_special {parse_special})");
