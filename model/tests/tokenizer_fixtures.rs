@@ -4,7 +4,8 @@
 //! parsed (`ids`), as plain text (`ids_nospecial`) and as a prompt with the
 //! model's BOS (`ids_bos`), ids equal; and every chat fixture (the GGUF's
 //! template rendered by jinja2 as Hugging Face does) rendered to the same
-//! string and the same ids.
+//! string and the same ids; and the raw prompts of the greedy fixtures
+//! (`prompt_ids`, BOS as the model says) equal `encode_prompt`.
 //!
 //! Models: the Qwen2.5 draft (gpt2, pre `qwen2`), SmolLM2-135M (gpt2, pre
 //! `smollm`), Gemma 3 270M (SentencePiece). Needs them fetched
@@ -89,6 +90,22 @@ fn check_tokenize(tok: &Tokenizer, name: &str) -> usize {
     fx.len()
 }
 
+/// The raw prompts of `greedy_<name>.jsonl` (llama.cpp's
+/// `tokenize(prompt, add_bos = true, special = false)`) equal
+/// `encode_prompt`; returns the count.
+fn check_prompts(tok: &Tokenizer, name: &str) -> usize {
+    let fx = lines(&format!("greedy_{name}.jsonl"));
+    for f in &fx {
+        let prompt = f["prompt"].as_str().unwrap();
+        assert_eq!(
+            tok.encode_prompt(prompt).unwrap(),
+            ids(&f["prompt_ids"]),
+            "{prompt:?}"
+        );
+    }
+    fx.len()
+}
+
 fn role(s: &str) -> Role {
     s.parse().unwrap()
 }
@@ -150,6 +167,7 @@ fn qwen2_equals_llama_cpp() {
     );
     assert!(check_tokenize(&tok, "qwen2") >= 50);
     assert!(check_chat(&tok, "qwen2") >= 3);
+    assert!(check_prompts(&tok, "qwen2_draft") >= 5);
 }
 
 #[test]
@@ -161,6 +179,7 @@ fn smollm2_equals_llama_cpp() {
     );
     assert!(check_tokenize(&tok, "smollm2") >= 50);
     assert!(check_chat(&tok, "smollm2") >= 3);
+    assert!(check_prompts(&tok, "smollm2") >= 5);
 }
 
 #[test]
@@ -170,4 +189,5 @@ fn gemma3_equals_llama_cpp() {
     assert!(tok.add_bos());
     assert!(check_tokenize(&tok, "gemma3") >= 50);
     check_chat(&tok, "gemma3");
+    assert!(check_prompts(&tok, "gemma3") >= 5);
 }

@@ -95,7 +95,10 @@ fn sentencepiece_merges_by_score_with_byte_fallback() {
     // " ab": "ab" (-2) merges before "▁a" (-2.5), then "▁ab".
     assert_eq!(t.encode("ab", false).unwrap(), [id(&t, "▁ab")]);
     // "▁a" (-2.5) beats "aa" (-3): "▁aaa" is "▁a" "aa".
-    assert_eq!(t.encode("aaa", false).unwrap(), [id(&t, "▁a"), id(&t, "aa")]);
+    assert_eq!(
+        t.encode("aaa", false).unwrap(),
+        [id(&t, "▁a"), id(&t, "aa")]
+    );
     // No token for "é": its UTF-8 bytes.
     let ids = t.encode("é", false).unwrap();
     assert_eq!(ids, [id(&t, "▁"), BYTE0 + 0xC3, BYTE0 + 0xA9]);
