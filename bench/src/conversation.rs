@@ -289,7 +289,7 @@ pub fn run(args: Args) -> Result<()> {
             let ids = tok.encode_chat(&history, true)?;
             let cfg = GenerateConfig {
                 max_tokens: args.max_tokens,
-                stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+                stop_tokens: tok.chat_stop_tokens(),
                 ..GenerateConfig::default()
             };
             let g = generate_single(&model, &ids, &cfg, &mut |_| true)?;

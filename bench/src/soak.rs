@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 use tandem_cli_common::link_overrides::LinkOverrides;
 use tandem_edge::EdgeConfig;
 use tandem_lab as lab;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_netsim::{Proxy, Step, Timeline};
 
 /// Jitter and loss on every profile of the timeline unless given.
@@ -490,7 +490,7 @@ pub fn run(args: Args) -> Result<()> {
     let tok = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     drop(gguf);
     let prompts = encode_prompts(&tok, &res.prompts, res.prompt_tail)?;
-    let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
+    let stop_tokens = tok.chat_stop_tokens();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     // Room for a whole generation plus a full block, in 64-token steps.
     let max_seq_len = longest

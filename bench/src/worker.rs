@@ -12,10 +12,10 @@ use std::path::Path;
 use std::time::Instant;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::{ProposerKind, ProposerStats};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, SamplingParams};
 use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// What a micro-benchmark worker does.
 #[derive(Clone, Debug)]
@@ -316,7 +316,7 @@ pub fn speculative(
     let target = Model::load(target_path, opts())
         .with_context(|| format!("loading {}", target_path.display()))?;
     let tok = Tokenizer::from_gguf(target.gguf()).context("building the tokenizer")?;
-    let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
+    let stop_tokens = tok.chat_stop_tokens();
     let cfg_for =
         |max_tokens: usize, proposer: ProposerKind, draft_kv: KvPrecision| GenerateConfig {
             max_tokens: plan

@@ -47,9 +47,9 @@ use tandem_edge::{
     DeviceState, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
     RoutedRuntime, SharedDeviceState, ThermalState, TokenStatus,
 };
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_router::{Action, Router};
 
 use crate::config::CapiConfig;
@@ -491,7 +491,7 @@ fn build_engine(config_path: &Path, models_dir: Option<&Path>) -> Result<Engine,
             format!("the draft model has no usable tokenizer: {e}"),
         )
     })?;
-    let stop_tokens = vec![tok.im_end_id(), tok.endoftext_id()];
+    let stop_tokens = tok.chat_stop_tokens();
     let has_verifier = cfg.edge.verifier_url.is_some();
     let mut edge = EdgeRuntime::builder(Arc::new(model), cfg.edge.clone());
     if let Some(target_path) = &cfg.target_model {

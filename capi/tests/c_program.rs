@@ -30,9 +30,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use tandem_model::kv_cache::KvPrecision;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single_with, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const N: usize = 16;
 const PROMPT: &str = "Write a Python function that adds two numbers.";
@@ -192,7 +192,7 @@ fn greedy_chat(model: &Model, messages: &[ChatMessage], n: usize, kv: KvPrecisio
     let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {
         max_tokens: n,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..GenerateConfig::default()
     };
     let g = generate_single_with(model, kv, &ids, &cfg, &mut |_| true).unwrap();

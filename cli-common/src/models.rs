@@ -4,8 +4,8 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 use tandem_fetch::{ensure_model, ModelRole, Progress};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// The model file: an explicit path (must exist), else the cached model,
 /// fetched on first use.
@@ -54,7 +54,7 @@ pub fn prompt_tokens(
     raw: bool,
 ) -> Result<Vec<u32>> {
     if raw {
-        return Ok(tok.encode(prompt, false)?);
+        return Ok(tok.encode_prompt(prompt)?);
     }
     let mut msgs = Vec::new();
     if let Some(s) = system {

@@ -191,7 +191,7 @@ pub fn run(args: Args) -> Result<()> {
     let gen = GenerateConfig {
         k: args.k,
         max_tokens: args.max_tokens,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..GenerateConfig::default()
     };
     let mut summary = Summary::default();

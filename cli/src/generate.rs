@@ -179,7 +179,7 @@ pub fn run(args: Args) -> Result<()> {
     let ids = prompt_tokens(&tok, &prompt, args.system.as_deref(), args.raw)?;
     let cfg = GenerateConfig {
         max_tokens: args.max_tokens,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..cfg_probe
     };
 

@@ -212,7 +212,7 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
     let ids = prompt_tokens(&tok, prompt, args.system.as_deref(), args.raw)?;
     let gen = GenerateConfig {
         max_tokens: args.max_tokens,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..gen
     };
     let url = cfg.verifier_url.clone();

@@ -27,9 +27,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const TOKEN: &str = "serve-edge-token-0123456789";
 const ADMIN: &str = "serve-edge-admin-0123456789";
@@ -404,7 +404,7 @@ fn target_greedy_chat(messages: &[ChatMessage], n: usize) -> Vec<u32> {
     let ids = tok.encode_chat(messages, true).unwrap();
     let cfg = GenerateConfig {
         max_tokens: n,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..GenerateConfig::default()
     };
     generate_single(&model, &ids, &cfg, &mut |_| true)

@@ -29,9 +29,9 @@ use std::time::Instant;
 
 use tandem_capi::{TandemRuntime, TandemStats, TandemStatus, TandemTokenStatus};
 use tandem_model::kv_cache::KvPrecision;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single_with, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const N: usize = 12;
 const PROMPT: &str = "Write a Python function that adds two numbers.";
@@ -216,7 +216,7 @@ fn greedy_text(model: &Model, prompt: &str, n: usize, kv: KvPrecision) -> String
     let ids = tok.encode_chat(&[ChatMessage::user(prompt)], true).unwrap();
     let cfg = GenerateConfig {
         max_tokens: n,
-        stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+        stop_tokens: tok.chat_stop_tokens(),
         ..GenerateConfig::default()
     };
     let g = generate_single_with(model, kv, &ids, &cfg, &mut |_| true).unwrap();

@@ -150,7 +150,7 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                 temperature: args.temperature,
                 ..SamplingParams::default()
             },
-            stop_tokens: vec![tok.im_end_id(), tok.endoftext_id()],
+            stop_tokens: tok.chat_stop_tokens(),
             ..GenerateConfig::default()
         };
         let ids = prompt_tokens(&tok, &job.prompt, None, false)?;

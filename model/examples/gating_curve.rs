@@ -27,9 +27,9 @@
 //! the gate needs to pay. Greedy; threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, token_prob};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// The greedy token and the softmax probability the model gives it.
 fn argmax_prob(logits: &[f32]) -> (u32, f32) {
@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let draft = Model::load(model_path(ModelRole::Draft), opts())?;
     let target = Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
-    let stops = [tok.im_end_id(), tok.endoftext_id()];
+    let stops = tok.chat_stop_tokens();
 
     let text = std::fs::read_to_string(&prompts_path)
         .map_err(|e| format!("reading {prompts_path}: {e}"))?;

@@ -17,11 +17,11 @@
 //! from. Threads: `RAYON_NUM_THREADS`.
 
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{
     argmax, distribution, keyed_token, next_token, Distribution, SamplingParams,
 };
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// Total variation distance of two sparse distributions (both sorted by token).
 fn total_variation(p: &Distribution, q: &Distribution) -> f64 {
@@ -84,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let draft = Model::load(model_path(ModelRole::Draft), opts())?;
     let target = Model::load(model_path(ModelRole::Target), opts())?;
     let tok = Tokenizer::from_gguf(target.gguf())?;
-    let stops = [tok.im_end_id(), tok.endoftext_id()];
+    let stops = tok.chat_stop_tokens();
     let vocab = target.config().vocab;
 
     let text = std::fs::read_to_string(&prompts_path)

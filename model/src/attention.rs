@@ -56,4 +56,3 @@ pub(crate) fn attend<C: KvStore>(
         }
     }
 }
-

@@ -35,6 +35,10 @@ pub enum ModelError {
     InvalidArgument(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("the model has no chat template (`tokenizer.chat_template`): use a raw prompt, or give a Jinja chat template")]
+    NoChatTemplate,
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -33,11 +33,11 @@ pub mod kv_pages;
 pub mod pair;
 pub mod proposer;
 pub mod quant;
-pub mod transformer;
 pub mod sampling;
 pub mod speculative;
 pub mod testing;
 pub mod tokenizer;
+pub mod transformer;
 pub mod vecops;
 pub mod verify;
 

@@ -12,8 +12,8 @@
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
-use crate::transformer::Model;
 use crate::sampling::{next_token, SamplingParams};
+use crate::transformer::Model;
 use crate::verify::{verdict_from_logits, Verdict};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};

@@ -9,10 +9,10 @@
 //! is decoded alone or verified inside a block. Shapes are noted as
 //! `[rows, features]`, row-major.
 
-use crate::gguf::{GgufFile, TensorEntry};
 pub use crate::arch::{Arch, ModelConfig, MAX_LAYERS};
 use crate::arch::{Bias, FfnAct, RopeParams, RopeStyle};
 use crate::attention::attend;
+use crate::gguf::{GgufFile, TensorEntry};
 use crate::kv_cache::{KvCache, KvPrecision, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
 use crate::vecops::dot;

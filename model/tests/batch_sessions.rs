@@ -8,8 +8,8 @@ use rand::{Rng, SeedableRng};
 use tandem_model::arch::Arch;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::kv_pages::{KvPool, PagedKv};
-use tandem_model::transformer::{BatchSeq, LoadOptions, Logits, Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{BatchSeq, LoadOptions, Logits, Model};
 
 const MAX_SEQ: usize = 256;
 

@@ -23,9 +23,9 @@ use candle_core::quantized::GgmlDType;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{argmax, distribution, keyed_token, Sampler, SamplingParams};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// Greedy tokens per prompt of the real-draft check (keeps the qemu run of
 /// CI short; docs/model-core.md "aarch64" has the times).

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::kv_cache::{KvCache, KvPrecision, KvRow, KvStore};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 
 fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();

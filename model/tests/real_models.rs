@@ -9,8 +9,8 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_qwen2::ModelWeights;
 use common::*;
 use tandem_fetch::ModelRole;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
+use tandem_model::transformer::{LoadOptions, Model};
 
 const ROLES: [ModelRole; 2] = [ModelRole::Draft, ModelRole::Target];
 

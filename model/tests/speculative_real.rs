@@ -18,7 +18,7 @@ fn greedy_speculative_equals_target_on_real_models() {
     let target = load(ModelRole::Target, 1024);
     let prompts = prompts();
     assert!(prompts.len() >= 20);
-    let stops = vec![tok.im_end_id(), tok.endoftext_id()];
+    let stops = tok.chat_stop_tokens();
     // Outputs are capped to keep CI short; two prompts run to 256 tokens.
     let mut long_runs = 0;
     let report = Mutex::new(Vec::new());

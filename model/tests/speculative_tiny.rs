@@ -5,12 +5,12 @@
 
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
     generate_single, generate_single_with, generate_speculative, GenerateConfig, StopReason,
 };
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 
 fn pair(dir: &std::path::Path, cap: usize) -> (Model, Model) {
     let t = dir.join("target.gguf");

@@ -2,9 +2,9 @@
 //! ranges and error handling. Fast; no model files needed.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::arch::Arch;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::ModelError;
 
 fn tiny(cfg: &TinyConfig) -> (tempfile::TempDir, Model) {

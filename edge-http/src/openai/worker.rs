@@ -325,7 +325,7 @@ fn run_job(
                 Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
             }
         }
-        Input::Text(t) => match tok.encode(t, false) {
+        Input::Text(t) => match tok.encode_prompt(t) {
             Ok(p) => (vec![ChatMessage::user(t.clone())], p, 0),
             Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
         },
@@ -338,7 +338,7 @@ fn run_job(
         stop_tokens: if req.ignore_eos {
             Vec::new()
         } else {
-            vec![tok.im_end_id(), tok.endoftext_id()]
+            tok.chat_stop_tokens()
         },
         ..GenerateConfig::default()
     };

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use tandem_fetch::ModelRole;
 use tandem_model::gguf::GgufFile;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 pub fn model_file(role: ModelRole) -> PathBuf {
     let p = tandem_fetch::model_path(role);
@@ -21,8 +21,7 @@ pub fn model_file(role: ModelRole) -> PathBuf {
 }
 
 pub fn load(role: ModelRole, max_seq_len: usize) -> Model {
-    Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len))
-        .expect("load model")
+    Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len)).expect("load model")
 }
 
 pub fn tokenizer() -> Tokenizer {
