@@ -204,17 +204,7 @@ pub fn q4k_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 /// `scales[8..12]`).
 #[inline(always)]
 pub fn q3k_scales(q: &[u8; 12]) -> [i8; 16] {
-    const KMASK1: u32 = 0x03030303;
-    const KMASK2: u32 = 0x0f0f0f0f;
-    let a0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-    let a1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
-    let tmp = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
-    let aux = [
-        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
-        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
-        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
-        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
-    ];
+    let aux = q3k_scale_words(q);
     let mut out = [0i8; 16];
     for (i, a) in aux.iter().enumerate() {
         for (k, b) in a.to_le_bytes().iter().enumerate() {
@@ -222,6 +212,24 @@ pub fn q3k_scales(q: &[u8; 12]) -> [i8; 16] {
         }
     }
     out
+}
+
+/// The 16 unsigned 6-bit scales `sc_g` of a Q3_K block as four
+/// little-endian words (byte `4i + k` of the result = `sc_{4i+k}`), ggml's
+/// bit shuffle; [`q3k_scales`] subtracts the 32.
+#[inline(always)]
+pub fn q3k_scale_words(q: &[u8; 12]) -> [u32; 4] {
+    const KMASK1: u32 = 0x03030303;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    let a0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let a1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let tmp = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    [
+        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
+        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
+    ]
 }
 
 /// bf16 (little-endian bytes) → f32: the upper half of the f32's bits (exact).

@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 
 use super::act::{Act, ActKind};
 use super::blocks::{
-    cast, q3k_scales, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
+    cast, q3k_scale_words, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
     BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
@@ -668,9 +668,9 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     for sb in 0..nb {
-        let (d, sc, pf) = k36_head::<THREE>(wrow, sb);
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
         prefetch_ahead::<4>(pf);
-        let (scv, sc16) = q6k_scale_vectors(&sc);
+        let (scv, sc16) = q6k_scale_vectors(k36_scales::<THREE>(wrow, sb));
         let mut sv = [_mm256_setzero_si256(); R];
         for h in 0..2 {
             for (i, w) in k36_half::<THREE>(wrow, sb, h).iter().enumerate() {
@@ -765,19 +765,33 @@ pub(super) fn k45<const FIVE: bool>(wrow: &[u8], sb: usize) -> K45<'_> {
     }
 }
 
-/// The scale, the 16 signed group scales and a prefetch address of
-/// super-block `sb` of a Q3_K (`THREE`; scales `sc − 32`) or Q6_K row.
+/// The scale and a prefetch address of super-block `sb` of a Q3_K
+/// (`THREE`) or Q6_K row.
 #[inline(always)]
-pub(super) fn k36_head<const THREE: bool>(
-    wrow: &[u8],
-    sb: usize,
-) -> ([u8; 2], [i8; 16], *const u8) {
+pub(super) fn k36_head<const THREE: bool>(wrow: &[u8], sb: usize) -> ([u8; 2], *const u8) {
     if THREE {
         let b = &cast::<BlockQ3K>(wrow)[sb];
-        (b.d, q3k_scales(&b.scales), b.hmask.as_ptr())
+        (b.d, b.hmask.as_ptr())
     } else {
         let b = &cast::<BlockQ6K>(wrow)[sb];
-        (b.d, b.scales, b.ql.as_ptr())
+        (b.d, b.ql.as_ptr())
+    }
+}
+
+/// The 16 signed group scales of super-block `sb` as bytes: Q6_K's loaded,
+/// Q3_K's `sc − 32` built in registers from [`q3k_scale_words`] (storing
+/// them byte by byte and loading the 16 bytes back stalls store forwarding
+/// once per super-block).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k36_scales<const THREE: bool>(wrow: &[u8], sb: usize) -> __m128i {
+    if THREE {
+        let w = q3k_scale_words(&cast::<BlockQ3K>(wrow)[sb].scales);
+        let v = _mm_setr_epi32(w[0] as i32, w[1] as i32, w[2] as i32, w[3] as i32);
+        _mm_sub_epi8(v, _mm_set1_epi8(32))
+    } else {
+        // SAFETY: 16 bytes from a [i8; 16].
+        unsafe { _mm_loadu_si128(cast::<BlockQ6K>(wrow)[sb].scales.as_ptr().cast()) }
     }
 }
 
@@ -910,9 +924,8 @@ unsafe fn k36_offset<const THREE: bool>(s: __m256i, bs: *const i16, sc16: __m256
 /// scalar broadcasts and an insert.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
-    // SAFETY: 16 bytes from a [i8; 16].
-    let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
+fn q6k_scale_vectors(sc: __m128i) -> ([__m256i; 8], __m256i) {
+    let sc16 = _mm256_cvtepi8_epi16(sc);
     let pick = _mm256_setr_epi8(
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -1313,10 +1326,10 @@ unsafe fn k36_tile_g<const G: usize, const THREE: bool>(
     let mut q = A32([0u8; QK_K]);
     let last = tn - 4 * (G - 1);
     for sb in 0..act.nb {
-        let (d, sc, pf) = k36_head::<THREE>(wrow, sb);
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
         prefetch_ahead::<4>(pf);
         unpack_k36_values::<THREE>(wrow, sb, &mut q);
-        let (scv, sc16) = q6k_scale_vectors(&sc);
+        let (scv, sc16) = q6k_scale_vectors(k36_scales::<THREE>(wrow, sb));
         let d = _mm_set1_ps(f16c(d));
         // As in `q4k_tile_g`: the sums of every group, then the float steps.
         let mut ss = [_mm_setzero_si128(); G];

@@ -26,7 +26,7 @@ use super::blocks::{
     cast, f16_le, q4k_scales_mins, BlockQ3K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine;
-use super::x86_avx2::{hsum2, k36_head, k45, q4k_mins16, reduce8};
+use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16, reduce8};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
@@ -586,7 +586,7 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
     let shr = halves16(0, 2);
     let idx: [__m512i; 4] = std::array::from_fn(|k| index16(4 * k as i16, 8));
     for sb in 0..nb {
-        let (d, scales, pf) = k36_head::<THREE>(wrow, sb);
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
         prefetch_ahead::<4>(pf);
         let wv = if THREE {
             q3k_vectors(&cast::<BlockQ3K>(wrow)[sb])
@@ -613,8 +613,7 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
             }
             wv
         };
-        // SAFETY: 16 bytes from a [i8; 16].
-        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(scales.as_ptr().cast()) });
+        let sc16 = _mm256_cvtepi8_epi16(k36_scales::<THREE>(wrow, sb));
         let scz = _mm512_castsi256_si512(sc16);
         let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], scz));
         let d = f16_le(d);
