@@ -16,11 +16,18 @@
 //! whose name or format contains SUBSTR; `--ms 1,24,40,64` sets the row
 //! counts (large m: a batched verifier forward). `G/s` is multiply-adds per
 //! second (rows × cols × m / time).
+//!
+//! `--synthetic ROWSxCOLS` (e.g. `8960x1536`, the 1.5B's `ffn_up`) needs no
+//! model file: one Gaussian f32 matrix is quantized by candle (ggml's
+//! quantizers) into every GGUF format the kernels run, and each is timed on
+//! the same shape, with its weight bytes per second against Q4_K's in the
+//! same run (`vs Q4_K`: the per-format speed target is ≥ 0.90 at
+//! m = 1). docs/model-core.md, "Formats", has a run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use tandem_model::gguf::GgufFile;
 use tandem_model::quant::{matmul_with_isa, Isa, QMatrix, QuantFormat};
@@ -91,6 +98,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rayon::current_num_threads(),
         Isa::available()
     );
+    if let Some(p) = args.iter().position(|a| a == "--synthetic") {
+        let spec = args.get(p + 1).ok_or("--synthetic needs ROWSxCOLS")?;
+        let (r, c) = spec.split_once('x').ok_or("--synthetic needs ROWSxCOLS")?;
+        let shape = (r.trim().parse()?, c.trim().parse()?);
+        return synthetic(shape, &isas, &ms, min_time, cpu, candle);
+    }
     let dir = models_dir();
     let plan: [(&str, &[&str]); 2] = [
         (
@@ -191,6 +204,100 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         tc / t
                     );
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every GGUF format on one random `rows × cols` matrix (see the module
+/// doc), Q4_K first: its bytes per second at each (ISA, m) are the baseline
+/// of the `vs Q4_K` column.
+fn synthetic(
+    (rows, cols): (usize, usize),
+    isas: &[Isa],
+    ms: &[usize],
+    min_time: Duration,
+    cpu: bool,
+    candle: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut uniform = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    // A sum of uniforms: bell-shaped, like trained weights.
+    let data: Vec<f32> = (0..rows * cols)
+        .map(|_| (0..4).map(|_| uniform()).sum::<f32>() * 0.05)
+        .collect();
+    let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
+    let mut formats = vec![QuantFormat::Q4K];
+    formats.extend(
+        QuantFormat::GGUF
+            .into_iter()
+            .filter(|f| !matches!(f, QuantFormat::Q4K | QuantFormat::F32)),
+    );
+    println!(
+        "{:<6} {:>11} {:>10} {:>3} | {:<10} {:>10} {:>8} {:>8} | {:>10} {:>7}",
+        "format",
+        "rows x cols",
+        "MB",
+        "m",
+        "isa",
+        "us/call",
+        "GB/s",
+        "vs Q4_K",
+        "candle us",
+        "speedup"
+    );
+    let mut base: Vec<((Isa, usize), f64)> = Vec::new();
+    for f in formats {
+        let ggml = f.to_ggml().ok_or("not a GGUF format")?;
+        let qt = QTensor::quantize(&t, ggml)?;
+        let bytes = qt.data()?.into_owned();
+        let w = QMatrix::new(f, rows, cols, &bytes)?;
+        let qmm = QMatMul::from_qtensor(qt)?;
+        for &isa in isas {
+            for &m in ms {
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)
+                    .collect();
+                let mut out = vec![0f32; m * rows];
+                let secs = time_it(min_time, cpu, || {
+                    matmul_with_isa(isa, &w, &x, m, &mut out).expect("matmul");
+                });
+                let gbs = w.data.len() as f64 / secs / 1e9;
+                if f == QuantFormat::Q4K {
+                    base.push(((isa, m), gbs));
+                }
+                let q4k = base
+                    .iter()
+                    .find(|(k, _)| *k == (isa, m))
+                    .map_or(f64::NAN, |(_, v)| *v);
+                let tc = if candle {
+                    let xt = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu)?;
+                    time_it(min_time, cpu, || {
+                        let y = qmm.forward(&xt).expect("candle forward");
+                        std::hint::black_box(y);
+                    })
+                } else {
+                    f64::NAN
+                };
+                println!(
+                    "{:<6} {:>11} {:>10.2} {:>3} | {:<10} {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>6.2}x",
+                    format!("{f:?}"),
+                    format!("{rows}x{cols}"),
+                    w.data.len() as f64 / 1e6,
+                    m,
+                    isa.name(),
+                    secs * 1e6,
+                    gbs,
+                    gbs / q4k,
+                    tc * 1e6,
+                    tc / secs
+                );
             }
         }
     }

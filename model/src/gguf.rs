@@ -243,6 +243,9 @@ pub struct GgufFile {
     pub path: PathBuf,
     pub metadata: HashMap<String, Value>,
     pub tensors: HashMap<String, TensorEntry>,
+    /// Tensors in a format the kernels do not run, with why: an error only
+    /// if the model uses them ([`GgufFile::entry`] names the format).
+    unsupported: HashMap<String, String>,
     map: Arc<Mmap>,
     file: Arc<std::fs::File>,
 }
@@ -286,13 +289,17 @@ impl GgufFile {
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let file_len = map.len();
         let mut tensors = HashMap::with_capacity(content.tensor_infos.len());
+        let mut unsupported = HashMap::new();
         for (name, info) in &content.tensor_infos {
             let dims: Vec<usize> = info.shape.dims().iter().rev().copied().collect();
             let format = QuantFormat::from_ggml(info.ggml_dtype);
             let format = match format {
                 Ok(f) => f,
                 // Unsupported formats are only an error if the tensor is used.
-                Err(_) => continue,
+                Err(e) => {
+                    unsupported.insert(name.clone(), e.to_string());
+                    continue;
+                }
             };
             let len =
                 tensor_len(format, &dims).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
@@ -325,6 +332,7 @@ impl GgufFile {
             path,
             metadata: content.metadata,
             tensors,
+            unsupported,
             map: Arc::new(map),
             file: Arc::new(file),
         })
@@ -341,7 +349,13 @@ impl GgufFile {
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
         self.tensors
             .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+            .ok_or_else(|| match self.unsupported.get(name) {
+                Some(why) => ModelError::BadTensor {
+                    name: name.to_string(),
+                    reason: why.clone(),
+                },
+                None => ModelError::MissingTensor(name.to_string()),
+            })
     }
 
     pub fn tensor_bytes(&self, e: &TensorEntry) -> &[u8] {

@@ -19,9 +19,9 @@ fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
 /// Columns that exercise partial groups: 896 = 28 blocks of 32 (3 full groups
 /// of 8 + 4), 768 = 3 super-blocks.
 fn cols_for(f: QuantFormat) -> usize {
-    match f {
-        QuantFormat::Q4K | QuantFormat::Q6K => 768,
-        QuantFormat::F32 | QuantFormat::F16 => 904, // not a multiple of 16
+    match act_block(f) {
+        256 => 768,
+        0 => 904, // not a multiple of 16
         _ => 896,
     }
 }
@@ -102,11 +102,7 @@ fn matmul_matches_f32_reference_within_activation_quantization_error() {
             let wd = dequant(&w);
             let x = gauss_x(m, cols, 6);
             let out = run(isa, &w, &x, m);
-            let block = match f {
-                QuantFormat::Q4K | QuantFormat::Q6K => 256,
-                QuantFormat::F32 | QuantFormat::F16 => 0,
-                _ => 32,
-            };
+            let block = act_block(f);
             for i in 0..m {
                 let xi = &x[i * cols..(i + 1) * cols];
                 for j in 0..rows {
@@ -528,4 +524,57 @@ fn q5_0x4_regrouping_rejects_rows_that_are_not_whole_groups() {
     let err = repack_q5_0x4(&data[..10], 4, 96).unwrap_err().to_string();
     assert!(err.contains("needs"), "{err}");
     assert!(QMatrix::new(QuantFormat::Q5_0x4, 1, 96, &data[..66]).is_err());
+}
+
+#[test]
+fn every_gguf_format_maps_to_its_ggml_type_and_others_are_refused_by_name() {
+    use candle_core::quantized::GgmlDType;
+    for f in QuantFormat::GGUF {
+        let g = f.to_ggml().unwrap();
+        assert_eq!(QuantFormat::from_ggml(g).unwrap(), f);
+        assert_eq!(f.block_bytes(), g.type_size(), "{f:?}");
+        assert_eq!(f.block_elems(), g.block_size(), "{f:?}");
+    }
+    let err = QuantFormat::from_ggml(GgmlDType::Q2K)
+        .unwrap_err()
+        .to_string();
+    for name in ["Q2K", "Q4_1", "Q5_1", "Q3K", "Q5K", "BF16"] {
+        assert!(err.contains(name), "{err}");
+    }
+}
+
+/// A GGUF with matrices in a format the kernels do not run opens; using such
+/// a tensor is an error that names its format and the supported ones.
+#[test]
+fn a_tensor_in_an_unsupported_format_is_refused_by_name() {
+    use candle_core::quantized::GgmlDType;
+    use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q2k.gguf");
+    let cfg = TinyConfig {
+        n_layer: 1,
+        d_ff: 256,
+        vocab: 16,
+        matrix_format: GgmlDType::Q2K,
+        embd_format: GgmlDType::Q3K,
+        output_format: GgmlDType::Q5K,
+        ..TinyConfig::default()
+    };
+    write_tiny_qwen2(&path, &cfg).unwrap();
+    let g = tandem_model::gguf::GgufFile::open(&path).unwrap();
+    let err = g.matrix("blk.0.attn_q.weight").unwrap_err().to_string();
+    assert!(
+        err.contains("blk.0.attn_q.weight") && err.contains("Q2K") && err.contains("supported"),
+        "{err}"
+    );
+    // The supported tensors of the same file load and dequantize.
+    for (name, f) in [
+        ("token_embd.weight", QuantFormat::Q3K),
+        ("output.weight", QuantFormat::Q5K),
+    ] {
+        let w = g.matrix(name).unwrap();
+        assert_eq!(w.format, f);
+        let v = dequant(&w);
+        assert!(v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0));
+    }
 }

@@ -11,8 +11,11 @@
 //! reference's, through the shared `combine` functions in the same order:
 //! - Q4_0/Q5_0/Q5_0x4/Q8_0: the 8 lanes of a block are two `dot4` vectors;
 //!   `acc[b % 4] += (dw·dx)·s` lane for lane, then [`combine::reduce_group`];
-//! - Q4_K/Q6_K: one exact i32 `S` (and `M`) per (activation row, weight row,
-//!   super-block), then [`combine::q4k_step`] / [`combine::q6k_step`].
+//! - Q4_1/Q5_1: the same lanes of unsigned values, then
+//!   [`combine::group_min_block`]: `acc[b % 4] += (dw·dx)·s + mw·xs`;
+//! - Q4_K/Q5_K/Q6_K/Q3_K: one exact i32 `S` (and `M`) per (activation row,
+//!   weight row, super-block), then [`combine::q4k_step`] (Q4_K, Q5_K) /
+//!   [`combine::q6k_step`] (Q6_K, Q3_K).
 //!
 //! Hence the same bits as the scalar reference and as every x86 path
 //! (tests `quant_kernels`, `cross_arch_identity`; docs/model-core.md,
@@ -30,7 +33,8 @@ use std::arch::asm;
 
 use super::act::Act;
 use super::blocks::{
-    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, f16_le, q3k_scales, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::{scalar, QuantFormat, RowFn, TILE};
@@ -39,9 +43,16 @@ use super::{scalar, QuantFormat, RowFn, TILE};
 /// NEON path; `None` for the formats every ISA runs through the scalar code.
 pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
     Some(match (f, dotprod) {
-        (QuantFormat::F32 | QuantFormat::F16, _) => return None,
+        // The portable f32 dot shared by every ISA.
+        (QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16, _) => return None,
+        (QuantFormat::Q4_1 | QuantFormat::Q5_1, false) => row_group_min_neon,
+        (QuantFormat::Q4_1 | QuantFormat::Q5_1, true) => row_group_min_sdot,
         (QuantFormat::Q4K, false) => row_q4k_neon,
         (QuantFormat::Q4K, true) => row_q4k_sdot,
+        (QuantFormat::Q5K, false) => row_q5k_neon,
+        (QuantFormat::Q5K, true) => row_q5k_sdot,
+        (QuantFormat::Q3K, false) => row_q3k_neon,
+        (QuantFormat::Q3K, true) => row_q3k_sdot,
         (QuantFormat::Q6K, false) => row_q6k_neon,
         (QuantFormat::Q6K, true) => row_q6k_sdot,
         (_, false) => row_group_neon,
@@ -236,28 +247,172 @@ unsafe fn group_pass<D: Dot, const R: usize>(
     }
 }
 
+/// Block `b` of a Q4_1/Q5_1 row as 32 unsigned values (as i8: 0..32;
+/// elements 0..16, 16..32), its scale and offset: the values of
+/// [`scalar::unpack_min_block`].
+#[inline(always)]
+fn unpack_min(format: QuantFormat, wrow: &[u8], b: usize) -> ([int8x16_t; 2], f32, f32) {
+    // SAFETY: NEON (baseline); the loads read inside their slices.
+    unsafe {
+        let lo4 = vdupq_n_u8(0xF);
+        if format == QuantFormat::Q4_1 {
+            let blk = &cast::<BlockQ4_1>(wrow)[b];
+            let q = load_u8(&blk.qs);
+            let lo = vreinterpretq_s8_u8(vandq_u8(q, lo4));
+            let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(q));
+            ([lo, hi], f16_le(blk.d), f16_le(blk.m))
+        } else {
+            let blk = &cast::<BlockQ5_1>(wrow)[b];
+            let q = load_u8(&blk.qs);
+            // As Q5_0 in `unpack_block`, without the offset.
+            let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+            let h = |b0: u8, b1: u8| {
+                let bytes = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+                vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10))
+            };
+            let [h0, h1, h2, h3] = blk.qh;
+            let lo = vorrq_u8(vandq_u8(q, lo4), h(h0, h1));
+            let hi = vorrq_u8(vshrq_n_u8::<4>(q), h(h2, h3));
+            (
+                [vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)],
+                f16_le(blk.d),
+                f16_le(blk.m),
+            )
+        }
+    }
+}
+
+/// Q4_1/Q5_1 row × activation rows `t0..t0+tn` (Q8_1), in passes of at most
+/// [`GROUP_PASS`] rows, as [`row_group`].
+#[inline(always)]
+unsafe fn row_group_min<D: Dot>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    for (t, r) in super::pass_sizes(tn, GROUP_PASS) {
+        let out = &mut res[t..t + r];
+        let t1 = t0 + t;
+        // SAFETY: the caller's contract (CPU features).
+        unsafe {
+            match r {
+                1 => min_pass::<D, 1>(format, wrow, act, t1, out),
+                2 => min_pass::<D, 2>(format, wrow, act, t1, out),
+                3 => min_pass::<D, 3>(format, wrow, act, t1, out),
+                4 => min_pass::<D, 4>(format, wrow, act, t1, out),
+                5 => min_pass::<D, 5>(format, wrow, act, t1, out),
+                6 => min_pass::<D, 6>(format, wrow, act, t1, out),
+                7 => min_pass::<D, 7>(format, wrow, act, t1, out),
+                _ => min_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
+            }
+        }
+    }
+}
+
+/// One pass of [`row_group_min`]: rows `t0..t0+R` into `out[..R]`.
+#[inline(always)]
+unsafe fn min_pass<D: Dot, const R: usize>(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: as in `group_pass`.
+    unsafe {
+        let zero = vdupq_n_f32(0.0);
+        let mut acc = [[zero; 2 * GROUP_SETS]; R];
+        for b in 0..act.nb {
+            let ([w0, w1], dw, mw) = unpack_min(format, wrow, b);
+            let mwv = vdupq_n_f32(mw);
+            let set = 2 * (b % GROUP_SETS);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let xq = &act.row_qs(t0 + i)[b * QK..(b + 1) * QK];
+                let xs = &act.row_xs4(t0 + i)[b * 8..(b + 1) * 8];
+                let dwdx = vdupq_n_f32(dw * act.row_d(t0 + i)[b]);
+                let z = vdupq_n_s32(0);
+                let s0 = D::dot4(z, w0, load_i8(xq));
+                let s1 = D::dot4(z, w1, load_i8(&xq[16..]));
+                // combine::group_min_block, lane for lane.
+                let p0 = vaddq_f32(
+                    vmulq_f32(dwdx, vcvtq_f32_s32(s0)),
+                    vmulq_f32(mwv, vld1q_f32(xs.as_ptr())),
+                );
+                let p1 = vaddq_f32(
+                    vmulq_f32(dwdx, vcvtq_f32_s32(s1)),
+                    vmulq_f32(mwv, vld1q_f32(xs[4..].as_ptr())),
+                );
+                acc[set] = vaddq_f32(acc[set], p0);
+                acc[set + 1] = vaddq_f32(acc[set + 1], p1);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            let mut a = [[0f32; 8]; GROUP_SETS];
+            for (s, a) in a.iter_mut().enumerate() {
+                vst1q_f32(a.as_mut_ptr(), acc[2 * s]);
+                vst1q_f32(a[4..].as_mut_ptr(), acc[2 * s + 1]);
+            }
+            *o = combine::reduce_group(&a);
+        }
+    }
+}
+
 /// Q4_K row × activation rows `t0..t0+tn` (Q8_K): each super-block unpacked
 /// once, one exact `S` and `M` per row, then [`combine::q4k_step`].
 #[inline(always)]
 unsafe fn row_q4k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // SAFETY: the caller's contract.
+    unsafe { row_k45::<D, false>(wrow, act, t0, tn, res) }
+}
+
+/// [`row_q4k`] (`FIVE`: Q5_K, whose fifth bits are or'ed in, else Q4_K).
+#[inline(always)]
+unsafe fn row_k45<D: Dot, const FIVE: bool>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
     // SAFETY: as in `group_pass`.
     unsafe {
         let mut acc = [0f32; TILE];
         let lo4 = vdupq_n_u8(0xF);
-        for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
-            // q[j]: elements 16j..16j+16 (values 0..16); sub-block c is
-            // q[2c], q[2c+1].
+        let b16 = vdupq_n_u8(0x10);
+        for sb in 0..act.nb {
+            let (d, dmin, scales, qs, qh) = if FIVE {
+                let b = &cast::<BlockQ5K>(wrow)[sb];
+                (b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))
+            } else {
+                let b = &cast::<BlockQ4K>(wrow)[sb];
+                (b.d, b.dmin, &b.scales, &b.qs, None)
+            };
+            // q[j]: elements 16j..16j+16 (values 0..16, Q5_K 0..32);
+            // sub-block c is q[2c], q[2c+1].
             let mut q = [vdupq_n_s8(0); 16];
             for c in 0..4 {
                 for h in 0..2 {
-                    let v = load_u8(&b.qs[32 * c + 16 * h..]);
-                    q[4 * c + h] = vreinterpretq_s8_u8(vandq_u8(v, lo4));
-                    q[4 * c + 2 + h] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+                    let v = load_u8(&qs[32 * c + 16 * h..]);
+                    let (mut lo, mut hi) = (vandq_u8(v, lo4), vshrq_n_u8::<4>(v));
+                    if let Some(qh) = qh {
+                        // Bits 2c and 2c + 1 of qh[16h + l]: the fifth bits of
+                        // elements 64c + 16h + l and 64c + 32 + 16h + l.
+                        let hb = load_u8(&qh[16 * h..]);
+                        let m0 = vdupq_n_u8(1 << (2 * c));
+                        let m1 = vdupq_n_u8(2 << (2 * c));
+                        lo = vorrq_u8(lo, vandq_u8(vtstq_u8(hb, m0), b16));
+                        hi = vorrq_u8(hi, vandq_u8(vtstq_u8(hb, m1), b16));
+                    }
+                    q[4 * c + h] = vreinterpretq_s8_u8(lo);
+                    q[4 * c + 2 + h] = vreinterpretq_s8_u8(hi);
                 }
             }
-            let (sc, mn) = q4k_scales_mins(&b.scales);
+            let (sc, mn) = q4k_scales_mins(scales);
             let mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mn.as_ptr())));
-            let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+            let (d, dmin) = (f16_le(d), f16_le(dmin));
             for (i, acc) in acc.iter_mut().enumerate().take(tn) {
                 let t = t0 + i;
                 let xq = &act.row_qs(t)[sb * QK_K..(sb + 1) * QK_K];
@@ -328,8 +483,113 @@ unsafe fn row_q6k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mu
     }
 }
 
+/// Q3_K row × activation rows `t0..t0+tn` (Q8_K): each super-block unpacked
+/// once (values −4..4 per group of 16, as [`scalar::unpack_q3k`]), one exact
+/// `S` per row, then [`combine::q6k_step`].
+#[inline(always)]
+unsafe fn row_q3k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // SAFETY: as in `group_pass`.
+    unsafe {
+        let mut acc = [0f32; TILE];
+        let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+        for (sb, b) in cast::<BlockQ3K>(wrow).iter().enumerate() {
+            // q[g]: group g = 8h + 2j + k (elements 128h + 32j + 16k ..+16).
+            let mut q = [vdupq_n_s8(0); 16];
+            for k in 0..2 {
+                let hm = load_u8(&b.hmask[16 * k..]);
+                for h in 0..2 {
+                    let v = load_u8(&b.qs[32 * h + 16 * k..]);
+                    for j in 0..4 {
+                        let lo = vandq_u8(vshlq_u8(v, vdupq_n_s8(-2 * j as i8)), m3);
+                        let set = vtstq_u8(hm, vdupq_n_u8(1 << (4 * h + j)));
+                        // lo − 4, plus 4 where the high bit is set.
+                        let u = vorrq_u8(lo, vandq_u8(set, four));
+                        q[8 * h + 2 * j + k] =
+                            vsubq_s8(vreinterpretq_s8_u8(u), vreinterpretq_s8_u8(four));
+                    }
+                }
+            }
+            let sc = q3k_scales(&b.scales);
+            let d = f16_le(b.d);
+            for (i, acc) in acc.iter_mut().enumerate().take(tn) {
+                let t = t0 + i;
+                let xq = &act.row_qs(t)[sb * QK_K..(sb + 1) * QK_K];
+                let mut s = vdupq_n_s32(0);
+                for g in 0..16 {
+                    let e = D::dot4(vdupq_n_s32(0), q[g], load_i8(&xq[16 * g..]));
+                    s = vmlaq_n_s32(s, e, sc[g] as i32);
+                }
+                let dx = act.row_d(t)[sb];
+                *acc = combine::q6k_step(*acc, d * dx, vaddvq_s32(s));
+            }
+        }
+        res[..tn].copy_from_slice(&acc[..tn]);
+    }
+}
+
 // The entry points: each kernel once for baseline NEON and once compiled
 // with the dot-product extension.
+
+fn row_group_min_neon(
+    f: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: `Neon` needs only NEON, which every aarch64 CPU has.
+    unsafe { row_group_min::<Neon>(f, w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_group_min_sdot(
+    f: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: compiled with dotprod; the caller checked the CPU has it.
+    unsafe { row_group_min::<Sdot>(f, w, a, t0, tn, r) }
+}
+
+fn row_q5k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+    // SAFETY: as `row_group_neon`.
+    unsafe { row_k45::<Neon, true>(w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_q5k_sdot(
+    _: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: as `row_group_sdot`.
+    unsafe { row_k45::<Sdot, true>(w, a, t0, tn, r) }
+}
+
+fn row_q3k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+    // SAFETY: as `row_group_neon`.
+    unsafe { row_q3k::<Neon>(w, a, t0, tn, r) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn row_q3k_sdot(
+    _: QuantFormat,
+    w: &[u8],
+    a: &Act,
+    t0: usize,
+    tn: usize,
+    r: &mut [f32; TILE],
+) {
+    // SAFETY: as `row_group_sdot`.
+    unsafe { row_q3k::<Sdot>(w, a, t0, tn, r) }
+}
 
 fn row_group_neon(f: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
     // SAFETY: `Neon` needs only NEON, which every aarch64 CPU has.

@@ -1,7 +1,8 @@
 //! Activation rows quantized once per input (`matmul`, or `matmul_shared` for
 //! Q/K/V and gate/up), the way llama.cpp does:
-//! Q8_0 (blocks of 32, for Q4_0/Q5_0/Q8_0 weights) or Q8_K (blocks of 256 with
-//! 16-element sums, for Q4_K/Q6_K weights).
+//! Q8_0 (blocks of 32, for Q4_0/Q5_0/Q8_0 weights), Q8_1 (Q8_0 plus offset
+//! terms, for Q4_1/Q5_1) or Q8_K (blocks of 256 with 16-element sums, for
+//! Q3_K/Q4_K/Q5_K/Q6_K weights).
 //!
 //! Quantization is shared by every instruction-set path, so the quantized
 //! activations (and hence the integer dot products) are the same whichever
@@ -28,6 +29,10 @@ pub enum ActKind {
     Q8_0,
     /// Blocks of 256: `x ≈ d * q`, |q| ≤ 127, plus sums of each 16 `q`.
     Q8K,
+    /// [`ActKind::Q8_0`] plus, per 4 consecutive values, `d · Σ4 q` as f32
+    /// ([`Act::xs4`]; the offset term of Q4_1/Q5_1 weights, llama.cpp's
+    /// Q8_1 block sum at lane granularity).
+    Q8_1,
 }
 
 /// `m` quantized activation rows of `cols` elements (structure of arrays).
@@ -46,6 +51,9 @@ pub struct Act<'x> {
     pub d: Vec<f32>,
     /// Q8K only: 16 sums of 16 values per block: `m * cols / 16`
     pub bsums: Vec<i16>,
+    /// Q8_1 only: `d_b · (Σ of 4 consecutive q as f32)` for each 4 values,
+    /// `m * cols / 4` (block b's 8 lanes at `(t·nb + b)·8`).
+    pub xs4: Vec<f32>,
     /// Q8K only: the block scales transposed, `dt[sb * m + t] = d[t * nb + sb]`
     /// (the scales of all rows for one super-block, side by side).
     pub dt: Vec<f32>,
@@ -70,7 +78,7 @@ impl<'x> Act<'x> {
         debug_assert_eq!(x.len(), m * cols);
         let nb = match kind {
             ActKind::F32 => 0,
-            ActKind::Q8_0 => cols / QK,
+            ActKind::Q8_0 | ActKind::Q8_1 => cols / QK,
             ActKind::Q8K => cols / QK_K,
         };
         let mut a = Act {
@@ -81,6 +89,7 @@ impl<'x> Act<'x> {
             qs: Vec::new(),
             d: Vec::new(),
             bsums: Vec::new(),
+            xs4: Vec::new(),
             dt: Vec::new(),
             d8: Vec::new(),
             corr4: Vec::new(),
@@ -96,7 +105,7 @@ impl<'x> Act<'x> {
         };
         match kind {
             ActKind::F32 => {}
-            ActKind::Q8_0 => {
+            ActKind::Q8_0 | ActKind::Q8_1 => {
                 a.qs = vec![0; m * cols];
                 a.d = vec![0.0; m * cols / QK];
                 let row = |((x, q), d)| quantize_q8_0_row(x, q, d);
@@ -105,6 +114,14 @@ impl<'x> Act<'x> {
                     .zip(a.qs.par_chunks_exact_mut(cols))
                     .zip(a.d.par_chunks_exact_mut(nb));
                 rows.with_min_len(min_rows).for_each(row);
+                if kind == ActKind::Q8_1 {
+                    a.xs4 = a
+                        .qs
+                        .chunks_exact(4)
+                        .enumerate()
+                        .map(|(i, c)| a.d[i / 8] * c.iter().map(|&v| v as i32).sum::<i32>() as f32)
+                        .collect();
+                }
             }
             ActKind::Q8K => {
                 a.qs = vec![0; m * cols];
@@ -126,12 +143,17 @@ impl<'x> Act<'x> {
     /// Build [`Act::d8`] and [`Act::corr4`] for kernels that multiply
     /// unsigned weights `w + off` (exact integer arithmetic).
     pub fn prepare_unsigned(&mut self, off: i32) {
-        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
+        self.prepare_d8();
         self.corr4 = self
             .qs
             .chunks_exact(4)
             .map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>())
             .collect();
+    }
+
+    /// Build [`Act::d8`] (every block scale repeated 8 times).
+    pub fn prepare_d8(&mut self) {
+        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
     }
 
     /// Build [`Act::bsum4`] from the 16-value sums (Q8K). Exact: a 32-value
@@ -170,6 +192,12 @@ impl<'x> Act<'x> {
     pub fn row_bsums(&self, t: usize) -> &[i16] {
         let n = self.cols / 16;
         &self.bsums[t * n..(t + 1) * n]
+    }
+
+    /// Per-4-value offset terms of row `t` (Q8_1).
+    #[inline(always)]
+    pub fn row_xs4(&self, t: usize) -> &[f32] {
+        &self.xs4[t * self.cols / 4..(t + 1) * self.cols / 4]
     }
 
     /// f32 values of row `t`.

@@ -22,6 +22,19 @@ pub fn group_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8]) {
     }
 }
 
+/// One block of 32 of an offset format (Q4_1/Q5_1 × Q8_1), lane-wise:
+/// `s[l] = Σ_{k<4} q[4l+k]·x[4l+k]` (exact integers, q unsigned),
+/// `dwdx = dw·dx`, `xs[l] = dx·Σ_{k<4} x[4l+k]` (the activation's
+/// [`super::act::Act::xs4`]), `mw` the block's offset:
+/// `acc[l] += dwdx·s[l] + mw·xs[l]`. Blocks go into the accumulator sets
+/// as in [`group_block`] and are reduced by [`reduce_group`].
+#[inline(always)]
+pub fn group_min_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8], mw: f32, xs: &[f32]) {
+    for l in 0..8 {
+        acc[l] += dwdx * s[l] as f32 + mw * xs[l];
+    }
+}
+
 /// The result of the [`GROUP_SETS`] accumulator sets, in a fixed order:
 /// `h[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l])`, then [`reduce8`].
 #[inline(always)]
@@ -49,6 +62,9 @@ pub fn reduce8(a: &[f32; 8]) -> f32 {
 /// i32 bounds: |Σ_k q·x| ≤ 32·15·128 = 61,440; × sc ≤ 63, 8 sub-blocks:
 /// |s| ≤ 30,965,760. |mm| ≤ 8·63·32·128 = 2,064,384. (`s as f32` may round
 /// above 2^24, identically on every path.)
+///
+/// Q5_K takes the same step with q in 0..32: |Σ_k q·x| ≤ 32·31·128 =
+/// 126,976, |s| ≤ 63,995,904 < 2^31.
 #[inline(always)]
 pub fn q4k_step(acc: f32, dd: f32, dm: f32, s: i32, mm: i32) -> f32 {
     acc + (dd * s as f32 - dm * mm as f32)
@@ -59,12 +75,15 @@ pub fn q4k_step(acc: f32, dd: f32, dm: f32, s: i32, mm: i32) -> f32 {
 ///
 /// i32 bounds: |Σ_k (q−32)·x| ≤ 16·32·128 = 65,536; × |sc| ≤ 128, 16 groups:
 /// |s| ≤ 134,217,728 < 2^31.
+///
+/// Q3_K takes the same step with its signed scales `sc_g − 32` and values
+/// q in −4..4: |s| ≤ 16 · (16·4·128) · 32 = 4,194,304.
 #[inline(always)]
 pub fn q6k_step(acc: f32, dd: f32, s: i32) -> f32 {
     acc + dd * s as f32
 }
 
-/// Lanes of the f32 dot product used for F32/F16 weights.
+/// Lanes of the f32 dot product used for F32/F16/BF16 weights.
 pub const F_LANES: usize = 16;
 
 /// Sum of 16 lanes in a fixed order.

@@ -11,22 +11,39 @@
 //! How the contract is kept:
 //! - each activation row is quantized once per call by code shared by all
 //!   paths (scalar, or AVX2 with the same bits)
-//!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q5_0x4/Q8_0 weights, Q8_K for Q4_K/Q6_K), row by row,
-//!   so its quantization does not depend on the other rows;
+//!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q5_0x4/Q8_0 weights, Q8_1 — Q8_0 plus
+//!   per-4-value offset terms — for Q4_1/Q5_1, Q8_K for
+//!   Q3_K/Q4_K/Q5_K/Q6_K), row by row, so its quantization does not depend
+//!   on the other rows;
 //! - SIMD and AMX kernels only compute integer sums, which are exact; every
 //!   float operation follows the shared functions of `combine` in one fixed
 //!   order:
-//!   - Q4_K/Q6_K: the unit is the **whole super-block**: per (activation
-//!     row, weight row, super-block) one exact i32 `S = Σ_c sc_c · dot_c`
-//!     (and for Q4_K `M = Σ_c m_c · bsum_c`), then one float step
-//!     (`combine::q4k_step` / `q6k_step`) into a single accumulator, in
-//!     super-block order. No partial lane sums leak into the floats, so a
-//!     kernel may form `S` any way it likes (AMX tiles, VNNI lanes, scalar);
+//!   - Q4_K/Q6_K (and Q5_K/Q3_K): the unit is the **whole super-block**: per
+//!     (activation row, weight row, super-block) one exact i32
+//!     `S = Σ_c sc_c · dot_c` (and for Q4_K/Q5_K `M = Σ_c m_c · bsum_c`),
+//!     then one float step (`combine::q4k_step` for Q4_K/Q5_K, `q6k_step`
+//!     for Q6_K/Q3_K) into a single accumulator, in super-block order. No
+//!     partial lane sums leak into the floats, so a kernel may form `S` any
+//!     way it likes (AMX tiles, VNNI lanes, scalar);
 //!   - Q4_0/Q5_0/Q5_0x4/Q8_0: 8 lanes of 4 products per block (exact), block `b`
 //!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
 //!     so consecutive blocks do not wait on one float add. (An AMX path for
 //!     these would first need a whole-block contract like the K-quants'.)
-//! - F32/F16 weights use one portable 16-lane f32 dot for every ISA.
+//!   - Q4_1/Q5_1 (`d·q + m`): the same lanes and sets with unsigned `q`,
+//!     and the block offset entering lane for lane through the activation's
+//!     `xs[l] = dx·Σ4 x` (`combine::group_min_block`:
+//!     `acc[l] += (dw·dx)·s[l] + m·xs[l]`);
+//! - F32/F16/BF16 weights use one portable 16-lane f32 dot (separate
+//!   multiply and add per lane, `combine::reduce16`): F32/F16 through the
+//!   scalar code on every ISA, BF16 also as AVX2 and AVX-512 code with the
+//!   same lanes (the widening is exact).
+//!
+//! Which ISA has kernels for which format (the others run the scalar
+//! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32/F16
+//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AMX — tiles for Q4_K/Q6_K
+//! from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every other format
+//! and row count delegates to the AVX-512 VNNI kernels; NEON and NEON
+//! dotprod — every quantized format (BF16 and F32/F16 on the scalar dot).
 //!
 //! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
 //! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
@@ -36,7 +53,9 @@
 //! available), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
 //! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
-//! scalar and x86, docs/model-core.md "aarch64").
+//! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
+//! `x86_avx512_formats` hold the Q4_1/Q5_1 and BF16 kernels (issue 28,
+//! docs/model-core.md "Formats").
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
@@ -57,10 +76,20 @@ use candle_core::quantized::GgmlDType;
 pub enum QuantFormat {
     F32,
     F16,
+    /// bfloat16: the upper half of an f32, widened exactly.
+    BF16,
     Q4_0,
+    /// Q4_0 with a per-block offset: `d * q + m`.
+    Q4_1,
     Q5_0,
+    /// Q5_0 with a per-block offset: `d * q + m`.
+    Q5_1,
     Q8_0,
+    /// 3-bit K-quant (llama.cpp's Q3_K_S/M/L files mix it with Q4_K..Q6_K).
+    Q3K,
     Q4K,
+    /// 5-bit K-quant (Q5_K_S/M files).
+    Q5K,
     Q6K,
     /// Q5_0 regrouped by four blocks at load time ([`repack_q5_0x4`]; not a
     /// GGUF type): the same values and scales, the same size, cheaper to
@@ -69,17 +98,31 @@ pub enum QuantFormat {
 }
 
 impl QuantFormat {
+    /// The GGUF tensor types the kernels run (every one but
+    /// [`QuantFormat::Q5_0x4`]).
+    pub const GGUF: [QuantFormat; 12] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
     pub fn from_ggml(d: GgmlDType) -> Result<Self> {
-        Ok(match d {
-            GgmlDType::F32 => Self::F32,
-            GgmlDType::F16 => Self::F16,
-            GgmlDType::Q4_0 => Self::Q4_0,
-            GgmlDType::Q5_0 => Self::Q5_0,
-            GgmlDType::Q8_0 => Self::Q8_0,
-            GgmlDType::Q4K => Self::Q4K,
-            GgmlDType::Q6K => Self::Q6K,
-            other => return Err(ModelError::UnsupportedFormat(format!("{other:?}"))),
-        })
+        Self::GGUF
+            .into_iter()
+            .find(|f| f.to_ggml() == Some(d))
+            .ok_or_else(|| {
+                let names: Vec<String> = Self::GGUF.iter().map(|f| format!("{f:?}")).collect();
+                ModelError::UnsupportedFormat(format!("{d:?} (supported: {})", names.join(", ")))
+            })
     }
 
     /// The GGUF type with this layout (`None` for [`QuantFormat::Q5_0x4`],
@@ -88,10 +131,15 @@ impl QuantFormat {
         Some(match self {
             Self::F32 => GgmlDType::F32,
             Self::F16 => GgmlDType::F16,
+            Self::BF16 => GgmlDType::BF16,
             Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4_1 => GgmlDType::Q4_1,
             Self::Q5_0 => GgmlDType::Q5_0,
+            Self::Q5_1 => GgmlDType::Q5_1,
             Self::Q8_0 => GgmlDType::Q8_0,
+            Self::Q3K => GgmlDType::Q3K,
             Self::Q4K => GgmlDType::Q4K,
+            Self::Q5K => GgmlDType::Q5K,
             Self::Q6K => GgmlDType::Q6K,
             Self::Q5_0x4 => return None,
         })
@@ -292,7 +340,11 @@ mod x86_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx2_formats;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512_formats;
 
 use act::{Act, ActKind};
 
@@ -446,11 +498,12 @@ type RowFn = unsafe fn(QuantFormat, &[u8], &Act, usize, usize, &mut [f32; TILE])
 
 fn act_kind(f: QuantFormat) -> ActKind {
     match f {
-        QuantFormat::F32 | QuantFormat::F16 => ActKind::F32,
+        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => ActKind::F32,
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 | QuantFormat::Q8_0 => {
             ActKind::Q8_0
         }
-        QuantFormat::Q4K | QuantFormat::Q6K => ActKind::Q8K,
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => ActKind::Q8_1,
+        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => ActKind::Q8K,
     }
 }
 
@@ -461,12 +514,21 @@ fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
     fn q6k(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
         scalar::row_q6k(w, a, t0, tn, r)
     }
+    fn q5k(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+        scalar::row_q5k(w, a, t0, tn, r)
+    }
+    fn q3k(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+        scalar::row_q3k(w, a, t0, tn, r)
+    }
     let scalar: RowFn = match f {
-        QuantFormat::F32 | QuantFormat::F16 => scalar::row_float,
+        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => scalar::row_float,
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 | QuantFormat::Q8_0 => {
             scalar::row_group
         }
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => scalar::row_group_min,
+        QuantFormat::Q3K => q3k,
         QuantFormat::Q4K => q4k,
+        QuantFormat::Q5K => q5k,
         QuantFormat::Q6K => q6k,
     };
     match isa {
@@ -615,6 +677,10 @@ pub fn matmul_shared_with_isa(
             let mut act = Act::new(key.0, x, m, w.cols);
             if let Some(off) = key.1 {
                 act.prepare_unsigned(off);
+            }
+            // The AVX-512 Q4_1/Q5_1 kernels take two blocks' scales per vector.
+            if key.0 == ActKind::Q8_1 && matches!(isa, Isa::Avx512Vnni | Isa::Amx) {
+                act.prepare_d8();
             }
             #[cfg(target_arch = "x86_64")]
             if x86_avx2::needs_bsum4(isa, key.0, m) {

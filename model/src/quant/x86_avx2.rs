@@ -26,8 +26,8 @@ use std::arch::x86_64::*;
 
 use super::act::{Act, ActKind};
 use super::blocks::{
-    cast, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK,
-    QK_K,
+    cast, q3k_scale_words, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
+    BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::Isa;
@@ -37,7 +37,7 @@ use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 /// with register accumulators (each row holds [`GROUP_SETS`] 8-lane
 /// accumulators: 2 rows use 8 of the 16 registers); longer tiles unpack each
 /// block once for all their rows ([`group_tile`]).
-const MAX_R_GROUP: usize = 2;
+pub(super) const MAX_R_GROUP: usize = 2;
 /// Tiles of up to this many rows take the Q4_K/Q6_K kernels that unpack in
 /// registers per pass; longer tiles unpack each super-block once into L1 for
 /// all their rows ([`q4k_tile`], [`q6k_tile`]). Measured crossover on a Zen 3
@@ -76,7 +76,11 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
         QuantFormat::Q5_0x4 => Some(row_q5x4),
         QuantFormat::Q4K => Some(row_q4k),
+        QuantFormat::Q5K => Some(row_q5k),
         QuantFormat::Q6K => Some(row_q6k),
+        QuantFormat::Q3K => Some(row_q3k),
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => Some(super::x86_avx2_formats::row_group_min),
+        QuantFormat::BF16 => Some(super::x86_avx2_formats::row_bf16),
         QuantFormat::F32 | QuantFormat::F16 => None,
     }
 }
@@ -85,7 +89,7 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
 /// in the scalar path.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16c(b: [u8; 2]) -> f32 {
+pub(super) fn f16c(b: [u8; 2]) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(
         _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
     ))
@@ -94,7 +98,7 @@ fn f16c(b: [u8; 2]) -> f32 {
 /// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn bytes_from_bits_32(bits: u32) -> __m256i {
+pub(super) fn bytes_from_bits_32(bits: u32) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303030303030303,
         0x0202020202020202,
@@ -188,6 +192,40 @@ unsafe fn row_q4k(
     } else {
         // SAFETY: the caller's contract.
         unsafe { q4k_tile(wrow, act, t0, tn, res) }
+    }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q5k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    if tn <= SMALL_K {
+        passes!(SMALL_K, q5k_rows, format, wrow, act, t0, tn, res; 1 2; 3)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { q5k_tile(wrow, act, t0, tn, res) }
+    }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_q3k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    if tn <= SMALL_K {
+        passes!(SMALL_K, q3k_rows, format, wrow, act, t0, tn, res; 1 2; 3)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { q3k_tile(wrow, act, t0, tn, res) }
     }
 }
 
@@ -399,7 +437,7 @@ unsafe fn q5x4_rows<const R: usize>(
 /// [`combine::reduce_group`] of four 8-lane accumulator sets.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
+pub(super) fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
     reduce8(_mm256_add_ps(
         _mm256_add_ps(a[0], a[2]),
         _mm256_add_ps(a[1], a[3]),
@@ -492,6 +530,40 @@ fn q4k_scale_vectors(sc: [u8; 8]) -> [__m256i; 8] {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q4k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_rows::<R, false>(f, wrow, act, t0, res) }
+}
+
+/// [`q4k_rows`] for Q5_K weights.
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q5k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_rows::<R, true>(f, wrow, act, t0, res) }
+}
+
+/// [`q4k_rows`] (`FIVE`: Q5_K, else Q4_K).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn k45_rows<const R: usize, const FIVE: bool>(
     _: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -501,13 +573,14 @@ unsafe fn q4k_rows<const R: usize>(
     let mut acc = _mm_setzero_ps();
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
-    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+    for sb in 0..nb {
+        let b = k45::<FIVE>(wrow, sb);
         prefetch_ahead::<3>(b.qs.as_ptr());
-        let (sc, mn) = q4k_scales_mins(&b.scales);
+        let (sc, mn) = q4k_scales_mins(b.scales);
         let scv = q4k_scale_vectors(sc);
         let mut sv = [_mm256_setzero_si256(); R];
         for c in 0..4 {
-            let (w0, w1) = q4k_pair(b, c);
+            let (w0, w1) = q4k_pair(&b, c);
             let (s0, s1) = (scv[2 * c], scv[2 * c + 1]);
             for (r, sv) in sv.iter_mut().enumerate() {
                 // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
@@ -550,6 +623,41 @@ unsafe fn q4k_rows<const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q6k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_rows::<R, false>(f, wrow, act, t0, res) }
+}
+
+/// [`q6k_rows`] for Q3_K weights (values `q + 4` in 0..8 and the offset
+/// `4 · Σ_g sc_g · bsum_g`).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q3k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_rows::<R, true>(f, wrow, act, t0, res) }
+}
+
+/// [`q6k_rows`] (`THREE`: Q3_K, else Q6_K).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn k36_rows<const R: usize, const THREE: bool>(
     _: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -559,12 +667,13 @@ unsafe fn q6k_rows<const R: usize>(
     let mut acc = _mm_setzero_ps();
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
-    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
-        prefetch_ahead::<4>(b.ql.as_ptr());
-        let (scv, sc16) = q6k_scale_vectors(&b.scales);
+    for sb in 0..nb {
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
+        prefetch_ahead::<4>(pf);
+        let (scv, sc16) = q6k_scale_vectors(k36_scales::<THREE>(wrow, sb));
         let mut sv = [_mm256_setzero_si256(); R];
         for h in 0..2 {
-            for (i, w) in q6k_half(b, h).iter().enumerate() {
+            for (i, w) in k36_half::<THREE>(wrow, sb, h).iter().enumerate() {
                 let c = 4 * h + i;
                 for (r, sv) in sv.iter_mut().enumerate() {
                     // SAFETY: row t0 + r < m, super-block sb < nb: inside `qs`.
@@ -579,12 +688,12 @@ unsafe fn q6k_rows<const R: usize>(
         }
         for (r, sv) in sv.iter_mut().enumerate() {
             // SAFETY: 16 sums per super-block of row t0 + r < m.
-            *sv = unsafe { q6k_offset(*sv, bsums.add(((t0 + r) * nb + sb) * 16), sc16) };
+            *sv = unsafe { k36_offset::<THREE>(*sv, bsums.add(((t0 + r) * nb + sb) * 16), sc16) };
         }
         let s = hsum_rows(&sv);
         // SAFETY: the caller's contract.
         let dx = unsafe { group_scales(act, sb, t0, R) };
-        let dd = _mm_mul_ps(_mm_set1_ps(f16c(b.d)), dx);
+        let dd = _mm_mul_ps(_mm_set1_ps(f16c(d)), dx);
         acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
     }
     store_lanes(acc, &mut res[..R]);
@@ -594,20 +703,141 @@ unsafe fn q6k_rows<const R: usize>(
 /// 64c+32..64c+64 the high ones.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q4k_pair(b: &BlockQ4K, c: usize) -> (__m256i, __m256i) {
+fn q4k_pair(b: &K45, c: usize) -> (__m256i, __m256i) {
     let lo4 = _mm256_set1_epi8(0xF);
     // SAFETY: 32 bytes at 32c (c < 4) inside the 128-byte `qs`.
     let raw = unsafe { _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast()) };
-    (
+    let (lo, hi) = (
         _mm256_and_si256(raw, lo4),
         _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4),
-    )
+    );
+    match b.qh {
+        None => (lo, hi),
+        Some(qh) => {
+            // Q5_K: bits 2c and 2c + 1 of qh[l] are the fifth bits of
+            // elements 64c + l and 64c + 32 + l. A 16-bit shift by 2c puts
+            // them at bits 0 and 1 of every byte (the bits shifted in from
+            // the next byte land above bit 1 and are masked off).
+            // SAFETY: 32 bytes from a [u8; 32].
+            let h = unsafe { _mm256_loadu_si256(qh.as_ptr().cast()) };
+            let h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c as i32));
+            let b16 = _mm256_set1_epi8(0x10);
+            (
+                _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), b16)),
+                _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), b16)),
+            )
+        }
+    }
 }
 
-/// Unpack a Q4_K super-block's 256 nibbles into bytes (element order).
+/// A Q4_K or Q5_K super-block: the same scales, mins and nibbles; Q5_K adds
+/// the fifth bits `qh` ([`BlockQ5K`]).
+#[derive(Clone, Copy)]
+pub(super) struct K45<'a> {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: &'a [u8; 12],
+    pub qs: &'a [u8; QK_K / 2],
+    pub qh: Option<&'a [u8; QK_K / 8]>,
+}
+
+/// Super-block `sb` of a Q5_K (`FIVE`) or Q4_K row.
+#[inline(always)]
+pub(super) fn k45<const FIVE: bool>(wrow: &[u8], sb: usize) -> K45<'_> {
+    if FIVE {
+        let b = &cast::<BlockQ5K>(wrow)[sb];
+        K45 {
+            d: b.d,
+            dmin: b.dmin,
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: Some(&b.qh),
+        }
+    } else {
+        let b = &cast::<BlockQ4K>(wrow)[sb];
+        K45 {
+            d: b.d,
+            dmin: b.dmin,
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: None,
+        }
+    }
+}
+
+/// The scale and a prefetch address of super-block `sb` of a Q3_K
+/// (`THREE`) or Q6_K row.
+#[inline(always)]
+pub(super) fn k36_head<const THREE: bool>(wrow: &[u8], sb: usize) -> ([u8; 2], *const u8) {
+    if THREE {
+        let b = &cast::<BlockQ3K>(wrow)[sb];
+        (b.d, b.hmask.as_ptr())
+    } else {
+        let b = &cast::<BlockQ6K>(wrow)[sb];
+        (b.d, b.ql.as_ptr())
+    }
+}
+
+/// The 16 signed group scales of super-block `sb` as bytes: Q6_K's loaded,
+/// Q3_K's `sc − 32` built in registers from [`q3k_scale_words`] (storing
+/// them byte by byte and loading the 16 bytes back stalls store forwarding
+/// once per super-block).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn unpack_q4k_values(b: &BlockQ4K, q: &mut A32<QK_K>) {
+pub(super) fn k36_scales<const THREE: bool>(wrow: &[u8], sb: usize) -> __m128i {
+    if THREE {
+        let w = q3k_scale_words(&cast::<BlockQ3K>(wrow)[sb].scales);
+        let v = _mm_setr_epi32(w[0] as i32, w[1] as i32, w[2] as i32, w[3] as i32);
+        _mm_sub_epi8(v, _mm_set1_epi8(32))
+    } else {
+        // SAFETY: 16 bytes from a [i8; 16].
+        unsafe { _mm_loadu_si128(cast::<BlockQ6K>(wrow)[sb].scales.as_ptr().cast()) }
+    }
+}
+
+/// Chunks 4h..4h+4 (32 values each, element order) of super-block `sb`:
+/// Q6_K's values 0..64 ([`q6k_half`]) or Q3_K's `q + 4` in 0..8 ([`q3k_half`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k36_half<const THREE: bool>(wrow: &[u8], sb: usize, h: usize) -> [__m256i; 4] {
+    if THREE {
+        q3k_half(&cast::<BlockQ3K>(wrow)[sb], h)
+    } else {
+        q6k_half(&cast::<BlockQ6K>(wrow)[sb], h)
+    }
+}
+
+/// Chunks 4h..4h+4 (h < 2) of a Q3_K super-block as `q + 4` in 0..8: chunk
+/// 4h + j is bits 2j..2j+2 of qs[32h..32h+32] plus 4 where bit 4h + j of
+/// hmask[0..32] is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3k_half(b: &BlockQ3K, h: usize) -> [__m256i; 4] {
+    let m3 = _mm256_set1_epi8(3);
+    let four = _mm256_set1_epi8(4);
+    // SAFETY: 32 bytes at 32h (h < 2) inside the 64-byte `qs`; the 32-byte hmask.
+    let (q, hm) = unsafe {
+        (
+            _mm256_loadu_si256(b.qs.as_ptr().add(32 * h).cast()),
+            _mm256_loadu_si256(b.hmask.as_ptr().cast()),
+        )
+    };
+    let hi = |j: usize| {
+        let bit = _mm256_set1_epi8((1u8 << (4 * h + j)) as i8);
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four)
+    };
+    [
+        _mm256_or_si256(_mm256_and_si256(q, m3), hi(0)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<2>(q), m3), hi(1)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m3), hi(2)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<6>(q), m3), hi(3)),
+    ]
+}
+
+/// Unpack a Q4_K (Q5_K) super-block's 256 values into bytes (element order).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_q4k_values(b: &K45, q: &mut A32<QK_K>) {
     for c in 0..4 {
         let (lo, hi) = q4k_pair(b, c);
         // SAFETY: stores within the 256 bytes of `q`.
@@ -657,9 +887,9 @@ fn q6k_half(b: &BlockQ6K, h: usize) -> [__m256i; 4] {
 /// Unpack a Q6_K super-block's 6-bit values (0..64) into bytes (element order).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
+fn unpack_k36_values<const THREE: bool>(wrow: &[u8], sb: usize, q: &mut A32<QK_K>) {
     for h in 0..2 {
-        for (i, e) in q6k_half(b, h).into_iter().enumerate() {
+        for (i, e) in k36_half::<THREE>(wrow, sb, h).into_iter().enumerate() {
             // SAFETY: chunk 4h + i < 8: a store within the 256 bytes of `q`.
             unsafe { _mm256_store_si256(q.0.as_mut_ptr().add(32 * (4 * h + i)).cast(), e) };
         }
@@ -667,16 +897,24 @@ fn unpack_q6k_values(b: &BlockQ6K, q: &mut A32<QK_K>) {
 }
 
 /// `s − 32 · Σ_g sc_g · bsum_g`: turns the sums of `sc · q · x` (q in 0..64)
-/// into those of `sc · (q − 32) · x` ([`combine::q6k_step`]).
+/// into those of `sc · (q − 32) · x` ([`combine::q6k_step`]); for Q3_K
+/// (`THREE`), `s − 4 · …` for values stored as `q + 4`.
 ///
 /// # Safety
 /// 16 readable i16 sums at `bs` (one row's super-block).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn q6k_offset(s: __m256i, bs: *const i16, sc16: __m256i) -> __m256i {
+unsafe fn k36_offset<const THREE: bool>(s: __m256i, bs: *const i16, sc16: __m256i) -> __m256i {
     // SAFETY: the caller's contract.
     let bsv = unsafe { _mm256_loadu_si256(bs.cast()) };
-    _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsv, sc16)))
+    let t = _mm256_madd_epi16(bsv, sc16);
+    // Q3_K: s − 4·t; Q6_K: s − 32·t.
+    let t = if THREE {
+        _mm256_slli_epi32::<2>(t)
+    } else {
+        _mm256_slli_epi32::<5>(t)
+    };
+    _mm256_sub_epi32(s, t)
 }
 
 /// The Q6_K scales of chunk c (32 elements): `[sc_2c ×8, sc_2c+1 ×8]` as i16,
@@ -686,9 +924,8 @@ unsafe fn q6k_offset(s: __m256i, bs: *const i16, sc16: __m256i) -> __m256i {
 /// scalar broadcasts and an insert.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6k_scale_vectors(sc: &[i8; 16]) -> ([__m256i; 8], __m256i) {
-    // SAFETY: 16 bytes from a [i8; 16].
-    let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(sc.as_ptr().cast()) });
+fn q6k_scale_vectors(sc: __m128i) -> ([__m256i; 8], __m256i) {
+    let sc16 = _mm256_cvtepi8_epi16(sc);
     let pick = _mm256_setr_epi8(
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, //
         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -870,7 +1107,7 @@ fn q4k_mins4(mn: [u8; 8]) -> [__m256i; 2] {
 /// As [`q4k_group`].
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn q6k_group<const R: usize>(
+unsafe fn q6k_group<const R: usize, const THREE: bool>(
     act: &Act,
     r0: usize,
     sb: usize,
@@ -883,7 +1120,7 @@ unsafe fn q6k_group<const R: usize>(
     unsafe {
         let mut sv = dot_chunks_rows::<R>(act.qs.as_ptr().add(r0 * cols + sb * QK_K), cols, q, scv);
         for (i, s) in sv.iter_mut().enumerate() {
-            *s = q6k_offset(*s, act.bsums.as_ptr().add(((r0 + i) * nb + sb) * 16), sc16);
+            *s = k36_offset::<THREE>(*s, act.bsums.as_ptr().add(((r0 + i) * nb + sb) * 16), sc16);
         }
         hsum_rows(&sv)
     }
@@ -922,13 +1159,62 @@ unsafe fn q4k_tile_g<const G: usize>(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_tile_g::<G, false>(wrow, act, t0, tn, res) }
+}
+
+/// [`q4k_tile`] for Q5_K weights.
+///
+/// # Safety
+/// As [`q4k_tile`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q5k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    assert!(
+        act.bsum4.len() >= (t0 + tn).div_ceil(4) * act.nb * 32,
+        "AVX2 Q5_K tile without Act::bsum4 (see needs_bsum4)"
+    );
+    // SAFETY: the caller's contract.
+    unsafe { tile_groups!(q5k_tile_g, wrow, act, t0, tn, res) }
+}
+
+/// [`q4k_tile_g`] for Q5_K weights.
+///
+/// # Safety
+/// As [`q4k_tile_g`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q5k_tile_g<const G: usize>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_tile_g::<G, true>(wrow, act, t0, tn, res) }
+}
+
+/// [`q4k_tile_g`] (`FIVE`: Q5_K, else Q4_K).
+///
+/// # Safety
+/// As [`q4k_tile_g`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn k45_tile_g<const G: usize, const FIVE: bool>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
     let mut acc = [_mm_setzero_ps(); G];
     let mut q = A32([0u8; QK_K]);
     let last = tn - 4 * (G - 1);
-    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+    for sb in 0..act.nb {
+        let b = k45::<FIVE>(wrow, sb);
         prefetch_ahead::<3>(b.qs.as_ptr());
-        unpack_q4k_values(b, &mut q);
-        let (sc, mn) = q4k_scales_mins(&b.scales);
+        unpack_q4k_values(&b, &mut q);
+        let (sc, mn) = q4k_scales_mins(b.scales);
         let scv = q4k_scale_vectors(sc);
         let mins4 = q4k_mins4(mn);
         // [d × 4 | dmin × 4]
@@ -992,14 +1278,59 @@ unsafe fn q6k_tile_g<const G: usize>(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_tile_g::<G, false>(wrow, act, t0, tn, res) }
+}
+
+/// [`q6k_tile`] for Q3_K weights.
+///
+/// # Safety
+/// As [`q4k_tile`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q3k_tile(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
+    // SAFETY: the caller's contract.
+    unsafe { tile_groups!(q3k_tile_g, wrow, act, t0, tn, res) }
+}
+
+/// [`q6k_tile_g`] for Q3_K weights.
+///
+/// # Safety
+/// As [`q4k_tile_g`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q3k_tile_g<const G: usize>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_tile_g::<G, true>(wrow, act, t0, tn, res) }
+}
+
+/// [`q6k_tile_g`] (`THREE`: Q3_K, else Q6_K).
+///
+/// # Safety
+/// As [`q4k_tile_g`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn k36_tile_g<const G: usize, const THREE: bool>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
     let mut acc = [_mm_setzero_ps(); G];
     let mut q = A32([0u8; QK_K]);
     let last = tn - 4 * (G - 1);
-    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
-        prefetch_ahead::<4>(b.ql.as_ptr());
-        unpack_q6k_values(b, &mut q);
-        let (scv, sc16) = q6k_scale_vectors(&b.scales);
-        let d = _mm_set1_ps(f16c(b.d));
+    for sb in 0..act.nb {
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
+        prefetch_ahead::<4>(pf);
+        unpack_k36_values::<THREE>(wrow, sb, &mut q);
+        let (scv, sc16) = q6k_scale_vectors(k36_scales::<THREE>(wrow, sb));
+        let d = _mm_set1_ps(f16c(d));
         // As in `q4k_tile_g`: the sums of every group, then the float steps.
         let mut ss = [_mm_setzero_si128(); G];
         for (g, s) in ss.iter_mut().enumerate() {
@@ -1008,10 +1339,10 @@ unsafe fn q6k_tile_g<const G: usize>(
             // SAFETY: rows r0..r0 + n < m, super-block sb < nb.
             *s = unsafe {
                 match n {
-                    4 => q6k_group::<4>(act, r0, sb, &q, &scv, sc16),
-                    3 => q6k_group::<3>(act, r0, sb, &q, &scv, sc16),
-                    2 => q6k_group::<2>(act, r0, sb, &q, &scv, sc16),
-                    _ => q6k_group::<1>(act, r0, sb, &q, &scv, sc16),
+                    4 => q6k_group::<4, THREE>(act, r0, sb, &q, &scv, sc16),
+                    3 => q6k_group::<3, THREE>(act, r0, sb, &q, &scv, sc16),
+                    2 => q6k_group::<2, THREE>(act, r0, sb, &q, &scv, sc16),
+                    _ => q6k_group::<1, THREE>(act, r0, sb, &q, &scv, sc16),
                 }
             };
         }

@@ -23,22 +23,27 @@ use std::arch::x86_64::*;
 
 use super::act::Act;
 use super::blocks::{
-    cast, f16_le, q4k_scales_mins, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, f16_le, q4k_scales_mins, BlockQ3K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine;
-use super::x86_avx2::{hsum2, q4k_mins16, reduce8};
+use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16, reduce8};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
-const MAX_R: usize = 8;
+pub(super) const MAX_R: usize = 8;
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
         QuantFormat::Q4K => Some(row_q4k),
+        QuantFormat::Q5K => Some(row_q5k),
         QuantFormat::Q6K => Some(row_q6k),
+        QuantFormat::Q3K => Some(row_q3k),
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => Some(super::x86_avx512_formats::row_group_min),
+        QuantFormat::BF16 => Some(super::x86_avx512_formats::row_bf16),
         // The AVX2 kernel (no AVX-512 one: repacking is only chosen on AVX2).
-        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::Q5_0x4 => None,
+        QuantFormat::Q5_0x4 => None,
+        QuantFormat::F32 | QuantFormat::F16 => None,
     }
 }
 
@@ -107,6 +112,30 @@ unsafe fn row_q4k(
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_q5k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    passes!(MAX_R, q5k_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
+}
+
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_q3k(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    passes!(MAX_R, q3k_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
+}
+
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_q6k(
     format: QuantFormat,
     wrow: &[u8],
@@ -123,7 +152,7 @@ unsafe fn row_q6k(
 /// high half.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
-fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
+pub(super) fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
     // Per 128-bit lane: shift 0 (low nibbles), 4 (high nibbles), 0, 4.
     let h = _mm256_set_m128i(_mm_set1_epi16(4), _mm_set1_epi16(0));
     let sh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), h);
@@ -144,7 +173,7 @@ fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
 /// `half`'s conversion in the scalar path).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f")]
-fn scales(da: [u8; 2], db: Option<[u8; 2]>) -> __m512 {
+pub(super) fn scales(da: [u8; 2], db: Option<[u8; 2]>) -> __m512 {
     let h = u16::from_le_bytes(da) as u32 | (db.map_or(0, u16::from_le_bytes) as u32) << 16;
     let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
     let idx = _mm512_inserti64x4::<1>(
@@ -347,6 +376,50 @@ fn store_rows<const R: usize>(acc: __m256, res: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_rows::<R, false>(f, wrow, act, t0, res) }
+}
+
+/// [`q4k_rows`] for Q5_K weights (the fifth bits added with a byte mask).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q5k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k45_rows::<R, true>(f, wrow, act, t0, res) }
+}
+
+/// 64 bytes: `a` in the low 32, `b` in the high 32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves8(a: u8, b: u8) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi8(a as i8)),
+        _mm256_set1_epi8(b as i8),
+    )
+}
+
+/// [`q4k_rows`] (`FIVE`: Q5_K, else Q4_K).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k45_rows<const R: usize, const FIVE: bool>(
     _: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -360,15 +433,27 @@ unsafe fn q4k_rows<const R: usize>(
     let sh = halves16(0, 4);
     let lo4 = _mm512_set1_epi8(0xF);
     let idx: [__m512i; 4] = std::array::from_fn(|k| index16(2 * k as i16, 16));
-    for (sb, b) in cast::<BlockQ4K>(wrow).iter().enumerate() {
+    // Q5_K: vector c takes bit 2c of qh (low half) and 2c + 1 (high half).
+    let sel: [__m512i; 4] = std::array::from_fn(|c| halves8(1 << (2 * c), 1 << (2 * c + 1)));
+    let b16 = _mm512_set1_epi8(16);
+    for sb in 0..nb {
+        let b = k45::<FIVE>(wrow, sb);
         prefetch_ahead::<3>(b.qs.as_ptr());
         // Vector c: elements 64c..64c+64 (sub-blocks 2c and 2c+1).
         let wv: [__m512i; 4] = std::array::from_fn(|c| {
             // SAFETY: 32 bytes at 32c inside the 128-byte `qs`.
             let z = unsafe { broadcast32(b.qs.as_ptr().add(32 * c)) };
-            _mm512_and_si512(_mm512_srlv_epi16(z, sh), lo4)
+            let v = _mm512_and_si512(_mm512_srlv_epi16(z, sh), lo4);
+            match b.qh {
+                None => v,
+                Some(qh) => {
+                    // SAFETY: the 32 bytes of qh.
+                    let h = unsafe { broadcast32(qh.as_ptr()) };
+                    _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(h, sel[c]), v, b16)
+                }
+            }
         });
-        let (sc, mn) = q4k_scales_mins(&b.scales);
+        let (sc, mn) = q4k_scales_mins(b.scales);
         // SAFETY: 8 bytes from a [u8; 8].
         let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(unsafe {
             _mm_loadl_epi64(sc.as_ptr().cast())
@@ -426,6 +511,63 @@ unsafe fn q4k_rows<const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_rows::<R, false>(f, wrow, act, t0, res) }
+}
+
+/// [`q6k_rows`] for Q3_K weights: values `q + 4` in 0..8, offset
+/// `4 · Σ_g sc_g · bsum_g`.
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3k_rows<const R: usize>(
+    f: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { k36_rows::<R, true>(f, wrow, act, t0, res) }
+}
+
+/// The 4 vectors of a Q3_K super-block (elements 64k..64k+64) as `q + 4`:
+/// vector k is chunks (h, j) = (k / 2, 2(k % 2)) and (k / 2, 2(k % 2) + 1)
+/// of [`BlockQ3K`]: bits 2j..2j+2 of qs[32h..], plus 4 where bit 4h + j of
+/// hmask is set.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q3k_vectors(b: &BlockQ3K) -> [__m512i; 4] {
+    let m3 = _mm512_set1_epi8(3);
+    let four = _mm512_set1_epi8(4);
+    // SAFETY: the 32-byte hmask.
+    let hm = unsafe { broadcast32(b.hmask.as_ptr()) };
+    std::array::from_fn(|k| {
+        let (h, j) = (k / 2, 2 * (k % 2));
+        // SAFETY: 32 bytes at 32h (h < 2) inside the 64-byte `qs`.
+        let z = unsafe { broadcast32(b.qs.as_ptr().add(32 * h)) };
+        let sh = halves16(2 * j as i16, 2 * j as i16 + 2);
+        let v = _mm512_and_si512(_mm512_srlv_epi16(z, sh), m3);
+        let sel = halves8(1 << (4 * h + j), 1 << (4 * h + j + 1));
+        _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(hm, sel), v, four)
+    })
+}
+
+/// [`q6k_rows`] (`THREE`: Q3_K, else Q6_K).
+///
+/// # Safety
+/// As [`q4k_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k36_rows<const R: usize, const THREE: bool>(
     _: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -443,32 +585,38 @@ unsafe fn q6k_rows<const R: usize>(
     let shl = halves16(4, 2);
     let shr = halves16(0, 2);
     let idx: [__m512i; 4] = std::array::from_fn(|k| index16(4 * k as i16, 8));
-    for (sb, b) in cast::<BlockQ6K>(wrow).iter().enumerate() {
-        prefetch_ahead::<4>(b.ql.as_ptr());
-        let mut wv = [_mm512_setzero_si512(); 4];
-        for h in 0..2 {
-            // SAFETY: 64 bytes at 64h inside the 128-byte `ql`; 32 bytes at
-            // 32h inside the 64-byte `qh`.
-            let (l, q) = unsafe {
-                (
-                    _mm512_loadu_si512(b.ql.as_ptr().add(64 * h).cast()),
-                    broadcast32(b.qh.as_ptr().add(32 * h)),
-                )
-            };
-            wv[2 * h] = _mm512_or_si512(
-                _mm512_and_si512(l, lo4),
-                _mm512_and_si512(_mm512_sllv_epi16(q, shl), m30),
-            );
-            wv[2 * h + 1] = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(l), lo4),
-                _mm512_and_si512(_mm512_srlv_epi16(q, shr), m30),
-            );
-        }
-        // SAFETY: 16 bytes from a [i8; 16].
-        let sc16 = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr().cast()) });
+    for sb in 0..nb {
+        let (d, pf) = k36_head::<THREE>(wrow, sb);
+        prefetch_ahead::<4>(pf);
+        let wv = if THREE {
+            q3k_vectors(&cast::<BlockQ3K>(wrow)[sb])
+        } else {
+            let b = &cast::<BlockQ6K>(wrow)[sb];
+            let mut wv = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                // SAFETY: 64 bytes at 64h inside the 128-byte `ql`; 32 bytes at
+                // 32h inside the 64-byte `qh`.
+                let (l, q) = unsafe {
+                    (
+                        _mm512_loadu_si512(b.ql.as_ptr().add(64 * h).cast()),
+                        broadcast32(b.qh.as_ptr().add(32 * h)),
+                    )
+                };
+                wv[2 * h] = _mm512_or_si512(
+                    _mm512_and_si512(l, lo4),
+                    _mm512_and_si512(_mm512_sllv_epi16(q, shl), m30),
+                );
+                wv[2 * h + 1] = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(l), lo4),
+                    _mm512_and_si512(_mm512_srlv_epi16(q, shr), m30),
+                );
+            }
+            wv
+        };
+        let sc16 = _mm256_cvtepi8_epi16(k36_scales::<THREE>(wrow, sb));
         let scz = _mm512_castsi256_si512(sc16);
         let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_permutexvar_epi16(idx[k], scz));
-        let d = f16_le(b.d);
+        let d = f16_le(d);
         let mut sv = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let row = t0 + r;
@@ -482,7 +630,13 @@ unsafe fn q6k_rows<const R: usize>(
                 }
                 let bsv = _mm256_loadu_si256(bsums.add((row * nb + sb) * 16).cast());
                 let corr = _mm256_madd_epi16(bsv, sc16);
-                sv[r] = _mm256_sub_epi32(fold(s), _mm256_slli_epi32::<5>(corr));
+                // Q3_K: − 4·corr (values q + 4); Q6_K: − 32·corr (q in 0..64).
+                let corr = if THREE {
+                    _mm256_slli_epi32::<2>(corr)
+                } else {
+                    _mm256_slli_epi32::<5>(corr)
+                };
+                sv[r] = _mm256_sub_epi32(fold(s), corr);
             }
         }
         if R == 1 {

@@ -9,30 +9,26 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_model::quant::{QMatrix, QuantFormat};
 
-pub const ALL_FORMATS: [QuantFormat; 7] = [
-    QuantFormat::F32,
-    QuantFormat::F16,
-    QuantFormat::Q4_0,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4K,
-    QuantFormat::Q6K,
-];
+/// Every GGUF format the kernels run.
+pub const ALL_FORMATS: [QuantFormat; 12] = QuantFormat::GGUF;
 
 /// Byte offsets of the f16 scale fields inside one block.
 fn f16_fields(f: QuantFormat) -> &'static [usize] {
     match f {
         QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => &[0],
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => &[0, 2],
         QuantFormat::Q5_0x4 => &[0, 2, 4, 6],
-        QuantFormat::Q4K => &[0, 2],
+        QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+        QuantFormat::Q3K => &[108],
         QuantFormat::Q6K => &[208],
-        QuantFormat::F32 | QuantFormat::F16 => &[],
+        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => &[],
     }
 }
 
 /// A matrix of uniformly random bytes (every bit pattern of the quantized
 /// values and sub-block scales occurs, e.g. Q8_0's -128 and Q4_K's 63 scales),
-/// with finite random f16 block scales.
+/// with finite random f16 block scales (and offsets: Q4_1/Q5_1's `m` of
+/// either sign).
 pub fn random_bytes_matrix(f: QuantFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = f.row_bytes(cols).unwrap() * rows;
@@ -43,12 +39,21 @@ pub fn random_bytes_matrix(f: QuantFormat, rows: usize, cols: usize, seed: u64) 
         QuantFormat::F16 => (0..rows * cols)
             .flat_map(|_| half::f16::from_f32(rng.gen_range(-1f32..1.0)).to_le_bytes())
             .collect(),
+        QuantFormat::BF16 => (0..rows * cols)
+            .flat_map(|_| half::bf16::from_f32(rng.gen_range(-1f32..1.0)).to_le_bytes())
+            .collect(),
         _ => {
             let mut v: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             let bb = f.block_bytes();
             for blk in v.chunks_exact_mut(bb) {
-                for &o in f16_fields(f) {
-                    let s = half::f16::from_f32(rng.gen_range(0.001f32..0.05));
+                let offset = matches!(f, QuantFormat::Q4_1 | QuantFormat::Q5_1);
+                for (i, &o) in f16_fields(f).iter().enumerate() {
+                    let v = if offset && i == 1 {
+                        rng.gen_range(-0.4f32..0.4)
+                    } else {
+                        rng.gen_range(0.001f32..0.05)
+                    };
+                    let s = half::f16::from_f32(v);
                     blk[o..o + 2].copy_from_slice(&s.to_le_bytes());
                 }
             }
@@ -134,5 +139,15 @@ pub fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
 }
 
 pub fn is_ggml_quant(f: QuantFormat) -> bool {
-    !matches!(f, QuantFormat::F32 | QuantFormat::F16)
+    !matches!(f, QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16)
+}
+
+/// Elements per activation quantization block for weights of `f` (0: f32
+/// activations).
+pub fn act_block(f: QuantFormat) -> usize {
+    match f {
+        QuantFormat::Q3K | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 256,
+        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => 0,
+        _ => 32,
+    }
 }
