@@ -301,7 +301,12 @@ impl ModelSpec {
 
     /// Every model Tandem knows: draft, target, gemma, smollm2.
     pub fn builtin() -> Vec<Self> {
-        vec![Self::draft(), Self::target(), Self::gemma(), Self::smollm2()]
+        vec![
+            Self::draft(),
+            Self::target(),
+            Self::gemma(),
+            Self::smollm2(),
+        ]
     }
 
     /// A built-in spec by its short name.
