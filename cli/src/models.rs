@@ -72,7 +72,7 @@ struct FetchArgs {
     /// Models directory [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Which model to fetch; repeatable [default: draft and target].
+    /// Which model to fetch; repeatable [default: all four, what CI needs].
     #[arg(long = "model", value_enum)]
     models: Vec<Which>,
     /// Rehash present files even if they were verified before.
@@ -107,9 +107,11 @@ struct PathArgs {
 enum Which {
     Draft,
     Target,
-    /// Gemma 3 270M (optional, another model family).
+    /// Gemma 3 270M Q4_K_M (gemma3 family).
     Gemma,
-    /// All three.
+    /// SmolLM2-135M-Instruct Q4_1 (llama family).
+    Smollm2,
+    /// All four (the default).
     All,
 }
 
@@ -118,6 +120,7 @@ enum Named {
     Draft,
     Target,
     Gemma,
+    Smollm2,
 }
 
 impl Named {
@@ -126,6 +129,7 @@ impl Named {
             Self::Draft => ModelSpec::draft(),
             Self::Target => ModelSpec::target(),
             Self::Gemma => ModelSpec::gemma(),
+            Self::Smollm2 => ModelSpec::smollm2(),
         }
     }
 }
@@ -222,20 +226,21 @@ fn run_info(a: InfoArgs) -> anyhow::Result<()> {
 }
 
 /// The specs selected by `--model` flags, in a stable order, no duplicates.
+/// No flag means all of them: the Qwen pair plus the two small models of other
+/// families that CI's real-model tests need (~350 MB more).
 fn selected(models: &[Which]) -> Vec<ModelSpec> {
-    let want = |w: Which| models.contains(&w) || models.contains(&Which::All);
-    let default = models.is_empty();
-    let mut out = Vec::new();
-    if default || want(Which::Draft) {
-        out.push(ModelSpec::draft());
-    }
-    if default || want(Which::Target) {
-        out.push(ModelSpec::target());
-    }
-    if want(Which::Gemma) {
-        out.push(ModelSpec::gemma());
-    }
-    out
+    let all = models.is_empty() || models.contains(&Which::All);
+    let want = |w: Which| all || models.contains(&w);
+    [
+        (Which::Draft, ModelSpec::draft as fn() -> ModelSpec),
+        (Which::Target, ModelSpec::target),
+        (Which::Gemma, ModelSpec::gemma),
+        (Which::Smollm2, ModelSpec::smollm2),
+    ]
+    .into_iter()
+    .filter(|&(w, _)| want(w))
+    .map(|(_, spec)| spec())
+    .collect()
 }
 
 fn run_fetch(a: FetchArgs) -> anyhow::Result<()> {
@@ -326,7 +331,7 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("models dir: {}", dir.display());
-    println!("{:<7} {:<11} {:>15}  PATH", "MODEL", "STATE", "SIZE (B)");
+    println!("{:<8} {:<11} {:>15}  PATH", "MODEL", "STATE", "SIZE (B)");
     for s in &statuses {
         let state = match s.state {
             ModelState::Missing => "missing",
@@ -336,7 +341,7 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
         };
         let size = s.size.map_or_else(|| "-".to_string(), group_digits);
         println!(
-            "{:<7} {:<11} {:>15}  {}",
+            "{:<8} {:<11} {:>15}  {}",
             s.name,
             state,
             size,
@@ -396,12 +401,15 @@ mod tests {
     }
 
     #[test]
-    fn selection_defaults_to_draft_and_target() {
+    fn selection_defaults_to_all_four() {
         let names =
             |w: &[Which]| -> Vec<String> { selected(w).into_iter().map(|s| s.name).collect() };
-        assert_eq!(names(&[]), ["draft", "target"]);
+        let all = ["draft", "target", "gemma", "smollm2"];
+        assert_eq!(names(&[]), all);
         assert_eq!(names(&[Which::Gemma]), ["gemma"]);
-        assert_eq!(names(&[Which::All]), ["draft", "target", "gemma"]);
+        assert_eq!(names(&[Which::Smollm2, Which::Gemma]), ["gemma", "smollm2"]);
+        assert_eq!(names(&[Which::All]), all);
+        assert_eq!(names(&[Which::Draft, Which::All]), all);
         assert_eq!(
             names(&[Which::Target, Which::Draft, Which::Target]),
             ["draft", "target"]

