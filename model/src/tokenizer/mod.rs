@@ -193,39 +193,47 @@ impl Tokenizer {
             }
         }
 
-        let (algo, merge_texts, add_space_prefix) = match model {
-            TokenizerModel::Gpt2 => {
-                let pre = pre.unwrap_or(PreType::Default);
-                let (bpe, merges) = Bpe::from_gguf(gguf, pre, &token_to_id)?;
-                (Algo::Bpe(bpe), merges, false)
-            }
-            TokenizerModel::Llama => {
-                let scores = vocab::scores(gguf, n)?;
-                let space =
-                    vocab::meta_bool(gguf, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                let spm = Spm::new(&tokens, &kinds, scores, &token_to_id, ids.unk);
-                (Algo::Spm(spm), Vec::new(), space)
-            }
-        };
-
-        let table = bpe::char_to_byte_table();
-        let pieces: Vec<Vec<u8>> = tokens
-            .par_iter()
-            .zip(kinds.par_iter())
-            .map(|(text, &kind)| match model {
-                TokenizerModel::Llama => spm::piece_bytes(text, kind),
-                TokenizerModel::Gpt2 => match kind {
-                    TokenKind::Normal | TokenKind::Byte => vocab::byte_token_value(text)
-                        .filter(|_| kind == TokenKind::Byte)
-                        .map(|b| vec![b])
-                        .or_else(|| bpe::byte_level_decode(text, &table))
-                        // llama.cpp marks such bytes; keep the text itself.
-                        .unwrap_or_else(|| text.as_bytes().to_vec()),
-                    TokenKind::Unused => Vec::new(),
-                    _ => text.as_bytes().to_vec(),
-                },
-            })
-            .collect();
+        // The algorithm's tables (merges resolved in parallel) and the decoded
+        // bytes of every token are independent: build them side by side.
+        let (built, pieces) = rayon::join(
+            || -> Result<(Algo, Vec<&str>, bool)> {
+                Ok(match model {
+                    TokenizerModel::Gpt2 => {
+                        let pre = pre.unwrap_or(PreType::Default);
+                        let (bpe, merges) = Bpe::from_gguf(gguf, pre, &token_to_id)?;
+                        (Algo::Bpe(bpe), merges, false)
+                    }
+                    TokenizerModel::Llama => {
+                        let scores = vocab::scores(gguf, n)?;
+                        let space = vocab::meta_bool(gguf, "tokenizer.ggml.add_space_prefix")?
+                            .unwrap_or(true);
+                        let spm = Spm::new(&tokens, &kinds, scores, &token_to_id, ids.unk);
+                        (Algo::Spm(spm), Vec::new(), space)
+                    }
+                })
+            },
+            || -> Vec<Vec<u8>> {
+                let table = bpe::char_to_byte_table();
+                tokens
+                    .par_iter()
+                    .zip(kinds.par_iter())
+                    .map(|(text, &kind)| match model {
+                        TokenizerModel::Llama => spm::piece_bytes(text, kind),
+                        TokenizerModel::Gpt2 => match kind {
+                            TokenKind::Normal | TokenKind::Byte => vocab::byte_token_value(text)
+                                .filter(|_| kind == TokenKind::Byte)
+                                .map(|b| vec![b])
+                                .or_else(|| bpe::byte_level_decode(text, &table))
+                                // llama.cpp marks such bytes; keep the text itself.
+                                .unwrap_or_else(|| text.as_bytes().to_vec()),
+                            TokenKind::Unused => Vec::new(),
+                            _ => text.as_bytes().to_vec(),
+                        },
+                    })
+                    .collect()
+            },
+        );
+        let (algo, merge_texts, add_space_prefix) = built?;
 
         let specials = special::special_ids(&tokens, &kinds);
         let fingerprint = pair::fingerprint(
