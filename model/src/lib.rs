@@ -5,10 +5,15 @@
 //! - [`quant`]: quantized matrix × (1..16 rows) kernels. Every output element is
 //!   computed by the same code path whatever the number of rows, so results are
 //!   bit-identical between a one-token decode and a block verify.
-//! - [`tokenizer`]: the Qwen2 byte-level BPE tokenizer built from GGUF metadata,
-//!   special tokens, ChatML template and a UTF-8-safe streaming decoder.
-//! - [`transformer`]: the transformer ([`transformer::Model`], every supported architecture): `embed`, `forward_layers(range, hidden)`, `head`,
-//!   and `forward_batch` (many sequences' rows in one forward, each attending only
+//! - [`tokenizer`]: the tokenizers llama.cpp builds from GGUF metadata (GPT-2
+//!   byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names, and
+//!   SentencePiece), special and end-of-generation tokens, the GGUF's own chat
+//!   template (minijinja), a UTF-8-safe streaming decoder.
+//! - [`arch`]: the supported model families (`qwen2`, `qwen3`, `llama`,
+//!   `gemma3`) and their hyper-parameters: where they differ, as data.
+//! - [`pair`]: whether a draft and a target can pair, and why not.
+//! - [`transformer`]: the transformer of every family ([`transformer::Model`]):
+//!   `embed`, `forward_layers(range, hidden)`, `head`, and `forward_batch` (many sequences' rows in one forward, each attending only
 //!   to its own KV, logits only for the rows that ask); KV in a
 //!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`; f32, or INT8 for a draft:
 //!   [`kv_cache::KvPrecision`]) or in pages of a shared

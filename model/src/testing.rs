@@ -161,6 +161,11 @@ pub fn tiny_tokenizer_metadata(n_tokens: usize) -> Result<Vec<(String, Value)>> 
             "tokenizer.ggml.eos_token_id".into(),
             Value::U32(im_end as u32),
         ),
+        // The Qwen2.5 template, so chat requests render as on the real models.
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(crate::tokenizer::QWEN2_CHAT_TEMPLATE.into()),
+        ),
     ])
 }
 
