@@ -578,3 +578,45 @@ fn a_tensor_in_an_unsupported_format_is_refused_by_name() {
         assert!(v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0));
     }
 }
+
+/// The GGUF-load fuzz seeds of the new formats (written by the `fuzz_seeds`
+/// example) load as models and run two tokens: Q4_1/Q5_1 matrices, and
+/// Q3_K/Q5_K matrices with BF16 norms, biases and output head (1-D vectors go
+/// through the same format switch as matrices).
+#[test]
+fn models_in_the_new_formats_load_and_run() {
+    use tandem_model::gguf::GgufFile;
+    use tandem_model::transformer::{LoadOptions, Model};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/gguf_load");
+    let seeds = [
+        (
+            "seed-q4_1-q5_1.gguf",
+            [
+                ("blk.0.attn_q.weight", QuantFormat::Q4_1),
+                ("token_embd.weight", QuantFormat::Q5_1),
+            ],
+        ),
+        (
+            "seed-q3_k-q5_k-bf16.gguf",
+            [
+                ("blk.0.ffn_up.weight", QuantFormat::Q3K),
+                ("output_norm.weight", QuantFormat::BF16),
+            ],
+        ),
+    ];
+    for (file, formats) in seeds {
+        let g = GgufFile::open(dir.join(file)).unwrap();
+        for (name, f) in formats {
+            assert_eq!(g.entry(name).unwrap().format, f, "{file} {name}");
+        }
+        let opts = LoadOptions {
+            max_seq_len: 8,
+            repack: false,
+        };
+        let model = Model::from_gguf(g, opts).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.forward(&[1, 2], 0, &mut cache).unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{file}");
+        assert!(logits.iter().any(|&v| v != logits[0]), "{file}");
+    }
+}
