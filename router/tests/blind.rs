@@ -1,0 +1,249 @@
+//! The blind evaluation set of issue 32 (`tests/blind/blind_v2.jsonl`,
+//! written and committed before the router changes it measures): recall and
+//! precision of the routing decision (a sensitive prompt must be routed
+//! local, a benign one must not), overall and per language, failure class
+//! and code/prose, and per entity type and category, with
+//! config/policy.example.toml and an idle context.
+//!
+//! Every fourth case (`"heldout": true`) was never looked at while the
+//! rules were tuned; it is reported on its own and its errors are only
+//! printed with `BLIND_SHOW_HELDOUT=1`. Run with `--nocapture` for the
+//! tables.
+
+#![allow(clippy::unwrap_used)] // test helpers; a panic is a test failure
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tandem_router::{Action, Policy, RouteContext};
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    tp: u32,
+    fp: u32,
+    fn_: u32,
+}
+
+impl Counts {
+    fn precision(&self) -> f64 {
+        ratio(self.tp, self.tp + self.fp)
+    }
+    fn recall(&self) -> f64 {
+        ratio(self.tp, self.tp + self.fn_)
+    }
+}
+
+fn ratio(a: u32, b: u32) -> f64 {
+    if b == 0 {
+        1.0
+    } else {
+        f64::from(a) / f64::from(b)
+    }
+}
+
+struct Case {
+    id: String,
+    text: String,
+    entities: Vec<(String, usize, usize)>,
+    categories: Vec<String>,
+    sensitive: bool,
+    lang: String,
+    cls: String,
+    code: bool,
+    heldout: bool,
+}
+
+fn load() -> Vec<Case> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/blind/blind_v2.jsonl");
+    let src = std::fs::read_to_string(&path).unwrap();
+    src.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let text = v["text"].as_str().unwrap().to_string();
+            let entities = v["entities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let value = e["value"].as_str().unwrap();
+                    let start = text.find(value).unwrap();
+                    (
+                        e["type"].as_str().unwrap().to_string(),
+                        start,
+                        start + value.len(),
+                    )
+                })
+                .collect();
+            Case {
+                id: v["id"].as_str().unwrap().to_string(),
+                entities,
+                categories: v["categories"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.as_str().unwrap().to_string())
+                    .collect(),
+                sensitive: v["decision"].as_str().unwrap() == "local",
+                lang: v["lang"].as_str().unwrap().to_string(),
+                cls: v["cls"].as_str().unwrap().to_string(),
+                code: v["code"].as_bool().unwrap(),
+                heldout: v["heldout"].as_bool().unwrap(),
+                text,
+            }
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Report {
+    /// Decision level: positive = routed local.
+    all: Counts,
+    by_lang: BTreeMap<String, Counts>,
+    by_cls: BTreeMap<String, Counts>,
+    by_code: BTreeMap<String, Counts>,
+    ent: BTreeMap<String, Counts>,
+    cat: BTreeMap<String, Counts>,
+    cases: usize,
+    errors: Vec<String>,
+}
+
+fn add(c: &mut Counts, sensitive: bool, local: bool) {
+    match (sensitive, local) {
+        (true, true) => c.tp += 1,
+        (false, true) => c.fp += 1,
+        (true, false) => c.fn_ += 1,
+        (false, false) => {}
+    }
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+fn evaluate(policy: &Policy, cases: &[&Case]) -> Report {
+    let mut r = Report {
+        cases: cases.len(),
+        ..Report::default()
+    };
+    for c in cases {
+        let d = policy.decide(&c.text, &RouteContext::default());
+        let local = d.action == Action::Local;
+        add(&mut r.all, c.sensitive, local);
+        add(r.by_lang.entry(c.lang.clone()).or_default(), c.sensitive, local);
+        add(r.by_cls.entry(c.cls.clone()).or_default(), c.sensitive, local);
+        let code = if c.code { "code" } else { "prose" };
+        add(r.by_code.entry(code.into()).or_default(), c.sensitive, local);
+        if c.sensitive != local {
+            r.errors.push(format!(
+                "{} [{} {} {}]: {} (rule {}{}) {:?}",
+                c.id,
+                c.lang,
+                c.cls,
+                code,
+                if local { "false local" } else { "LEAK" },
+                d.rule,
+                if d.categories.is_empty() {
+                    String::new()
+                } else {
+                    format!(", categories {}", d.categories.join("+"))
+                },
+                c.text.chars().take(90).collect::<String>()
+            ));
+        }
+        for (t, s, e) in &c.entities {
+            let hit = d
+                .entities
+                .iter()
+                .any(|p| p.kind.as_str() == t && overlaps((p.start, p.end), (*s, *e)));
+            let k = r.ent.entry(t.clone()).or_default();
+            if hit {
+                k.tp += 1;
+            } else {
+                k.fn_ += 1;
+            }
+        }
+        for p in &d.entities {
+            let expected = c
+                .entities
+                .iter()
+                .any(|(t, s, e)| p.kind.as_str() == t && overlaps((p.start, p.end), (*s, *e)));
+            if !expected {
+                r.ent.entry(p.kind.as_str().to_string()).or_default().fp += 1;
+            }
+        }
+        let mut names: Vec<&String> = c.categories.iter().chain(d.categories.iter()).collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            add(
+                r.cat.entry(name.clone()).or_default(),
+                c.categories.contains(name),
+                d.categories.contains(name),
+            );
+        }
+    }
+    r
+}
+
+fn table(title: &str, rows: &BTreeMap<String, Counts>) {
+    println!("| {title} | TP | FP | FN | precision | recall |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for (k, c) in rows {
+        println!(
+            "| {k} | {} | {} | {} | {:.2} | {:.2} |",
+            c.tp,
+            c.fp,
+            c.fn_,
+            c.precision(),
+            c.recall()
+        );
+    }
+    println!();
+}
+
+fn print_report(title: &str, r: &Report) {
+    println!(
+        "## {title}: {} cases; decisions: recall {:.3}, precision {:.3} (TP {} FP {} FN {})\n",
+        r.cases,
+        r.all.recall(),
+        r.all.precision(),
+        r.all.tp,
+        r.all.fp,
+        r.all.fn_
+    );
+    table("language (decision)", &r.by_lang);
+    table("class (decision)", &r.by_cls);
+    table("code/prose (decision)", &r.by_code);
+    table("entity (span)", &r.ent);
+    table("category", &r.cat);
+}
+
+#[test]
+fn blind_v2_precision_recall() {
+    let policy_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml");
+    let policy = Policy::from_file(&policy_path).unwrap();
+    let cases = load();
+    assert!(cases.len() >= 300, "blind set has only {} cases", cases.len());
+    let all: Vec<&Case> = cases.iter().collect();
+    let tuning: Vec<&Case> = cases.iter().filter(|c| !c.heldout).collect();
+    let heldout: Vec<&Case> = cases.iter().filter(|c| c.heldout).collect();
+    let r_all = evaluate(&policy, &all);
+    let r_tune = evaluate(&policy, &tuning);
+    let r_held = evaluate(&policy, &heldout);
+    print_report("blind v2, every case", &r_all);
+    print_report("blind v2, tuning part (3 of 4 cases)", &r_tune);
+    print_report("blind v2, held-out part (every 4th case)", &r_held);
+    println!("tuning-part errors:");
+    for e in &r_tune.errors {
+        println!("  {e}");
+    }
+    if std::env::var_os("BLIND_SHOW_HELDOUT").is_some() {
+        println!("held-out errors:");
+        for e in &r_held.errors {
+            println!("  {e}");
+        }
+    }
+}
