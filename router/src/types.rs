@@ -87,12 +87,16 @@ pub struct EntityHit {
     pub score: f32,
 }
 
-/// One lexicon term found in the text: its category and byte span.
+/// One lexicon term found in the text: its category and byte span, and the
+/// byte span of the disclosure cue that made it count (a first-person or
+/// relative marker near it: "my", "我爸", "mi", "母が"), when there was one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CategoryHit {
     pub category: String,
     pub start: usize,
     pub end: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cue: Option<(usize, usize)>,
 }
 
 /// Where a request may run.

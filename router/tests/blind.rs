@@ -131,10 +131,22 @@ fn evaluate(policy: &Policy, cases: &[&Case]) -> Report {
         let d = policy.decide(&c.text, &RouteContext::default());
         let local = d.action == Action::Local;
         add(&mut r.all, c.sensitive, local);
-        add(r.by_lang.entry(c.lang.clone()).or_default(), c.sensitive, local);
-        add(r.by_cls.entry(c.cls.clone()).or_default(), c.sensitive, local);
+        add(
+            r.by_lang.entry(c.lang.clone()).or_default(),
+            c.sensitive,
+            local,
+        );
+        add(
+            r.by_cls.entry(c.cls.clone()).or_default(),
+            c.sensitive,
+            local,
+        );
         let code = if c.code { "code" } else { "prose" };
-        add(r.by_code.entry(code.into()).or_default(), c.sensitive, local);
+        add(
+            r.by_code.entry(code.into()).or_default(),
+            c.sensitive,
+            local,
+        );
         if c.sensitive != local {
             r.errors.push(format!(
                 "{} [{} {} {}]: {} (rule {}{}) {:?}",
@@ -226,7 +238,11 @@ fn blind_v2_precision_recall() {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml");
     let policy = Policy::from_file(&policy_path).unwrap();
     let cases = load();
-    assert!(cases.len() >= 300, "blind set has only {} cases", cases.len());
+    assert!(
+        cases.len() >= 300,
+        "blind set has only {} cases",
+        cases.len()
+    );
     let all: Vec<&Case> = cases.iter().collect();
     let tuning: Vec<&Case> = cases.iter().filter(|c| !c.heldout).collect();
     let heldout: Vec<&Case> = cases.iter().filter(|c| c.heldout).collect();
