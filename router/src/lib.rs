@@ -29,6 +29,7 @@
 //! ```
 
 pub mod classify;
+mod formats;
 pub mod lexicon;
 pub mod policy;
 mod recognizers;

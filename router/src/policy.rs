@@ -605,6 +605,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
         .values
         .iter()
         .map(|v| compact_value(v))
+        .chain(crate::classify::published_examples())
         .filter(|v| !v.is_empty())
         .collect();
 

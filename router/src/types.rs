@@ -20,13 +20,17 @@ pub enum EntityKind {
     MacAddress,
     Secret,
     PersonName,
+    /// A national identity or tax number other than the Chinese resident ID
+    /// (Spanish DNI/NIE, French NIR, German Steuer-ID, Japanese My Number,
+    /// Korean RRN).
+    NationalId,
     /// A recognizer defined in the operator's policy (its name, upper snake case).
     Custom(String),
 }
 
 impl EntityKind {
     /// Every built-in kind, in a stable order.
-    pub const BUILTIN: [EntityKind; 11] = [
+    pub const BUILTIN: [EntityKind; 12] = [
         EntityKind::Email,
         EntityKind::Phone,
         EntityKind::CnResidentId,
@@ -38,6 +42,7 @@ impl EntityKind {
         EntityKind::MacAddress,
         EntityKind::Secret,
         EntityKind::PersonName,
+        EntityKind::NationalId,
     ];
 
     /// The name used in policies and JSON output, e.g. `BANK_CARD`.
@@ -54,6 +59,7 @@ impl EntityKind {
             EntityKind::MacAddress => "MAC_ADDRESS",
             EntityKind::Secret => "SECRET",
             EntityKind::PersonName => "PERSON_NAME",
+            EntityKind::NationalId => "NATIONAL_ID",
             EntityKind::Custom(name) => name,
         }
     }
