@@ -466,7 +466,7 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
             .ok(),
         )
     });
-    let mut out = Vec::new();
+    let mut out = intl_address_hits(text);
     let (zh_gate, en_gate) = address_gates(text);
     if let Some(zh) = zh.as_ref().filter(|_| zh_gate) {
         out.extend(zh.find_iter(text).map(|m| CategoryHit {
@@ -485,6 +485,57 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
         }));
     }
     out
+}
+
+/// Street addresses in the formats of Germany, France, Spain, the UK,
+/// Japan and Korea: street + number + postcode (DE `Lindenstraße 12, 50674
+/// Köln`, FR `14 rue des Lilas, 69003 Lyon`, ES `Calle de Alcalá 45, 3º B,
+/// 28014 Madrid`, UK `… , Leeds LS6 2AB`), prefecture + city + block numbers
+/// (JP `東京都世田谷区桜新町2-15-8`), city + district + road + number (KR
+/// `서울특별시 강남구 테헤란로 152`). Gated by one substring pass.
+fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
+    static RE: OnceLock<Option<(AhoCorasick, Regex)>> = OnceLock::new();
+    let Some((gate, re)) = RE
+        .get_or_init(|| {
+            let gate = AhoCorasickBuilder::new()
+                .ascii_case_insensitive(true)
+                .build([
+                    "straße", "strasse", "weg ", "allee", "platz", "gasse", "rue ", "avenue",
+                    "boulevard", "chemin", "allée", "impasse", "calle", "avenida", "avda",
+                    "plaza", "paseo", "carrer", "c/", "都", "道", "府", "県", "특별시",
+                    "광역시", "구 ",
+                ])
+                .ok()?;
+            let re = Regex::new(concat!(
+                // DE: street word, number, postcode, town
+                r"\p{Lu}[\p{L}-]*(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
+                // FR: number, street type, name, postcode
+                r"|\b[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
+                // ES: street type, name, number, … postcode
+                r"|(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?\b[0-9]{5}\b",
+                // JP: prefecture, city/ward, block numbers
+                r"|(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
+                // KR: city, district, road, number
+                r"|\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
+            ))
+            .ok()?;
+            Some((gate, re))
+        })
+        .as_ref()
+    else {
+        return Vec::new();
+    };
+    if !gate.is_match(text) {
+        return Vec::new();
+    }
+    re.find_iter(text)
+        .map(|m| CategoryHit {
+            category: "location".to_string(),
+            start: m.start(),
+            end: m.end(),
+            cue: None,
+        })
+        .collect()
 }
 
 /// Cheap necessary conditions for [`address_hits`], found in one pass:
@@ -639,6 +690,43 @@ mod tests {
         assert_eq!(found("帮我看看我的账单"), ["我"]);
         assert!(found("我们公司").is_empty());
         assert_eq!(found("我们家"), ["我们家"]);
+    }
+
+    #[test]
+    fn addresses_in_other_countries() {
+        for (text, addr) in [
+            (
+                "wohne in der Lindenstraße 12, 50674 Köln.",
+                "Lindenstraße 12, 50674 Köln",
+            ),
+            (
+                "j'habite au 14 rue des Lilas, 69003 Lyon",
+                "14 rue des Lilas, 69003 L",
+            ),
+            (
+                "vivo en Calle de Alcalá 45, 3º B, 28014 Madrid",
+                "Calle de Alcalá 45, 3º B, 28014",
+            ),
+            (
+                "住所は東京都世田谷区桜新町2-15-8です",
+                "東京都世田谷区桜新町2-15-8",
+            ),
+            (
+                "서울특별시 강남구 테헤란로 152에 살아요",
+                "서울특별시 강남구 테헤란로 152",
+            ),
+        ] {
+            let hits = address_hits(text);
+            assert!(
+                hits.iter().any(|h| &text[h.start..h.end] == addr),
+                "{text}: {:?}",
+                hits.iter()
+                    .map(|h| &text[h.start..h.end])
+                    .collect::<Vec<_>>()
+            );
+        }
+        assert!(address_hits("Rue de Rivoli is long; the rue has 3 parts").is_empty());
+        assert!(address_hits("東京都の人口は1400万人").is_empty());
     }
 
     #[test]

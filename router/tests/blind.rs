@@ -55,8 +55,24 @@ struct Case {
 }
 
 fn load() -> Vec<Case> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/blind/blind_v2.jsonl");
-    let src = std::fs::read_to_string(&path).unwrap();
+    load_file(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/blind/blind_v2.jsonl"))
+}
+
+/// The older evaluation sets (`tests/corpus/*.jsonl`), for the decision-level
+/// no-regression check; they have no language or class labels.
+fn load_old() -> Vec<Case> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    files.iter().flat_map(|f| load_file(f)).collect()
+}
+
+fn load_file(path: &std::path::Path) -> Vec<Case> {
+    let src = std::fs::read_to_string(path).unwrap();
     src.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
@@ -86,10 +102,10 @@ fn load() -> Vec<Case> {
                     .map(|c| c.as_str().unwrap().to_string())
                     .collect(),
                 sensitive: v["decision"].as_str().unwrap() == "local",
-                lang: v["lang"].as_str().unwrap().to_string(),
-                cls: v["cls"].as_str().unwrap().to_string(),
-                code: v["code"].as_bool().unwrap(),
-                heldout: v["heldout"].as_bool().unwrap(),
+                lang: v["lang"].as_str().unwrap_or("-").to_string(),
+                cls: v["cls"].as_str().unwrap_or("-").to_string(),
+                code: v["code"].as_bool().unwrap_or(false),
+                heldout: v["heldout"].as_bool().unwrap_or(false),
                 text,
             }
         })
@@ -262,4 +278,77 @@ fn blind_v2_precision_recall() {
             println!("  {e}");
         }
     }
+    // Issue 32's targets on the whole set, measured 0.987 / 0.979 (the
+    // router before this work: 0.470 / 0.690).
+    assert!(
+        r_all.all.recall() >= 0.97,
+        "blind recall {:.3}",
+        r_all.all.recall()
+    );
+    assert!(
+        r_all.all.precision() >= 0.97,
+        "blind precision {:.3}",
+        r_all.all.precision()
+    );
+    // The held-out quarter, never looked at while tuning: measured recall
+    // 1.000, precision 0.932 (4 false locals of 59); floors a little under.
+    assert!(
+        r_held.all.recall() >= 0.95,
+        "held-out recall {:.3}",
+        r_held.all.recall()
+    );
+    assert!(
+        r_held.all.precision() >= 0.9,
+        "held-out precision {:.3}",
+        r_held.all.precision()
+    );
+    // Every language: the worst measured is 0.95 recall (ja), 0.95
+    // precision (ko); before this work German, Spanish, Japanese and Korean
+    // were at 0.21-0.27 recall.
+    for (lang, c) in &r_all.by_lang {
+        assert!(c.recall() >= 0.9, "{lang} recall {:.3}", c.recall());
+        assert!(
+            c.precision() >= 0.9,
+            "{lang} precision {:.3}",
+            c.precision()
+        );
+    }
+    // Published example values are not kept local (before: 9 of 20).
+    let ex = r_all.by_cls.get("example").copied().unwrap_or_default();
+    assert_eq!(ex.fp, 0, "published examples kept local");
+    // Topics asked about in general (before: 32 of 107 kept local).
+    let topic = r_all.by_cls.get("topic").copied().unwrap_or_default();
+    assert!(topic.fp <= 5, "{} general topics kept local", topic.fp);
+}
+
+/// The older sets at the decision level (a sensitive case routed local, a
+/// benign one not), for the before/after table of docs/privacy.md.
+#[test]
+fn old_sets_decisions() {
+    let policy_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml");
+    let policy = Policy::from_file(&policy_path).unwrap();
+    let cases = load_old();
+    let all: Vec<&Case> = cases.iter().collect();
+    let r = evaluate(&policy, &all);
+    println!(
+        "## old sets (tests/corpus): {} cases; decisions: recall {:.3}, precision {:.3} (TP {} FP {} FN {})",
+        r.cases,
+        r.all.recall(),
+        r.all.precision(),
+        r.all.tp,
+        r.all.fp,
+        r.all.fn_
+    );
+    // No regression: the same 350 / 4 / 3 as before issue 32's changes.
+    assert!(
+        r.all.fn_ <= 3,
+        "old sets: {} sensitive cases sent",
+        r.all.fn_
+    );
+    assert!(
+        r.all.fp <= 4,
+        "old sets: {} benign cases kept local",
+        r.all.fp
+    );
 }
