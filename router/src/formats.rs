@@ -32,7 +32,7 @@ pub(crate) fn patterns() -> Vec<Pattern> {
                     r"\s*(?:\[at\]|\(at\)|\{at\}|<at>|\s(?:at|arroba|arobase|アット)\s|#)\s*",
                     r"[a-z0-9-]+(?:(?:\s*(?:\[dot\]|\(dot\)|\(punkt\)|\(point\)|\{dot\})\s*|\s(?:dot|punto|punkt|point)\s|\.)[a-z0-9-]+)*",
                     r"(?:\s*(?:\[dot\]|\(dot\)|\(punkt\)|\(point\)|\{dot\})\s*|\s(?:dot|punto|punkt|point)\s|\.)",
-                    r"(?:com|net|org|edu|gov|info|biz|io|co|me|app|dev|ai|de|fr|es|it|jp|kr|cn|uk|ru|nl|be|ch|at|se|no|dk|fi|pl|pt|br|mx|ar|in|au|ca|us|eu|tw|hk|sg)\b"
+                    r"(?:com|net|org|edu|gov|info|biz|io|co|me|app|dev|ai|de|fr|es|it|jp|kr|cn|uk|ru|nl|be|ch|at|se|no|dk|fi|pl|pt|br|mx|ar|in|au|ca|us|eu|tw|hk|sg)(?-u:\b)"
                 ),
                 check_obfuscated_email,
                 &[],

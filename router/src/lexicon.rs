@@ -494,48 +494,87 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
 /// (JP `東京都世田谷区桜新町2-15-8`), city + district + road + number (KR
 /// `서울특별시 강남구 테헤란로 152`). Gated by one substring pass.
 fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
-    static RE: OnceLock<Option<(AhoCorasick, Regex)>> = OnceLock::new();
-    let Some((gate, re)) = RE
+    // One (gate words, regex) per country: a regex runs only when one of its
+    // gate words is in the text (one Aho-Corasick pass decides all five).
+    const FORMS: [(&[&str], &str); 5] = [
+        (
+            &[
+                "straße", "strasse", "weg ", "allee", "platz", "gasse", "damm",
+            ],
+            r"\p{Lu}[\p{L}-]{0,30}(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
+        ),
+        (
+            &[
+                "rue ",
+                "avenue ",
+                "boulevard ",
+                "chemin ",
+                "allée ",
+                "impasse ",
+                "quai ",
+            ],
+            r"(?-u:\b)[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
+        ),
+        (
+            &[
+                "calle ", "avenida ", "avda", "plaza ", "paseo ", "carrer ", "camino ", "c/",
+            ],
+            r"(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?(?-u:\b)[0-9]{5}(?-u:\b)",
+        ),
+        (
+            &["東京都", "北海道", "京都府", "大阪府", "県"],
+            r"(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
+        ),
+        (
+            &["특별시", "광역시", "도 ", "시 "],
+            r"\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
+        ),
+    ];
+    type Compiled = (AhoCorasick, Vec<usize>, Vec<Regex>);
+    static RE: OnceLock<Option<Compiled>> = OnceLock::new();
+    let Some((gate, owner, res)) = RE
         .get_or_init(|| {
+            let mut words = Vec::new();
+            let mut owner = Vec::new();
+            for (i, (ws, _)) in FORMS.iter().enumerate() {
+                for w in *ws {
+                    words.push(*w);
+                    owner.push(i);
+                }
+            }
             let gate = AhoCorasickBuilder::new()
                 .ascii_case_insensitive(true)
-                .build([
-                    "straße", "strasse", "weg ", "allee", "platz", "gasse", "rue ", "avenue",
-                    "boulevard", "chemin", "allée", "impasse", "calle", "avenida", "avda",
-                    "plaza", "paseo", "carrer", "c/", "都", "道", "府", "県", "특별시",
-                    "광역시", "구 ",
-                ])
+                .build(&words)
                 .ok()?;
-            let re = Regex::new(concat!(
-                // DE: street word, number, postcode, town
-                r"\p{Lu}[\p{L}-]*(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
-                // FR: number, street type, name, postcode
-                r"|\b[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
-                // ES: street type, name, number, … postcode
-                r"|(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?\b[0-9]{5}\b",
-                // JP: prefecture, city/ward, block numbers
-                r"|(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
-                // KR: city, district, road, number
-                r"|\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
-            ))
-            .ok()?;
-            Some((gate, re))
+            let res = FORMS
+                .iter()
+                .map(|(_, re)| Regex::new(re).ok())
+                .collect::<Option<Vec<_>>>()?;
+            Some((gate, owner, res))
         })
         .as_ref()
     else {
         return Vec::new();
     };
-    if !gate.is_match(text) {
-        return Vec::new();
+    let mut run = [false; FORMS.len()];
+    for m in gate.find_iter(text) {
+        if let Some(slot) = owner
+            .get(m.pattern().as_usize())
+            .and_then(|&i| run.get_mut(i))
+        {
+            *slot = true;
+        }
     }
-    re.find_iter(text)
-        .map(|m| CategoryHit {
+    let mut out = Vec::new();
+    for (re, _) in res.iter().zip(run).filter(|(_, r)| *r) {
+        out.extend(re.find_iter(text).map(|m| CategoryHit {
             category: "location".to_string(),
             start: m.start(),
             end: m.end(),
             cue: None,
-        })
-        .collect()
+        }));
+    }
+    out
 }
 
 /// Cheap necessary conditions for [`address_hits`], found in one pass:

@@ -1482,7 +1482,7 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         group: 1,
         bounded: false,
         ..secret(
-            r#"(?i)(?:[a-z0-9_.-]*(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret|token|credentials?|passwort|kennwort|contrase(?:n|ñ)a|mot_de_passe|motdepasse)[a-z0-9_.-]*|[a-z0-9_.-]*pass\b|\bclave|\bmdp|密码|口令|密钥|令牌|パスワード|비밀번호)["']?\]?\s*(?:=|:|：|=>|是|为|\s+is\s+)\s*["'`]?([^\s"'`,;<>(){}\[\]]{4,})"#,
+            r#"(?i)(?:[a-z0-9_.-]*(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret|token|credentials?|passwort|kennwort|contrase(?:n|ñ)a|mot_de_passe|motdepasse)[a-z0-9_.-]*|[a-z0-9_.-]*pass(?-u:\b)|(?-u:\b)clave|(?-u:\b)mdp|密码|口令|密钥|令牌|パスワード|비밀번호)["']?\]?\s*(?:=|:|：|=>|是|为|\s+is\s+)\s*["'`]?([^\s"'`,;<>(){}\[\]]{4,})"#,
             check_assignment,
         )
     });
