@@ -236,7 +236,13 @@ fn explain_shows_the_disclosure_cue_and_the_topic_frame() {
     let policy = example_policy();
     let p = policy.to_str().unwrap();
     let o = tandem(
-        &["route", "explain", "--policy", p, "Mi padre tiene cáncer de páncreas"],
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "Mi padre tiene cáncer de páncreas",
+        ],
         "",
     );
     assert!(o.status.success(), "{}", stderr(&o));
