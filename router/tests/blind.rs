@@ -352,3 +352,41 @@ fn old_sets_decisions() {
         r.all.fp
     );
 }
+
+/// How often the second opinion would be asked on the blind set with
+/// `[second_opinion] mode = "on"` and `"categories"` (the model side is not
+/// built yet; this is the fraction of requests that would pay for it).
+#[test]
+fn second_opinion_would_be_asked_for_few_requests() {
+    let src = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy.example.toml"),
+    )
+    .unwrap();
+    let cases = load();
+    for mode in ["on", "categories"] {
+        let policy =
+            Policy::from_toml_str(&src.replace("mode = \"off\"", &format!("mode = \"{mode}\"")))
+                .unwrap();
+        let (mut asked, mut band, mut cue) = (0u32, 0u32, 0u32);
+        for c in &cases {
+            let d = policy.decide(&c.text, &RouteContext::default());
+            match policy.unsure(&c.text, &d) {
+                Some(tandem_router::Unsure::EntityInBand { .. }) => {
+                    asked += 1;
+                    band += 1
+                }
+                Some(tandem_router::Unsure::CategoryWithoutCue { .. }) => {
+                    asked += 1;
+                    cue += 1
+                }
+                None => {}
+            }
+        }
+        println!(
+            "second opinion mode {mode}: asked for {asked} of {} blind cases ({:.1}%): {band} entity in band, {cue} category without cue",
+            cases.len(),
+            100.0 * f64::from(asked) / cases.len() as f64
+        );
+        assert!(asked as usize * 4 < cases.len(), "asked for {asked}");
+    }
+}
