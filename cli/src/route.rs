@@ -276,6 +276,37 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             decision.categories.join(", ")
         }
     )?;
+    // Why each category counted: the term, and the disclosure cue near it
+    // ("my", "我爸", "mi", "母が") when the term needed one.
+    for c in &cat_hits {
+        let term = &text[c.start..c.end];
+        match c.cue {
+            Some((s, e)) => writeln!(
+                out,
+                "  {:<10} term {term:?} (bytes {}..{}), cue {:?} (bytes {s}..{e})",
+                c.category,
+                c.start,
+                c.end,
+                text.get(s..e).unwrap_or("")
+            )?,
+            None => writeln!(
+                out,
+                "  {:<10} term {term:?} (bytes {}..{}), no cue needed",
+                c.category, c.start, c.end
+            )?,
+        }
+    }
+    match tandem_router::lexicon::frame_of(&text) {
+        tandem_router::lexicon::Frame::Open => {}
+        tandem_router::lexicon::Frame::Topic => writeln!(
+            out,
+            "frame:      topic (a general question: a term counts only with a disclosure cue)"
+        )?,
+        tandem_router::lexicon::Frame::Fiction => writeln!(
+            out,
+            "frame:      fiction (its first person is a character: no term counts)"
+        )?,
+    }
     if decision.entities.is_empty() {
         writeln!(out, "entities:   -")?;
     } else {

@@ -232,6 +232,41 @@ fn explain_highlights_spans_without_colour_when_piped() {
 }
 
 #[test]
+fn explain_shows_the_disclosure_cue_and_the_topic_frame() {
+    let policy = example_policy();
+    let p = policy.to_str().unwrap();
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "Mi padre tiene cáncer de páncreas",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(out.contains("term \"cáncer\""), "{out}");
+    assert!(out.contains("cue \"Mi\""), "{out}");
+    // The same term asked about in general: a topic, not a disclosure.
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "Explain how cáncer cells divide, for a biology class",
+        ],
+        "",
+    );
+    let out = stdout(&o);
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(out.contains("frame:      topic"), "{out}");
+}
+
+#[test]
 fn explain_colour_always_and_stdin_and_json() {
     let o = tandem(
         &["route", "explain", "--color", "always", "-"],

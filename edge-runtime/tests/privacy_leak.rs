@@ -4,8 +4,8 @@
 //! HTTP/2 frames back into the gRPC `ClientMessage`s the verifier received and
 //! decodes every token id with the tokenizer the device used.
 //!
-//! Checks: every positive case of `router/tests/corpus` that the router routes
-//! local opens no connection and sends no byte, and no sensitive span appears
+//! Checks: every positive case of `router/tests/corpus` and of the blind set
+//! `router/tests/blind` that the router routes local opens no connection and sends no byte, and no sensitive span appears
 //! in anything captured (raw UTF-8, the varint encoding of its token ids, the
 //! decoded token ids); multi-turn conversations where the sensitive turn comes
 //! first or later; the live context (device state, RTT, breaker) reaching the
@@ -23,10 +23,10 @@ use std::sync::{Arc, Mutex};
 use prost::Message;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, RoutedRuntime, ThermalState, TokenStatus};
 use tandem_model::gguf::GgufFile;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_proto::v1::{client_message::Msg as ClientMsg, ClientMessage};
 use tandem_router::{Action, Policy, RouteContext, Router};
 use tandem_verifier::RunningVerifier;
@@ -387,11 +387,13 @@ struct Case {
     spans: Vec<String>,
 }
 
-/// Every positive case (expected entities or categories) of the corpus.
+/// Every positive case (expected entities or categories) of the corpus and
+/// of the blind set of issue 32 (`router/tests/blind`: seven languages,
+/// disclosures without lexicon words, identifiers as people type them).
 fn positive_cases() -> Vec<Case> {
-    let dir = repo().join("router/tests/corpus");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
+    let mut files: Vec<_> = ["router/tests/corpus", "router/tests/blind"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo().join(d)).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
         .collect();
@@ -434,7 +436,11 @@ fn every_positive_corpus_case_routed_local_sends_nothing() {
     let router = example_router();
     let policy: Arc<Policy> = router.policy();
     let cases = positive_cases();
-    assert!(cases.len() >= 200, "{} positive cases", cases.len());
+    assert!(cases.len() >= 500, "{} positive cases", cases.len());
+    assert!(
+        cases.iter().filter(|c| c.id.starts_with("blind2-")).count() >= 200,
+        "the blind set's positive cases are in"
+    );
     let mut local_cases = Vec::new();
     let mut sent: Vec<&Case> = Vec::new();
     for c in &cases {

@@ -1,7 +1,8 @@
 //! Classification cost: `cargo run --release -p tandem-router --example classify_bench`.
 //!
-//! Mixed corpus: every case of tests/corpus (Chinese and English prose, code,
-//! secrets) plus this crate's own Rust sources as plain code. Reports
+//! Mixed corpus: every case of tests/corpus and tests/blind (prose in seven
+//! languages, code, logs, configs, secrets) plus this crate's own Rust
+//! sources as plain code. Reports
 //!   * µs per KB over the whole corpus cut into ~4 KB prompts (the target is
 //!     ≤ 50 µs/KB), and
 //!   * µs per call for the short corpus prompts one by one (fixed per-call
@@ -31,11 +32,18 @@ fn timed(mut f: impl FnMut()) -> (f64, Option<f64>) {
 }
 
 fn corpus_texts() -> Vec<String> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
     let mut out = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
+    let mut files: Vec<_> = [
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/blind"),
+    ]
+    .iter()
+    .flat_map(|dir| {
+        std::fs::read_dir(dir)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_else(|_| Vec::new())
+    })
+    .collect();
     files.sort();
     for f in files {
         if f.extension().is_none_or(|x| x != "jsonl") {

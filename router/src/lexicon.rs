@@ -45,6 +45,38 @@ const FIRST_PERSON: &str = include_str!("../data/context/first_person.txt");
 /// Words that make a nearby term part of a programming task.
 const SOFTWARE_WORDS: &str = include_str!("../data/context/software_words.txt");
 
+/// Phrases that make a text a question about a topic in general.
+const TOPIC_FRAMES: &str = include_str!("../data/context/topic_frames.txt");
+
+/// Phrases that make a text fiction (its first person is a character).
+const FICTION_FRAMES: &str = include_str!("../data/context/fiction_frames.txt");
+
+/// How the whole text frames its category terms (issue 32: a disclosure is
+/// not a topic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// No frame phrase: plain terms count as before.
+    Open,
+    /// The text asks about a topic in general ("for a study guide",
+    /// "explain the", "en général", "科普"): a plain term counts only with a
+    /// disclosure cue within [`CONTEXT_WINDOW`].
+    Topic,
+    /// The text is or quotes fiction ("short story", "in my novel",
+    /// "第一人称"): no term counts.
+    Fiction,
+}
+
+/// The frame of `text`: fiction wins over topic.
+pub fn frame_of(text: &str) -> Frame {
+    if !fiction_frames().find(text, 0..text.len()).is_empty() {
+        Frame::Fiction
+    } else if !topic_frames().find(text, 0..text.len()).is_empty() {
+        Frame::Topic
+    } else {
+        Frame::Open
+    }
+}
+
 /// How far (bytes, same line) a first-person marker or a software word may
 /// be from a [`TermKind::Personal`] term: about a clause in English, a dozen
 /// Han characters.
@@ -169,22 +201,43 @@ impl Lexicon {
     /// (see the module docs).
     pub fn scan(&self, text: &str) -> Vec<CategoryHit> {
         let mut hits = Vec::new();
-        for (pattern, start, end) in self.standing_terms(text) {
-            let counts = match self.pattern_kind[pattern] {
-                TermKind::Benign => false,
+        let terms = self.standing_terms(text);
+        if terms.is_empty() {
+            return hits;
+        }
+        let frame = frame_of(text);
+        if frame == Frame::Fiction {
+            return hits;
+        }
+        for (pattern, start, end) in terms {
+            let cue =
+                || nearest_in_window(text, start, end, &first_person().around(text, start, end));
+            let counted: Option<Option<(usize, usize)>> = match self.pattern_kind[pattern] {
+                TermKind::Benign => None,
                 TermKind::Plain => {
-                    !followed_by(text, end, &software_words().around(text, end, end))
+                    if followed_by(text, end, &software_words().around(text, end, end)) {
+                        None
+                    } else {
+                        match (frame, cue()) {
+                            (Frame::Topic, None) => None,
+                            (_, c) => Some(c),
+                        }
+                    }
                 }
                 TermKind::Personal => {
-                    !within_window(text, start, end, &software_words().around(text, start, end))
-                        && within_window(text, start, end, &first_person().around(text, start, end))
+                    if within_window(text, start, end, &software_words().around(text, start, end)) {
+                        None
+                    } else {
+                        cue().map(Some)
+                    }
                 }
             };
-            if counts {
+            if let Some(cue) = counted {
                 hits.push(CategoryHit {
                     category: self.categories[self.pattern_category[pattern]].clone(),
                     start,
                     end,
+                    cue,
                 });
             }
         }
@@ -202,7 +255,10 @@ impl Lexicon {
             .ac
             .find_overlapping_iter(text)
             .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
-            .filter(|&(p, s, e)| !self.pattern_ascii[p] || stands_alone(b, s, e))
+            .filter(|&(p, s, e)| {
+                !self.pattern_ascii[p]
+                    || (stands_alone(b, s, e) && !latin_letter_touches(text, s, e))
+            })
             .collect();
         let benign: Vec<(usize, usize)> = found
             .iter()
@@ -245,6 +301,22 @@ fn stands_alone(b: &[u8], start: usize, end: usize) -> bool {
         || (after == Some(b':') && after2 == Some(b':'))
         || (after == Some(b'.') && after2.is_some_and(word));
     !(inside_word || compound_head || identifier_before || identifier_after)
+}
+
+/// Whether a non-ASCII letter of an alphabetic script (Latin with accents,
+/// Greek, Cyrillic, Hangul is not one: it is below U+2E80 only for Latin,
+/// Greek, Cyrillic and the like) touches `start..end`: "mes" in
+/// "symptômes", "ma" in "máquina" are inside words. CJK next to an ASCII
+/// word is a boundary ("我的email").
+fn latin_letter_touches(text: &str, start: usize, end: usize) -> bool {
+    let alpha = |c: char| !c.is_ascii() && c.is_alphanumeric() && (c as u32) < 0x2E80;
+    text.get(..start)
+        .and_then(|h| h.chars().next_back())
+        .is_some_and(alpha)
+        || text
+            .get(end..)
+            .and_then(|t| t.chars().next())
+            .is_some_and(alpha)
 }
 
 /// A list of context words (first-person markers, software words) found in
@@ -300,7 +372,8 @@ impl ContextWords {
                         .checked_sub(1)
                         .and_then(|i| b.get(i))
                         .is_some_and(|&c| word(c))
-                        && !b.get(m.end()).is_some_and(|&c| word(c)));
+                        && !b.get(m.end()).is_some_and(|&c| word(c))
+                        && !latin_letter_touches(text, m.start(), m.end()));
                 let case_ok = w.text != "I" || b.get(m.start()) == Some(&b'I');
                 w.kind != TermKind::Benign && alone && case_ok
             })
@@ -319,21 +392,47 @@ fn software_words() -> &'static ContextWords {
     WORDS.get_or_init(|| ContextWords::new(SOFTWARE_WORDS))
 }
 
+fn topic_frames() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(TOPIC_FRAMES))
+}
+
+fn fiction_frames() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(FICTION_FRAMES))
+}
+
 /// Whether one of `spans` is within [`CONTEXT_WINDOW`] bytes of
 /// `start..end` with no line break in between. A span inside the term
 /// itself does not count ("class" in "class action").
 fn within_window(text: &str, start: usize, end: usize, spans: &[(usize, usize)]) -> bool {
-    spans.iter().any(|&(s, e)| {
-        let (from, to) = if e <= start {
-            (e, start)
-        } else if s >= end {
-            (end, s)
-        } else {
-            return false;
-        };
-        to.saturating_sub(from) <= CONTEXT_WINDOW
-            && text.get(from..to).is_some_and(|gap| !gap.contains('\n'))
-    })
+    nearest_in_window(text, start, end, spans).is_some()
+}
+
+/// The nearest of `spans` within [`CONTEXT_WINDOW`] bytes of `start..end`
+/// on the same line (see [`within_window`]).
+fn nearest_in_window(
+    text: &str,
+    start: usize,
+    end: usize,
+    spans: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    spans
+        .iter()
+        .filter_map(|&(s, e)| {
+            let (from, to) = if e <= start {
+                (e, start)
+            } else if s >= end {
+                (end, s)
+            } else {
+                return None;
+            };
+            let gap = to.saturating_sub(from);
+            (gap <= CONTEXT_WINDOW && text.get(from..to).is_some_and(|g| !g.contains('\n')))
+                .then_some((gap, (s, e)))
+        })
+        .min_by_key(|&(gap, _)| gap)
+        .map(|(_, span)| span)
 }
 
 /// Whether one of `spans` starts right after `end` (nothing or one space in
@@ -367,13 +466,14 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
             .ok(),
         )
     });
-    let mut out = Vec::new();
+    let mut out = intl_address_hits(text);
     let (zh_gate, en_gate) = address_gates(text);
     if let Some(zh) = zh.as_ref().filter(|_| zh_gate) {
         out.extend(zh.find_iter(text).map(|m| CategoryHit {
             category: "location".to_string(),
             start: m.start(),
             end: m.end(),
+            cue: None,
         }));
     }
     if let Some(en) = en.as_ref().filter(|_| en_gate) {
@@ -381,6 +481,97 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
             category: "location".to_string(),
             start: m.start(),
             end: m.end(),
+            cue: None,
+        }));
+    }
+    out
+}
+
+/// Street addresses in the formats of Germany, France, Spain, the UK,
+/// Japan and Korea: street + number + postcode (DE `Lindenstraße 12, 50674
+/// Köln`, FR `14 rue des Lilas, 69003 Lyon`, ES `Calle de Alcalá 45, 3º B,
+/// 28014 Madrid`, UK `… , Leeds LS6 2AB`), prefecture + city + block numbers
+/// (JP `東京都世田谷区桜新町2-15-8`), city + district + road + number (KR
+/// `서울특별시 강남구 테헤란로 152`). Gated by one substring pass.
+fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
+    // One (gate words, regex) per country: a regex runs only when one of its
+    // gate words is in the text (one Aho-Corasick pass decides all five).
+    const FORMS: [(&[&str], &str); 5] = [
+        (
+            &[
+                "straße", "strasse", "weg ", "allee", "platz", "gasse", "damm",
+            ],
+            r"\p{Lu}[\p{L}-]{0,30}(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
+        ),
+        (
+            &[
+                "rue ",
+                "avenue ",
+                "boulevard ",
+                "chemin ",
+                "allée ",
+                "impasse ",
+                "quai ",
+            ],
+            r"(?-u:\b)[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
+        ),
+        (
+            &[
+                "calle ", "avenida ", "avda", "plaza ", "paseo ", "carrer ", "camino ", "c/",
+            ],
+            r"(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?(?-u:\b)[0-9]{5}(?-u:\b)",
+        ),
+        (
+            &["東京都", "北海道", "京都府", "大阪府", "県"],
+            r"(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
+        ),
+        (
+            &["특별시", "광역시", "도 ", "시 "],
+            r"\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
+        ),
+    ];
+    type Compiled = (AhoCorasick, Vec<usize>, Vec<Regex>);
+    static RE: OnceLock<Option<Compiled>> = OnceLock::new();
+    let Some((gate, owner, res)) = RE
+        .get_or_init(|| {
+            let mut words = Vec::new();
+            let mut owner = Vec::new();
+            for (i, (ws, _)) in FORMS.iter().enumerate() {
+                for w in *ws {
+                    words.push(*w);
+                    owner.push(i);
+                }
+            }
+            let gate = AhoCorasickBuilder::new()
+                .ascii_case_insensitive(true)
+                .build(&words)
+                .ok()?;
+            let res = FORMS
+                .iter()
+                .map(|(_, re)| Regex::new(re).ok())
+                .collect::<Option<Vec<_>>>()?;
+            Some((gate, owner, res))
+        })
+        .as_ref()
+    else {
+        return Vec::new();
+    };
+    let mut run = [false; FORMS.len()];
+    for m in gate.find_iter(text) {
+        if let Some(slot) = owner
+            .get(m.pattern().as_usize())
+            .and_then(|&i| run.get_mut(i))
+        {
+            *slot = true;
+        }
+    }
+    let mut out = Vec::new();
+    for (re, _) in res.iter().zip(run).filter(|(_, r)| *r) {
+        out.extend(re.find_iter(text).map(|m| CategoryHit {
+            category: "location".to_string(),
+            start: m.start(),
+            end: m.end(),
+            cue: None,
         }));
     }
     out
@@ -538,6 +729,43 @@ mod tests {
         assert_eq!(found("帮我看看我的账单"), ["我"]);
         assert!(found("我们公司").is_empty());
         assert_eq!(found("我们家"), ["我们家"]);
+    }
+
+    #[test]
+    fn addresses_in_other_countries() {
+        for (text, addr) in [
+            (
+                "wohne in der Lindenstraße 12, 50674 Köln.",
+                "Lindenstraße 12, 50674 Köln",
+            ),
+            (
+                "j'habite au 14 rue des Lilas, 69003 Lyon",
+                "14 rue des Lilas, 69003 L",
+            ),
+            (
+                "vivo en Calle de Alcalá 45, 3º B, 28014 Madrid",
+                "Calle de Alcalá 45, 3º B, 28014",
+            ),
+            (
+                "住所は東京都世田谷区桜新町2-15-8です",
+                "東京都世田谷区桜新町2-15-8",
+            ),
+            (
+                "서울특별시 강남구 테헤란로 152에 살아요",
+                "서울특별시 강남구 테헤란로 152",
+            ),
+        ] {
+            let hits = address_hits(text);
+            assert!(
+                hits.iter().any(|h| &text[h.start..h.end] == addr),
+                "{text}: {:?}",
+                hits.iter()
+                    .map(|h| &text[h.start..h.end])
+                    .collect::<Vec<_>>()
+            );
+        }
+        assert!(address_hits("Rue de Rivoli is long; the rue has 3 parts").is_empty());
+        assert!(address_hits("東京都の人口は1400万人").is_empty());
     }
 
     #[test]

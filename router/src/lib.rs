@@ -29,10 +29,12 @@
 //! ```
 
 pub mod classify;
+mod formats;
 pub mod lexicon;
 pub mod policy;
 mod recognizers;
 mod router;
+pub mod second_opinion;
 mod types;
 pub mod validate;
 
@@ -40,4 +42,5 @@ pub use classify::Classification;
 pub use policy::{Policy, PolicyError, Rule, DEFAULT_POLICY_TOML};
 pub use recognizers::Validator;
 pub use router::{Conversation, RouteStats, Router};
+pub use second_opinion::{Opinion, OpinionError, OpinionMode, SecondOpinion, Unsure};
 pub use types::{Action, CategoryHit, Decision, EntityHit, EntityKind, RouteContext};

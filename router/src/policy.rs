@@ -195,6 +195,18 @@ struct RawPolicy {
     recognizers: Vec<RawRecognizer>,
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default)]
+    second_opinion: RawSecondOpinion,
+}
+
+/// `[second_opinion]`: when the device's model is asked
+/// ([`crate::second_opinion`]).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSecondOpinion {
+    #[serde(default)]
+    mode: crate::second_opinion::OpinionMode,
+    band_low: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -311,6 +323,10 @@ pub struct Policy {
     thresholds: HashMap<EntityKind, f32>,
     rules: Vec<Rule>,
     classifier: Classifier,
+    /// When the device's model is asked (`[second_opinion]`).
+    opinion_mode: crate::second_opinion::OpinionMode,
+    /// Entity scores from here up to the threshold are "unsure".
+    opinion_band_low: f32,
     /// The TOML this policy was compiled from (served by the edge admin API).
     source: String,
 }
@@ -384,6 +400,16 @@ impl Policy {
     /// Category names this policy knows (built-in plus keyword-defined).
     pub fn categories(&self) -> &[String] {
         self.classifier.lexicon.categories()
+    }
+
+    /// When this policy asks the device's model (`[second_opinion] mode`).
+    pub fn second_opinion_mode(&self) -> crate::second_opinion::OpinionMode {
+        self.opinion_mode
+    }
+
+    /// The low end of the unsure band (`[second_opinion] band_low`, default 0.3).
+    pub fn second_opinion_band_low(&self) -> f32 {
+        self.opinion_band_low
     }
 
     /// The threshold an entity kind must reach to count.
@@ -605,6 +631,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
         .values
         .iter()
         .map(|v| compact_value(v))
+        .chain(crate::classify::published_examples())
         .filter(|v| !v.is_empty())
         .collect();
 
@@ -752,7 +779,13 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
         });
     }
 
+    let opinion_band_low = match &raw.second_opinion.band_low {
+        Some(v) => cx.score(v, "second_opinion.band_low")?,
+        None => 0.3,
+    };
     Ok(Policy {
+        opinion_mode: raw.second_opinion.mode,
+        opinion_band_low,
         source: src.to_string(),
         default: raw.default,
         min_score,

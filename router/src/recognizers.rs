@@ -24,7 +24,7 @@ pub(crate) struct Scored {
     pub score: f32,
 }
 
-type CheckFn = fn(&str, usize, usize) -> Option<Scored>;
+pub(crate) type CheckFn = fn(&str, usize, usize) -> Option<Scored>;
 
 /// How a candidate is validated and scored.
 pub(crate) enum Check {
@@ -116,6 +116,7 @@ impl DigitStats {
 /// Bytes searched for context words before a span and after it.
 const WINDOW_BEFORE: usize = 64;
 const WINDOW_AFTER: usize = 24;
+const WINDOW_AFTER_CHARS: usize = 16;
 const NEGATIVE_PENALTY: f32 = 0.4;
 
 /// Words near a number that say it is test data or a code constant.
@@ -151,9 +152,38 @@ const NEGATIVE_WORDS: &[&str] = &[
     "版本",
     "时间戳",
     "假的",
+    // A number shown as the sample of a format, a mask or a pattern.
+    "regex",
+    "regexp",
+    "e.g.",
+    "mask",
+    "masks",
+    "masked",
+    "faker",
+    "docs",
+    "documentation",
+    "例子",
+    "比如",
+    "正则",
+    "打码",
+    "脱敏",
+    "beispiel",
+    "maskiert",
+    "handbuch",
+    "ejemplo",
+    "enmascare",
+    "exemple",
+    "例えば",
+    "サンプル",
+    "正規表現",
+    "テスト",
+    "예시",
+    "예제",
+    "정규식",
+    "테스트",
 ];
 
-const PHONE_CONTEXT: &[&str] = &[
+pub(crate) const PHONE_CONTEXT: &[&str] = &[
     "phone",
     "tel",
     "telephone",
@@ -187,6 +217,32 @@ const PHONE_CONTEXT: &[&str] = &[
     "配送",
     "寄到",
     "寄给",
+    // Spanish, German, French, Japanese, Korean.
+    "teléfono",
+    "telefono",
+    "móvil",
+    "movil",
+    "fijo",
+    "llámame",
+    "llamar",
+    "telefon",
+    "handy",
+    "mobil",
+    "festnetz",
+    "ruf mich",
+    "anrufen",
+    "téléphone",
+    "tél",
+    "fixe",
+    "portable",
+    "appelle-moi",
+    "電話",
+    "携帯",
+    "連絡",
+    "전화",
+    "휴대폰",
+    "핸드폰",
+    "연락",
 ];
 const CN_ID_CONTEXT: &[&str] = &[
     "身份证",
@@ -219,6 +275,12 @@ const CARD_CONTEXT: &[&str] = &[
     "银联",
     "刷卡",
     "账号",
+    "tarjeta",
+    "karte",
+    "kreditkarte",
+    "carte",
+    "カード",
+    "카드",
 ];
 const IBAN_CONTEXT: &[&str] = &[
     "iban", "account", "bank", "transfer", "账户", "转账", "汇款",
@@ -232,7 +294,22 @@ const SSN_CONTEXT: &[&str] = &[
     "社会安全号",
     "社安号",
 ];
-const PASSPORT_CONTEXT: &[&str] = &["passport", "travel document", "护照", "护照号", "通行证"];
+const PASSPORT_CONTEXT: &[&str] = &[
+    "passport",
+    "travel document",
+    "护照",
+    "护照号",
+    "通行证",
+    "pasaporte",
+    "reisepass",
+    "reisepassnummer",
+    "passnummer",
+    "passeport",
+    "パスポート",
+    "旅券",
+    "여권",
+    "여권번호",
+];
 const IP_CONTEXT: &[&str] = &[
     "ip",
     "ip address",
@@ -324,7 +401,7 @@ fn is_word_byte(b: u8) -> bool {
 }
 
 /// Largest char boundary <= i.
-fn floor_boundary(s: &str, mut i: usize) -> usize {
+pub(crate) fn floor_boundary(s: &str, mut i: usize) -> usize {
     if i >= s.len() {
         return s.len();
     }
@@ -348,7 +425,13 @@ fn ceil_boundary(s: &str, mut i: usize) -> usize {
 /// The text before and after a span, within the context window.
 fn around(text: &str, start: usize, end: usize) -> (&str, &str) {
     let a = floor_boundary(text, start.saturating_sub(WINDOW_BEFORE));
-    let b = ceil_boundary(text, end + WINDOW_AFTER);
+    // At least WINDOW_AFTER_CHARS characters after: 24 bytes are only 8
+    // Han or Hangul characters.
+    let by_chars = text[end..]
+        .char_indices()
+        .nth(WINDOW_AFTER_CHARS)
+        .map_or(text.len(), |(i, _)| end + i);
+    let b = ceil_boundary(text, (end + WINDOW_AFTER).max(by_chars));
     (&text[a..start], &text[end..b])
 }
 
@@ -394,7 +477,7 @@ fn inside_hex_blob(text: &str, start: usize, end: usize) -> bool {
 }
 
 impl Pattern {
-    fn needs(mut self, run: usize, group: usize) -> Pattern {
+    pub(crate) fn needs(mut self, run: usize, group: usize) -> Pattern {
         self.needs = (run, group);
         self
     }
@@ -467,7 +550,7 @@ impl Pattern {
     }
 }
 
-fn sc(start: usize, end: usize, score: f32) -> Option<Scored> {
+pub(crate) fn sc(start: usize, end: usize, score: f32) -> Option<Scored> {
     Some(Scored { start, end, score })
 }
 
@@ -583,11 +666,30 @@ fn check_intl_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
     if !(8..=15).contains(&n) || next_is_digit {
         return None;
     }
+    if fictional_nanp(&text[s..e]) {
+        return sc(s, e, 0.1);
+    }
     sc(s, e, 0.6)
+}
+
+/// A North American number in 555-0100..555-0199, the range NANPA reserves
+/// for fiction and examples (<https://nationalnanpa.com/>, "555 line
+/// numbers"): `(202) 555-0143`, `+1 202-555-0143`.
+fn fictional_nanp(m: &str) -> bool {
+    let d: Vec<u8> = m.bytes().filter(u8::is_ascii_digit).collect();
+    let d = match d.len() {
+        11 if d[0] == b'1' => &d[1..],
+        10 => &d[..],
+        _ => return false,
+    };
+    &d[3..6] == b"555" && &d[6..8] == b"01"
 }
 
 fn check_us_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
     let m = &text[s..e];
+    if fictional_nanp(m) {
+        return sc(s, e, 0.1);
+    }
     let score = if m.contains('(') {
         0.55
     } else if m.contains('-') {
@@ -607,7 +709,12 @@ fn check_uk_phone(text: &str, s: usize, e: usize) -> Option<Scored> {
 }
 
 fn check_cn_id18(text: &str, s: usize, e: usize) -> Option<Scored> {
-    validate::cn_resident_id(&text[s..e]).then_some(Scored {
+    let m = &text[s..e];
+    // Grouped (`440305 19850722 161X`): one kind of separator.
+    if m.contains(' ') && m.contains('-') {
+        return None;
+    }
+    validate::cn_resident_id(m).then_some(Scored {
         start: s,
         end: e,
         score: 0.6,
@@ -624,10 +731,11 @@ fn check_cn_id15(text: &str, s: usize, e: usize) -> Option<Scored> {
 
 fn check_card(text: &str, s: usize, e: usize) -> Option<Scored> {
     let m = &text[s..e];
-    let groups: Vec<usize> = m.split([' ', '-']).map(str::len).collect();
+    let groups: Vec<usize> = m.split([' ', '-', '.']).map(str::len).collect();
     if groups.len() > 1 {
         // Separators must be consistent and group like a real card.
-        if m.contains(' ') && m.contains('-') {
+        let kinds = [' ', '-', '.'].iter().filter(|&&c| m.contains(c)).count();
+        if kinds > 1 {
             return None;
         }
         let four_blocks = groups[..groups.len() - 1].iter().all(|&g| g == 4);
@@ -686,7 +794,12 @@ fn check_ssn(text: &str, s: usize, e: usize) -> Option<Scored> {
     sc(s, e, score)
 }
 
-fn check_passport(_t: &str, s: usize, e: usize) -> Option<Scored> {
+fn check_passport(text: &str, s: usize, e: usize) -> Option<Scored> {
+    // The German form (`C4J7PLM21`) is letters and digits: at least two
+    // digits, so that a capitalised word is not a passport.
+    if text[s..e].bytes().filter(u8::is_ascii_digit).count() < 2 {
+        return None;
+    }
     sc(s, e, 0.15)
 }
 
@@ -873,6 +986,8 @@ fn check_assignment(text: &str, s: usize, e: usize) -> Option<Scored> {
         || lower.contains("your")
         || lower.contains("example")
         || lower.contains("placeholder")
+        || lower.contains("redacted")
+        || v.contains(".*")
         || v.chars().all(|c| c == v.chars().next().unwrap_or(' '))
     {
         return None;
@@ -903,6 +1018,11 @@ fn check_assignment(text: &str, s: usize, e: usize) -> Option<Scored> {
         "口令",
         "密钥",
         "credential",
+        "clave",
+        "contrase",
+        "mdp",
+        "パスワード",
+        "비밀번호",
     ]
     .iter()
     .any(|k| head.contains(k));
@@ -1159,7 +1279,13 @@ fn check_en_name(text: &str, s: usize, e: usize) -> Option<Scored> {
 
 // ---- the table ------------------------------------------------------------
 
-fn pat(kind: EntityKind, re: &str, check: CheckFn, context: &[&str], boost: f32) -> Pattern {
+pub(crate) fn pat(
+    kind: EntityKind,
+    re: &str,
+    check: CheckFn,
+    context: &[&str],
+    boost: f32,
+) -> Pattern {
     Pattern {
         kind,
         // The patterns are constants covered by tests; a typo is a programming error.
@@ -1236,12 +1362,12 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         .needs(0, 10),
         pat(
             CnResidentId,
-            r"[1-9][0-9]{16}[0-9Xx]",
+            r"[1-9][0-9]{16}[0-9Xx]|[1-9][0-9]{2}(?:[ -]?[0-9]){14}[ -]?[0-9Xx]",
             check_cn_id18,
             CN_ID_CONTEXT,
             0.35,
         )
-        .needs(17, 0),
+        .needs(0, 17),
         pat(
             CnResidentId,
             r"[1-9][0-9]{14}",
@@ -1252,7 +1378,7 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         .needs(15, 0),
         pat(
             BankCard,
-            r"[0-9](?:[ -]?[0-9]){12,18}",
+            r"[0-9](?:[ .-]?[0-9]){12,18}",
             check_card,
             CARD_CONTEXT,
             0.45,
@@ -1281,13 +1407,24 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             context_required: true,
             ..pat(
                 Passport,
-                r"[A-Z]{1,2}[0-9]{6,8}|[0-9]{9}",
+                r"[A-Z]{1,3}[0-9]{6,8}|[0-9]{9}",
                 check_passport,
                 PASSPORT_CONTEXT,
                 0.6,
             )
         }
         .needs(6, 0),
+        // German passports: nine letters and digits (`C4J7PLM21`).
+        Pattern {
+            context_required: true,
+            ..pat(
+                Passport,
+                r"[CFGHJKLMNPRTVWXYZ][CFGHJKLMNPRTVWXYZ0-9]{8}",
+                check_passport,
+                PASSPORT_CONTEXT,
+                0.6,
+            )
+        },
         pat(
             IpAddress,
             r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])",
@@ -1345,7 +1482,7 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         group: 1,
         bounded: false,
         ..secret(
-            r#"(?i)(?:[a-z0-9_.-]*(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret|token|credentials?)[a-z0-9_.-]*|密码|口令|密钥|令牌)["']?\s*(?:=|:|：|=>|是|为|\s+is\s+)\s*["'`]?([^\s"'`,;<>(){}\[\]]{4,})"#,
+            r#"(?i)(?:[a-z0-9_.-]*(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret|token|credentials?|passwort|kennwort|contrase(?:n|ñ)a|mot_de_passe|motdepasse)[a-z0-9_.-]*|[a-z0-9_.-]*pass(?-u:\b)|(?-u:\b)clave|(?-u:\b)mdp|密码|口令|密钥|令牌|パスワード|비밀번호)["']?\]?\s*(?:=|:|：|=>|是|为|\s+is\s+)\s*["'`]?([^\s"'`,;<>(){}\[\]]{4,})"#,
             check_assignment,
         )
     });
@@ -1432,5 +1569,6 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             0.0,
         )
     });
+    v.extend(crate::formats::patterns());
     v
 }

@@ -20,13 +20,17 @@ pub enum EntityKind {
     MacAddress,
     Secret,
     PersonName,
+    /// A national identity or tax number other than the Chinese resident ID
+    /// (Spanish DNI/NIE, French NIR, German Steuer-ID, Japanese My Number,
+    /// Korean RRN).
+    NationalId,
     /// A recognizer defined in the operator's policy (its name, upper snake case).
     Custom(String),
 }
 
 impl EntityKind {
     /// Every built-in kind, in a stable order.
-    pub const BUILTIN: [EntityKind; 11] = [
+    pub const BUILTIN: [EntityKind; 12] = [
         EntityKind::Email,
         EntityKind::Phone,
         EntityKind::CnResidentId,
@@ -38,6 +42,7 @@ impl EntityKind {
         EntityKind::MacAddress,
         EntityKind::Secret,
         EntityKind::PersonName,
+        EntityKind::NationalId,
     ];
 
     /// The name used in policies and JSON output, e.g. `BANK_CARD`.
@@ -54,6 +59,7 @@ impl EntityKind {
             EntityKind::MacAddress => "MAC_ADDRESS",
             EntityKind::Secret => "SECRET",
             EntityKind::PersonName => "PERSON_NAME",
+            EntityKind::NationalId => "NATIONAL_ID",
             EntityKind::Custom(name) => name,
         }
     }
@@ -87,12 +93,16 @@ pub struct EntityHit {
     pub score: f32,
 }
 
-/// One lexicon term found in the text: its category and byte span.
+/// One lexicon term found in the text: its category and byte span, and the
+/// byte span of the disclosure cue that made it count (a first-person or
+/// relative marker near it: "my", "我爸", "mi", "母が"), when there was one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CategoryHit {
     pub category: String,
     pub start: usize,
     pub end: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cue: Option<(usize, usize)>,
 }
 
 /// Where a request may run.

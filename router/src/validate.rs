@@ -47,7 +47,8 @@ pub fn luhn(s: &str) -> bool {
 }
 
 /// Whether the digits of `s` have the length and issuer prefix (IIN) of a real
-/// payment card network: Visa, Mastercard, Amex, Discover, UnionPay, JCB, Diners.
+/// payment card network: Visa, Mastercard, Maestro, Amex, Discover, UnionPay,
+/// JCB, Diners.
 pub fn plausible_card_iin(s: &str) -> bool {
     let d = digits(s);
     let n = d.len();
@@ -56,8 +57,11 @@ pub fn plausible_card_iin(s: &str) -> bool {
     }
     let p = |k: usize| -> u32 { d.iter().take(k).fold(0u32, |a, &x| a * 10 + u32::from(x)) };
     match d[0] {
-        4 => matches!(n, 13 | 16 | 19),                // Visa
-        5 => (51..=55).contains(&p(2)) && n == 16,     // Mastercard
+        4 => matches!(n, 13 | 16 | 19), // Visa
+        5 => {
+            ((51..=55).contains(&p(2)) && n == 16)                  // Mastercard
+                || (p(2) == 50 || (56..=58).contains(&p(2))) // Maestro
+        }
         2 => (2221..=2720).contains(&p(4)) && n == 16, // Mastercard 2-series
         3 => {
             let p2 = p(2);
@@ -67,8 +71,9 @@ pub fn plausible_card_iin(s: &str) -> bool {
             // Diners
         }
         6 => {
-            (p(4) == 6011 || p(2) == 65 || (644..=649).contains(&p(3)) || p(2) == 62)
-                && (16..=19).contains(&n)
+            ((p(4) == 6011 || p(2) == 65 || (644..=649).contains(&p(3)) || p(2) == 62)
+                && (16..=19).contains(&n))
+                || p(2) == 67 // Maestro
         }
         _ => false,
     }
@@ -286,6 +291,95 @@ pub fn base64url_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Spanish DNI (8 digits + letter) or NIE (X/Y/Z + 7 digits + letter): the
+/// letter is `TRWAGMYFPDXBNJZSQVHLCKE[n mod 23]` (Real Decreto 1553/2005).
+pub fn es_dni(s: &str) -> bool {
+    let c = compact(s);
+    if c.len() != 9 {
+        return false;
+    }
+    let (head, letter) = (&c[..8], c[8]);
+    let lead = match head[0] {
+        b'X' => b'0',
+        b'Y' => b'1',
+        b'Z' => b'2',
+        d => d,
+    };
+    if !lead.is_ascii_digit() || !head[1..].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let n = std::iter::once(lead)
+        .chain(head[1..].iter().copied())
+        .fold(0u32, |a, d| a * 10 + u32::from(d - b'0'));
+    b"TRWAGMYFPDXBNJZSQVHLCKE"[(n % 23) as usize] == letter
+}
+
+/// Korean resident registration number `YYMMDD-GNNNNNN`: a real birth date
+/// and a century/sex digit 1–4 (numbers issued since 2020 carry no check
+/// digit, so none is verified).
+pub fn kr_rrn_date(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 13 || !(1..=4).contains(&d[6]) {
+        return false;
+    }
+    let century = if d[6] <= 2 { 1900 } else { 2000 };
+    let y = century + num(&d[0..2]);
+    valid_date(y, num(&d[2..4]), num(&d[4..6]))
+}
+
+/// French NIR (numéro de sécurité sociale): 13 characters and a 2-digit key
+/// = 97 − (number mod 97); Corsica's `2A`/`2B` count as 19/18.
+pub fn fr_nir(s: &str) -> bool {
+    let c = compact(s);
+    if c.len() != 15 {
+        return false;
+    }
+    let body: String = String::from_utf8_lossy(&c[..13]).into_owned();
+    let body = body.replace("2A", "19").replace("2B", "18");
+    if !body.bytes().all(|b| b.is_ascii_digit()) || !c[13..].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let n = body
+        .bytes()
+        .fold(0u64, |a, b| (a * 10 + u64::from(b - b'0')) % 97);
+    let key = u64::from(c[13] - b'0') * 10 + u64::from(c[14] - b'0');
+    97 - n == key
+}
+
+/// German Steuer-Identifikationsnummer: 11 digits, no leading zero, check
+/// digit by ISO 7064 MOD 11,10.
+pub fn de_steuer_id(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 11 || d[0] == 0 {
+        return false;
+    }
+    let mut product = 10u32;
+    for &x in &d[..10] {
+        let mut sum = (u32::from(x) + product) % 10;
+        if sum == 0 {
+            sum = 10;
+        }
+        product = (sum * 2) % 11;
+    }
+    let check = (11 - product) % 10;
+    check == u32::from(d[10])
+}
+
+/// Japanese My Number (個人番号): 12 digits, the last a check digit over
+/// the first 11 (weights 6,5,4,3,2,7,6,5,4,3,2 from the left; 11 − sum mod
+/// 11, 0 when that is 10 or 11).
+pub fn jp_my_number(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 12 {
+        return false;
+    }
+    const W: [u32; 11] = [6, 5, 4, 3, 2, 7, 6, 5, 4, 3, 2];
+    let sum: u32 = d[..11].iter().zip(W).map(|(&x, w)| u32::from(x) * w).sum();
+    let r = sum % 11;
+    let check = if r <= 1 { 0 } else { 11 - r };
+    check == u32::from(d[11])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,5 +446,25 @@ mod tests {
             Some(&b"{\"alg\":\"HS256\"}"[..])
         );
         assert_eq!(base64url_decode("a*b"), None);
+    }
+
+    #[test]
+    fn national_id_checks() {
+        assert!(es_dni("12345678Z"));
+        assert!(es_dni("12345678-z"));
+        assert!(!es_dni("12345678A"));
+        assert!(es_dni("X1234567L"));
+        assert!(kr_rrn_date("850315-1234567"));
+        assert!(!kr_rrn_date("851315-1234567"));
+        assert!(!kr_rrn_date("850315-5234567"));
+        // 1 84 12 75 108 234 + key 97 - (n mod 97)
+        let body = 1_841_275_108_234u64;
+        let key = 97 - body % 97;
+        assert!(fr_nir(&format!("{body}{key:02}")));
+        assert!(!fr_nir(&format!("{body}{:02}", (key + 1) % 100)));
+        assert!(de_steuer_id("86095742719"));
+        assert!(!de_steuer_id("86095742718"));
+        assert!(jp_my_number("123456789018"));
+        assert!(!jp_my_number("123456789012"));
     }
 }
