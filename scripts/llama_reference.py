@@ -32,8 +32,9 @@ The exact commands that made the committed files (models from
       n=${m%%:*}; f=${m#*:}
       $PY scripts/llama_reference.py greedy --model $f --out $F/greedy_$n.jsonl
     done
-    # gemma3 only: one prompt past its 512-token sliding window (FAILS today
-    # with "llama_decode returned 1"; not in the committed fixture)
+    # gemma3 only: one prompt of 1,502 tokens, past its 512-token sliding
+    # window (n_ctx 2048 in one batch with swa_full: with n_ctx 1024 llama.cpp
+    # finds no KV slot, "llama_decode returned 1")
     $PY scripts/llama_reference.py greedy --model $M/gemma-3-270m-q4_k_m.gguf \
         --long-prompt --max-tokens 16 --append --out $F/greedy_gemma3.jsonl
 
@@ -397,7 +398,8 @@ def special_texts(path, meta):
 def load(path, **kw):
     from llama_cpp import Llama
 
-    return Llama(model_path=path, n_ctx=1024, n_threads=2, seed=0, verbose=False, **kw)
+    kw.setdefault("n_ctx", 1024)
+    return Llama(model_path=path, n_threads=2, seed=0, verbose=False, **kw)
 
 
 def cmd_meta(a):
@@ -455,7 +457,7 @@ def cmd_greedy(a):
     # The long prompt in one batch. Known failure: llama-cpp-python 0.3.36
     # answers "llama_decode returned 1" (no KV slot) for gemma3's ~700-token
     # prompt both in 512-token batches and in one 1024-token batch; not solved.
-    llm = load(a.model, logits_all=True, n_batch=1024, n_ubatch=1024) if a.long_prompt else load(a.model, logits_all=True)
+    llm = load(a.model, logits_all=True, n_ctx=2048, n_batch=2048, n_ubatch=2048, swa_full=True) if a.long_prompt else load(a.model, logits_all=True)
     prompts = [long_prompt()] if a.long_prompt else PROMPTS
     if a.more_prompts:
         prompts = prompts + MORE_PROMPTS

@@ -320,6 +320,11 @@ pub fn write_tiny_model(path: &Path, cfg: &TinyConfig) -> Result<()> {
         meta.retain(|(k, _)| k != key);
         meta.push((key.clone(), value.clone()));
     }
+    write_gguf(path, &meta, &tensors)
+}
+
+/// Write metadata and tensors as a GGUF at `path` (through a temp file).
+fn write_gguf(path: &Path, meta: &[(String, Value)], tensors: &[(String, QTensor)]) -> Result<()> {
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tmp = path.with_extension("gguf.tmp");
@@ -334,4 +339,59 @@ pub fn write_tiny_model(path: &Path, cfg: &TinyConfig) -> Result<()> {
     }
     std::fs::rename(&tmp, path).map_err(io)?;
     Ok(())
+}
+
+/// Write the model at `src` back to `dst` with every quantized matrix
+/// dequantized into `to` (F16 or BF16; 1-D tensors and float matrices are
+/// kept), and `pad_rows` zero rows appended to the embedding (and the output
+/// matrix, when the model has its own) with `[PAD<id>]` tokens of type 5
+/// ("unused"): the same weights in a target's float format, optionally with
+/// a padded vocabulary like Qwen2.5-7B's (152,064 rows for 151,665 tokens).
+/// The Rust twin of `scripts/gguf_dequant.py`, so tests need no Python.
+pub fn write_dequantized(src: &Path, dst: &Path, to: GgmlDType, pad_rows: usize) -> Result<()> {
+    let io = |source| ModelError::Io {
+        path: src.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(src).map_err(io)?;
+    let content = gguf_file::Content::read(&mut f).map_err(err)?;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let q = content.tensor(&mut f, name, &Device::Cpu).map_err(err)?;
+        let padded = pad_rows > 0 && (name == "token_embd.weight" || name == "output.weight");
+        let keep = q.shape().rank() < 2 || matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        if keep && !padded {
+            tensors.push((name.clone(), q));
+            continue;
+        }
+        let mut t = q.dequantize(&Device::Cpu).map_err(err)?;
+        if padded {
+            let cols = t.dim(1).map_err(err)?;
+            let zeros = Tensor::zeros((pad_rows, cols), candle_core::DType::F32, &Device::Cpu)
+                .map_err(err)?;
+            t = Tensor::cat(&[&t, &zeros], 0).map_err(err)?;
+        }
+        let fmt = if q.shape().rank() < 2 { GgmlDType::F32 } else { to };
+        tensors.push((name.clone(), QTensor::quantize(&t, fmt).map_err(err)?));
+    }
+    let mut meta: Vec<(String, Value)> = content.metadata.into_iter().collect();
+    meta.sort_by(|a, b| a.0.cmp(&b.0));
+    if pad_rows > 0 {
+        for (key, value) in meta.iter_mut() {
+            let Value::Array(items) = value else { continue };
+            let n = items.len();
+            let pad: Vec<Value> = match key.as_str() {
+                "tokenizer.ggml.tokens" => (n..n + pad_rows)
+                    .map(|i| Value::String(format!("[PAD{i}]")))
+                    .collect(),
+                "tokenizer.ggml.token_type" => vec![Value::I32(5); pad_rows],
+                "tokenizer.ggml.scores" => vec![Value::F32(0.0); pad_rows],
+                _ => continue,
+            };
+            items.extend(pad);
+        }
+    }
+    write_gguf(dst, &meta, &tensors)
 }
