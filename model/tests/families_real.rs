@@ -18,12 +18,11 @@ use tandem_model::sampling::argmax;
 use tandem_model::transformer::{LoadOptions, Model};
 
 /// llama.cpp's top1 − top2 logit gap below which a split is a near-tie.
-/// Measured: the Qwen2.5 1.5B target diverges from llama.cpp at margins 0.28
-/// and 0.09 (issue 28); logit differences between two correct engines reach
-/// ~0.9 through 24–28 layers (model/tests/real_models.rs against candle), but
-/// a split needs both top candidates to move toward each other, which the
-/// measured splits bound well below 1.
-const TIE_MARGIN: f32 = 1.0;
+/// Measured splits (docs/models.md, "Fidelity to llama.cpp"): at most 0.33
+/// (Gemma 3 270M, whose 262k-token head makes near-ties common), 0.28 and
+/// 0.09 for the Qwen2.5 1.5B target (issue 28). A wrong RoPE, norm, window or
+/// scale diverges at margins of whole logits, usually at the first token.
+const TIE_MARGIN: f32 = 0.5;
 
 #[derive(serde::Deserialize)]
 struct Record {
@@ -67,8 +66,8 @@ fn greedy(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
 }
 
 /// Compare every fixture prompt of `name` with the model at `path`; returns
-/// (prompts fully equal, prompts).
-fn agree_with_llama_cpp(name: &str, path: PathBuf) -> (usize, usize) {
+/// each prompt's length and first differing step (`None`: all equal).
+fn agree_with_llama_cpp(name: &str, path: PathBuf) -> Vec<(usize, Option<usize>)> {
     let records = fixture(name);
     assert!(!records.is_empty(), "{name}: empty fixture");
     let max = records
@@ -77,11 +76,13 @@ fn agree_with_llama_cpp(name: &str, path: PathBuf) -> (usize, usize) {
         .max()
         .unwrap();
     let m = Model::load(&path, LoadOptions::with_max_seq_len(max + 1)).unwrap();
-    let mut equal = 0;
+    let mut out = Vec::new();
     for r in &records {
         let (ours, gaps) = greedy(&m, &r.prompt_ids, r.generated.len());
-        match ours.iter().zip(&r.generated).position(|(a, b)| a != b) {
-            None => equal += 1,
+        let first = ours.iter().zip(&r.generated).position(|(a, b)| a != b);
+        out.push((r.prompt_ids.len(), first));
+        match first {
+            None => {}
             Some(i) => {
                 eprintln!(
                     "{name}: {:?}: first difference at step {i}: ours {} theirs {}, \
@@ -102,8 +103,9 @@ fn agree_with_llama_cpp(name: &str, path: PathBuf) -> (usize, usize) {
             }
         }
     }
+    let equal = out.iter().filter(|(_, f)| f.is_none()).count();
     eprintln!("{name}: {equal} of {} prompts equal to llama.cpp", records.len());
-    (equal, records.len())
+    out
 }
 
 fn fetched(name: &str) -> PathBuf {
@@ -119,21 +121,22 @@ fn fetched(name: &str) -> PathBuf {
 
 #[test]
 fn gemma3_270m_greedy_agrees_with_llama_cpp() {
-    // Includes a prompt longer than the 512-position sliding window.
-    let (equal, n) = agree_with_llama_cpp("gemma3", fetched("gemma"));
-    assert!(equal * 2 >= n, "{equal} of {n}");
+    // The seventh prompt is 1,502 tokens, past the 512-position sliding
+    // window: it must agree in full (its smallest llama.cpp margin is 6.07).
+    let results = agree_with_llama_cpp("gemma3", fetched("gemma"));
+    let long: Vec<_> = results.iter().filter(|(len, _)| *len > 512).collect();
+    assert_eq!(long.len(), 1, "the fixture has one prompt past the window");
+    assert_eq!(long[0].1, None, "the long prompt diverges from llama.cpp");
 }
 
 #[test]
 fn smollm2_135m_greedy_agrees_with_llama_cpp() {
-    let (equal, n) = agree_with_llama_cpp("smollm2", fetched("smollm2"));
-    assert!(equal * 2 >= n, "{equal} of {n}");
+    agree_with_llama_cpp("smollm2", fetched("smollm2"));
 }
 
 #[test]
 fn qwen2_pair_greedy_agrees_with_llama_cpp() {
     for (fixture, name) in [("qwen2_draft", "draft"), ("qwen2_target", "target")] {
-        let (equal, n) = agree_with_llama_cpp(fixture, fetched(name));
-        assert!(equal * 2 >= n, "{fixture}: {equal} of {n}");
+        agree_with_llama_cpp(fixture, fetched(name));
     }
 }
