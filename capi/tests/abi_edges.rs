@@ -274,7 +274,7 @@ impl Verifier for Hostile {
 fn a_turn_a_hostile_verifier_breaks_leaves_the_history_as_it_was() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let draft = Model::load(&draft_path(), LoadOptions::with_max_seq_len(256)).unwrap();
+    let draft = Model::load(draft_path(), LoadOptions::with_max_seq_len(256)).unwrap();
     let tok = Tokenizer::from_gguf(draft.gguf()).unwrap();
     let vocab = u32::try_from(draft.config().vocab).unwrap();
     drop(draft);
