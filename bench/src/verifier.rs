@@ -328,11 +328,17 @@ pub(super) fn verifier_toml(
          rate_per_sec = 1000000.0\nrate_burst = 1000000.0\nidle_ttl_secs = 3600\n\
          max_sessions_per_identity = {sessions}\nprefill_tokens_per_sec = 1000000000.0\n\
          prefill_burst_tokens = 1000000000.0\nmax_inflight_prefill_tokens = 16777216\n\
-         max_inflight_prefill_tokens_per_identity = 16777216\n\n\
+         max_inflight_prefill_tokens_per_identity = 16777216\n\
+         max_connections = {conns}\nmax_connections_per_peer = {conns}\n\
+         max_streams_per_identity = {conns}\nmax_inflight_opens_per_identity = {sessions}\n\n\
          [batching]\nenabled = {batching}\n\n\
          [[devices]]\nid = \"bench\"\ntoken = \"{TOKEN}\"\n",
         model = model.display().to_string(),
         sessions = devices.max(64),
+        // Every simulated device is one identity on one loopback address:
+        // room for each one's streams and re-opens (the per-peer and
+        // per-identity caps are for separate devices).
+        conns = devices.saturating_mul(4).max(1024),
         prompt = max_seq_len - tandem_verifier::config::MAX_BLOCK_CAP - 1,
     )
 }

@@ -316,8 +316,8 @@ TandemStatus tandem_generate(const struct TandemRuntime *runtime,
 // # Safety
 // `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
 // `error_message` NULL or a valid `char **`.
-// Thread-safety: any thread; it waits while a generation runs on the
-// runtime (it reads the config's system prompt).
+// Thread-safety: any thread, also from a token callback (it never waits for
+// a running generation).
 TandemStatus tandem_conversation_new(const struct TandemRuntime *runtime,
                                      struct TandemConversation **conversation_out,
                                      char **error_message);
@@ -355,7 +355,10 @@ TandemStatus tandem_conversation_send(const struct TandemRuntime *runtime,
 // # Safety
 // `runtime` from `tandem_runtime_new`, not freed; `conversation` NULL or
 // from `tandem_conversation_new` on that runtime, not used afterwards.
-// Thread-safety: not while a generation of this conversation runs.
+// Thread-safety: not while a generation of this conversation runs; any
+// other time from any thread, also from a token callback of another
+// conversation's generation (it never waits for the running generation;
+// what the runtime keeps for this conversation is dropped when it ends).
 void tandem_conversation_free(const struct TandemRuntime *runtime,
                               struct TandemConversation *conversation);
 

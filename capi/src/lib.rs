@@ -322,6 +322,12 @@ pub struct TandemRuntime {
     /// Numbers the conversations' ids.
     next_conversation: AtomicU64,
     last: Mutex<Option<LastGeneration>>,
+    /// The config's system prompt (a new conversation starts with it; read
+    /// without the engine's lock, so also from a token callback).
+    system_prompt: Option<String>,
+    /// Conversations freed while the engine was busy (e.g. from a token
+    /// callback): their kept state is forgotten when the generation ends.
+    forget_later: Mutex<Vec<String>>,
 }
 
 // The thread-safety promised in the header rests on this: the handle may be
@@ -590,6 +596,7 @@ pub unsafe extern "C" fn tandem_runtime_new(
             ignore_sigpipe_if_default();
             let engine = build_engine(Path::new(path), models_dir)?;
             let device = engine.routed.runtime().device_handle();
+            let system_prompt = engine.cfg.system_prompt.clone();
             let rt = Box::new(TandemRuntime {
                 engine: Mutex::new(engine),
                 device,
@@ -598,6 +605,8 @@ pub unsafe extern "C" fn tandem_runtime_new(
                 next_id: AtomicU64::new(1),
                 next_conversation: AtomicU64::new(1),
                 last: Mutex::new(None),
+                system_prompt,
+                forget_later: Mutex::new(Vec::new()),
             });
             *out_runtime = Box::into_raw(rt);
             Ok(())
@@ -700,6 +709,10 @@ fn run_generation(
     rt.running.store(id, Ordering::SeqCst);
     let res = generate(rt, engine, id, turn, max_tokens, callback, user_data);
     rt.running.store(0, Ordering::SeqCst);
+    // Conversations freed meanwhile (from the callback or another thread).
+    for c in std::mem::take(&mut *lock(&rt.forget_later)) {
+        engine.routed.forget(&c);
+    }
     res
 }
 
@@ -773,6 +786,8 @@ fn generate(
         ContextError::Template(m) => {
             Failure(TandemStatus::Model, format!("tokenizing the prompt: {m}"))
         }
+        // fit_messages asks no cancel flag.
+        ContextError::Cancelled => Failure(TandemStatus::Internal, e.to_string()),
     })?;
     let mut dec = engine.routed.tokenizer().stream_decoder(true);
     // Status of the bytes not delivered yet: the "weakest" of their tokens.
@@ -932,8 +947,8 @@ unsafe fn conversation_arg<'a>(
 /// # Safety
 /// `runtime` from `tandem_runtime_new`; `conversation_out` a valid pointer;
 /// `error_message` NULL or a valid `char **`.
-/// Thread-safety: any thread; it waits while a generation runs on the
-/// runtime (it reads the config's system prompt).
+/// Thread-safety: any thread, also from a token callback (it never waits for
+/// a running generation).
 #[no_mangle]
 pub unsafe extern "C" fn tandem_conversation_new(
     runtime: *const TandemRuntime,
@@ -948,7 +963,7 @@ pub unsafe extern "C" fn tandem_conversation_new(
                 return Err(Failure::invalid("conversation_out is NULL"));
             }
             let n = rt.next_conversation.fetch_add(1, Ordering::SeqCst);
-            let system = lock(&rt.engine).cfg.system_prompt.clone();
+            let system = rt.system_prompt.clone();
             let c = TandemConversation {
                 id: format!("capi-conversation-{n}"),
                 messages: system.iter().map(ChatMessage::system).collect(),
@@ -1012,11 +1027,19 @@ pub unsafe extern "C" fn tandem_conversation_send(
                     return Err(e);
                 }
             };
-            let reply = engine
-                .routed
-                .tokenizer()
-                .decode(&g.tokens, true)
-                .map_err(|e| Failure(TandemStatus::Model, format!("decoding the reply: {e}")))?;
+            let reply = match engine.routed.tokenizer().decode(&g.tokens, true) {
+                Ok(r) => r,
+                Err(e) => {
+                    // A refused turn leaves the history as it was; the
+                    // runtime's kept state of this turn is dropped with it.
+                    c.messages.pop();
+                    engine.routed.forget(&c.id);
+                    return Err(Failure(
+                        TandemStatus::Model,
+                        format!("decoding the reply: {e}"),
+                    ));
+                }
+            };
             drop_oldest(&mut c.messages, g.last.stats.dropped_messages);
             c.messages.push(ChatMessage::assistant(reply));
             if !stats_out.is_null() {
@@ -1033,7 +1056,10 @@ pub unsafe extern "C" fn tandem_conversation_send(
 /// # Safety
 /// `runtime` from `tandem_runtime_new`, not freed; `conversation` NULL or
 /// from `tandem_conversation_new` on that runtime, not used afterwards.
-/// Thread-safety: not while a generation of this conversation runs.
+/// Thread-safety: not while a generation of this conversation runs; any
+/// other time from any thread, also from a token callback of another
+/// conversation's generation (it never waits for the running generation;
+/// what the runtime keeps for this conversation is dropped when it ends).
 #[no_mangle]
 pub unsafe extern "C" fn tandem_conversation_free(
     runtime: *const TandemRuntime,
@@ -1048,7 +1074,14 @@ pub unsafe extern "C" fn tandem_conversation_free(
         // SAFETY: the caller's contract.
         if let Ok(rt) = unsafe { runtime_arg(runtime) } {
             if c.runtime == std::ptr::from_ref(rt) as usize {
-                lock(&rt.engine).routed.forget(&c.id);
+                // Never wait for the engine: a call from a token callback
+                // holds it (waiting was a deadlock). A busy engine forgets
+                // the conversation when its generation ends.
+                match rt.engine.try_lock() {
+                    Ok(mut e) => e.routed.forget(&c.id),
+                    Err(TryLockError::Poisoned(p)) => p.into_inner().routed.forget(&c.id),
+                    Err(TryLockError::WouldBlock) => lock(&rt.forget_later).push(c.id.clone()),
+                }
             }
         }
     }));

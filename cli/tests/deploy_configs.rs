@@ -178,6 +178,21 @@ fn kubernetes_manifests_have_probes_headless_service_pdb_and_secrets() {
         let var = d["token_env"].as_str().unwrap();
         assert!(token_envs.contains(&var), "{var} not set from the Secret");
     }
+    // Safer shipped defaults: no reflection, /metrics behind a token from a
+    // Secret, the per-peer cap as wide as the balancer in front needs.
+    assert!(
+        !cfg.reflection,
+        "reflection must be off in the shipped config"
+    );
+    let metrics_var = cfg.metrics_token_env.as_deref().expect("metrics_token_env");
+    assert!(
+        token_envs.contains(&metrics_var),
+        "{metrics_var} not set from a Secret"
+    );
+    assert_eq!(
+        cfg.limits.max_connections_per_peer, cfg.limits.max_connections,
+        "behind the balancer one peer carries every device"
+    );
 
     // Headless gRPC Service + admin Service.
     let headless = one(&objs, "Service", |o| {

@@ -126,6 +126,7 @@ impl Admission {
                 admission: self.clone(),
                 identity: identity.to_owned(),
                 tokens: 0,
+                spent: false,
                 _global: None,
             });
         }
@@ -165,11 +166,14 @@ impl Admission {
             }
             e.inflight_prefill = share;
         }
-        // From here the share is taken: the permit gives it back on any exit.
+        // From here the share is taken (and the rate charged): the permit
+        // gives the share back on any exit, and the charge too unless the
+        // prefill ran ([`PrefillPermit::spent`]).
         let mut permit = PrefillPermit {
             admission: self.clone(),
             identity: identity.to_owned(),
             tokens,
+            spent: false,
             _global: None,
         };
         let n = u32::try_from(tokens.min(l.max_inflight_prefill_tokens)).unwrap_or(u32::MAX);
@@ -193,12 +197,23 @@ impl Admission {
     }
 }
 
-/// A prefill's admission: its share of the in-flight budgets, given back on drop.
+/// A prefill's admission: its share of the in-flight budgets, given back on
+/// drop; its charge on the identity's prefill rate is refunded on drop too
+/// unless [`PrefillPermit::spent`] said the prefill ran (a refused Open or
+/// Resume costs the identity nothing).
 pub struct PrefillPermit {
     admission: Arc<Admission>,
     identity: String,
     tokens: usize,
+    spent: bool,
     _global: Option<OwnedSemaphorePermit>,
+}
+
+impl PrefillPermit {
+    /// The prefill ran: its charge stays.
+    pub fn spent(&mut self) {
+        self.spent = true;
+    }
 }
 
 impl Drop for PrefillPermit {
@@ -206,9 +221,15 @@ impl Drop for PrefillPermit {
         if self.tokens == 0 {
             return;
         }
+        let l = self.admission.limits;
         let mut m = lock(&self.admission.identities);
         if let Some(e) = m.get_mut(&self.identity) {
             e.inflight_prefill = e.inflight_prefill.saturating_sub(self.tokens);
+            if !self.spent {
+                if let Some(b) = e.prefill.as_mut() {
+                    b.tokens = (b.tokens + self.tokens as f64).min(l.prefill_burst_tokens);
+                }
+            }
         }
     }
 }
@@ -255,9 +276,30 @@ mod tests {
         assert_eq!(e.reason, Reason::QuotaExceeded);
         drop(p1);
         drop(p2);
-        // x's bucket holds 100 - 60 = 40 tokens (plus a little refill).
+        // p1 never ran its prefill: x's charge came back, and the refused
+        // asks cost nothing. A spent one stays charged: x's bucket then holds
+        // 100 - 60 = 40 tokens (plus a little refill).
+        let mut p = a.prefill("x", 60).await.unwrap();
+        p.spent();
+        drop(p);
         let e = a.prefill("x", 80).await.err().unwrap();
         assert_eq!(e.reason, Reason::RateLimited);
         assert!(a.prefill("x", 30).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_refused_prefill_is_refunded() {
+        let a = Admission::new(limits());
+        // Twice the burst in refused prefills: none of them costs anything.
+        for _ in 0..4 {
+            let hold = a.prefill("y", 70).await.unwrap();
+            // z's 60 is charged, then times out waiting for the global budget.
+            let e = a.prefill("z", 60).await.err().unwrap();
+            assert_eq!(e.reason, Reason::QuotaExceeded);
+            drop(hold);
+        }
+        // z's bucket is still (almost) full: a burst-sized prefill passes.
+        let mut p = a.prefill("z", 80).await.unwrap();
+        p.spent();
     }
 }

@@ -25,9 +25,8 @@ pub struct VerifierConfig {
     #[serde(default)]
     pub metrics_token_env: Option<String>,
     /// Serve gRPC server reflection (what `grpcurl` lists without a .proto).
-    /// It answers without a token, so turn it off where the schema should not
-    /// be public.
-    #[serde(default = "default_true")]
+    /// Off by default; when on it answers requests with a device token only.
+    #[serde(default)]
     pub reflection: bool,
     /// Target model GGUF; default: the fetched target (`tandem models path target`).
     #[serde(default)]
@@ -170,8 +169,27 @@ pub struct Limits {
     pub stream_idle_secs: u64,
     /// Most open connections (TCP/TLS); more are closed at accept.
     pub max_connections: usize,
+    /// Most open connections from one peer IP address; more from it are
+    /// closed at accept. Behind a proxy or a NAT every device shares the
+    /// proxy's address: raise it there (up to `max_connections`).
+    pub max_connections_per_peer: usize,
+    /// An accepted connection that sends nothing, or does not finish its TLS
+    /// handshake, within this many seconds is closed.
+    pub handshake_timeout_secs: u64,
+    /// A connection older than this (seconds) is asked to go away (HTTP/2
+    /// GOAWAY: no new streams; a device re-connects for its next one) ...
+    pub max_connection_age_secs: u64,
+    /// ... and closed this many seconds later if its streams have not ended
+    /// (a device re-opens its session with its context).
+    pub max_connection_age_grace_secs: u64,
     /// Most concurrent streams per HTTP/2 connection.
     pub max_streams_per_connection: u32,
+    /// Most streams one identity has open at once (over all its
+    /// connections); one more is refused with QUOTA_EXCEEDED.
+    pub max_streams_per_identity: usize,
+    /// Most Opens one identity has in flight (admitted, not yet answered);
+    /// one more is refused with QUOTA_EXCEEDED.
+    pub max_inflight_opens_per_identity: usize,
     /// HTTP/2 keepalive ping interval (seconds); a peer that does not answer
     /// within `keepalive_timeout_secs` is disconnected.
     pub keepalive_interval_secs: u64,
@@ -202,7 +220,13 @@ impl Default for Limits {
             prefill_wait_secs: 30,
             stream_idle_secs: 300,
             max_connections: 1024,
+            max_connections_per_peer: 64,
+            handshake_timeout_secs: 10,
+            max_connection_age_secs: 3600,
+            max_connection_age_grace_secs: 300,
             max_streams_per_connection: 64,
+            max_streams_per_identity: 128,
+            max_inflight_opens_per_identity: 32,
             keepalive_interval_secs: 30,
             keepalive_timeout_secs: 20,
             drain_timeout_secs: 60,
@@ -218,9 +242,6 @@ fn default_admin_listen() -> SocketAddr {
 }
 fn default_model_id() -> String {
     "qwen2.5-coder-1.5b-instruct-q4_k_m".into()
-}
-fn default_true() -> bool {
-    true
 }
 fn default_max_seq_len() -> usize {
     4096
@@ -274,7 +295,12 @@ impl VerifierConfig {
                 l.max_block
             ));
         }
-        if l.max_prompt_tokens == 0 || l.max_prompt_tokens + l.max_block + 1 > self.max_seq_len {
+        // Checked sums: a huge value in the file must be refused, not wrap.
+        let context_need = l
+            .max_prompt_tokens
+            .checked_add(l.max_block)
+            .and_then(|n| n.checked_add(1));
+        if l.max_prompt_tokens == 0 || context_need.is_none_or(|n| n > self.max_seq_len) {
             return bad(format!(
                 "limits.max_prompt_tokens ({}) + max_block ({}) + 1 must fit max_seq_len ({})",
                 l.max_prompt_tokens, l.max_block, self.max_seq_len
@@ -313,23 +339,32 @@ impl VerifierConfig {
         }
         if l.stream_idle_secs == 0
             || l.max_connections == 0
+            || l.max_connections_per_peer == 0
+            || l.max_streams_per_identity == 0
+            || l.max_inflight_opens_per_identity == 0
+            || l.handshake_timeout_secs == 0
+            || l.max_connection_age_secs == 0
+            || l.max_connection_age_grace_secs == 0
             || l.max_streams_per_connection == 0
             || l.keepalive_interval_secs == 0
             || l.keepalive_timeout_secs == 0
             || l.drain_timeout_secs == 0
         {
             return bad(
-                "limits.stream_idle_secs, max_connections, max_streams_per_connection, \
+                "limits.stream_idle_secs, max_connections, max_connections_per_peer, \
+                 max_streams_per_identity, max_inflight_opens_per_identity, \
+                 handshake_timeout_secs, max_connection_age_secs, \
+                 max_connection_age_grace_secs, max_streams_per_connection, \
                  keepalive_interval_secs, keepalive_timeout_secs and drain_timeout_secs must be \
                  at least 1"
                     .into(),
             );
         }
         let b = &self.batching;
-        if b.max_batch_rows < l.max_block + 1 || b.max_batch_rows > MAX_BATCH_ROWS_CAP {
+        if b.max_batch_rows <= l.max_block || b.max_batch_rows > MAX_BATCH_ROWS_CAP {
             return bad(format!(
                 "batching.max_batch_rows must be in max_block + 1 ({})..={MAX_BATCH_ROWS_CAP}, got {}",
-                l.max_block + 1,
+                l.max_block.saturating_add(1),
                 b.max_batch_rows
             ));
         }
@@ -392,8 +427,11 @@ impl VerifierConfig {
     }
 
     /// Resolves every device's credentials (reading `token_env` variables).
+    /// Two devices with the same id or the same token are refused: a shared
+    /// token would authenticate as whichever device came last, silently.
     pub fn device_credentials(&self) -> Result<Vec<DeviceCredential>, ConfigError> {
-        self.devices
+        let creds = self
+            .devices
             .iter()
             .map(|d| {
                 let what = format!("device {:?}", d.id);
@@ -405,7 +443,24 @@ impl VerifierConfig {
                     cert_name: d.cert_name.clone().unwrap_or_else(|| d.id.clone()),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        for (i, a) in creds.iter().enumerate() {
+            for b in &creds[..i] {
+                if a.id == b.id {
+                    return Err(ConfigError::Invalid(format!(
+                        "two [[devices]] have the id {:?}; each device needs its own id",
+                        a.id
+                    )));
+                }
+                if a.token == b.token {
+                    return Err(ConfigError::Invalid(format!(
+                        "devices {:?} and {:?} have the same token; each device needs its own",
+                        b.id, a.id
+                    )));
+                }
+            }
+        }
+        Ok(creds)
     }
 
     /// The `/metrics` token, if one is configured.

@@ -40,6 +40,7 @@ pub mod session;
 pub mod split;
 pub mod state;
 pub mod store;
+pub mod watch_auth;
 
 pub use config::VerifierConfig;
 pub use error::{reason_of, Refusal};

@@ -11,14 +11,15 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::VerifierService;
 use crate::state::{ServiceLimits, VerifierState};
 use crate::store::{SessionStore, StoreLimits};
+use crate::watch_auth::WatchAuth;
 use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tandem_model::kv_pages::KvPool;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_proto::v1::verifier_server::VerifierServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -130,10 +131,12 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     cfg.validate()?;
     let devices = cfg.device_credentials()?;
     let metrics_token = cfg.metrics_token()?;
+    let handshake_timeout = Duration::from_secs(cfg.limits.handshake_timeout_secs);
     let tls = match &cfg.tls {
         Some(t) => {
             let mut tc = ServerTlsConfig::new()
-                .identity(Identity::from_pem(read(&t.cert_pem)?, read(&t.key_pem)?));
+                .identity(Identity::from_pem(read(&t.cert_pem)?, read(&t.key_pem)?))
+                .timeout(handshake_timeout);
             if let Some(ca) = &t.client_ca_pem {
                 tc = tc.client_ca_root(Certificate::from_pem(read(ca)?));
             }
@@ -229,6 +232,8 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
             max_prompt_tokens: l.max_prompt_tokens,
             max_block: l.max_block,
             stream_idle: Duration::from_secs(l.stream_idle_secs),
+            max_streams_per_identity: l.max_streams_per_identity,
+            max_inflight_opens_per_identity: l.max_inflight_opens_per_identity,
         },
         store: Mutex::new(store),
         pool,
@@ -237,6 +242,8 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         metrics: metrics.clone(),
         max_seq_len: cfg.max_seq_len,
         shutdown: stop_rx.clone(),
+        in_flight: Mutex::default(),
+        open_gate: Mutex::new(()),
     });
     admin_state.set_verifier(state.clone());
 
@@ -278,13 +285,17 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
     .max_decoding_message_size(l.max_message_bytes)
     .max_encoding_message_size(l.max_message_bytes);
     let bind_client_identity = cfg.tls.as_ref().is_some_and(|t| t.bind_client_identity);
-    let svc = InterceptedService::new(
-        svc,
-        Auth::new(&devices, bind_client_identity, metrics.clone()),
-    );
+    let auth = Auth::new(&devices, bind_client_identity, metrics.clone());
+    let svc = InterceptedService::new(svc, auth.clone());
+    // Reflection and the health stream answer only devices (Health/Check
+    // stays open for load balancers and probes).
+    let reflection = reflection.map(|r| InterceptedService::new(r, auth.clone()));
+    let health_svc = WatchAuth::new(health_svc, auth);
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(l.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(l.keepalive_timeout_secs)))
+        .max_connection_age(Duration::from_secs(l.max_connection_age_secs))
+        .max_connection_age_grace(Duration::from_secs(l.max_connection_age_grace_secs))
         .max_concurrent_streams(Some(l.max_streams_per_connection));
     if let Some(tc) = tls {
         builder = builder.tls_config(tc)?;
@@ -295,7 +306,15 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         .add_service(svc);
     let mut grpc_stop = stop_rx.clone();
     let h2 = health.clone();
-    let incoming = connections::capped(listener, l.max_connections, metrics);
+    let incoming = connections::capped(
+        listener,
+        connections::ConnLimits {
+            max: l.max_connections,
+            per_peer: l.max_connections_per_peer,
+            first_byte: handshake_timeout,
+        },
+        metrics,
+    );
     let task = tokio::spawn(async move {
         router
             .serve_with_incoming_shutdown(incoming, async move {

@@ -62,6 +62,7 @@ impl VerifierService {
         s.admission.message(who)?;
         match (m.msg, bound.as_ref()) {
             (Some(client_message::Msg::Open(o)), None) => {
+                let _slot = s.open_slot(who)?;
                 let (b, opened) = handlers::open::open(s, who, o).await?;
                 *bound = Some(b);
                 Ok(msg(server_message::Msg::Opened(opened)))
@@ -179,10 +180,25 @@ impl Verifier for VerifierService {
                 Refusal::new(Reason::Unauthenticated, "no authenticated identity").to_status(),
             );
         };
+        let slot = match self.state.stream_slot(&who) {
+            Ok(slot) => slot,
+            Err(r) => {
+                self.state.metrics.error(r.reason.as_str_name());
+                return Err(r.to_status());
+            }
+        };
         let inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let span = tracing::info_span!("stream", device = %who);
-        tokio::spawn(self.clone().run_stream(who, inbound, tx).instrument(span));
+        let svc = self.clone();
+        tokio::spawn(
+            async move {
+                // The identity's stream slot lives as long as the stream.
+                let _slot = slot;
+                svc.run_stream(who, inbound, tx).await;
+            }
+            .instrument(span),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -183,7 +183,9 @@ fn split_round_inner(
         let end = start_pos
             .checked_add(rows)
             .ok_or_else(|| bad("start_pos overflows"))?;
-        if end > st.kv.reserved_tokens() {
+        // At s = N nothing runs here (no KV); the context is still bounded.
+        let held_here = spec.layer < model.config().n_layer;
+        if (held_here && end > st.kv.reserved_tokens()) || end > st.kv.max_tokens() {
             return Err(full(end));
         }
         let mut h = decode(model, hidden, rows, spec.format)?;

@@ -10,6 +10,7 @@ use crate::metrics::{Gauges, Metrics};
 use crate::scheduler::{Done, Job, Outcome, Scheduler, Work};
 use crate::session::SessionState;
 use crate::store::{SessionStore, StoreError};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tandem_model::kv_pages::{KvPool, PagedKv};
@@ -24,6 +25,69 @@ pub struct ServiceLimits {
     pub max_block: usize,
     /// A stream idle this long is ended (STREAM_IDLE).
     pub stream_idle: Duration,
+    /// Most streams one identity has open at once.
+    pub max_streams_per_identity: usize,
+    /// Most Opens one identity has in flight (admitted, not yet answered).
+    pub max_inflight_opens_per_identity: usize,
+}
+
+/// Per-identity counts of what is in flight outside the session store:
+/// open streams, Opens being handled, and the KV bytes those Opens reserved
+/// (counted in the identity's byte quota before their sessions are stored).
+#[derive(Default)]
+pub struct InFlight {
+    streams: HashMap<Arc<str>, usize>,
+    opens: HashMap<Arc<str>, usize>,
+    open_bytes: HashMap<Arc<str>, u64>,
+}
+
+/// A slot in one of [`InFlight`]'s counts, given back on drop.
+pub struct InFlightSlot {
+    state: Arc<VerifierState>,
+    who: Arc<str>,
+    kind: SlotKind,
+}
+
+#[derive(Clone, Copy)]
+enum SlotKind {
+    Stream,
+    Open,
+}
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        let mut f = lock(&self.state.in_flight);
+        let m = match self.kind {
+            SlotKind::Stream => &mut f.streams,
+            SlotKind::Open => &mut f.opens,
+        };
+        if let Some(n) = m.get_mut(&self.who) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.who);
+            }
+        }
+    }
+}
+
+/// The KV bytes an Open reserved, counted for its identity until the session
+/// is stored (or refused); given back on drop.
+pub struct OpenBytes<'a> {
+    state: &'a VerifierState,
+    who: Arc<str>,
+    bytes: u64,
+}
+
+impl Drop for OpenBytes<'_> {
+    fn drop(&mut self) {
+        let mut f = lock(&self.state.in_flight);
+        if let Some(b) = f.open_bytes.get_mut(&self.who) {
+            *b = b.saturating_sub(self.bytes);
+            if *b == 0 {
+                f.open_bytes.remove(&self.who);
+            }
+        }
+    }
 }
 
 /// Shared state of the verify service.
@@ -40,9 +104,90 @@ pub struct VerifierState {
     /// Per-session KV cap (positions): the configured `max_seq_len`.
     pub max_seq_len: usize,
     pub shutdown: watch::Receiver<bool>,
+    /// Streams, Opens and Open reservations in flight per identity.
+    pub in_flight: Mutex<InFlight>,
+    /// Serializes an Open's reservation with its registration in
+    /// `in_flight` (so concurrent Opens of one identity see each other).
+    pub open_gate: Mutex<()>,
 }
 
 impl VerifierState {
+    /// A stream slot of `who` (`limits.max_streams_per_identity`).
+    pub fn stream_slot(self: &Arc<Self>, who: &Arc<str>) -> Result<InFlightSlot, Refusal> {
+        self.slot(who, SlotKind::Stream, self.limits.max_streams_per_identity)
+    }
+
+    /// An in-flight Open slot of `who` (`limits.max_inflight_opens_per_identity`).
+    pub fn open_slot(self: &Arc<Self>, who: &Arc<str>) -> Result<InFlightSlot, Refusal> {
+        self.slot(
+            who,
+            SlotKind::Open,
+            self.limits.max_inflight_opens_per_identity,
+        )
+    }
+
+    fn slot(
+        self: &Arc<Self>,
+        who: &Arc<str>,
+        kind: SlotKind,
+        cap: usize,
+    ) -> Result<InFlightSlot, Refusal> {
+        let mut f = lock(&self.in_flight);
+        let (m, what, setting) = match kind {
+            SlotKind::Stream => (&mut f.streams, "streams open", "max_streams_per_identity"),
+            SlotKind::Open => (
+                &mut f.opens,
+                "Opens in flight",
+                "max_inflight_opens_per_identity",
+            ),
+        };
+        let n = m.entry(who.clone()).or_insert(0);
+        if *n >= cap {
+            return Err(Refusal::new(
+                Reason::QuotaExceeded,
+                format!("this identity already has {n} {what} (limits.{setting} = {cap})"),
+            ));
+        }
+        *n += 1;
+        Ok(InFlightSlot {
+            state: self.clone(),
+            who: who.clone(),
+            kind,
+        })
+    }
+
+    /// Bytes `owner`'s Opens reserved that are not in the store yet.
+    fn open_bytes(&self, owner: &str) -> u64 {
+        lock(&self.in_flight)
+            .open_bytes
+            .get(owner)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// [`VerifierState::reserve`] for a new session's Open: the reservation
+    /// is counted in `who`'s byte quota (with every other Open of `who` in
+    /// flight) until the returned guard is dropped (once the session is in
+    /// the store, or refused).
+    pub fn reserve_open(
+        &self,
+        kv: &mut PagedKv,
+        tokens: usize,
+        who: &Arc<str>,
+    ) -> Result<OpenBytes<'_>, Refusal> {
+        let _gate = lock(&self.open_gate);
+        self.reserve(kv, tokens, who, None)?;
+        let bytes = kv.bytes_held();
+        let mut f = lock(&self.in_flight);
+        let b = f.open_bytes.entry(who.clone()).or_insert(0);
+        *b = b.saturating_add(bytes);
+        Ok(OpenBytes {
+            state: self,
+            who: who.clone(),
+            bytes,
+        })
+    }
+
     /// The store, locked.
     pub fn store(&self) -> MutexGuard<'_, SessionStore> {
         lock(&self.store)
@@ -138,10 +283,14 @@ impl VerifierState {
         }
         let more_pages = KvPool::pages_for(tokens).saturating_sub(kv.pages_held());
         let more = (more_pages as u64).saturating_mul(self.pool.page_bytes() as u64);
+        // Pages of this identity's Opens in flight count too (read before
+        // the store's lock: never both at once).
+        let opening = self.open_bytes(owner);
         loop {
             let mut store = self.store();
             let quota = store.limits().max_bytes_per_identity;
-            let (_, held) = store.usage(owner);
+            let (_, stored) = store.usage(owner);
+            let held = stored.saturating_add(opening);
             if held.saturating_add(more) > quota {
                 if store.evict_own(owner, keep) {
                     continue;

@@ -188,3 +188,63 @@ async fn split_sessions_match_the_unsplit_model_and_refuse_bad_requests() {
     assert_eq!(reason(&e), Reason::BadRequest);
     assert!(e.message().contains("bytes"), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_draft_reserves_only_what_it_carries_and_gives_back_what_a_refusal_took() {
+    let m = tiny_models();
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let v = start_plain(&m, "").await;
+    let mut c = client(&v).await;
+    let d = target.config().d_model;
+    let n = target.config().n_layer as u32;
+    let used = || v.state.pool.pages_used();
+    let draft_msg = |round: u64, rows: usize, start_pos: u64| {
+        client_message::Msg::Draft(Draft {
+            round,
+            hidden: Some(hidden::encode(
+                &vec![0.25f32; rows * d],
+                rows,
+                HiddenFormat::HiddenF32,
+            )),
+            start_pos,
+            ..Draft::default()
+        })
+    };
+
+    // U-shape at s = N with no hidden rows: this verifier runs no layer and
+    // holds no KV, whatever start_pos the device names.
+    let mut open = open_msg(&fp, &[]);
+    open.split = split(n, true);
+    let mut w = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    w.open(open).await.unwrap();
+    let before = used();
+    match w.call(draft_msg(0, 1, 480)).await.unwrap() {
+        server_message::Msg::Verdict(v) => assert_eq!(v.context_len, 481),
+        m => panic!("{m:?}"),
+    }
+    assert!(used() <= before, "pages in use {} > {before}", used());
+    // Past the KV capacity: refused, nothing reserved.
+    let e = w.call(draft_msg(1, 1, 4070)).await.unwrap_err();
+    assert_eq!(reason(&e), Reason::ContextFull, "{e:?}");
+    assert!(used() <= before, "pages in use {} > {before}", used());
+
+    // U-shape at s = 1 holding 5 positions: a start_pos beyond them is
+    // refused before any page is reserved, and the session keeps what it
+    // held (it used to keep the pages up to start_pos until the idle TTL).
+    let mut dev = target.new_cache();
+    let mut hp = target.embed(&PROMPT[..4]).unwrap();
+    target.forward_layers(0..1, &mut hp, 0, &mut dev).unwrap();
+    let mut open = open_msg(&fp, &[]);
+    open.split = split(1, true);
+    open.prompt_hidden = Some(hidden::encode(&hp, 4, HiddenFormat::HiddenF32));
+    let mut u = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    u.open(open).await.unwrap();
+    let held = used();
+    let e = u.call(draft_msg(0, 3, 400)).await.unwrap_err();
+    assert_eq!(reason(&e), Reason::BadRequest, "{e:?}");
+    assert_eq!(used(), held, "a refused Draft left pages reserved");
+    // (A refusal ends the stream; the session stays for a re-open.)
+    drop((u, w, c));
+    v.shutdown().await.unwrap();
+}

@@ -98,7 +98,7 @@ async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("tandem_verifier_sessions 0"), "{body}");
     // Reflection is off: the service is not there.
-    let status = reflection_list(v.grpc_addr)
+    let status = reflection_list(v.grpc_addr, Some(TOKEN_A))
         .await
         .expect_err("reflection must be off");
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
@@ -128,7 +128,10 @@ async fn metrics_token_guards_metrics_only_and_reflection_can_be_turned_off() {
 
 /// The services gRPC reflection lists at `addr`, or the status the
 /// reflection call ends with.
-async fn reflection_list(addr: std::net::SocketAddr) -> Result<Vec<String>, tonic::Status> {
+async fn reflection_list(
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+) -> Result<Vec<String>, tonic::Status> {
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
@@ -142,8 +145,13 @@ async fn reflection_list(addr: std::net::SocketAddr) -> Result<Vec<String>, toni
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
     };
+    let mut call = tonic::Request::new(tokio_stream::iter([req]));
+    if let Some(t) = token {
+        call.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
     let mut stream = ServerReflectionClient::new(ch)
-        .server_reflection_info(tokio_stream::iter([req]))
+        .server_reflection_info(call)
         .await?
         .into_inner();
     let msg = stream.message().await?.expect("an answer to ListServices");
@@ -154,10 +162,23 @@ async fn reflection_list(addr: std::net::SocketAddr) -> Result<Vec<String>, toni
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_lists_the_verifier_by_default() {
+async fn reflection_is_off_by_default_and_when_on_answers_devices_only() {
     let m = tiny_models();
     let v = start_plain(&m, "").await;
-    let names = reflection_list(v.grpc_addr).await.unwrap();
+    let status = reflection_list(v.grpc_addr, Some(TOKEN_A))
+        .await
+        .expect_err("reflection is off by default");
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    v.shutdown().await.unwrap();
+    let toml = config_toml(&m.target, "", "insecure_loopback = true\nreflection = true");
+    let v = tandem_verifier::start(parse(m.dir.path(), &toml))
+        .await
+        .unwrap();
+    let status = reflection_list(v.grpc_addr, None)
+        .await
+        .expect_err("reflection without a token");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let names = reflection_list(v.grpc_addr, Some(TOKEN_A)).await.unwrap();
     assert!(
         names
             .iter()
@@ -214,6 +235,29 @@ async fn refuses_to_start_without_tls_unless_loopback_plain_text_is_configured()
         "insecure_loopback = true",
     ));
     assert!(e.contains("max_block"), "{e}");
+    // Sums of limits are checked, not wrapped.
+    let mut cfg = parse(dir, &config_toml(&m.target, "", "insecure_loopback = true"));
+    cfg.limits.max_prompt_tokens = usize::MAX;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("max_prompt_tokens"), "{e}");
+
+    // Two devices with one token (the last one used to win silently), or
+    // one id twice: refused at load, naming them.
+    let dup = config_toml(&m.target, "", "insecure_loopback = true").replace(TOKEN_B, TOKEN_A);
+    let e = tandem_verifier::start(parse(dir, &dup))
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("\"a\" and \"b\" have the same token"), "{e}");
+    let dup =
+        config_toml(&m.target, "", "insecure_loopback = true").replace("id = \"b\"", "id = \"a\"");
+    let e = tandem_verifier::start(parse(dir, &dup))
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("two [[devices]] have the id \"a\""), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -492,19 +492,42 @@ async fn put_policy(State(s): State<Arc<AdminState>>, body: String) -> Response 
         let bytes = body.clone().into_bytes();
         let written = tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-        if let Err(e) = written {
-            let msg = format!(
-                "writing the policy file {}: {e}; the old policy keeps serving",
-                s.policy_file.as_deref().unwrap_or(Path::new("")).display()
-            );
-            {
-                let mut r = s.reloads();
-                r.api_rejected += 1;
-                r.last_error = Some(msg.clone());
+            .unwrap_or_else(|e| {
+                Err(DurableWriteError::NotWritten(std::io::Error::other(
+                    e.to_string(),
+                )))
+            });
+        let file = s.policy_file.as_deref().unwrap_or(Path::new("")).display();
+        match written {
+            Ok(()) => {}
+            Err(DurableWriteError::NotWritten(e)) => {
+                let msg =
+                    format!("writing the policy file {file}: {e}; the old policy keeps serving");
+                {
+                    let mut r = s.reloads();
+                    r.api_rejected += 1;
+                    r.last_error = Some(msg.clone());
+                }
+                tracing::error!(error = %msg, "policy PUT not persisted");
+                return error(StatusCode::INTERNAL_SERVER_ERROR, msg);
             }
-            tracing::error!(error = %msg, "policy PUT not persisted");
-            return error(StatusCode::INTERNAL_SERVER_ERROR, msg);
+            Err(DurableWriteError::NotSynced(e)) => {
+                // The new file is in place (and the file watcher would load
+                // it): it serves, but the write may not survive a power cut.
+                let generation = s.router.replace(policy);
+                let msg = format!(
+                    "the new policy is in the file {file} and serves (generation {generation}), \
+                     but syncing its directory failed: {e}; a power cut could bring the old \
+                     file back"
+                );
+                {
+                    let mut r = s.reloads();
+                    r.api_ok += 1;
+                    r.last_error = Some(msg.clone());
+                }
+                tracing::error!(error = %msg, "policy PUT applied, directory not synced");
+                return error(StatusCode::INTERNAL_SERVER_ERROR, msg);
+            }
         }
     }
     let generation = s.router.replace(policy);
@@ -514,7 +537,8 @@ async fn put_policy(State(s): State<Arc<AdminState>>, body: String) -> Response 
     Json(serde_json::json!({ "generation": generation, "sha256": sha256 })).into_response()
 }
 
-/// Prefix of [`write_durably`]'s temporary files next to `path`.
+/// Prefix of [`write_durably`]'s temporary files next to `path`; the name
+/// goes on with the writing process's id, a `-` and a random suffix.
 fn temp_prefix(path: &Path) -> String {
     let name = path
         .file_name()
@@ -523,46 +547,99 @@ fn temp_prefix(path: &Path) -> String {
     format!(".{name}.tandem-tmp-")
 }
 
+/// 64 unpredictable bits for a temporary file's name (std's per-process
+/// random hash keys, mixed with the clock).
+fn random_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.write_u128(nanos);
+    h.finish()
+}
+
 /// The file a write to `path` must replace: `path`'s target when it is a
 /// symbolic link (so the link stays a link), else `path`.
 fn write_target(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// Why [`write_durably`] failed, and so what is on disk.
+#[derive(Debug, thiserror::Error)]
+pub enum DurableWriteError {
+    /// Nothing was replaced: the old content is in place.
+    #[error("{0}")]
+    NotWritten(std::io::Error),
+    /// The new content is in place (renamed over the file), but the
+    /// directory's fsync failed: a power cut could still bring the old back.
+    #[error("the new file is in place, but syncing its directory failed: {0}")]
+    NotSynced(std::io::Error),
+}
+
 /// Replaces `path`'s content with `bytes` so that a crash at any point leaves
 /// either the old or the new content, complete: write a temporary file in the
-/// same directory (a rename is atomic only within one file system), fsync
-/// it, give it the old file's permissions, rename it over `path`, fsync the
-/// directory (so the rename itself survives a power cut).
-pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// same directory (a rename is atomic only within one file system; its name
+/// carries the process id and a random suffix, and it is created with
+/// `O_EXCL`, so nothing at a guessed name, a symbolic link included, is
+/// followed or truncated), fsync it, give it the old file's permissions,
+/// rename it over `path`, fsync the directory (so the rename itself survives
+/// a power cut).
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), DurableWriteError> {
     let target = write_target(path);
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let tmp = dir.join(format!("{}{}", temp_prefix(&target), std::process::id()));
-    let result = (|| {
+    let tmp = dir.join(format!(
+        "{}{}-{:016x}",
+        temp_prefix(&target),
+        std::process::id(),
+        random_suffix()
+    ));
+    let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         if let Ok(meta) = std::fs::metadata(&target) {
             std::fs::set_permissions(&tmp, meta.permissions())?;
         }
-        std::fs::rename(&tmp, &target)?;
-        std::fs::File::open(&dir)?.sync_all()
+        std::fs::rename(&tmp, &target)
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    if let Err(e) = written {
+        // Only a file this call created (create_new failed otherwise).
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return Err(DurableWriteError::NotWritten(e));
     }
-    result
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(DurableWriteError::NotSynced)
+}
+
+/// Whether process `pid` still runs (Linux: `/proc`; elsewhere only this
+/// process is known to run, so only its own leftovers are removed).
+fn process_runs(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return false;
+    }
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
 }
 
 /// Removes temporary files a killed [`write_durably`] left next to `path`
-/// (they are never read: the rename had not happened).
+/// (they are never read: the rename had not happened): those of this
+/// process's id (an earlier process that had it) and of processes that no
+/// longer run. A running process's file (another server writing the same
+/// policy file) is left alone.
 fn remove_stale_temp_files(path: &Path) {
     let target = write_target(path);
     let (Some(dir), prefix) = (target.parent(), temp_prefix(&target)) else {
@@ -577,7 +654,12 @@ fn remove_stale_temp_files(path: &Path) {
         return;
     };
     for e in entries.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !process_runs(p)) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -768,11 +850,43 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
-        // A leftover of a killed write is removed at the next start.
-        let stale = dir.path().join(".policy.toml.tandem-tmp-1");
-        std::fs::write(&stale, "half").unwrap();
+        // A leftover of a killed write is removed at the next start: one of
+        // this process's id, one of a process that is gone; a running
+        // process's file (another server writing the same file) stays.
+        let own = dir
+            .path()
+            .join(format!(".policy.toml.tandem-tmp-{}-0", std::process::id()));
+        let gone = dir
+            .path()
+            .join(format!(".policy.toml.tandem-tmp-{}-1", u32::MAX));
+        let running = dir.path().join(".policy.toml.tandem-tmp-1-2");
+        for f in [&own, &gone, &running] {
+            std::fs::write(f, "half").unwrap();
+        }
         remove_stale_temp_files(&file);
-        assert!(!stale.exists());
+        assert!(!own.exists() && !gone.exists());
+        assert!(running.exists(), "pid 1 runs: its temporary file must stay");
         assert!(write_durably(&dir.path().join("no/such/dir/p.toml"), b"x").is_err());
+    }
+
+    #[test]
+    fn a_durable_write_never_follows_a_planted_temporary_name() {
+        // Temporary names are random, and created with O_EXCL: a symbolic
+        // link at the old predictable name is neither followed nor
+        // truncated.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.toml");
+        std::fs::write(&file, "old").unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let planted = dir
+            .path()
+            .join(format!(".policy.toml.tandem-tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        write_durably(&file, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        // Two writes never share a temporary name.
+        assert_ne!(random_suffix(), random_suffix());
     }
 }

@@ -26,11 +26,11 @@ use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_router::Router;
 use tandem_verifier::RunningVerifier;
 
@@ -61,8 +61,7 @@ fn fixture() -> Fixture {
     write_tiny_qwen2(&target, &with_tokenizer).unwrap();
     write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
     let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
-    let load =
-        |p: &Path| Arc::new(Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
+    let load = |p: &Path| Arc::new(Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {
         draft: load(&draft),
         target: load(&target),
@@ -1158,4 +1157,212 @@ fn configured_hosts_origins_and_the_api_key() {
         (403, "host_not_allowed")
     );
     assert_eq!(s.counters().admitted, 1);
+}
+
+#[test]
+fn abandoned_requests_never_cause_a_429() {
+    let f = fixture();
+    // A verifier whose scheduler is paused: Opens are answered with headers
+    // and then wait (the device waits up to open_timeout_ms for `Opened`).
+    let v = f.verifier();
+    v.state.scheduler.set_paused(true);
+    let edge = EdgeConfig {
+        open_timeout_ms: 60_000,
+        ..f.edge_config(Some(format!("http://{}", v.grpc_addr)))
+    };
+    let s = f.server(
+        edge,
+        ServeConfig {
+            queue_depth: 2,
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    let body = |i: usize| {
+        chat_body(
+            &format!("request {i}"),
+            json!({"max_tokens": 3, "ignore_eos": true}),
+        )
+        .to_string()
+    };
+    let chat = |i: usize| send_request(s.addr, "POST", "/v1/chat/completions", None, &body(i));
+    // A leaves while the verifier "opens" (the black hole never answers, the
+    // open deadline is a minute): the worker lets A go at once.
+    let a = chat(0);
+    wait_for("A to run", Duration::from_secs(10), || s.counters().running);
+    drop(a);
+    let t = Instant::now();
+    while s.counters().cancelled != 1 || s.counters().running {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "A was not let go: {:?}",
+            s.counters()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // B holds the worker; C and D wait, then leave: their places are free
+    // at once, while B still runs.
+    let b = chat(1);
+    wait_for("B to run", Duration::from_secs(10), || s.counters().running);
+    let c = chat(2);
+    let d = chat(3);
+    wait_for("C and D to queue", Duration::from_secs(10), || {
+        s.counters().queued == 2
+    });
+    drop((c, d));
+    wait_for(
+        "C and D to leave the queue",
+        Duration::from_secs(10),
+        || s.counters().queued == 0,
+    );
+    // Two new requests fill the queue again: admitted, no 429.
+    let e = chat(4);
+    let g = chat(5);
+    wait_for("E and G to queue", Duration::from_secs(10), || {
+        s.counters().queued == 2
+    });
+    assert_eq!(s.counters().rejected_queue_full, 0);
+    v.state.scheduler.set_paused(false);
+    for conn in [b, e, g] {
+        let ans = read_answer(conn);
+        assert_eq!(ans.status, 200, "{}", ans.body);
+    }
+    wait_for("3 completed", Duration::from_secs(10), || {
+        s.counters().completed == 3
+    });
+    // A, C and D were cancelled; nobody was refused.
+    let c = s.counters();
+    assert_eq!((c.cancelled, c.rejected_queue_full), (3, 0), "{c:?}");
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn oversized_requests_get_413_naming_the_limit() {
+    let f = fixture();
+    let s = f.server(f.edge_config(None), ServeConfig::default());
+    let many: Vec<Value> = (0..=openai::request::MAX_MESSAGES)
+        .map(|_| json!({"role": "user", "content": "a"}))
+        .collect();
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"model": "tandem", "messages": many}),
+    );
+    let j = assert_error(&a, 413, Some("messages"));
+    assert_eq!(j["error"]["code"], "request_too_large");
+    let msg = j["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&openai::request::MAX_MESSAGES.to_string()),
+        "{msg}"
+    );
+    // A body over the byte limit: the server may answer before it read the
+    // body and close, so write from another thread and read what comes.
+    let big = chat_body(&"a".repeat(openai::MAX_REQUEST_BYTES), json!({})).to_string();
+    let mut conn = TcpStream::connect(s.addr).unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        big.len()
+    );
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(head.as_bytes());
+        let _ = w.write_all(big.as_bytes());
+    });
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = conn.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    drop(conn);
+    let _ = writer.join();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let headers = head.to_ascii_lowercase();
+    let a = Answer {
+        status: head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body: if headers.contains("transfer-encoding: chunked") {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        },
+        headers,
+    };
+    let j = assert_error(&a, 413, None);
+    assert_eq!(j["error"]["code"], "request_too_large");
+    let msg = j["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&openai::MAX_REQUEST_BYTES.to_string()),
+        "{msg}"
+    );
+    // Nothing reached the worker.
+    assert_eq!(s.counters().admitted, 0);
+}
+
+#[test]
+fn allow_non_loopback_needs_an_api_key() {
+    let f = fixture();
+    let start = |api_key: Option<String>| {
+        let routed = EdgeRuntime::builder(f.draft.clone(), f.edge_config(None))
+            .router(Arc::new(Router::with_default_policy()), f.tok.clone())
+            .build()
+            .unwrap();
+        let cfg = ServeConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            allow_non_loopback: true,
+            api_key,
+            ..ServeConfig::default()
+        };
+        f.rt.block_on(openai::start(routed, cfg))
+    };
+    let e = start(None).err().unwrap().to_string();
+    assert!(
+        e.contains("allow_non_loopback") && e.contains("api_key"),
+        "{e}"
+    );
+    let s = start(Some("serve-edge-api-key-0123456789".into())).unwrap();
+    drop(s);
+}
+
+#[test]
+fn anonymous_requests_share_kept_state_only_behind_an_api_key() {
+    let f = fixture();
+    const KEY: &str = "serve-edge-api-key-0123456789";
+    let body = chat_body(
+        "a long enough question that its prefix is worth reusing, twice",
+        json!({"max_tokens": 2, "ignore_eos": true}),
+    )
+    .to_string();
+    let reused = |auth: Option<&str>, s: &RunningServer| {
+        let a = http(s.addr, "POST", "/v1/chat/completions", auth, &body);
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()["tandem"]["stats"]["draft_reused_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    // No key: any local process is a client; nothing is shared.
+    let open = f.server(f.edge_config(None), ServeConfig::default());
+    assert_eq!(reused(None, &open), 0);
+    assert_eq!(
+        reused(None, &open),
+        0,
+        "an anonymous request reused another's state"
+    );
+    drop(open);
+    // Behind a key the clients are one identity: the second request reuses
+    // the first one's prefix.
+    let keyed = f.server(
+        f.edge_config(None),
+        ServeConfig {
+            api_key: Some(KEY.into()),
+            ..ServeConfig::default()
+        },
+    );
+    assert_eq!(reused(Some(KEY), &keyed), 0);
+    assert!(reused(Some(KEY), &keyed) > 0);
 }

@@ -18,6 +18,9 @@ pub(crate) trait BlockCodec {
     /// provisional tokens, have those checked, gate and pipeline blocks.
     fn tokens_only(&self) -> bool;
 
+    /// The device's vocabulary: every token id the verifier sends is below it.
+    fn vocab(&self) -> u32;
+
     /// Completes an Open of the context `ctx`.
     fn open(&mut self, ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError>;
 
@@ -60,20 +63,27 @@ pub(crate) trait BlockCodec {
     fn report(&self) -> Option<SplitReport>;
 }
 
-/// Token ids up, verdicts down.
-pub(crate) struct TokenCodec;
+/// Token ids up, verdicts down. `vocab`: the device's draft vocabulary;
+/// every token the verifier sends must be below it.
+pub(crate) struct TokenCodec {
+    pub vocab: u32,
+}
 
 impl BlockCodec for TokenCodec {
     fn tokens_only(&self) -> bool {
         true
     }
 
+    fn vocab(&self) -> u32 {
+        self.vocab
+    }
+
     fn open(&mut self, _ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError> {
         Ok(open)
     }
 
-    fn check_opened(&self, _opened: &pb::Opened) -> Result<(), EdgeError> {
-        Ok(())
+    fn check_opened(&self, opened: &pb::Opened) -> Result<(), EdgeError> {
+        check_vocab(opened, self.vocab)
     }
 
     fn encode(&mut self, _ctx: &[u32], draft: pb::Draft) -> Result<pb::Draft, EdgeError> {
@@ -92,7 +102,7 @@ impl BlockCodec for TokenCodec {
         ctx: &[u32],
         _sampling: &SamplingParams,
     ) -> Result<pb::Verdict, EdgeError> {
-        check_verdict(answer, round, k, ctx.len())
+        check_verdict(answer, round, k, ctx.len(), self.vocab)
     }
 
     fn accepted(&mut self, _: usize, _: usize, _: Option<f64>, _: usize) -> bool {
@@ -106,13 +116,30 @@ impl BlockCodec for TokenCodec {
     }
 }
 
+/// The Opened's vocabulary against the device's (`vocab`): the verifier's
+/// target must speak the same token ids as the device's model, or its tokens
+/// could not be drafted after.
+pub(crate) fn check_vocab(opened: &pb::Opened, vocab: u32) -> Result<(), EdgeError> {
+    if opened.vocab_size != vocab {
+        return Err(EdgeError::Protocol(format!(
+            "the verifier's target has a vocabulary of {} tokens; the device's model has {vocab}",
+            opened.vocab_size
+        )));
+    }
+    Ok(())
+}
+
 /// The verdict of round `round` for a block of `k` tokens drafted after a
-/// context of `ctx_before` tokens, checked against what was asked.
+/// context of `ctx_before` tokens, checked against what was asked: the round,
+/// `accepted <= k`, `context_len = ctx_before + accepted + 1`,
+/// `next_token < vocab`, and no hidden states (those come only in U-shape
+/// split sessions, which check their verdicts in `crate::split`).
 pub(crate) fn check_verdict(
     answer: ServerMsg,
     round: u64,
     k: usize,
     ctx_before: usize,
+    vocab: u32,
 ) -> Result<pb::Verdict, EdgeError> {
     let ServerMsg::Verdict(v) = answer else {
         return Err(EdgeError::Protocol("expected a Verdict".into()));
@@ -128,6 +155,17 @@ pub(crate) fn check_verdict(
             "verdict (round {}, accepted {n}, context {}) does not fit round {round} with k = {k} at context {ctx_before}",
             v.round, v.context_len
         )));
+    }
+    if v.next_token >= vocab {
+        return Err(EdgeError::Protocol(format!(
+            "verdict next_token {} is outside the vocabulary (0..{vocab})",
+            v.next_token
+        )));
+    }
+    if v.hidden.is_some() {
+        return Err(EdgeError::Protocol(
+            "verdict carries hidden states outside a U-shape split session".into(),
+        ));
     }
     Ok(v)
 }

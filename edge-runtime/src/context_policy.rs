@@ -5,11 +5,16 @@
 //! * `refuse` (the default): a conversation whose prompt leaves no room for a
 //!   single reply token within the limit is refused with an error that names
 //!   the limit and the prompt's size.
-//! * `drop_oldest`: the oldest messages after the leading system messages are
-//!   dropped, one at a time, until the prompt leaves room for the reply
+//! * `drop_oldest`: the fewest oldest messages after the leading system
+//!   messages are dropped so that the prompt leaves room for the reply
 //!   (`min(max_tokens, limit / 4)` tokens); the last message is never dropped.
 //!   How many were dropped is returned so that the caller reports it
-//!   (serve-edge: `tandem.dropped_messages`; the C ABI: the stats).
+//!   (serve-edge: `tandem.dropped_messages`; the C ABI: the stats). The count
+//!   is found by bisection (a chat template renders each message as its own
+//!   segment, so the prompt shrinks with every message dropped): about
+//!   log2(n) renders of the history instead of one per dropped message, which
+//!   made 60,000 tiny messages a quadratic wedge. A caller's `cancelled` is
+//!   asked between renders.
 //!
 //! Both sides agree on what was dropped by construction: the device sends the
 //! verifier the tokens of the prompt it rendered after dropping, so the
@@ -66,6 +71,9 @@ pub enum ContextError {
     },
     #[error("the chat template failed: {0}")]
     Template(String),
+    /// The caller's `cancelled` said so (the client went away).
+    #[error("cancelled while fitting the conversation into the context")]
+    Cancelled,
 }
 
 /// A conversation rendered within the limit.
@@ -103,7 +111,23 @@ pub fn fit_messages(
     max_tokens: usize,
     policy: ContextPolicy,
 ) -> Result<Fitted, ContextError> {
+    fit_messages_cancellable(tok, messages, limit, max_tokens, policy, &|| false)
+}
+
+/// [`fit_messages`], asking `cancelled` before each render of the history
+/// ([`ContextError::Cancelled`] when it says true).
+pub fn fit_messages_cancellable(
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    limit: usize,
+    max_tokens: usize,
+    policy: ContextPolicy,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Fitted, ContextError> {
     let render = |m: &[ChatMessage]| {
+        if cancelled() {
+            return Err(ContextError::Cancelled);
+        }
         tok.encode_chat(m, true)
             .map_err(|e| ContextError::Template(e.to_string()))
     };
@@ -136,27 +160,41 @@ pub fn fit_messages(
                     dropped_messages: 0,
                 });
             }
-            // The same messages as `drop_oldest(messages, dropped)` removes.
+            // The messages `drop_oldest(messages, d)` keeps.
             let system = leading_system(messages);
-            let mut kept: Vec<ChatMessage> = messages.to_vec();
-            let mut dropped = 0;
-            let mut last_len = prompt.len();
-            while kept.len() > system + 1 {
-                kept.remove(system);
-                dropped += 1;
-                let p = render(&kept)?;
-                last_len = p.len();
+            let droppable = messages.len().saturating_sub(system + 1);
+            let kept = |d: usize| -> Vec<ChatMessage> {
+                let mut k = Vec::with_capacity(messages.len() - d);
+                k.extend_from_slice(&messages[..system]);
+                k.extend_from_slice(&messages[system + d..]);
+                k
+            };
+            // The prompt with everything droppable dropped: if that does not
+            // fit, nothing does.
+            let last = render(&kept(droppable))?;
+            if !fits(last.len()) {
+                return Err(too_long(
+                    last.len(),
+                    "; even the system messages and the last message alone do not fit",
+                ));
+            }
+            // Bisection for the fewest drops that fit: `lo` does not fit
+            // (0 did not), `hi` fits, with its prompt.
+            let (mut lo, mut hi, mut best) = (0usize, droppable, last);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                let p = render(&kept(mid))?;
                 if fits(p.len()) {
-                    return Ok(Fitted {
-                        prompt: p,
-                        dropped_messages: dropped,
-                    });
+                    hi = mid;
+                    best = p;
+                } else {
+                    lo = mid;
                 }
             }
-            Err(too_long(
-                last_len,
-                "; even the system messages and the last message alone do not fit",
-            ))
+            Ok(Fitted {
+                prompt: best,
+                dropped_messages: hi,
+            })
         }
     }
 }

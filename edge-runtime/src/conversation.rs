@@ -136,6 +136,10 @@ pub struct ConversationStats {
 pub struct ConversationCache {
     /// `[conversations] enabled`: off, nothing is taken or kept.
     enabled: bool,
+    /// Anonymous requests (no conversation name) are matched to kept state
+    /// by their prompt and kept for later ones
+    /// ([`ConversationCache::set_anonymous`]).
+    anonymous: bool,
     budget_bytes: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
@@ -147,6 +151,7 @@ impl ConversationCache {
     pub fn new(cfg: &ConversationConfig) -> Self {
         Self {
             enabled: cfg.enabled,
+            anonymous: true,
             budget_bytes: cfg.budget_mib.saturating_mul(1 << 20),
             entries: HashMap::new(),
             clock: 0,
@@ -155,11 +160,27 @@ impl ConversationCache {
         }
     }
 
+    /// Whether anonymous requests share kept state (on by default). Off, an
+    /// anonymous request neither finds nor leaves state: a server whose
+    /// clients are not one identity must not let one client's prompt reuse
+    /// (and learn how much it shares with) another's.
+    pub fn set_anonymous(&mut self, on: bool) {
+        self.anonymous = on;
+        if !on {
+            self.entries.retain(|k, _| !matches!(k, Key::Anonymous(_)));
+        }
+    }
+
+    /// Whether a request named `name` (None: anonymous) may keep state.
+    pub fn keeps(&self, name: Option<&str>) -> bool {
+        self.enabled && (name.is_some() || self.anonymous)
+    }
+
     /// Takes the state a request should continue from (see the module doc, 1):
     /// the named conversation's, or the best anonymous match for `prompt`
     /// (none when the cache is disabled).
     pub fn take(&mut self, name: Option<&str>, prompt: &[u32]) -> Option<Kept> {
-        if !self.enabled {
+        if !self.keeps(name) {
             return None;
         }
         let key = match name {
@@ -196,7 +217,7 @@ impl ConversationCache {
     /// alone exceeds the budget is not kept; nothing is kept when the cache is
     /// disabled.
     pub fn put(&mut self, name: Option<&str>, kept: Kept) {
-        if !self.enabled {
+        if !self.keeps(name) {
             return;
         }
         let key = match name {

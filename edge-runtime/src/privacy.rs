@@ -31,6 +31,7 @@
 //! it is also logged (`tracing`, target `tandem_edge::privacy`) without text.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -166,6 +167,43 @@ impl PinMap {
     fn len(&self) -> usize {
         self.by_id.len()
     }
+
+    /// (id, rule) pairs, least recently used first.
+    fn entries(&self) -> Vec<(&str, &str)> {
+        self.by_use
+            .values()
+            .filter_map(|id| self.by_id.get(id).map(|(r, _)| (id.as_str(), r.as_str())))
+            .collect()
+    }
+}
+
+/// Writes `pins` to `path` whole: a temporary file beside it (random name,
+/// created new), then a rename over `path`.
+fn write_pins(path: &Path, pins: &[(&str, &str)]) -> std::io::Result<()> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Write;
+    let text = serde_json::to_vec(pins).map_err(std::io::Error::other)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}-{random:016x}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// [`EdgeRuntime`] behind the privacy router. See the module docs.
@@ -174,6 +212,8 @@ pub struct RoutedRuntime {
     router: Arc<Router>,
     tokenizer: Tokenizer,
     pinned: PinMap,
+    /// Where the pins are kept across restarts ([`RoutedRuntime::persist_pins`]).
+    pin_file: Option<PathBuf>,
 }
 
 impl RoutedRuntime {
@@ -186,6 +226,46 @@ impl RoutedRuntime {
             router,
             tokenizer,
             pinned: PinMap::new(DEFAULT_PIN_CAPACITY),
+            pin_file: None,
+        }
+    }
+
+    /// Keeps the pinned conversation ids in `path` (JSON, rewritten whole on
+    /// every pin and unpin): the pins it holds now are loaded (so a
+    /// conversation kept local before a restart stays local after it, even
+    /// when its newest message alone is clean), and later changes are
+    /// written. Returns how many pins were loaded. A missing file is an
+    /// empty one; an unreadable one is an error (nothing is loaded).
+    pub fn persist_pins(&mut self, path: &Path) -> Result<usize, EdgeError> {
+        let loaded: Vec<(String, String)> = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                EdgeError::Config(format!(
+                    "pinned conversations file {}: {e} (expected a JSON array of [id, rule] pairs)",
+                    path.display()
+                ))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => {
+                return Err(EdgeError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        for (id, rule) in &loaded {
+            self.pinned.insert(id, rule.clone());
+        }
+        self.pin_file = Some(path.to_path_buf());
+        Ok(loaded.len())
+    }
+
+    /// Writes the pins to the pin file, if there is one. A failure is logged:
+    /// the pins still hold in memory.
+    fn save_pins(&self) {
+        if let Some(path) = &self.pin_file {
+            if let Err(e) = write_pins(path, &self.pinned.entries()) {
+                tracing::error!(path = %path.display(), error = %e, "pinned conversations not saved");
+            }
         }
     }
 
@@ -252,7 +332,10 @@ impl RoutedRuntime {
     /// and its kept state (draft KV, verifier session; see
     /// [`EdgeRuntime::generate_in`]).
     pub fn forget(&mut self, conversation_id: &str) {
-        self.pinned.remove(conversation_id);
+        if self.pinned.peek(conversation_id).is_some() {
+            self.pinned.remove(conversation_id);
+            self.save_pins();
+        }
         self.runtime.forget_conversation(conversation_id);
     }
 
@@ -309,6 +392,7 @@ impl RoutedRuntime {
                 .unwrap_or(&decision.rule)
                 .to_string();
             self.pinned.insert(conversation_id, rule);
+            self.save_pins();
         }
         self.router.record(&decision);
         tracing::info!(

@@ -33,10 +33,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tandem_model::proposer::ProposerKind;
-use tandem_model::transformer::Model;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
 };
@@ -224,6 +224,8 @@ pub struct EdgeRuntime {
     draft_pools: crate::device::DraftPools,
     /// How long the warm-up forward at load took (`EdgeConfig::warmup`).
     warmup_ms: Option<f64>,
+    /// The caller's cancel flag ([`EdgeRuntime::set_cancel_flag`]).
+    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Drop for EdgeRuntime {
@@ -317,6 +319,7 @@ impl EdgeRuntime {
             device: Default::default(),
             draft_pools: Default::default(),
             warmup_ms,
+            cancel: None,
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec,
             split,
@@ -362,6 +365,25 @@ impl EdgeRuntime {
     /// How long the warm-up forward at load took (ms), when `warmup` is on.
     pub fn warmup_ms(&self) -> Option<f64> {
         self.warmup_ms
+    }
+
+    /// Whether anonymous requests (no conversation name) reuse each other's
+    /// kept state by prompt prefix (on by default). A server whose clients
+    /// are not one identity turns it off (serve-edge without an API key):
+    /// one client's request must not learn how much of its prompt another
+    /// client's cached one shares, nor evict it.
+    pub fn set_anonymous_reuse(&mut self, on: bool) {
+        self.conversations.set_anonymous(on);
+    }
+
+    /// A flag the caller sets to cancel the running generation before its
+    /// first token too: it is asked between the draft's prompt-prefill chunks
+    /// (with a flag set, prompts are prefilled in chunks of 256 rows), while waiting for the verifier's `Opened`, and
+    /// before every round; the generation then ends with
+    /// `StopReason::Cancelled` (`on_event` returning false still cancels at
+    /// a token). `None` (the default): only `on_event` cancels.
+    pub fn set_cancel_flag(&mut self, flag: Option<Arc<std::sync::atomic::AtomicBool>>) {
+        self.cancel = flag;
     }
 
     /// Reads the device state once for a generation: its adjustments and the
@@ -445,9 +467,14 @@ impl EdgeRuntime {
             gen,
             on_event,
         )?;
+        run.cancel = self.cancel.clone();
         let mut res = Ok(());
         while run.stop.is_none() && res.is_ok() {
-            res = run.draft_alone(TokenStatus::Local);
+            res = match run.prefill_pending() {
+                Ok(true) => run.draft_alone(TokenStatus::Local),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e),
+            };
         }
         res?;
         // The verifier session of an earlier turn (if any) stays kept.
@@ -534,7 +561,10 @@ impl EdgeRuntime {
             gen,
             on_event,
         )?;
-        let mut token_codec = TokenCodec;
+        run.cancel = self.cancel.clone();
+        let mut token_codec = TokenCodec {
+            vocab: u32::try_from(self.draft.config().vocab).unwrap_or(u32::MAX),
+        };
         let codec: &mut dyn BlockCodec = match self.split.as_mut() {
             Some(split) => split,
             None => &mut token_codec,
@@ -594,7 +624,7 @@ impl EdgeRuntime {
         // known (the stream is live and no provisional span is unchecked: the
         // verifier then holds the device's context, possibly plus a stop token
         // the device did not show); otherwise free its KV cache.
-        let keep_session = self.cfg.conversations.enabled
+        let keep_session = self.conversations.keeps(conversation)
             && self.cfg.conversations.keep_verifier_sessions
             && tokens_only
             && res.is_ok()

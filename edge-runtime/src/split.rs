@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
-use tandem_model::transformer::Model;
 use tandem_model::sampling::SamplingParams;
+use tandem_model::transformer::Model;
 use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
 use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg, HiddenFormat};
@@ -505,8 +505,14 @@ impl SplitExec {
         Ok(open)
     }
 
+    /// The local target's vocabulary (every token id of the session is below it).
+    fn target_vocab(&self) -> u32 {
+        u32::try_from(self.target.config().vocab).unwrap_or(u32::MAX)
+    }
+
     /// Checks the verifier's Opened against the local target.
     pub fn check_opened(&self, o: &pb::Opened) -> Result<(), EdgeError> {
+        crate::codec::check_vocab(o, self.target_vocab())?;
         let c = self.target.config();
         if o.n_layer as usize != c.n_layer || o.d_model as usize != c.d_model {
             return Err(EdgeError::Protocol(format!(
@@ -688,6 +694,10 @@ impl BlockCodec for SplitExec {
         false
     }
 
+    fn vocab(&self) -> u32 {
+        self.target_vocab()
+    }
+
     fn open(&mut self, ctx: &[u32], open: pb::Open) -> Result<pb::Open, EdgeError> {
         self.open_message(ctx, open)
     }
@@ -713,7 +723,7 @@ impl BlockCodec for SplitExec {
         sampling: &SamplingParams,
     ) -> Result<pb::Verdict, EdgeError> {
         if !self.pin_head() {
-            return check_verdict(answer, round, k, ctx.len());
+            return check_verdict(answer, round, k, ctx.len(), self.target_vocab());
         }
         let ServerMsg::Verdict(v) = answer else {
             return Err(EdgeError::Protocol("expected a Verdict".into()));
@@ -722,6 +732,13 @@ impl BlockCodec for SplitExec {
             return Err(EdgeError::Protocol(format!(
                 "verdict for round {}, expected {round}",
                 v.round
+            )));
+        }
+        if v.accepted != 0 || v.next_token != 0 {
+            // The device decides in U-shape sessions (docs/api.md, Verdict).
+            return Err(EdgeError::Protocol(format!(
+                "U-shape verdict with accepted {} and next_token {} (both must be 0)",
+                v.accepted, v.next_token
             )));
         }
         self.local_verdict(&v, ctx, sampling)

@@ -101,6 +101,7 @@ mod fake {
                                 max_block: 16,
                                 max_prompt_tokens: 4096,
                                 vocab_size: 384,
+                                model_id: tandem_edge::EdgeConfig::default().model_id,
                                 context_len: ctx,
                                 ..Opened::default()
                             })

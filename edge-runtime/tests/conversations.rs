@@ -7,7 +7,9 @@
 #![allow(clippy::unwrap_used)]
 mod common;
 use common::{io_runtime, load, start_tiny_verifier, target_greedy, tiny_edge, tiny_models};
-use tandem_edge::context_policy::{drop_oldest, fit_messages, ContextError, ContextPolicy};
+use tandem_edge::context_policy::{
+    drop_oldest, fit_messages, fit_messages_cancellable, ContextError, ContextPolicy,
+};
 use tandem_edge::{EdgeConfig, EdgeGeneration, EdgeRuntime};
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::speculative::GenerateConfig;
@@ -284,4 +286,58 @@ fn the_context_policy_refuses_or_drops_the_oldest_turns_never_silently() {
     // Not even the system prompt and the last message fit: refused.
     let e = fit_messages(&tok, &msgs, 8, 4, ContextPolicy::DropOldest).unwrap_err();
     assert!(e.to_string().contains("do not fit"), "{e}");
+}
+
+#[test]
+fn drop_oldest_finds_the_fewest_drops_in_a_logarithmic_number_of_renders_and_can_be_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = tiny_tokenizer(dir.path());
+    let mut msgs = vec![ChatMessage::system("be brief")];
+    for i in 0..300 {
+        // Messages of different sizes, so that the drop count matters.
+        msgs.push(ChatMessage::user("x".repeat(1 + i % 7)));
+    }
+    let n = msgs.len();
+    let whole = tok.encode_chat(&msgs, true).unwrap().len();
+    let kept = |d: usize| -> Vec<ChatMessage> {
+        std::iter::once(msgs[0].clone())
+            .chain(msgs[1 + d..].iter().cloned())
+            .collect()
+    };
+    for limit in [whole / 8, whole / 3, whole / 2, whole - 1] {
+        let renders = std::cell::Cell::new(0usize);
+        let count = || {
+            renders.set(renders.get() + 1);
+            false
+        };
+        let f = fit_messages_cancellable(&tok, &msgs, limit, 16, ContextPolicy::DropOldest, &count)
+            .unwrap();
+        // The reference: drop one at a time until the prompt leaves room.
+        let room = 16usize.min(limit / 4);
+        let fewest = (0..n - 1)
+            .find(|&d| tok.encode_chat(&kept(d), true).unwrap().len() + room <= limit)
+            .unwrap();
+        assert_eq!(f.dropped_messages, fewest, "limit {limit}");
+        assert_eq!(f.prompt, tok.encode_chat(&kept(fewest), true).unwrap());
+        // One render per message dropped made 60,000 messages a quadratic
+        // wedge; bisection needs about log2(n) (+2: the whole history, and
+        // everything dropped).
+        let bound = (usize::BITS - n.leading_zeros()) as usize + 2;
+        assert!(
+            renders.get() <= bound,
+            "{} renders for {n} messages",
+            renders.get()
+        );
+    }
+    // A caller that goes away stops the fitting.
+    let e = fit_messages_cancellable(
+        &tok,
+        &msgs,
+        whole / 2,
+        16,
+        ContextPolicy::DropOldest,
+        &|| true,
+    )
+    .unwrap_err();
+    assert_eq!(e, ContextError::Cancelled);
 }

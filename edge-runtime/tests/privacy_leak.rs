@@ -844,3 +844,49 @@ fn the_pin_map_is_bounded_and_forgets_the_least_recently_routed_id() {
     // Nothing was sent: route() opens nothing.
     assert_eq!(f.rec.snapshot().connections, 0);
 }
+
+#[test]
+fn pinned_conversations_survive_a_restart_in_the_pin_file() {
+    let f = fixture();
+    let router = example_router();
+    let dir = tempfile::tempdir().unwrap();
+    let pins = dir.path().join("policy.toml.pins.json");
+    {
+        let mut rt = f.routed(&router);
+        assert_eq!(rt.persist_pins(&pins).unwrap(), 0);
+        let a = rt
+            .chat("c1", &[ChatMessage::user(ID_TEXT)], &gen(), &mut |_| true)
+            .unwrap();
+        assert_eq!(a.route.action(), Action::Local);
+        let b = rt
+            .chat("c2", &[ChatMessage::user(BENIGN)], &gen(), &mut |_| true)
+            .unwrap();
+        assert_eq!(b.route.action(), Action::Speculative);
+    }
+    // "Restart": a new runtime loads the pins. c1's newest message alone is
+    // clean, yet it stays local; c2 was never pinned.
+    let mut rt = f.routed(&router);
+    assert_eq!(rt.persist_pins(&pins).unwrap(), 1);
+    assert_eq!(rt.pinned_by("c1"), Some("identifiers"));
+    let before = f.rec.snapshot().connections;
+    let d = rt
+        .chat("c1", &[ChatMessage::user(BENIGN_2)], &gen(), &mut |_| true)
+        .unwrap();
+    assert_eq!(d.route.action(), Action::Local);
+    assert_eq!(d.route.decision.rule, "sticky:identifiers");
+    assert_eq!(
+        f.rec.snapshot().connections,
+        before,
+        "c1 went out after a restart"
+    );
+    assert_eq!(rt.pinned_by("c2"), None);
+    // Forgetting unpins it in the file too.
+    rt.forget("c1");
+    drop(rt);
+    let mut again = f.routed(&router);
+    assert_eq!(again.persist_pins(&pins).unwrap(), 0);
+    // A corrupt file is refused with its name, not silently emptied.
+    std::fs::write(&pins, "not json").unwrap();
+    let e = again.persist_pins(&pins).err().unwrap().to_string();
+    assert!(e.contains("pins.json"), "{e}");
+}

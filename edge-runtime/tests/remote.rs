@@ -11,9 +11,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tandem_edge::{BreakerState, EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
-use tandem_model::transformer::Model;
 use tandem_model::speculative::{generate_single_with, GenerateConfig, StopReason};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::Model;
 use tandem_verifier::RunningVerifier;
 
 const TOKEN: &str = "edge-test-token-0123456789";
@@ -378,6 +378,7 @@ mod stall {
                         max_block: 16,
                         max_prompt_tokens: 4096,
                         vocab_size: 384,
+                        model_id: tandem_edge::EdgeConfig::default().model_id,
                         context_len: super::PROMPT.len() as u64,
                         ..Opened::default()
                     };

@@ -12,6 +12,10 @@
 //! Invariants:
 //! - no panic, no hang (every generation ends: the script always answers);
 //! - `generate` returns a generation or an error;
+//! - every streamed token is inside the draft's vocabulary, whether the
+//!   generation ends in a result or an error (a verdict's `next_token`, an
+//!   Opened's `vocab_size` and `model_id` are checked before anything is
+//!   emitted);
 //! - a generation has at most `max_tokens` tokens, each inside the draft's
 //!   vocabulary, one status per token, and the streamed token events are
 //!   exactly its tokens, in order, each index once (nothing duplicated, lost
@@ -29,7 +33,8 @@ use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::verifier_server::{Verifier, VerifierServer};
 use tandem_proto::v1::{
-    client_message, server_message, ClientMessage, Closed, Opened, Resumed, ServerMessage, Verdict,
+    client_message, server_message, ClientMessage, Closed, HiddenStates, Opened, Resumed,
+    ServerMessage, Verdict,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -75,6 +80,8 @@ enum Answer {
         next_token: Option<u32>,
         small_token: u16,
         context_len: Num,
+        /// Hidden states attached (only U-shape split verdicts carry them).
+        hidden: bool,
     },
     Resumed {
         context_len: Num,
@@ -152,6 +159,7 @@ fn answer(
             next_token,
             small_token,
             context_len,
+            hidden,
         } => {
             let n = accepted.pick(drafted);
             let right_len = view
@@ -163,7 +171,7 @@ fn answer(
                 accepted: n as u32,
                 next_token: next_token.unwrap_or(u32::from(*small_token) % 390),
                 context_len: context_len.pick(right_len),
-                hidden: None,
+                hidden: hidden.then(HiddenStates::default),
             };
             view.context_len = right_len;
             view.round = asked_round.saturating_add(1);
@@ -354,6 +362,9 @@ fuzz_target!(|input: Input| {
         }
         true
     });
+    for (i, t) in &streamed {
+        assert!(*t < h.vocab, "streamed token {i} = {t} outside the vocabulary ({r:?})");
+    }
     if let Ok(g) = r {
         assert!(g.tokens.len() <= max_tokens, "{} tokens", g.tokens.len());
         assert_eq!(g.statuses.len(), g.tokens.len());

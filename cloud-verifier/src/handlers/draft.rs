@@ -52,16 +52,16 @@ pub async fn draft(
             "round number 2^64 - 1 is the last: open a new session with first_round = 0",
         ));
     }
-    // Pages for the block's rows, before any work is scheduled.
-    // (An all-local split device, s = N, may skip positions: start_pos then
-    // counts.)
-    let cached = st.context.len().saturating_sub(1);
-    let base = if st.split.is_some() {
-        cached.max(start_pos)
-    } else {
-        cached
+    // Pages for what this message carries, before any work is scheduled:
+    // the block's rows after the positions they start at, checked here so a
+    // bogus start_pos reserves nothing.
+    let need = match pages_needed(s, &st, k, rows, start_pos) {
+        Ok(n) => n,
+        Err(r) => {
+            guard.checkin(st);
+            return Err(r);
+        }
     };
-    let need = base.saturating_add(rows.max(k + 1));
     if let Err(r) = s.reserve(&mut st.kv, need, who, Some(&b.id)) {
         guard.checkin(st);
         return Err(if r.reason == Reason::ContextFull || need > s.max_seq_len {
@@ -85,13 +85,24 @@ pub async fn draft(
         Work::Verify { draft: d.tokens }
     };
     let t0 = Instant::now();
-    let (st, out) = s.run(who, &b.id, st, work).await;
+    let (mut st, out) = s.run(who, &b.id, st, work).await;
     let latency = t0.elapsed();
+    if out.is_err() {
+        // A refused round keeps only the pages its context needs (what was
+        // reserved for the block goes back to the pool at once).
+        if let Some(st) = st.as_mut() {
+            st.kv.shrink_to(s.room_for(st.context.len()));
+        }
+    }
     let (guard, mut st, outcome) = settle(guard, st, out)?;
     st.advance_round()?;
     // Keep pages for the next round's block, give back the rest.
     st.kv.shrink_to(s.room_for(st.context.len()));
     let ctx_len = st.context.len();
+    if all_local(s, &st) {
+        // s = N: this verifier holds no KV for the session.
+        st.kv.shrink_to(0);
+    }
     guard.checkin(st);
     let (accepted, next_token, hidden, ctx_len) = match outcome {
         Outcome::Verdict(v) => (v.accepted, v.next_token, None, ctx_len),
@@ -116,4 +127,57 @@ pub async fn draft(
             hidden,
         })),
     })
+}
+
+/// A U-shape split session at s = N: the device runs every layer, this
+/// verifier only relays (no KV held here; an all-local device may skip
+/// positions, so any bounded start_pos is consistent).
+fn all_local(s: &VerifierState, st: &crate::session::SessionState) -> bool {
+    st.split
+        .is_some_and(|sp| sp.pin_head && sp.layer >= s.model.config().n_layer)
+}
+
+/// Positions the session's KV must hold for a Draft of `k` tokens and `rows`
+/// hidden rows at `start_pos`: unsplit and head-here sessions continue at
+/// their cached positions (start_pos must be those); U-shape sessions at
+/// `start_pos` (at most the cached positions; at s = N nothing is held).
+fn pages_needed(
+    s: &VerifierState,
+    st: &crate::session::SessionState,
+    k: usize,
+    rows: usize,
+    start_pos: usize,
+) -> Result<usize, Refusal> {
+    let cached = st.context.len().saturating_sub(1);
+    let bad = |m: String| Refusal::new(Reason::BadRequest, m);
+    let Some(sp) = st.split else {
+        return Ok(cached.saturating_add(k + 1));
+    };
+    if start_pos.saturating_add(rows.max(k + 1)) > s.max_seq_len {
+        return Err(Refusal::new(
+            Reason::ContextFull,
+            format!(
+                "start_pos {start_pos} + {} rows would exceed the KV capacity of {} tokens",
+                rows.max(k + 1),
+                s.max_seq_len
+            ),
+        ));
+    }
+    if !sp.pin_head {
+        if start_pos != cached {
+            return Err(bad(format!(
+                "start_pos {start_pos} differs from the {cached} positions this session holds"
+            )));
+        }
+        return Ok(cached.saturating_add(rows.max(k + 1)));
+    }
+    if all_local(s, st) {
+        return Ok(0);
+    }
+    if start_pos > cached {
+        return Err(bad(format!(
+            "start_pos {start_pos} is beyond the {cached} positions this session holds"
+        )));
+    }
+    Ok(start_pos.saturating_add(rows))
 }

@@ -246,20 +246,24 @@ async fn open_new(
     let id = new_session_id();
     let mut kv = s.new_kv();
     let context_len = context.len();
-    let permit = s
+    let mut permit = s
         .admission
         .prefill(who, context_len.saturating_sub(1))
         .await?;
-    s.reserve(&mut kv, s.room_for(context_len), who, None)?;
+    let reserved = s.reserve_open(&mut kv, s.room_for(context_len), who)?;
     let mut st = SessionState::new(kv, context, sampling, first_round);
     st.split = split;
     let (st, out) = s.run(who, &id, st, prefill).await;
+    permit.spent();
     drop(permit);
     let st = prefilled(st, out)?;
     let epoch = s
         .store()
         .insert(id.to_string(), who.to_string(), st)
-        .map_err(store_refusal)?;
+        .map_err(store_refusal);
+    // Stored (counted there now) or refused (its pages went back).
+    drop(reserved);
+    let epoch = epoch?;
     s.metrics.session_opened();
     let layer = split.map(|sp| sp.layer);
     tracing::info!(session = %id, context_len, split = ?layer, "session opened");

@@ -39,7 +39,7 @@ pub async fn resync(
         st.context.truncate(reuse + 1);
         (Some(st), Err(r))
     };
-    let permit = match s.admission.prefill(who, todo).await {
+    let mut permit = match s.admission.prefill(who, todo).await {
         Ok(p) => p,
         Err(r) => return refused(st, r),
     };
@@ -49,6 +49,7 @@ pub async fn resync(
     }
     let tokens = ctx[reuse..ctx.len().saturating_sub(1).max(reuse)].to_vec();
     let (st, out) = s.run(who, sid, st, Work::Prefill { tokens }).await;
+    permit.spent();
     drop(permit);
     if out.is_ok() {
         s.metrics.reused(reuse);

@@ -68,6 +68,18 @@ impl ApiError {
         }
     }
 
+    /// 413 `request_too_large`: the request is over one of the server's
+    /// size limits (`message` names it).
+    pub fn too_large(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: Some("request_too_large"),
+        }
+    }
+
     /// 400 for a parameter this server does not implement.
     pub fn unsupported(param: &str, what: &str) -> Self {
         Self {

@@ -60,8 +60,8 @@ use worker::{Event, Job, Worker};
 /// Configuration of [`start`].
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// Address to bind; loopback unless `allow_non_loopback` (the `/v1` API
-    /// has no authentication unless `api_key` is set).
+    /// Address to bind; loopback unless `allow_non_loopback`, which needs
+    /// an `api_key` (the `/v1` API has no other authentication).
     pub listen: SocketAddr,
     pub allow_non_loopback: bool,
     /// `Host` names served besides the loopback ones (`127.0.0.1`,
@@ -215,6 +215,13 @@ async fn prepare(
             cfg.listen
         )));
     }
+    if cfg.allow_non_loopback && cfg.api_key.is_none() {
+        return Err(ServeError::Config(
+            "allow_non_loopback exposes the /v1 API beyond this machine: it needs an api_key \
+             (--api-key-env), or the API would answer anyone who can reach the port"
+                .into(),
+        ));
+    }
     let access = Arc::new(guard::Access::new(cfg)?);
     if cfg.model_id.is_empty() {
         return Err(ServeError::Config("model_id must not be empty".into()));
@@ -277,6 +284,22 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
             return Err(e);
         }
     };
+    let mut rt = rt;
+    // Conversations the privacy router pinned local stay pinned across a
+    // restart: kept beside the policy file (`<policy>.pins.json`).
+    if let Some(policy) = cfg.admin.as_ref().and_then(|a| a.policy_file.as_ref()) {
+        let mut pins = policy.as_os_str().to_owned();
+        pins.push(".pins.json");
+        if let Err(e) = rt.persist_pins(std::path::Path::new(&pins)) {
+            drop_off_async(rt);
+            return Err(ServeError::Config(e.to_string()));
+        }
+    }
+    // Anonymous requests share kept state only when the clients are one
+    // identity: the holders of the API key. Without a key any local process
+    // is a client, and one must not learn how much of its prompt matches
+    // another's cached one (or evict it).
+    rt.runtime_mut().set_anonymous_reuse(cfg.api_key.is_some());
     let worker = Worker::spawn(rt, cfg.routed, cfg.queue_depth).map_err(ServeError::Worker)?;
     let state = Arc::new(AppState {
         admin_token: cfg.admin.as_ref().map(|a| a.token.clone()),
@@ -332,6 +355,7 @@ fn app(state: Arc<AppState>, admin_routes: Option<axum::Router>) -> axum::Router
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(state)
         .nest("/admin", admin)
         .layer(middleware::from_fn_with_state(
@@ -403,10 +427,22 @@ enum Endpoint {
     Completion,
 }
 
-/// The body, or axum's refusal (413 above its 2 MB limit, a broken upload)
-/// as an OpenAI error body instead of axum's plain text.
+/// Largest request body accepted (413 `request_too_large` above, naming it).
+pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+
+/// The body, or axum's refusal (413 above [`MAX_REQUEST_BYTES`], a broken
+/// upload) as an OpenAI error body instead of axum's plain text.
 fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| ApiError::rejected(e.status(), e.body_text()))
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(
+                format!("the request body is over {MAX_REQUEST_BYTES} bytes, this server's limit"),
+                None,
+            )
+        } else {
+            ApiError::rejected(e.status(), e.body_text())
+        }
+    })
 }
 
 async fn chat_completions(
@@ -437,13 +473,17 @@ async fn completions(
     }
 }
 
-/// Sets the job's cancel flag when the request's future or stream is dropped
-/// (the client went away) — harmless after the job finished.
-struct CancelOnDrop(Arc<AtomicBool>);
+/// Sets the job's cancel flag and gives its queue place up when the
+/// request's future or stream is dropped (the client went away) — harmless
+/// after the job finished.
+struct CancelOnDrop(Arc<AtomicBool>, Option<Arc<worker::QueueSlot>>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
+        if let Some(s) = &self.1 {
+            s.release();
+        }
     }
 }
 
@@ -487,21 +527,22 @@ impl Meta {
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
 
 async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    let guard = CancelOnDrop(cancel.clone());
+    let mut guard = CancelOnDrop(cancel.clone(), None);
     let (stream, include_usage) = (req.stream, req.include_usage);
-    if let Err(e) = s.worker.submit(Job {
+    match s.worker.submit(Job {
         req,
         events: tx,
         cancel,
         admitted: std::time::Instant::now(),
     }) {
-        return e.into_response();
+        Ok(slot) => guard.1 = Some(slot),
+        Err(e) => return e.into_response(),
     }
     let meta = Meta {
         id: s.id(match endpoint {

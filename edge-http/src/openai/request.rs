@@ -385,6 +385,11 @@ fn message_content(i: usize, v: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
+/// Most messages one chat request may carry (413 above): the context
+/// policy renders the history a few times per request, so its length is
+/// bounded before the worker sees it.
+pub const MAX_MESSAGES: usize = 1024;
+
 fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let arr = match o.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
@@ -402,6 +407,15 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
         }
         Some(_) => return Err(type_error("messages", "an array")),
     };
+    if arr.len() > MAX_MESSAGES {
+        return Err(ApiError::too_large(
+            format!(
+                "`messages` has {} entries; this server accepts at most {MAX_MESSAGES} per request",
+                arr.len()
+            ),
+            Some("messages"),
+        ));
+    }
     let mut out = Vec::with_capacity(arr.len());
     for (i, m) in arr.iter().enumerate() {
         let Some(m) = m.as_object() else {

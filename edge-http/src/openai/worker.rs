@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
 use super::request::{GenRequest, Input};
-use tandem_edge::context_policy::{fit_messages, ContextError};
+use tandem_edge::context_policy::{fit_messages_cancellable, ContextError};
 use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
 use tandem_edge::{RoutedDecision, RoutedRuntime};
 
@@ -92,8 +92,28 @@ pub struct ServeCounters {
     pub queue_depth: usize,
 }
 
+/// A request's place in the queue: counted in the worker's `queued` from
+/// admission until the worker takes the job or the client goes away
+/// (whichever comes first), so abandoned requests never fill the queue.
+pub struct QueueSlot {
+    queued: Arc<AtomicUsize>,
+    held: AtomicBool,
+}
+
+impl QueueSlot {
+    /// Gives the place up (idempotent).
+    pub fn release(&self) {
+        if self.held.swap(false, Ordering::SeqCst) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A queued job with its queue place.
+type Queued = (Job, Arc<QueueSlot>);
+
 pub struct Worker {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    tx: Mutex<Option<mpsc::Sender<Queued>>>,
     queued: Arc<AtomicUsize>,
     depth: usize,
     counters: Arc<Mutex<ServeCounters>>,
@@ -109,17 +129,17 @@ impl Worker {
     /// before each generation when a verifier is configured (else every
     /// request goes to `generate`, which is local without a verifier).
     pub fn spawn(rt: RoutedRuntime, routed: bool, depth: usize) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Queued>();
         let queued = Arc::new(AtomicUsize::new(0));
         let counters = Arc::new(Mutex::new(ServeCounters {
             queue_depth: depth,
             ..ServeCounters::default()
         }));
         let shutdown = Arc::new(AtomicBool::new(false));
-        let (q, c, sd) = (queued.clone(), counters.clone(), shutdown.clone());
+        let (c, sd) = (counters.clone(), shutdown.clone());
         std::thread::Builder::new()
             .name("tandem-serve-gen".into())
-            .spawn(move || run_worker(rt, routed, rx, q, c, sd))?;
+            .spawn(move || run_worker(rt, routed, rx, c, sd))?;
         Ok(Self {
             tx: Mutex::new(Some(tx)),
             queued,
@@ -130,7 +150,8 @@ impl Worker {
     }
 
     /// Queues `job`, or refuses it with 429 when `depth` jobs already wait.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+    /// The caller releases the returned slot when its client goes away.
+    pub fn submit(&self, job: Job) -> Result<Arc<QueueSlot>, ApiError> {
         let depth = self.depth;
         let admitted = self
             .queued
@@ -142,16 +163,20 @@ impl Worker {
             lock(&self.counters).rejected_queue_full += 1;
             return Err(ApiError::queue_full(depth));
         }
+        let slot = Arc::new(QueueSlot {
+            queued: self.queued.clone(),
+            held: AtomicBool::new(true),
+        });
         let sent = lock(&self.tx)
             .as_ref()
-            .map(|tx| tx.send(job).is_ok())
+            .map(|tx| tx.send((job, slot.clone())).is_ok())
             .unwrap_or(false);
         if !sent {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
+            slot.release();
             return Err(ApiError::server("the generation worker has stopped"));
         }
         lock(&self.counters).admitted += 1;
-        Ok(())
+        Ok(slot)
     }
 
     pub fn counters(&self) -> ServeCounters {
@@ -177,8 +202,7 @@ impl Drop for Worker {
 fn run_worker(
     mut rt: RoutedRuntime,
     routed: bool,
-    rx: mpsc::Receiver<Job>,
-    queued: Arc<AtomicUsize>,
+    rx: mpsc::Receiver<Queued>,
     counters: Arc<Mutex<ServeCounters>>,
     shutdown: Arc<AtomicBool>,
 ) {
@@ -186,8 +210,8 @@ fn run_worker(
     // Without a verifier nothing can leave the device: no decision to take.
     let routed = routed && rt.runtime().config().verifier_url.is_some();
     let mut seq = 0u64;
-    for job in rx {
-        queued.fetch_sub(1, Ordering::SeqCst);
+    for (job, slot) in rx {
+        slot.release();
         if job.cancel.load(Ordering::SeqCst)
             || job.events.is_closed()
             || shutdown.load(Ordering::SeqCst)
@@ -197,7 +221,11 @@ fn run_worker(
         }
         lock(&counters).running = true;
         seq += 1;
+        // Asked before the first token too: while fitting the context,
+        // between the draft's prefill chunks, while the verifier opens.
+        rt.runtime_mut().set_cancel_flag(Some(job.cancel.clone()));
         let (outcome, last) = run_job(&mut rt, &tok, routed, &job, seq, &shutdown);
+        rt.runtime_mut().set_cancel_flag(None);
         {
             // Counted before the last event goes out: a client that has its
             // answer sees it in the counters.
@@ -315,8 +343,11 @@ fn run_job(
             // and the reply says how many messages were dropped.
             let limit = rt.runtime().context_limit();
             let policy = cfg.conversations.context_policy;
-            match fit_messages(tok, m, limit, req.max_tokens, policy) {
+            let cancelled =
+                || job.cancel.load(Ordering::Relaxed) || shutdown.load(Ordering::Relaxed);
+            match fit_messages_cancellable(tok, m, limit, req.max_tokens, policy, &cancelled) {
                 Ok(f) => (m.clone(), f.prompt, f.dropped_messages),
+                Err(ContextError::Cancelled) => return (Outcome::Cancelled, None),
                 Err(e @ ContextError::TooLong { .. }) => {
                     let e = ApiError::invalid(e.to_string(), Some("messages"))
                         .with_code("context_length_exceeded");
@@ -416,7 +447,9 @@ fn run_job(
             return fail(e.into());
         }
     };
-    if gone {
+    // Gone at a token, or before the first one (the runtime asked the
+    // job's cancel flag: the generation stopped as cancelled).
+    if gone || job.cancel.load(Ordering::SeqCst) || shutdown.load(Ordering::SeqCst) {
         return (Outcome::Cancelled, None);
     }
     let mut tail = String::new();

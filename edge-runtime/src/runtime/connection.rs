@@ -326,11 +326,29 @@ impl Connection<'_> {
     pub(super) fn open(&mut self, run: &mut Generation<'_, '_>) -> Result<Step, EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
-        let r =
-            self.rt.block_on(
-                self.connector
-                    .open(msg, &self.session_key, d, &mut self.counters),
-            );
+        let open = self
+            .connector
+            .open(msg, &self.session_key, d, &mut self.counters);
+        let r = match run.cancel.clone() {
+            None => self.rt.block_on(open),
+            Some(flag) => {
+                let r = self.rt.block_on(async {
+                    tokio::select! {
+                        r = open => Some(r),
+                        () = until_set(&flag) => None,
+                    }
+                });
+                match r {
+                    Some(r) => r,
+                    None => {
+                        // The caller went away while the verifier prefilled:
+                        // the dropped stream closes the session.
+                        run.cancel_requested();
+                        return Ok(Step::Lost);
+                    }
+                }
+            }
+        };
         self.opened(run, r, upto, None)
     }
 
@@ -400,6 +418,12 @@ impl Connection<'_> {
                     return Err(EdgeError::Protocol(format!(
                         "Opened.context_len {} != {upto}",
                         o.context_len
+                    )));
+                }
+                if o.model_id != self.cfg.model_id {
+                    return Err(EdgeError::Protocol(format!(
+                        "the verifier serves model {:?}; the device expects {:?} (model_id)",
+                        o.model_id, self.cfg.model_id
                     )));
                 }
                 self.codec.check_opened(&o)?;
@@ -550,5 +574,12 @@ impl Connection<'_> {
                 c,
             ));
         }
+    }
+}
+
+/// Resolves once `flag` is set (polled every 10 ms).
+async fn until_set(flag: &std::sync::atomic::AtomicBool) {
+    while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

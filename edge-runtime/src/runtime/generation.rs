@@ -9,12 +9,14 @@ use crate::breaker::RttTracker;
 use crate::client::Counters;
 use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession};
 use crate::error::EdgeError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::proposer::NgramIndex;
-use tandem_model::transformer::Model;
 use tandem_model::sampling::{apply_repetition_penalty, argmax, next_token, token_prob};
 use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::transformer::Model;
 
 /// Progress of checking a provisional span.
 pub(super) struct Check {
@@ -55,7 +57,15 @@ pub(super) struct Generation<'a, 'b> {
     /// Prompt lookup's n-gram index over `ctx` (`lookup`/`auto`; extended as
     /// the context grows).
     pub(super) lookup: NgramIndex,
+    /// The caller's cancel flag (`EdgeRuntime::set_cancel_flag`).
+    pub(super) cancel: Option<Arc<AtomicBool>>,
 }
+
+/// Rows per forward of the draft's prompt prefill when a cancel flag is set
+/// (the flag is asked between chunks). A row's result does not depend on the
+/// other rows of its forward (the kernel contract, model/src/quant/mod.rs),
+/// so chunks leave the same KV as one forward.
+pub(super) const PREFILL_CHUNK: usize = 256;
 
 impl<'a, 'b> Generation<'a, 'b> {
     /// A generation of `prompt` as a turn of `conversation`: takes its kept
@@ -149,6 +159,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             continuation,
             high_water,
             lookup: NgramIndex::new(),
+            cancel: None,
         })
     }
 
@@ -206,6 +217,39 @@ impl<'a, 'b> Generation<'a, 'b> {
             return false;
         }
         true
+    }
+
+    /// Whether the caller's cancel flag is set (then the generation stops as
+    /// cancelled).
+    pub(super) fn cancel_requested(&mut self) -> bool {
+        let c = self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst));
+        if c && self.stop.is_none() {
+            self.stop = Some(StopReason::Cancelled);
+        }
+        c
+    }
+
+    /// With a cancel flag set: runs all but the last pending token through
+    /// the draft in chunks of [`PREFILL_CHUNK`], asking the flag before each.
+    /// False when cancelled (the generation stops).
+    pub(super) fn prefill_pending(&mut self) -> Result<bool, EdgeError> {
+        if self.cancel.is_none() {
+            return Ok(true);
+        }
+        while self.pending.len() > PREFILL_CHUNK + 1 {
+            if self.cancel_requested() {
+                return Ok(false);
+            }
+            let pos = self.cache.len();
+            let chunk: Vec<u32> = self.pending.drain(..PREFILL_CHUNK).collect();
+            self.draft.forward_last(&chunk, pos, &mut self.cache)?;
+            self.stats.draft_forwards += 1;
+            self.high_water = self.high_water.max(self.cache.len());
+        }
+        Ok(!self.cancel_requested())
     }
 
     /// Runs the draft over `pending`; returns its next token after `hist`

@@ -97,6 +97,9 @@ pub(super) struct Rounds<'a> {
 impl Rounds<'_> {
     pub(super) fn drive(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
         while run.stop.is_none() {
+            if !run.prefill_pending()? {
+                break;
+            }
             if let Some(op) = self.conn.opening.take() {
                 if !op.task.is_finished() {
                     // The verifier is not (yet) reachable: keep generating alone.
@@ -335,7 +338,8 @@ impl Rounds<'_> {
                 Ok(a) => a,
                 Err(e) => return self.conn.fail(run, e),
             };
-            let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p)?;
+            let vocab = self.conn.codec.vocab();
+            let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p, vocab)?;
             self.conn.record_rtt(rtt, draft_positions(k));
             self.conn.success();
             self.conn.round += 1;
