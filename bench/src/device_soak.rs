@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, ThermalState};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 use super::worker::PromptCase;
 

@@ -43,8 +43,7 @@ fn meta_string(c: &Content, key: &str) -> Option<String> {
 
 /// Describe the GGUF at `path`.
 pub fn inspect(path: &Path) -> Result<ModelInfo> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let content = Content::read(&mut f)
         .map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?;
     let mut formats = BTreeMap::new();
@@ -188,5 +187,10 @@ pub fn check_pair(
     let d = draft.config.as_ref().map_err(|e| cannot("draft", e))?;
     let t = target.config.as_ref().map_err(|e| cannot("target", e))?;
     check_vocab(d, t)?;
-    tandem_model::pair::check_pair(d, draft.tokenizer.as_ref().ok(), t, target.tokenizer.as_ref().ok())
+    tandem_model::pair::check_pair(
+        d,
+        draft.tokenizer.as_ref().ok(),
+        t,
+        target.tokenizer.as_ref().ok(),
+    )
 }

@@ -72,8 +72,7 @@ pub enum Work {
 }
 
 /// A forward run alone by the scheduler, with the model and the session's state.
-pub type AloneFn =
-    Box<dyn FnOnce(&Model, &mut SessionState) -> Result<Outcome, Refusal> + Send>;
+pub type AloneFn = Box<dyn FnOnce(&Model, &mut SessionState) -> Result<Outcome, Refusal> + Send>;
 
 /// What came of a job.
 #[derive(Debug)]

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use tandem_fetch::{model_path, ModelRole};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::{LoadOptions, Model};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_target_verifies_a_few_rounds() {

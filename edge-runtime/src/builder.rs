@@ -16,8 +16,8 @@
 
 use std::sync::Arc;
 
-use tandem_model::transformer::Model;
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 use tandem_router::Router;
 
 use crate::config::EdgeConfig;
@@ -101,8 +101,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::split::{SplitConfig, SplitLayer};
-    use tandem_model::transformer::LoadOptions;
     use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+    use tandem_model::transformer::LoadOptions;
 
     fn tiny() -> (tempfile::TempDir, Arc<Model>, Tokenizer) {
         let dir = tempfile::tempdir().unwrap();

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const TOKEN: &str = "adaptive-test-token-0123456789";
 const FP: &str = "tiny-test-fingerprint";

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::kv_pages::PAGE_TOKENS;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const FP: &str = "tiny-test-fingerprint";
 const DEVICES: usize = 16;

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, ThermalState, TokenStatus};
 use tandem_model::forward_threads;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_model::tokenizer::ChatMessage;
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_router::{Action, Router};
 
 const TOKEN: &str = "device-state-test-token-0123456789";

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
 use tandem_model::proposer::ProposerKind;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 
 const TOKEN: &str = "proposers-real-token-0123456789";
 const MAX: usize = 24;

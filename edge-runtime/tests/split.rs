@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use tandem_edge::split::{SplitConfig, SplitLayer};
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_verifier::RunningVerifier;
 
 const TOKEN: &str = "split-test-token-0123456789";
@@ -44,12 +44,7 @@ fn start_verifier(rt: &tokio::runtime::Runtime, target: &Path) -> RunningVerifie
     rt.block_on(tandem_verifier::start(cfg)).unwrap()
 }
 
-fn edge(
-    url: &str,
-    split: SplitConfig,
-    draft: Arc<Model>,
-    target: Arc<Model>,
-) -> EdgeRuntime {
+fn edge(url: &str, split: SplitConfig, draft: Arc<Model>, target: Arc<Model>) -> EdgeRuntime {
     let cfg = EdgeConfig {
         verifier_url: Some(url.into()),
         token: Some(TOKEN.into()),

@@ -351,7 +351,9 @@ impl ModelConfig {
         if self.n_head.checked_mul(self.head_dim).is_none() {
             return Err("n_head × head_dim overflows".into());
         }
-        if !self.rope_dims.is_multiple_of(2) || self.rope_dims == 0 || self.rope_dims > self.head_dim
+        if !self.rope_dims.is_multiple_of(2)
+            || self.rope_dims == 0
+            || self.rope_dims > self.head_dim
         {
             return Err(format!(
                 "RoPE over {} of a head's {} dimensions: it must be even and at most the head width",

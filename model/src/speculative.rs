@@ -359,8 +359,9 @@ pub fn generate_speculative(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
-    crate::pair::check_vocab(draft.config(), target.config())
-        .map_err(|e| ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}")))?;
+    crate::pair::check_vocab(draft.config(), target.config()).map_err(|e| {
+        ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}"))
+    })?;
     let mut tcache = target.new_cache();
     let mut drafter = DraftModel {
         model: draft,

@@ -266,7 +266,13 @@ pub fn write_tiny_model(path: &Path, cfg: &TinyConfig) -> Result<()> {
             cfg.matrix_format,
         )?;
         if traits.post_norms {
-            add(p("post_attention_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
+            add(
+                p("post_attention_norm.weight"),
+                &[d],
+                0.1,
+                1.0,
+                GgmlDType::F32,
+            )?;
             add(p("post_ffw_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
         }
         add(p("ffn_norm.weight"), &[d], 0.1, 1.0, GgmlDType::F32)?;
@@ -361,7 +367,8 @@ pub fn write_dequantized(src: &Path, dst: &Path, to: GgmlDType, pad_rows: usize)
     for name in names {
         let q = content.tensor(&mut f, name, &Device::Cpu).map_err(err)?;
         let padded = pad_rows > 0 && (name == "token_embd.weight" || name == "output.weight");
-        let keep = q.shape().rank() < 2 || matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        let keep = q.shape().rank() < 2
+            || matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
         if keep && !padded {
             tensors.push((name.clone(), q));
             continue;
@@ -373,7 +380,11 @@ pub fn write_dequantized(src: &Path, dst: &Path, to: GgmlDType, pad_rows: usize)
                 .map_err(err)?;
             t = Tensor::cat(&[&t, &zeros], 0).map_err(err)?;
         }
-        let fmt = if q.shape().rank() < 2 { GgmlDType::F32 } else { to };
+        let fmt = if q.shape().rank() < 2 {
+            GgmlDType::F32
+        } else {
+            to
+        };
         tensors.push((name.clone(), QTensor::quantize(&t, fmt).map_err(err)?));
     }
     let mut meta: Vec<(String, Value)> = content.metadata.into_iter().collect();

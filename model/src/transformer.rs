@@ -805,7 +805,10 @@ const GATED_CHUNK: usize = 16 * 1024;
 fn gated(gate: &mut [f32], up: &[f32], act: FfnAct) {
     let f = |(g, u): (&mut [f32], &[f32])| match act {
         FfnAct::Silu => g.iter_mut().zip(u).for_each(|(g, u)| *g = silu(*g) * u),
-        FfnAct::GeluTanh => g.iter_mut().zip(u).for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        FfnAct::GeluTanh => g
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
     };
     if gate.len() <= GATED_CHUNK {
         f((gate, up));

@@ -151,7 +151,10 @@ fn random_mixed_session_batches_match_each_session_alone_draft_like() {
 fn random_mixed_session_batches_match_each_session_alone_every_family() {
     // Gemma 3's tiny windows (8) are far shorter than the prefixes (≤ 80):
     // local layers drop positions in every mix.
-    for (i, arch) in [Arch::Qwen3, Arch::Llama, Arch::Gemma3].into_iter().enumerate() {
+    for (i, arch) in [Arch::Qwen3, Arch::Llama, Arch::Gemma3]
+        .into_iter()
+        .enumerate()
+    {
         check_random_mixes(&TinyConfig::for_arch(arch), 8, 30 + i as u64);
     }
 }

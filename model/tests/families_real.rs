@@ -36,8 +36,7 @@ fn fixture(name: &str) -> Vec<Record> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(format!("greedy_{name}.jsonl"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap())
@@ -104,7 +103,10 @@ fn agree_with_llama_cpp(name: &str, path: PathBuf) -> Vec<(usize, Option<usize>)
         }
     }
     let equal = out.iter().filter(|(_, f)| f.is_none()).count();
-    eprintln!("{name}: {equal} of {} prompts equal to llama.cpp", records.len());
+    eprintln!(
+        "{name}: {equal} of {} prompts equal to llama.cpp",
+        records.len()
+    );
     out
 }
 

@@ -96,13 +96,17 @@ fn every_family_matches_candle_transformers() {
             "{arch}: max |ours - candle| = {diff} for logits up to {scale}"
         );
         let argmax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .fold((0, f32::MIN), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) })
+            v.iter().enumerate().fold(
+                (0, f32::MIN),
+                |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) },
+            )
         };
         let ((ia, _), (ib, _)) = (argmax(&a), argmax(&b));
         let gap = a[ia] - a[ib];
-        assert!(ia == ib || gap < 2.0 * diff, "{arch}: argmax {ia} vs {ib}, gap {gap}");
+        assert!(
+            ia == ib || gap < 2.0 * diff,
+            "{arch}: argmax {ia} vs {ib}, gap {gap}"
+        );
         eprintln!("{arch}: max diff {diff:.5} of {scale:.3}");
     }
 }

@@ -148,12 +148,20 @@ fn local_layers_see_only_their_window() {
     for early in 0..reach {
         let mut changed = toks.clone();
         changed[early] = (changed[early] + 1) % v as u32;
-        assert_bits_eq(&reference, &last(&changed), &format!("token {early} changed"));
+        assert_bits_eq(
+            &reference,
+            &last(&changed),
+            &format!("token {early} changed"),
+        );
     }
     // A token inside the window does change the result (the test can fail).
     let mut changed = toks.clone();
     changed[reach] = (changed[reach] + 1) % v as u32;
-    assert_ne!(reference, last(&changed), "token {reach} is inside the reach");
+    assert_ne!(
+        reference,
+        last(&changed),
+        "token {reach} is inside the reach"
+    );
 }
 
 #[test]
@@ -242,5 +250,8 @@ fn unknown_architecture_is_refused_by_name() {
     );
     // The refusal names what is unsupported and what is.
     let msg = e.to_string();
-    assert!(msg.contains("mamba") && msg.contains("qwen3, llama, gemma3"), "{msg}");
+    assert!(
+        msg.contains("mamba") && msg.contains("qwen3, llama, gemma3"),
+        "{msg}"
+    );
 }

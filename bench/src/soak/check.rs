@@ -19,8 +19,8 @@ use std::path::Path;
 use tandem_edge::conversation::common_prefix;
 use tandem_edge::TokenStatus;
 use tandem_model::kv_cache::KvCache;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
+use tandem_model::transformer::{LoadOptions, Model};
 
 /// A prompt's target-only greedy generation.
 struct Reference {

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, TokenStatus};
 use tandem_edge::{ProvisionalCheck, ProvisionalReport};
-use tandem_model::transformer::Model;
 use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::transformer::Model;
 
 /// A generation that returned (whatever its stop reason).
 #[derive(Clone, Debug)]

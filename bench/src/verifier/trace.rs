@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::verify::verify_prefix;
 
 /// Bump when the recorded content or its meaning changes (old files are then

@@ -2,9 +2,9 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::argmax;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_proto::v1::verifier_client::VerifierClient;
 use tandem_proto::v1::{
     client_message, server_message, ClientMessage, Draft, Open, Opened, Reason, ServerMessage,

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::sampling::{next_token, SamplingParams};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
+use tandem_model::transformer::{LoadOptions, Model};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The tokenizer fingerprint the tiny verifiers are configured with.
