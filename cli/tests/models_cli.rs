@@ -282,3 +282,101 @@ fn list_shows_leftovers_of_an_interrupted_fetch() {
     assert_eq!(model(&doc, "draft")["present"], false);
     assert_eq!(model(&doc, "target")["leftovers"], serde_json::json!([]));
 }
+
+/// `tandem models check-pair A B` and whether it exited 0.
+fn check_pair(a: &str, b: &str) -> (bool, String) {
+    let (out, stdout, stderr) = run(tandem(&["check-pair", a, b, "--dir"]).arg(real_models_dir()));
+    (out.status.success(), format!("{stdout}{stderr}"))
+}
+
+#[test]
+fn check_pair_says_whether_two_files_pair_and_why_not() {
+    let (ok, text) = check_pair("draft", "target");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("they pair: a shared vocabulary of 151665 tokens (embedding rows: draft 151936, target 151936)"),
+        "{text}"
+    );
+    // Another family: refused, with the reason, exit status 1.
+    let (ok, text) = check_pair("draft", "gemma");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("they do not pair: the vocabularies differ: the draft has 151665 tokens, the target 262144"),
+        "{text}"
+    );
+    // A target whose embedding has 64 padding rows more pairs with its draft
+    // (SmolLM2 Q4_1 and its own F16 copy).
+    let tmp = TempDir::new().unwrap();
+    let padded = tmp.path().join("smollm2-f16-padded.gguf");
+    let smollm2 = real_models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    tandem_model::testing::write_dequantized(
+        &smollm2,
+        &padded,
+        candle_core::quantized::GgmlDType::F16,
+        64,
+    )
+    .unwrap();
+    let (ok, text) = check_pair("smollm2", padded.to_str().unwrap());
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("embedding rows: draft 49152, target 49216"),
+        "{text}"
+    );
+    assert!(text.contains("tokenizers agree"), "{text}");
+    // Too much padding is refused by name.
+    let wide = tmp.path().join("smollm2-f16-wide.gguf");
+    tandem_model::testing::write_dequantized(
+        &smollm2,
+        &wide,
+        candle_core::quantized::GgmlDType::F16,
+        200,
+    )
+    .unwrap();
+    let (ok, text) = check_pair("smollm2", wide.to_str().unwrap());
+    assert!(!ok, "{text}");
+    assert!(text.contains("differ by 200 rows"), "{text}");
+    // A name that is neither a file nor a built-in model.
+    let (ok, text) = check_pair("draft", "no-such-model");
+    assert!(
+        !ok && text.contains("neither a file nor a built-in model"),
+        "{text}"
+    );
+}
+
+#[test]
+fn info_describes_a_file_and_why_it_cannot_run() {
+    let (out, stdout, stderr) =
+        run(tandem(&["info", "gemma", "smollm2", "--dir"]).arg(real_models_dir()));
+    assert!(out.status.success(), "{stderr}");
+    for want in [
+        "architecture:  gemma3",
+        "18 layers, d_model 640, 4 heads (1 KV) of 256",
+        "sliding window 512",
+        "chat template: none (plain completion only)",
+        "architecture:  llama",
+        "tokenizer:     gpt2 (pre-tokenizer smollm)",
+        "Q4_1×",
+        "runs:          yes",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in\n{stdout}");
+    }
+    // An architecture Tandem does not run: described, and refused by name.
+    let tmp = TempDir::new().unwrap();
+    let good = tmp.path().join("tiny.gguf");
+    tandem_model::testing::write_tiny_model(&good, &tandem_model::testing::TinyConfig::default())
+        .unwrap();
+    let mut bytes = std::fs::read(&good).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"qwen2").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"mamba");
+    let other = tmp.path().join("mamba.gguf");
+    std::fs::write(&other, bytes).unwrap();
+    let (out, stdout, stderr) = run(tandem(&["info", "--json"]).arg(&other));
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc[0]["runs"], false);
+    let reason = doc[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("mamba") && reason.contains("supported: qwen2, qwen3, llama, gemma3"),
+        "{reason}"
+    );
+}
