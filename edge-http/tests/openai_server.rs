@@ -59,7 +59,13 @@ fn fixture() -> Fixture {
         ..TinyConfig::default()
     };
     write_tiny_qwen2(&target, &with_tokenizer).unwrap();
-    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    // The draft carries the same tokenizer: its vocabulary (the tokens
+    // without the padding rows) must be the target's.
+    let draft_cfg = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::draft_like()
+    };
+    write_tiny_qwen2(&draft, &draft_cfg).unwrap();
     let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
     let load = |p: &Path| Arc::new(Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {

@@ -64,7 +64,13 @@ fn models(max_tokens: usize) -> Models {
     let dir = tempfile::tempdir().unwrap();
     let target_path = dir.path().join("target.gguf");
     let draft_path = dir.path().join("draft.gguf");
-    write_tiny_qwen2(&target_path, &TinyConfig::default()).unwrap();
+    // Both carry the tokenizer: the target's vocabulary (tokens without the
+    // padding rows) must be the draft's.
+    let target_cfg = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::default()
+    };
+    write_tiny_qwen2(&target_path, &target_cfg).unwrap();
     // (With tokenizer metadata: the routing test builds the chat prompt.)
     let draft_cfg = TinyConfig {
         tokenizer: true,

@@ -306,7 +306,13 @@ fn fixture() -> Fixture {
         ..TinyConfig::default()
     };
     write_tiny_qwen2(&target, &with_tokenizer).unwrap();
-    write_tiny_qwen2(&draft, &TinyConfig::draft_like()).unwrap();
+    // Both carry the tokenizer: the draft's vocabulary (tokens without the
+    // padding rows) must be the target's.
+    let draft_cfg = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::draft_like()
+    };
+    write_tiny_qwen2(&draft, &draft_cfg).unwrap();
     let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
