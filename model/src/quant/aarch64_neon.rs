@@ -42,16 +42,9 @@ use super::{scalar, QuantFormat, RowFn, TILE};
 /// The kernels of a format for the dotprod path (`dotprod`) or the baseline
 /// NEON path; `None` for the formats every ISA runs through the scalar code.
 pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
-    let new_formats = NEW_FORMAT_KERNELS;
     Some(match (f, dotprod) {
         // The portable f32 dot shared by every ISA.
         (QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16, _) => return None,
-        // Not yet run under qemu: the scalar reference (same bits) until they are.
-        (QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q5K | QuantFormat::Q3K, _)
-            if !new_formats =>
-        {
-            return None
-        }
         (QuantFormat::Q4_1 | QuantFormat::Q5_1, false) => row_group_min_neon,
         (QuantFormat::Q4_1 | QuantFormat::Q5_1, true) => row_group_min_sdot,
         (QuantFormat::Q4K, false) => row_q4k_neon,
@@ -66,13 +59,6 @@ pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
         (_, true) => row_group_sdot,
     })
 }
-
-/// Whether the NEON/SDOT kernels of Q4_1, Q5_1, Q5_K and Q3_K are used. They
-/// were written with the x86 ones (issue 28) but have not yet run under qemu
-/// (`.ci/aarch64-tests`): until a run shows their bits equal scalar's, those
-/// formats take the scalar reference on aarch64 (correct, slower;
-/// docs/model-core.md, "Formats").
-const NEW_FORMAT_KERNELS: bool = false;
 
 /// The one integer primitive of the kernels.
 trait Dot {
