@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tandem_model::arch::ModelConfig;
 use tandem_model::gguf::GgufFile;
-use tandem_model::pair::{check_vocab, PairError, PairReport};
+use tandem_model::pair::{PairError, PairReport};
 use tandem_model::tokenizer::Tokenizer;
 
 /// One GGUF file, described.
@@ -186,7 +186,6 @@ pub fn check_pair(
     };
     let d = draft.config.as_ref().map_err(|e| cannot("draft", e))?;
     let t = target.config.as_ref().map_err(|e| cannot("target", e))?;
-    check_vocab(d, t)?;
     tandem_model::pair::check_pair(
         d,
         draft.tokenizer.as_ref().ok(),

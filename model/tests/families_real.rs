@@ -13,6 +13,10 @@
 //! recorded in docs/models.md.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+mod common;
+
+use common::builtin_file;
+
 use std::path::PathBuf;
 use tandem_model::sampling::argmax;
 use tandem_model::transformer::{LoadOptions, Model};
@@ -110,22 +114,11 @@ fn agree_with_llama_cpp(name: &str, path: PathBuf) -> Vec<(usize, Option<usize>)
     out
 }
 
-fn fetched(name: &str) -> PathBuf {
-    let spec = tandem_fetch::ModelSpec::by_name(name).unwrap();
-    let path = spec.path_in(&tandem_fetch::models_dir());
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo run -p tandem -- models fetch` (CI fetches it)",
-        path.display()
-    );
-    path
-}
-
 #[test]
 fn gemma3_270m_greedy_agrees_with_llama_cpp() {
     // The seventh prompt is 1,502 tokens, past the 512-position sliding
     // window: it must agree in full (its smallest llama.cpp margin is 6.07).
-    let results = agree_with_llama_cpp("gemma3", fetched("gemma"));
+    let results = agree_with_llama_cpp("gemma3", builtin_file("gemma"));
     let long: Vec<_> = results.iter().filter(|(len, _)| *len > 512).collect();
     assert_eq!(long.len(), 1, "the fixture has one prompt past the window");
     assert_eq!(long[0].1, None, "the long prompt diverges from llama.cpp");
@@ -133,12 +126,12 @@ fn gemma3_270m_greedy_agrees_with_llama_cpp() {
 
 #[test]
 fn smollm2_135m_greedy_agrees_with_llama_cpp() {
-    agree_with_llama_cpp("smollm2", fetched("smollm2"));
+    agree_with_llama_cpp("smollm2", builtin_file("smollm2"));
 }
 
 #[test]
 fn qwen2_pair_greedy_agrees_with_llama_cpp() {
     for (fixture, name) in [("qwen2_draft", "draft"), ("qwen2_target", "target")] {
-        agree_with_llama_cpp(fixture, fetched(name));
+        agree_with_llama_cpp(fixture, builtin_file(name));
     }
 }

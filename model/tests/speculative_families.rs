@@ -13,27 +13,19 @@
 //!   prompt past the 512-position sliding window.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+mod common;
+
+use common::builtin_file;
+
 use candle_core::quantized::GgmlDType;
-use std::path::PathBuf;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::{generate_single, generate_speculative, GenerateConfig};
 use tandem_model::testing::write_dequantized;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_model::transformer::{LoadOptions, Model};
 
-fn fetched(name: &str) -> PathBuf {
-    let spec = tandem_fetch::ModelSpec::by_name(name).unwrap();
-    let path = spec.path_in(&tandem_fetch::models_dir());
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo run -p tandem -- models fetch` (CI fetches it)",
-        path.display()
-    );
-    path
-}
-
 fn check_pair(name: &str, to: GgmlDType, pad_rows: usize, prompts: &[String], max_tokens: usize) {
-    let draft_path = fetched(name);
+    let draft_path = builtin_file(name);
     let dir = tempfile::tempdir().unwrap();
     let target_path = dir.path().join("target.gguf");
     write_dequantized(&draft_path, &target_path, to, pad_rows).unwrap();

@@ -20,6 +20,20 @@ pub fn model_file(role: ModelRole) -> PathBuf {
     p
 }
 
+/// A built-in model's file by its short name (`gemma`, `smollm2`, …), required
+/// like [`model_file`].
+pub fn builtin_file(name: &str) -> PathBuf {
+    let spec = tandem_fetch::ModelSpec::by_name(name).unwrap();
+    let p = spec.path_in(&tandem_fetch::models_dir());
+    assert!(
+        p.exists(),
+        "real model {} is missing: run `cargo run --release -p tandem -- models fetch` \
+         (or set TANDEM_MODELS_DIR); these tests need the real models",
+        p.display()
+    );
+    p
+}
+
 pub fn load(role: ModelRole, max_seq_len: usize) -> Model {
     Model::load(model_file(role), LoadOptions::with_max_seq_len(max_seq_len)).expect("load model")
 }
