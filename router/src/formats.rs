@@ -189,8 +189,8 @@ fn check_obfuscated_email(text: &str, s: usize, e: usize) -> Option<Scored> {
         return None; // a plain address: recognizers.rs has it
     }
     if hash {
-        let after = &text[e..text.len().min(e.saturating_add(40))];
-        let after = &after[..floor_boundary(after, after.len())];
+        // 40 bytes may end inside a character: round down to a boundary.
+        let after = &text[e..floor_boundary(text, e.saturating_add(40))];
         if !after.contains('@') {
             return None;
         }

@@ -29,6 +29,11 @@ fn piece() -> impl Strategy<Value = String> {
         Just("eyJ".to_string()),
         Just("://".to_string()),
         Just("X".to_string()),
+        Just("#".to_string()),
+        Just(" at ".to_string()),
+        Just("[at]".to_string()),
+        Just(".co.com".to_string()),
+        Just("\u{fffd}".to_string()),
         "[\\u{4e00}-\\u{9fa5}]{1,4}",
         "\\PC{1,6}",
     ]
@@ -58,4 +63,24 @@ proptest! {
             prop_assert!(text.is_char_boundary(c.start) && text.is_char_boundary(c.end));
         }
     }
+}
+
+/// The obfuscated-address check looked 40 bytes past a `#` form for an `@`
+/// and sliced there without rounding to a char boundary (a fuzz find: the
+/// lossy-decoded input below panicked in `check_obfuscated_email`).
+#[test]
+fn a_hash_address_followed_by_multibyte_text_classifies() {
+    let policy = Policy::builtin_default();
+    let text = "def \u{fffd}.local add(013100, MACb  # teonsample.co.com\u{fffd}b2\u{fffd}456";
+    for pad in 0..4 {
+        let t = format!("{}{text}{}", "x".repeat(pad), "\u{fffd}".repeat(20));
+        let d = policy.decide(&t, &RouteContext::default());
+        for e in &d.entities {
+            assert!(t.is_char_boundary(e.start) && t.is_char_boundary(e.end));
+        }
+    }
+    let lossy = String::from_utf8_lossy(include_bytes!(
+        "../../fuzz/seeds/router_classify/crash-hash-email-boundary.bin"
+    ));
+    policy.decide(&lossy, &RouteContext::default());
 }
