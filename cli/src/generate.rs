@@ -40,10 +40,11 @@ pub struct Args {
     /// --verifier.
     #[arg(long, default_value = "draft")]
     pub proposer: ProposerKind,
-    /// How the draft model's KV cache stores keys and values: int8 (a
-    /// quarter of the memory of f32) or f32. It can change acceptance, never
-    /// the speculative output. Speculative and draft modes; the target's
-    /// cache is always f32.
+    /// How the draft model's KV cache stores keys and values: f16 (half the
+    /// memory of f32, and what llama.cpp keeps), f32, or int8 (a quarter;
+    /// the draft's own answers drift from the model's). It can change
+    /// acceptance, never the speculative output. Speculative and draft
+    /// modes; the target's cache is always f32.
     #[arg(long, default_value_t = GenerateConfig::default().draft_kv)]
     pub draft_kv: KvPrecision,
     #[arg(long, default_value_t = 256)]

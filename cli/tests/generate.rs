@@ -50,9 +50,9 @@ fn speculative_json_equals_target_json() {
     assert_eq!(s["mode"], "speculative");
     assert_eq!(s["k"], 5);
     assert_eq!(s["proposer"], "draft");
-    // The draft's KV cache is INT8 by default; f32 gives the same output
+    // The draft's KV cache is f16 by default; f32 gives the same output
     // (the precision changes acceptance, never the output).
-    assert_eq!(s["draft_kv"], "int8");
+    assert_eq!(s["draft_kv"], "f16");
     assert_eq!(t["draft_kv"], serde_json::Value::Null, "no draft ran");
     let q = run_json(&[
         "--mode",
@@ -146,7 +146,7 @@ fn bad_input_gets_clear_errors() {
         "unknown proposer",
     );
     expect_error(
-        &["--draft-kv", "f16", "--prompt", "x"],
+        &["--draft-kv", "q4", "--prompt", "x"],
         "unknown KV precision",
     );
     expect_error(

@@ -3,15 +3,16 @@
 //! architecture, every KV format), in a fixed loop order so that a row's
 //! result never depends on the other rows of a forward.
 
-use crate::kv_cache::{widen_i8, KvRow, KvStore};
+use crate::kv_cache::{widen_f16, widen_i8, KvRow, KvStore};
 use crate::vecops::{axpy, dot};
 use std::ops::Range;
 
 /// Causal attention of one query head over positions `span` of `layer` in
 /// `cache` (the first `span.end` positions, or a sliding window of them; the
 /// head's K/V at `off..off + hd` of each row). An f32 row is read in place;
-/// an INT8 row's head is widened to f32 and its scale applied to the dot
-/// product (keys) or the weight (values).
+/// an f16 row's head is widened to f32 (exactly); an INT8 row's head is
+/// widened to f32 and its scale applied to the dot product (keys) or the
+/// weight (values).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend<C: KvStore>(
     q: &[f32],
@@ -24,13 +25,17 @@ pub(crate) fn attend<C: KvStore>(
     out: &mut [f32],
 ) {
     let head = off / hd;
-    let mut wide = Vec::new(); // an INT8 head widened (stays empty for f32)
+    let mut wide = Vec::new(); // an f16 or INT8 head widened (empty for f32)
     let first = span.start;
     let mut scores = vec![0f32; span.len()];
     let mut max = f32::NEG_INFINITY;
     for (t, s) in span.clone().zip(scores.iter_mut()) {
         *s = match cache.key(layer, t) {
             KvRow::F32(r) => dot(q, &r[off..off + hd]),
+            KvRow::F16(r) => {
+                widen_f16(&r[off..off + hd], &mut wide);
+                dot(q, &wide)
+            }
             KvRow::Int8 { q: kq, scales } => {
                 widen_i8(&kq[off..off + hd], &mut wide);
                 dot(q, &wide) * scales[head]
@@ -49,6 +54,10 @@ pub(crate) fn attend<C: KvStore>(
         let w = s * inv;
         match cache.value(layer, first + t) {
             KvRow::F32(r) => axpy(out, w, &r[off..off + hd]),
+            KvRow::F16(r) => {
+                widen_f16(&r[off..off + hd], &mut wide);
+                axpy(out, w, &wide);
+            }
             KvRow::Int8 { q: vq, scales } => {
                 widen_i8(&vq[off..off + hd], &mut wide);
                 axpy(out, w * scales[head], &wide);

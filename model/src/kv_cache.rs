@@ -1,9 +1,15 @@
 //! A per-sequence key/value cache with preallocated capacity and rollback.
 //!
 //! Layout per layer, by [`KvPrecision`]:
-//! - `F32` (the default, and always the target's): `[capacity, n_kv_head,
-//!   head_dim]` f32 for K and for V.
-//! - `Int8` (an option for the draft): the same layout in `i8`, plus one f32
+//! - `F32` (always the target's): `[capacity, n_kv_head, head_dim]` f32 for
+//!   K and for V.
+//! - `F16` (the draft's default): the same layout in IEEE half precision,
+//!   rounded to nearest-even on write (the same on every ISA) and widened
+//!   exactly on read. It is what llama.cpp keeps by default, so the draft's
+//!   own answers (local and offline tokens) stay the model's: on the fixture
+//!   prompts it agrees with llama.cpp as often as f32 does
+//!   (docs/model-core.md, "Draft KV fidelity"). Half of f32's memory.
+//! - `Int8` (an opt-in for the draft, memory over fidelity): the same layout in `i8`, plus one f32
 //!   scale per (position, kv head) row, `[capacity, n_kv_head]`: symmetric
 //!   quantization, `x ≈ q · scale` with `scale = max|x| / 127` over the row's
 //!   `head_dim` values, so a value is off by at most `scale / 2`. Attention
@@ -20,6 +26,7 @@
 //! the output.
 
 use crate::{ModelError, Result};
+use half::f16;
 use serde::{Deserialize, Serialize};
 
 /// How a [`KvCache`] stores keys and values.
@@ -29,16 +36,19 @@ pub enum KvPrecision {
     /// 4 bytes per value; bit-for-bit what attention computed.
     #[default]
     F32,
+    /// 2 bytes per value (IEEE half, round to nearest even).
+    F16,
     /// 1 byte per value plus a 4-byte scale per (position, kv head).
     Int8,
 }
 
 impl KvPrecision {
-    pub const ALL: [KvPrecision; 2] = [Self::F32, Self::Int8];
+    pub const ALL: [KvPrecision; 3] = [Self::F32, Self::F16, Self::Int8];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
+            Self::F16 => "f16",
             Self::Int8 => "int8",
         }
     }
@@ -49,6 +59,7 @@ impl KvPrecision {
         let row = n_kv_head.saturating_mul(head_dim);
         let row_bytes = match self {
             Self::F32 => row.saturating_mul(4),
+            Self::F16 => row.saturating_mul(2),
             Self::Int8 => row.saturating_add(n_kv_head.saturating_mul(4)),
         };
         row_bytes.saturating_mul(2).saturating_mul(n_layers)
@@ -70,7 +81,7 @@ impl std::str::FromStr for KvPrecision {
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
                 ModelError::InvalidArgument(format!(
-                    "unknown KV precision {s:?} (expected f32 or int8)"
+                    "unknown KV precision {s:?} (expected f32, f16 or int8)"
                 ))
             })
     }
@@ -81,6 +92,7 @@ impl std::str::FromStr for KvPrecision {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum KvRow<'a> {
     F32(&'a [f32]),
+    F16(&'a [f16]),
     /// Value `i` of head `h` is `q[h * head_dim + i] as f32 * scales[h]`.
     Int8 {
         q: &'a [i8],
@@ -93,6 +105,11 @@ impl KvRow<'_> {
     pub fn dequantize_into(&self, out: &mut [f32]) {
         match *self {
             KvRow::F32(r) => out.copy_from_slice(r),
+            KvRow::F16(r) => {
+                for (o, h) in out.iter_mut().zip(r) {
+                    *o = h.to_f32();
+                }
+            }
             KvRow::Int8 { q, scales } => {
                 let hd = q.len().checked_div(scales.len()).unwrap_or(0).max(1);
                 for ((o, q), s) in out.chunks_mut(hd).zip(q.chunks(hd)).zip(scales) {
@@ -125,6 +142,12 @@ pub(crate) fn quantize_head(x: &[f32], q: &mut [i8]) -> f32 {
 pub(crate) fn widen_i8(x: &[i8], out: &mut Vec<f32>) {
     out.clear();
     out.extend(x.iter().map(|&v| f32::from(v)));
+}
+
+/// `out = x as f32`, element by element (exact; resized to `x.len()`).
+pub(crate) fn widen_f16(x: &[f16], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(x.iter().map(|v| v.to_f32()));
 }
 
 /// One layer's K or V in INT8: `q` `[capacity, row]`, `scales`
@@ -170,6 +193,7 @@ impl Int8Rows {
 #[derive(Clone, Debug)]
 enum Layers {
     F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
     Int8 { k: Vec<Int8Rows>, v: Vec<Int8Rows> },
 }
 
@@ -204,6 +228,10 @@ impl KvCache {
                 k: (0..n_layers).map(|_| vec![0f32; floats]).collect(),
                 v: (0..n_layers).map(|_| vec![0f32; floats]).collect(),
             },
+            KvPrecision::F16 => Layers::F16 {
+                k: (0..n_layers).map(|_| vec![f16::ZERO; floats]).collect(),
+                v: (0..n_layers).map(|_| vec![f16::ZERO; floats]).collect(),
+            },
             KvPrecision::Int8 => Layers::Int8 {
                 k: (0..n_layers)
                     .map(|_| Int8Rows::new(capacity, row, n_kv_head))
@@ -225,6 +253,7 @@ impl KvCache {
     pub fn precision(&self) -> KvPrecision {
         match self.layers {
             Layers::F32 { .. } => KvPrecision::F32,
+            Layers::F16 { .. } => KvPrecision::F16,
             Layers::Int8 { .. } => KvPrecision::Int8,
         }
     }
@@ -316,6 +345,15 @@ impl KvStore for KvCache {
                 kc[layer][range.clone()].copy_from_slice(k);
                 vc[layer][range].copy_from_slice(v);
             }
+            Layers::F16 { k: kc, v: vc } => {
+                let range = start_pos * row..(start_pos + n) * row;
+                for (o, &x) in kc[layer][range.clone()].iter_mut().zip(k) {
+                    *o = f16::from_f32(x);
+                }
+                for (o, &x) in vc[layer][range].iter_mut().zip(v) {
+                    *o = f16::from_f32(x);
+                }
+            }
             Layers::Int8 { k: kc, v: vc } => {
                 kc[layer].write(start_pos, k, row, heads);
                 vc[layer].write(start_pos, v, row, heads);
@@ -328,6 +366,7 @@ impl KvStore for KvCache {
     fn key(&self, layer: usize, t: usize) -> KvRow<'_> {
         match &self.layers {
             Layers::F32 { k, .. } => KvRow::F32(&k[layer][t * self.row..(t + 1) * self.row]),
+            Layers::F16 { k, .. } => KvRow::F16(&k[layer][t * self.row..(t + 1) * self.row]),
             Layers::Int8 { k, .. } => k[layer].row(t, self.row, self.heads),
         }
     }
@@ -336,6 +375,7 @@ impl KvStore for KvCache {
     fn value(&self, layer: usize, t: usize) -> KvRow<'_> {
         match &self.layers {
             Layers::F32 { v, .. } => KvRow::F32(&v[layer][t * self.row..(t + 1) * self.row]),
+            Layers::F16 { v, .. } => KvRow::F16(&v[layer][t * self.row..(t + 1) * self.row]),
             Layers::Int8 { v, .. } => v[layer].row(t, self.row, self.heads),
         }
     }

@@ -44,9 +44,11 @@ pub struct GenerateConfig {
     pub proposer: ProposerKind,
     /// How the draft model's KV cache stores keys and values. The target's
     /// cache is always f32; the draft's precision changes which tokens it
-    /// proposes (acceptance), never the speculative output. Default
-    /// [`KvPrecision::Int8`]: a quarter of the memory, and acceptance on the
-    /// real pair within half a point of f32 (docs/benchmarks.md).
+    /// proposes (acceptance), never the speculative output, but it decides
+    /// the draft's own answers (draft mode, local and offline tokens).
+    /// Default [`KvPrecision::F16`]: half the memory, and the draft agrees
+    /// with llama.cpp as often as with f32 ([`KvPrecision::Int8`], a quarter,
+    /// does not: docs/model-core.md, "Draft KV fidelity").
     pub draft_kv: KvPrecision,
 }
 
@@ -58,7 +60,7 @@ impl Default for GenerateConfig {
             sampling: SamplingParams::default(),
             stop_tokens: Vec::new(),
             proposer: ProposerKind::Draft,
-            draft_kv: KvPrecision::Int8,
+            draft_kv: KvPrecision::F16,
         }
     }
 }

@@ -113,7 +113,7 @@ impl<'a, 'b> Generation<'a, 'b> {
                 },
             ));
         }
-        // The draft's KV in the generation's precision (`draft_kv`, INT8 by
+        // The draft's KV in the generation's precision (`draft_kv`, f16 by
         // default: it changes acceptance only, never a verified token).
         let fresh = draft.new_cache_with(gen.draft_kv);
         let (mut cache, reuse, continuation, high_water) = match kept.take() {

@@ -1,6 +1,7 @@
-//! The INT8 KV cache (an option for the draft model): quantization error
-//! bounds, forwards close to the f32 cache's, rollback, and the bytes it
-//! reports. Tiny random models; fast, no model files needed.
+//! The draft's KV precisions besides f32: f16 (the draft's default) and
+//! INT8 (opt-in): rounding bounds, forwards close to the f32 cache's, rows
+//! independent of their block, rollback, and the bytes each reports. Tiny
+//! random models; fast, no model files needed.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use tandem_model::kv_cache::{KvCache, KvPrecision, KvRow, KvStore};
@@ -54,7 +55,11 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn precision_names_parse_print_and_serialize() {
-    for (p, name) in [(KvPrecision::F32, "f32"), (KvPrecision::Int8, "int8")] {
+    for (p, name) in [
+        (KvPrecision::F32, "f32"),
+        (KvPrecision::F16, "f16"),
+        (KvPrecision::Int8, "int8"),
+    ] {
         assert_eq!(p.to_string(), name);
         assert_eq!(name.parse::<KvPrecision>().unwrap(), p);
         assert_eq!(name.to_uppercase().parse::<KvPrecision>().unwrap(), p);
@@ -62,9 +67,15 @@ fn precision_names_parse_print_and_serialize() {
         assert_eq!(json, format!("\"{name}\""));
         assert_eq!(serde_json::from_str::<KvPrecision>(&json).unwrap(), p);
     }
-    let err = "f16".parse::<KvPrecision>().unwrap_err().to_string();
-    assert!(err.contains("f32 or int8"), "{err}");
+    let err = "q4".parse::<KvPrecision>().unwrap_err().to_string();
+    assert!(err.contains("f32, f16 or int8"), "{err}");
     assert_eq!(KvPrecision::default(), KvPrecision::F32);
+    // The draft's default is f16: the precision llama.cpp keeps, with which
+    // the draft's own answers agree with llama.cpp's (docs/model-core.md).
+    assert_eq!(
+        tandem_model::speculative::GenerateConfig::default().draft_kv,
+        KvPrecision::F16
+    );
 }
 
 /// Every value comes back within half a quantization step of its row's head
@@ -132,6 +143,11 @@ fn bytes_per_token_is_that_of_the_precision() {
     // The real draft (Qwen2.5-0.5B: 24 layers, 2 kv heads of 64): 24 KiB vs
     // 6.4 KiB per token.
     assert_eq!(KvPrecision::F32.bytes_per_token(24, 2, 64), 24_576);
+    assert_eq!(KvPrecision::F16.bytes_per_token(24, 2, 64), 12_288);
+    assert_eq!(
+        m.new_cache_with(KvPrecision::F16).bytes_per_token(),
+        2 * 2 * 2 * 64 * 2
+    );
     assert_eq!(KvPrecision::Int8.bytes_per_token(24, 2, 64), 6_528);
 }
 
@@ -209,26 +225,103 @@ fn int8_forward_is_close_to_f32() {
     }
 }
 
-/// A row is quantized alone, so INT8 logits, like f32 ones, do not depend on
-/// the block a position was computed in.
+/// A row is rounded or quantized alone, so f16 and INT8 logits, like f32
+/// ones, do not depend on the block a position was computed in.
 #[test]
-fn int8_logits_are_bit_identical_across_block_sizes() {
+fn logits_are_bit_identical_across_block_sizes_at_every_precision() {
     let (_d, m) = tiny(&TinyConfig::draft_like());
     let toks = tokens(33, m.config().vocab);
-    let one = logits(&m, KvPrecision::Int8, &toks, 1);
-    for block in [2, 4, 7, 33] {
-        let b = logits(&m, KvPrecision::Int8, &toks, block);
-        assert_bits_eq(&one, &b, &format!("block {block}"));
+    for kv in KvPrecision::ALL {
+        let one = logits(&m, kv, &toks, 1);
+        for block in [2, 4, 7, 33] {
+            let b = logits(&m, kv, &toks, block);
+            assert_bits_eq(&one, &b, &format!("{kv}, block {block}"));
+        }
     }
 }
 
-/// A rejected draft block rolled back with `truncate` leaves the INT8 cache
-/// exactly as if the block had never been run, at every layer.
+/// f16 rows hold each value rounded to nearest even (relative error at most
+/// 2^-11 for normal values) and read back exactly what was stored.
 #[test]
-fn int8_truncate_rolls_back_exactly() {
+fn f16_round_trip_is_nearest_even() {
+    let (layers, heads, hd, cap) = (2, 2, 8, 4);
+    let row = heads * hd;
+    let mut c = KvCache::with_precision(layers, heads, hd, cap, KvPrecision::F16);
+    let mut k = values(cap * row, 7);
+    k[0] = 1.0 + 2f32.powi(-11); // a tie: rounds to even (1.0)
+    k[1] = 1.0 + 3.0 * 2f32.powi(-11); // a tie: rounds to even (1 + 2^-9)
+    k[2] = 70_000.0; // beyond f16's range: infinity, as IEEE rounding gives
+    let v = values(cap * row, 8);
+    for l in 0..layers {
+        c.append(l, 0, &k, &v);
+    }
+    for t in 0..cap {
+        let KvRow::F16(got) = c.key(1, t) else {
+            panic!("an f16 cache gives f16 rows")
+        };
+        for (i, (g, &x)) in got.iter().zip(&k[t * row..(t + 1) * row]).enumerate() {
+            let back = g.to_f32();
+            if x.abs() > 65_504.0 {
+                assert!(back.is_infinite());
+            } else {
+                assert!(
+                    (back - x).abs() <= x.abs() * 2f32.powi(-11) + 2f32.powi(-25),
+                    "{t},{i}: {x} -> {back}"
+                );
+            }
+        }
+        let mut wide = vec![0f32; row];
+        c.value(0, t).dequantize_into(&mut wide);
+        for (w, &x) in wide.iter().zip(&v[t * row..(t + 1) * row]) {
+            assert!((w - x).abs() <= x.abs() * 2f32.powi(-11) + 2f32.powi(-25));
+        }
+    }
+    let KvRow::F16(first) = c.key(0, 0) else {
+        panic!("f16 rows")
+    };
+    assert_eq!(first[0].to_f32(), 1.0);
+    assert_eq!(first[1].to_f32(), 1.0 + 2f32.powi(-9));
+}
+
+/// f16 logits stay close to f32's (the same relative RMS and yardstick as
+/// `int8_forward_is_close_to_f32`; on these random tiny models the drift is
+/// dominated by how the random layers amplify any change, so f16 and INT8
+/// measure alike here. The real draft shows the difference: fidelity to
+/// llama.cpp in `families_real.rs`).
+#[test]
+fn f16_forward_is_close_to_f32() {
+    for cfg in [TinyConfig::default(), TinyConfig::draft_like()] {
+        let (_d, m) = tiny(&cfg);
+        let v = m.config().vocab;
+        let toks = tokens(48, v);
+        let a = logits(&m, KvPrecision::F32, &toks, 5);
+        let h = logits(&m, KvPrecision::F16, &toks, 5);
+        let q = logits(&m, KvPrecision::Int8, &toks, 5);
+        assert_ne!(a, h, "f16 must actually be in use");
+        let worst = |x: &[f32]| relative_rms(&a, x, v).into_iter().fold(0f32, f32::max);
+        let (wh, wq) = (worst(&h), worst(&q));
+        eprintln!(
+            "{:?}: worst drift f16 {wh:.5}, int8 {wq:.5}",
+            cfg.matrix_format
+        );
+        assert!(wh < 0.03, "f16 drift {wh}");
+        assert!(wh <= wq, "f16 drift {wh} vs int8 {wq}");
+    }
+}
+
+/// A rejected draft block rolled back with `truncate` leaves an f16 or INT8
+/// cache exactly as if the block had never been run, at every layer.
+#[test]
+fn truncate_rolls_back_exactly_at_every_precision() {
+    for kv in [KvPrecision::F16, KvPrecision::Int8] {
+        truncate_rolls_back_exactly(kv);
+    }
+}
+
+fn truncate_rolls_back_exactly(kv: KvPrecision) {
     let (_d, m) = tiny(&TinyConfig::default());
     let v = m.config().vocab;
-    let mut cache = m.new_cache_with(KvPrecision::Int8);
+    let mut cache = m.new_cache_with(kv);
     m.forward(&[5, 6, 7, 8], 0, &mut cache).unwrap();
     m.forward(&[100, 101, 102], 4, &mut cache).unwrap();
     assert_eq!(cache.len(), 7);
@@ -238,7 +331,7 @@ fn int8_truncate_rolls_back_exactly() {
         assert_eq!(cache.layer_len(l), 4);
     }
     let after = m.forward(&[9, 10], 4, &mut cache).unwrap();
-    let mut fresh = m.new_cache_with(KvPrecision::Int8);
+    let mut fresh = m.new_cache_with(kv);
     let all = m.forward(&[5, 6, 7, 8, 9, 10], 0, &mut fresh).unwrap();
     assert_bits_eq(&after, &all[4 * v..], "after rollback");
     // Appending at the wrong position is refused as for f32.
