@@ -37,9 +37,9 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
             "--engines",
             "tandem",
             "--proposers",
-            "draft,lookup,auto",
+            "draft,auto",
             "--draft-kv",
-            "f32,int8",
+            "f16,int8",
         ])
         .output()
         .unwrap();
@@ -118,11 +118,11 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
 
     assert_eq!(
         r["settings"]["spec_proposers"],
-        serde_json::json!(["draft", "lookup", "auto"])
+        serde_json::json!(["draft", "auto"])
     );
     assert_eq!(
         r["settings"]["spec_draft_kv"],
-        serde_json::json!(["f32", "int8"])
+        serde_json::json!(["f16", "int8"])
     );
     // One report per (proposer, draft KV precision), proposer major.
     let all = r["speculative"].as_array().unwrap();
@@ -138,11 +138,9 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
     assert_eq!(
         names,
         [
-            ("draft", "f32"),
+            ("draft", "f16"),
             ("draft", "int8"),
-            ("lookup", "f32"),
-            ("lookup", "int8"),
-            ("auto", "f32"),
+            ("auto", "f16"),
             ("auto", "int8")
         ]
     );
@@ -488,4 +486,55 @@ fn verifier_quick_json_replays_every_verdict_exactly() {
         "not an SVG"
     );
     assert!(svg.contains("spec-k4 batched") && svg.contains("cloud-only unbatched"));
+}
+
+/// `--draft-model`/`--target-model` put the user's files in the model rows
+/// (names or paths), and the candle column loads each with candle's model of
+/// its architecture: SmolLM2 (llama) and Gemma 3 side by side.
+#[test]
+fn user_named_models_of_other_families_are_measured_with_candles_matching_model() {
+    let out = tandem()
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--repeats",
+            "1",
+            "--decode-tokens",
+            "8",
+        ])
+        .args(["--models", "draft,target", "--engines", "tandem,candle"])
+        .args(["--draft-model", "smollm2", "--target-model", "gemma"])
+        .args(["--spec-prompts", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let models = r["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2);
+    for (m, file, module) in [
+        (
+            &models[0],
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "quantized_llama",
+        ),
+        (&models[1], "gemma-3-270m-q4_k_m.gguf", "quantized_gemma3"),
+    ] {
+        assert!(m["path"].as_str().unwrap().ends_with(file), "{m}");
+        let engines = m["engines"].as_array().unwrap();
+        for e in engines {
+            assert_eq!(e["status"], "ok", "{e}");
+            assert!(
+                f(e, "decode_tok_s") > 0.0 && f(e, "prefill_tok_s") > 0.0,
+                "{e}"
+            );
+        }
+        let candle = engines.iter().find(|e| e["engine"] == "candle").unwrap();
+        assert!(
+            candle["version"].as_str().unwrap().contains(module),
+            "{candle}"
+        );
+        assert!(m["ratios"]["tandem/candle"].is_object(), "{m}");
+    }
 }
