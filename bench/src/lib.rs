@@ -1,6 +1,7 @@
 //! `tandem bench`: Tandem's model core side by side with candle-transformers'
-//! `quantized_qwen2` and (when installed) llama.cpp through llama-cpp-python:
-//! load time, prefill and decode speed, the verify-cost curve and peak RSS per
+//! quantized models (`quantized_qwen2`, `_llama`, `_qwen3`, `_gemma3`, by the
+//! file's architecture) and (when installed) llama.cpp through
+//! llama-cpp-python: load time, prefill and decode speed, the verify-cost curve and peak RSS per
 //! model and engine, plus greedy local speculative decoding vs target-only.
 //!
 //! Each (model, engine) pair runs in a fresh child process (this binary,
@@ -73,7 +74,8 @@ impl BenchModel {
 pub enum Engine {
     /// Tandem's own model core (tandem-model).
     Tandem,
-    /// candle-transformers' quantized_qwen2.
+    /// candle-transformers' quantized model of the file's architecture
+    /// (quantized_qwen2, _qwen3, _llama, _gemma3).
     Candle,
     /// llama.cpp via llama-cpp-python (skipped when not installed).
     LlamaCpp,
@@ -110,6 +112,17 @@ pub struct Args {
     /// Engines to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = ["tandem", "candle", "llama-cpp"])]
     engines: Vec<Engine>,
+    /// The file the `draft` model row measures, and the draft of the
+    /// speculative comparison: a GGUF path, a built-in name, or one of
+    /// yours in the models directory (`tandem models list`) [default: the
+    /// built-in Qwen2.5-Coder 0.5B].
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// The file of the `target` row and the target of the speculative
+    /// comparison, as `--draft-model` [default: the built-in Qwen2.5-Coder
+    /// 1.5B]. The two must pair (`tandem models check-pair`).
+    #[arg(long)]
+    target_model: Option<PathBuf>,
     /// Threads per engine (default: all logical CPUs).
     #[arg(long)]
     threads: Option<usize>,
@@ -138,10 +151,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["draft"])]
     proposers: Vec<ProposerKind>,
     /// Precisions of the draft's KV cache in the speculative comparison,
-    /// comma-separated: int8 (the default, as in `tandem generate`), f32.
+    /// comma-separated: f16 (the default, as in `tandem generate`), f32, int8.
     /// Each proposer runs once per precision, after the same prompt's
     /// target-only generation.
-    #[arg(long, value_delimiter = ',', default_values = ["int8"])]
+    #[arg(long, value_delimiter = ',', default_values = ["f16"])]
     draft_kv: Vec<KvPrecision>,
     /// Prompt sets of the speculative comparison, comma-separated, one table
     /// each: `default` (the built-in general set, prompts/default.jsonl),
@@ -274,7 +287,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(duration) = args.soak {
         let draft = match &args.soak_draft {
             Some(p) => p.clone(),
-            None => model_file(BenchModel::Draft)?,
+            None => model_file(BenchModel::Draft, args.draft_model.as_ref())?,
         };
         return device_soak::run(device_soak::SoakPlan {
             duration,
@@ -304,9 +317,24 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-fn model_file(m: BenchModel) -> Result<PathBuf> {
-    ensure_model(m.role(), Progress::Auto)
-        .with_context(|| format!("getting the {} model (try `tandem models fetch`)", m.name()))
+/// The file of a model row: the user's `--draft-model`/`--target-model`
+/// (a path or a name), else the built-in one, fetched on first use.
+pub(crate) fn model_file(m: BenchModel, chosen: Option<&PathBuf>) -> Result<PathBuf> {
+    match chosen {
+        Some(p) => tandem_cli_common::models::resolve_model_arg(p),
+        None => ensure_model(m.role(), Progress::Auto)
+            .with_context(|| format!("getting the {} model (try `tandem models fetch`)", m.name())),
+    }
+}
+
+impl Args {
+    /// The user's file for a model row, if they named one.
+    fn chosen(&self, m: BenchModel) -> Option<&PathBuf> {
+        match m {
+            BenchModel::Draft => self.draft_model.as_ref(),
+            BenchModel::Target => self.target_model.as_ref(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------- worker side
@@ -328,7 +356,7 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
                 repeats: res.repeats,
                 threads: res.threads,
             };
-            let path = model_file(model)?;
+            let path = model_file(model, args.chosen(model))?;
             let m = match engine {
                 Engine::Tandem => worker::micro_tandem(&path, &plan)?,
                 Engine::Candle => worker::micro_candle(&path, &plan)?,
@@ -337,8 +365,8 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
             serde_json::to_string(&m)?
         }
         WorkerKind::Spec => {
-            let draft = model_file(BenchModel::Draft)?;
-            let target = model_file(BenchModel::Target)?;
+            let draft = model_file(BenchModel::Draft, args.chosen(BenchModel::Draft))?;
+            let target = model_file(BenchModel::Target, args.chosen(BenchModel::Target))?;
             let mut reports = Vec::new();
             for (prompt_set, mut prompts) in args.prompt_sets()? {
                 prompts.truncate(res.spec_prompts);
@@ -389,8 +417,9 @@ fn run_child<T: serde::de::DeserializeOwned>(mut cmd: Command, what: &str) -> Re
     serde_json::from_str(line).with_context(|| format!("parsing the {what} worker's JSON"))
 }
 
-/// This binary, re-executed as a worker with the thread count in its environment.
-fn self_worker(res: &Resolved, kind: &str) -> Result<Command> {
+/// This binary, re-executed as a worker with the thread count in its
+/// environment and the user's model files.
+fn self_worker(args: &Args, res: &Resolved, kind: &str) -> Result<Command> {
     // /proc/self/exe runs this very binary even when a rebuild has replaced
     // the file on disk while the bench runs.
     let proc_exe = Path::new("/proc/self/exe");
@@ -405,6 +434,12 @@ fn self_worker(res: &Resolved, kind: &str) -> Result<Command> {
         .args(["--threads", &res.threads.to_string()])
         .args(["--repeats", &res.repeats.to_string()])
         .args(["--decode-tokens", &res.decode_tokens.to_string()]);
+    if let Some(p) = &args.draft_model {
+        cmd.arg("--draft-model").arg(p);
+    }
+    if let Some(p) = &args.target_model {
+        cmd.arg("--target-model").arg(p);
+    }
     Ok(cmd)
 }
 
@@ -434,7 +469,7 @@ fn measure(
     let what = format!("{} × {}", model.name(), engine.name());
     let cmd = match engine {
         Engine::Tandem | Engine::Candle => {
-            let mut c = self_worker(res, "micro")?;
+            let mut c = self_worker(args, res, "micro")?;
             c.args(["--models", model.name(), "--engines", engine.name()])
                 .args(["--prompt-ids", &ids_csv(prompt)]);
             c
@@ -485,7 +520,13 @@ fn bench_prompt(path: &Path) -> Result<Vec<u32>> {
                 *m.entry(w.to_lowercase()).or_insert(0) += 1;\n    }\n    m\n}\n\nThen write a \
                 short benchmark for it and describe what results you would expect on a \
                 two-core laptop. 最后用一句中文总结。";
-    let one = tok.encode_chat(&[ChatMessage::user(text)], true)?;
+    // A chat model gets the prompt as a user turn; a base model (no chat
+    // template, e.g. Gemma 3 270M) the plain text.
+    let one = if tok.chat_template().is_some() {
+        tok.encode_chat(&[ChatMessage::user(text)], true)?
+    } else {
+        tok.encode_prompt(text)?
+    };
     anyhow::ensure!(!one.is_empty(), "the bench prompt tokenized to nothing");
     Ok(one.iter().copied().cycle().take(PROMPT_TOKENS).collect())
 }
@@ -561,7 +602,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
     let mut reports = Vec::new();
     let mut all_ok = true;
     for &model in &models {
-        let path = model_file(model)?;
+        let path = model_file(model, args.chosen(model))?;
         let gguf_bytes = std::fs::metadata(&path)
             .with_context(|| format!("reading {}", path.display()))?
             .len();
@@ -659,7 +700,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             "speculative vs target-only on {} prompts ...",
             res.spec_prompts
         ));
-        let mut cmd = self_worker(res, "spec")?;
+        let mut cmd = self_worker(args, res, "spec")?;
         let proposers: Vec<&str> = args.proposers.iter().map(|p| p.name()).collect();
         let kvs: Vec<&str> = args.draft_kv.iter().map(|p| p.name()).collect();
         cmd.args(["--spec-prompts", &res.spec_prompts.to_string()])

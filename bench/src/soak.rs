@@ -483,8 +483,8 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
 
     // Models and prompts.
-    let draft_path = model_file(BenchModel::Draft)?;
-    let target_path = model_file(BenchModel::Target)?;
+    let draft_path = model_file(BenchModel::Draft, None)?;
+    let target_path = model_file(BenchModel::Target, None)?;
     let gguf = tandem_model::gguf::GgufFile::open(&draft_path)
         .with_context(|| format!("opening {}", draft_path.display()))?;
     let tok = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;

@@ -258,8 +258,8 @@ fn trace(args: &Args, res: &Resolved) -> Result<(TraceFile, PathBuf, bool)> {
         res.tokens,
         path.display()
     ));
-    let draft = model_file(BenchModel::Draft)?;
-    let target = model_file(BenchModel::Target)?;
+    let draft = model_file(BenchModel::Draft, None)?;
+    let target = model_file(BenchModel::Target, None)?;
     let t = trace::record(&draft, &target, &res.prompts, key)?;
     trace::store(&path, &t)?;
     Ok((t, path, false))
@@ -455,7 +455,7 @@ pub fn run(args: Args) -> Result<()> {
         progress("taskset is not available: the verifier is NOT pinned");
     }
     let (trace, trace_path, reused) = trace(&args, &res)?;
-    let model = model_file(BenchModel::Target)?;
+    let model = model_file(BenchModel::Target, None)?;
     let target_bytes = std::fs::metadata(&model)
         .with_context(|| format!("reading {}", model.display()))?
         .len();

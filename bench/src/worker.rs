@@ -6,7 +6,9 @@ use super::report::{median, Measured, SpecPrompt, SpecReport, Throughput, Verify
 use anyhow::{Context, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_qwen2::ModelWeights;
+use candle_transformers::models::{
+    quantized_gemma3, quantized_llama, quantized_qwen2, quantized_qwen3,
+};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Instant;
@@ -182,21 +184,89 @@ pub fn micro_tandem(path: &Path, plan: &MicroPlan) -> Result<Measured> {
     Ok(m)
 }
 
-struct Candle {
-    w: ModelWeights,
+/// candle-transformers' quantized model of the GGUF's architecture (each
+/// returns the last position's logits).
+enum Candle {
+    Qwen2(quantized_qwen2::ModelWeights),
+    Qwen3(quantized_qwen3::ModelWeights),
+    Llama(quantized_llama::ModelWeights),
+    Gemma3(quantized_gemma3::ModelWeights),
 }
 
 impl Candle {
+    /// Loads `path` with the module its `general.architecture` names; returns
+    /// the model and the module's name.
+    fn load(path: &Path) -> Result<(Self, &'static str)> {
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let ct = gguf_file::Content::read(&mut f).context("reading GGUF metadata")?;
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        let dev = &Device::Cpu;
+        let loaded = match arch.as_str() {
+            "qwen2" => (
+                Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, dev)?),
+                "quantized_qwen2",
+            ),
+            "qwen3" => (
+                Self::Qwen3(quantized_qwen3::ModelWeights::from_gguf(ct, &mut f, dev)?),
+                "quantized_qwen3",
+            ),
+            "llama" => (
+                Self::Llama(quantized_llama::ModelWeights::from_gguf(ct, &mut f, dev)?),
+                "quantized_llama",
+            ),
+            "gemma3" => (
+                Self::Gemma3(quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, dev)?),
+                "quantized_gemma3",
+            ),
+            other => anyhow::bail!(
+                "candle-transformers has no quantized model for architecture {other:?} here \
+                 (qwen2, qwen3, llama, gemma3)"
+            ),
+        };
+        Ok(loaded)
+    }
+
+    /// Whether a forward of several tokens after a cached prefix works (a
+    /// verify block). candle-transformers 0.11.1's quantized_gemma3 fails
+    /// there ("dtype mismatch in cat, lhs: F32, rhs: U32": its mask joins an
+    /// f32 prefix to a u32 causal part), so its curve has k = 1 only.
+    fn verifies_blocks(&self) -> bool {
+        !matches!(self, Self::Gemma3(_))
+    }
+
+    /// Forgets the context. (quantized_gemma3 has no such call: its forward
+    /// at position 0 starts a new cache, which every prefill here is.)
+    fn clear(&mut self) {
+        match self {
+            Self::Qwen2(w) => w.clear_kv_cache(),
+            Self::Qwen3(w) => w.clear_kv_cache(),
+            Self::Llama(w) => w.clear_kv_cache(),
+            Self::Gemma3(_) => {}
+        }
+    }
+
     /// Logits of the last position of `toks` placed at `pos`.
     fn step(&mut self, toks: &[u32], pos: usize) -> Result<Vec<f32>> {
         let x = Tensor::new(toks, &Device::Cpu)?.unsqueeze(0)?;
-        let l = self.w.forward(&x, pos)?;
+        let l = match self {
+            Self::Qwen2(w) => w.forward(&x, pos)?,
+            Self::Qwen3(w) => w.forward(&x, pos)?,
+            Self::Llama(w) => w.forward(&x, pos)?,
+            Self::Gemma3(w) => w.forward(&x, pos)?,
+        };
         Ok(l.squeeze(0)?.to_vec1::<f32>()?)
     }
 }
 
-/// candle-transformers' `quantized_qwen2`. Its forward returns the last
-/// position's logits only, and its KV cache cannot be truncated, so a context
+/// candle-transformers' quantized model of the file's architecture
+/// (`quantized_qwen2`, `_qwen3`, `_llama`, `_gemma3`). Its forward returns the
+/// last position's logits only, and its KV cache cannot be truncated, so a context
 /// is rebuilt by a clear and a prefill. A prefill is so slow on this engine
 /// (minutes under load) that each repeat prefills once: the timed prefill, then
 /// the verify forwards k = 1, 2, 3, ... one after the other (contexts 128 up to
@@ -208,23 +278,25 @@ pub fn micro_candle(path: &Path, plan: &MicroPlan) -> Result<Measured> {
         "the verify curve starts at k = 1"
     );
     let t = Instant::now();
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let ct = gguf_file::Content::read(&mut f).context("reading GGUF metadata")?;
-    let w = ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).context("loading with candle")?;
-    let mut m = Candle { w };
+    let (mut m, module) = Candle::load(path).context("loading with candle")?;
     let load_ms = ms_since(t);
     let rss_load = rss_now();
     let vt = plan.verify_tokens();
+    let ks = if m.verifies_blocks() {
+        plan.ks.clone()
+    } else {
+        vec![1]
+    };
     let (mut prefill_ms, mut decode_ms) = (Vec::new(), Vec::new());
-    let mut verify_ms = vec![Vec::new(); plan.ks.len()];
+    let mut verify_ms = vec![Vec::new(); ks.len()];
     for r in 0..=plan.repeats {
-        m.w.clear_kv_cache();
+        m.clear();
         let t = Instant::now();
         m.step(&plan.prompt, 0)?;
         let p = ms_since(t);
         let mut pos = plan.prompt.len();
         let mut logits = Vec::new();
-        for (i, &k) in plan.ks.iter().enumerate() {
+        for (i, &k) in ks.iter().enumerate() {
             let t = Instant::now();
             logits = m.step(&vt[..k], pos)?;
             let ms = ms_since(t);
@@ -244,9 +316,15 @@ pub fn micro_candle(path: &Path, plan: &MicroPlan) -> Result<Measured> {
             decode_ms.push(d);
         }
     }
+    let version = if m.verifies_blocks() {
+        format!("candle-transformers 0.11 {module}")
+    } else {
+        format!("candle-transformers 0.11 {module} (verify k = 1 only: its block forward fails)")
+    };
+    let plan = MicroPlan { ks, ..plan.clone() };
     Ok(figures(
-        plan,
-        "candle-transformers 0.11 quantized_qwen2".into(),
+        &plan,
+        version,
         load_ms,
         rss_load,
         &prefill_ms,

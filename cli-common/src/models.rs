@@ -1,22 +1,47 @@
 //! Locating, fetching and loading the real models; the chat prompt's tokens; process memory.
 
 use anyhow::{Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tandem_fetch::{ensure_model, ModelRole, Progress};
+use tandem_fetch::{
+    ensure_model, fetch, models_dir, resolve_name, FetchOptions, ModelRef, ModelRole, Progress,
+};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_model::transformer::{LoadOptions, Model};
 
-/// The model file: an explicit path (must exist), else the cached model,
-/// fetched on first use.
+/// The model file: an explicit argument ([`resolve_model_arg`]), else the
+/// role's cached model, fetched on first use.
 pub fn resolve_model(role: ModelRole, explicit: Option<&PathBuf>) -> Result<PathBuf> {
     match explicit {
-        Some(p) => {
-            anyhow::ensure!(p.exists(), "model file {} does not exist", p.display());
-            Ok(p.clone())
-        }
+        Some(p) => resolve_model_arg(p),
         None => ensure_model(role, Progress::Auto)
             .with_context(|| format!("getting the {role:?} model")),
+    }
+}
+
+/// What a user typed where a model is taken (`--draft-model`,
+/// `--target-model`, `models info`, ...): a GGUF path; a built-in name
+/// (`draft`, `target`, `gemma`, `smollm2`: fetched on first use); or the name
+/// of a GGUF they put in the models directory (its file stem; `tandem models
+/// list` shows them). The one rule: `tandem_fetch::resolve_name`.
+pub fn resolve_model_arg(given: &Path) -> Result<PathBuf> {
+    if given.is_file() {
+        return Ok(given.to_path_buf());
+    }
+    let text = given.to_string_lossy();
+    let dir = models_dir();
+    match resolve_name(&text, &dir) {
+        Ok(ModelRef::File(p)) => Ok(p),
+        Ok(ModelRef::Builtin(spec)) => {
+            let opts = FetchOptions::from_env(Progress::Auto, false);
+            fetch(&spec, &dir, &opts)
+                .map(|o| o.path)
+                .with_context(|| format!("getting the built-in model `{}`", spec.name))
+        }
+        Err(e) if given.components().count() > 1 || given.extension().is_some() => Err(
+            anyhow::anyhow!("model file {} does not exist ({e})", given.display()),
+        ),
+        Err(e) => Err(e.into()),
     }
 }
 

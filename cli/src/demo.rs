@@ -36,6 +36,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tandem_cli_common::inspect::{check_pair, inspect, ModelInfo};
 use tandem_cli_common::models::{load_model, prompt_tokens, resolve_model, tokenizer_of};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
@@ -86,6 +87,16 @@ pub struct Args {
     /// Network profile between device and verifier (`tandem netsim --list`).
     #[arg(long, default_value = "lan")]
     pub profile: String,
+    /// The device's draft model: a GGUF path, a built-in name, or the name
+    /// of one of yours in the models directory (`tandem models list`)
+    /// [default: the built-in draft, Qwen2.5-Coder-0.5B].
+    #[arg(long = "draft-model", visible_alias = "draft")]
+    pub draft_model: Option<PathBuf>,
+    /// The verifier's target model, as `--draft-model` [default: the built-in
+    /// target, Qwen2.5-Coder-1.5B]. It must pair with the draft (`tandem
+    /// models check-pair`).
+    #[arg(long = "target-model", visible_alias = "target")]
+    pub target_model: Option<PathBuf>,
 }
 
 /// What the summary reports per part.
@@ -110,14 +121,28 @@ pub fn run(args: Args) -> Result<()> {
         args.max_tokens
     );
     let net = NetConfig::profile(&args.profile)?;
-    println!("tandem demo: a draft model on this device (Qwen2.5-Coder-0.5B) proposes tokens,");
-    println!(
-        "a verifier in the cloud (Qwen2.5-Coder-1.5B) checks them; here both run on loopback.\n"
-    );
 
-    // Models first (fetched with a progress bar on first use).
-    let target_path = resolve_model(ModelRole::Target, None)?;
-    let draft = load_model(ModelRole::Draft, None, 2048)?;
+    // Models first (fetched with a progress bar on first use), and whether
+    // they pair, before anything starts.
+    let target_path = resolve_model(ModelRole::Target, args.target_model.as_ref())?;
+    let draft_path = resolve_model(ModelRole::Draft, args.draft_model.as_ref())?;
+    let (draft_info, target_info) = (inspect(&draft_path)?, inspect(&target_path)?);
+    check_pair(&draft_info, &target_info).map_err(|e| {
+        anyhow::anyhow!(
+            "the draft {} cannot pair with the target {}: {e}",
+            draft_path.display(),
+            target_path.display()
+        )
+    })?;
+    println!(
+        "tandem demo: a draft model on this device ({}) proposes tokens,",
+        model_label(&draft_info)
+    );
+    println!(
+        "a verifier in the cloud ({}) checks them; here both run on loopback.\n",
+        model_label(&target_info)
+    );
+    let draft = load_model(ModelRole::Draft, Some(&draft_path), 2048)?;
     let tok = tokenizer_of(&draft.model)?;
 
     let dir = tempfile::tempdir().context("creating a temporary directory")?;
@@ -667,4 +692,16 @@ fn outage_part(
         r.provisional_tokens, r.checked_tokens, r.mismatched_tokens, verified_after
     ));
     Ok(())
+}
+
+/// How the demo names a model: the GGUF's `general.name` (e.g.
+/// "Qwen2.5 Coder 0.5B Instruct"), else its file name, with the architecture.
+fn model_label(info: &ModelInfo) -> String {
+    let name = info.name.clone().unwrap_or_else(|| {
+        info.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    format!("{name}, {}", info.architecture)
 }

