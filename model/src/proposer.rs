@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::speculative::MAX_K;
+use crate::verify::MAX_K;
 use crate::{ModelError, Result};
 
 /// Longest suffix looked up.
@@ -327,7 +327,7 @@ fn lookup_slot(ngram: usize) -> usize {
 /// draft model, and one per matched length for lookup.
 ///
 /// Costs come from measured times: the target's per rows verified
-/// (1..=[`crate::speculative::MAX_K`] + 1; over a network, the round trip),
+/// (1..=[`crate::verify::MAX_K`] + 1; over a network, the round trip),
 /// the draft's per token, and per token it still has to be fed (its lazy
 /// prefill). A row count not measured yet costs the nearest measured one
 /// plus [`EXPLORE_ROW`] of a row's compute per extra row ([`EXTRA_ROW`] per

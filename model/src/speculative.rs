@@ -19,8 +19,7 @@ use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// Largest draft block a verify accepts.
-pub const MAX_K: usize = 16;
+pub use crate::verify::MAX_K;
 
 /// Which model(s) generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::sampling::{next_token, SamplingParams};
 use crate::{ModelError, Result};
 
+/// Largest draft block a verify accepts. (Here, in the leaf both the
+/// proposers and the loops use, so that neither imports the other for it.)
+pub const MAX_K: usize = 16;
+
 /// The verifier's answer to a drafted block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Verdict {
