@@ -206,6 +206,15 @@ pub fn percentile(mut v: Vec<f64>, q: f64) -> Option<f64> {
     Some(v[rank - 1])
 }
 
+/// Locks a shared breaker. A panic while holding this lock cannot leave the
+/// breaker inconsistent (every method completes its update), so a poisoned
+/// lock is taken as it is.
+pub(crate) fn lock(
+    b: &std::sync::Mutex<CircuitBreaker>,
+) -> std::sync::MutexGuard<'_, CircuitBreaker> {
+    b.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! split branches: what differs lives behind this trait.
 
 use crate::error::EdgeError;
-use crate::split::SplitReport;
+use crate::split_report::SplitReport;
 use tandem_model::sampling::SamplingParams;
 use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg};
 

@@ -44,8 +44,10 @@ pub mod error;
 pub mod loopback;
 mod mtls_probe;
 pub mod privacy;
+mod report;
 pub mod runtime;
 pub mod split;
+mod split_report;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use builder::{EdgeRuntimeBuilder, RoutedRuntimeBuilder};

@@ -4,11 +4,11 @@
 //! tokens stream to the device (the "cloud generates and streams" baseline of
 //! `tandem lab`). The draft model only catches up (runs over the streamed
 //! tokens) if the verifier becomes unreachable and the device has to continue
-//! alone. Each answer is one round ([`super::rounds::Rounds::commit`]).
+//! alone. Each answer is one round ([`super::round::Rounds::commit`]).
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::rounds::{RoundOutcome, Rounds};
+use super::round::{RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;

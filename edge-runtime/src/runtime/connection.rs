@@ -2,11 +2,10 @@
 //! verifier session (in the foreground, or in the background while the device
 //! drafts alone), resuming it, reacting to failures (retries, the circuit
 //! breaker and its health probe), and the deadlines of every exchange. A round
-//! (`super::rounds`) only asks it to exchange a message.
+//! (`super::round`, `super::drive`) only asks it to exchange a message.
 
 use super::generation::Generation;
-use super::{lock, to_pb_sampling};
-use crate::breaker::{BreakerState, CircuitBreaker, OpenCost, RttTracker};
+use crate::breaker::{lock, BreakerState, CircuitBreaker, OpenCost, RttTracker};
 use crate::client::{Connector, Counters, NetError, OpenDeadlines, Stream};
 use crate::codec::BlockCodec;
 use crate::config::EdgeConfig;
@@ -15,6 +14,7 @@ use crate::error::EdgeError;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg, ClientMessage,
@@ -22,7 +22,7 @@ use tandem_proto::v1::{
 
 /// One generation's connection to the verifier: the session's stream and its
 /// lifecycle (open, background re-open, resume, failure handling, breaker and
-/// probe, deadlines). The rounds (`super::rounds`) use it to exchange blocks.
+/// probe, deadlines). The rounds (`super::round`, `super::drive`) use it to exchange blocks.
 pub(super) struct Connection<'a> {
     pub(super) cfg: &'a EdgeConfig,
     pub(super) fingerprint: &'a str,
@@ -581,5 +581,16 @@ impl Connection<'_> {
 async fn until_set(flag: &std::sync::atomic::AtomicBool) {
     while !flag.load(std::sync::atomic::Ordering::SeqCst) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The wire form of the generation's sampling parameters.
+pub(super) fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k as u32,
+        top_p: p.top_p,
+        repetition_penalty: p.repetition_penalty,
+        seed: p.seed,
     }
 }

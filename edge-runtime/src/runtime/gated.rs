@@ -19,15 +19,15 @@
 //!   outage. What follows is the target's greedy output given the shown text.
 //!
 //! A span still waiting when the generation ends is verified in one last pass
-//! (`super::rounds`). The trade-off (round trips saved against shown tokens
+//! (`super::drive`). The trade-off (round trips saved against shown tokens
 //! that turn out wrong) is measured in docs/lab.md, "Uncertainty-gated
 //! verification".
 
 use super::connection::{draft_positions, Step};
 use super::generation::Generation;
-use super::rounds::{ms, RoundOutcome, Rounds};
-use super::TokenStatus;
+use super::round::{ms, RoundOutcome, Rounds};
 use crate::error::EdgeError;
+use crate::report::TokenStatus;
 use std::time::Instant;
 use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;

@@ -2,13 +2,13 @@
 //! model and its cache, emitting tokens, applying a verdict to the draft, and
 //! the final statistics. Knows nothing of the network.
 
-use super::{
-    EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
-};
 use crate::breaker::RttTracker;
 use crate::client::Counters;
 use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession};
 use crate::error::EdgeError;
+use crate::report::{
+    EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

@@ -5,12 +5,12 @@
 //! accepts all k and its token equals `g`, `e1..` are already in the draft cache
 //! and start the next block, so the next round trip leaves at once. Otherwise
 //! they are discarded (the draft cache is truncated to the accepted prefix), as
-//! in a plain round (both in [`super::rounds::Rounds::commit`]). Output is
+//! in a plain round (both in [`super::round::Rounds::commit`]). Output is
 //! unaffected: every emitted token still comes through a verdict.
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::rounds::{RoundOutcome, Rounds};
+use super::round::{RoundOutcome, Rounds};
 use crate::client::{Counters, NetError};
 use crate::error::EdgeError;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::rounds::{RoundOutcome, Rounds};
+use super::round::{RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::{plan_round, ProposerKind, Source};
 use tandem_model::speculative::StopReason;

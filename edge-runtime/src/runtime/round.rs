@@ -1,20 +1,21 @@
-//! The round loop of a generation against the verifier ([`Rounds`]): the
-//! round kind is chosen once per generation ([`RoundKind`]); every round
-//! returns a [`RoundOutcome`] and [`Rounds::commit`] does the bookkeeping
-//! (statistics, RTT, breaker, round numbers, the adaptive-k chooser, the
-//! round log, and the verdict applied to the draft). Between rounds the loop
-//! drafts alone while no session is there, and has provisional spans checked.
+//! What every kind of round shares ([`Rounds`]): the round kind, chosen once
+//! per generation ([`RoundKind`]); the outcome each round returns
+//! ([`RoundOutcome`]) and the one place it is accounted ([`Rounds::commit`]:
+//! statistics, RTT, breaker, round numbers, the adaptive-k chooser, the
+//! round log, and the verdict applied to the draft); block limits, drafting
+//! a block, a lost block, and the check of provisional spans. The kinds
+//! (`super::plain`, `super::pipelined`, `super::cloud_stream`,
+//! `super::gated`) use it; the loop that runs them is `super::drive`.
 
 use super::connection::{draft_positions, Connection, Step};
 use super::generation::{Check, Generation};
-use super::{cloud_stream, gated, pipelined, plain, TokenStatus};
 use crate::adaptive::{RoundRecord, SpecState};
-use crate::client::{Counters, NetError};
+use crate::client::NetError;
 use crate::codec::check_verdict;
 use crate::error::EdgeError;
+use crate::report::TokenStatus;
 use std::time::{Duration, Instant};
 use tandem_model::proposer::Source;
-use tandem_model::speculative::StopReason;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
 /// How the rounds of a generation go (chosen once, by [`RoundKind::choose`]).
@@ -95,75 +96,6 @@ pub(super) struct Rounds<'a> {
 }
 
 impl Rounds<'_> {
-    pub(super) fn drive(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
-        while run.stop.is_none() {
-            if !run.prefill_pending()? {
-                break;
-            }
-            if let Some(op) = self.conn.opening.take() {
-                if !op.task.is_finished() {
-                    // The verifier is not (yet) reachable: keep generating alone.
-                    self.conn.opening = Some(op);
-                    run.draft_alone(TokenStatus::Provisional)?;
-                    continue;
-                }
-                let (r, c) = match self.conn.rt.block_on(op.task) {
-                    Ok(x) => x,
-                    Err(e) => (
-                        Err(NetError::Unavailable(format!("open task failed: {e}"))),
-                        Counters::default(),
-                    ),
-                };
-                self.conn.counters.add(c);
-                let upto = op.context.len();
-                let other = (!run.ctx.starts_with(&op.context)).then_some(&op.context[..]);
-                if let Step::Lost = self.conn.opened(run, r, upto, other)? {
-                    continue;
-                }
-                self.check_provisional(run)?;
-                continue;
-            }
-            let allowed = super::lock(self.conn.breaker).allows_request();
-            if !allowed {
-                run.draft_alone(TokenStatus::Provisional)?;
-                continue;
-            }
-            if self.conn.stream.is_none() {
-                if self.conn.open_in_background() {
-                    if self.conn.retry_at.is_some_and(|t| Instant::now() < t) {
-                        run.draft_alone(TokenStatus::Provisional)?;
-                    } else {
-                        self.conn.retry_at = None;
-                        self.conn.spawn_open(run)?;
-                    }
-                    continue;
-                }
-                if let Step::Lost = self.conn.open(run)? {
-                    continue;
-                }
-                self.check_provisional(run)?;
-                continue;
-            }
-            let outcome = match self.kind {
-                RoundKind::Plain => plain::round(self, run)?,
-                RoundKind::Pipelined => pipelined::round(self, run)?,
-                RoundKind::CloudStreamed => cloud_stream::round(self, run)?,
-                RoundKind::Gated => gated::round(self, run)?,
-            };
-            if let Some(o) = outcome {
-                self.commit(run, o);
-            }
-        }
-        // Gated tokens still waiting at the end: verify them now (one pass), so
-        // the report says whether they were right (not after a cancel: nobody
-        // is listening).
-        let cancelled = run.stop == Some(StopReason::Cancelled);
-        if run.gated && run.check.is_some() && self.conn.stream.is_some() && !cancelled {
-            self.check_provisional(run)?;
-        }
-        Ok(())
-    }
-
     /// Most tokens the next block may have: the session's block limit less
     /// `reserved` (tokens sent with it), the room in the draft's cache and in
     /// the output (at least 1, for the verifier's token). 0: the context is full.

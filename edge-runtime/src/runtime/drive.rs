@@ -1,0 +1,87 @@
+//! The loop of one generation against the verifier ([`drive`]): while no
+//! session is there it drafts alone (provisional) and opens one (in the
+//! foreground, or in the background after a failure); with a session it
+//! runs the generation's kind of round (`super::plain`, `super::pipelined`,
+//! `super::cloud_stream`, `super::gated`) and commits each outcome
+//! (`super::round::Rounds::commit`); provisional spans are checked as soon
+//! as a session is back.
+
+use super::connection::Step;
+use super::generation::Generation;
+use super::round::{RoundKind, Rounds};
+use super::{cloud_stream, gated, pipelined, plain};
+use crate::breaker::lock;
+use crate::client::{Counters, NetError};
+use crate::error::EdgeError;
+use crate::report::TokenStatus;
+use std::time::Instant;
+use tandem_model::speculative::StopReason;
+
+pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+    while run.stop.is_none() {
+        if !run.prefill_pending()? {
+            break;
+        }
+        if let Some(op) = r.conn.opening.take() {
+            if !op.task.is_finished() {
+                // The verifier is not (yet) reachable: keep generating alone.
+                r.conn.opening = Some(op);
+                run.draft_alone(TokenStatus::Provisional)?;
+                continue;
+            }
+            let (opened, c) = match r.conn.rt.block_on(op.task) {
+                Ok(x) => x,
+                Err(e) => (
+                    Err(NetError::Unavailable(format!("open task failed: {e}"))),
+                    Counters::default(),
+                ),
+            };
+            r.conn.counters.add(c);
+            let upto = op.context.len();
+            let other = (!run.ctx.starts_with(&op.context)).then_some(&op.context[..]);
+            if let Step::Lost = r.conn.opened(run, opened, upto, other)? {
+                continue;
+            }
+            r.check_provisional(run)?;
+            continue;
+        }
+        let allowed = lock(r.conn.breaker).allows_request();
+        if !allowed {
+            run.draft_alone(TokenStatus::Provisional)?;
+            continue;
+        }
+        if r.conn.stream.is_none() {
+            if r.conn.open_in_background() {
+                if r.conn.retry_at.is_some_and(|t| Instant::now() < t) {
+                    run.draft_alone(TokenStatus::Provisional)?;
+                } else {
+                    r.conn.retry_at = None;
+                    r.conn.spawn_open(run)?;
+                }
+                continue;
+            }
+            if let Step::Lost = r.conn.open(run)? {
+                continue;
+            }
+            r.check_provisional(run)?;
+            continue;
+        }
+        let outcome = match r.kind {
+            RoundKind::Plain => plain::round(r, run)?,
+            RoundKind::Pipelined => pipelined::round(r, run)?,
+            RoundKind::CloudStreamed => cloud_stream::round(r, run)?,
+            RoundKind::Gated => gated::round(r, run)?,
+        };
+        if let Some(o) = outcome {
+            r.commit(run, o);
+        }
+    }
+    // Gated tokens still waiting at the end: verify them now (one pass), so
+    // the report says whether they were right (not after a cancel: nobody
+    // is listening).
+    let cancelled = run.stop == Some(StopReason::Cancelled);
+    if run.gated && run.check.is_some() && r.conn.stream.is_some() && !cancelled {
+        r.check_provisional(run)?;
+    }
+    Ok(())
+}
