@@ -38,6 +38,29 @@ use worker::{MicroPlan, SpecPlan};
 
 /// The shared general prompt set, built in so the binary runs from anywhere.
 pub(crate) const DEFAULT_PROMPTS: &str = include_str!("../../prompts/default.jsonl");
+
+/// The first `count` prompts of the prompt set in the file `path` (JSON lines),
+/// or of the built-in [`DEFAULT_PROMPTS`]; an error when the set has fewer
+/// (`--prompt-count` of `tandem bench soak` and `tandem bench verifier`).
+pub(crate) fn load_prompt_set(
+    path: Option<&Path>,
+    count: usize,
+) -> Result<Vec<worker::PromptCase>> {
+    let mut prompts = match path {
+        Some(p) => worker::parse_prompts(
+            &std::fs::read_to_string(p)
+                .with_context(|| format!("reading prompt set {}", p.display()))?,
+        )?,
+        None => worker::parse_prompts(DEFAULT_PROMPTS)?,
+    };
+    anyhow::ensure!(
+        prompts.len() >= count,
+        "--prompt-count {count}: the prompt set has {} prompts",
+        prompts.len()
+    );
+    prompts.truncate(count);
+    Ok(prompts)
+}
 /// The editing prompt set (code or text to change, carried in the prompt).
 const EDITING_PROMPTS: &str = include_str!("../../prompts/editing.jsonl");
 /// The llama.cpp measurement script, built in and run with `python3 -c`.
@@ -543,15 +566,7 @@ fn loadavg() -> Vec<f64> {
 }
 
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+    tandem_cli_common::host::cpu_name().unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` from the system clock.

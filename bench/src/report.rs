@@ -332,19 +332,10 @@ pub struct BenchReport {
     pub ok: bool,
 }
 
-/// Median of a non-empty sample (mean of the middle two for even sizes).
+/// Median of a sample ([`tandem_stats::median`]: the mean of the middle two for
+/// even sizes); NaN for an empty one.
 pub fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    tandem_stats::median(xs).unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@ mod report;
 use super::verifier::report::gauge;
 use super::verifier::trace::encode_prompts;
 use super::verifier::{metrics, start_verifier, verifier_toml, ANY_LOOPBACK_PORT, TOKEN};
-use super::worker::{parse_prompts, PromptCase};
-use super::{cpu_model, loadavg, model_file, progress, utc_now, BenchModel, DEFAULT_PROMPTS};
+use super::worker::PromptCase;
+use super::{cpu_model, load_prompt_set, loadavg, model_file, progress, utc_now, BenchModel};
 use anyhow::{bail, Context, Result};
 use check::{GenerationCheck, TargetOracle};
 use device::{Record, Shared};
@@ -240,20 +240,7 @@ impl Args {
             "--rss-every must be at least 1s"
         );
         anyhow::ensure!(self.prompt_count >= 1, "--prompt-count must be at least 1");
-        let mut prompts = match &self.prompts {
-            Some(p) => parse_prompts(
-                &std::fs::read_to_string(p)
-                    .with_context(|| format!("reading prompt set {}", p.display()))?,
-            )?,
-            None => parse_prompts(DEFAULT_PROMPTS)?,
-        };
-        anyhow::ensure!(
-            prompts.len() >= self.prompt_count,
-            "--prompt-count {}: the prompt set has {} prompts",
-            self.prompt_count,
-            prompts.len()
-        );
-        prompts.truncate(self.prompt_count);
+        let prompts = load_prompt_set(self.prompts.as_deref(), self.prompt_count)?;
         let mut link = self.link.clone();
         link.jitter_ms.get_or_insert(DEFAULT_JITTER_MS);
         link.loss.get_or_insert(DEFAULT_LOSS);

@@ -12,8 +12,8 @@ mod replay;
 pub(super) mod report;
 pub(super) mod trace;
 
-use super::worker::{parse_prompts, PromptCase};
-use super::{cpu_model, loadavg, model_file, progress, utc_now, BenchModel, DEFAULT_PROMPTS};
+use super::worker::PromptCase;
+use super::{cpu_model, load_prompt_set, loadavg, model_file, progress, utc_now, BenchModel};
 use anyhow::{bail, Context, Result};
 use report::{Cell, ModelInfo, Report, Settings, Snapshot, TraceInfo};
 use std::path::{Path, PathBuf};
@@ -182,19 +182,7 @@ impl Args {
         );
         let count = self.prompt_count.unwrap_or(if self.quick { 1 } else { 4 });
         anyhow::ensure!(count >= 1, "--prompt-count must be at least 1");
-        let mut prompts = match &self.prompts {
-            Some(p) => parse_prompts(
-                &std::fs::read_to_string(p)
-                    .with_context(|| format!("reading prompt set {}", p.display()))?,
-            )?,
-            None => parse_prompts(DEFAULT_PROMPTS)?,
-        };
-        anyhow::ensure!(
-            prompts.len() >= count,
-            "--prompt-count {count}: the prompt set has {} prompts",
-            prompts.len()
-        );
-        prompts.truncate(count);
+        let prompts = load_prompt_set(self.prompts.as_deref(), count)?;
         let all = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cores = self
             .verifier_cores

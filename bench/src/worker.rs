@@ -12,6 +12,7 @@ use candle_transformers::models::{
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Instant;
+use tandem_cli_common::compare::first_difference;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::{ProposerKind, ProposerStats};
 use tandem_model::sampling::{argmax, SamplingParams};
@@ -367,18 +368,6 @@ pub struct SpecPlan {
     pub threads: usize,
 }
 
-fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
-    if a == b {
-        return None;
-    }
-    Some(
-        a.iter()
-            .zip(b)
-            .position(|(x, y)| x != y)
-            .unwrap_or(a.len().min(b.len())),
-    )
-}
-
 /// Greedy target-only, then speculative decoding with each proposer at each
 /// draft KV precision, on each prompt in turn, so that drifting machine load
 /// hits every mode alike. One report per (proposer, precision), proposer
@@ -543,13 +532,6 @@ fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn first_difference_finds_divergence_and_length_mismatch() {
-        assert_eq!(first_difference(&[1, 2, 3], &[1, 2, 3]), None);
-        assert_eq!(first_difference(&[1, 2, 3], &[1, 9, 3]), Some(1));
-        assert_eq!(first_difference(&[1, 2], &[1, 2, 3]), Some(2));
-    }
 
     #[test]
     fn prompt_set_parses_and_reports_bad_lines() {

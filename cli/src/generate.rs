@@ -2,10 +2,10 @@
 //! local speculative decoding), streamed to stdout, with statistics. With
 //! `--verifier URL` (or `--edge-config`) the target is remote: see `remote.rs`.
 
+use crate::generate_args::Args;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use tandem_fetch::ModelRole;
 use tandem_model::kv_cache::KvPrecision;
@@ -15,86 +15,6 @@ use tandem_model::speculative::{
     generate_single, generate_single_with, generate_speculative, GenStats, GenerateConfig,
     Generation, Mode, StopReason,
 };
-
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    /// draft = the device model alone, target = the big model alone,
-    /// speculative = draft proposes, target verifies.
-    #[arg(long, value_enum, default_value = "speculative")]
-    pub mode: ModeArg,
-    /// The user prompt; read from stdin when absent.
-    #[arg(long)]
-    pub prompt: Option<String>,
-    /// Optional system prompt (default: the model's own).
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Use the prompt as raw text, without the chat template.
-    #[arg(long)]
-    pub raw: bool,
-    /// Draft block length (1..=16).
-    #[arg(long, default_value_t = 4)]
-    pub k: usize,
-    /// What proposes each block: the draft model, prompt lookup (no model:
-    /// continues text that already occurred), or auto (per round, whichever
-    /// promises more tokens per second). Speculative mode, locally and with
-    /// --verifier.
-    #[arg(long, default_value = "draft")]
-    pub proposer: ProposerKind,
-    /// How the draft model's KV cache stores keys and values: f16 (half the
-    /// memory of f32, and what llama.cpp keeps), f32, or int8 (a quarter;
-    /// the draft's own answers drift from the model's). It can change
-    /// acceptance, never the speculative output. Speculative and draft
-    /// modes; the target's cache is always f32.
-    #[arg(long, default_value_t = GenerateConfig::default().draft_kv)]
-    pub draft_kv: KvPrecision,
-    #[arg(long, default_value_t = 256)]
-    pub max_tokens: usize,
-    /// 0 = greedy (output identical to the target's own greedy output); > 0 =
-    /// sampled (output identical to the target's own for --seed).
-    /// Negative values parse so that they get the sampler's clear error.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
-    /// Seed of the sampled draws: the token at each position is a function of
-    /// the seed, the position and the distribution, so a seed reproduces the
-    /// output in every mode.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// KV cache capacity in tokens (prompt + output).
-    #[arg(long, default_value_t = 4096)]
-    pub max_seq_len: usize,
-    /// Print one JSON object (text, tokens, stats) instead of streaming.
-    #[arg(long)]
-    pub json: bool,
-    #[arg(long)]
-    pub draft_model: Option<PathBuf>,
-    #[arg(long)]
-    pub target_model: Option<PathBuf>,
-    #[command(flatten)]
-    pub remote: crate::remote::RemoteArgs,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ModeArg {
-    Draft,
-    Target,
-    Speculative,
-}
-
-impl ModeArg {
-    pub fn mode(self) -> Mode {
-        match self {
-            Self::Draft => Mode::Draft,
-            Self::Target => Mode::Target,
-            Self::Speculative => Mode::Speculative,
-        }
-    }
-}
 
 /// `--json` output (schema in docs/cli.md).
 #[derive(Serialize)]

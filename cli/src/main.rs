@@ -8,6 +8,7 @@ use std::io::IsTerminal;
 
 mod demo;
 mod generate;
+mod generate_args;
 mod models;
 mod netsim;
 mod plan;
@@ -43,7 +44,7 @@ enum Command {
     Demo(demo::Args),
     /// Generate text: draft-only, target-only or speculative (locally, or with
     /// --verifier URL against a remote verifier).
-    Generate(generate::Args),
+    Generate(generate_args::Args),
     /// Fetch, verify and list the real GGUF models.
     Models(models::Args),
     /// Tokenize stdin (or decode a JSON id array with --decode).

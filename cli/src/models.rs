@@ -49,7 +49,7 @@ struct CheckPairArgs {
     draft: String,
     /// The target model: a GGUF path or a built-in name.
     target: String,
-    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else $XDG_CACHE_HOME/tandem/models, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Print one JSON object.
@@ -62,7 +62,7 @@ struct InfoArgs {
     /// GGUF files or built-in names.
     #[arg(required = true)]
     files: Vec<String>,
-    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    /// Models directory for built-in names [default: $TANDEM_MODELS_DIR, else $XDG_CACHE_HOME/tandem/models, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Print one JSON array.
@@ -72,7 +72,7 @@ struct InfoArgs {
 
 #[derive(clap::Args)]
 struct FetchArgs {
-    /// Models directory [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    /// Models directory [default: $TANDEM_MODELS_DIR, else $XDG_CACHE_HOME/tandem/models, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Which model to fetch; repeatable [default: all four, what CI needs].
@@ -88,7 +88,7 @@ struct FetchArgs {
 
 #[derive(clap::Args)]
 struct ListArgs {
-    /// Models directory [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    /// Models directory [default: $TANDEM_MODELS_DIR, else $XDG_CACHE_HOME/tandem/models, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Print one JSON object instead of a table.
@@ -101,7 +101,7 @@ struct PathArgs {
     /// The model.
     #[arg(value_enum)]
     model: Named,
-    /// Models directory [default: $TANDEM_MODELS_DIR, else ~/.cache/tandem/models].
+    /// Models directory [default: $TANDEM_MODELS_DIR, else $XDG_CACHE_HOME/tandem/models, else ~/.cache/tandem/models].
     #[arg(long)]
     dir: Option<PathBuf>,
 }

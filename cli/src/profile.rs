@@ -65,28 +65,6 @@ fn role(r: RoleArg) -> ModelRole {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_default()
-}
-
 /// Weight bytes: (embedding, per block, head).
 fn weight_bytes(m: &Model) -> (u64, Vec<u64>, u64) {
     let t = &m.gguf().tensors;
@@ -186,9 +164,11 @@ pub fn run(args: Args) -> Result<()> {
                     s.push(t);
                 }
             }
-            let per_layer: Vec<f64> = samples.iter_mut().map(|s| median(s)).collect();
+            // Never empty: --repeats is at least 1.
+            let median = |xs: &[f64]| tandem_stats::median(xs).unwrap_or(0.0);
+            let per_layer: Vec<f64> = samples.iter().map(|s| median(s)).collect();
             let sum: f64 = per_layer.iter().sum();
-            let pass = median(&mut passes);
+            let pass = median(&passes);
             let scale = if sum > 0.0 { pass / sum } else { 1.0 };
             times.insert(k, per_layer.iter().map(|t| t * scale).collect());
             eprintln!(
@@ -247,7 +227,7 @@ pub fn run(args: Args) -> Result<()> {
              (d_model x 4 bytes per token); the head returns ~4 bytes per token (the verdict)",
             args.repeats, args.warmup, args.context
         ),
-        machine: cpu_name(),
+        machine: tandem_cli_common::host::cpu_name().unwrap_or_default(),
         threads: Some(threads as u32),
         context_tokens: args.context as u64,
         block_sizes: args.blocks.clone(),

@@ -4,155 +4,20 @@
 //! terminal), or prints one JSON object with a per-token `status` array; ends with
 //! the edge statistics. JSON schema: docs/cli.md; usage: docs/edge.md.
 
-use crate::generate::Args;
+use crate::generate_args::Args;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
-use tandem_edge::split::SplitLayer;
 use tandem_edge::{
-    EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
-    TokenStatus,
+    EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision, TokenStatus,
 };
 use tandem_fetch::ModelRole;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::ChatMessage;
 use tandem_router::Router;
-
-/// The device-side flags of `tandem generate` (flattened into its `Args`).
-#[derive(clap::Args, Debug, Default)]
-pub struct RemoteArgs {
-    /// Verify remotely: the verifier's gRPC URL (`https://host:port`, or
-    /// `http://127.0.0.1:port` on loopback). Overrides `verifier_url` of
-    /// --edge-config.
-    #[arg(long)]
-    pub verifier: Option<String>,
-    /// Edge config (TOML, `EdgeConfig`; see docs/edge.md): TLS files, token,
-    /// deadlines, breaker. The flags below override its fields.
-    #[arg(long)]
-    pub edge_config: Option<PathBuf>,
-    /// File holding this device's bearer token (surrounding whitespace ignored).
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// PEM of the CA that signed the verifier's certificate (needed for https).
-    #[arg(long)]
-    pub ca_cert: Option<PathBuf>,
-    /// Client certificate (PEM) for mutual TLS; goes with --client-key.
-    #[arg(long)]
-    pub client_cert: Option<PathBuf>,
-    /// Client private key (PEM) for mutual TLS.
-    #[arg(long)]
-    pub client_key: Option<PathBuf>,
-    /// Name to check the verifier's certificate against (default: the URL's host).
-    #[arg(long)]
-    pub tls_domain: Option<String>,
-    /// Privacy policy (TOML; docs/privacy.md): the router decides before any
-    /// verifier session; a `local` prompt is answered by the draft alone and
-    /// nothing is sent. Without it the built-in default policy decides.
-    #[arg(long)]
-    pub policy: Option<PathBuf>,
-    /// Send the prompt to the verifier without asking the privacy router
-    /// (e.g. for benchmarks on known-clean prompts). Off by default.
-    #[arg(long, conflicts_with = "policy")]
-    pub no_privacy_router: bool,
-    /// Split execution: this process also loads the target and runs its layers
-    /// [0, S) on every verify block, sending hidden states; the verifier runs
-    /// [S, N). `auto` picks S with the shard planner (needs --split-profile).
-    /// Overrides `[split] layer` of --edge-config. See docs/shard-planner.md.
-    #[arg(long, value_name = "S|auto")]
-    pub split: Option<String>,
-    /// With --split: keep the head on the device too (U-shape; no token id is sent).
-    #[arg(long)]
-    pub pin_head: bool,
-    /// With --split: send hidden states as f16 (half the bytes, LOSSY: the output
-    /// may differ from the target's).
-    #[arg(long)]
-    pub hidden_f16: bool,
-    /// With --split: this device's `tandem profile --model target` JSON (for
-    /// `auto`, and for the predicted round time in the stats).
-    #[arg(long)]
-    pub split_profile: Option<PathBuf>,
-}
-
-impl RemoteArgs {
-    /// True when this generation goes through the edge runtime.
-    pub fn wanted(&self) -> bool {
-        self.verifier.is_some()
-            || self.edge_config.is_some()
-            || self.policy.is_some()
-            || self.split.is_some()
-    }
-
-    /// The edge config: the file (or defaults) with the flags applied, validated.
-    pub fn edge_config(&self, k: usize) -> Result<EdgeConfig> {
-        let mut cfg = match &self.edge_config {
-            Some(p) => EdgeConfig::from_file(p)?,
-            None => EdgeConfig::default(),
-        };
-        if let Some(u) = &self.verifier {
-            cfg.verifier_url = Some(u.clone());
-        }
-        if let Some(p) = &self.ca_cert {
-            cfg.ca_cert_pem = Some(p.clone());
-        }
-        if let Some(p) = &self.client_cert {
-            cfg.client_cert_pem = Some(p.clone());
-        }
-        if let Some(p) = &self.client_key {
-            cfg.client_key_pem = Some(p.clone());
-        }
-        if let Some(d) = &self.tls_domain {
-            cfg.tls_domain = Some(d.clone());
-        }
-        if let Some(p) = &self.token_file {
-            cfg.token = Some(read_token(p)?);
-        }
-        cfg.k = k;
-        if let Some(s) = &self.split {
-            let mut sc = cfg.split.take().unwrap_or_default();
-            sc.layer =
-                if s == "auto" {
-                    SplitLayer::Named(s.clone())
-                } else {
-                    SplitLayer::Fixed(s.parse().with_context(|| {
-                        format!("--split takes a layer number or auto, not {s:?}")
-                    })?)
-                };
-            cfg.split = Some(sc);
-        }
-        let split_flags = self.pin_head || self.hidden_f16 || self.split_profile.is_some();
-        match cfg.split.as_mut() {
-            Some(sc) => {
-                sc.pin_head |= self.pin_head;
-                sc.hidden_f16 |= self.hidden_f16;
-                if let Some(p) = &self.split_profile {
-                    sc.profile = Some(p.clone());
-                }
-            }
-            None => anyhow::ensure!(
-                !split_flags,
-                "--pin-head, --hidden-f16 and --split-profile go with --split"
-            ),
-        }
-        anyhow::ensure!(
-            cfg.split.is_none() || cfg.verifier_url.is_some(),
-            "split execution needs a verifier: give --verifier URL"
-        );
-        cfg.validate()?;
-        Ok(cfg)
-    }
-}
-
-fn read_token(p: &Path) -> Result<String> {
-    let t = std::fs::read_to_string(p)
-        .with_context(|| format!("reading the token file {}", p.display()))?;
-    let t = t.trim();
-    anyhow::ensure!(!t.is_empty(), "the token file {} is empty", p.display());
-    Ok(t.to_owned())
-}
 
 /// `--json` output of a remote generation (schema in docs/cli.md).
 #[derive(Serialize)]

@@ -5,7 +5,7 @@
 //! is given. Prints `serving http://ADDR model=ID` as its first stdout line,
 //! then serves until Ctrl-C. Reference: docs/api.md.
 
-use crate::remote::RemoteArgs;
+use crate::generate_args::RemoteArgs;
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::net::SocketAddr;

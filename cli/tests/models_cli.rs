@@ -19,10 +19,7 @@ const GEMMA_SIZE: u64 = 253_113_024;
 const SMOLLM2_SIZE: u64 = 98_362_432;
 
 fn real_models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models")
+    tandem_fetch::models_dir()
 }
 
 /// `tandem models <args>` with a clean environment for the variables we read.
@@ -129,6 +126,37 @@ fn list_on_an_empty_dir_shows_everything_missing() {
         assert_eq!(m["verified"], false);
         assert_eq!(m["size"], serde_json::Value::Null);
     }
+}
+
+#[test]
+fn the_default_dir_follows_xdg_cache_home_then_home() {
+    let (out, stdout, _) = run(tandem(&["path", "draft"])
+        .env("XDG_CACHE_HOME", "/xdg/cache")
+        .env("HOME", "/home/me"));
+    assert!(out.status.success());
+    assert_eq!(
+        stdout.trim(),
+        format!("/xdg/cache/tandem/models/{DRAFT_FILE}")
+    );
+    // A relative XDG_CACHE_HOME is ignored (XDG Base Directory rule).
+    for xdg in ["", "relative/cache"] {
+        let (out, stdout, _) = run(tandem(&["path", "draft"])
+            .env("XDG_CACHE_HOME", xdg)
+            .env("HOME", "/home/me"));
+        assert!(out.status.success());
+        assert_eq!(
+            stdout.trim(),
+            format!("/home/me/.cache/tandem/models/{DRAFT_FILE}")
+        );
+    }
+    let (out, stdout, _) = run(tandem(&["path", "draft"])
+        .env_remove("XDG_CACHE_HOME")
+        .env("HOME", "/home/me"));
+    assert!(out.status.success());
+    assert_eq!(
+        stdout.trim(),
+        format!("/home/me/.cache/tandem/models/{DRAFT_FILE}")
+    );
 }
 
 #[test]

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::time::Duration;
+use tandem_stats::percentile_in_place;
 
 /// State of a [`CircuitBreaker`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -129,9 +130,11 @@ impl RttTracker {
         Some(self.samples.iter().map(|s| s.ms).sum::<f64>() / self.samples.len() as f64)
     }
 
-    /// 95th percentile (nearest rank) of the round trips as measured.
+    /// 95th percentile (nearest rank: [`tandem_stats::percentile`]) of the round
+    /// trips as measured.
     pub fn p95_ms(&self) -> Option<f64> {
-        percentile(self.samples.iter().map(|s| s.ms).collect(), 0.95)
+        let mut ms: Vec<f64> = self.samples.iter().map(|s| s.ms).collect();
+        percentile_in_place(&mut ms, 0.95)
     }
 
     /// Deadline of the next exchange, whose verifier forward covers `positions`
@@ -147,12 +150,12 @@ impl RttTracker {
         max: Duration,
     ) -> Duration {
         let want = positions.max(1) as f64;
-        let scaled = self
+        let mut scaled: Vec<f64> = self
             .samples
             .iter()
             .map(|s| s.ms * (want / s.positions as f64).max(1.0))
             .collect();
-        match percentile(scaled, 0.95) {
+        match percentile_in_place(&mut scaled, 0.95) {
             None => initial,
             Some(p95) => Duration::from_secs_f64(p95 * factor / 1000.0).clamp(floor, max),
         }
@@ -194,16 +197,6 @@ impl OpenCost {
             worst * context_len.max(1) as f64 / 1000.0,
         ))
     }
-}
-
-/// Nearest-rank percentile of `v` (`q` in (0, 1]).
-pub fn percentile(mut v: Vec<f64>, q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
 }
 
 /// Locks a shared breaker. A panic while holding this lock cannot leave the
@@ -319,12 +312,5 @@ mod tests {
         assert_eq!(c.estimate(200), Some(Duration::from_millis(1000)));
         c.record(0, Duration::from_secs(9));
         assert_eq!(c.estimate(200), Some(Duration::from_millis(1000)));
-    }
-
-    #[test]
-    fn percentile_nearest_rank() {
-        assert_eq!(percentile(vec![], 0.95), None);
-        assert_eq!(percentile(vec![3.0, 1.0, 2.0], 0.5), Some(2.0));
-        assert_eq!(percentile(vec![3.0, 1.0, 2.0], 1.0), Some(3.0));
     }
 }

@@ -59,18 +59,63 @@ impl ModelRole {
     }
 }
 
-/// The models directory: `$TANDEM_MODELS_DIR`, else `~/.cache/tandem/models`.
+/// Tandem's cache directory: `$XDG_CACHE_HOME/tandem` when `XDG_CACHE_HOME` is
+/// an absolute path (the XDG Base Directory rule: a relative or empty one is
+/// ignored), else `$HOME/.cache/tandem`; None when neither is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    cache_dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+fn cache_dir_from(
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    match xdg_cache_home.map(PathBuf::from) {
+        Some(x) if x.is_absolute() => Some(x.join("tandem")),
+        _ => home.map(|h| PathBuf::from(h).join(".cache").join("tandem")),
+    }
+}
+
+/// The models directory: `$TANDEM_MODELS_DIR`, else `models` in [`cache_dir`]
+/// (`$XDG_CACHE_HOME/tandem/models`, else `~/.cache/tandem/models`).
 pub fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    home.join(".cache").join("tandem").join("models")
+    // Neither XDG_CACHE_HOME nor HOME: relative to the working directory, as before.
+    cache_dir()
+        .unwrap_or_else(|| PathBuf::from(".cache").join("tandem"))
+        .join("models")
 }
 
 /// Where the model's GGUF is (or will be) in [`models_dir`].
 pub fn model_path(role: ModelRole) -> PathBuf {
     models_dir().join(role.file_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache_dir_from;
+    use std::path::PathBuf;
+
+    #[test]
+    fn cache_dir_honours_an_absolute_xdg_cache_home() {
+        let some = |s: &str| Some(s.into());
+        assert_eq!(
+            cache_dir_from(some("/var/cache/me"), some("/home/me")),
+            Some(PathBuf::from("/var/cache/me/tandem"))
+        );
+        assert_eq!(
+            cache_dir_from(some("/var/cache/me"), None),
+            Some(PathBuf::from("/var/cache/me/tandem"))
+        );
+        // Unset, empty or relative: ~/.cache.
+        for xdg in [None, some(""), some("cache")] {
+            assert_eq!(
+                cache_dir_from(xdg, some("/home/me")),
+                Some(PathBuf::from("/home/me/.cache/tandem"))
+            );
+        }
+        assert_eq!(cache_dir_from(None, None), None);
+    }
 }

@@ -1,22 +1,16 @@
 //! `ensure_model` on the real models. Its own test binary (one test), so
 //! setting the process-wide environment cannot race with other tests.
 //!
-//! The real models must be in `~/.cache/tandem/models` (or
+//! The real models must be in `tandem_fetch::models_dir()` (`~/.cache/tandem/models`, or
 //! `$TANDEM_MODELS_DIR`); a temp dir of symlinks to them is used, so the
 //! shared cache is never written.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
-
-use std::path::PathBuf;
 
 use tandem_fetch::{ensure_model, marker_path, model_path, FetchError, ModelRole, Progress};
 
 #[test]
 fn ensure_model_verifies_present_real_models_and_fetches_missing_ones() {
-    let real_dir = std::env::var_os("TANDEM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tandem/models")
-        });
+    let real_dir = tandem_fetch::models_dir();
     let tmp = tempfile::TempDir::new().unwrap();
     for role in ModelRole::ALL {
         let real = real_dir.join(role.file_name());

@@ -28,16 +28,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use jni::objects::{JClass, JDoubleArray, JLongArray, JObject, JString, JThrowable, JValue};
+use jni::refs::Reference as _;
+use jni::strings::JNIString;
 use jni::sys::{jboolean, jint, jlong, jstring};
-use jni::JNIEnv;
+use jni::{jni_sig, jni_str, Env, EnvUnowned, Outcome};
 use tandem_capi::{
     tandem_cancel, tandem_generate, tandem_runtime_free, tandem_runtime_last_json,
     tandem_runtime_new, tandem_runtime_set_device_state, tandem_runtime_stats, tandem_status_name,
     tandem_string_free, tandem_version, TandemDeviceState, TandemRuntime, TandemStats,
     TandemStatus, TandemTokenStatus,
 };
-
-const TANDEM_EXCEPTION: &str = "dev/tandem/TandemException";
 
 /// The lengths of the arrays `dev.tandem.Stats` reads (its `COUNTS`, `TIMES`).
 const COUNTS: usize = 19;
@@ -47,24 +47,28 @@ const TIMES: usize = 5;
 struct Thrown;
 
 /// Throws `dev.tandem.TandemException(code, message)`.
-fn throw_tandem(env: &mut JNIEnv, status: TandemStatus, message: &str) -> Thrown {
+fn throw_tandem(env: &mut Env, status: TandemStatus, message: &str) -> Thrown {
     let built = env.new_string(message).and_then(|m| {
         env.new_object(
-            TANDEM_EXCEPTION,
-            "(ILjava/lang/String;)V",
+            jni_str!("dev/tandem/TandemException"),
+            jni_sig!("(ILjava/lang/String;)V"),
             &[JValue::Int(status as jint), JValue::Object(&m)],
         )
+        .and_then(|e| env.cast_local::<JThrowable>(e))
     });
     match built {
         Ok(e) => {
             // If even throwing fails, a JNI exception is pending already.
-            let _ = env.throw(JThrowable::from(e));
+            let _ = env.throw(e);
         }
         Err(_) => {
             // The failed call left its own exception (e.g. NoClassDefFoundError)
             // pending; if it did not, say what happened.
-            if !env.exception_check().unwrap_or(true) {
-                let _ = env.throw_new("java/lang/IllegalStateException", message);
+            if !env.exception_check() {
+                let _ = env.throw_new(
+                    jni_str!("java/lang/IllegalStateException"),
+                    JNIString::from(message),
+                );
             }
         }
     }
@@ -72,8 +76,8 @@ fn throw_tandem(env: &mut JNIEnv, status: TandemStatus, message: &str) -> Thrown
 }
 
 /// Throws a Java exception of class `class` (e.g. IllegalArgumentException).
-fn throw_java(env: &mut JNIEnv, class: &str, message: &str) -> Thrown {
-    let _ = env.throw_new(class, message);
+fn throw_java(env: &mut Env, class: &jni::strings::JNIStr, message: &str) -> Thrown {
+    let _ = env.throw_new(class, JNIString::from(message));
     Thrown
 }
 
@@ -100,7 +104,7 @@ fn status_name(status: TandemStatus) -> String {
 }
 
 /// A non-OK status becomes a `TandemException` with the C ABI's message.
-fn check(env: &mut JNIEnv, status: TandemStatus, error_message: *mut c_char) -> Result<(), Thrown> {
+fn check(env: &mut Env, status: TandemStatus, error_message: *mut c_char) -> Result<(), Thrown> {
     let message = take_c_string(error_message);
     if status == TandemStatus::Ok {
         return Ok(());
@@ -111,22 +115,22 @@ fn check(env: &mut JNIEnv, status: TandemStatus, error_message: *mut c_char) -> 
 
 /// A Java string as a C string (`IllegalArgumentException` if it holds NUL,
 /// which C would silently cut at).
-fn c_string(env: &mut JNIEnv, s: &JString, what: &str) -> Result<CString, Thrown> {
+fn c_string(env: &mut Env, s: &JString, what: &str) -> Result<CString, Thrown> {
     if s.is_null() {
         return Err(throw_java(
             env,
-            "java/lang/NullPointerException",
+            jni_str!("java/lang/NullPointerException"),
             &format!("{what} is null"),
         ));
     }
-    let text: String = match env.get_string(s) {
-        Ok(t) => t.into(),
+    let text: String = match s.try_to_string(env) {
+        Ok(t) => t,
         Err(_) => return Err(Thrown), // the JVM's exception is pending
     };
     CString::new(text).map_err(|_| {
         throw_java(
             env,
-            "java/lang/IllegalArgumentException",
+            jni_str!("java/lang/IllegalArgumentException"),
             &format!("{what} contains a NUL character"),
         )
     })
@@ -137,28 +141,39 @@ fn runtime(handle: jlong) -> *const TandemRuntime {
     handle as usize as *const TandemRuntime
 }
 
-/// Runs `f`; a panic becomes a `TandemException` (`PANIC`) and `fallback`.
+/// Runs `f` with the native method's environment; a panic becomes a
+/// `TandemException` (`PANIC`) and `fallback`, as does a Java exception `f`
+/// left pending (`Thrown`).
 fn guard<'l, T>(
-    env: &mut JNIEnv<'l>,
+    env: &mut EnvUnowned<'l>,
     fallback: T,
-    f: impl FnOnce(&mut JNIEnv<'l>) -> Result<T, Thrown>,
+    f: impl FnOnce(&mut Env<'l>) -> Result<T, Thrown>,
 ) -> T {
-    match catch_unwind(AssertUnwindSafe(|| f(env))) {
-        Ok(Ok(v)) => v,
-        Ok(Err(Thrown)) => fallback,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            throw_tandem(
-                env,
-                TandemStatus::Panic,
-                &format!("tandem-jni panicked: {what}"),
-            );
-            fallback
-        }
+    // Not `with_env`'s own catch: a panic is reported as the C ABI reports one.
+    let outcome = env
+        .with_env_no_catch(|env| -> jni::errors::Result<Option<T>> {
+            Ok(match catch_unwind(AssertUnwindSafe(|| f(env))) {
+                Ok(Ok(v)) => Some(v),
+                Ok(Err(Thrown)) => None,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    throw_tandem(
+                        env,
+                        TandemStatus::Panic,
+                        &format!("tandem-jni panicked: {what}"),
+                    );
+                    None
+                }
+            })
+        })
+        .into_outcome();
+    match outcome {
+        Outcome::Ok(Some(v)) => v,
+        _ => fallback,
     }
 }
 
@@ -199,20 +214,21 @@ fn stats_arrays(s: &TandemStats) -> ([jlong; COUNTS], [f64; TIMES]) {
 
 /// Copies `stats` into the Java arrays.
 fn write_stats(
-    env: &mut JNIEnv,
+    env: &mut Env,
     stats: &TandemStats,
     counts: &JLongArray,
     times: &JDoubleArray,
 ) -> Result<(), Thrown> {
     let (c, t) = stats_arrays(stats);
-    env.set_long_array_region(counts, 0, &c)
-        .and_then(|()| env.set_double_array_region(times, 0, &t))
+    counts
+        .set_region(env, 0, &c)
+        .and_then(|()| times.set_region(env, 0, &t))
         .map_err(|_| Thrown) // ArrayIndexOutOfBoundsException is pending
 }
 
 /// What the C callback needs to reach the Java sink.
 struct PieceSink<'a, 'l> {
-    env: &'a mut JNIEnv<'l>,
+    env: &'a mut Env<'l>,
     sink: &'a JObject<'l>,
     /// The Java side threw (or a JNI call failed): stop, leave it pending.
     failed: bool,
@@ -227,7 +243,7 @@ unsafe extern "C" fn on_piece(
 ) -> bool {
     // SAFETY: user_data is the PieceSink that nativeGenerate passed with this
     // callback, alive for the whole tandem_generate call, which calls back on
-    // the same thread (so the JNIEnv is valid here).
+    // the same thread (so the Env is valid here).
     let sink = unsafe { &mut *(user_data as *mut PieceSink<'_, '_>) };
     if sink.failed {
         return false;
@@ -239,13 +255,13 @@ unsafe extern "C" fn on_piece(
         let jtext = sink.env.new_string(&*text).ok()?;
         let r = sink.env.call_method(
             sink.sink,
-            "piece",
-            "(Ljava/lang/String;I)Z",
+            jni_str!("piece"),
+            jni_sig!("(Ljava/lang/String;I)Z"),
             &[JValue::Object(&jtext), JValue::Int(status as jint)],
         );
         // One local reference per piece: free it, a long generation would
         // otherwise fill the JVM's local reference table.
-        let _ = sink.env.delete_local_ref(jtext);
+        sink.env.delete_local_ref(jtext);
         r.and_then(|v| v.z()).ok()
     }));
     match go_on {
@@ -261,7 +277,7 @@ unsafe extern "C" fn on_piece(
 /// `TandemRuntime.nativeNew(String configPath, String modelsDir)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeNew<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     config_path: JString<'l>,
     models_dir: JString<'l>,
@@ -292,7 +308,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeNew<'l>(
 /// `TandemRuntime.nativeGenerate(long, String, int, Sink, long[], double[])`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
     prompt: JString<'l>,
@@ -306,7 +322,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
         let Ok(max_tokens) = u32::try_from(max_tokens) else {
             return Err(throw_java(
                 env,
-                "java/lang/IllegalArgumentException",
+                jni_str!("java/lang/IllegalArgumentException"),
                 &format!("maxTokens must be >= 0, got {max_tokens}"),
             ));
         };
@@ -353,7 +369,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
 /// `TandemRuntime.nativeCancel(long)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeCancel<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
 ) {
@@ -367,7 +383,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeCancel<'l>(
 /// `TandemRuntime.nativeStats(long, long[], double[])`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeStats<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
     counts: JLongArray<'l>,
@@ -394,7 +410,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeStats<'l>(
 /// `TandemRuntime.nativeSetDeviceState(long, int, int, boolean, boolean, boolean)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeSetDeviceState<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
     thermal: jint,
@@ -407,9 +423,9 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeSetDeviceState<'l>(
         let state = TandemDeviceState {
             thermal,
             battery_pct,
-            charging: charging != 0,
-            power_save: power_save != 0,
-            user_opt_out: user_opt_out != 0,
+            charging,
+            power_save,
+            user_opt_out,
         };
         let mut err: *mut c_char = ptr::null_mut();
         // SAFETY: a live runtime (the Java class checks), a valid state and
@@ -422,7 +438,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeSetDeviceState<'l>(
 /// `TandemRuntime.nativeLastJson(long)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeLastJson<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
 ) -> jstring {
@@ -443,7 +459,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeLastJson<'l>(
 /// `TandemRuntime.nativeFree(long)`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeFree<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
     handle: jlong,
 ) {
@@ -458,7 +474,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeFree<'l>(
 /// `TandemRuntime.nativeVersion()`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeVersion<'l>(
-    mut env: JNIEnv<'l>,
+    mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
 ) -> jstring {
     guard(&mut env, ptr::null_mut(), |env| {

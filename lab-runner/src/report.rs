@@ -11,6 +11,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use tandem_cli_common::compare::first_difference;
+use tandem_cli_common::host::cpu_name;
 use tandem_model::proposer::{ProposerKind, ProposerStat, ProposerStats};
 
 /// Everything recorded about one run (one line of runs.jsonl).
@@ -92,21 +94,10 @@ pub struct Meta {
     pub prompt_set: String,
 }
 
-/// The `q` quantile (nearest rank) of a sample; 0 for an empty one. Sorts `v`.
+/// The `q` percentile of a sample (nearest rank, [`tandem_stats::percentile`]);
+/// 0 for an empty one. Sorts `v`.
 pub fn pct(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
-fn first_diff(a: &[u32], b: &[u32]) -> Option<usize> {
-    let n = a.len().min(b.len());
-    (0..n)
-        .find(|&i| a[i] != b[i])
-        .or((a.len() != b.len()).then_some(n))
+    tandem_stats::percentile_in_place(v, q).unwrap_or(0.0)
 }
 
 fn record(i: usize, p: &Planned, r: &DeviceResult) -> RunRecord {
@@ -217,7 +208,7 @@ fn check_identity(cfg: &LabConfig, recs: &mut [RunRecord], results: &[DeviceResu
             r.matches_target = Some(false);
             continue;
         }
-        let d = first_diff(&r.tokens, want);
+        let d = first_difference(&r.tokens, want);
         r.first_difference = d;
         let unchecked = res
             .provisional
@@ -369,42 +360,68 @@ fn summarize(recs: &[RunRecord]) -> Vec<Cell> {
         .collect()
 }
 
-const CSV_HEADER: &str = "mode,profile,runs,errors,tokens,tokens_per_s,verified_per_s,provisional_per_s,ttft_p50_ms,itt_p50_ms,itt_p95_ms,acceptance,mean_accepted_len,mean_k,verifier_passes_per_token,bytes_up_per_token,bytes_down_per_token,rtt_mean_ms,matches_target,draft_rounds,lookup_rounds,none_rounds,draft_acceptance,lookup_acceptance";
+const CSV_HEADER: [&str; 24] = [
+    "mode",
+    "profile",
+    "runs",
+    "errors",
+    "tokens",
+    "tokens_per_s",
+    "verified_per_s",
+    "provisional_per_s",
+    "ttft_p50_ms",
+    "itt_p50_ms",
+    "itt_p95_ms",
+    "acceptance",
+    "mean_accepted_len",
+    "mean_k",
+    "verifier_passes_per_token",
+    "bytes_up_per_token",
+    "bytes_down_per_token",
+    "rtt_mean_ms",
+    "matches_target",
+    "draft_rounds",
+    "lookup_rounds",
+    "none_rounds",
+    "draft_acceptance",
+    "lookup_acceptance",
+];
 
-fn csv(cells: &[Cell]) -> String {
-    let mut s = String::from(CSV_HEADER);
-    s.push('\n');
+/// summary.csv: one row per cell, written by the `csv` crate (a profile's name is
+/// the user's and may hold a comma or a quote: such fields are quoted).
+fn csv(cells: &[Cell]) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(CSV_HEADER)?;
     for c in cells {
-        let _ = writeln!(
-            s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{:.1},{:.4},{:.3},{:.2},{:.4},{:.1},{:.1},{:.1},{},{},{},{},{:.4},{:.4}",
-            c.mode,
-            c.profile,
-            c.runs,
-            c.errors,
-            c.tokens,
-            c.tokens_per_s,
-            c.verified_per_s,
-            c.provisional_per_s,
-            c.ttft_ms,
-            c.itt_p50_ms,
-            c.itt_p95_ms,
-            c.acceptance,
-            c.mean_accepted_len,
-            c.mean_k,
-            c.passes_per_token,
-            c.bytes_up_per_token,
-            c.bytes_down_per_token,
-            c.rtt_mean_ms,
-            c.matches_target,
-            c.proposers.draft.rounds,
-            c.proposers.lookup.rounds,
-            c.proposers.none_rounds,
-            acceptance_of(&c.proposers.draft),
-            acceptance_of(&c.proposers.lookup),
-        );
+        w.write_record([
+            c.mode.clone(),
+            c.profile.clone(),
+            c.runs.to_string(),
+            c.errors.to_string(),
+            c.tokens.to_string(),
+            format!("{:.3}", c.tokens_per_s),
+            format!("{:.3}", c.verified_per_s),
+            format!("{:.3}", c.provisional_per_s),
+            format!("{:.1}", c.ttft_ms),
+            format!("{:.1}", c.itt_p50_ms),
+            format!("{:.1}", c.itt_p95_ms),
+            format!("{:.4}", c.acceptance),
+            format!("{:.3}", c.mean_accepted_len),
+            format!("{:.2}", c.mean_k),
+            format!("{:.4}", c.passes_per_token),
+            format!("{:.1}", c.bytes_up_per_token),
+            format!("{:.1}", c.bytes_down_per_token),
+            format!("{:.1}", c.rtt_mean_ms),
+            c.matches_target.clone(),
+            c.proposers.draft.rounds.to_string(),
+            c.proposers.lookup.rounds.to_string(),
+            c.proposers.none_rounds.to_string(),
+            format!("{:.4}", acceptance_of(&c.proposers.draft)),
+            format!("{:.4}", acceptance_of(&c.proposers.lookup)),
+        ])?;
     }
-    s
+    let bytes = w.into_inner().context("writing summary.csv")?;
+    String::from_utf8(bytes).context("summary.csv is not UTF-8")
 }
 
 /// Accepted / drafted tokens of one proposer (0 when it drafted nothing).
@@ -916,15 +933,7 @@ fn plots(out: &Path, cfg: &LabConfig, cells: &[Cell]) -> Result<Vec<(&'static st
 }
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "?".into());
+    let cpu = cpu_name().unwrap_or_else(|| "?".into());
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
@@ -989,7 +998,7 @@ pub fn write_all(
     }
     std::fs::write(out.join("runs.jsonl"), jsonl).context("writing runs.jsonl")?;
     let cells = summarize(&recs);
-    std::fs::write(out.join("summary.csv"), csv(&cells)).context("writing summary.csv")?;
+    std::fs::write(out.join("summary.csv"), csv(&cells)?).context("writing summary.csv")?;
     let figs = plots(out, cfg, &cells)?;
     let bad: Vec<&RunRecord> = recs
         .iter()
@@ -1104,4 +1113,49 @@ pub fn write_all(
     md.push_str("```\n\nRaw data: runs.jsonl (one line per run), summary.csv (one line per mode × profile), logs/ (child processes).\n");
     std::fs::write(out.join("report.md"), md).context("writing report.md")?;
     Ok(bad.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_a_profile_name_with_a_comma() {
+        let cells = [
+            Cell {
+                mode: "spec-k4".into(),
+                profile: "wifi, \"good\" day".into(),
+                runs: 2,
+                matches_target: "yes".into(),
+                ..Cell::default()
+            },
+            Cell {
+                mode: "target-only".into(),
+                profile: "lte".into(),
+                runs: 1,
+                matches_target: "n/a".into(),
+                ..Cell::default()
+            },
+        ];
+        let text = csv(&cells).expect("csv");
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some(CSV_HEADER.join(",").as_str()));
+        let row = lines.next().expect("a first row");
+        assert!(
+            row.starts_with("spec-k4,\"wifi, \"\"good\"\" day\",2,0,0,0.000,"),
+            "{row}"
+        );
+        assert!(lines
+            .next()
+            .expect("a second row")
+            .starts_with("target-only,lte,1,"));
+        assert_eq!(lines.next(), None);
+        // Read back, the name is whole and every row has every column.
+        let mut r = csv::Reader::from_reader(text.as_bytes());
+        let rows: Vec<csv::StringRecord> = r.records().collect::<Result<_, _>>().expect("rows");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(&rows[0][1], "wifi, \"good\" day");
+        assert!(rows.iter().all(|r| r.len() == CSV_HEADER.len()));
+        assert_eq!(&rows[0][18], "yes");
+    }
 }

@@ -24,9 +24,8 @@ use tandem_model::gguf::GgufFile;
 use tandem_model::quant::{self, Isa, QMatrix, QuantFormat};
 use tandem_model::transformer::{LoadOptions, Model};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+fn median(v: Vec<f64>) -> f64 {
+    tandem_stats::median(&v).unwrap_or(f64::NAN)
 }
 
 #[path = "support/cputime.rs"]

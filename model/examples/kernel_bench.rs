@@ -35,11 +35,7 @@ use tandem_model::quant::{matmul_with_isa, Isa, QMatrix, QuantFormat};
 const MS: [usize; 6] = [1, 2, 3, 5, 9, 17];
 
 fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TANDEM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/tandem/models")
+    tandem_fetch::models_dir()
 }
 
 #[path = "support/cputime.rs"]

@@ -27,6 +27,9 @@
 //! - [`speculative`]: local (single-process) speculative decoding loop.
 //! - [`forward_threads`]: which rayon pool (how many threads) a forward called
 //!   on this thread uses (the device runs its draft on fewer when hot).
+//! - `testing` (cargo feature `testing`, off by default): tiny random-weight
+//!   models of every family as GGUF, for tests here and in the crates above;
+//!   not in the library an app or a phone links.
 
 pub mod arch;
 mod attention;
@@ -40,6 +43,7 @@ pub mod proposer;
 pub mod quant;
 pub mod sampling;
 pub mod speculative;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokenizer;
 pub mod transformer;

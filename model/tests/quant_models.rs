@@ -17,11 +17,7 @@ const FILES: [&str; 2] = [
 ];
 
 fn model_path(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("TANDEM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
-            .join(".cache/tandem/models"),
-    };
+    let dir = tandem_fetch::models_dir();
     let p = dir.join(file);
     assert!(
         p.is_file(),

@@ -162,9 +162,8 @@ fn time_batch(
     Ok((batch, plan))
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+fn median(xs: Vec<f64>) -> f64 {
+    tandem_stats::median(&xs).unwrap_or(f64::NAN)
 }
 
 fn load_average() -> String {

@@ -96,7 +96,7 @@ pub fn rss_trend(series: &str, points: &[(f64, u64)]) -> RssTrend {
     let n = points.len();
     let third = n / 3;
     let bytes: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
-    let median = |xs: &[f64]| pct(&mut xs.to_vec(), 0.5);
+    let median = |xs: &[f64]| tandem_stats::median(xs).unwrap_or(0.0);
     let (middle, last) = if n >= RSS_MIN_SAMPLES {
         (
             median(&bytes[third..n - third]),

@@ -173,12 +173,12 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `$HOME/.cache/tandem/bench`.
+/// `bench` in Tandem's cache directory ([`tandem_fetch::cache_dir`]:
+/// `$XDG_CACHE_HOME/tandem/bench`, else `~/.cache/tandem/bench`).
 pub fn cache_dir() -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    home.join(".cache").join("tandem").join("bench")
+    tandem_fetch::cache_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join(".cache").join("tandem"))
+        .join("bench")
 }
 
 /// The cached trace for `key` if present and intact (a file that does not

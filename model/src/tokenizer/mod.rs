@@ -43,6 +43,8 @@ pub use pre::{supported_names as supported_pre_tokenizers, PreType};
 pub use stream::StreamDecoder;
 pub use vocab::TokenKind;
 
+// The tiny test models' byte-level vocabulary (`crate::testing`).
+#[cfg(feature = "testing")]
 pub(crate) use bpe::byte_level_chars;
 
 use crate::gguf::GgufFile;
