@@ -45,6 +45,7 @@ pub mod loopback;
 mod mtls_probe;
 pub mod privacy;
 pub mod runtime;
+pub mod second_opinion;
 pub mod split;
 
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
@@ -58,3 +59,4 @@ pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,
 };
+pub use second_opinion::{DraftOpinion, DraftOpinionError, Judgement};
