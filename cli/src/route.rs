@@ -7,6 +7,9 @@
 //!   lines into conversations (oldest first), so stickiness applies.
 //! * `explain` shows one decision for a human, with the spans highlighted in
 //!   the text (colour on a terminal, `[[TYPE: ...]]` brackets otherwise).
+//!   With `--opinion-model DRAFT.gguf` it also asks the device's model when
+//!   the policy's `[second_opinion]` says the rules are unsure, and shows
+//!   why it was asked, its answer and what it changed.
 //! * `check` validates a policy file and exits non-zero with the error.
 //!
 //! The work is done by `tandem-router`; this module parses arguments and
@@ -20,7 +23,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde::Serialize;
 use serde_json::Value;
-use tandem_router::{Conversation, Decision, EntityHit, Policy, RouteContext};
+use tandem_router::{
+    Conversation, Decision, EntityHit, Opinion, OpinionError, OpinionMode, Policy, RouteContext,
+    SecondOpinion, Unsure,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -100,6 +106,11 @@ struct ExplainArgs {
     color: ColorChoice,
     #[command(flatten)]
     context: ContextArgs,
+    /// The draft model (GGUF with its tokenizer) to ask as the second
+    /// opinion when the policy's rules are unsure
+    /// (e.g. "$(tandem models path draft)").
+    #[arg(long, value_name = "GGUF")]
+    opinion_model: Option<PathBuf>,
     /// The text to explain; read from stdin when absent or "-".
     text: Option<String>,
 }
@@ -141,6 +152,9 @@ struct Output<'a> {
     rule: &'a str,
     entities: &'a [EntityHit],
     categories: &'a [String],
+    /// `explain` only: the second opinion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    second_opinion: Option<&'a OpinionReport>,
 }
 
 fn output<'a>(id: &'a Value, d: &'a Decision) -> Output<'a> {
@@ -150,7 +164,113 @@ fn output<'a>(id: &'a Value, d: &'a Decision) -> Output<'a> {
         rule: &d.rule,
         entities: &d.entities,
         categories: &d.categories,
+        second_opinion: None,
     }
+}
+
+/// What `explain` says about the second opinion. Holds no text.
+#[derive(Serialize)]
+struct OpinionReport {
+    /// The policy's `[second_opinion] mode`.
+    mode: &'static str,
+    /// Why the rules were unsure (`None`: they were sure, or the mode is off).
+    unsure: Option<String>,
+    /// Whether the model was asked (unsure and a model given).
+    asked: bool,
+    /// `sensitive`, `benign`, or `error: …`.
+    answer: Option<String>,
+    /// Best `yes` logit minus best `no` logit.
+    margin: Option<f32>,
+    prompt_tokens: Option<usize>,
+    ms: Option<f64>,
+    /// The rules' own decision, before the opinion.
+    rules_decision: &'static str,
+}
+
+/// The draft's judgement, already made, handed to the policy.
+struct Judged(Result<Opinion, String>);
+
+impl SecondOpinion for Judged {
+    fn judge(&self, _text: &str) -> Result<Opinion, OpinionError> {
+        self.0.clone().map_err(OpinionError)
+    }
+}
+
+fn mode_name(m: OpinionMode) -> &'static str {
+    match m {
+        OpinionMode::Off => "off",
+        OpinionMode::On => "on",
+        OpinionMode::Categories => "categories",
+    }
+}
+
+fn unsure_text(u: &Unsure) -> String {
+    match u {
+        Unsure::EntityInBand { kind, score } => {
+            format!("entity in the band: {kind} {score:.2}")
+        }
+        Unsure::CategoryWithoutCue { categories } => {
+            format!("category without a cue: {}", categories.join(", "))
+        }
+    }
+}
+
+fn load_opinion(path: &std::path::Path) -> anyhow::Result<tandem_edge::DraftOpinion> {
+    let gguf = tandem_model::gguf::GgufFile::open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(&gguf)?;
+    let model = tandem_model::transformer::Model::from_gguf(
+        gguf,
+        tandem_model::transformer::LoadOptions::with_max_seq_len(2048),
+    )?;
+    Ok(tandem_edge::DraftOpinion::new(
+        std::sync::Arc::new(model),
+        tok,
+    )?)
+}
+
+/// Decide `text`, asking the model when the rules are unsure and one is
+/// given.
+fn decide_explained(
+    policy: &Policy,
+    text: &str,
+    ctx: &RouteContext,
+    model: Option<&tandem_edge::DraftOpinion>,
+) -> (Decision, OpinionReport) {
+    let rules = policy.decide(text, ctx);
+    let unsure = policy.unsure(text, &rules);
+    let mut report = OpinionReport {
+        mode: mode_name(policy.second_opinion_mode()),
+        unsure: unsure.as_ref().map(unsure_text),
+        asked: false,
+        answer: None,
+        margin: None,
+        prompt_tokens: None,
+        ms: None,
+        rules_decision: rules.action.as_str(),
+    };
+    let (Some(_), Some(model)) = (&unsure, model) else {
+        return (rules, report);
+    };
+    let started = std::time::Instant::now();
+    let judged = model.judge_detailed(text);
+    report.asked = true;
+    report.ms = Some(started.elapsed().as_secs_f64() * 1e3);
+    let answer = match &judged {
+        Ok(j) => {
+            report.margin = Some(j.margin);
+            report.prompt_tokens = Some(j.prompt_tokens);
+            Ok(j.opinion)
+        }
+        Err(e) => Err(e.0.clone()),
+    };
+    report.answer = Some(match &answer {
+        Ok(Opinion::Sensitive) => "sensitive".to_string(),
+        Ok(Opinion::Benign) => "benign".to_string(),
+        Err(e) => format!("error: {e}"),
+    });
+    let (d, _) = policy.decide_with_opinion(text, ctx, &Judged(answer));
+    (d, report)
 }
 
 fn classify(args: ClassifyArgs) -> anyhow::Result<()> {
@@ -225,11 +345,20 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         Some(t) => t.to_string(),
     };
     let ctx = args.context.to_context();
-    let decision = policy.decide(&text, &ctx);
+    let model = args
+        .opinion_model
+        .as_deref()
+        .map(load_opinion)
+        .transpose()?;
+    let (decision, opinion) = decide_explained(&policy, &text, &ctx, model.as_ref());
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
-        serde_json::to_writer(&mut out, &output(&Value::Null, &decision))?;
+        let o = Output {
+            second_opinion: Some(&opinion),
+            ..output(&Value::Null, &decision)
+        };
+        serde_json::to_writer(&mut out, &o)?;
         out.write_all(b"\n")?;
         return Ok(());
     }
@@ -307,6 +436,7 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             "frame:      fiction (its first person is a character: no term counts)"
         )?,
     }
+    write_opinion(&mut out, &opinion, &decision)?;
     if decision.entities.is_empty() {
         writeln!(out, "entities:   -")?;
     } else {
@@ -346,6 +476,42 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         writeln!(out, "  {line}")?;
     }
     Ok(())
+}
+
+/// The second opinion's line(s) of `explain`.
+fn write_opinion(out: &mut impl Write, r: &OpinionReport, d: &Decision) -> std::io::Result<()> {
+    match (&r.unsure, r.asked) {
+        _ if r.mode == "off" => writeln!(out, "second opinion: off ([second_opinion] mode)"),
+        (None, _) => writeln!(
+            out,
+            "second opinion: not asked (mode {}: the rules are sure)",
+            r.mode
+        ),
+        (Some(why), false) => writeln!(
+            out,
+            "second opinion: would be asked ({why}); give --opinion-model to ask the draft"
+        ),
+        (Some(why), true) => {
+            writeln!(out, "second opinion: asked ({why})")?;
+            writeln!(
+                out,
+                "  answer {} (yes-no logit margin {}, {} prompt tokens, {:.0} ms on this device)",
+                r.answer.as_deref().unwrap_or("-"),
+                r.margin.map_or("-".to_string(), |m| format!("{m:+.2}")),
+                r.prompt_tokens.map_or("-".to_string(), |n| n.to_string()),
+                r.ms.unwrap_or(0.0)
+            )?;
+            if d.action.as_str() == r.rules_decision {
+                writeln!(out, "  the rules' decision stands: {}", d.action)
+            } else {
+                writeln!(
+                    out,
+                    "  changed the rules' {} to {} (rule {})",
+                    r.rules_decision, d.action, d.rule
+                )
+            }
+        }
+    }
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {

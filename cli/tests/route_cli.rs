@@ -336,3 +336,137 @@ fn classify_with_a_bad_policy_fails_before_reading_input() {
     assert!(stdout(&o).is_empty());
     assert!(stderr(&o).contains("line 1"), "{}", stderr(&o));
 }
+
+/// A policy that asks the second opinion, written next to a tiny random
+/// draft (with its tokenizer) in a temporary directory.
+fn opinion_fixture(mode: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(example_policy()).unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        src.replace("mode = \"off\"", &format!("mode = \"{mode}\"")),
+    )
+    .unwrap();
+    let model = dir.path().join("draft.gguf");
+    let cfg = tandem_model::testing::TinyConfig {
+        tokenizer: true,
+        ..tandem_model::testing::TinyConfig::draft_like()
+    };
+    tandem_model::testing::write_tiny_qwen2(&model, &cfg).unwrap();
+    (dir, policy, model)
+}
+
+// A health term with no disclosure cue: the example policy keeps it local
+// on the word alone, so the rules are unsure.
+const NO_CUE: &str = "metformin dosing";
+
+#[test]
+fn explain_asks_the_draft_when_the_rules_are_unsure_and_shows_its_answer() {
+    let (_dir, policy, model) = opinion_fixture("categories");
+    let (p, m) = (policy.to_str().unwrap(), model.to_str().unwrap());
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "--opinion-model",
+            m,
+            "--json",
+            NO_CUE,
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let so = &v["second_opinion"];
+    assert_eq!(so["mode"], "categories");
+    assert_eq!(so["unsure"], "category without a cue: health");
+    assert_eq!(so["asked"], true);
+    assert_eq!(so["rules_decision"], "local");
+    // The tiny model's answer is arbitrary but decides consistently: benign
+    // lets it run speculative under the rule "second-opinion", sensitive
+    // keeps the rules' decision.
+    match so["answer"].as_str().unwrap() {
+        "benign" => assert_eq!(
+            (&v["decision"], &v["rule"]),
+            (&"speculative".into(), &"second-opinion".into())
+        ),
+        "sensitive" => assert_eq!(v["decision"], "local"),
+        other => panic!("answer {other}"),
+    }
+    assert!(so["margin"].as_f64().is_some() && so["ms"].as_f64().is_some());
+    assert!(!stdout(&o).contains("metformin"), "the text in the JSON");
+    // The human report says the same.
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "--opinion-model",
+            m,
+            "--color",
+            "never",
+            NO_CUE,
+        ],
+        "",
+    );
+    let s = stdout(&o);
+    assert!(
+        s.contains("second opinion: asked (category without a cue: health)"),
+        "{s}"
+    );
+    assert!(s.contains("answer "), "{s}");
+}
+
+#[test]
+fn explain_says_when_the_second_opinion_is_not_asked() {
+    let (_dir, policy, model) = opinion_fixture("on");
+    let (p, m) = (policy.to_str().unwrap(), model.to_str().unwrap());
+    // Sure: an ID with its checksum.
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            p,
+            "--opinion-model",
+            m,
+            "--json",
+            "我的身份证号是11010519491231002X",
+        ],
+        "",
+    );
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["second_opinion"]["asked"], false);
+    assert_eq!(v["second_opinion"]["unsure"], Value::Null);
+    // Unsure but no model given: says it would ask.
+    let o = tandem(
+        &[
+            "route", "explain", "--policy", p, "--color", "never", NO_CUE,
+        ],
+        "",
+    );
+    let s = stdout(&o);
+    assert!(
+        s.contains("second opinion: would be asked (category without a cue: health)"),
+        "{s}"
+    );
+    // The example policy as shipped: off.
+    let ex = example_policy();
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--policy",
+            ex.to_str().unwrap(),
+            "--color",
+            "never",
+            NO_CUE,
+        ],
+        "",
+    );
+    assert!(stdout(&o).contains("second opinion: off"), "{}", stdout(&o));
+}

@@ -24,6 +24,7 @@ use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use crate::privacy::RoutedRuntime;
 use crate::runtime::EdgeRuntime;
+use crate::second_opinion::DraftOpinion;
 
 /// What [`EdgeRuntime::builder`] returns; [`Self::build`] makes the runtime.
 pub struct EdgeRuntimeBuilder {
@@ -87,12 +88,20 @@ impl EdgeRuntimeBuilder {
 
 impl RoutedRuntimeBuilder {
     /// The routed runtime (the errors of [`EdgeRuntimeBuilder::build`]).
+    /// The draft is installed as the router's second opinion
+    /// ([`crate::DraftOpinion`]; asked only when the policy's
+    /// `[second_opinion]` mode is on), unless its tokenizer cannot tell yes
+    /// from no.
     pub fn build(self) -> Result<RoutedRuntime, EdgeError> {
-        Ok(RoutedRuntime::new(
-            self.edge.build()?,
-            self.router,
-            self.tokenizer,
-        ))
+        let opinion = DraftOpinion::new(self.edge.draft.clone(), self.tokenizer.clone());
+        let mut routed = RoutedRuntime::new(self.edge.build()?, self.router, self.tokenizer);
+        match opinion {
+            Ok(o) => routed.set_second_opinion(Some(Arc::new(o))),
+            Err(e) => {
+                tracing::warn!(error = %e, "no second opinion: the router's rules alone decide")
+            }
+        }
+        Ok(routed)
     }
 }
 

@@ -46,6 +46,7 @@ mod mtls_probe;
 pub mod privacy;
 mod report;
 pub mod runtime;
+pub mod second_opinion;
 pub mod split;
 mod split_report;
 
@@ -60,3 +61,4 @@ pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,
 };
+pub use second_opinion::{DraftOpinion, DraftOpinionError, Judgement};

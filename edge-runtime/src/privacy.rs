@@ -37,7 +37,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_router::{Action, Conversation, Decision, RouteContext, Router};
+use tandem_router::{Action, Conversation, Decision, RouteContext, Router, SecondOpinion};
 
 use crate::breaker::BreakerState;
 use crate::device::DeviceState;
@@ -214,6 +214,9 @@ pub struct RoutedRuntime {
     pinned: PinMap,
     /// Where the pins are kept across restarts ([`RoutedRuntime::persist_pins`]).
     pin_file: Option<PathBuf>,
+    /// The device's model, asked when the policy's rules are unsure
+    /// ([`RoutedRuntime::set_second_opinion`]).
+    opinion: Option<Arc<dyn SecondOpinion>>,
 }
 
 impl RoutedRuntime {
@@ -227,7 +230,16 @@ impl RoutedRuntime {
             tokenizer,
             pinned: PinMap::new(DEFAULT_PIN_CAPACITY),
             pin_file: None,
+            opinion: None,
         }
+    }
+
+    /// The second opinion asked when the policy's rules are unsure (its
+    /// `[second_opinion]` mode; the builder installs the draft,
+    /// [`crate::DraftOpinion`]); `None`: the rules alone decide. It runs on
+    /// the device before anything is sent.
+    pub fn set_second_opinion(&mut self, opinion: Option<Arc<dyn SecondOpinion>>) {
+        self.opinion = opinion;
     }
 
     /// Keeps the pinned conversation ids in `path` (JSON, rewritten whole on
@@ -351,7 +363,7 @@ impl RoutedRuntime {
         let mut last: Option<Decision> = None;
         let mut pin: Option<(usize, Decision)> = None;
         for (i, m) in messages.iter().enumerate() {
-            let d = conv.decide_with(&policy, &m.content, &ctx);
+            let d = conv.decide_with_opinion(&policy, &m.content, &ctx, self.opinion.as_deref());
             if pin.is_none() && conv.is_pinned_local() {
                 pin = Some((i, d.clone()));
             }

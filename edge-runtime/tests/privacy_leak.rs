@@ -896,3 +896,86 @@ fn pinned_conversations_survive_a_restart_in_the_pin_file() {
     let e = again.persist_pins(&pins).err().unwrap().to_string();
     assert!(e.contains("pins.json"), "{e}");
 }
+
+/// A fixed second opinion that counts how often it is asked.
+struct Fixed(tandem_router::Opinion, std::sync::atomic::AtomicUsize);
+
+impl tandem_router::SecondOpinion for Fixed {
+    fn judge(&self, _text: &str) -> Result<tandem_router::Opinion, tandem_router::OpinionError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(self.0)
+    }
+}
+
+fn example_with_opinion(mode: &str) -> Arc<Router> {
+    let src = std::fs::read_to_string(repo().join("config/policy.example.toml")).unwrap();
+    Arc::new(
+        Router::from_toml_str(&src.replace("mode = \"off\"", &format!("mode = \"{mode}\"")))
+            .unwrap(),
+    )
+}
+
+/// The second opinion runs on the device before anything is sent: a bare
+/// mobile number (in the unsure band) judged sensitive is answered locally
+/// with zero bytes out and pins the conversation; judged benign it goes to
+/// the verifier. The builder installs the draft as the opinion, so a policy
+/// that turns it on is all it takes (the tiny draft's answer decides, and the
+/// decision follows it).
+#[test]
+fn the_second_opinion_decides_on_the_device_before_anything_is_sent() {
+    let f = fixture();
+    let router = example_with_opinion("on");
+    let band = "13812345678";
+    let mut rt = f.routed(&router);
+    let sens = Arc::new(Fixed(
+        tandem_router::Opinion::Sensitive,
+        std::sync::atomic::AtomicUsize::new(0),
+    ));
+    rt.set_second_opinion(Some(sens.clone()));
+    let a = rt
+        .chat("o1", &[ChatMessage::user(band)], &gen(), &mut |_| true)
+        .unwrap();
+    assert_eq!(
+        (a.route.action(), a.route.decision.rule.as_str()),
+        (Action::Local, "second-opinion")
+    );
+    assert_eq!(f.rec.snapshot().connections, 0);
+    assert_eq!(rt.pinned_by("o1"), Some("second-opinion"));
+    assert_eq!(sens.1.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Judged benign: the rules' default (speculative) stands and it is sent.
+    rt.set_second_opinion(Some(Arc::new(Fixed(
+        tandem_router::Opinion::Benign,
+        std::sync::atomic::AtomicUsize::new(0),
+    ))));
+    let b = rt
+        .chat("o2", &[ChatMessage::user(band)], &gen(), &mut |_| true)
+        .unwrap();
+    assert_eq!(b.route.action(), Action::Speculative);
+    assert!(f.rec.snapshot().connections > 0);
+    drop(rt);
+    // The builder's default opinion: the tiny draft itself.
+    let mut rt = f.routed(&router);
+    let before = f.rec.snapshot();
+    let c = rt
+        .chat(
+            "o3",
+            &[ChatMessage::user("metformin dosing")],
+            &gen(),
+            &mut |_| true,
+        )
+        .unwrap();
+    let judged = tandem_edge::DraftOpinion::new(f.draft.clone(), f.tok.clone())
+        .unwrap()
+        .judge_detailed("metformin dosing")
+        .unwrap();
+    match judged.opinion {
+        tandem_router::Opinion::Benign => {
+            assert_eq!(c.route.decision.rule, "second-opinion");
+            assert_eq!(c.route.action(), Action::Speculative);
+        }
+        tandem_router::Opinion::Sensitive => {
+            assert_eq!(c.route.action(), Action::Local);
+            assert_eq!(f.rec.snapshot(), before, "a local turn went out");
+        }
+    }
+}

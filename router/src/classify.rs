@@ -124,7 +124,7 @@ impl Classifier {
         let mut raw = Vec::new();
         let stats = DigitStats::of(text);
         for p in self.patterns.iter().filter(|p| p.may_match(&stats)) {
-            p.scan(text, &mut raw);
+            p.scan_with(text, &stats, &mut raw);
         }
         let mut categories = self.lexicon.scan(text);
         let addresses = crate::lexicon::address_hits(text);

@@ -40,27 +40,34 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             )
         },
         // JP / KR: area or mobile prefix, dashes.
-        phone(r"0[1-9][0-9]{0,3}-[0-9]{2,4}-[0-9]{4}", check_dashed_phone).needs(0, 10),
+        phone(r"0[1-9][0-9]{0,3}-[0-9]{2,4}-[0-9]{4}", check_dashed_phone)
+            .needs(0, 10)
+            .windowed(8),
         // FR: five pairs.
-        phone(r"0[1-9](?:[ .][0-9]{2}){4}", check_fr_phone).needs(0, 10),
+        phone(r"0[1-9](?:[ .][0-9]{2}){4}", check_fr_phone)
+            .needs(0, 10)
+            .windowed(10),
         // ES: 3-3-3 mobiles and landlines, 2-3-2-2 landlines.
         phone(
             r"[6789][0-9]{2} [0-9]{3} [0-9]{3}|[89][0-9] [0-9]{3} [0-9]{2} [0-9]{2}",
             check_es_phone,
         )
-        .needs(0, 9),
+        .needs(0, 9)
+        .windowed(9),
         // DE: (0area) groups; mobiles 015x/016x/017x.
         phone(
             r"\(0[1-9][0-9]{1,4}\) ?[0-9]{2,4}(?: [0-9]{2,4}){0,3}|01[5-7][0-9]{1,2} ?[0-9]{6,8}",
             check_de_phone,
         )
-        .needs(0, 10),
+        .needs(0, 10)
+        .windowed(5),
         // CN landline with a separated subscriber number.
         phone(
             r"(?:\(0[1-9][0-9]{1,2}\) ?|0[1-9][0-9]{1,2}-)[0-9]{3,4}[ -][0-9]{4}",
             check_cn_landline_grouped,
         )
-        .needs(0, 10),
+        .needs(0, 10)
+        .windowed(10),
         pat(
             NationalId,
             r"[0-9]{8}-?[A-Za-z]|[XYZxyz]-?[0-9]{7}-?[A-Za-z]",
@@ -68,7 +75,8 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             &["dni", "nie", "nif", "documento", "d.n.i", "identidad"],
             0.35,
         )
-        .needs(7, 0),
+        .needs(7, 0)
+        .windowed(7),
         pat(
             NationalId,
             r"[0-9]{6}-[1-4][0-9]{6}",
@@ -82,7 +90,8 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             ],
             0.4,
         )
-        .needs(6, 13),
+        .needs(6, 13)
+        .windowed(13),
         pat(
             NationalId,
             r"[12] ?[0-9]{2} ?[0-9]{2} ?(?:[0-9]{2}|2[AB]) ?[0-9]{3} ?[0-9]{3} ?[0-9]{2}",
@@ -97,7 +106,8 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             ],
             0.4,
         )
-        .needs(0, 15),
+        .needs(0, 15)
+        .windowed(6),
         pat(
             NationalId,
             r"[1-9][0-9] ?[0-9]{3} ?[0-9]{3} ?[0-9]{3}",
@@ -113,7 +123,8 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             ],
             0.45,
         )
-        .needs(0, 11),
+        .needs(0, 11)
+        .windowed(11),
         pat(
             NationalId,
             r"[0-9]{4} ?[0-9]{4} ?[0-9]{4}",
@@ -121,7 +132,8 @@ pub(crate) fn patterns() -> Vec<Pattern> {
             &["マイナンバー", "個人番号", "my number"],
             0.45,
         )
-        .needs(0, 12),
+        .needs(0, 12)
+        .windowed(12),
         Pattern {
             group: 1,
             bounded: false,

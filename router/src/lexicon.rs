@@ -177,10 +177,13 @@ impl Lexicon {
             }
         }
         // Standard semantics: every overlapping occurrence is reported, and
-        // `standing_terms` chooses among those that stand alone.
+        // `standing_terms` chooses among those that stand alone. A contiguous NFA, not a DFA: with the CJK terms' byte classes the
+        // DFA takes 7.6 MB, and beside the recognizers' regexes it is out of
+        // cache for every text (measured: the NFA is slower alone, but the
+        // whole classification is about 15 % faster with it).
         let ac = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
-            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+            .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
             .match_kind(MatchKind::Standard)
             .build(&terms)?;
         Ok(Lexicon {

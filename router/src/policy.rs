@@ -546,6 +546,7 @@ fn compile(src: &str, raw: RawPolicy) -> Result<Policy, PolicyError> {
             context_required: r.context_required,
             penalize_negative: false,
             needs: (0, 0),
+            window: None,
         });
         custom_names.push(name.clone());
     }

@@ -82,34 +82,82 @@ pub(crate) struct Pattern {
     /// must hold a run of at least `.0` consecutive digits, and a run of
     /// digits and separators (` -.()+/`) with at least `.1` digits.
     pub needs: (usize, usize),
+    /// When set, every match of `regex` holds at least `.0` digits of one
+    /// digit group (digits and separators, as in `needs`) and is at most
+    /// `.1` bytes long: the regex then runs only over the windows of
+    /// `.1` bytes around such groups ([`Pattern::windowed`]), with the whole
+    /// text as context, and finds exactly the matches a scan of the whole
+    /// text finds.
+    pub window: Option<(usize, usize)>,
 }
 
 /// Digit statistics of a text, computed in one pass, used to skip numeric
-/// recognizers on texts that cannot contain their entities.
-#[derive(Clone, Copy, Debug, Default)]
+/// recognizers on texts that cannot contain their entities, and to run the
+/// others only around the digit groups that can.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct DigitStats {
     max_run: usize,
     max_group: usize,
+    /// Digit groups (digits and separators) with at least
+    /// [`MIN_WINDOW_DIGITS`] digits: first digit, end of the last digit,
+    /// digit count.
+    groups: Vec<(usize, usize, usize)>,
 }
+
+/// The fewest digits a windowed pattern asks of a group.
+const MIN_WINDOW_DIGITS: usize = 3;
 
 impl DigitStats {
     pub fn of(text: &str) -> DigitStats {
         let (mut run, mut group) = (0, 0);
+        let (mut first, mut last) = (0, 0);
         let mut st = DigitStats::default();
-        for &b in text.as_bytes() {
+        for (i, &b) in text.as_bytes().iter().enumerate() {
             if b.is_ascii_digit() {
+                if group == 0 {
+                    first = i;
+                }
+                last = i + 1;
                 run += 1;
                 group += 1;
                 st.max_run = st.max_run.max(run);
                 st.max_group = st.max_group.max(group);
             } else {
                 run = 0;
-                if !matches!(b, b' ' | b'-' | b'.' | b'(' | b')' | b'+' | b'/') {
+                if group > 0 && !matches!(b, b' ' | b'-' | b'.' | b'(' | b')' | b'+' | b'/') {
+                    st.close_group(first, last, group);
                     group = 0;
                 }
             }
         }
+        if group > 0 {
+            st.close_group(first, last, group);
+        }
         st
+    }
+
+    fn close_group(&mut self, first: usize, last: usize, digits: usize) {
+        if digits >= MIN_WINDOW_DIGITS {
+            self.groups.push((first, last, digits));
+        }
+    }
+
+    /// The byte ranges of `text` within `reach` bytes of a group with at
+    /// least `digits` digits, merged where they overlap, on char boundaries.
+    fn windows(&self, text: &str, digits: usize, reach: usize) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for &(s, e, n) in &self.groups {
+            if n < digits {
+                continue;
+            }
+            let a = floor_boundary(text, s.saturating_sub(reach));
+            let b = ceil_boundary(text, e.saturating_add(reach));
+            match out.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
     }
 }
 
@@ -482,9 +530,66 @@ impl Pattern {
         self
     }
 
+    /// Run the regex only around digit groups of at least `digits` digits
+    /// (see [`Pattern::window`]). The caller states that every match of the
+    /// regex holds that many digits of one group; the reach is the regex's
+    /// longest match. A regex without a bounded longest match, or whose
+    /// matches may be empty, stays a whole-text scan.
+    pub(crate) fn windowed(mut self, digits: usize) -> Pattern {
+        let props = regex_syntax::parse(self.regex.as_str())
+            .ok()
+            .map(|h| h.properties().clone());
+        self.window = props
+            .filter(|p| p.minimum_len().is_some_and(|n| n > 0))
+            .and_then(|p| p.maximum_len())
+            .map(|reach| (digits.max(MIN_WINDOW_DIGITS), reach));
+        self
+    }
+
     /// Whether the text's digit statistics allow a match at all.
     pub fn may_match(&self, st: &DigitStats) -> bool {
         st.max_run >= self.needs.0 && st.max_group >= self.needs.1
+    }
+
+    /// Scan `text` (whose digit statistics are `stats`), pushing every hit
+    /// with its final score (unthresholded): the whole text, or only the
+    /// windows around its digit groups for a windowed pattern.
+    pub fn scan_with(
+        &self,
+        text: &str,
+        stats: &DigitStats,
+        out: &mut Vec<(EntityKind, usize, usize, f32)>,
+    ) {
+        let Some((digits, reach)) = self.window else {
+            return self.scan(text, out);
+        };
+        for (a, b) in stats.windows(text, digits, reach) {
+            // The window's end is the haystack's end; look-behind sees the
+            // text before `a` (find_at), and no windowed regex looks ahead
+            // past its match.
+            let hay = &text[..b];
+            let mut at = a;
+            while at < b {
+                let span = if self.group == 0 {
+                    self.regex
+                        .find_at(hay, at)
+                        .map(|m| (m.start(), m.end(), m.end()))
+                } else {
+                    self.regex.captures_at(hay, at).and_then(|c| {
+                        let whole = c.get(0)?;
+                        Some(match c.get(self.group) {
+                            Some(m) => (m.start(), m.end(), whole.end()),
+                            None => (whole.end(), whole.end(), whole.end()),
+                        })
+                    })
+                };
+                let Some((s, e, next)) = span else { break };
+                if s < e {
+                    self.consider(text, s, e, out);
+                }
+                at = next;
+            }
+        }
     }
 
     /// Scan `text`, pushing every hit with its final score (unthresholded).
@@ -1299,6 +1404,7 @@ pub(crate) fn pat(
         context_required: false,
         penalize_negative: true,
         needs: (0, 0),
+        window: None,
     }
 }
 
@@ -1323,7 +1429,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             PHONE_CONTEXT,
             0.45,
         )
-        .needs(0, 11),
+        .needs(0, 11)
+        .windowed(11),
         pat(
             Phone,
             r"(?:\(0[1-9][0-9]{1,2}\)|0[1-9][0-9]{1,2}-)[0-9]{7,8}",
@@ -1331,7 +1438,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             PHONE_CONTEXT,
             0.4,
         )
-        .needs(0, 9),
+        .needs(0, 9)
+        .windowed(10),
         Pattern {
             bounded: false,
             group: 1,
@@ -1343,7 +1451,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
                 0.3,
             )
         }
-        .needs(0, 8),
+        .needs(0, 8)
+        .windowed(3),
         pat(
             Phone,
             r"(?:\+?1[ .-]?)?(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[.-])[2-9][0-9]{2}[.-][0-9]{4}",
@@ -1351,7 +1460,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             PHONE_CONTEXT,
             0.45,
         )
-        .needs(0, 10),
+        .needs(0, 10)
+        .windowed(10),
         pat(
             Phone,
             r"0(?:7[0-9]{3} ?[0-9]{6}|[1-9][0-9]{1,3} [0-9]{3,4} [0-9]{3,4})",
@@ -1359,7 +1469,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             PHONE_CONTEXT,
             0.45,
         )
-        .needs(0, 10),
+        .needs(0, 10)
+        .windowed(9),
         pat(
             CnResidentId,
             r"[1-9][0-9]{16}[0-9Xx]|[1-9][0-9]{2}(?:[ -]?[0-9]){14}[ -]?[0-9Xx]",
@@ -1367,7 +1478,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             CN_ID_CONTEXT,
             0.35,
         )
-        .needs(0, 17),
+        .needs(0, 17)
+        .windowed(17),
         pat(
             CnResidentId,
             r"[1-9][0-9]{14}",
@@ -1375,7 +1487,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             CN_ID_CONTEXT,
             0.45,
         )
-        .needs(15, 0),
+        .needs(15, 0)
+        .windowed(15),
         pat(
             BankCard,
             r"[0-9](?:[ .-]?[0-9]){12,18}",
@@ -1383,7 +1496,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             CARD_CONTEXT,
             0.45,
         )
-        .needs(0, 13),
+        .needs(0, 13)
+        .windowed(13),
         Pattern {
             bounded: false,
             penalize_negative: false,
@@ -1402,7 +1516,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             SSN_CONTEXT,
             0.45,
         )
-        .needs(0, 9),
+        .needs(0, 9)
+        .windowed(9),
         Pattern {
             context_required: true,
             ..pat(
@@ -1413,7 +1528,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
                 0.6,
             )
         }
-        .needs(6, 0),
+        .needs(6, 0)
+        .windowed(6),
         // German passports: nine letters and digits (`C4J7PLM21`).
         Pattern {
             context_required: true,
@@ -1432,7 +1548,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             IP_CONTEXT,
             0.3,
         )
-        .needs(0, 4),
+        .needs(0, 4)
+        .windowed(4),
         pat(
             IpAddress,
             r"(?:[0-9A-Fa-f]{1,4}|:):[0-9A-Fa-f:]{2,38}",
@@ -1478,7 +1595,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}",
         check_jwt,
     ));
-    v.push(Pattern {
+    v.push(
+        Pattern {
         group: 1,
         bounded: false,
         ..secret(
@@ -1496,7 +1614,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
     });
     // (user, password) pairs: `auth=('svc', 'pw')`, `HTTPBasicAuth("u", "pw")`,
     // `BasicAuth::new("u", Some("pw"))`-like calls, `credentials: ["u", "pw"]`.
-    v.push(Pattern {
+    v.push(
+        Pattern {
         group: 1,
         bounded: false,
         ..secret(
@@ -1522,7 +1641,8 @@ pub(crate) fn builtin() -> Vec<Pattern> {
             check_password_literal,
         )
     });
-    v.push(Pattern {
+    v.push(
+        Pattern {
         group: 1,
         bounded: false,
         ..secret(
@@ -1555,9 +1675,11 @@ pub(crate) fn builtin() -> Vec<Pattern> {
                 0.0,
             )
         }
-        .needs(0, 11),
+        .needs(0, 11)
+        .windowed(11),
     );
-    v.push(Pattern {
+    v.push(
+        Pattern {
         group: 1,
         bounded: false,
         penalize_negative: false,
@@ -1571,4 +1693,71 @@ pub(crate) fn builtin() -> Vec<Pattern> {
     });
     v.extend(crate::formats::patterns());
     v
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    type Hits = Vec<(EntityKind, usize, usize, f32)>;
+
+    fn both(p: &Pattern, text: &str) -> (Hits, Hits) {
+        let (mut whole, mut windowed) = (Vec::new(), Vec::new());
+        p.scan(text, &mut whole);
+        p.scan_with(text, &DigitStats::of(text), &mut windowed);
+        (whole, windowed)
+    }
+
+    /// Texts the windows must not change: every case of the corpora, this
+    /// crate's sources, and digit groups of every shape beside letters,
+    /// separators and multi-byte characters.
+    fn texts() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
+        let mut out: Vec<String> = ["corpus", "blind"]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(format!("{dir}/{d}")).ok())
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
+            .collect();
+        out.push(include_str!("recognizers.rs").to_string());
+        out.push(include_str!("formats.rs").to_string());
+        // Pseudo-random mixes (a fixed LCG: the test is deterministic).
+        let pieces = [
+            "0", "1", "2", "7", "9", "13", "86", "+", "(", ")", " ", "-", ".", "/", "A", "X", "Z",
+            "ab", "电话", "é", "\n", ":", "#", "+86 ", "2A", "_", "号",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..4000 {
+            let mut t = String::new();
+            for _ in 0..40 {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                t.push_str(pieces[(x >> 33) as usize % pieces.len()]);
+            }
+            out.push(t);
+        }
+        out
+    }
+
+    #[test]
+    fn windowed_scans_find_exactly_what_whole_text_scans_find() {
+        let texts = texts();
+        let patterns = builtin();
+        let windowed: Vec<&Pattern> = patterns.iter().filter(|p| p.window.is_some()).collect();
+        assert!(windowed.len() >= 20, "{} windowed", windowed.len());
+        let mut hits = 0;
+        for p in windowed {
+            for t in &texts {
+                let (whole, win) = both(p, t);
+                assert_eq!(whole, win, "{} on {t:?}", p.regex.as_str());
+                hits += whole.len();
+            }
+        }
+        assert!(hits > 500, "{hits} hits compared");
+    }
 }

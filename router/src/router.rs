@@ -174,7 +174,30 @@ impl Conversation {
 
     /// Decide the next turn with an explicit policy (not counted).
     pub fn decide_with(&mut self, policy: &Policy, turn: &str, ctx: &RouteContext) -> Decision {
-        let mut d = policy.decide(turn, ctx);
+        self.decide_with_opinion(policy, turn, ctx, None)
+    }
+
+    /// [`Conversation::decide_with`], asking `opinion` (the device's model)
+    /// when the policy's rules are unsure about the turn
+    /// ([`Policy::decide_with_opinion`]). A turn the opinion kept local pins
+    /// the conversation like any content rule.
+    pub fn decide_with_opinion(
+        &mut self,
+        policy: &Policy,
+        turn: &str,
+        ctx: &RouteContext,
+        opinion: Option<&dyn crate::SecondOpinion>,
+    ) -> Decision {
+        // A pinned conversation is local whatever the model would say.
+        let d = match opinion.filter(|_| self.pinned_by.is_none()) {
+            Some(o) => policy.decide_with_opinion(turn, ctx, o).0,
+            None => policy.decide(turn, ctx),
+        };
+        self.pin(d)
+    }
+
+    /// Applies and updates the pin: a pinned conversation stays local.
+    fn pin(&mut self, mut d: Decision) -> Decision {
         match &self.pinned_by {
             Some(rule) => {
                 d.action = Action::Local;

@@ -234,6 +234,29 @@ categories = ["*"]
     }
 
     #[test]
+    fn a_conversation_kept_local_by_the_opinion_stays_local_without_asking_again() {
+        let p = policy("on");
+        let f = Fixed(Ok(Opinion::Sensitive), AtomicUsize::new(0));
+        let mut conv = crate::Conversation::new();
+        let ctx = RouteContext::default();
+        let d = conv.decide_with_opinion(&p, BAND, &ctx, Some(&f));
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Local, SECOND_OPINION_RULE)
+        );
+        assert_eq!(conv.pinned_by(), Some(SECOND_OPINION_RULE));
+        let d = conv.decide_with_opinion(&p, BAND, &ctx, Some(&f));
+        assert_eq!(d.rule, format!("sticky:{SECOND_OPINION_RULE}"));
+        assert_eq!(f.1.load(Ordering::SeqCst), 1, "asked again though pinned");
+        // Without an opinion the rules alone decide (the band is under the threshold).
+        let mut fresh = crate::Conversation::new();
+        assert_eq!(
+            fresh.decide_with_opinion(&p, BAND, &ctx, None).action,
+            Action::Speculative
+        );
+    }
+
+    #[test]
     fn off_never_asks() {
         let p = policy("off");
         for text in [BAND, NO_CUE] {
