@@ -2,7 +2,8 @@
 //! stall another identity's verifies. Identity B loops concurrent split Opens
 //! (layer 0 and 1, long prompts of hidden states) while identity A runs
 //! verify rounds; A's p95 round latency during the flood must stay within
-//! 2x of its p95 measured quietly in the same run. Before split prefill was
+//! 2x of its p95 measured quietly in the same run (quiet and flooded phases
+//! alternate, so a shared machine's drifting load falls on both). Before split prefill was
 //! chunked, each split Open ran its whole prompt as one forward alone and A
 //! waited behind it (seconds with the real target).
 //!
@@ -23,6 +24,7 @@ use common::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tandem_model::transformer::{LoadOptions, Model};
 use tandem_proto::hidden;
 use tandem_proto::v1::{client_message, Close, HiddenFormat, HiddenStates, Split};
 use tandem_verifier::model_fingerprint;
@@ -31,9 +33,13 @@ use tandem_verifier::model_fingerprint;
 const FLOOD_ROWS: usize = 1200;
 /// B's concurrent Open loops.
 const FLOODERS: usize = 3;
-/// A's measured rounds per phase (after a few unmeasured ones).
-const ROUNDS: usize = 60;
-const WARM_UP: usize = 6;
+/// Quiet and flooded phases alternate this many times (so both see the
+/// same machine: the load of a shared CI box drifts within seconds)...
+const CYCLES: usize = 4;
+/// ...with this many measured rounds of A each (after a few unmeasured ones).
+const ROUNDS: usize = 20;
+const WARM_UP: usize = 3;
+const ATTEMPTS: usize = 3;
 const K: usize = 4;
 
 fn flood_config(m: &Models) -> tandem_verifier::VerifierConfig {
@@ -110,17 +116,31 @@ async fn rounds(
     out
 }
 
-/// B's loop: split Opens at layer `layer` until `stop`, each closed once open.
+/// What the test tells B's loops, and what they report.
+#[derive(Default)]
+struct Flood {
+    stop: AtomicBool,
+    paused: AtomicBool,
+    in_flight: AtomicUsize,
+    opened: AtomicUsize,
+}
+
+/// B's loop: split Opens at layer `layer` until `stop` (none started while
+/// `paused`), each closed once open.
 async fn flood(
     mut c: tandem_proto::v1::verifier_client::VerifierClient<tonic::transport::Channel>,
     fp: String,
     layer: u32,
     prompt_hidden: HiddenStates,
-    stop: Arc<AtomicBool>,
-    opened: Arc<AtomicUsize>,
+    f: Arc<Flood>,
 ) {
     let tokens = prompt(FLOOD_ROWS + 1);
-    while !stop.load(Ordering::SeqCst) {
+    while !f.stop.load(Ordering::SeqCst) {
+        if f.paused.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        f.in_flight.fetch_add(1, Ordering::SeqCst);
         let mut b = connect(&mut c, Some(TOKEN_B)).await.unwrap();
         let mut o = open_msg(&fp, &tokens);
         o.split = Some(Split {
@@ -130,10 +150,20 @@ async fn flood(
         });
         o.prompt_hidden = Some(prompt_hidden.clone());
         b.open(o).await.unwrap();
-        opened.fetch_add(1, Ordering::SeqCst);
+        f.opened.fetch_add(1, Ordering::SeqCst);
         b.call(client_message::Msg::Close(Close { keep: false }))
             .await
             .unwrap();
+        f.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Waits (at most `secs`) until `done`.
+async fn until(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(secs), "{what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -148,7 +178,7 @@ fn prefill_rows(v: &tandem_verifier::RunningVerifier) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_split_opens_leaves_another_identitys_verifies_flowing() {
     let m = tiny_models();
-    let target = load(&m.target);
+    let target = Model::load(&m.target, LoadOptions::with_max_seq_len(2048)).unwrap();
     let fp = model_fingerprint(&target);
     let v = tandem_verifier::start(flood_config(&m)).await.unwrap();
     let mut c = client(&v).await;
@@ -164,10 +194,8 @@ async fn a_flood_of_split_opens_leaves_another_identitys_verifies_flowing() {
     a.open(open_msg(&fp, &a_prompt)).await.unwrap();
     let mut ctx = a_prompt.clone();
     let mut round = 0u64;
-    let quiet = rounds(&mut a, &mut ctx, &mut round, WARM_UP, ROUNDS).await;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let opened = Arc::new(AtomicUsize::new(0));
+    let f = Arc::new(Flood::default());
+    f.paused.store(true, Ordering::SeqCst);
     let flooders: Vec<_> = (0..FLOODERS)
         .map(|i| {
             tokio::spawn(flood(
@@ -175,56 +203,70 @@ async fn a_flood_of_split_opens_leaves_another_identitys_verifies_flowing() {
                 fp.clone(),
                 (i % 2) as u32,
                 prompt_hidden.clone(),
-                stop.clone(),
-                opened.clone(),
+                f.clone(),
             ))
         })
         .collect();
-    // The flood reaches the scheduler: split prefill rows are being run.
-    let before = prefill_rows(&v);
-    let t = Instant::now();
-    while prefill_rows(&v) < before + 64.0 {
+    // Up to three attempts: one passing attempt shows the scheduler keeps A
+    // flowing (a stall behind whole split prompts fails every attempt; a
+    // shared machine's scheduling hiccup fails one).
+    let mut results = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let (mut quiet, mut flooded) = (Vec::new(), Vec::new());
+        let mut flood_rows = 0.0;
+        for _ in 0..CYCLES {
+            // Quiet: no split Open in flight.
+            f.paused.store(true, Ordering::SeqCst);
+            until(120, "B's split Opens never finished", || {
+                f.in_flight.load(Ordering::SeqCst) == 0
+            })
+            .await;
+            quiet.extend(rounds(&mut a, &mut ctx, &mut round, WARM_UP, ROUNDS).await);
+            // Flooded: B's split prefill rows are being run.
+            f.paused.store(false, Ordering::SeqCst);
+            let before = prefill_rows(&v);
+            until(30, "the flood never started", || prefill_rows(&v) >= before + 64.0).await;
+            let start = prefill_rows(&v);
+            flooded.extend(rounds(&mut a, &mut ctx, &mut round, WARM_UP, ROUNDS).await);
+            flood_rows += prefill_rows(&v) - start;
+            assert!(
+                f.in_flight.load(Ordering::SeqCst) > 0,
+                "the flood ended during A's rounds"
+            );
+        }
         assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the flood never started"
+            flood_rows >= (CYCLES * ROUNDS) as f64,
+            "the flood ran only {flood_rows} prefill rows beside A's rounds"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let during_before = prefill_rows(&v);
-    let flooded = rounds(&mut a, &mut ctx, &mut round, WARM_UP, ROUNDS).await;
-    let flood_rows = prefill_rows(&v) - during_before;
-    // Every flooder gets at least one Open through (the flood is real, and
-    // B is slowed, not starved), then the flood stops.
-    let t = Instant::now();
-    while opened.load(Ordering::SeqCst) < FLOODERS {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "B's split Opens never finished"
+        let (q, fl) = (p95(quiet), p95(flooded));
+        eprintln!(
+            "A's verify p95: quiet {:.2} ms, during B's split-Open flood {:.2} ms ({:.2}x); \
+             {flood_rows:.0} split prefill rows ran during A's flooded rounds",
+            q.as_secs_f64() * 1e3,
+            fl.as_secs_f64() * 1e3,
+            fl.as_secs_f64() / q.as_secs_f64(),
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        results.push((q, fl));
+        if fl <= q * 2 {
+            break;
+        }
     }
-    stop.store(true, Ordering::SeqCst);
-    for f in flooders {
-        f.await.unwrap();
+    // B is slowed, not starved: its Opens go through.
+    until(120, "B's split Opens never finished", || {
+        f.opened.load(Ordering::SeqCst) >= FLOODERS
+    })
+    .await;
+    f.stop.store(true, Ordering::SeqCst);
+    for t in flooders {
+        t.await.unwrap();
     }
 
-    let (q, f) = (p95(quiet), p95(flooded));
-    eprintln!(
-        "A's verify p95: quiet {:.2} ms, during B's split-Open flood {:.2} ms ({:.2}x); \
-         {flood_rows:.0} split prefill rows ran during A's flooded rounds; B opened {}",
-        q.as_secs_f64() * 1e3,
-        f.as_secs_f64() * 1e3,
-        f.as_secs_f64() / q.as_secs_f64(),
-        opened.load(Ordering::SeqCst)
-    );
     assert!(
-        flood_rows >= ROUNDS as f64,
-        "the flood ran only {flood_rows} prefill rows beside A's {ROUNDS} rounds"
+        results.iter().any(|&(q, fl)| fl <= q * 2),
+        "A's verify p95 during the flood is more than 2x its quiet p95 in every attempt \
+         (quiet, flooded): {results:?}"
     );
-    assert!(
-        f <= q * 2,
-        "A's verify p95 during the flood {f:?} is more than 2x its quiet p95 {q:?}"
-    );
+    assert!(f.opened.load(Ordering::SeqCst) >= FLOODERS);
 
     // The invariant: A's tokens are the target's own greedy output.
     let generated = &ctx[a_prompt.len()..];
