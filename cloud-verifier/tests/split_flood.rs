@@ -225,7 +225,10 @@ async fn a_flood_of_split_opens_leaves_another_identitys_verifies_flowing() {
             // Flooded: B's split prefill rows are being run.
             f.paused.store(false, Ordering::SeqCst);
             let before = prefill_rows(&v);
-            until(30, "the flood never started", || prefill_rows(&v) >= before + 64.0).await;
+            until(30, "the flood never started", || {
+                prefill_rows(&v) >= before + 64.0
+            })
+            .await;
             let start = prefill_rows(&v);
             flooded.extend(rounds(&mut a, &mut ctx, &mut round, WARM_UP, ROUNDS).await);
             flood_rows += prefill_rows(&v) - start;
