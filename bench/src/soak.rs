@@ -456,6 +456,10 @@ fn sample(at_s: f64, v: &Verifier) -> RssSample {
             .zip(metric("tandem_verifier_kv_page_bytes"))
             .filter(|&(_, page)| page > 0.0)
             .map(|(bytes, page)| bytes / page),
+        kv_pages_allocated: metric("tandem_verifier_kv_pages_allocated"),
+        kv_pool_bytes: metric("tandem_verifier_kv_pages_allocated")
+            .zip(metric("tandem_verifier_kv_page_bytes"))
+            .map(|(pages, page)| (pages * page) as u64),
         sessions_opened: metric("tandem_verifier_sessions_opened_total"),
     }
 }

@@ -56,7 +56,7 @@ fn sixty_seconds_of_faults_keep_every_invariant() {
         "the soak failed: {}\nstderr:\n{stderr}",
         r["failures"]
     );
-    assert_eq!(r["schema_version"], 1);
+    assert_eq!(r["schema_version"], 2);
 
     // The faults were applied: one outage, two resets, one kill and restart.
     let faults = &r["faults"];

@@ -66,6 +66,8 @@ pub struct Gauges {
     pub evictions: u64,
     pub pages_used: usize,
     pub pages_free: usize,
+    /// Page buffers allocated (held or on the pool's free list).
+    pub pages_allocated: usize,
     pub page_bytes: usize,
     /// Sessions per identity (identities are the configured devices).
     pub per_identity: Vec<(String, usize)>,
@@ -213,6 +215,7 @@ impl Metrics {
             scalar(o, "tandem_verifier_kv_pages_used", "gauge", "KV pages held by sessions.", g.pages_used);
             scalar(o, "tandem_verifier_kv_pages_free", "gauge", "KV pages left in the pool.", g.pages_free);
             scalar(o, "tandem_verifier_kv_page_bytes", "gauge", "Bytes of one KV page.", g.page_bytes);
+            scalar(o, "tandem_verifier_kv_pages_allocated", "gauge", "KV page buffers allocated (held, or free in the pool for reuse): resident KV memory in pages.", g.pages_allocated);
             let _ = writeln!(o, "# HELP tandem_verifier_identity_sessions Sessions held per device identity.\n# TYPE tandem_verifier_identity_sessions gauge");
             for (id, n) in &g.per_identity {
                 let _ = writeln!(o, "tandem_verifier_identity_sessions{{identity=\"{}\"}} {n}", label_value(id));

@@ -6,7 +6,9 @@
 //!   handlers ──Job──▶ queue ──▶ iteration: pick rows ≤ max_batch_rows ──▶ forward_batch ──▶ Done
 //!                                 1. verify blocks / one-token steps, oldest first
 //!                                 2. prefill chunks (≤ prefill_chunk rows each),
-//!                                    identities taken round-robin
+//!                                    identities taken round-robin; a split
+//!                                    session's prefill chunk is hidden rows that
+//!                                    join the forward at its layer s
 //!                                 (split rounds run alone: other layer ranges)
 //! ```
 //!
@@ -43,8 +45,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_model::kv_pages::PagedKv;
-use tandem_model::transformer::{BatchSeq, Logits, Model};
-use tandem_model::verify::{verdict_from_logits, Verdict};
+use tandem_model::transformer::{BatchSeq, HiddenSeq, Logits, Model};
+use tandem_model::verify::Verdict;
 use tandem_proto::v1::Reason;
 use tokio::sync::oneshot;
 
@@ -63,6 +65,11 @@ pub enum Work {
     /// part of a resumed one the KV does not hold), in chunks; no logits.
     /// (The scheduler moves `tokens` into its queue entry on arrival.)
     Prefill { tokens: Vec<u32> },
+    /// A split session's prefill: `hidden` (`[rows, d_model]`, the device's
+    /// layers `[0, layer)` over the prompt) runs layers `[layer, N)` at the end
+    /// of the session's KV, in chunks beside the other sessions' rows, like
+    /// [`Work::Prefill`]; no logits. Nothing runs at `layer = N`.
+    SplitPrefill { layer: usize, hidden: Vec<f32> },
     /// One forward over `[last, draft..]`, the verdict, and the KV rolled back
     /// to the accepted prefix; `draft` may be empty (a streaming step).
     Verify { draft: Vec<u32> },
@@ -169,7 +176,11 @@ struct Pending {
     arrived: Instant,
     /// Input rows: `[last, d..]` for a verify, the tokens for a prefill.
     input: Vec<u32>,
-    /// Rows of `input` already run (prefill progress).
+    /// Input rows of a split prefill (`[rows, d_model]`).
+    hidden: Vec<f32>,
+    /// Rows to run in all (of `input` or of `hidden`).
+    rows: usize,
+    /// Rows already run (prefill progress).
     fed: usize,
     /// When the job first got rows (queue wait).
     started: Option<Instant>,
@@ -177,13 +188,23 @@ struct Pending {
 
 impl Pending {
     fn is_prefill(&self) -> bool {
-        matches!(self.job.work, Work::Prefill { .. })
+        matches!(
+            self.job.work,
+            Work::Prefill { .. } | Work::SplitPrefill { .. }
+        )
+    }
+    /// The layer a split prefill's rows join at.
+    fn join_layer(&self) -> Option<usize> {
+        match self.job.work {
+            Work::SplitPrefill { layer, .. } => Some(layer),
+            _ => None,
+        }
     }
     fn is_alone(&self) -> bool {
         matches!(self.job.work, Work::Alone(_))
     }
     fn left(&self) -> usize {
-        self.input.len() - self.fed
+        self.rows.saturating_sub(self.fed)
     }
 }
 
@@ -229,8 +250,11 @@ impl Worker {
     }
 
     fn enqueue(&mut self, (mut job, arrived): (Job, Instant)) {
+        let cfg = self.model.config();
+        let (d, n_layer) = (cfg.d_model.max(1), cfg.n_layer);
+        let mut hidden = Vec::new();
         let input = match &mut job.work {
-            // The rows move to `input`; the job keeps only its kind.
+            // The rows move to `input` (or `hidden`); the job keeps only its kind.
             Work::Prefill { tokens } => std::mem::take(tokens),
             Work::Verify { draft, .. } => {
                 let mut v = Vec::with_capacity(draft.len() + 1);
@@ -238,17 +262,26 @@ impl Worker {
                 v.extend_from_slice(draft);
                 v
             }
+            Work::SplitPrefill { layer, hidden: h } => {
+                if *layer < n_layer {
+                    hidden = std::mem::take(h);
+                }
+                Vec::new()
+            }
             Work::Alone(_) => Vec::new(),
         };
+        let rows = input.len() + hidden.len() / d;
         let p = Pending {
             job,
             arrived,
             input,
+            hidden,
+            rows,
             fed: 0,
             started: None,
         };
         // Nothing to run (an empty prefill) or no `last`: answer at once.
-        if p.is_prefill() && p.input.is_empty() {
+        if p.is_prefill() && p.rows == 0 {
             return finish(p, Ok(Outcome::Prefilled));
         }
         if matches!(p.job.work, Work::Verify { .. }) && p.job.state.context.is_empty() {
@@ -294,8 +327,10 @@ impl Worker {
         }
         let now = Instant::now();
         let rows: usize = plan.iter().sum();
+        let d = self.model.config().d_model;
         let mut prefill_rows = 0;
         let mut seqs: Vec<BatchSeq<'_, PagedKv>> = Vec::new();
+        let mut joins: Vec<HiddenSeq<'_, PagedKv>> = Vec::new();
         for (p, &r) in self.pending.iter_mut().zip(&plan) {
             if r == 0 {
                 continue;
@@ -310,6 +345,15 @@ impl Worker {
                 prefill_rows += r;
             }
             let start_pos = p.job.state.kv.len();
+            if let Some(layer) = p.join_layer() {
+                joins.push(HiddenSeq {
+                    layer,
+                    hidden: &p.hidden[p.fed * d..(p.fed + r) * d],
+                    start_pos,
+                    cache: &mut p.job.state.kv,
+                });
+                continue;
+            }
             seqs.push(BatchSeq {
                 tokens: &p.input[p.fed..p.fed + r],
                 start_pos,
@@ -323,9 +367,9 @@ impl Worker {
             if panic_now {
                 panic!("injected fault: a forward panicked");
             }
-            model.forward_batch(&mut seqs)
+            model.forward_batch_joined(&mut seqs, &mut joins)
         }));
-        drop(seqs);
+        drop((seqs, joins));
         self.metrics.batch(rows, prefill_rows);
         let mut logits = match result {
             Ok(Ok(l)) => l.into_iter(),
@@ -345,6 +389,15 @@ impl Worker {
                 continue;
             }
             p.fed += r;
+            if p.join_layer().is_some() {
+                // (No logits: joins give none.)
+                if p.left() > 0 {
+                    self.pending.push_back(p);
+                } else {
+                    finish(p, Ok(Outcome::Prefilled));
+                }
+                continue;
+            }
             let rows_logits = logits.next().unwrap_or_default();
             match &p.job.work {
                 Work::Prefill { .. } if p.left() > 0 => self.pending.push_back(p),
@@ -353,6 +406,7 @@ impl Worker {
                     let out = complete_verify(&mut p.job.state, draft, &rows_logits);
                     finish(p, out.map(Outcome::Verdict));
                 }
+                Work::SplitPrefill { .. } => lose(p, "a split prefill lost its layer"),
                 Work::Alone(_) => lose(p, "a split round was planned into a batch"),
             }
         }
@@ -469,27 +523,14 @@ impl Worker {
 }
 
 /// The verdict of a verify block whose forward just ran (the KV holds its
-/// `k + 1` rows): accept a prefix, roll the KV back to `[.., last, d1..dn]`
-/// and extend the context with `d1..dn, next`.
+/// `k + 1` rows), applied to the session ([`SessionState::verify_block`]).
 fn complete_verify(
     st: &mut SessionState,
     draft: &[u32],
     logits: &[f32],
 ) -> Result<Verdict, Refusal> {
     let base = st.kv.len().saturating_sub(draft.len() + 1);
-    match verdict_from_logits(&st.sampling, &st.context, draft, logits) {
-        Ok(v) => {
-            let n = v.accepted;
-            st.kv.truncate(base + 1 + n);
-            st.context.extend_from_slice(&draft[..n]);
-            st.context.push(v.next_token);
-            Ok(v)
-        }
-        Err(e) => {
-            st.kv.truncate(base);
-            Err(Refusal::new(Reason::InternalError, format!("verdict: {e}")))
-        }
-    }
+    st.verify_block(base, draft, logits)
 }
 
 /// Answers a job with its state.

@@ -4,6 +4,7 @@
 use crate::error::Refusal;
 use tandem_model::kv_pages::PagedKv;
 use tandem_model::sampling::SamplingParams;
+use tandem_model::verify::{verdict_from_logits, Verdict};
 use tandem_proto::v1::{HiddenFormat, Reason};
 
 /// One session's state: its KV pages, context and round bookkeeping.
@@ -43,6 +44,40 @@ impl SessionState {
         self.kv
             .bytes_held()
             .saturating_add((self.context.len() as u64).saturating_mul(4))
+    }
+
+    /// The verdict of a block `[last, d1..dk]` whose `k + 1` rows the KV holds
+    /// from position `base` on (`logits`: one row per block row), applied:
+    /// see [`Self::apply_verdict`]. When no verdict can be had the block's
+    /// rows are dropped from the KV (`base` positions stay) and the round is
+    /// refused as an internal error.
+    pub fn verify_block(
+        &mut self,
+        base: usize,
+        draft: &[u32],
+        logits: &[f32],
+    ) -> Result<Verdict, Refusal> {
+        match verdict_from_logits(&self.sampling, &self.context, draft, logits) {
+            Ok(v) => {
+                self.apply_verdict(base, draft, &v);
+                Ok(v)
+            }
+            Err(e) => {
+                self.kv.truncate(base);
+                Err(Refusal::new(Reason::InternalError, format!("verdict: {e}")))
+            }
+        }
+    }
+
+    /// Applies a verdict on the block `[last, d1..dk]` whose rows the KV holds
+    /// from position `base`: the KV keeps `[.., last, d1..dn]` (n accepted,
+    /// truncated to `base + 1 + n`), and the context gains `d1..dn` and the
+    /// verdict's next token (the new `last`, not in the KV yet).
+    pub fn apply_verdict(&mut self, base: usize, draft: &[u32], v: &Verdict) {
+        let n = v.accepted.min(draft.len());
+        self.kv.truncate(base.saturating_add(1).saturating_add(n));
+        self.context.extend_from_slice(&draft[..n]);
+        self.context.push(v.next_token);
     }
 
     /// The round after `next_round`, or a refusal when the device's numbering

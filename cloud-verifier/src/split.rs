@@ -6,13 +6,17 @@
 //! The verifier still maps the whole target GGUF (weights of layers `[0, s)` are
 //! mapped but never touched, so they cost address space, not RSS), and a split
 //! session's KV pages hold all N layers with only `[s, N)` written. A split
-//! round's forward runs a layer range of its own, so the scheduler runs it
-//! alone rather than in a shared batch.
+//! session's prefill is chunked like any prefill: its hidden rows join the
+//! scheduler's shared forward at layer s, a chunk per iteration, beside other
+//! sessions' verify rows (so a long split Open does not stall them). A split
+//! round (at most `max_block + 1` rows, possibly with its own head or hidden
+//! output) runs alone.
 
 use crate::error::Refusal;
+use crate::scheduler::Work;
 use crate::session::{SessionState, SplitSpec};
 use tandem_model::transformer::Model;
-use tandem_model::verify::{verdict_from_logits, Verdict};
+use tandem_model::verify::Verdict;
 use tandem_proto::hidden;
 use tandem_proto::v1::{HiddenFormat, HiddenStates, Reason};
 
@@ -90,19 +94,22 @@ pub fn open_context(
     }
 }
 
-/// Prefills a new split session's layers `[s, N)` with the prompt's hidden
-/// states (its pages reserved for them).
-pub fn prefill(
+/// A new split session's prefill work: the prompt's hidden states (checked:
+/// `context_len - 1` rows in the session's format) to run layers `[s, N)`
+/// through the scheduler, in chunks beside other sessions' rows
+/// ([`Work::SplitPrefill`]; nothing runs at s = N).
+pub fn prefill_work(
     model: &Model,
-    st: &mut SessionState,
+    spec: SplitSpec,
+    context_len: usize,
     prompt_hidden: Option<&HiddenStates>,
-) -> Result<(), Refusal> {
-    let Some(spec) = st.split else {
-        return Err(Refusal::new(Reason::InternalError, "not a split session"));
-    };
-    let rows = st.context.len().saturating_sub(1);
-    let mut h = decode(model, prompt_hidden, rows, spec.format)?;
-    run_suffix(model, &spec, st, &mut h, 0)
+) -> Result<Work, Refusal> {
+    let rows = context_len.saturating_sub(1);
+    let hidden = decode(model, prompt_hidden, rows, spec.format)?;
+    Ok(Work::SplitPrefill {
+        layer: spec.layer,
+        hidden,
+    })
 }
 
 /// What a split round answers.
@@ -206,11 +213,6 @@ fn split_round_inner(
     let mut h = decode(model, hidden, k + 1, spec.format)?;
     run_suffix(model, &spec, st, &mut h, cached)?;
     let logits = model.head(&h);
-    let verdict = verdict_from_logits(&st.sampling, &st.context, draft, &logits)
-        .map_err(|e| Refusal::new(Reason::InternalError, format!("verdict: {e}")))?;
-    let n = verdict.accepted;
-    st.kv.truncate(cached + 1 + n);
-    st.context.extend_from_slice(&draft[..n]);
-    st.context.push(verdict.next_token);
-    Ok(SplitAnswer::Verdict(verdict))
+    st.verify_block(cached, draft, &logits)
+        .map(SplitAnswer::Verdict)
 }

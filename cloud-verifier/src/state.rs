@@ -203,6 +203,7 @@ impl VerifierState {
                 evictions: s.evictions(),
                 pages_used: self.pool.pages_used(),
                 pages_free: self.pool.pages_free(),
+                pages_allocated: self.pool.pages_allocated(),
                 page_bytes: self.pool.page_bytes(),
                 per_identity: s.sessions_per_identity(),
             }

@@ -5,8 +5,10 @@
 //!
 //! A round *checks out* a session's state (so the forward runs without the
 //! store's lock) and checks it back in; checked-out sessions are never evicted.
-//! [`CheckedOut`] is the drop guard around that: if the round's task dies
-//! (panic, cancelled stream), the entry is removed instead of staying checked
+//! [`CheckedOut`] is the drop guard around that: dropped, it checks the state
+//! back in (removal is asked for explicitly); while the state is out on the
+//! scheduler a [`Lent`] guard stands in, and if the round's task dies
+//! (panic, cancelled stream) the entry is removed instead of staying checked
 //! out forever.
 
 use crate::lock::lock;
@@ -312,16 +314,52 @@ impl SessionStore {
     }
 }
 
-/// A checked-out session: check it back in, or remove it; dropped unresolved
-/// (the round's task panicked or was cancelled with the state inside), it
-/// removes the entry so the slot is not leaked (the device's next message
-/// gets SESSION_UNKNOWN and re-sends its context).
+/// A checked-out session and its state. Dropped, it checks the state back in
+/// ([`SessionStore::checkin`]): every early return of a handler puts the
+/// session back as it is. The other outcome is set explicitly with
+/// [`remove`](Self::remove); a guard dropped while its thread panics removes
+/// the session too (its state may be half-updated).
+///
+/// To run the state on the scheduler, [`lend`](Self::lend) moves it out and
+/// leaves a [`Lent`] guard, which removes the entry when dropped without the
+/// state coming back (the round's task was cancelled or the state was lost):
+/// the device's next message gets SESSION_UNKNOWN and re-sends its context.
 pub struct CheckedOut<'a> {
+    slot: Slot<'a>,
+    /// `Some` from construction until `lend` or drop (both consume the guard).
+    state: Option<SessionState>,
+}
+
+/// A session's state out on the scheduler (see [`CheckedOut::lend`]).
+pub struct Lent<'a> {
+    slot: Slot<'a>,
+    /// Set once the state came back ([`Lent::restore`]) or the entry was removed.
+    resolved: bool,
+}
+
+/// Where a checked-out state belongs.
+struct Slot<'a> {
     store: &'a Mutex<SessionStore>,
     id: String,
     owner: String,
     epoch: u64,
-    resolved: bool,
+}
+
+impl Slot<'_> {
+    /// This slot's contents, leaving an empty one behind (in a guard that is
+    /// being consumed).
+    fn take(&mut self) -> Self {
+        Slot {
+            store: self.store,
+            id: std::mem::take(&mut self.id),
+            owner: std::mem::take(&mut self.owner),
+            epoch: self.epoch,
+        }
+    }
+
+    fn remove(&self) {
+        lock(self.store).remove(&self.id, &self.owner, self.epoch);
+    }
 }
 
 impl<'a> CheckedOut<'a> {
@@ -331,9 +369,9 @@ impl<'a> CheckedOut<'a> {
         id: &str,
         owner: &str,
         epoch: u64,
-    ) -> Result<(Self, SessionState), StoreError> {
+    ) -> Result<Self, StoreError> {
         let st = lock(store).checkout(id, owner, epoch)?;
-        Ok((Self::guard(store, id, owner, epoch), st))
+        Ok(Self::guard(store, id, owner, epoch, st))
     }
 
     /// Takes `id` over for a new stream ([`SessionStore::take_over`]).
@@ -341,43 +379,110 @@ impl<'a> CheckedOut<'a> {
         store: &'a Mutex<SessionStore>,
         id: &str,
         owner: &str,
-    ) -> Result<(Self, SessionState), StoreError> {
+    ) -> Result<Self, StoreError> {
         let (st, epoch) = lock(store).take_over(id, owner)?;
-        Ok((Self::guard(store, id, owner, epoch), st))
+        Ok(Self::guard(store, id, owner, epoch, st))
     }
 
-    fn guard(store: &'a Mutex<SessionStore>, id: &str, owner: &str, epoch: u64) -> Self {
-        Self {
+    fn guard(
+        store: &'a Mutex<SessionStore>,
+        id: &str,
+        owner: &str,
+        epoch: u64,
+        state: SessionState,
+    ) -> Self {
+        let slot = Slot {
             store,
             id: id.to_owned(),
             owner: owner.to_owned(),
             epoch,
-            resolved: false,
+        };
+        Self {
+            slot,
+            state: Some(state),
         }
     }
 
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.slot.epoch
     }
 
-    /// Puts the state back.
-    pub fn checkin(mut self, state: SessionState) {
-        self.resolved = true;
-        lock(self.store).checkin(&self.id, state);
+    /// Moves the state out (to run it on the scheduler); the [`Lent`] guard
+    /// takes it back.
+    pub fn lend(mut self) -> (Lent<'a>, SessionState) {
+        let Some(state) = self.state.take() else {
+            unreachable!("a CheckedOut holds its state until it is consumed")
+        };
+        let lent = Lent {
+            slot: self.slot.take(),
+            resolved: false,
+        };
+        (lent, state)
     }
 
-    /// Removes the session (its state was lost or is dropped by the caller).
+    /// The session's outcome is removal (its state is dropped here and its
+    /// pages go back to the pool).
     pub fn remove(mut self) {
-        self.resolved = true;
-        lock(self.store).remove(&self.id, &self.owner, self.epoch);
+        self.state = None;
+        self.slot.remove();
+    }
+}
+
+impl std::ops::Deref for CheckedOut<'_> {
+    type Target = SessionState;
+    fn deref(&self) -> &SessionState {
+        match &self.state {
+            Some(s) => s,
+            None => unreachable!("a CheckedOut holds its state until it is consumed"),
+        }
+    }
+}
+
+impl std::ops::DerefMut for CheckedOut<'_> {
+    fn deref_mut(&mut self) -> &mut SessionState {
+        match &mut self.state {
+            Some(s) => s,
+            None => unreachable!("a CheckedOut holds its state until it is consumed"),
+        }
     }
 }
 
 impl Drop for CheckedOut<'_> {
     fn drop(&mut self) {
+        let Some(st) = self.state.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            tracing::warn!(session = %self.slot.id, "handler panicked; session removed");
+            self.slot.remove();
+        } else {
+            lock(self.slot.store).checkin(&self.slot.id, st);
+        }
+    }
+}
+
+impl<'a> Lent<'a> {
+    /// The state is back: a guard that checks it in when dropped.
+    pub fn restore(mut self, state: SessionState) -> CheckedOut<'a> {
+        self.resolved = true;
+        CheckedOut {
+            slot: self.slot.take(),
+            state: Some(state),
+        }
+    }
+
+    /// The state is lost or in doubt: the session is removed.
+    pub fn remove(mut self) {
+        self.resolved = true;
+        self.slot.remove();
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
         if !self.resolved {
-            tracing::warn!(session = %self.id, "round ended without its state; session removed");
-            lock(self.store).remove(&self.id, &self.owner, self.epoch);
+            tracing::warn!(session = %self.slot.id, "round ended without its state; session removed");
+            self.slot.remove();
         }
     }
 }

@@ -6,8 +6,15 @@
 //!
 //! Fields are drawn mostly from plausible values (the session ids the
 //! verifier handed out, the round the stream is at, the right digest of a
-//! held context, hidden states of the right width) so inputs reach deep into
-//! the handlers, and otherwise from anything.
+//! held context, hidden states of the right width and row count, the
+//! position a split session is at) so inputs reach deep into the handlers,
+//! split sessions (head here and U-shape, at every layer) included, and
+//! otherwise from anything.
+//!
+//! Streams run two at a time, concurrently on one task (so their jobs share
+//! the scheduler's forwards), and a stream can be cancelled after a number of
+//! polls: its handler is dropped wherever it waits (admission, the
+//! scheduler's answer), as when a device's connection goes away mid-message.
 //!
 //! Invariants:
 //! - no panic;
@@ -18,13 +25,19 @@
 //!   or sampled: keyed draws need nothing but the tokens) whose context the
 //!   driver tracks, the context length that context implies;
 //! - no leaked store slot: once every session the verifier handed out is
-//!   evicted, the store holds no session and no byte, the KV pool no page, and
+//!   evicted, the store holds no session and no byte, the KV pool no page
+//!   (after the scheduler has dropped the jobs of cancelled handlers), and
 //!   the in-flight prefill budgets no token.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::{
     client_message, server_message, ClientMessage, Close, Continuation, Draft, HiddenStates, Open,
@@ -186,6 +199,12 @@ enum RoundChoice {
 
 #[derive(Arbitrary, Debug)]
 enum HiddenChoice {
+    /// The rows the message needs (prompt - 1 for an Open, k + 1 for a
+    /// Draft), finite values.
+    Fit {
+        seed: u8,
+        f16: bool,
+    },
     /// `rows` rows of the model's width, finite values.
     Sized {
         rows: u8,
@@ -199,30 +218,36 @@ enum HiddenChoice {
 }
 
 impl HiddenChoice {
-    fn build(&self, d_model: usize) -> HiddenStates {
+    /// The states; `fit` is the row count the message needs.
+    fn build(&self, d_model: usize, fit: usize) -> HiddenStates {
         match self {
+            HiddenChoice::Fit { seed, f16 } => rows_of(fit, d_model, *seed, *f16),
             HiddenChoice::Sized { rows, seed, f16 } => {
-                let rows = usize::from(*rows % 20);
-                let n = rows * d_model;
-                let mut data = Vec::with_capacity(n * 4);
-                for i in 0..n {
-                    let v = ((i as f32 + f32::from(*seed)) * 0.37).sin() * 2.0;
-                    if *f16 {
-                        data.extend_from_slice(&half_bits(v).to_le_bytes());
-                    } else {
-                        data.extend_from_slice(&v.to_le_bytes());
-                    }
-                }
-                HiddenStates {
-                    rows: rows as u32,
-                    data,
-                }
+                rows_of(usize::from(*rows % 20), d_model, *seed, *f16)
             }
             HiddenChoice::Raw { rows, data } => HiddenStates {
                 rows: *rows,
                 data: data.clone(),
             },
         }
+    }
+}
+
+/// `rows` rows of finite values (f32, or f16 bits).
+fn rows_of(rows: usize, d_model: usize, seed: u8, f16: bool) -> HiddenStates {
+    let n = rows * d_model;
+    let mut data = Vec::with_capacity(n * 4);
+    for i in 0..n {
+        let v = ((i as f32 + f32::from(seed)) * 0.37).sin() * 2.0;
+        if f16 {
+            data.extend_from_slice(&half_bits(v).to_le_bytes());
+        } else {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    HiddenStates {
+        rows: rows as u32,
+        data,
     }
 }
 
@@ -262,7 +287,8 @@ enum Op {
         sampling: Option<SamplingChoice>,
         resume: Option<SessionRef>,
         first_round: u8,
-        split: Option<(u8, bool, bool)>,
+        /// (layer, pin_head, f16, U-shape Open keeps its prompt tokens).
+        split: Option<(u8, bool, bool, bool)>,
         hidden: Option<HiddenChoice>,
         continuation: Option<(SessionRef, u8, DigestChoice)>,
     },
@@ -285,6 +311,8 @@ enum Op {
 #[derive(Arbitrary, Debug)]
 struct StreamOps {
     identity_b: bool,
+    /// Drop the stream's future after this many polls that found it waiting.
+    cancel_after: Option<u8>,
     ops: Vec<Op>,
 }
 
@@ -308,6 +336,11 @@ struct StreamState {
     session: Option<usize>,
     /// Tracks the context (unsplit).
     tracked: bool,
+    /// A U-shape split session (no token ids on the wire).
+    u_shape: bool,
+    /// Positions the verifier holds for the session, as its answers say
+    /// (the next Draft's `start_pos`).
+    cached: u64,
 }
 
 fn check_refusal(r: &tandem_verifier::Refusal) {
@@ -321,11 +354,13 @@ fn check_refusal(r: &tandem_verifier::Refusal) {
     assert_eq!(tandem_verifier::reason_of(&st), Some(r.reason), "{st:?}");
 }
 
+/// The Open message, whether the driver tracks its context, the index of
+/// the known session it names, and whether it is a U-shape split session.
 fn build_open(
     h: &Harness,
     known: &[Known],
     op: &Op,
-) -> Option<(ClientMessage, bool, Option<usize>)> {
+) -> Option<(ClientMessage, bool, Option<usize>, bool)> {
     let Op::Open {
         right_model,
         right_fingerprint,
@@ -341,7 +376,8 @@ fn build_open(
         return None;
     };
     let state = &h.verifier.state;
-    let prompt_tokens = prompt.build(h.vocab);
+    let mut prompt_tokens = prompt.build(h.vocab);
+    let fit_rows = prompt_tokens.len().saturating_sub(1);
     let mut session = None;
     let continuation = continuation.as_ref().map(|(r, prefix, digest)| {
         let id = r.build(known);
@@ -369,12 +405,19 @@ fn build_open(
         session = known.iter().position(|k| k.id == id);
         id
     });
-    let split = split.map(|(layer, pin_head, f16)| Split {
-        layer: u32::from(layer) % (h.n_layer + 2),
-        pin_head,
-        format: i32::from(f16),
+    let split = split.map(|(layer, pin_head, f16, keep_tokens)| {
+        if pin_head && !keep_tokens {
+            // U-shape: the prompt is a length only.
+            prompt_tokens.clear();
+        }
+        Split {
+            layer: u32::from(layer) % (h.n_layer + 2),
+            pin_head,
+            format: i32::from(f16),
+        }
     });
     let tracked = split.is_none();
+    let u_shape = split.as_ref().is_some_and(|s| s.pin_head);
     let m = Open {
         model_id: if *right_model {
             MODEL_ID.into()
@@ -397,7 +440,7 @@ fn build_open(
         resume_session_id,
         first_round: u64::from(*first_round),
         split,
-        prompt_hidden: hidden.as_ref().map(|x| x.build(h.d_model)),
+        prompt_hidden: hidden.as_ref().map(|x| x.build(h.d_model, fit_rows)),
         continuation,
     };
     Some((
@@ -406,16 +449,68 @@ fn build_open(
         },
         tracked,
         session,
+        u_shape,
     ))
 }
 
-async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, s: &StreamOps) {
+/// Runs `fut`, or drops it after it was found waiting `polls` times (None:
+/// never): a cancelled stream.
+async fn cancel_after(fut: impl Future<Output = ()>, polls: Option<u8>) {
+    let mut fut = pin!(fut);
+    let mut left = polls;
+    std::future::poll_fn(move |cx| {
+        if fut.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        match &mut left {
+            Some(0) => Poll::Ready(()), // dropped here, wherever it waits
+            Some(n) => {
+                *n -= 1;
+                Poll::Pending
+            }
+            None => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Polls both futures on this task until both are done.
+async fn both(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    let mut a = pin!(a);
+    let mut b = pin!(b);
+    let (mut a_done, mut b_done) = (false, false);
+    std::future::poll_fn(move |cx| {
+        if !a_done {
+            a_done = a.as_mut().poll(cx).is_ready();
+        }
+        if !b_done {
+            b_done = b.as_mut().poll(cx).is_ready();
+        }
+        if a_done && b_done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// One stream's messages in order. `known` is shared with the stream run
+/// beside it (never borrowed across an await).
+async fn run_stream(
+    h: &Harness,
+    svc: &VerifierService,
+    known: &RefCell<Vec<Known>>,
+    s: &StreamOps,
+) {
     let who: Arc<str> = Arc::from(IDENTITIES[usize::from(s.identity_b)]);
     let mut st = StreamState {
         bound: None,
         next_round: 0,
         session: None,
         tracked: false,
+        u_shape: false,
+        cached: 0,
     };
     for op in s.ops.iter().take(12) {
         let mut drafted: Option<Vec<u32>> = None;
@@ -423,9 +518,11 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
         let mut open_prompt = None;
         let m = match op {
             Op::Open { first_round, .. } => {
-                let Some((m, tracked, session)) = build_open(h, known, op) else {
+                let Some((m, tracked, session, u_shape)) = build_open(h, &known.borrow(), op)
+                else {
                     return;
                 };
+                st.u_shape = u_shape;
                 if let Some(client_message::Msg::Open(o)) = &m.msg {
                     open_prompt = Some(o.prompt_tokens.clone());
                 }
@@ -445,19 +542,19 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
                     RoundChoice::Raw(r) => *r,
                 };
                 asked_round = Some(round);
-                let tokens = tokens.build(h.vocab);
+                let mut tokens = tokens.build(h.vocab);
+                let fit_rows = tokens.len() + 1;
+                if st.u_shape && matches!(hidden, Some(HiddenChoice::Fit { .. })) {
+                    // A U-shape block is its rows only.
+                    tokens.clear();
+                }
                 drafted = Some(tokens.clone());
-                let ctx_len = st
-                    .session
-                    .and_then(|i| known.get(i))
-                    .and_then(|k| k.context.as_ref())
-                    .map_or(0, |c| c.len() as u64);
                 ClientMessage {
                     msg: Some(client_message::Msg::Draft(Draft {
                         round,
                         tokens,
-                        hidden: hidden.as_ref().map(|x| x.build(h.d_model)),
-                        start_pos: start_pos.unwrap_or(ctx_len.saturating_sub(1)),
+                        hidden: hidden.as_ref().map(|x| x.build(h.d_model, fit_rows)),
+                        start_pos: start_pos.unwrap_or(st.cached),
                     })),
                 }
             }
@@ -490,6 +587,7 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
                 check_refusal(&r);
                 // A refusal ends the stream. The session's context may have
                 // changed under a refused resume: stop tracking it.
+                let mut known = known.borrow_mut();
                 if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
                     if matches!(op, Op::Resume { .. } | Op::Open { .. }) {
                         k.context = None;
@@ -500,6 +598,8 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
             Ok(out) => match out.msg {
                 Some(server_message::Msg::Opened(o)) => {
                     assert!(!o.session_id.is_empty(), "{o:?}");
+                    st.cached = o.context_len.saturating_sub(1);
+                    let mut known = known.borrow_mut();
                     let idx = match known.iter().position(|k| k.id == o.session_id) {
                         Some(i) => i,
                         None => {
@@ -528,6 +628,13 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
                     assert_eq!(v.round, round, "{v:?}");
                     assert!(v.next_token < h.vocab, "{v:?}");
                     st.next_round = round.saturating_add(1);
+                    // U-shape: context_len is the positions held.
+                    st.cached = if st.u_shape {
+                        v.context_len
+                    } else {
+                        v.context_len.saturating_sub(1)
+                    };
+                    let mut known = known.borrow_mut();
                     if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
                         if let (Some(ctx), Some(block), true) =
                             (&mut k.context, &drafted, st.tracked)
@@ -541,6 +648,8 @@ async fn run_stream(h: &Harness, svc: &VerifierService, known: &mut Vec<Known>, 
                     }
                 }
                 Some(server_message::Msg::Resumed(r)) => {
+                    st.cached = r.context_len.saturating_sub(1);
+                    let mut known = known.borrow_mut();
                     if let Some(k) = st.session.and_then(|i| known.get_mut(i)) {
                         k.context = match (&open_prompt, st.tracked) {
                             (Some(p), true) => {
@@ -569,14 +678,27 @@ fuzz_target!(|input: Input| {
     let svc = VerifierService {
         state: h.verifier.state.clone(),
     };
-    let mut known: Vec<Known> = Vec::new();
+    let known: RefCell<Vec<Known>> = RefCell::new(Vec::new());
     h.rt.block_on(async {
-        for s in input.streams.iter().take(6) {
-            run_stream(h, &svc, &mut known, s).await;
+        let streams: Vec<&StreamOps> = input.streams.iter().take(6).collect();
+        for pair in streams.chunks(2) {
+            match pair {
+                [a, b] => {
+                    both(
+                        cancel_after(run_stream(h, &svc, &known, a), a.cancel_after),
+                        cancel_after(run_stream(h, &svc, &known, b), b.cancel_after),
+                    )
+                    .await
+                }
+                [a] => cancel_after(run_stream(h, &svc, &known, a), a.cancel_after).await,
+                _ => {}
+            }
         }
     });
-    // Nothing runs now: every session is idle and evictable.
+    let known = known.into_inner();
     let state = &h.verifier.state;
+    // Nothing runs now but the jobs of cancelled handlers (their sessions
+    // are already out of the store): every session is idle and evictable.
     {
         let mut store = state.store();
         for k in &known {
@@ -588,6 +710,12 @@ fuzz_target!(|input: Input| {
             "a session the verifier never handed out is held"
         );
         assert_eq!(store.bytes(), 0, "bytes held by no session");
+    }
+    // A cancelled handler's job may still sit in the scheduler's queue with
+    // its state and pages; the scheduler drops it on its next pass.
+    let until = Instant::now() + Duration::from_secs(10);
+    while state.pool.pages_used() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(state.pool.pages_used(), 0, "KV pages held by no session");
     assert_eq!(

@@ -5,12 +5,21 @@
 //! - A page holds `PAGE_TOKENS` positions of every layer, K and V:
 //!   `[layer][k | v][slot][n_kv_head * head_dim]` f32, so one page's size is
 //!   `PAGE_TOKENS * kv_bytes_per_token` (917,504 B for the 1.5B target).
-//! - The pool is an accountant: pages are counted against its capacity when a
-//!   sequence [`reserve`](PagedKv::reserve)s them and given back when it
-//!   [`shrink_to`](PagedKv::shrink_to)s or is dropped. A page's buffer is
-//!   allocated zeroed (large allocations map lazily and are unmapped on free),
-//!   so resident memory is that of the pages held, not of a preallocated
-//!   maximum.
+//! - The pool counts pages against its capacity when a sequence
+//!   [`reserve`](PagedKv::reserve)s them and takes them back when it
+//!   [`shrink_to`](PagedKv::shrink_to)s or is dropped. Page buffers are
+//!   recycled inside the pool: a page given back goes onto the pool's free
+//!   list and the next reservation takes it from there; a buffer is allocated
+//!   (zeroed) only when the free list is empty. So after warm-up no page goes
+//!   through the allocator, whichever threads reserve and free them (glibc
+//!   kept freed 0.9 MB page buffers in per-thread arenas and resident memory
+//!   crept; issue 31 item 4), and resident KV memory is the most pages ever
+//!   held at once (never more than the pool's capacity), not a preallocated
+//!   maximum. Buffers are never given back to the system while the pool
+//!   lives.
+//! - A recycled page still holds another sequence's rows. They are never
+//!   read: a position is read only after this sequence wrote it
+//!   ([`KvStore::check_append`] keeps every layer's rows contiguous from 0).
 //! - Reservation is explicit and fallible ([`KvFull`]); a forward never
 //!   allocates, so a caller reserves before it schedules work and can refuse or
 //!   evict first.
@@ -21,7 +30,7 @@
 use crate::kv_cache::{check_append_at, KvRow, KvStore};
 use crate::Result;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Positions per page.
 pub const PAGE_TOKENS: usize = 16;
@@ -35,13 +44,29 @@ pub struct KvFull {
     pub capacity: usize,
 }
 
-/// Counts the pages of every [`PagedKv`] made from it against a byte budget.
-#[derive(Debug)]
+/// Counts the pages of every [`PagedKv`] made from it against a byte budget,
+/// and keeps the buffers of pages given back for the next reservation.
 pub struct KvPool {
     n_layers: usize,
     row: usize,
     capacity_pages: usize,
     used: AtomicUsize,
+    /// Buffers of pages given back (each `page_floats` long).
+    free: Mutex<Vec<Box<[f32]>>>,
+    /// Buffers allocated in all (held by sequences or on the free list).
+    allocated: AtomicUsize,
+}
+
+impl std::fmt::Debug for KvPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool")
+            .field("n_layers", &self.n_layers)
+            .field("row", &self.row)
+            .field("capacity_pages", &self.capacity_pages)
+            .field("pages_used", &self.pages_used())
+            .field("pages_allocated", &self.pages_allocated())
+            .finish()
+    }
 }
 
 impl KvPool {
@@ -59,6 +84,8 @@ impl KvPool {
             row,
             capacity_pages,
             used: AtomicUsize::new(0),
+            free: Mutex::new(Vec::new()),
+            allocated: AtomicUsize::new(0),
         })
     }
 
@@ -83,6 +110,40 @@ impl KvPool {
 
     pub fn pages_free(&self) -> usize {
         self.capacity_pages.saturating_sub(self.pages_used())
+    }
+
+    /// Page buffers allocated so far and not given back to the system: the
+    /// pages held plus those waiting on the free list (the most ever held at
+    /// once; resident KV memory is this times [`Self::page_bytes`]).
+    pub fn pages_allocated(&self) -> usize {
+        self.allocated.load(Ordering::Acquire)
+    }
+
+    /// `n` page buffers for pages just counted in ([`Self::take`]): from the
+    /// free list first, the rest allocated zeroed.
+    fn buffers(&self, n: usize, out: &mut Vec<Box<[f32]>>) {
+        {
+            let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+            let from = free.len().saturating_sub(n);
+            out.extend(free.drain(from..));
+        }
+        let fresh = n.saturating_sub(out.len());
+        let floats = page_floats(self.n_layers, self.row);
+        for _ in 0..fresh {
+            out.push(vec![0f32; floats].into_boxed_slice());
+        }
+        self.allocated.fetch_add(fresh, Ordering::AcqRel);
+    }
+
+    /// Takes the buffers of pages given back onto the free list and counts
+    /// them out.
+    fn recycle(&self, pages: impl Iterator<Item = Box<[f32]>>) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = free.len();
+        free.extend(pages);
+        let n = free.len() - before;
+        drop(free);
+        self.give(n);
     }
 
     /// Pages needed to hold `tokens` positions.
@@ -190,10 +251,9 @@ impl PagedKv {
             return Ok(());
         }
         self.pool.take(want)?;
-        let floats = page_floats(self.pool.n_layers, self.pool.row);
-        for _ in 0..want {
-            self.pages.push(vec![0f32; floats].into_boxed_slice());
-        }
+        let mut fresh = Vec::with_capacity(want);
+        self.pool.buffers(want, &mut fresh);
+        self.pages.append(&mut fresh);
         Ok(())
     }
 
@@ -208,9 +268,7 @@ impl PagedKv {
     pub fn shrink_to(&mut self, tokens: usize) {
         let keep = KvPool::pages_for(tokens.max(self.len()));
         if keep < self.pages.len() {
-            let n = self.pages.len() - keep;
-            self.pages.truncate(keep);
-            self.pool.give(n);
+            self.pool.recycle(self.pages.drain(keep..));
         }
     }
 
@@ -222,7 +280,7 @@ impl PagedKv {
 
 impl Drop for PagedKv {
     fn drop(&mut self) {
-        self.pool.give(self.pages.len());
+        self.pool.recycle(self.pages.drain(..));
     }
 }
 
@@ -301,6 +359,55 @@ mod tests {
         assert_eq!(pool.pages_used(), 1);
         let e = a.reserve(1001).unwrap_err();
         assert_eq!(e.free, 0, "beyond the sequence cap");
+    }
+
+    #[test]
+    fn pages_given_back_are_recycled_not_reallocated() {
+        let pool = KvPool::new(2, 2, 4, 10 * 2 * 2 * 16 * 8 * 4);
+        let mut a = PagedKv::new(pool.clone(), 1000);
+        a.reserve(16 * 4).unwrap();
+        assert_eq!((pool.pages_used(), pool.pages_allocated()), (4, 4));
+        let first: Vec<*const f32> = a.pages.iter().map(|p| p.as_ptr()).collect();
+        a.shrink_to(16);
+        assert_eq!((pool.pages_used(), pool.pages_allocated()), (1, 4));
+        let mut b = PagedKv::new(pool.clone(), 1000);
+        b.reserve(16 * 3).unwrap();
+        assert_eq!(
+            (pool.pages_used(), pool.pages_allocated()),
+            (4, 4),
+            "the three pages a gave back are b's"
+        );
+        assert!(b.pages.iter().all(|p| first.contains(&p.as_ptr())));
+        drop(a);
+        drop(b);
+        assert_eq!((pool.pages_used(), pool.pages_allocated()), (0, 4));
+        // Many sequences coming and going never allocate past the most held.
+        for n in 1..=20 {
+            let mut s = PagedKv::new(pool.clone(), 1000);
+            s.reserve(16 * (n % 5)).unwrap();
+        }
+        assert_eq!(pool.pages_allocated(), 4);
+        let mut big = PagedKv::new(pool.clone(), 1000);
+        big.reserve(16 * 6).unwrap();
+        assert_eq!((pool.pages_used(), pool.pages_allocated()), (6, 6));
+    }
+
+    #[test]
+    fn a_recycled_page_reads_only_what_its_new_sequence_wrote() {
+        let pool = KvPool::new(1, 1, 2, 1 << 20);
+        let mut a = PagedKv::new(pool.clone(), 64);
+        a.reserve(16).unwrap();
+        let k: Vec<f32> = (0..32).map(|x| x as f32 + 1.0).collect();
+        a.append(0, 0, &k, &k);
+        drop(a);
+        let mut b = PagedKv::new(pool.clone(), 64);
+        b.reserve(16).unwrap();
+        assert_eq!(pool.pages_allocated(), 1, "a's page is b's");
+        assert_eq!(b.layer_len(0), 0);
+        assert!(b.check_append(0, 1, 1).is_err(), "rows start at 0");
+        b.append(0, 0, &[7.0, 8.0], &[9.0, 10.0]);
+        assert_eq!(b.key(0, 0), KvRow::F32(&[7.0, 8.0]));
+        assert_eq!(b.len(), 1);
     }
 
     #[test]

@@ -424,14 +424,7 @@ impl Model {
         }
         // Each row's sequence and position, and RoPE (cos, sin) per row,
         // computed once for all layers and heads.
-        let rows: Vec<(usize, usize)> = seqs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| (s.start_pos..s.start_pos + s.n).map(move |p| (i, p)))
-            .collect();
-        let rope: Vec<Vec<(f32, f32)>> = (0..self.ropes.len())
-            .map(|kind| self.rope_table(kind, rows.iter().map(|&(_, p)| p)))
-            .collect();
+        let (rows, rope) = self.row_tables(seqs);
         // Run the whole layer loop on a pool thread: the ~8 parallel calls per
         // layer then split work from inside the pool instead of each injecting
         // a job and parking the calling thread until it is done.
@@ -506,6 +499,24 @@ impl Model {
     /// only over those rows. Each sequence's logits are bit-identical to a
     /// forward of that sequence alone, whatever shares the batch.
     pub fn forward_batch<C: KvStore>(&self, seqs: &mut [BatchSeq<'_, C>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_joined(seqs, &mut [])
+    }
+
+    /// [`Self::forward_batch`] with sequences of hidden states that join the
+    /// forward at a later layer (a split session's prefill chunk: the device
+    /// ran layers `[0, s)`). `joins` are sorted by their layer here; their
+    /// rows run layers `[layer, N)` beside the token rows (every matmul of a
+    /// layer over all rows that have reached it) and give no logits: their
+    /// output rows are dropped. The logits are `seqs`' only. A row's result is
+    /// bit-identical to running its sequence alone
+    /// ([`Self::forward_layers`] for a join), as for any batch.
+    pub fn forward_batch_joined<C: KvStore>(
+        &self,
+        seqs: &mut [BatchSeq<'_, C>],
+        joins: &mut [HiddenSeq<'_, C>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let d = self.cfg.d_model;
+        let n_layer = self.cfg.n_layer;
         let mut tokens = Vec::with_capacity(seqs.iter().map(|s| s.tokens.len()).sum());
         for s in seqs.iter() {
             if s.tokens.is_empty() {
@@ -513,14 +524,39 @@ impl Model {
             }
             tokens.extend_from_slice(s.tokens);
         }
-        let mut h = self.embed(&tokens)?;
+        joins.sort_by_key(|j| j.layer);
+        for j in joins.iter() {
+            if j.layer > n_layer || j.hidden.is_empty() || j.hidden.len() % d.max(1) != 0 {
+                return Err(ModelError::InvalidArgument(format!(
+                    "a join at layer {} with {} floats (d_model {d}, {n_layer} layers)",
+                    j.layer,
+                    j.hidden.len()
+                )));
+            }
+        }
+        let token_rows = tokens.len();
+        let mut h = if tokens.is_empty() {
+            Vec::new()
+        } else {
+            self.embed(&tokens)?
+        };
+        for j in joins.iter() {
+            h.extend_from_slice(j.hidden);
+        }
+        // Sequences in row order: the token sequences, then the joins by layer,
+        // so the rows that have reached layer l are always a prefix.
         let mut rows: Vec<SeqRows<'_, C>> = seqs
             .iter_mut()
             .map(|s| SeqRows::new(s.start_pos, s.tokens.len(), &mut *s.cache))
             .collect();
-        self.forward_layers_batch(0..self.cfg.n_layer, &mut h, &mut rows)?;
+        let mut first_layer = vec![0; rows.len()];
+        for j in joins.iter_mut() {
+            rows.push(SeqRows::new(j.start_pos, j.hidden.len() / d, &mut *j.cache));
+            first_layer.push(j.layer);
+        }
+        self.forward_layers_staggered(&mut h, &mut rows, &first_layer)?;
         // Gather the rows whose logits are wanted; one head call over them.
-        let d = self.cfg.d_model;
+        h.truncate(token_rows * d);
         let mut wanted = Vec::new();
         let mut r0 = 0;
         for s in seqs.iter() {
@@ -547,6 +583,65 @@ impl Model {
         }
         out.reverse();
         Ok(out)
+    }
+
+    /// Layers `[first_layer[i], N)` over sequence `i`'s rows of `hidden`
+    /// (`first_layer` non-decreasing, so the rows that have reached a layer
+    /// are a prefix). Checked as [`Self::forward_layers_batch`] is.
+    fn forward_layers_staggered<C: KvStore>(
+        &self,
+        hidden: &mut [f32],
+        seqs: &mut [SeqRows<'_, C>],
+        first_layer: &[usize],
+    ) -> Result<()> {
+        let d = self.cfg.d_model;
+        let n: usize = seqs.iter().map(|s| s.n).sum();
+        if hidden.len() != n * d || n == 0 || seqs.iter().any(|s| s.n == 0) {
+            return Err(ModelError::InvalidArgument(format!(
+                "hidden has {} floats for {n} rows of d_model {d} (every sequence needs a row)",
+                hidden.len()
+            )));
+        }
+        for (s, &first) in seqs.iter().zip(first_layer) {
+            if s.cache.n_layers() != self.cfg.n_layer {
+                return Err(ModelError::InvalidArgument(
+                    "KV cache was made for another model".into(),
+                ));
+            }
+            for l in first..self.cfg.n_layer {
+                s.cache.check_append(l, s.start_pos, s.n)?;
+            }
+        }
+        let (rows, rope) = self.row_tables(seqs);
+        crate::forward_threads::run(|| {
+            for l in 0..self.cfg.n_layer {
+                // The sequences (and their rows) that have reached layer l.
+                let k = first_layer.iter().take_while(|&&f| f <= l).count();
+                let m: usize = seqs[..k].iter().map(|s| s.n).sum();
+                if m > 0 {
+                    self.layer_forward(l, &mut hidden[..m * d], &rows[..m], &rope, &mut seqs[..k]);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Each row's `(sequence, position)` and each RoPE kind's `(cos, sin)`
+    /// table per row, for the rows of `seqs` in order.
+    #[allow(clippy::type_complexity)]
+    fn row_tables<C: KvStore>(
+        &self,
+        seqs: &[SeqRows<'_, C>],
+    ) -> (Vec<(usize, usize)>, Vec<Vec<(f32, f32)>>) {
+        let rows: Vec<(usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (s.start_pos..s.start_pos + s.n).map(move |p| (i, p)))
+            .collect();
+        let rope: Vec<Vec<(f32, f32)>> = (0..self.ropes.len())
+            .map(|kind| self.rope_table(kind, rows.iter().map(|&(_, p)| p)))
+            .collect();
+        (rows, rope)
     }
 
     /// Layer `l` over the rows of `seqs` (`rows[i]` = row i's sequence and
@@ -693,6 +788,16 @@ pub struct BatchSeq<'a, C: KvStore> {
     pub start_pos: usize,
     pub cache: &'a mut C,
     pub logits: Logits,
+}
+
+/// Hidden rows that join a [`Model::forward_batch_joined`] at `layer`:
+/// `hidden` is `[n, d_model]` (the output of layers `[0, layer)` at positions
+/// `start_pos..start_pos + n`), run through layers `[layer, N)` into `cache`.
+pub struct HiddenSeq<'a, C: KvStore> {
+    pub layer: usize,
+    pub hidden: &'a [f32],
+    pub start_pos: usize,
+    pub cache: &'a mut C,
 }
 
 /// One sequence's rows in [`Model::forward_layers_batch`]: `n` rows at

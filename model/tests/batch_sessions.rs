@@ -241,3 +241,167 @@ fn batch_refuses_what_a_sequence_alone_would_refuse_and_changes_nothing() {
     assert!(m.forward_batch(&mut batch).is_err());
     assert_eq!((a.len(), b.len()), (0, 0));
 }
+
+/// Every K and V row of layers `layers` at positions `0..n`, as bits.
+fn kv_bits(kv: &PagedKv, layers: std::ops::Range<usize>, n: usize) -> Vec<u32> {
+    use tandem_model::kv_cache::{KvRow, KvStore};
+    let mut out = Vec::new();
+    for l in layers {
+        assert_eq!(kv.layer_len(l), n, "layer {l}");
+        for t in 0..n {
+            for row in [kv.key(l, t), kv.value(l, t)] {
+                match row {
+                    KvRow::F32(x) => out.extend(x.iter().map(|v| v.to_bits())),
+                    KvRow::Int8 { .. } => panic!("paged KV is f32"),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Issue 31 item 2: a split session's prefill chunk (hidden rows from the
+/// device's layers `[0, s)`) joins the shared forward at layer s beside
+/// token sessions. The token sessions' logits and the joins' KV are
+/// bit-identical to each run alone, whatever the layers and the order given.
+#[test]
+fn hidden_rows_joining_at_their_layer_match_each_split_forward_alone() {
+    use tandem_model::kv_cache::KvStore;
+    use tandem_model::transformer::HiddenSeq;
+    let cfg = TinyConfig {
+        n_layer: 3,
+        ..TinyConfig::default()
+    };
+    let (_d, m) = tiny(&cfg);
+    let n_layer = m.config().n_layer;
+    let pool = pool(&m);
+    let toks: Vec<u32> = (0..60).map(|i| (i * 29 + 3) % 384).collect();
+    // A join's input: the device's layers [0, s) over `toks[a..b]` at `a`.
+    let device_rows = |s: usize, a: usize, b: usize| {
+        let mut dev = m.new_cache();
+        let mut h = m.embed(&toks[..b]).unwrap();
+        m.forward_layers(0..s, &mut h, 0, &mut dev).unwrap();
+        h[a * m.config().d_model..].to_vec()
+    };
+    // Joins at layers 2, 0, 1 and N (nothing runs), given out of order; the
+    // one at layer 1 already holds 20 positions.
+    let plan = [
+        (2usize, 0usize, 7usize),
+        (0, 0, 5),
+        (1, 20, 29),
+        (n_layer, 0, 4),
+    ];
+    let mut joined: Vec<PagedKv> = Vec::new();
+    let mut alone_kv: Vec<PagedKv> = Vec::new();
+    for &(s, a, b) in &plan {
+        let mut x = PagedKv::new(pool.clone(), MAX_SEQ);
+        let mut y = PagedKv::new(pool.clone(), MAX_SEQ);
+        x.reserve(b).unwrap();
+        y.reserve(b).unwrap();
+        if a > 0 {
+            let mut h = device_rows(s, 0, a);
+            m.forward_layers(s..n_layer, &mut h, 0, &mut x).unwrap();
+            let mut h = device_rows(s, 0, a);
+            m.forward_layers(s..n_layer, &mut h, 0, &mut y).unwrap();
+        }
+        let mut h = device_rows(s, a, b);
+        if s < n_layer {
+            m.forward_layers(s..n_layer, &mut h, a, &mut y).unwrap();
+        }
+        joined.push(x);
+        alone_kv.push(y);
+    }
+    let inputs: Vec<Vec<f32>> = plan.iter().map(|&(s, a, b)| device_rows(s, a, b)).collect();
+    // Two token sessions beside them: a verify block and a prefill chunk.
+    let sessions = [
+        Session {
+            prefix: toks[..9].to_vec(),
+            rows: toks[30..35].to_vec(),
+            logits: Logits::All,
+        },
+        Session {
+            prefix: Vec::new(),
+            rows: toks[40..52].to_vec(),
+            logits: Logits::Last,
+        },
+    ];
+    let mut caches: Vec<PagedKv> = sessions
+        .iter()
+        .map(|s| {
+            let mut c = PagedKv::new(pool.clone(), MAX_SEQ);
+            c.reserve(s.prefix.len() + s.rows.len()).unwrap();
+            if !s.prefix.is_empty() {
+                m.forward_last(&s.prefix, 0, &mut c).unwrap();
+            }
+            c
+        })
+        .collect();
+    let mut seqs: Vec<BatchSeq<'_, PagedKv>> = sessions
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(s, c)| BatchSeq {
+            tokens: &s.rows,
+            start_pos: s.prefix.len(),
+            cache: c,
+            logits: s.logits,
+        })
+        .collect();
+    let mut joins: Vec<HiddenSeq<'_, PagedKv>> = plan
+        .iter()
+        .zip(joined.iter_mut())
+        .zip(&inputs)
+        .map(|((&(s, a, _), kv), h)| HiddenSeq {
+            layer: s,
+            hidden: h,
+            start_pos: a,
+            cache: kv,
+        })
+        .collect();
+    let logits = m.forward_batch_joined(&mut seqs, &mut joins).unwrap();
+    drop((seqs, joins));
+    assert_eq!(
+        logits.len(),
+        sessions.len(),
+        "logits are the token sessions' only"
+    );
+    for (i, s) in sessions.iter().enumerate() {
+        assert_bits_eq(&logits[i], &alone(&m, s), &format!("token session {i}"));
+    }
+    for (i, &(s, _, b)) in plan.iter().enumerate() {
+        if s == n_layer {
+            assert_eq!(joined[i].len(), 0, "a join at N runs nothing");
+            continue;
+        }
+        assert_eq!(
+            kv_bits(&joined[i], s..n_layer, b),
+            kv_bits(&alone_kv[i], s..n_layer, b),
+            "join at layer {s}"
+        );
+        assert_eq!(joined[i].layer_len(0), if s == 0 { b } else { 0 });
+    }
+    // Joins alone (no token session) run too.
+    let h = device_rows(1, 0, 5);
+    let mut reference = PagedKv::new(pool.clone(), MAX_SEQ);
+    reference.reserve(5).unwrap();
+    m.forward_layers(1..n_layer, &mut h.clone(), 0, &mut reference)
+        .unwrap();
+    let mut x = PagedKv::new(pool.clone(), MAX_SEQ);
+    x.reserve(5).unwrap();
+    let mut joins = vec![HiddenSeq {
+        layer: 1,
+        hidden: &h,
+        start_pos: 0,
+        cache: &mut x,
+    }];
+    assert!(m
+        .forward_batch_joined(&mut [], &mut joins)
+        .unwrap()
+        .is_empty());
+    drop(joins);
+    assert_eq!(
+        kv_bits(&x, 1..n_layer, 5),
+        kv_bits(&reference, 1..n_layer, 5)
+    );
+    // Nothing at all to run is refused, as by forward_batch.
+    assert!(m.forward_batch_joined::<PagedKv>(&mut [], &mut []).is_err());
+}

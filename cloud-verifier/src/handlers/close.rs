@@ -30,19 +30,19 @@ pub fn close(s: &VerifierState, who: &str, b: &Bound, c: &Close) -> ServerMessag
 /// A split session is freed: nothing can continue it. A session this stream
 /// no longer drives (superseded, evicted) is left as it is.
 fn keep(s: &VerifierState, who: &str, b: &Bound) -> u64 {
-    let Ok((guard, mut st)) = CheckedOut::take(&s.store, &b.id, who, b.epoch) else {
+    let Ok(mut g) = CheckedOut::take(&s.store, &b.id, who, b.epoch) else {
         tracing::info!(session = %b.id, "session closed (keep: not held by this stream)");
         return 0;
     };
-    let rounds = st.rounds;
-    if st.split.is_some() {
-        guard.remove();
+    let rounds = g.rounds;
+    if g.split.is_some() {
+        g.remove();
         tracing::info!(session = %b.id, rounds, "session closed (keep: split sessions are not continued)");
         return rounds;
     }
-    st.kv.shrink_to(0);
-    let context_len = st.context.len();
-    guard.checkin(st);
+    g.kv.shrink_to(0);
+    let context_len = g.context.len();
+    drop(g); // checked in, idle
     s.metrics.session_kept();
     tracing::info!(session = %b.id, rounds, context_len, "session kept");
     rounds

@@ -36,17 +36,15 @@ pub async fn draft(
     }
     s.check_tokens(&d.tokens)?;
     let start_pos = wire_usize(d.start_pos, "start_pos")?;
-    let (guard, mut st) = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(store_refusal)?;
-    if d.round != st.next_round {
-        let want = st.next_round;
-        guard.checkin(st);
+    // Every refusal below drops the guard: the session goes back as it was.
+    let mut g = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(store_refusal)?;
+    if d.round != g.next_round {
         return Err(Refusal::new(
             Reason::RoundOutOfOrder,
-            format!("expected round {want}, got {}", d.round),
+            format!("expected round {}, got {}", g.next_round, d.round),
         ));
     }
-    if st.next_round == u64::MAX {
-        guard.checkin(st);
+    if g.next_round == u64::MAX {
         return Err(Refusal::new(
             Reason::BadRequest,
             "round number 2^64 - 1 is the last: open a new session with first_round = 0",
@@ -55,15 +53,8 @@ pub async fn draft(
     // Pages for what this message carries, before any work is scheduled:
     // the block's rows after the positions they start at, checked here so a
     // bogus start_pos reserves nothing.
-    let need = match pages_needed(s, &st, k, rows, start_pos) {
-        Ok(n) => n,
-        Err(r) => {
-            guard.checkin(st);
-            return Err(r);
-        }
-    };
-    if let Err(r) = s.reserve(&mut st.kv, need, who, Some(&b.id)) {
-        guard.checkin(st);
+    let need = pages_needed(s, &g, k, rows, start_pos)?;
+    if let Err(r) = s.reserve(&mut g.kv, need, who, Some(&b.id)) {
         return Err(if r.reason == Reason::ContextFull || need > s.max_seq_len {
             Refusal::new(
                 Reason::ContextFull,
@@ -76,7 +67,7 @@ pub async fn draft(
             r
         });
     }
-    let work = if st.split.is_some() {
+    let work = if g.split.is_some() {
         let (tokens, hidden) = (d.tokens, d.hidden);
         Work::Alone(Box::new(move |model, st| {
             split::split_round(model, st, &tokens, hidden.as_ref(), start_pos).map(Outcome::Split)
@@ -84,6 +75,7 @@ pub async fn draft(
     } else {
         Work::Verify { draft: d.tokens }
     };
+    let (lent, st) = g.lend();
     let t0 = Instant::now();
     let (mut st, out) = s.run(who, &b.id, st, work).await;
     let latency = t0.elapsed();
@@ -94,16 +86,20 @@ pub async fn draft(
             st.kv.shrink_to(s.room_for(st.context.len()));
         }
     }
-    let (guard, mut st, outcome) = settle(guard, st, out)?;
-    st.advance_round()?;
-    // Keep pages for the next round's block, give back the rest.
-    st.kv.shrink_to(s.room_for(st.context.len()));
-    let ctx_len = st.context.len();
-    if all_local(s, &st) {
-        // s = N: this verifier holds no KV for the session.
-        st.kv.shrink_to(0);
+    let (mut g, outcome) = settle(lent, st, out)?;
+    if let Err(e) = g.advance_round() {
+        g.remove();
+        return Err(e);
     }
-    guard.checkin(st);
+    // Keep pages for the next round's block, give back the rest.
+    let room = s.room_for(g.context.len());
+    g.kv.shrink_to(room);
+    let ctx_len = g.context.len();
+    if all_local(s, &g) {
+        // s = N: this verifier holds no KV for the session.
+        g.kv.shrink_to(0);
+    }
+    drop(g); // checked in
     let (accepted, next_token, hidden, ctx_len) = match outcome {
         Outcome::Verdict(v) => (v.accepted, v.next_token, None, ctx_len),
         Outcome::Split(SplitAnswer::Verdict(v)) => (v.accepted, v.next_token, None, ctx_len),

@@ -9,7 +9,7 @@ pub mod resume;
 
 use crate::error::Refusal;
 use crate::session::SessionState;
-use crate::store::CheckedOut;
+use crate::store::{CheckedOut, Lent};
 use std::sync::Arc;
 use tandem_proto::v1::Reason;
 
@@ -37,27 +37,28 @@ pub(crate) fn wire_u64(v: usize) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
-/// What came back from work on a checked-out session. `Ok` hands the state
-/// and the outcome to the caller (who checks the state in); a refusal checks
-/// the state back in, or removes the session when its state was lost or the
-/// error is internal (its KV is in doubt: the device re-sends its context).
-pub(crate) fn settle<T>(
-    guard: CheckedOut<'_>,
+/// What came back from work on a lent session. `Ok` puts the state back
+/// into a guard (checked in when the caller drops it) beside the outcome; a
+/// refusal checks the state back in, or removes the session when its state
+/// was lost or the error is internal (its KV is in doubt: the device re-sends
+/// its context).
+pub(crate) fn settle<'a, T>(
+    lent: Lent<'a>,
     st: Option<SessionState>,
     out: Result<T, Refusal>,
-) -> Result<(CheckedOut<'_>, SessionState, T), Refusal> {
+) -> Result<(CheckedOut<'a>, T), Refusal> {
     match (st, out) {
-        (Some(st), Ok(v)) => Ok((guard, st, v)),
+        (Some(st), Ok(v)) => Ok((lent.restore(st), v)),
         (Some(st), Err(e)) if e.reason != Reason::InternalError => {
-            guard.checkin(st);
+            drop(lent.restore(st));
             Err(e)
         }
         (_, Err(e)) => {
-            guard.remove();
+            lent.remove();
             Err(e)
         }
         (None, Ok(_)) => {
-            guard.remove();
+            lent.remove();
             Err(lost())
         }
     }

@@ -8,7 +8,7 @@ use super::resume::resync;
 use super::{prefilled, settle, wire_u64, Bound};
 use crate::error::Refusal;
 use crate::metrics::ContinuationOutcome;
-use crate::scheduler::{Outcome, Work};
+use crate::scheduler::Work;
 use crate::session::{SessionState, SplitSpec};
 use crate::split;
 use crate::state::{store_refusal, VerifierState};
@@ -118,13 +118,14 @@ async fn open_checked(
     if let Some(rid) = &o.resume_session_id {
         let rid: Arc<str> = Arc::from(rid.as_str());
         match CheckedOut::take_over(&s.store, &rid, who) {
-            Ok((guard, st)) if st.split.is_none() => {
-                let epoch = guard.epoch();
+            Ok(g) if g.split.is_none() => {
+                let epoch = g.epoch();
+                let (lent, st) = g.lend();
                 let (st, res) = resync(s, who, &rid, st, &ctx).await;
-                let (guard, mut st, reused) = settle(guard, st, res)?;
-                st.sampling = sampling;
-                st.next_round = o.first_round;
-                guard.checkin(st);
+                let (mut g, reused) = settle(lent, st, res)?;
+                g.sampling = sampling;
+                g.next_round = o.first_round;
+                drop(g); // checked in
                 tracing::info!(session = %rid, reused, "session resumed");
                 let b = Bound {
                     id: rid.clone(),
@@ -132,8 +133,9 @@ async fn open_checked(
                 };
                 return Ok((b, opened(s, &rid, true, ctx.len(), reused)));
             }
-            // A split session is not continued by a plain Open: a new one is made.
-            Ok((guard, st)) => guard.checkin(st),
+            // A split session is not continued by a plain Open: it is checked
+            // back in (the guard dropped) and a new one is made.
+            Ok(_split) => {}
             Err(StoreError::Forbidden) => return Err(store_refusal(StoreError::Forbidden)),
             Err(_) => {} // lost or busy: recompute under a new id
         }
@@ -174,8 +176,9 @@ async fn open_continued(
     }
     let not_held = |why: String| Refusal::new(Reason::ContextNotHeld, why);
     let sid: Arc<str> = Arc::from(c.session_id.as_str());
-    let (guard, st) = match CheckedOut::take_over(&s.store, &sid, who) {
-        Ok(x) => x,
+    // Every refusal below drops the guard: the session goes back as it was.
+    let g = match CheckedOut::take_over(&s.store, &sid, who) {
+        Ok(g) => g,
         Err(StoreError::Forbidden) => return Err(store_refusal(StoreError::Forbidden)),
         Err(e) => {
             return Err(not_held(format!(
@@ -183,18 +186,16 @@ async fn open_continued(
             )))
         }
     };
-    if st.split.is_some() {
-        guard.checkin(st);
+    if g.split.is_some() {
         return Err(not_held(
             "split sessions are not continued: open with the whole context".into(),
         ));
     }
-    let held = st.context.len();
+    let held = g.context.len();
     let Some(prefix) = usize::try_from(c.prefix_len)
         .ok()
         .filter(|n| (1..=held).contains(n))
     else {
-        guard.checkin(st);
         return Err(not_held(format!(
             "prefix_len = {} but the session holds a context of {held} tokens \
              (1 <= prefix_len <= {held}): open with the whole context",
@@ -202,9 +203,8 @@ async fn open_continued(
         )));
     };
     // (Not a secret: a plain comparison of all 32 bytes; any other length differs.)
-    let digest = tandem_proto::context_digest(&st.context[..prefix]);
+    let digest = tandem_proto::context_digest(&g.context[..prefix]);
     if c.prefix_sha256.as_slice() != digest.as_slice() {
-        guard.checkin(st);
         let why = if c.prefix_sha256.len() == digest.len() {
             format!("the digest of the first {prefix} context tokens differs from the one held")
         } else {
@@ -213,20 +213,18 @@ async fn open_continued(
         return Err(not_held(format!("{why}: open with the whole context")));
     }
     let mut ctx = Vec::with_capacity(prefix.saturating_add(new.len()));
-    ctx.extend_from_slice(&st.context[..prefix]);
+    ctx.extend_from_slice(&g.context[..prefix]);
     ctx.extend_from_slice(&new);
-    if let Err(r) = s.check_context(&ctx) {
-        guard.checkin(st);
-        return Err(r);
-    }
-    let epoch = guard.epoch();
+    s.check_context(&ctx)?;
+    let epoch = g.epoch();
+    let (lent, st) = g.lend();
     let (st, res) = resync(s, who, &sid, st, &ctx).await;
-    let (guard, mut st, reused) = settle(guard, st, res)?;
+    let (mut g, reused) = settle(lent, st, res)?;
     // A new turn is a new generation with its own sampling (a seeded token is
     // keyed by its position, as in a fresh session of the whole context).
-    st.sampling = sampling;
-    st.next_round = first_round;
-    guard.checkin(st);
+    g.sampling = sampling;
+    g.next_round = first_round;
+    drop(g); // checked in
     tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");
     let o = opened(s, &sid, true, ctx.len(), reused);
     Ok((Bound { id: sid, epoch }, o))
@@ -286,10 +284,7 @@ async fn open_split(
         o.prompt_hidden.as_ref(),
         s.limits.max_prompt_tokens,
     )?;
-    let hidden = o.prompt_hidden;
-    let prefill = Work::Alone(Box::new(move |model, st| {
-        split::prefill(model, st, hidden.as_ref()).map(|()| Outcome::Prefilled)
-    }));
+    let prefill = split::prefill_work(&s.model, spec, context.len(), o.prompt_hidden.as_ref())?;
     open_new(
         s,
         who,

@@ -64,20 +64,19 @@ pub async fn resume(
     r: Resume,
 ) -> Result<ServerMessage, Refusal> {
     s.check_context(&r.context_tokens)?;
-    let (guard, st) =
-        CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(crate::state::store_refusal)?;
-    if st.split.is_some() {
-        guard.checkin(st);
+    let g = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(crate::state::store_refusal)?;
+    if g.split.is_some() {
         return Err(Refusal::new(
             Reason::BadRequest,
             "Resume is not supported in split sessions: open a new session with the context's hidden states",
         ));
     }
+    let (lent, st) = g.lend();
     let (st, res) = resync(s, who, &b.id, st, &r.context_tokens).await;
-    let (guard, mut st, reused) = settle(guard, st, res)?;
-    st.next_round = r.next_round;
-    let len = wire_u64(st.context.len());
-    guard.checkin(st);
+    let (mut g, reused) = settle(lent, st, res)?;
+    g.next_round = r.next_round;
+    let len = wire_u64(g.context.len());
+    drop(g); // checked in
     Ok(ServerMessage {
         msg: Some(server_message::Msg::Resumed(Resumed {
             context_len: len,
