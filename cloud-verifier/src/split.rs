@@ -13,7 +13,6 @@
 //! output) runs alone.
 
 use crate::error::Refusal;
-use crate::scheduler::Work;
 use crate::session::{SessionState, SplitSpec};
 use tandem_model::transformer::Model;
 use tandem_model::verify::Verdict;
@@ -94,22 +93,18 @@ pub fn open_context(
     }
 }
 
-/// A new split session's prefill work: the prompt's hidden states (checked:
-/// `context_len - 1` rows in the session's format) to run layers `[s, N)`
-/// through the scheduler, in chunks beside other sessions' rows
-/// ([`Work::SplitPrefill`]; nothing runs at s = N).
-pub fn prefill_work(
+/// A new split session's prefill rows: the prompt's hidden states, checked
+/// (`context_len - 1` rows in the session's format) and decoded to f32, for
+/// the scheduler to run layers `[s, N)` over in chunks beside other sessions'
+/// rows (`crate::scheduler::Work::SplitPrefill`; nothing runs at s = N).
+pub fn prefill_hidden(
     model: &Model,
     spec: SplitSpec,
     context_len: usize,
     prompt_hidden: Option<&HiddenStates>,
-) -> Result<Work, Refusal> {
+) -> Result<Vec<f32>, Refusal> {
     let rows = context_len.saturating_sub(1);
-    let hidden = decode(model, prompt_hidden, rows, spec.format)?;
-    Ok(Work::SplitPrefill {
-        layer: spec.layer,
-        hidden,
-    })
+    decode(model, prompt_hidden, rows, spec.format)
 }
 
 /// What a split round answers.

@@ -284,7 +284,11 @@ async fn open_split(
         o.prompt_hidden.as_ref(),
         s.limits.max_prompt_tokens,
     )?;
-    let prefill = split::prefill_work(&s.model, spec, context.len(), o.prompt_hidden.as_ref())?;
+    let hidden = split::prefill_hidden(&s.model, spec, context.len(), o.prompt_hidden.as_ref())?;
+    let prefill = Work::SplitPrefill {
+        layer: spec.layer,
+        hidden,
+    };
     open_new(
         s,
         who,
