@@ -37,7 +37,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
             "--engines",
             "tandem",
             "--proposers",
-            "draft,auto",
+            "draft,lookup",
             "--draft-kv",
             "f16,int8",
         ])
@@ -118,7 +118,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
 
     assert_eq!(
         r["settings"]["spec_proposers"],
-        serde_json::json!(["draft", "auto"])
+        serde_json::json!(["draft", "lookup"])
     );
     assert_eq!(
         r["settings"]["spec_draft_kv"],
@@ -140,8 +140,8 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
         [
             ("draft", "f16"),
             ("draft", "int8"),
-            ("auto", "f16"),
-            ("auto", "int8")
+            ("lookup", "f16"),
+            ("lookup", "int8")
         ]
     );
     for s in all {
@@ -149,6 +149,7 @@ fn quick_json_run_has_sane_figures_and_identical_speculative_output() {
         // The real draft: 24 layers, K and V of 2 heads × 64 values.
         let bytes = match s["draft_kv"].as_str().unwrap() {
             "f32" => 24 * 2 * 2 * 64 * 4,
+            "f16" => 24 * 2 * 2 * 64 * 2,
             _ => 24 * 2 * 2 * (64 + 4),
         };
         assert_eq!(u(s, "draft_kv_bytes_per_token"), bytes, "{}", s["draft_kv"]);

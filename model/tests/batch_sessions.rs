@@ -252,7 +252,7 @@ fn kv_bits(kv: &PagedKv, layers: std::ops::Range<usize>, n: usize) -> Vec<u32> {
             for row in [kv.key(l, t), kv.value(l, t)] {
                 match row {
                     KvRow::F32(x) => out.extend(x.iter().map(|v| v.to_bits())),
-                    KvRow::Int8 { .. } => panic!("paged KV is f32"),
+                    KvRow::F16(_) | KvRow::Int8 { .. } => panic!("paged KV is f32"),
                 }
             }
         }

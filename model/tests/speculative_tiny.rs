@@ -137,14 +137,15 @@ fn greedy_output_is_the_targets_for_every_proposer_and_k() {
     assert!(auto_lookup > 0, "auto never chose lookup");
 }
 
-/// The draft's KV in INT8 changes what it proposes, never the output: every k
-/// gives the target's own greedy tokens, through accepted and rejected blocks
-/// (so through the INT8 cache's rollback).
+/// The draft's KV precision (f32, f16, INT8) changes what it proposes, never
+/// the output: every k gives the target's own greedy tokens, through accepted
+/// and rejected blocks (so through each cache's rollback).
 #[test]
-fn greedy_output_is_the_targets_with_an_int8_draft_kv() {
+fn greedy_output_is_the_targets_at_every_draft_kv_precision() {
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 256);
-    let (mut accepted, mut rejected) = ([0u64; 2], [0u64; 2]);
+    let n = KvPrecision::ALL.len();
+    let (mut accepted, mut rejected) = (vec![0u64; n], vec![0u64; n]);
     for (pi, prompt) in [vec![1u32, 2, 3], vec![100, 7, 42, 42, 9], vec![5]]
         .iter()
         .enumerate()
@@ -169,11 +170,16 @@ fn greedy_output_is_the_targets_with_an_int8_draft_kv() {
             }
         }
     }
-    eprintln!("[f32, int8]: accepted {accepted:?}, rejected {rejected:?}");
-    assert!(
-        accepted[1] > 0 && rejected[1] > 0,
-        "INT8: both paths must run: {accepted:?} / {rejected:?}"
+    eprintln!(
+        "{:?}: accepted {accepted:?}, rejected {rejected:?}",
+        KvPrecision::ALL
     );
+    for (i, kv) in KvPrecision::ALL.into_iter().enumerate() {
+        assert!(
+            accepted[i] > 0 && rejected[i] > 0,
+            "{kv}: both paths must run: {accepted:?} / {rejected:?}"
+        );
+    }
     // Draft-only generation takes the precision too (it is the draft's own
     // output, so INT8 may differ from f32; it must run to the end).
     let cfg = GenerateConfig {
