@@ -110,6 +110,30 @@ fn rebase(base: &Path, p: &mut Option<PathBuf>) {
     }
 }
 
+/// A model entry is a path relative to `models_dir` (or absolute), or, when
+/// it is a bare name (one component, not ending in `.gguf`) that is not a
+/// file there, a model name looked up in `models_dir` only
+/// ([`tandem_fetch::resolve_in_dir`]: `smollm2`, `draft`, or the stem of a
+/// GGUF the app put there). Nothing is fetched.
+fn resolve_model(models_dir: &Path, field: &str, p: &mut Option<PathBuf>) -> Result<(), String> {
+    let Some(given) = p else { return Ok(()) };
+    let joined = models_dir.join(&*given);
+    let bare_name = given.components().count() == 1
+        && !given
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if joined.is_file() || !bare_name {
+        *given = joined;
+        return Ok(());
+    }
+    let Some(name) = given.to_str() else {
+        *given = joined;
+        return Ok(());
+    };
+    *given = tandem_fetch::resolve_in_dir(name, models_dir).map_err(|e| format!("{field}: {e}"))?;
+    Ok(())
+}
+
 impl CapiConfig {
     /// Reads, parses and validates the file; relative model paths are made
     /// relative to `models_dir` (`None`: the file's directory), the others to
@@ -132,8 +156,8 @@ impl CapiConfig {
     /// `models_dir`, the other relative paths to `base`.
     pub fn from_toml(text: &str, base: &Path, models_dir: &Path) -> Result<Self, String> {
         let mut c: Self = toml::from_str(text).map_err(|e| e.to_string())?;
-        rebase(models_dir, &mut c.draft_model);
-        rebase(models_dir, &mut c.target_model);
+        resolve_model(models_dir, "draft_model", &mut c.draft_model)?;
+        resolve_model(models_dir, "target_model", &mut c.target_model)?;
         rebase(base, &mut c.policy);
         rebase(base, &mut c.edge.ca_cert_pem);
         rebase(base, &mut c.edge.client_cert_pem);

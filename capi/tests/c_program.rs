@@ -263,7 +263,15 @@ fn local_mode_streams_the_drafts_own_greedy_output() {
     let _g = serial();
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let r = report(&run(&local_config(dir.path()), PROMPT, N, &[]));
+    // The draft named by its built-in name, found in the models directory
+    // the caller passes (nothing is fetched).
+    let by_name = write(
+        dir.path(),
+        "by-name.toml",
+        "draft_model = \"draft\"\nmax_seq_len = 512\n",
+    );
+    let models = draft_path().parent().unwrap().to_path_buf();
+    let r = report(&run_in(Some(&models), &by_name, PROMPT, N, &[]));
     let draft = Model::load(draft_path(), LoadOptions::with_max_seq_len(512)).unwrap();
     assert_eq!(r.text, greedy_text(&draft, PROMPT, N, draft_kv()));
     assert!(!r.text.is_empty());
@@ -354,6 +362,22 @@ fn bad_input_gives_a_code_and_a_message() {
     let want = models.join("no/such.gguf");
     assert!(
         e.contains(&format!("draft model {} does not exist", want.display())),
+        "{e}"
+    );
+
+    // A built-in name whose file is not in the models directory: CONFIG,
+    // saying how to get it; the library fetches nothing.
+    let gemma = write(dir.path(), "gemma.toml", "draft_model = \"gemma\"\n");
+    let e = err(&run_in(Some(&models), &gemma, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("tandem models fetch --model gemma"),
+        "{e}"
+    );
+    // A name that is nothing: the names there are.
+    let nothing = write(dir.path(), "nothing.toml", "draft_model = \"nosuch\"\n");
+    let e = err(&run_in(Some(&models), &nothing, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG:") && e.contains("`nosuch`") && e.contains("smollm2"),
         "{e}"
     );
 

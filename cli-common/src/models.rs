@@ -3,6 +3,8 @@
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use crate::inspect::{check_pair, inspect, ModelInfo};
 use tandem_fetch::{
     ensure_model, fetch, models_dir, resolve_name, FetchOptions, ModelRef, ModelRole, Progress,
 };
@@ -17,6 +19,36 @@ pub fn resolve_model(role: ModelRole, explicit: Option<&PathBuf>) -> Result<Path
         None => ensure_model(role, Progress::Auto)
             .with_context(|| format!("getting the {role:?} model")),
     }
+}
+
+/// A draft and a target that pair, resolved and inspected before anything
+/// starts (the demo, the lab): [`resolve_model`] for each (fetched on first
+/// use), then [`crate::inspect::check_pair`]; the error names both files and
+/// why they do not pair.
+pub struct ResolvedPair {
+    pub draft: PathBuf,
+    pub draft_info: ModelInfo,
+    pub target: PathBuf,
+    pub target_info: ModelInfo,
+}
+
+pub fn resolve_pair(draft: Option<&PathBuf>, target: Option<&PathBuf>) -> Result<ResolvedPair> {
+    let target = resolve_model(ModelRole::Target, target)?;
+    let draft = resolve_model(ModelRole::Draft, draft)?;
+    let (draft_info, target_info) = (inspect(&draft)?, inspect(&target)?);
+    check_pair(&draft_info, &target_info).map_err(|e| {
+        anyhow::anyhow!(
+            "the draft {} cannot pair with the target {}: {e}",
+            draft.display(),
+            target.display()
+        )
+    })?;
+    Ok(ResolvedPair {
+        draft,
+        draft_info,
+        target,
+        target_info,
+    })
 }
 
 /// What a user typed where a model is taken (`--draft-model`,

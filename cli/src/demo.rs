@@ -36,8 +36,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tandem_cli_common::inspect::{check_pair, inspect, ModelInfo};
-use tandem_cli_common::models::{load_model, prompt_tokens, resolve_model, tokenizer_of};
+use tandem_cli_common::inspect::ModelInfo;
+use tandem_cli_common::models::{
+    load_model, prompt_tokens, resolve_pair, tokenizer_of, ResolvedPair,
+};
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
 use tandem_fetch::ModelRole;
 use tandem_model::proposer::ProposerKind;
@@ -124,16 +126,12 @@ pub fn run(args: Args) -> Result<()> {
 
     // Models first (fetched with a progress bar on first use), and whether
     // they pair, before anything starts.
-    let target_path = resolve_model(ModelRole::Target, args.target_model.as_ref())?;
-    let draft_path = resolve_model(ModelRole::Draft, args.draft_model.as_ref())?;
-    let (draft_info, target_info) = (inspect(&draft_path)?, inspect(&target_path)?);
-    check_pair(&draft_info, &target_info).map_err(|e| {
-        anyhow::anyhow!(
-            "the draft {} cannot pair with the target {}: {e}",
-            draft_path.display(),
-            target_path.display()
-        )
-    })?;
+    let ResolvedPair {
+        draft: draft_path,
+        draft_info,
+        target: target_path,
+        target_info,
+    } = resolve_pair(args.draft_model.as_ref(), args.target_model.as_ref())?;
     println!(
         "tandem demo: a draft model on this device ({}) proposes tokens,",
         model_label(&draft_info)

@@ -247,6 +247,8 @@ fn human_tables_show_each_engine_and_the_cost_curve() {
             "1",
             "--rounds",
             "2",
+            "--decode-tokens",
+            "16",
             "--spec-prompts",
             "0",
         ])

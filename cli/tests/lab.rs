@@ -1,5 +1,7 @@
-//! `tandem lab` through the built binary: the quick matrix on the real models
-//! (what CI runs), plus the matrix/config checks that need no model.
+//! `tandem lab` through the built binary: the quick matrix on a real pair
+//! of another family than the built-in Qwen one (what CI runs: SmolLM2-135M
+//! Q4_1 drafting for its padded BF16 copy, named on the command line), plus
+//! the matrix/config checks that need no model.
 
 #![allow(clippy::unwrap_used)]
 use std::process::Command;
@@ -9,12 +11,32 @@ fn tandem() -> Command {
 }
 
 #[test]
-fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
+fn quick_lab_on_a_llama_pair_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lab");
+    // The target: SmolLM2 written back as BF16 (F16 has no SIMD kernel: a
+    // slower lab) with 64 padding rows (a
+    // non-trivial pair whose embedding tables differ, as Qwen2.5 0.5B/7B).
+    let draft = tandem_fetch::models_dir().join(tandem_fetch::ModelSpec::smollm2().file_name);
+    let target = dir.path().join("smollm2-bf16-padded.gguf");
+    tandem_model::testing::write_dequantized(
+        &draft,
+        &target,
+        candle_core::quantized::GgmlDType::BF16,
+        64,
+    )
+    .unwrap();
     let t = std::time::Instant::now();
     let o = tandem()
-        .args(["lab", "--quick", "--out"])
+        .args([
+            "lab",
+            "--quick",
+            "--draft-model",
+            "smollm2",
+            "--target-model",
+        ])
+        .arg(&target)
+        .arg("--out")
         .arg(&out)
         .output()
         .unwrap();
@@ -122,7 +144,9 @@ fn quick_lab_writes_report_csv_plots_and_greedy_runs_equal_target_only() {
         "machine:",
         "commit:",
         "draft (device):",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
         "target (verifier):",
+        "smollm2-bf16-padded.gguf",
         "| / target-only |",
         "## Uncertainty-gated verification",
         "| lan | gated-k4-0.9 |",

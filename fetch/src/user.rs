@@ -2,6 +2,8 @@
 //! built-in ones (copied or symlinked there), named by their file stem, and
 //! the one rule that turns what a user typed into a model file
 //! ([`resolve_name`]): a path, a built-in name, or one of theirs.
+//! [`resolve_in_dir`] is the same rule confined to one directory, for the
+//! device libraries, which never look anywhere else and never fetch.
 
 use crate::{FetchError, ModelSpec};
 use std::path::{Path, PathBuf};
@@ -96,6 +98,37 @@ pub fn resolve_name(given: &str, dir: &Path) -> Result<ModelRef, ResolveError> {
     if let Some(u) = users.iter().find(|u| u.name == given) {
         return Ok(ModelRef::File(u.path.clone()));
     }
+    Err(ResolveError::Unknown(unknown(given, dir)?))
+}
+
+/// Resolves a model entry of a device config (C ABI, JNI) inside `dir`
+/// only: a path relative to `dir` (or absolute) that is a file; else a
+/// built-in name (`draft`, `target`, `gemma`, `smollm2`) whose file is in
+/// `dir`; else the name of one of the user's files in `dir`. Nothing is
+/// fetched: a built-in model that is not in `dir` is an error saying so.
+pub fn resolve_in_dir(given: &str, dir: &Path) -> Result<PathBuf, ResolveError> {
+    let as_path = dir.join(given);
+    if as_path.is_file() {
+        return Ok(as_path);
+    }
+    if let Some(spec) = ModelSpec::by_name(given) {
+        let p = dir.join(&spec.file_name);
+        if p.is_file() {
+            return Ok(p);
+        }
+        return Err(ResolveError::BuiltinAbsent {
+            name: spec.name,
+            file: spec.file_name,
+            dir: dir.display().to_string(),
+        });
+    }
+    match user_models(dir)?.into_iter().find(|u| u.name == given) {
+        Some(u) => Ok(u.path),
+        None => Err(unknown(given, dir)?.into()),
+    }
+}
+
+fn unknown(given: &str, dir: &Path) -> Result<UnknownModel, FetchError> {
     let names = |v: Vec<String>| {
         if v.is_empty() {
             "none".to_string()
@@ -103,21 +136,31 @@ pub fn resolve_name(given: &str, dir: &Path) -> Result<ModelRef, ResolveError> {
             v.join(", ")
         }
     };
-    Err(ResolveError::Unknown(UnknownModel {
+    Ok(UnknownModel {
         given: given.to_string(),
         builtin: names(ModelSpec::builtin().into_iter().map(|s| s.name).collect()),
-        yours: names(users.into_iter().map(|u| u.name).collect()),
+        yours: names(user_models(dir)?.into_iter().map(|u| u.name).collect()),
         dir: dir.display().to_string(),
-    }))
+    })
 }
 
-/// Why [`resolve_name`] failed.
+/// Why [`resolve_name`] or [`resolve_in_dir`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     #[error(transparent)]
     Unknown(#[from] UnknownModel),
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    /// [`resolve_in_dir`]: a built-in name whose file is not in the directory.
+    #[error(
+        "`{name}` is a built-in model, but its file {file} is not in {dir}: fetch it \
+         (`tandem models fetch --model {name}`) and copy it there, or give a path"
+    )]
+    BuiltinAbsent {
+        name: String,
+        file: String,
+        dir: String,
+    },
 }
 
 #[cfg(test)]
@@ -157,5 +200,39 @@ mod tests {
             "{err}"
         );
         assert!(user_models(&d.join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn resolve_in_dir_looks_only_in_the_directory_and_never_fetches() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/a.gguf"), b"x").unwrap();
+        std::fs::write(d.join("mine.gguf"), b"x").unwrap();
+        std::fs::write(d.join(ModelSpec::smollm2().file_name), b"x").unwrap();
+        assert_eq!(
+            resolve_in_dir("sub/a.gguf", d).unwrap(),
+            d.join("sub/a.gguf")
+        );
+        let abs = d.join("mine.gguf");
+        assert_eq!(resolve_in_dir(abs.to_str().unwrap(), d).unwrap(), abs);
+        assert_eq!(resolve_in_dir("mine", d).unwrap(), abs);
+        assert_eq!(
+            resolve_in_dir("smollm2", d).unwrap(),
+            d.join(ModelSpec::smollm2().file_name)
+        );
+        // A built-in that is not there: said so, nothing fetched.
+        let err = resolve_in_dir("gemma", d).unwrap_err().to_string();
+        assert!(
+            err.contains("built-in") && err.contains("tandem models fetch --model gemma"),
+            "{err}"
+        );
+        assert!(!d.join(ModelSpec::gemma().file_name).exists());
+        // A file in the working directory is not in `d`.
+        let err = resolve_in_dir("Cargo.toml", d).unwrap_err().to_string();
+        assert!(
+            err.contains("`Cargo.toml`") && err.contains("mine"),
+            "{err}"
+        );
     }
 }

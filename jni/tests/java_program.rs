@@ -331,15 +331,14 @@ fn against_a_loopback_verifier_pieces_are_verified_and_the_targets_own_output() 
     );
     assert!(line(&out, "json ").contains("\"route\":\"speculative\""));
 
-    // The models directory argument: a config naming the draft by file name,
-    // resolved in the directory the app passes.
+    // The models directory argument: a config naming the draft by its
+    // built-in name (`draft`), resolved in the directory the app passes.
     let by_name = write(
         dir.path(),
         "by-name.toml",
         &format!(
-            "draft_model = {:?}\nmax_seq_len = 512\n[edge]\nverifier_url = \"http://127.0.0.1:{}\"\n\
+            "draft_model = \"draft\"\nmax_seq_len = 512\n[edge]\nverifier_url = \"http://127.0.0.1:{}\"\n\
              token = \"{token}\"\nk = 4\n",
-            draft.file_name().unwrap().to_str().unwrap(),
             v.grpc_addr.port()
         ),
     );

@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tandem_cli_common::models::{resolve_model, resolve_pair};
+use tandem_fetch::ModelRole;
 
 #[derive(clap::Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -43,6 +45,15 @@ pub struct Args {
     /// Print the matrix (runs per mode and profile) and exit.
     #[arg(long)]
     pub dry_run: bool,
+    /// The device's draft model for every run, over the config's
+    /// `draft_model`: a GGUF path, a built-in name (`draft`, `smollm2`, ...;
+    /// fetched on first use) or one of yours (`tandem models list`).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// The verifier's target model, over the config's `target_model` (same
+    /// forms). The pair is checked before any run starts.
+    #[arg(long)]
+    pub target_model: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Option<LabCmd>,
 }
@@ -129,7 +140,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(LabCmd::Device(d)) = args.cmd {
         return device::run(d);
     }
-    let (cfg, origin) = match (&args.config, args.quick) {
+    let (mut cfg, origin) = match (&args.config, args.quick) {
         (Some(p), _) => (LabConfig::from_file(p)?, p.display().to_string()),
         (None, true) => (
             LabConfig::from_toml(config::QUICK_TOML, "lab/quick.toml")?,
@@ -155,6 +166,21 @@ pub fn run(args: Args) -> Result<()> {
         println!("prompt set\t{}", cfg.prompt_set_name());
         println!("total\t{} runs, {} prompts", planned.len(), prompts.len());
         return Ok(());
+    }
+    // Models first (fetched on first use), and whether they pair, before
+    // any process starts; the children get the resolved files.
+    if let Some(d) = &args.draft_model {
+        cfg.draft_model = Some(d.clone());
+    }
+    if let Some(t) = &args.target_model {
+        cfg.target_model = Some(t.clone());
+    }
+    if planned.iter().any(|p| p.mode != Mode::DraftOnly) {
+        let pair = resolve_pair(cfg.draft_model.as_ref(), cfg.target_model.as_ref())?;
+        cfg.draft_model = Some(pair.draft);
+        cfg.target_model = Some(pair.target);
+    } else {
+        cfg.draft_model = Some(resolve_model(ModelRole::Draft, cfg.draft_model.as_ref())?);
     }
     std::fs::create_dir_all(args.out.join("logs"))
         .with_context(|| format!("creating {}", args.out.display()))?;
