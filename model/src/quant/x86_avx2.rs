@@ -665,6 +665,10 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
     res: &mut [f32],
 ) {
     let mut acc = _mm_setzero_ps();
+    // R == 1: a scalar accumulator, and the exact sums of an unstepped
+    // super-block with its `d·dx`.
+    let mut acc1 = 0f32;
+    let mut pending: Option<(__m256i, f32)> = None;
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     for sb in 0..nb {
@@ -690,13 +694,33 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
             // SAFETY: 16 sums per super-block of row t0 + r < m.
             *sv = unsafe { k36_offset::<THREE>(*sv, bsums.add(((t0 + r) * nb + sb) * 16), sc16) };
         }
-        let s = hsum_rows(&sv);
-        // SAFETY: the caller's contract.
-        let dx = unsafe { group_scales(act, sb, t0, R) };
-        let dd = _mm_mul_ps(_mm_set1_ps(f16c(d)), dx);
-        acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
+        if R == 1 {
+            // SAFETY: row t0 < m, sb < nb.
+            let dd = f16c(d) * unsafe { *act.d.as_ptr().add(t0 * nb + sb) };
+            // Super-blocks in pairs: one horizontal sum for both exact
+            // sums, then the two float steps in super-block order.
+            match pending.take() {
+                None if sb + 1 < nb => pending = Some((sv[0], dd)),
+                None => acc1 = combine::q6k_step(acc1, dd, hsum2(sv[0], sv[0]).0),
+                Some((prev, prev_dd)) => {
+                    let (s_prev, s) = hsum2(prev, sv[0]);
+                    acc1 = combine::q6k_step(acc1, prev_dd, s_prev);
+                    acc1 = combine::q6k_step(acc1, dd, s);
+                }
+            }
+        } else {
+            let s = hsum_rows(&sv);
+            // SAFETY: the caller's contract.
+            let dx = unsafe { group_scales(act, sb, t0, R) };
+            let dd = _mm_mul_ps(_mm_set1_ps(f16c(d)), dx);
+            acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
+        }
     }
-    store_lanes(acc, &mut res[..R]);
+    if R == 1 {
+        res[0] = acc1;
+    } else {
+        store_lanes(acc, &mut res[..R]);
+    }
 }
 /// Sub-blocks 2c and 2c + 1 (c < 4) of a Q4_K super-block as bytes 0..16:
 /// elements 64c..64c+32 are the low nibbles of qs[32c..32c+32], elements
