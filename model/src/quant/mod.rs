@@ -12,7 +12,7 @@
 //! - each activation row is quantized once per call by code shared by all
 //!   paths (scalar, or AVX2 with the same bits)
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q5_0x4/Q8_0 weights, Q8_1 — Q8_0 plus
-//!   per-4-value offset terms — for Q4_1/Q5_1, Q8_K for
+//!   a per-block offset term — for Q4_1/Q5_1, Q8_K for
 //!   Q3_K/Q4_K/Q5_K/Q6_K), row by row, so its quantization does not depend
 //!   on the other rows;
 //! - SIMD and AMX kernels only compute integer sums, which are exact; every
