@@ -217,11 +217,13 @@ fn every_isa_matches_the_scalar_reference_bit_for_bit() {
 }
 
 #[test]
-fn odd_block_counts_and_every_row_split_match_the_scalar_reference() {
+fn block_counts_and_every_row_split_match_the_scalar_reference() {
     // Rows of 1, 3, 5 and 7 blocks (the AVX-512 Q4_0/Q5_0/Q8_0 kernels take
     // blocks in pairs; a lone last block takes the padded path), 9 and 19
     // (rows longer than the prefetch distance and than a kernel that
-    // unpacks a few blocks at a time would take at once), and every
+    // unpacks a few blocks at a time would take at once), 2, 16 and 32
+    // (the one-row Q3_K/Q6_K kernels step super-blocks in pairs; the
+    // Q4_1/Q5_1 kernels take whole groups of 8 or 16 blocks), and every
     // m from 1 to 19 (passes of up to 8 rows, then the remainder), with both
     // an exact-activation reference check and bit-exactness against scalar.
     for f in ALL_FORMATS {
@@ -230,7 +232,7 @@ fn odd_block_counts_and_every_row_split_match_the_scalar_reference() {
         } else {
             16
         };
-        for nblocks in [1, 3, 5, 7, 9, 19] {
+        for nblocks in [1, 2, 3, 5, 7, 9, 16, 19, 32] {
             let (rows, cols) = (11, unit * nblocks);
             let data = random_bytes_matrix(f, rows, cols, 21 + nblocks as u64);
             let w = QMatrix::new(f, rows, cols, &data).unwrap();

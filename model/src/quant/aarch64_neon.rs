@@ -11,8 +11,9 @@
 //! reference's, through the shared `combine` functions in the same order:
 //! - Q4_0/Q5_0/Q5_0x4/Q8_0: the 8 lanes of a block are two `dot4` vectors;
 //!   `acc[b % 4] += (dw·dx)·s` lane for lane, then [`combine::reduce_group`];
-//! - Q4_1/Q5_1: the same lanes of unsigned values, then
-//!   [`combine::group_min_block`]: `acc[b % 4] += (dw·dx)·s + mw·xs`;
+//! - Q4_1/Q5_1: the same `dot4` lanes of unsigned values, summed to one
+//!   exact `s` per block (`addv`), then [`combine::min_block_step`]:
+//!   `acc[b % 16] += (dw·dx)·s + mw·xs`, and [`combine::reduce16`];
 //! - Q4_K/Q5_K/Q6_K/Q3_K: one exact i32 `S` (and `M`) per (activation row,
 //!   weight row, super-block), then [`combine::q4k_step`] (Q4_K, Q5_K) /
 //!   [`combine::q6k_step`] (Q6_K, Q3_K).
@@ -323,39 +324,23 @@ unsafe fn min_pass<D: Dot, const R: usize>(
 ) {
     // SAFETY: as in `group_pass`.
     unsafe {
-        let zero = vdupq_n_f32(0.0);
-        let mut acc = [[zero; 2 * GROUP_SETS]; R];
+        let mut acc = [[0f32; combine::MIN_LANES]; R];
         for b in 0..act.nb {
             let ([w0, w1], dw, mw) = unpack_min(format, wrow, b);
-            let mwv = vdupq_n_f32(mw);
-            let set = 2 * (b % GROUP_SETS);
+            let lane = b % combine::MIN_LANES;
             for (i, acc) in acc.iter_mut().enumerate() {
-                let xq = &act.row_qs(t0 + i)[b * QK..(b + 1) * QK];
-                let xs = &act.row_xs4(t0 + i)[b * 8..(b + 1) * 8];
-                let dwdx = vdupq_n_f32(dw * act.row_d(t0 + i)[b]);
+                let row = t0 + i;
+                let xq = &act.row_qs(row)[b * QK..(b + 1) * QK];
                 let z = vdupq_n_s32(0);
-                let s0 = D::dot4(z, w0, load_i8(xq));
-                let s1 = D::dot4(z, w1, load_i8(&xq[16..]));
-                // combine::group_min_block, lane for lane.
-                let p0 = vaddq_f32(
-                    vmulq_f32(dwdx, vcvtq_f32_s32(s0)),
-                    vmulq_f32(mwv, vld1q_f32(xs.as_ptr())),
-                );
-                let p1 = vaddq_f32(
-                    vmulq_f32(dwdx, vcvtq_f32_s32(s1)),
-                    vmulq_f32(mwv, vld1q_f32(xs[4..].as_ptr())),
-                );
-                acc[set] = vaddq_f32(acc[set], p0);
-                acc[set + 1] = vaddq_f32(acc[set + 1], p1);
+                let lanes = D::dot4(D::dot4(z, w0, load_i8(xq)), w1, load_i8(&xq[16..]));
+                // The block's exact sum, then combine::min_block_step.
+                let s = vaddvq_s32(lanes);
+                let dwdx = dw * act.row_d(row)[b];
+                acc[lane] = combine::min_block_step(acc[lane], dwdx, s, mw, act.row_xs(row)[b]);
             }
         }
         for (o, acc) in out.iter_mut().zip(&acc) {
-            let mut a = [[0f32; 8]; GROUP_SETS];
-            for (s, a) in a.iter_mut().enumerate() {
-                vst1q_f32(a.as_mut_ptr(), acc[2 * s]);
-                vst1q_f32(a[4..].as_mut_ptr(), acc[2 * s + 1]);
-            }
-            *o = combine::reduce_group(&a);
+            *o = combine::reduce16(acc);
         }
     }
 }

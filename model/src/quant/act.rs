@@ -29,9 +29,8 @@ pub enum ActKind {
     Q8_0,
     /// Blocks of 256: `x ≈ d * q`, |q| ≤ 127, plus sums of each 16 `q`.
     Q8K,
-    /// [`ActKind::Q8_0`] plus, per 4 consecutive values, `d · Σ4 q` as f32
-    /// ([`Act::xs4`]; the offset term of Q4_1/Q5_1 weights, llama.cpp's
-    /// Q8_1 block sum at lane granularity).
+    /// [`ActKind::Q8_0`] plus, per block, `d · Σ32 q` as f32 ([`Act::xs`];
+    /// the offset term of Q4_1/Q5_1 weights, llama.cpp's Q8_1 block sum).
     Q8_1,
 }
 
@@ -51,9 +50,9 @@ pub struct Act<'x> {
     pub d: Vec<f32>,
     /// Q8K only: 16 sums of 16 values per block: `m * cols / 16`
     pub bsums: Vec<i16>,
-    /// Q8_1 only: `d_b · (Σ of 4 consecutive q as f32)` for each 4 values,
-    /// `m * cols / 4` (block b's 8 lanes at `(t·nb + b)·8`).
-    pub xs4: Vec<f32>,
+    /// Q8_1 only: per block, `d_b · (Σ of its 32 q, as f32)` (the integer
+    /// sum is exact, one rounding in the product), `m * nb`, indexed as `d`.
+    pub xs: Vec<f32>,
     /// Q8K only: the block scales transposed, `dt[sb * m + t] = d[t * nb + sb]`
     /// (the scales of all rows for one super-block, side by side).
     pub dt: Vec<f32>,
@@ -89,7 +88,7 @@ impl<'x> Act<'x> {
             qs: Vec::new(),
             d: Vec::new(),
             bsums: Vec::new(),
-            xs4: Vec::new(),
+            xs: Vec::new(),
             dt: Vec::new(),
             d8: Vec::new(),
             corr4: Vec::new(),
@@ -115,12 +114,11 @@ impl<'x> Act<'x> {
                     .zip(a.d.par_chunks_exact_mut(nb));
                 rows.with_min_len(min_rows).for_each(row);
                 if kind == ActKind::Q8_1 {
-                    a.xs4 = a
-                        .qs
-                        .chunks_exact(4)
-                        .enumerate()
-                        .map(|(i, c)| a.d[i / 8] * c.iter().map(|&v| v as i32).sum::<i32>() as f32)
-                        .collect();
+                    a.xs =
+                        a.qs.chunks_exact(QK)
+                            .zip(&a.d)
+                            .map(|(c, &d)| d * c.iter().map(|&v| v as i32).sum::<i32>() as f32)
+                            .collect();
                 }
             }
             ActKind::Q8K => {
@@ -143,17 +141,12 @@ impl<'x> Act<'x> {
     /// Build [`Act::d8`] and [`Act::corr4`] for kernels that multiply
     /// unsigned weights `w + off` (exact integer arithmetic).
     pub fn prepare_unsigned(&mut self, off: i32) {
-        self.prepare_d8();
+        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
         self.corr4 = self
             .qs
             .chunks_exact(4)
             .map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>())
             .collect();
-    }
-
-    /// Build [`Act::d8`] (every block scale repeated 8 times).
-    pub fn prepare_d8(&mut self) {
-        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
     }
 
     /// Build [`Act::bsum4`] from the 16-value sums (Q8K). Exact: a 32-value
@@ -194,10 +187,10 @@ impl<'x> Act<'x> {
         &self.bsums[t * n..(t + 1) * n]
     }
 
-    /// Per-4-value offset terms of row `t` (Q8_1).
+    /// Per-block offset terms of row `t` (Q8_1).
     #[inline(always)]
-    pub fn row_xs4(&self, t: usize) -> &[f32] {
-        &self.xs4[t * self.cols / 4..(t + 1) * self.cols / 4]
+    pub fn row_xs(&self, t: usize) -> &[f32] {
+        &self.xs[t * self.nb..(t + 1) * self.nb]
     }
 
     /// f32 values of row `t`.

@@ -22,17 +22,27 @@ pub fn group_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8]) {
     }
 }
 
-/// One block of 32 of an offset format (Q4_1/Q5_1 × Q8_1), lane-wise:
-/// `s[l] = Σ_{k<4} q[4l+k]·x[4l+k]` (exact integers, q unsigned),
-/// `dwdx = dw·dx`, `xs[l] = dx·Σ_{k<4} x[4l+k]` (the activation's
-/// [`super::act::Act::xs4`]), `mw` the block's offset:
-/// `acc[l] += dwdx·s[l] + mw·xs[l]`. Blocks go into the accumulator sets
-/// as in [`group_block`] and are reduced by [`reduce_group`].
+/// Lanes of the Q4_1/Q5_1 accumulator: block `b` of a row is stepped by
+/// [`min_block_step`] into lane `b % MIN_LANES`, and the lanes are summed
+/// by [`reduce16`] at the end.
+pub const MIN_LANES: usize = 16;
+const _: () = assert!(MIN_LANES == F_LANES, "reduce16 sums the Q4_1/Q5_1 lanes");
+
+/// One block of 32 of an offset format (Q4_1/Q5_1 × Q8_1): `s = Σ_{k<32}
+/// q_k·x_k` (one exact integer for the whole block, q unsigned), `dwdx =
+/// dw·dx`, `mw` the block's offset and `xs = dx·Σ_{k<32} x_k` (the
+/// activation's [`super::act::Act::xs`]). Returns `acc + ((dwdx·s) +
+/// mw·xs)`.
+///
+/// The unit is the whole block: a kernel may form `s` in any order (SIMD
+/// lanes reduced by a transposition tree, NEON `addv`, scalar), and steps
+/// 16 consecutive blocks as the lanes of one vector (lane `b % 16`).
+///
+/// i32 bound: |s| ≤ 32·31·127 = 125,984 (Q5_1 values ≤ 31, |x| ≤ 127),
+/// exact as f32.
 #[inline(always)]
-pub fn group_min_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8], mw: f32, xs: &[f32]) {
-    for l in 0..8 {
-        acc[l] += dwdx * s[l] as f32 + mw * xs[l];
-    }
+pub fn min_block_step(acc: f32, dwdx: f32, s: i32, mw: f32, xs: f32) -> f32 {
+    acc + (dwdx * s as f32 + mw * xs)
 }
 
 /// The result of the [`GROUP_SETS`] accumulator sets, in a fixed order:
@@ -86,7 +96,8 @@ pub fn q6k_step(acc: f32, dd: f32, s: i32) -> f32 {
 /// Lanes of the f32 dot product used for F32/F16/BF16 weights.
 pub const F_LANES: usize = 16;
 
-/// Sum of 16 lanes in a fixed order.
+/// Sum of 16 lanes in a fixed order (the F32/F16/BF16 dot and the
+/// Q4_1/Q5_1 accumulator).
 #[inline(always)]
 pub fn reduce16(a: &[f32; F_LANES]) -> f32 {
     let mut h = [0f32; 8];

@@ -12,7 +12,7 @@
 //! - each activation row is quantized once per call by code shared by all
 //!   paths (scalar, or AVX2 with the same bits)
 //!   ([`act`]: Q8_0 for Q4_0/Q5_0/Q5_0x4/Q8_0 weights, Q8_1 — Q8_0 plus
-//!   per-4-value offset terms — for Q4_1/Q5_1, Q8_K for
+//!   a per-block offset term — for Q4_1/Q5_1, Q8_K for
 //!   Q3_K/Q4_K/Q5_K/Q6_K), row by row, so its quantization does not depend
 //!   on the other rows;
 //! - SIMD and AMX kernels only compute integer sums, which are exact; every
@@ -29,10 +29,15 @@
 //!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
 //!     so consecutive blocks do not wait on one float add. (An AMX path for
 //!     these would first need a whole-block contract like the K-quants'.)
-//!   - Q4_1/Q5_1 (`d·q + m`): the same lanes and sets with unsigned `q`,
-//!     and the block offset entering lane for lane through the activation's
-//!     `xs[l] = dx·Σ4 x` (`combine::group_min_block`:
-//!     `acc[l] += (dw·dx)·s[l] + m·xs[l]`);
+//!   - Q4_1/Q5_1 (`d·q + m`, q unsigned): the unit is the **whole
+//!     block**: per (activation row, weight row, block) one exact i32
+//!     `s = Σ_{k<32} q·x`, then one float step (`combine::min_block_step`:
+//!     `acc[b % 16] += (dw·dx)·s + m·xs` with the activation's per-block
+//!     `xs = dx·Σ32 x`) into lane `b % 16` of a 16-lane accumulator, summed
+//!     by `combine::reduce16`. A kernel may form `s` any way it likes (the
+//!     SIMD ones reduce their lanes per 8 or 16 blocks with a transposition
+//!     tree) and steps 16 (AVX-512) or 8 (AVX2) consecutive blocks as the
+//!     lanes of one vector;
 //! - F32/F16/BF16 weights use one portable 16-lane f32 dot (separate
 //!   multiply and add per lane, `combine::reduce16`): F32/F16 through the
 //!   scalar code on every ISA, BF16 also as AVX2 and AVX-512 code with the
@@ -677,10 +682,6 @@ pub fn matmul_shared_with_isa(
             let mut act = Act::new(key.0, x, m, w.cols);
             if let Some(off) = key.1 {
                 act.prepare_unsigned(off);
-            }
-            // The AVX-512 Q4_1/Q5_1 kernels take two blocks' scales per vector.
-            if key.0 == ActKind::Q8_1 && matches!(isa, Isa::Avx512Vnni | Isa::Amx) {
-                act.prepare_d8();
             }
             #[cfg(target_arch = "x86_64")]
             if x86_avx2::needs_bsum4(isa, key.0, m) {

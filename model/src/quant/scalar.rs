@@ -201,8 +201,9 @@ pub fn row_group(
     }
 }
 
-/// Q4_1/Q5_1 row × activation rows `t0..t0+tn` (Q8_1), lane-wise as in
-/// [`combine::group_min_block`], block `b` into accumulator set `b % 4`.
+/// Q4_1/Q5_1 row × activation rows `t0..t0+tn` (Q8_1): per block one
+/// exact integer `s`, stepped by [`combine::min_block_step`] into lane
+/// `b % 16` of the row's accumulator, then [`combine::reduce16`].
 pub fn row_group_min(
     format: QuantFormat,
     wrow: &[u8],
@@ -211,24 +212,21 @@ pub fn row_group_min(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let nb = act.nb;
-    let mut acc = [[[0f32; 8]; GROUP_SETS]; TILE];
+    let mut acc = [[0f32; combine::MIN_LANES]; TILE];
     let mut w = [0u8; QK];
-    for b in 0..nb {
+    for b in 0..act.nb {
         let (dw, mw) = unpack_min_block(format, wrow, b, &mut w);
+        let lane = b % combine::MIN_LANES;
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = &act.row_qs(t0 + t)[b * QK..(b + 1) * QK];
-            let xs = &act.row_xs4(t0 + t)[b * 8..(b + 1) * 8];
-            let dx = act.row_d(t0 + t)[b];
-            let mut s = [0i32; 8];
-            for (l, s) in s.iter_mut().enumerate() {
-                *s = (4 * l..4 * l + 4).map(|k| w[k] as i32 * xq[k] as i32).sum();
-            }
-            combine::group_min_block(&mut acc[b % GROUP_SETS], dw * dx, &s, mw, xs);
+            let row = t0 + t;
+            let xq = &act.row_qs(row)[b * QK..(b + 1) * QK];
+            let s: i32 = w.iter().zip(xq).map(|(&w, &x)| w as i32 * x as i32).sum();
+            let dx = act.row_d(row)[b];
+            acc[lane] = combine::min_block_step(acc[lane], dw * dx, s, mw, act.row_xs(row)[b]);
         }
     }
     for t in 0..tn {
-        res[t] = combine::reduce_group(&acc[t]);
+        res[t] = combine::reduce16(&acc[t]);
     }
 }
 

@@ -26,8 +26,8 @@ use std::arch::x86_64::*;
 
 use super::act::{Act, ActKind};
 use super::blocks::{
-    cast, q3k_scale_words, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
-    BlockQ5_0x4, BlockQ6K, BlockQ8_0, QK, QK_K,
+    cast, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ5_0x4,
+    BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine::{self, GROUP_SETS};
 use super::Isa;
@@ -665,6 +665,10 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
     res: &mut [f32],
 ) {
     let mut acc = _mm_setzero_ps();
+    // R == 1: a scalar accumulator, and the exact sums of an unstepped
+    // super-block with its `d·dx`.
+    let mut acc1 = 0f32;
+    let mut pending: Option<(__m256i, f32)> = None;
     let (qs, bsums) = (act.qs.as_ptr(), act.bsums.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     for sb in 0..nb {
@@ -690,13 +694,33 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
             // SAFETY: 16 sums per super-block of row t0 + r < m.
             *sv = unsafe { k36_offset::<THREE>(*sv, bsums.add(((t0 + r) * nb + sb) * 16), sc16) };
         }
-        let s = hsum_rows(&sv);
-        // SAFETY: the caller's contract.
-        let dx = unsafe { group_scales(act, sb, t0, R) };
-        let dd = _mm_mul_ps(_mm_set1_ps(f16c(d)), dx);
-        acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
+        if R == 1 {
+            // SAFETY: row t0 < m, sb < nb.
+            let dd = f16c(d) * unsafe { *act.d.as_ptr().add(t0 * nb + sb) };
+            // Super-blocks in pairs: one horizontal sum for both exact
+            // sums, then the two float steps in super-block order.
+            match pending.take() {
+                None if sb + 1 < nb => pending = Some((sv[0], dd)),
+                None => acc1 = combine::q6k_step(acc1, dd, hsum2(sv[0], sv[0]).0),
+                Some((prev, prev_dd)) => {
+                    let (s_prev, s) = hsum2(prev, sv[0]);
+                    acc1 = combine::q6k_step(acc1, prev_dd, s_prev);
+                    acc1 = combine::q6k_step(acc1, dd, s);
+                }
+            }
+        } else {
+            let s = hsum_rows(&sv);
+            // SAFETY: the caller's contract.
+            let dx = unsafe { group_scales(act, sb, t0, R) };
+            let dd = _mm_mul_ps(_mm_set1_ps(f16c(d)), dx);
+            acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(s)));
+        }
     }
-    store_lanes(acc, &mut res[..R]);
+    if R == 1 {
+        res[0] = acc1;
+    } else {
+        store_lanes(acc, &mut res[..R]);
+    }
 }
 /// Sub-blocks 2c and 2c + 1 (c < 4) of a Q4_K super-block as bytes 0..16:
 /// elements 64c..64c+32 are the low nibbles of qs[32c..32c+32], elements
@@ -779,20 +803,42 @@ pub(super) fn k36_head<const THREE: bool>(wrow: &[u8], sb: usize) -> ([u8; 2], *
 }
 
 /// The 16 signed group scales of super-block `sb` as bytes: Q6_K's loaded,
-/// Q3_K's `sc − 32` built in registers from [`q3k_scale_words`] (storing
+/// Q3_K's `sc − 32` built in registers ([`q3k_scales_simd`]; storing
 /// them byte by byte and loading the 16 bytes back stalls store forwarding
 /// once per super-block).
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn k36_scales<const THREE: bool>(wrow: &[u8], sb: usize) -> __m128i {
     if THREE {
-        let w = q3k_scale_words(&cast::<BlockQ3K>(wrow)[sb].scales);
-        let v = _mm_setr_epi32(w[0] as i32, w[1] as i32, w[2] as i32, w[3] as i32);
-        _mm_sub_epi8(v, _mm_set1_epi8(32))
+        _mm_sub_epi8(
+            q3k_scales_simd(&cast::<BlockQ3K>(wrow)[sb].scales),
+            _mm_set1_epi8(32),
+        )
     } else {
         // SAFETY: 16 bytes from a [i8; 16].
         unsafe { _mm_loadu_si128(cast::<BlockQ6K>(wrow)[sb].scales.as_ptr().cast()) }
     }
+}
+
+/// The 16 unsigned 6-bit Q3_K scales of `q` (the bytes of
+/// [`super::blocks::q3k_scale_words`]) in registers: scale j < 8 has the low nibble of
+/// q[j], scale j ≥ 8 the high nibble of q[j − 8], and bits 4–5 are bits
+/// 2g..2g+2 of q[8 + j % 4] for g = j / 4 (a variable shift per dword).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3k_scales_simd(q: &[u8; 12]) -> __m128i {
+    // SAFETY: 8 bytes at the start of the 12-byte array.
+    let a = unsafe { _mm_loadl_epi64(q.as_ptr().cast()) };
+    let nibbles = _mm_and_si128(
+        _mm_unpacklo_epi64(a, _mm_srli_epi16::<4>(a)),
+        _mm_set1_epi8(0x0F),
+    );
+    let tmp = _mm_set1_epi32(i32::from_le_bytes([q[8], q[9], q[10], q[11]]));
+    let high = _mm_and_si128(
+        _mm_slli_epi32::<4>(_mm_srlv_epi32(tmp, _mm_setr_epi32(0, 2, 4, 6))),
+        _mm_set1_epi8(0x30),
+    );
+    _mm_or_si128(nibbles, high)
 }
 
 /// Chunks 4h..4h+4 (32 values each, element order) of super-block `sb`:

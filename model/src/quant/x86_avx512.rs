@@ -576,6 +576,8 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
 ) {
     let mut acc = _mm256_setzero_ps();
     let mut acc1 = 0f32;
+    // R == 1: the exact sums of an unstepped super-block and its `d·dx`.
+    let mut pending: Option<(__m256i, f32)> = None;
     let (qs, bsums, ds) = (act.qs.as_ptr(), act.bsums.as_ptr(), act.d.as_ptr());
     let (cols, nb) = (act.cols, act.nb);
     let lo4 = _mm512_set1_epi8(0xF);
@@ -640,10 +642,19 @@ unsafe fn k36_rows<const R: usize, const THREE: bool>(
             }
         }
         if R == 1 {
-            let (s, _) = hsum2(sv[0], sv[0]);
             // SAFETY: row t0 < m, sb < nb.
-            let dx = unsafe { *ds.add(t0 * nb + sb) };
-            acc1 = combine::q6k_step(acc1, d * dx, s);
+            let dd = d * unsafe { *ds.add(t0 * nb + sb) };
+            // Super-blocks in pairs: one horizontal sum for both exact
+            // sums, then the two float steps in super-block order.
+            match pending.take() {
+                None if sb + 1 < nb => pending = Some((sv[0], dd)),
+                None => acc1 = combine::q6k_step(acc1, dd, hsum2(sv[0], sv[0]).0),
+                Some((prev, prev_dd)) => {
+                    let (s_prev, s) = hsum2(prev, sv[0]);
+                    acc1 = combine::q6k_step(acc1, prev_dd, s_prev);
+                    acc1 = combine::q6k_step(acc1, dd, s);
+                }
+            }
         } else {
             let s = hsum_rows(&sv);
             // SAFETY: the caller's contract.

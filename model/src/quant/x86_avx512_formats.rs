@@ -3,10 +3,12 @@
 //!
 //! Same integer sums and float steps as the scalar reference:
 //! - Q4_1/Q5_1: two blocks per vector as `x86_avx512`'s Q4_0/Q5_0 kernels,
-//!   but the weights are unsigned already, so `vpdpbusd` from zero gives the
-//!   exact lanes `s`; then [`super::combine::group_min_block`] lane for
-//!   lane: `acc += (dw·dx)·s + mw·xs` (block `b` of the pair in accumulator
-//!   set `b % 4`);
+//!   but the weights are unsigned already, so `vpdpbusd` from zero gives
+//!   8 exact lanes per block; per 16 blocks a transposition tree reduces
+//!   them to one exact `s` per block (lane j = block `b + j`), and
+//!   [`super::combine::min_block_step`] runs for the 16 blocks as the lanes
+//!   of one vector: `acc += (dw·dx)·s + mw·xs`, with `dw`, `mw` of the 16
+//!   blocks from one gather (a block starts with `d`, `m`);
 //! - BF16: `scalar::row_float`'s 16 lanes in one vector, separate multiply
 //!   and add, [`combine::reduce16`].
 
@@ -15,12 +17,15 @@ use std::arch::x86_64::*;
 use super::act::Act;
 use super::blocks::{cast, BlockQ4_1, BlockQ5_1, QK};
 use super::combine;
-use super::x86_avx2::reduce8;
-use super::x86_avx512::{nibbles, scales, MAX_R};
+use super::x86_avx512::{nibbles, MAX_R};
 use super::{prefetch_ahead, QuantFormat, TILE};
 
-/// Q4_1/Q5_1 weight row × a tile of `tn` rows (Q8_1 with `Act::d8`), in
-/// passes of up to [`MAX_R`] rows.
+/// Activation rows per pass of the Q4_1/Q5_1 kernel (each row keeps a
+/// partial reduction tree of 16 blocks in registers).
+const MAX_R_MIN: usize = 4;
+
+/// Q4_1/Q5_1 weight row × a tile of `tn` rows (Q8_1), in passes of up to
+/// [`MAX_R_MIN`] rows.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, F16C; rows `t0..t0 + tn` exist in `act`.
@@ -33,133 +38,283 @@ pub(super) unsafe fn row_group_min(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(MAX_R, min_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
-}
-
-/// Unsigned values of blocks `b` and `b + 1` (the second only if `TWO`,
-/// else zeros), their scales `[dw_b ×8, dw_b+1 ×8]` and offsets
-/// `[mw_b ×8, mw_b+1 ×8]`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn unpack_min_pair<const TWO: bool>(
-    format: QuantFormat,
-    wrow: &[u8],
-    b: usize,
-) -> (__m512i, __m512, __m512) {
     if format == QuantFormat::Q4_1 {
-        let blk = cast::<BlockQ4_1>(wrow);
-        let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
-        (
-            nibbles(&a.qs, c.map(|c| &c.qs)),
-            scales(a.d, c.map(|c| c.d)),
-            scales(a.m, c.map(|c| c.m)),
-        )
+        passes!(MAX_R_MIN, min_rows_q4_1, format, wrow, act, t0, tn, res; 1 2 3; 4)
     } else {
-        let blk = cast::<BlockQ5_1>(wrow);
-        let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
-        let v = nibbles(&a.qs, c.map(|c| &c.qs));
-        let hbits = u32::from_le_bytes(a.qh) as u64
-            | (c.map_or(0, |c| u32::from_le_bytes(c.qh)) as u64) << 32;
-        let v = _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16));
-        (v, scales(a.d, c.map(|c| c.d)), scales(a.m, c.map(|c| c.m)))
+        passes!(MAX_R_MIN, min_rows_q5_1, format, wrow, act, t0, tn, res; 1 2 3; 4)
     }
 }
 
-/// Blocks `b`, `b + 1` (if `TWO`) × rows `t0..t0 + R` into `acc` (sets 0 | 1
-/// or sets 2 | 3 of each row).
+/// [`min_rows`] for Q4_1.
 ///
 /// # Safety
-/// Rows and blocks inside `act` / `wrow`, `Act::d8` built.
+/// As [`min_rows`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_pair<const R: usize, const TWO: bool>(
-    format: QuantFormat,
+unsafe fn min_rows_q4_1<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { min_rows::<R, false>(wrow, act, t0, res) }
+}
+
+/// [`min_rows`] for Q5_1.
+///
+/// # Safety
+/// As [`min_rows`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn min_rows_q5_1<const R: usize>(
+    _: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    res: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { min_rows::<R, true>(wrow, act, t0, res) }
+}
+
+/// Bytes of a Q4_1 (Q5_1 if `FIVE`) block.
+const fn min_block_bytes<const FIVE: bool>() -> usize {
+    if FIVE {
+        std::mem::size_of::<BlockQ5_1>()
+    } else {
+        std::mem::size_of::<BlockQ4_1>()
+    }
+}
+
+/// Unsigned values of blocks `b` and `b + 1` of a Q4_1 (Q5_1 if `FIVE`)
+/// row (the second only if `two`, else zeros), low nibbles then high
+/// nibbles of each (element order).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn unpack_min_pair<const FIVE: bool>(wrow: &[u8], b: usize, two: bool) -> __m512i {
+    if !FIVE {
+        let blk = cast::<BlockQ4_1>(wrow);
+        nibbles(&blk[b].qs, two.then(|| &blk[b + 1].qs))
+    } else {
+        let blk = cast::<BlockQ5_1>(wrow);
+        let (a, c) = (&blk[b], two.then(|| &blk[b + 1]));
+        let v = nibbles(&a.qs, c.map(|c| &c.qs));
+        let hbits = u32::from_le_bytes(a.qh) as u64
+            | (c.map_or(0, |c| u32::from_le_bytes(c.qh)) as u64) << 32;
+        _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16))
+    }
+}
+
+/// The exact lanes of blocks `b`, `b + 1` × rows `t0..t0 + R`: per row,
+/// lanes 0..8 of block `b` (4 products each) and lanes 8..16 of `b + 1`.
+/// Only the first `n` (≤ 2) blocks are read; the others are zeros.
+///
+/// # Safety
+/// Rows `t0..t0 + R` exist in `act`; blocks `b..b + min(n, 2)` exist.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_lanes<const R: usize, const FIVE: bool>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
     b: usize,
+    n: usize,
+) -> [__m512i; R] {
+    let z = _mm512_setzero_si512();
+    if n == 0 {
+        return [z; R];
+    }
+    let two = n > 1;
+    let u = unpack_min_pair::<FIVE>(wrow, b, two);
+    let cols = act.cols;
+    std::array::from_fn(|r| {
+        // SAFETY: row t0 + r < m and block b (and b + 1 if `two`) < nb:
+        // the 64 (32) bytes read are inside the row's values.
+        let x = unsafe {
+            let xp = act.qs.as_ptr().add((t0 + r) * cols + b * QK);
+            if two {
+                _mm512_loadu_si512(xp.cast())
+            } else {
+                _mm512_zextsi256_si512(_mm256_loadu_si256(xp.cast()))
+            }
+        };
+        _mm512_dpbusd_epi32(z, u, x)
+    })
+}
+
+/// First level of the block reduction: per 128-bit quarter,
+/// `[a0+a2, b0+b2, a1+a3, b1+b3]` (exact).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold32(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+}
+
+/// Second level: per 128-bit quarter, `[Σa, Σb, Σc, Σd]` of that quarter
+/// of the four vectors folded into `ab` and `cd` by [`fold32`] (exact).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold64(ab: __m512i, cd: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd))
+}
+
+/// Blocks `b..b + 8` (4 pairs; only the first `n` read, the others zeros)
+/// × rows: per row, quarter q of the result holds, in lane i, the sum of
+/// quarter q of pair i's lanes.
+///
+/// # Safety
+/// Rows `t0..t0 + R` exist in `act`; blocks `b..b + min(n, 8)` exist.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quad_lanes<const R: usize, const FIVE: bool>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    b: usize,
+    n: usize,
+) -> [__m512i; R] {
+    let left = |i: usize| n.saturating_sub(2 * i).min(2);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let p0 = pair_lanes::<R, FIVE>(wrow, act, t0, b, left(0));
+        let p1 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 2, left(1));
+        let f01: [__m512i; R] = std::array::from_fn(|r| fold32(p0[r], p1[r]));
+        let p2 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 4, left(2));
+        let p3 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 6, left(3));
+        std::array::from_fn(|r| fold64(f01[r], fold32(p2[r], p3[r])))
+    }
+}
+
+/// The 16 per-block sums of blocks `b..b + 16` of a row from the two
+/// [`quad_lanes`] of blocks `b..b + 8` and `b + 8..b + 16`: lane j = the
+/// exact `s` of block `b + j`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block_sums(lo: __m512i, hi: __m512i) -> __m512i {
+    // Quarters [lo.0 + lo.1, lo.2 + lo.3, hi.0 + hi.1, hi.2 + hi.3]: blocks
+    // 0 2 4 6 | 1 3 5 7 | 8 10 12 14 | 9 11 13 15.
+    let s = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(lo, hi),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(lo, hi),
+    );
+    let order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    _mm512_permutexvar_epi32(order, s)
+}
+
+/// The scales and offsets `(dw, mw)` of the blocks `b + j` for the lanes j
+/// of `k` (the other lanes: zeros), f16 → f32 with F16C (exact, as the
+/// scalar path). A Q4_1/Q5_1 block starts with `d` then `m`, 4 bytes that
+/// one gather lane reads.
+///
+/// # Safety
+/// The blocks of the lanes of `k` exist in `wrow`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn block_scales<const FIVE: bool>(wrow: &[u8], b: usize, k: __mmask16) -> (__m512, __m512) {
+    let bsz = min_block_bytes::<FIVE>() as i32;
+    let offs = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(bsz),
+    );
+    // SAFETY: the lanes of `k` read 4 bytes at the start of their block.
+    let g = unsafe {
+        _mm512_mask_i32gather_epi32::<1>(
+            _mm512_setzero_si512(),
+            k,
+            offs,
+            wrow.as_ptr().add(b * bsz as usize).cast(),
+        )
+    };
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g)));
+    (d, m)
+}
+
+/// Blocks `b..b + n` (n ≤ 16; `FULL`: 16) × rows `t0..t0 + R`: the exact
+/// sum of every block and row (one vector per row, lane j = block `b + j`),
+/// then [`combine::min_block_step`] for the blocks as the lanes of one
+/// vector: `acc[j] += (dw·dx)·s + mw·xs` (lanes from `n` on unchanged).
+///
+/// # Safety
+/// Rows `t0..t0 + R` exist in `act`; blocks `b..b + n` exist.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn min_group<const R: usize, const FIVE: bool, const FULL: bool>(
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    b: usize,
+    n: usize,
     acc: &mut [__m512; R],
 ) {
-    let (nb, cols) = (act.nb, act.cols);
-    let (u, dw, mw) = unpack_min_pair::<TWO>(format, wrow, b);
-    let (qs, d8, xs4) = (act.qs.as_ptr(), act.d8.as_ptr(), act.xs4.as_ptr());
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let row = t0 + r;
-        // SAFETY: row < m, blocks b (and b + 1) < nb: reads inside qs
-        // (m·cols), d8 and xs4 (m·nb·8 each).
-        unsafe {
-            let xp = qs.add(row * cols + b * QK);
-            let dp = d8.add((row * nb + b) * 8);
-            let sp = xs4.add((row * nb + b) * 8);
-            let (x, dx, xs) = if TWO {
+    let nb = act.nb;
+    let n = if FULL { combine::MIN_LANES } else { n };
+    let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
+    // SAFETY (all calls): blocks b..b + n exist; the caller's contract.
+    unsafe {
+        let lo = quad_lanes::<R, FIVE>(wrow, act, t0, b, n);
+        let hi = quad_lanes::<R, FIVE>(wrow, act, t0, b + 8, n.saturating_sub(8));
+        let (dw, mw) = block_scales::<FIVE>(wrow, b, k);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let at = (t0 + r) * nb + b;
+            let (dx, xs) = if FULL {
                 (
-                    _mm512_loadu_si512(xp.cast()),
-                    _mm512_loadu_ps(dp),
-                    _mm512_loadu_ps(sp),
+                    _mm512_loadu_ps(act.d.as_ptr().add(at)),
+                    _mm512_loadu_ps(act.xs.as_ptr().add(at)),
                 )
             } else {
                 (
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp.cast())),
-                    _mm512_zextps256_ps512(_mm256_loadu_ps(dp)),
-                    _mm512_zextps256_ps512(_mm256_loadu_ps(sp)),
+                    _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at)),
+                    _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at)),
                 )
             };
-            let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
+            let s = _mm512_cvtepi32_ps(block_sums(lo[r], hi[r]));
             let p = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(s)),
+                _mm512_mul_ps(_mm512_mul_ps(dw, dx), s),
                 _mm512_mul_ps(mw, xs),
             );
-            *acc = _mm512_add_ps(*acc, p);
+            *acc = _mm512_mask_add_ps(*acc, k, *acc, p);
         }
     }
 }
 
-/// Q4_1/Q5_1 weight row × activation rows `t0..t0 + R`: blocks in pairs,
-/// pairs alternating between the two accumulators of each row (as
-/// `x86_avx512::group_rows`).
+/// Q4_1 (Q5_1 if `FIVE`) weight row × activation rows `t0..t0 + R`: per 16
+/// blocks [`min_group`] (block `b` in lane `b % 16`), then
+/// [`combine::reduce16`].
 ///
 /// # Safety
-/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (Q8_1 with
-/// `Act::d8`) and `wrow` has `act.nb` blocks.
+/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (Q8_1) and
+/// `wrow` has `act.nb` blocks.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_rows<const R: usize>(
-    format: QuantFormat,
+unsafe fn min_rows<const R: usize, const FIVE: bool>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
     res: &mut [f32],
 ) {
     let nb = act.nb;
-    // a0: sets 0 | 1 (low | high 8 lanes), a1: sets 2 | 3.
-    let mut a0 = [_mm512_setzero_ps(); R];
-    let mut a1 = [_mm512_setzero_ps(); R];
+    let mut acc = [_mm512_setzero_ps(); R];
+    let bsz = min_block_bytes::<FIVE>();
     let mut b = 0;
-    let bsz = format.block_bytes();
-    // SAFETY (all calls): the blocks named are < nb; the caller's contract.
+    // SAFETY (all calls): blocks inside `nb`; the caller's contract.
     unsafe {
-        while b + 4 <= nb {
-            prefetch_ahead::<2>(wrow.as_ptr().wrapping_add(b * bsz));
-            min_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
-            min_pair::<R, true>(format, wrow, act, t0, b + 2, &mut a1);
-            b += 4;
+        while b + combine::MIN_LANES <= nb {
+            prefetch_ahead::<6>(wrow.as_ptr().wrapping_add(b * bsz));
+            min_group::<R, FIVE, true>(wrow, act, t0, b, 0, &mut acc);
+            b += combine::MIN_LANES;
         }
-        match nb - b {
-            1 => min_pair::<R, false>(format, wrow, act, t0, b, &mut a0),
-            2 => min_pair::<R, true>(format, wrow, act, t0, b, &mut a0),
-            3 => {
-                min_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
-                min_pair::<R, false>(format, wrow, act, t0, b + 2, &mut a1);
-            }
-            _ => {}
+        if b < nb {
+            min_group::<R, FIVE, false>(wrow, act, t0, b, nb - b, &mut acc);
         }
     }
-    for r in 0..R {
-        // combine::reduce_group: (set0 + set2) + (set1 + set3), then reduce8.
-        let v = _mm512_add_ps(a0[r], a1[r]);
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        res[r] = reduce8(_mm256_add_ps(lo, hi));
+    for (r, acc) in acc.iter().enumerate() {
+        let mut a = [0f32; combine::MIN_LANES];
+        // SAFETY: 16 floats into [f32; 16].
+        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *acc) };
+        res[r] = combine::reduce16(&a);
     }
 }
 
