@@ -39,12 +39,13 @@
 //!     tree) and steps 16 (AVX-512) or 8 (AVX2) consecutive blocks as the
 //!     lanes of one vector;
 //! - F32/F16/BF16 weights use one portable 16-lane f32 dot (separate
-//!   multiply and add per lane, `combine::reduce16`): F32/F16 through the
-//!   scalar code on every ISA, BF16 also as AVX2 and AVX-512 code with the
-//!   same lanes (the widening is exact).
+//!   multiply and add per lane, `combine::reduce16`): F32 through the
+//!   scalar code on every ISA, F16 and BF16 also as AVX2 and AVX-512 code
+//!   with the same lanes (the widening is exact: F16C's `vcvtph2ps`, a
+//!   shift for BF16).
 //!
 //! Which ISA has kernels for which format (the others run the scalar
-//! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32/F16
+//! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32
 //! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AMX — tiles for Q4_K/Q6_K
 //! from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every other format
 //! and row count delegates to the AVX-512 VNNI kernels; NEON and NEON
@@ -59,7 +60,7 @@
 //! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
-//! `x86_avx512_formats` hold the Q4_1/Q5_1 and BF16 kernels (issue 28,
+//! `x86_avx512_formats` hold the Q4_1/Q5_1 and F16/BF16 kernels (issue 28,
 //! docs/model-core.md "Formats").
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)

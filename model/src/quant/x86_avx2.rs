@@ -80,8 +80,8 @@ pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
         QuantFormat::Q6K => Some(row_q6k),
         QuantFormat::Q3K => Some(row_q3k),
         QuantFormat::Q4_1 | QuantFormat::Q5_1 => Some(super::x86_avx2_formats::row_group_min),
-        QuantFormat::BF16 => Some(super::x86_avx2_formats::row_bf16),
-        QuantFormat::F32 | QuantFormat::F16 => None,
+        QuantFormat::F16 | QuantFormat::BF16 => Some(super::x86_avx2_formats::row_half),
+        QuantFormat::F32 => None,
     }
 }
 

@@ -1,4 +1,4 @@
-//! AVX2 kernels of the offset formats Q4_1/Q5_1 and of BF16 weights (the
+//! AVX2 kernels of the offset formats Q4_1/Q5_1 and of F16/BF16 weights (the
 //! K-quants Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx2`).
 //!
 //! Same integer sums and the same float steps as the scalar reference:
@@ -8,9 +8,9 @@
 //!   `b + j`), then [`combine::min_block_step`] for the 8 blocks as lanes
 //!   (`acc += (dw·dx)·s + mw·xs`, block `b` in lane `b % 16` of two 8-lane
 //!   accumulators), reduced by [`combine::reduce16`];
-//! - BF16: the portable 16-lane f32 dot of `scalar::row_float` (separate
-//!   multiply and add per lane, [`combine::reduce16`]), the weights widened
-//!   exactly by a shift.
+//! - F16/BF16: the portable 16-lane f32 dot of `scalar::row_float`
+//!   (separate multiply and add per lane, [`combine::reduce16`]), the
+//!   weights widened exactly (F16C's `vcvtph2ps`; a shift for BF16).
 
 use std::arch::x86_64::*;
 
@@ -317,13 +317,13 @@ unsafe fn min_rows<const R: usize, const FIVE: bool>(
     }
 }
 
-/// BF16 weight row × a tile of `tn` f32 rows, in passes of up to
+/// F16 or BF16 weight row × a tile of `tn` f32 rows, in passes of up to
 /// [`MAX_R_FLOAT`] rows.
 ///
 /// # Safety
-/// AVX2; rows `t0..t0 + tn` exist in `act`.
+/// AVX2 and F16C; rows `t0..t0 + tn` exist in `act`.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn row_bf16(
+pub(super) unsafe fn row_half(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -331,32 +331,38 @@ pub(super) unsafe fn row_bf16(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(MAX_R_FLOAT, bf16_rows, format, wrow, act, t0, tn, res; 1 2 3; 4)
+    passes!(MAX_R_FLOAT, half_rows, format, wrow, act, t0, tn, res; 1 2 3; 4)
 }
 
-/// 8 bf16 at `p` widened to f32 (exact: a 16-bit shift).
+/// 8 half-precision values at `p` widened to f32, exactly: F16 by F16C's
+/// `vcvtph2ps` (every f16, subnormals included, is an f32), BF16 by a
+/// 16-bit shift.
 ///
 /// # Safety
-/// 16 readable bytes at `p`.
+/// AVX2 and F16C; 16 readable bytes at `p`.
 #[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn widen8(p: *const u8) -> __m256 {
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen8(f16: bool, p: *const u8) -> __m256 {
     // SAFETY: the caller's contract.
     let h = unsafe { _mm_loadu_si128(p.cast()) };
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    if f16 {
+        _mm256_cvtph_ps(h)
+    } else {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
 }
 
-/// BF16 weight row × f32 rows `t0..t0 + R`: lanes 0..8 and 8..16 of each
-/// 16-element chunk in two accumulators (`scalar::row_float`'s lanes), the
-/// last partial chunk lane by lane as the scalar code does, then
+/// F16 or BF16 weight row × f32 rows `t0..t0 + R`: lanes 0..8 and 8..16 of
+/// each 16-element chunk in two accumulators (`scalar::row_float`'s lanes),
+/// the last partial chunk lane by lane as the scalar code does, then
 /// [`combine::reduce16`].
 ///
 /// # Safety
 /// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn bf16_rows<const R: usize>(
-    _: QuantFormat,
+unsafe fn half_rows<const R: usize>(
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -366,11 +372,12 @@ unsafe fn bf16_rows<const R: usize>(
     let full = cols / combine::F_LANES;
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let wp = wrow.as_ptr();
+    let f16 = format == QuantFormat::F16;
     for c in 0..full {
         let e = c * combine::F_LANES;
         prefetch_ahead::<1>(wp.wrapping_add(2 * e));
         // SAFETY: elements e..e + 16 ≤ cols of the row (2 bytes each).
-        let (w0, w1) = unsafe { (widen8(wp.add(2 * e)), widen8(wp.add(2 * e + 16))) };
+        let (w0, w1) = unsafe { (widen8(f16, wp.add(2 * e)), widen8(f16, wp.add(2 * e + 16))) };
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: row t0 + r < m: 16 floats inside its cols.
             unsafe {
@@ -390,7 +397,7 @@ unsafe fn bf16_rows<const R: usize>(
         }
         let x = &act.row_x(t0 + r)[e..];
         for (k, (w, x)) in wrow[2 * e..].chunks_exact(2).zip(x).enumerate() {
-            a[k] += super::scalar::widen(QuantFormat::BF16, w) * x;
+            a[k] += super::scalar::widen(format, w) * x;
         }
         res[r] = combine::reduce16(&a);
     }

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels of the offset formats Q4_1/Q5_1 and of BF16 weights
+//! AVX-512 VNNI kernels of the offset formats Q4_1/Q5_1 and of F16/BF16 weights
 //! (the K-quants Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx512`).
 //!
 //! Same integer sums and float steps as the scalar reference:
@@ -9,8 +9,8 @@
 //!   [`super::combine::min_block_step`] runs for the 16 blocks as the lanes
 //!   of one vector: `acc += (dw·dx)·s + mw·xs`, with `dw`, `mw` of the 16
 //!   blocks from one gather (a block starts with `d`, `m`);
-//! - BF16: `scalar::row_float`'s 16 lanes in one vector, separate multiply
-//!   and add, [`combine::reduce16`].
+//! - F16/BF16: `scalar::row_float`'s 16 lanes in one vector (weights
+//!   widened exactly), separate multiply and add, [`combine::reduce16`].
 
 use std::arch::x86_64::*;
 
@@ -318,13 +318,13 @@ unsafe fn min_rows<const R: usize, const FIVE: bool>(
     }
 }
 
-/// BF16 weight row × a tile of `tn` f32 rows, in passes of up to [`MAX_R`]
-/// rows (one 16-lane accumulator each).
+/// F16 or BF16 weight row × a tile of `tn` f32 rows, in passes of up to
+/// [`MAX_R`] rows (one 16-lane accumulator each).
 ///
 /// # Safety
 /// AVX-512 F/BW; rows `t0..t0 + tn` exist in `act`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn row_bf16(
+pub(super) unsafe fn row_half(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -332,18 +332,19 @@ pub(super) unsafe fn row_bf16(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(MAX_R, bf16_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
+    passes!(MAX_R, half_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
-/// BF16 weight row × f32 rows `t0..t0 + R`: `scalar::row_float`'s 16 lanes,
-/// the last partial chunk lane by lane, then [`combine::reduce16`].
+/// F16 or BF16 weight row × f32 rows `t0..t0 + R`: `scalar::row_float`'s
+/// 16 lanes, the last partial chunk lane by lane, then
+/// [`combine::reduce16`].
 ///
 /// # Safety
 /// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn bf16_rows<const R: usize>(
-    _: QuantFormat,
+unsafe fn half_rows<const R: usize>(
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -353,14 +354,20 @@ unsafe fn bf16_rows<const R: usize>(
     let full = cols / combine::F_LANES;
     let mut acc = [_mm512_setzero_ps(); R];
     let wp = wrow.as_ptr();
+    let f16 = format == QuantFormat::F16;
     for c in 0..full {
         let e = c * combine::F_LANES;
         prefetch_ahead::<1>(wp.wrapping_add(2 * e));
-        // SAFETY: elements e..e + 16 ≤ cols of the row (2 bytes each);
-        // bf16 → f32 is a 16-bit shift (exact).
+        // SAFETY: elements e..e + 16 ≤ cols of the row (2 bytes each).
+        // Both widenings are exact: f16 → f32 by `vcvtph2ps`, bf16 → f32 a
+        // 16-bit shift.
         let w = unsafe {
             let h = _mm256_loadu_si256(wp.add(2 * e).cast());
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            if f16 {
+                _mm512_cvtph_ps(h)
+            } else {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
         };
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: row t0 + r < m: 16 floats inside its cols.
@@ -375,7 +382,7 @@ unsafe fn bf16_rows<const R: usize>(
         unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *acc) };
         let x = &act.row_x(t0 + r)[e..];
         for (k, (w, x)) in wrow[2 * e..].chunks_exact(2).zip(x).enumerate() {
-            a[k] += super::scalar::widen(QuantFormat::BF16, w) * x;
+            a[k] += super::scalar::widen(format, w) * x;
         }
         res[r] = combine::reduce16(&a);
     }
