@@ -8,7 +8,7 @@ Usage: scripts/parallel-latency.py HOST:PORT [LONG_TOKENS=192] [SHORT_TOKENS=16]
    completion is sent; both are timed to their last byte.
 Prints one JSON line: short_alone_s, short_during_long_s, long_s, and each
 answer's tandem.slot / queue_wait_ms. Greedy with ignore_eos, so every run does
-the same work. Standard library only. docs/api.md, "Parallel requests: measured".
+the same work. Standard library only. docs/api.md, "Concurrency, queue, cancellation".
 """
 
 import http.client
