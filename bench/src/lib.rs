@@ -63,6 +63,11 @@ pub(crate) fn load_prompt_set(
 }
 /// The editing prompt set (code or text to change, carried in the prompt).
 const EDITING_PROMPTS: &str = include_str!("../../prompts/editing.jsonl");
+
+/// The built-in fill-in-the-middle set (`--prompts fim`): five code files
+/// with a hole, each line a prefix (`prompt`) and a `suffix`, encoded in the
+/// model's FIM format (docs/benchmarks.md, "Fill in the middle").
+const FIM_PROMPTS: &str = include_str!("../../prompts/fim.jsonl");
 /// The llama.cpp measurement script, built in and run with `python3 -c`.
 const LLAMA_CPP_SCRIPT: &str = include_str!("../../scripts/llama_cpp_bench.py");
 /// Verify block sizes of the cost curve (k = 1 is the reference). 24, 40 and 64
@@ -181,8 +186,10 @@ pub struct Args {
     draft_kv: Vec<KvPrecision>,
     /// Prompt sets of the speculative comparison, comma-separated, one table
     /// each: `default` (the built-in general set, prompts/default.jsonl),
-    /// `editing` (the built-in editing set, prompts/editing.jsonl), or a file
-    /// of JSON lines with id, kind, prompt, max_tokens.
+    /// `editing` (the built-in editing set, prompts/editing.jsonl), `fim`
+    /// (fill in the middle, prompts/fim.jsonl), or a file of JSON lines with
+    /// id, kind, prompt, max_tokens and optionally suffix (a fill-in-the-middle
+    /// case: the prompt is the prefix, in the model's FIM format).
     #[arg(long, value_delimiter = ',', default_values = ["default"])]
     prompts: Vec<String>,
     /// Python interpreter for the llama.cpp column.
@@ -286,9 +293,10 @@ impl Args {
             let cases = match name.as_str() {
                 "default" => worker::parse_prompts(DEFAULT_PROMPTS)?,
                 "editing" => worker::parse_prompts(EDITING_PROMPTS)?,
+                "fim" => worker::parse_prompts(FIM_PROMPTS)?,
                 file => {
                     let text = std::fs::read_to_string(file).with_context(|| {
-                        format!("reading prompt set {file} (built in: default, editing)")
+                        format!("reading prompt set {file} (built in: default, editing, fim)")
                     })?;
                     worker::parse_prompts(&text)
                         .with_context(|| format!("parsing prompt set {file}"))?

@@ -342,6 +342,21 @@ pub struct PromptCase {
     pub kind: String,
     pub prompt: String,
     pub max_tokens: usize,
+    /// Fill in the middle: `prompt` is the prefix, this the suffix, and the
+    /// case is encoded in the model's FIM format (no chat template).
+    #[serde(default)]
+    pub suffix: Option<String>,
+}
+
+impl PromptCase {
+    /// The case's prompt tokens: the chat template over one user message,
+    /// or the FIM prompt when the case has a suffix.
+    pub fn encode(&self, tok: &Tokenizer) -> tandem_model::Result<Vec<u32>> {
+        match &self.suffix {
+            Some(s) => tok.encode_fim(&self.prompt, s),
+            None => tok.encode_chat(&[ChatMessage::user(self.prompt.as_str())], true),
+        }
+    }
 }
 
 pub fn parse_prompts(text: &str) -> Result<Vec<PromptCase>> {
@@ -403,7 +418,7 @@ pub fn speculative(
     let encoded: Vec<Vec<u32>> = plan
         .prompts
         .iter()
-        .map(|p| tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true))
+        .map(|p| p.encode(&tok))
         .collect::<std::result::Result<_, _>>()
         .context("tokenizing the prompt set")?;
     // Warm-up: touch both models' weights once.

@@ -3,7 +3,9 @@
 //! the target behind `--verifier` (or nothing: every answer local), the
 //! privacy router in front, the admin API under `/admin` when an admin token
 //! is given. Prints `serving http://ADDR model=ID` as its first stdout line,
-//! then serves until Ctrl-C. Reference: docs/api.md.
+//! then serves until Ctrl-C (which cancels what runs) or SIGTERM (which lets
+//! the admitted requests finish first; a second signal cancels them).
+//! Reference: docs/api.md.
 
 use crate::generate_args::RemoteArgs;
 use anyhow::{Context, Result};
@@ -47,9 +49,14 @@ pub struct Args {
     /// The model id clients name in their requests.
     #[arg(long, default_value = "tandem")]
     pub model_name: String,
-    /// Requests that may wait while one generates; one more gets 429.
-    #[arg(long, default_value_t = 8)]
+    /// Requests that may wait while every slot generates; one more gets 429
+    /// (with Retry-After).
+    #[arg(long, visible_alias = "queue", default_value_t = 8)]
     pub queue_depth: usize,
+    /// Generations that may run at once (slots). Each has its own draft KV
+    /// and verifier session; the draft weights are shared.
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
     /// Largest max_tokens a request may ask for.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
@@ -84,6 +91,13 @@ pub struct Args {
     /// --policy file hot reload. Without it /admin answers 403.
     #[arg(long)]
     pub admin_token_env: Option<String>,
+    /// Refuse unknown request fields with a 400 naming them (OpenAI's
+    /// behaviour). Without it they are ignored, as vLLM and llama.cpp do, and
+    /// named in the `x-tandem-ignored-fields` response header. Fields Tandem
+    /// knows but does not implement (`tools`, `logprobs`, …) are a 400 either
+    /// way.
+    #[arg(long)]
+    pub strict_api: bool,
     /// How often the --policy file is re-read for hot reload (ms).
     #[arg(long, default_value_t = 500)]
     pub policy_poll_ms: u64,
@@ -145,9 +159,11 @@ pub fn run(args: Args) -> Result<()> {
         api_key,
         model_id: args.model_name.clone(),
         queue_depth: args.queue_depth,
+        parallel: args.parallel,
         max_tokens_limit: args.max_tokens_limit,
         default_max_tokens: args.default_max_tokens,
         routed,
+        strict_api: args.strict_api,
         admin: admin_token.map(|token| AdminConfig {
             token,
             policy_file: args.remote.policy.clone(),
@@ -172,8 +188,10 @@ pub fn run(args: Args) -> Result<()> {
             out.flush()?;
         }
         eprintln!(
-            "tandem serve-edge: OpenAI-compatible API on http://{}/v1 ({}; {}); Ctrl-C stops",
+            "tandem serve-edge: OpenAI-compatible API on http://{}/v1 ({} generation slots; {}; {}); \
+             Ctrl-C stops, SIGTERM drains",
             server.addr,
+            args.parallel,
             if routed {
                 "privacy router on"
             } else {
@@ -185,13 +203,50 @@ pub fn run(args: Args) -> Result<()> {
                 "admin API off"
             }
         );
-        server
-            .run_until(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await;
+        let mut term = terminate_signal()?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => server.shutdown().await,
+            _ = term.recv() => {
+                eprintln!(
+                    "tandem serve-edge: SIGTERM: no new connections; finishing the admitted \
+                     requests (a second signal cancels them)"
+                );
+                server
+                    .drain(async {
+                        tokio::select! {
+                            _ = tokio::signal::ctrl_c() => {}
+                            _ = term.recv() => {}
+                        }
+                    })
+                    .await;
+                eprintln!("tandem serve-edge: drained");
+            }
+        }
         anyhow::Ok(())
     })
+}
+
+/// SIGTERM (what service managers and Kubernetes send to stop a server).
+#[cfg(unix)]
+fn terminate_signal() -> Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")
+}
+
+/// No SIGTERM off Unix: a signal that never comes.
+#[cfg(not(unix))]
+fn terminate_signal() -> Result<NeverSignal> {
+    Ok(NeverSignal)
+}
+
+#[cfg(not(unix))]
+struct NeverSignal;
+
+#[cfg(not(unix))]
+impl NeverSignal {
+    async fn recv(&mut self) -> Option<()> {
+        std::future::pending().await
+    }
 }
 
 /// The secret in the environment variable `var` names (trimmed; at least 16

@@ -274,11 +274,31 @@ fn the_openai_python_client_accepts_serve_edge() {
             }
         })
         .collect();
-    let want = target_greedy_chat(&history, 16);
+    let (tok, target) = real_target();
+    let want = target_greedy(&tok, &target, &tok.encode_chat(&history, true).unwrap(), 16);
     assert_eq!(
         turn2["token_ids"],
         serde_json::json!(want),
         "turn 2 differs from the target's own greedy output: {turn2}"
+    );
+    // Fill in the middle (`suffix`): the target's own greedy middle for the
+    // Qwen FIM prompt.
+    let fim = &report["fim"];
+    let fim_prompt = tok
+        .encode_fim(
+            fim["prefix"].as_str().unwrap(),
+            fim["suffix"].as_str().unwrap(),
+        )
+        .unwrap();
+    let want_fim = target_greedy(&tok, &target, &fim_prompt, 8);
+    assert_eq!(fim["token_ids"], serde_json::json!(want_fim), "FIM: {fim}");
+    assert!(
+        fim["token_status"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s == "verified"),
+        "{fim}"
     );
     let st = &turn2["stats"];
     assert!(st["draft_reused_tokens"].as_u64().unwrap() > 10, "{st}");
@@ -338,19 +358,21 @@ fn the_openai_python_client_accepts_serve_edge() {
         .all(|s| s == "local"));
 
     // Admin API: token required; serve stats count the requests above
-    // (chat, stream, stream with stop, turn 2, completion, the local chat).
+    // (chat, stream, stream with stop, turn 2, completion, FIM, the two
+    // parallel ones, the local chat).
     let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
     assert_eq!(code, 401);
     let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats["completed"], 6, "{stats}");
+    assert_eq!(stats["completed"], 9, "{stats}");
+    assert_eq!(stats["parallel"], 2, "{stats}");
     let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let r: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (r["local"].as_u64(), r["speculative"].as_u64()),
-        (Some(1), Some(5)),
+        (Some(1), Some(8)),
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.
@@ -358,7 +380,7 @@ fn the_openai_python_client_accepts_serve_edge() {
     assert_eq!(code, 400, "{body}");
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
-    drop(server);
+    sigterm_drains(server, &addr);
 
     // --split 14: the device runs the target's layers [0, 14) itself and
     // ships hidden states (f32: exact); still the target's greedy tokens.
@@ -395,19 +417,65 @@ fn the_openai_python_client_accepts_serve_edge() {
     eprintln!("serve_edge_openai: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
-/// The real target's greedy token ids for a conversation (chat template,
-/// assistant turn opened), stopping at the end of the turn.
-fn target_greedy_chat(messages: &[ChatMessage], n: usize) -> Vec<u32> {
+/// SIGTERM while a streamed chat runs: the stream still ends with every
+/// token and `[DONE]`, then the server exits 0 saying it drained.
+fn sigterm_drains(mut server: Server, addr: &str) {
+    let body = serde_json::json!({"model": "tandem", "max_tokens": 4, "temperature": 0,
+        "stream": true, "messages": [{"role": "user", "content": PROMPT}]})
+    .to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    // The first event (the route) is sent once the generation started.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before it started");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let pid = server.0.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    s.read_to_end(&mut seen).unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("data: [DONE]"), "{text}");
+    let ids: usize = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["tandem"]["token_ids"].as_array().map(Vec::len))
+        .sum();
+    assert!(ids > 0, "{text}");
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "serve-edge after SIGTERM: {status}");
+}
+
+/// The real target model and its tokenizer.
+fn real_target() -> (Tokenizer, Model) {
     let path = tandem_fetch::model_path(tandem_fetch::ModelRole::Target);
     let model = Model::load(path, LoadOptions::with_max_seq_len(1024)).unwrap();
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
-    let ids = tok.encode_chat(messages, true).unwrap();
+    (tok, model)
+}
+
+/// The real target's greedy token ids for `ids` (at most `n`), stopping at
+/// an end-of-generation token.
+fn target_greedy(tok: &Tokenizer, model: &Model, ids: &[u32], n: usize) -> Vec<u32> {
     let cfg = GenerateConfig {
         max_tokens: n,
         stop_tokens: tok.chat_stop_tokens(),
         ..GenerateConfig::default()
     };
-    generate_single(&model, &ids, &cfg, &mut |_| true)
+    generate_single(model, ids, &cfg, &mut |_| true)
         .unwrap()
         .tokens
 }

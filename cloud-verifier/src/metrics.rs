@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
+use tandem_stats::prometheus::{label_value, scalar, Histogram};
 
 /// Upper bounds (seconds) of the verify latency histogram buckets.
 const BUCKETS: [f64; 12] = [
@@ -14,49 +15,6 @@ const BUCKETS: [f64; 12] = [
 const ROW_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0];
 /// Upper bounds (seconds) of the queue-wait histogram buckets.
 const WAIT_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
-
-/// A Prometheus histogram with fixed buckets.
-#[derive(Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    fn observe(&mut self, v: f64) {
-        for (c, b) in self.counts.iter_mut().zip(self.bounds) {
-            if v <= *b {
-                *c += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-
-    fn render(&self, o: &mut String, name: &str, help: &str) {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(o, "{name}_bucket{{le=\"{b}\"}} {c}");
-        }
-        let _ = writeln!(
-            o,
-            "{name}_bucket{{le=\"+Inf\"}} {c}\n{name}_sum {}\n{name}_count {c}",
-            self.sum,
-            c = self.count
-        );
-    }
-}
 
 /// What the store and the KV pool say at render time.
 #[derive(Debug, Default, Clone)]
@@ -246,19 +204,4 @@ impl ContinuationOutcome {
             Self::Refused => "refused",
         }
     }
-}
-
-/// One unlabelled metric: its HELP and TYPE lines and its value.
-fn scalar(o: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
-    let _ = writeln!(
-        o,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-    );
-}
-
-/// A Prometheus label value: backslash, quote and newline escaped.
-fn label_value(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde_json::{json, Value};
 use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
@@ -44,6 +45,8 @@ struct Fixture {
     draft: Arc<Model>,
     target: Arc<Model>,
     tok: Tokenizer,
+    /// The same vocabulary without fill-in-the-middle tokens.
+    no_fim: Tokenizer,
     rt: tokio::runtime::Runtime,
 }
 
@@ -53,9 +56,19 @@ fn fixture() -> Fixture {
         dir.path().join("target.gguf"),
         dir.path().join("draft.gguf"),
     );
-    // The target carries the tokenizer (tandem_model::testing's tiny BPE).
+    // The target carries the tokenizer (tandem_model::testing's tiny BPE),
+    // with fill-in-the-middle tokens named in its metadata (three ids of the
+    // real vocabulary: the verifier refuses padding slots); the draft's copy
+    // has none (`Fixture::no_fim`).
+    let fim = |k: &str, id: u32| {
+        (
+            format!("tokenizer.ggml.fim_{k}_token_id"),
+            GgufValue::U32(id),
+        )
+    };
     let with_tokenizer = TinyConfig {
         tokenizer: true,
+        extra_metadata: vec![fim("pre", 300), fim("suf", 301), fim("mid", 302)],
         ..TinyConfig::default()
     };
     write_tiny_qwen2(&target, &with_tokenizer).unwrap();
@@ -67,11 +80,13 @@ fn fixture() -> Fixture {
     };
     write_tiny_qwen2(&draft, &draft_cfg).unwrap();
     let tok = Tokenizer::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
+    let no_fim = Tokenizer::from_gguf(&GgufFile::open(&draft).unwrap()).unwrap();
     let load = |p: &Path| Arc::new(Model::load(p, LoadOptions::with_max_seq_len(2048)).unwrap());
     Fixture {
         draft: load(&draft),
         target: load(&target),
         tok,
+        no_fim,
         rt: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -111,8 +126,12 @@ impl Fixture {
     }
 
     fn server(&self, edge: EdgeConfig, cfg: ServeConfig) -> RunningServer {
+        self.server_with(edge, cfg, &self.tok)
+    }
+
+    fn server_with(&self, edge: EdgeConfig, cfg: ServeConfig, tok: &Tokenizer) -> RunningServer {
         let routed = EdgeRuntime::builder(self.draft.clone(), edge)
-            .router(Arc::new(Router::with_default_policy()), self.tok.clone())
+            .router(Arc::new(Router::with_default_policy()), tok.clone())
             .build()
             .unwrap();
         let listen = "127.0.0.1:0".parse().unwrap();
@@ -310,7 +329,6 @@ fn requests_are_validated_with_openai_error_bodies() {
             json!({"stream_options": {"include_usage": true}}),
             "stream_options",
         ),
-        (json!({"frobnicate": 1}), "frobnicate"),
     ] {
         let j = assert_error(
             &post(a, "/v1/chat/completions", &chat_body("hi", extra)),
@@ -354,6 +372,63 @@ fn requests_are_validated_with_openai_error_bodies() {
     // Nothing reached the worker.
     let c = s.counters();
     assert_eq!((c.admitted, c.completed), (0, 0), "{c:?}");
+}
+
+#[test]
+fn unknown_fields_are_ignored_and_named_unless_the_api_is_strict() {
+    let f = fixture();
+    let lenient = f.server(f.edge_config(None), ServeConfig::default());
+    let strict = f.server(
+        f.edge_config(None),
+        ServeConfig {
+            strict_api: true,
+            ..ServeConfig::default()
+        },
+    );
+    // Fields llama.cpp and vLLM clients add; one message field too.
+    let mut body = chat_body(
+        "hi",
+        json!({"max_tokens": 2, "cache_prompt": true, "min_p": 0.05, "we,ird\u{7f}": 1}),
+    );
+    body["messages"][0]["foo"] = json!("bar");
+    let a = post(lenient.addr, "/v1/chat/completions", &body);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.headers
+            .contains("x-tandem-ignored-fields: cache_prompt, min_p, we%2cird%7f, messages[0].foo"),
+        "{}",
+        a.headers
+    );
+    // Without unknown fields: no header.
+    let plain = post(
+        lenient.addr,
+        "/v1/chat/completions",
+        &chat_body("hi", json!({"max_tokens": 2})),
+    );
+    assert_eq!(plain.status, 200);
+    assert!(!plain.headers.contains("x-tandem-ignored-fields"));
+    // Known but unsupported stays a 400 naming it.
+    let j = assert_error(
+        &post(
+            lenient.addr,
+            "/v1/chat/completions",
+            &chat_body("hi", json!({"response_format": {"type": "json_object"}})),
+        ),
+        400,
+        Some("response_format"),
+    );
+    assert_eq!(j["error"]["code"], "unsupported_parameter");
+    // --strict-api: today's 400 naming the first unknown field.
+    let j = assert_error(
+        &post(strict.addr, "/v1/chat/completions", &body),
+        400,
+        Some("cache_prompt"),
+    );
+    assert!(j["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Unrecognized request argument supplied: cache_prompt"));
+    assert_eq!(strict.counters().admitted, 0);
 }
 
 #[test]
@@ -625,6 +700,8 @@ fn a_full_queue_answers_429_and_requests_run_in_arrival_order() {
         edge,
         ServeConfig {
             queue_depth: 2,
+            // One slot: the queue and its order are what this test is about.
+            parallel: 1,
             routed: false,
             ..ServeConfig::default()
         },
@@ -1180,6 +1257,8 @@ fn abandoned_requests_never_cause_a_429() {
         edge,
         ServeConfig {
             queue_depth: 2,
+            // One slot: the queue and its order are what this test is about.
+            parallel: 1,
             routed: false,
             ..ServeConfig::default()
         },
@@ -1371,4 +1450,331 @@ fn anonymous_requests_share_kept_state_only_behind_an_api_key() {
     );
     assert_eq!(reused(Some(KEY), &keyed), 0);
     assert!(reused(Some(KEY), &keyed) > 0);
+}
+
+/// The value of the unlabelled or labelled Prometheus sample `name` in `text`.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn two_slots_generate_at_once_and_a_dropped_client_frees_its_slot() {
+    let f = fixture();
+    // Opens wait while the verifier's scheduler is paused: every admitted
+    // request holds its slot in the verifier Open until the test resumes it.
+    let v = f.verifier();
+    v.state.scheduler.set_paused(true);
+    let edge = EdgeConfig {
+        open_timeout_ms: 60_000,
+        ..f.edge_config(Some(format!("http://{}", v.grpc_addr)))
+    };
+    let s = f.server(
+        edge,
+        ServeConfig {
+            queue_depth: 1,
+            parallel: 2,
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    let prompts = ["first question", "second question", "third question"];
+    let body = |p: &str| chat_body(p, json!({"max_tokens": 6, "ignore_eos": true})).to_string();
+    let chat = |p: &str| send_request(s.addr, "POST", "/v1/chat/completions", None, &body(p));
+    let a = chat(prompts[0]);
+    let b = chat(prompts[1]);
+    let t = Instant::now();
+    while s.counters().active != 2 {
+        let c = s.counters();
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "A and B do not run at once: {c:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let c = chat(prompts[2]);
+    wait_for("C to queue", Duration::from_secs(10), || {
+        s.counters().queued == 1
+    });
+    let d = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &body("fourth"),
+    );
+    assert_error(&d, 429, None);
+    assert!(d.headers.contains("retry-after: 1"), "{}", d.headers);
+    // A leaves during its verifier Open: its slot goes to C at once.
+    drop(a);
+    wait_for("C to take A's slot", Duration::from_secs(10), || {
+        let c = s.counters();
+        c.cancelled == 1 && c.queued == 0 && c.active == 2
+    });
+    v.state.scheduler.set_paused(false);
+    let mut slots = Vec::new();
+    for (conn, p) in [(b, prompts[1]), (c, prompts[2])] {
+        let ans = read_answer(conn);
+        assert_eq!(ans.status, 200, "{}", ans.body);
+        let j = ans.json();
+        // Two generations at once, each the target's own greedy output.
+        let prompt = f.tok.encode_chat(&[ChatMessage::user(p)], true).unwrap();
+        let target_only = generate_single(
+            &f.target,
+            &prompt,
+            &GenerateConfig {
+                max_tokens: 6,
+                ..GenerateConfig::default()
+            },
+            &mut |_| true,
+        )
+        .unwrap()
+        .tokens;
+        assert_eq!(ids_of(&j["tandem"]["token_ids"]), target_only, "{p}");
+        let st = j["tandem"]["token_status"].as_array().unwrap();
+        assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+        slots.push(j["tandem"]["slot"].as_u64().unwrap());
+    }
+    assert_ne!(slots[0], slots[1], "B and C ran on different slots");
+    wait_for("2 completed", Duration::from_secs(10), || {
+        s.counters().completed == 2
+    });
+    let m = http(s.addr, "GET", "/metrics", None, "");
+    assert_eq!(m.status, 200);
+    assert!(
+        m.headers.contains("content-type: text/plain"),
+        "{}",
+        m.headers
+    );
+    let t = &m.body;
+    assert_eq!(
+        sample(t, "tandem_edge_requests_total{outcome=\"completed\"}"),
+        2.0
+    );
+    assert_eq!(
+        sample(t, "tandem_edge_requests_total{outcome=\"cancelled\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(t, "tandem_edge_requests_total{outcome=\"rejected\"}"),
+        1.0
+    );
+    assert_eq!(sample(t, "tandem_edge_completion_tokens_total"), 12.0);
+    assert_eq!(sample(t, "tandem_edge_ttft_seconds_count"), 2.0);
+    assert_eq!(sample(t, "tandem_edge_tokens_per_second_count"), 2.0);
+    assert_eq!(sample(t, "tandem_edge_queue_depth"), 0.0);
+    assert_eq!(sample(t, "tandem_edge_generation_slots"), 2.0);
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn tokenize_and_detokenize_in_llama_cpp_shapes() {
+    let f = fixture();
+    let s = f.server(f.edge_config(None), ServeConfig::default());
+    let text = "hello world, hello";
+    let t = post(s.addr, "/tokenize", &json!({"content": text}));
+    assert_eq!(t.status, 200, "{}", t.body);
+    let ids = ids_of(&t.json()["tokens"]);
+    assert_eq!(ids, f.tok.encode(text, true).unwrap());
+    let d = post(s.addr, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(d.status, 200, "{}", d.body);
+    assert_eq!(d.json()["content"], text);
+    let p = post(
+        s.addr,
+        "/tokenize",
+        &json!({"content": "hello", "with_pieces": true}),
+    )
+    .json();
+    let pieces = p["tokens"].as_array().unwrap();
+    let joined: String = pieces
+        .iter()
+        .map(|x| x["piece"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(joined, "hello");
+    assert!(pieces.iter().all(|x| x["id"].is_u64()), "{p}");
+    let vocab = f.tok.vocab_size();
+    assert_error(
+        &post(s.addr, "/detokenize", &json!({"tokens": [1, vocab]})),
+        400,
+        Some("tokens[1]"),
+    );
+    assert_error(
+        &post(s.addr, "/tokenize", &json!({"text": "x"})),
+        400,
+        Some("content"),
+    );
+    // Nothing reached the generation worker.
+    assert_eq!(s.counters().admitted, 0);
+    let h = http(s.addr, "GET", "/health", None, "");
+    assert_eq!((h.status, h.json()["status"].clone()), (200, json!("ok")));
+}
+
+#[test]
+fn drain_answers_the_admitted_requests_then_stops() {
+    let f = fixture();
+    let v = f.verifier();
+    v.state.scheduler.set_paused(true);
+    let edge = EdgeConfig {
+        open_timeout_ms: 60_000,
+        ..f.edge_config(Some(format!("http://{}", v.grpc_addr)))
+    };
+    let s = f.server(
+        edge,
+        ServeConfig {
+            parallel: 1,
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    let addr = s.addr;
+    let body = |p: &str| chat_body(p, json!({"max_tokens": 4, "ignore_eos": true})).to_string();
+    let a = send_request(addr, "POST", "/v1/chat/completions", None, &body("one"));
+    wait_for("A to run", Duration::from_secs(10), || s.counters().running);
+    let b = send_request(addr, "POST", "/v1/chat/completions", None, &body("two"));
+    wait_for("B to queue", Duration::from_secs(10), || {
+        s.counters().queued == 1
+    });
+    let drained = f.rt.spawn(s.drain(std::future::pending()));
+    // Draining: no new connections are served.
+    wait_for("the listener to close", Duration::from_secs(10), || {
+        TcpStream::connect(addr).is_err()
+    });
+    assert!(!drained.is_finished());
+    v.state.scheduler.set_paused(false);
+    for conn in [a, b] {
+        let ans = read_answer(conn);
+        assert_eq!(ans.status, 200, "{}", ans.body);
+        let st = &ans.json()["tandem"]["token_status"];
+        assert!(
+            st.as_array().unwrap().iter().all(|x| x == "verified"),
+            "{st}"
+        );
+    }
+    f.rt.block_on(drained).unwrap();
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+/// The target's own greedy tokens for `prompt`.
+fn target_greedy(f: &Fixture, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    generate_single(
+        &f.target,
+        prompt,
+        &GenerateConfig {
+            max_tokens,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens
+}
+
+#[test]
+fn fill_in_the_middle_through_suffix_and_infill_is_the_targets_output() {
+    let f = fixture();
+    let v = f.verifier();
+    // `auto` chooses per round between prompt lookup and the draft: both run
+    // on FIM prompts, whose suffix is in the lookup's history.
+    let edge = EdgeConfig {
+        proposer: tandem_model::proposer::ProposerKind::Auto,
+        ..f.edge_config(Some(format!("http://{}", v.grpc_addr)))
+    };
+    let s = f.server(
+        edge,
+        ServeConfig {
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    let (prefix, suffix) = (
+        "fn add(a: i32, b: i32) -> i32 {\n    ",
+        "\n}\n\nfn main() {}\n",
+    );
+    let a = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": prefix, "suffix": suffix,
+                "max_tokens": 8, "ignore_eos": true}),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    let j = a.json();
+    let prompt = f.tok.encode_fim(prefix, suffix).unwrap();
+    assert_eq!(&prompt[..1], &[300], "<fim_pre> first");
+    assert_eq!(j["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(
+        ids_of(&j["tandem"]["token_ids"]),
+        target_greedy(&f, &prompt, 8)
+    );
+    let st = j["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+
+    // llama.cpp's /infill, with another file of the project.
+    let extra = vec![(
+        "util.rs".to_string(),
+        "pub fn one() -> i32 { 1 }\n".to_string(),
+    )];
+    let body = json!({"input_prefix": prefix, "input_suffix": suffix, "prompt": "let",
+        "input_extra": [{"filename": "util.rs", "text": extra[0].1}],
+        "n_predict": 6, "ignore_eos": true});
+    let i = post(s.addr, "/infill", &body);
+    assert_eq!(i.status, 200, "{}", i.body);
+    let ij = i.json();
+    let iprompt = f.tok.encode_infill(prefix, suffix, "let", &extra).unwrap();
+    let expected = target_greedy(&f, &iprompt, 6);
+    assert_eq!(ids_of(&ij["tandem"]["token_ids"]), expected);
+    assert_eq!(ij["stop"], true);
+    assert_eq!(ij["stop_type"], "limit");
+    assert_eq!(ij["tokens_predicted"], 6);
+    assert_eq!(ij["tokens_evaluated"], iprompt.len());
+    assert!(ij["content"].is_string());
+    // Streamed: llama.cpp's objects, the last with `stop: true`, no [DONE].
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let st = post(s.addr, "/infill", &sbody);
+    assert_eq!(st.status, 200, "{}", st.body);
+    let ev = st.events();
+    assert_ne!(ev.last().unwrap(), "[DONE]");
+    let objs: Vec<Value> = ev
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(objs.last().unwrap()["stop"], true);
+    let mut streamed = Vec::new();
+    for o in &objs[..objs.len() - 1] {
+        assert_eq!(o["stop"], false);
+        if let Some(ids) = o["tandem"].get("token_ids") {
+            streamed.extend(ids_of(ids));
+        }
+    }
+    assert_eq!(streamed, expected);
+
+    // A model without FIM tokens: a clear 400 naming it and what is missing.
+    let plain = f.server_with(f.edge_config(None), ServeConfig::default(), &f.no_fim);
+    let j = assert_error(
+        &post(
+            plain.addr,
+            "/v1/completions",
+            &json!({"model": "tandem", "prompt": prefix, "suffix": suffix}),
+        ),
+        400,
+        Some("suffix"),
+    );
+    assert_eq!(j["error"]["code"], "fim_unsupported");
+    let m = j["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("draft.gguf") && m.contains("fim_pre, fim_suf, fim_mid"),
+        "{m}"
+    );
+    assert_error(
+        &post(plain.addr, "/infill", &body),
+        400,
+        Some("input_suffix"),
+    );
+    assert_eq!(plain.counters().admitted, 0);
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
 }

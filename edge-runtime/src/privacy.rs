@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::Serialize;
 use tandem_model::speculative::GenerateConfig;
@@ -206,14 +206,35 @@ fn write_pins(path: &Path, pins: &[(&str, &str)]) -> std::io::Result<()> {
     written
 }
 
+/// The pinned conversation ids and where they are kept across restarts
+/// ([`RoutedRuntime::persist_pins`]).
+#[derive(Debug)]
+struct Pins {
+    map: PinMap,
+    file: Option<PathBuf>,
+}
+
+impl Pins {
+    /// Writes the pins to the pin file, if there is one. A failure is logged:
+    /// the pins still hold in memory.
+    fn save(&self) {
+        if let Some(path) = &self.file {
+            if let Err(e) = write_pins(path, &self.map.entries()) {
+                tracing::error!(path = %path.display(), error = %e, "pinned conversations not saved");
+            }
+        }
+    }
+}
+
 /// [`EdgeRuntime`] behind the privacy router. See the module docs.
 pub struct RoutedRuntime {
     runtime: EdgeRuntime,
     router: Arc<Router>,
     tokenizer: Tokenizer,
-    pinned: PinMap,
-    /// Where the pins are kept across restarts ([`RoutedRuntime::persist_pins`]).
-    pin_file: Option<PathBuf>,
+    /// The pinned ids and their file, shared with the runtime's siblings
+    /// ([`RoutedRuntime::sibling`]): a conversation pinned on one is pinned
+    /// on all.
+    pins: Arc<Mutex<Pins>>,
     /// The device's model, asked when the policy's rules are unsure
     /// ([`RoutedRuntime::set_second_opinion`]).
     opinion: Option<Arc<dyn SecondOpinion>>,
@@ -228,8 +249,10 @@ impl RoutedRuntime {
             runtime,
             router,
             tokenizer,
-            pinned: PinMap::new(DEFAULT_PIN_CAPACITY),
-            pin_file: None,
+            pins: Arc::new(Mutex::new(Pins {
+                map: PinMap::new(DEFAULT_PIN_CAPACITY),
+                file: None,
+            })),
             opinion: None,
         }
     }
@@ -264,32 +287,45 @@ impl RoutedRuntime {
                 })
             }
         };
+        let mut pins = self.pins();
         for (id, rule) in &loaded {
-            self.pinned.insert(id, rule.clone());
+            pins.map.insert(id, rule.clone());
         }
-        self.pin_file = Some(path.to_path_buf());
+        pins.file = Some(path.to_path_buf());
         Ok(loaded.len())
     }
 
-    /// Writes the pins to the pin file, if there is one. A failure is logged:
-    /// the pins still hold in memory.
-    fn save_pins(&self) {
-        if let Some(path) = &self.pin_file {
-            if let Err(e) = write_pins(path, &self.pinned.entries()) {
-                tracing::error!(path = %path.display(), error = %e, "pinned conversations not saved");
-            }
-        }
+    /// The shared pins. A panic while holding them cannot leave the map
+    /// inconsistent (its methods complete their updates): a poisoned lock
+    /// is taken as it is.
+    fn pins(&self) -> MutexGuard<'_, Pins> {
+        self.pins.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A runtime for another generation slot beside this one
+    /// ([`EdgeRuntime::sibling`]: the same draft weights, shared conversation
+    /// cache and device state), sharing this one's router, pins (a
+    /// conversation pinned local on one slot is pinned on every slot) and
+    /// second opinion.
+    pub fn sibling(&self) -> Result<Self, EdgeError> {
+        Ok(Self {
+            runtime: self.runtime.sibling()?,
+            router: self.router.clone(),
+            tokenizer: self.tokenizer.clone(),
+            pins: self.pins.clone(),
+            opinion: self.opinion.clone(),
+        })
     }
 
     /// Remember at most `capacity` (at least 1) pinned conversation ids,
     /// dropping the least recently routed ones now if there are more.
     pub fn set_pin_capacity(&mut self, capacity: usize) {
-        self.pinned.set_capacity(capacity);
+        self.pins().map.set_capacity(capacity);
     }
 
     /// How many conversation ids are pinned local now.
     pub fn pinned_count(&self) -> usize {
-        self.pinned.len()
+        self.pins().map.len()
     }
 
     pub fn router(&self) -> &Arc<Router> {
@@ -335,8 +371,8 @@ impl RoutedRuntime {
     }
 
     /// The content rule that pinned `conversation_id` local, if any.
-    pub fn pinned_by(&self, conversation_id: &str) -> Option<&str> {
-        self.pinned.peek(conversation_id)
+    pub fn pinned_by(&self, conversation_id: &str) -> Option<String> {
+        self.pins().map.peek(conversation_id).map(str::to_string)
     }
 
     /// Drop what the runtime remembers about a conversation: its pin (a later
@@ -344,9 +380,12 @@ impl RoutedRuntime {
     /// and its kept state (draft KV, verifier session; see
     /// [`EdgeRuntime::generate_in`]).
     pub fn forget(&mut self, conversation_id: &str) {
-        if self.pinned.peek(conversation_id).is_some() {
-            self.pinned.remove(conversation_id);
-            self.save_pins();
+        {
+            let mut pins = self.pins();
+            if pins.map.peek(conversation_id).is_some() {
+                pins.map.remove(conversation_id);
+                pins.save();
+            }
         }
         self.runtime.forget_conversation(conversation_id);
     }
@@ -384,7 +423,10 @@ impl RoutedRuntime {
             (_, Some(l)) => (l, Some(messages.len() - 1)),
             (_, None) => (policy.decide("", &ctx), None),
         };
-        if let Some(rule) = self.pinned.touch(conversation_id) {
+        // One lock over the look-up and the pin: a sibling routing the same
+        // conversation at once sees the pin or makes it, never half of it.
+        let mut pins = self.pins();
+        if let Some(rule) = pins.map.touch(conversation_id) {
             if !(decision.action == Action::Local && decision.content_based) {
                 // Pinned by an earlier call whose sensitive message this
                 // history may not carry any more.
@@ -403,9 +445,10 @@ impl RoutedRuntime {
                 .strip_prefix("sticky:")
                 .unwrap_or(&decision.rule)
                 .to_string();
-            self.pinned.insert(conversation_id, rule);
-            self.save_pins();
+            pins.map.insert(conversation_id, rule);
+            pins.save();
         }
+        drop(pins);
         self.router.record(&decision);
         tracing::info!(
             conversation = conversation_id,

@@ -71,7 +71,9 @@ pub struct EdgeRuntime {
     reopening: Option<connection::Opening>,
     spec: SpecState,
     split: Option<crate::split::SplitExec>,
-    conversations: ConversationCache,
+    /// Kept conversations, shared with this runtime's siblings
+    /// ([`EdgeRuntime::sibling`]); locked only to take or put an entry.
+    conversations: Arc<Mutex<ConversationCache>>,
     /// What the app reports about the device (any thread may set it).
     device: crate::device::SharedDeviceState,
     draft_pools: crate::device::DraftPools,
@@ -161,7 +163,7 @@ impl EdgeRuntime {
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec,
             split,
-            conversations: ConversationCache::new(&cfg.conversations),
+            conversations: Arc::new(Mutex::new(ConversationCache::new(&cfg.conversations))),
             draft,
             cfg,
             fingerprint,
@@ -172,6 +174,40 @@ impl EdgeRuntime {
             probe: None,
             reopening: None,
         })
+    }
+
+    /// A runtime for another generation slot beside this one, for hosts that
+    /// run several generations at once (`tandem serve-edge --parallel`): the
+    /// same draft weights (shared, not copied: `Arc<Model>` over the mapped
+    /// GGUF), config and split target; its own draft KV per generation,
+    /// verifier connection, breaker, RTT history and I/O thread; and,
+    /// shared with this runtime, the kept conversations (a turn may run on
+    /// any slot and still continue its conversation) and the device state.
+    /// No warm-up: this runtime's measurement of the draft is copied.
+    pub fn sibling(&self) -> Result<Self, EdgeError> {
+        let cfg = EdgeConfig {
+            warmup: false,
+            tokenizer_fingerprint: Some(self.fingerprint.clone()),
+            ..self.cfg.clone()
+        };
+        let target = self.split.as_ref().map(crate::split::SplitExec::target);
+        let mut rt = Self::new(self.draft.clone(), cfg, target)?;
+        rt.conversations = self.conversations.clone();
+        rt.device = self.device.clone();
+        rt.warmup_ms = self.warmup_ms;
+        rt.spec.auto = self.spec.auto.clone();
+        rt.cancel = None;
+        Ok(rt)
+    }
+
+    /// The draft GGUF's file name (messages name the served model by it).
+    pub fn draft_file_name(&self) -> String {
+        self.draft
+            .gguf()
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     pub fn config(&self) -> &EdgeConfig {
@@ -211,7 +247,7 @@ impl EdgeRuntime {
     /// one client's request must not learn how much of its prompt another
     /// client's cached one shares, nor evict it.
     pub fn set_anonymous_reuse(&mut self, on: bool) {
-        self.conversations.set_anonymous(on);
+        kept(&self.conversations).set_anonymous(on);
     }
 
     /// A flag the caller sets to cancel the running generation before its
@@ -299,7 +335,7 @@ impl EdgeRuntime {
         let (device, _threads) = self.device_begin()?;
         let mut run = Generation::begin(
             &self.draft,
-            &mut self.conversations,
+            &mut kept(&self.conversations),
             conversation,
             prompt,
             gen,
@@ -317,7 +353,7 @@ impl EdgeRuntime {
         res?;
         // The verifier session of an earlier turn (if any) stays kept.
         let session = run.continuation.take();
-        self.conversations.put(conversation, run.take_kept(session));
+        kept(&self.conversations).put(conversation, run.take_kept(session));
         let mut g = run.finish(None, &RttTracker::default(), Counters::default());
         g.stats.device = Some(device);
         Ok(g)
@@ -344,13 +380,13 @@ impl EdgeRuntime {
 
     /// What the conversation cache holds now.
     pub fn conversation_stats(&self) -> ConversationStats {
-        self.conversations.stats()
+        kept(&self.conversations).stats()
     }
 
     /// Drops a named conversation's kept state (its verifier session expires
     /// by the verifier's idle TTL); false when there was none.
     pub fn forget_conversation(&mut self, conversation: &str) -> bool {
-        self.conversations.forget(conversation)
+        kept(&self.conversations).forget(conversation)
     }
 
     /// [`Self::generate`] as one turn of the conversation named
@@ -393,7 +429,7 @@ impl EdgeRuntime {
         }
         let mut run = Generation::begin(
             &self.draft,
-            &mut self.conversations,
+            &mut kept(&self.conversations),
             conversation,
             prompt,
             gen,
@@ -462,7 +498,7 @@ impl EdgeRuntime {
         // known (the stream is live and no provisional span is unchecked: the
         // verifier then holds the device's context, possibly plus a stop token
         // the device did not show); otherwise free its KV cache.
-        let keep_session = self.conversations.keeps(conversation)
+        let keep_session = kept(&self.conversations).keeps(conversation)
             && self.cfg.conversations.keep_verifier_sessions
             && tokens_only
             && res.is_ok()
@@ -487,13 +523,20 @@ impl EdgeRuntime {
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
         // (After an error the draft KV may be half-written: not kept.)
         res?;
-        self.conversations
-            .put(conversation, run.take_kept(kept_session));
+        kept(&self.conversations).put(conversation, run.take_kept(kept_session));
         let mut g = run.finish(sid, &gen_rtt, counters);
         g.stats.split = split;
         g.stats.device = Some(device);
         Ok(g)
     }
+}
+
+/// The kept conversations (locked while the guard lives: take it only to
+/// take or put an entry). A panic while holding it cannot leave the cache
+/// inconsistent (its methods complete their updates): a poisoned lock is
+/// taken as it is.
+fn kept(c: &Mutex<ConversationCache>) -> std::sync::MutexGuard<'_, ConversationCache> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Tokens of the warm-up forward (`EdgeConfig::warmup`): a short prefill and

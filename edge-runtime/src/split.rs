@@ -375,6 +375,11 @@ pub struct SplitExec {
 }
 
 impl SplitExec {
+    /// The target model whose first layers this device runs (shared).
+    pub(crate) fn target(&self) -> Arc<Model> {
+        self.target.clone()
+    }
+
     /// Device-side split state for `target` (block size `k + 1` for `auto`).
     pub fn new(target: Arc<Model>, cfg: SplitConfig, k: usize) -> Result<Self, EdgeError> {
         cfg.validate()?;

@@ -562,7 +562,7 @@ fn sensitive_first_turn_keeps_the_conversation_local() {
     let e = &a.route.decision.entities[0];
     assert_eq!(e.kind.as_str(), "CN_RESIDENT_ID");
     assert_eq!(&ID_TEXT[e.start..e.end], ID);
-    assert_eq!(rt.pinned_by("c1"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("c1").as_deref(), Some("identifiers"));
     // Turn 2 with the history: sticky, evidence from message 0.
     let reply = f.tok.decode(&a.generation.tokens, true).unwrap();
     let t2 = vec![
@@ -724,7 +724,11 @@ rtt_ms_above = 0.0
         (Action::Local, "battery")
     );
     assert_eq!(a.route.context.battery_pct, Some(10));
-    assert_eq!(rt.pinned_by("d"), None, "device state must not pin");
+    assert_eq!(
+        rt.pinned_by("d").as_deref(),
+        None,
+        "device state must not pin"
+    );
     rt.set_device_state(DeviceState {
         thermal: Some(ThermalState::Critical),
         ..DeviceState::default()
@@ -741,7 +745,7 @@ rtt_ms_above = 0.0
     let d = rt.chat("d", &msg, &gen(), &mut |_| true).unwrap();
     assert_eq!(d.route.decision.rule, "slow");
     assert!(d.route.context.rtt_ms.is_some_and(|r| r > 0.0));
-    assert_eq!(rt.pinned_by("d"), None);
+    assert_eq!(rt.pinned_by("d").as_deref(), None);
     drop(rt);
 
     // Breaker: a verifier address nobody listens on.
@@ -832,21 +836,21 @@ fn the_pin_map_is_bounded_and_forgets_the_least_recently_routed_id() {
     assert_eq!(again.decision.rule, "sticky:identifiers");
     assert_eq!(rt.route("c", &sensitive).action(), Action::Local);
     assert_eq!(rt.pinned_count(), 2);
-    assert_eq!(rt.pinned_by("a"), Some("identifiers"));
-    assert_eq!(rt.pinned_by("b"), None);
-    assert_eq!(rt.pinned_by("c"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("a").as_deref(), Some("identifiers"));
+    assert_eq!(rt.pinned_by("b").as_deref(), None);
+    assert_eq!(rt.pinned_by("c").as_deref(), Some("identifiers"));
     // Forgotten: only the newest message of "b" decides now.
     assert_eq!(rt.route("b", &clean).action(), Action::Speculative);
     for i in 0..500 {
         rt.route(&format!("flood-{i}"), &sensitive);
     }
     assert_eq!(rt.pinned_count(), 2);
-    assert_eq!(rt.pinned_by("flood-499"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("flood-499").as_deref(), Some("identifiers"));
     // A clean conversation never takes a slot.
     rt.set_pin_capacity(1);
     assert_eq!(rt.pinned_count(), 1);
     rt.route("clean", &clean);
-    assert_eq!(rt.pinned_by("flood-499"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("flood-499").as_deref(), Some("identifiers"));
     // Nothing was sent: route() opens nothing.
     assert_eq!(f.rec.snapshot().connections, 0);
 }
@@ -873,7 +877,7 @@ fn pinned_conversations_survive_a_restart_in_the_pin_file() {
     // clean, yet it stays local; c2 was never pinned.
     let mut rt = f.routed(&router);
     assert_eq!(rt.persist_pins(&pins).unwrap(), 1);
-    assert_eq!(rt.pinned_by("c1"), Some("identifiers"));
+    assert_eq!(rt.pinned_by("c1").as_deref(), Some("identifiers"));
     let before = f.rec.snapshot().connections;
     let d = rt
         .chat("c1", &[ChatMessage::user(BENIGN_2)], &gen(), &mut |_| true)
@@ -885,7 +889,7 @@ fn pinned_conversations_survive_a_restart_in_the_pin_file() {
         before,
         "c1 went out after a restart"
     );
-    assert_eq!(rt.pinned_by("c2"), None);
+    assert_eq!(rt.pinned_by("c2").as_deref(), None);
     // Forgetting unpins it in the file too.
     rt.forget("c1");
     drop(rt);
@@ -940,7 +944,7 @@ fn the_second_opinion_decides_on_the_device_before_anything_is_sent() {
         (Action::Local, "second-opinion")
     );
     assert_eq!(f.rec.snapshot().connections, 0);
-    assert_eq!(rt.pinned_by("o1"), Some("second-opinion"));
+    assert_eq!(rt.pinned_by("o1").as_deref(), Some("second-opinion"));
     assert_eq!(sens.1.load(std::sync::atomic::Ordering::SeqCst), 1);
     // Judged benign: the rules' default (speculative) stands and it is sent.
     rt.set_second_opinion(Some(Arc::new(Fixed(

@@ -7,14 +7,18 @@ use libfuzzer_sys::fuzz_target;
 use tandem_edge_http::openai::request::{parse_chat, parse_completion, Limits};
 
 fuzz_target!(|data: &[u8]| {
-    let lim = Limits {
-        model_id: "tandem",
-        max_tokens_limit: 4096,
-        default_max_tokens: 256,
-    };
-    for parse in [parse_chat, parse_completion] {
-        if let Ok(req) = parse(data, &lim) {
-            assert!(req.max_tokens <= lim.max_tokens_limit, "{req:?}");
+    for strict in [false, true] {
+        let lim = Limits {
+            model_id: "tandem",
+            max_tokens_limit: 4096,
+            default_max_tokens: 256,
+            strict,
+        };
+        for parse in [parse_chat, parse_completion] {
+            if let Ok(req) = parse(data, &lim) {
+                assert!(req.max_tokens <= lim.max_tokens_limit, "{req:?}");
+                assert!(!strict || req.ignored.is_empty(), "{req:?}");
+            }
         }
     }
 });

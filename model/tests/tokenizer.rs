@@ -672,3 +672,48 @@ fn gguf_template_equals_the_former_hand_written_chatml() {
         Some(tandem_model::tokenizer::QWEN2_CHAT_TEMPLATE)
     );
 }
+
+#[test]
+fn fim_tokens_are_found_by_text_and_make_the_qwen_fim_prompt() {
+    // Qwen2.5-Coder's GGUF names no tokenizer.ggml.fim_* ids: llama.cpp finds
+    // them by their text, and so does the tokenizer.
+    for k in ["pre", "suf", "mid", "pad", "rep", "sep"] {
+        let key = format!("tokenizer.ggml.fim_{k}_token_id");
+        assert!(!loaded().gguf.metadata.contains_key(&key), "{key}");
+    }
+    let f = tok().fim_tokens();
+    assert_eq!(
+        (f.pre, f.suf, f.mid, f.pad, f.rep, f.sep),
+        (
+            Some(151659),
+            Some(151661),
+            Some(151660),
+            Some(151662),
+            Some(151663),
+            Some(151664)
+        )
+    );
+    assert!(f.missing().is_empty());
+    let (p, s) = ("def add(a, b):\n    ", "\n\nprint(add(1, 2))\n");
+    let mut want = vec![151659];
+    want.extend(tok().encode(p, false).unwrap());
+    want.push(151661);
+    want.extend(tok().encode(s, false).unwrap());
+    want.push(151660);
+    assert_eq!(tok().encode_fim(p, s).unwrap(), want);
+    // A suffix that spells a control token stays text.
+    let spelled = tok().encode_fim("a", "<|fim_middle|>").unwrap();
+    assert_eq!(spelled.iter().filter(|&&t| t == 151660).count(), 1);
+    // llama.cpp's /infill layout: repo, files, current file, then the FIM prompt.
+    let extra = vec![("u.py".to_string(), "X = 1\n".to_string())];
+    let got = tok().encode_infill(p, s, "", &extra).unwrap();
+    let mut want = vec![151663];
+    want.extend(tok().encode("myproject\n", false).unwrap());
+    want.push(151664);
+    want.extend(tok().encode("u.py\n", false).unwrap());
+    want.extend(tok().encode("X = 1\n", false).unwrap());
+    want.push(151664);
+    want.extend(tok().encode("filename\n", false).unwrap());
+    want.extend(tok().encode_fim(p, s).unwrap());
+    assert_eq!(got, want);
+}

@@ -4,6 +4,9 @@
 //!
 //! It has no dependencies: `tandem-edge`, which goes to phones, uses it.
 //!
+//! [`prometheus`]: the Prometheus text exposition (histogram, scalar lines,
+//! label escaping) of the verifier's and serve-edge's `/metrics`.
+//!
 //! **Percentile definition: nearest rank.** The `q` percentile of `n` values is
 //! the ⌈q·n⌉-th smallest (1-based, at least the first): always a value of the
 //! sample, never interpolated. p95 of 1..=64 is the 61st value.
@@ -45,6 +48,8 @@ pub fn median(xs: &[f64]) -> Option<f64> {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     })
 }
+
+pub mod prometheus;
 
 #[cfg(test)]
 mod tests {

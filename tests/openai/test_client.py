@@ -10,6 +10,7 @@ parsing (pydantic models, SSE decoding, error classes). Exits non-zero on the
 first failed check; prints one JSON line with what the Rust test compares.
 """
 
+import concurrent.futures
 import json
 import sys
 
@@ -18,6 +19,10 @@ from openai import OpenAI
 
 MAX_TOKENS = 16
 FOLLOW_UP = "Now add type hints."
+# Fill in the middle: the body of a function between its signature and a use.
+FIM_PREFIX = "def larger(a: int, b: int) -> int:\n    "
+FIM_SUFFIX = "\n\n\nprint(larger(3, 7))\n"
+FIM_TOKENS = 8
 
 
 def check(cond, what):
@@ -147,6 +152,35 @@ def main():
     check(c.object == "text_completion", c.object)
     check(0 < c.usage.completion_tokens <= 8 and c.choices[0].text, c)
 
+    # Fill in the middle through the legacy `suffix` (Qwen2.5-Coder's FIM
+    # tokens); the Rust test compares the ids with the target's greedy ones.
+    f = client.completions.create(
+        model=model, prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=FIM_TOKENS, temperature=0
+    )
+    check(f.object == "text_completion" and f.choices[0].text, f)
+    fext = f.model_extra["tandem"]
+    fim = {"prefix": FIM_PREFIX, "suffix": FIM_SUFFIX, "max_tokens": FIM_TOKENS,
+           "token_ids": fext["token_ids"], "token_status": fext["token_status"]}
+
+    # Two requests at once (serve-edge runs 2 generations in parallel by
+    # default): a chat and a short completion from two threads; each is what
+    # it is alone (greedy), and they ran on different generation slots.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long = pool.submit(
+            client.chat.completions.create,
+            model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+        )
+        short = pool.submit(
+            client.completions.create,
+            model=model, prompt="def add(a, b):", max_tokens=8, temperature=0,
+        )
+        pl, ps = long.result(), short.result()
+    plx, psx = pl.model_extra["tandem"], ps.model_extra["tandem"]
+    check(plx["token_ids"] == ext["token_ids"], f"parallel chat {plx['token_ids']} != {ext['token_ids']}")
+    check(psx["token_ids"] == c.model_extra["tandem"]["token_ids"], "parallel completion differs")
+    check(ps.choices[0].text == c.choices[0].text, "parallel completion text differs")
+    check(plx["slot"] != psx["slot"], f"both on slot {plx['slot']}")
+
     # Errors, as the client classifies them.
     try:
         client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
@@ -190,6 +224,7 @@ def main():
                 "usage": [u.prompt_tokens, u.completion_tokens, u.total_tokens],
                 "stream_chunks": chunks,
                 "turn2": turn2,
+                "fim": fim,
             }
         )
     )

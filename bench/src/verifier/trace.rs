@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tandem_model::sampling::argmax;
-use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::tokenizer::Tokenizer;
 use tandem_model::transformer::{LoadOptions, Model};
 use tandem_model::verify::verify_prefix;
 
@@ -211,7 +211,7 @@ pub fn encode_prompts(
     prompts
         .iter()
         .map(|p| {
-            let ids = tok.encode_chat(&[ChatMessage::user(p.prompt.as_str())], true)?;
+            let ids = p.encode(tok)?;
             let from = tail.map_or(0, |n| ids.len().saturating_sub(n));
             Ok(ids[from..].to_vec())
         })
@@ -406,6 +406,7 @@ mod tests {
             kind: String::new(),
             prompt: "hi".into(),
             max_tokens: 8,
+            suffix: None,
         }];
         let sch = vec![Schedule {
             name: "k4".into(),

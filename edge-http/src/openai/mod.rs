@@ -3,8 +3,11 @@
 //! | method and path | answer |
 //! | --- | --- |
 //! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage` |
-//! | `POST /v1/completions` | text completion (raw prompt, no chat template), same options |
+//! | `POST /v1/completions` | text completion (raw prompt, no chat template), same options; with `suffix`: fill in the middle |
+//! | `POST /infill` | llama.cpp's fill-in-the-middle (`input_prefix`, `input_suffix`, `input_extra`, `prompt`); llama.cpp's answer shape (`content`, `stop`) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | the one served model id |
+//! | `POST /tokenize`, `POST /detokenize` | llama.cpp's shapes: `{"content"}` → `{"tokens"}`, `{"tokens"}` → `{"content"}` |
+//! | `GET /metrics` | Prometheus text ([`metrics`]): requests, tokens, TTFT and tokens/s histograms, queue |
 //! | `GET /health` | `{"status":"ok"}` |
 //! | `/admin/v1/...` | the admin API of [`crate::admin`] (policy, explain, route stats) plus `GET /admin/v1/serve/stats`, behind a bearer token; 403 when no token is configured |
 //!
@@ -21,13 +24,17 @@
 //! status, the routing decision (no text) and the edge statistics; the full
 //! reference is `docs/api.md`.
 //!
-//! Generation runs on one dedicated thread ([`worker`]) behind a bounded
-//! FIFO queue (429 when full); a client that goes away cancels its
-//! generation, which closes the verifier session.
+//! Generations run on `parallel` slot threads ([`worker`]) behind one
+//! bounded FIFO queue (429 when full); a client that goes away cancels its
+//! generation, which closes the verifier session and frees its slot.
+//! [`RunningServer::drain`] (SIGTERM in `tandem serve-edge`) lets the
+//! admitted requests finish before it returns.
 
 pub mod error;
 mod guard;
+pub mod metrics;
 pub mod request;
+mod tokenize;
 pub mod worker;
 
 use std::convert::Infallible;
@@ -51,10 +58,10 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminConfig, MountedAdmin};
 pub use error::{ApiError, ServeError};
+pub use metrics::ServeCounters;
 use request::{GenRequest, Limits};
 use tandem_edge::RoutedRuntime;
 use tandem_edge::{ProvisionalCheck, TokenStatus};
-pub use worker::ServeCounters;
 use worker::{Event, Job, Worker};
 
 /// Configuration of [`start`].
@@ -78,8 +85,13 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// The model id clients must name (`GET /v1/models` lists it).
     pub model_id: String,
-    /// Requests that may wait while one generates; one more gets 429.
+    /// Requests that may wait while every slot generates; one more gets
+    /// 429.
     pub queue_depth: usize,
+    /// Generations that may run at once (slots; each has its own draft KV
+    /// and verifier session, the draft weights are shared). At least 1, at
+    /// most [`MAX_PARALLEL`].
+    pub parallel: usize,
     /// Largest `max_tokens` accepted (400 above).
     pub max_tokens_limit: usize,
     /// `max_tokens` when the request has none.
@@ -91,6 +103,10 @@ pub struct ServeConfig {
     /// The admin API under `/admin` (token ≥ 16 chars, optional policy file
     /// hot reload). `None`: `/admin/...` answers 403.
     pub admin: Option<AdminConfig>,
+    /// Unknown request fields are a 400 naming them (OpenAI's behaviour,
+    /// `--strict-api`). Off (the default): they are ignored, as vLLM and
+    /// llama.cpp do, and named in the `x-tandem-ignored-fields` header.
+    pub strict_api: bool,
 }
 
 impl Default for ServeConfig {
@@ -103,18 +119,27 @@ impl Default for ServeConfig {
             api_key: None,
             model_id: "tandem".into(),
             queue_depth: 8,
+            parallel: 2,
             max_tokens_limit: 4096,
             default_max_tokens: 256,
             routed: true,
             admin: None,
+            strict_api: false,
         }
     }
 }
+
+/// Most generation slots a server may have ([`ServeConfig::parallel`]).
+pub const MAX_PARALLEL: usize = 64;
 
 struct AppState {
     cfg: ServeConfig,
     access: Arc<guard::Access>,
     worker: Worker,
+    /// The draft's tokenizer (`/tokenize`, `/detokenize`, FIM checks).
+    tokenizer: tandem_model::tokenizer::Tokenizer,
+    /// The draft GGUF's file name (a FIM refusal names it).
+    model_file: String,
     admin_token: Option<String>,
     created: u64,
     next_id: AtomicU64,
@@ -126,6 +151,7 @@ impl AppState {
             model_id: &self.cfg.model_id,
             max_tokens_limit: self.cfg.max_tokens_limit,
             default_max_tokens: self.cfg.default_max_tokens,
+            strict: self.cfg.strict_api,
         }
     }
 
@@ -161,6 +187,26 @@ impl RunningServer {
     /// Policy reload counters of the mounted admin API, if any.
     pub fn reload_counters(&self) -> Option<admin::ReloadCounters> {
         self.admin.as_ref().map(MountedAdmin::reload_counters)
+    }
+
+    /// Stops accepting new connections and lets every admitted request
+    /// (running or queued) finish and be answered; then stops the workers.
+    /// When `abort` resolves first (a second signal), the rest is cancelled
+    /// as by [`Self::shutdown`].
+    pub async fn drain(mut self, abort: impl std::future::Future<Output = ()>) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(mut t) = self.task.take() {
+            tokio::select! {
+                _ = &mut t => {}
+                _ = abort => {
+                    self.state.worker.stop();
+                    let _ = t.await;
+                }
+            }
+        }
+        self.state.worker.stop();
     }
 
     /// Stops accepting, cancels the running and queued generations, and
@@ -203,6 +249,27 @@ fn drop_off_async(rt: RoutedRuntime) {
     }
 }
 
+/// The runtimes of `parallel` slots: `rt` and its siblings
+/// ([`RoutedRuntime::sibling`]). On an error every runtime made is dropped
+/// off async code.
+fn slot_runtimes(rt: RoutedRuntime, parallel: usize) -> Result<Vec<RoutedRuntime>, ServeError> {
+    let mut rts = Vec::with_capacity(parallel);
+    for _ in 1..parallel {
+        match rt.sibling() {
+            Ok(s) => rts.push(s),
+            Err(e) => {
+                rts.push(rt);
+                for r in rts {
+                    drop_off_async(r);
+                }
+                return Err(ServeError::Config(format!("generation slot: {e}")));
+            }
+        }
+    }
+    rts.insert(0, rt);
+    Ok(rts)
+}
+
 /// Everything [`start`] checks and binds before the worker takes the runtime.
 async fn prepare(
     router: Arc<tandem_router::Router>,
@@ -233,6 +300,12 @@ async fn prepare(
         return Err(ServeError::Config(
             "queue_depth must be at least 1 (requests that may wait while one generates)".into(),
         ));
+    }
+    if cfg.parallel == 0 || cfg.parallel > MAX_PARALLEL {
+        return Err(ServeError::Config(format!(
+            "parallel must be in 1..={MAX_PARALLEL} (generations at once), got {}",
+            cfg.parallel
+        )));
     }
     if cfg.max_tokens_limit == 0 || cfg.default_max_tokens == 0 {
         return Err(ServeError::Config(
@@ -300,8 +373,15 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
     // is a client, and one must not learn how much of its prompt matches
     // another's cached one (or evict it).
     rt.runtime_mut().set_anonymous_reuse(cfg.api_key.is_some());
-    let worker = Worker::spawn(rt, cfg.routed, cfg.queue_depth).map_err(ServeError::Worker)?;
+    let tokenizer = rt.tokenizer().clone();
+    let model_file = rt.runtime().draft_file_name();
+    let rts = slot_runtimes(rt, cfg.parallel)?;
+    let metrics = Arc::new(metrics::ServeMetrics::default());
+    let worker =
+        Worker::spawn(rts, cfg.routed, cfg.queue_depth, metrics).map_err(ServeError::Worker)?;
     let state = Arc::new(AppState {
+        tokenizer,
+        model_file,
         admin_token: cfg.admin.as_ref().map(|a| a.token.clone()),
         cfg,
         access,
@@ -346,8 +426,12 @@ fn app(state: Arc<AppState>, admin_routes: Option<axum::Router>) -> axum::Router
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/infill", post(infill))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics_text))
         .route_layer(middleware::from_fn_with_state(
             access.clone(),
             guard::v1_request,
@@ -398,6 +482,48 @@ async fn serve_stats(State(s): State<Arc<AppState>>) -> Json<ServeCounters> {
     Json(s.worker.counters())
 }
 
+/// Runs `f` (of [`tokenize`]) on the body off the async threads and
+/// answers its JSON.
+async fn tokenizer_answer(
+    s: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    f: fn(&tandem_model::tokenizer::Tokenizer, &[u8]) -> Result<Value, ApiError>,
+) -> Response {
+    let body = match body_or_error(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let tok = s.tokenizer.clone();
+    match tokio::task::spawn_blocking(move || f(&tok, &body)).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => ApiError::server("tokenizing failed").into_response(),
+    }
+}
+
+async fn tokenize(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenizer_answer(s, body, tokenize::tokenize_body).await
+}
+
+async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    tokenizer_answer(s, body, tokenize::detokenize_body).await
+}
+
+async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
+    let text = s.worker.metrics().render(&s.worker.counters());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 fn model_object(s: &AppState) -> Value {
     json!({"id": s.cfg.model_id, "object": "model", "created": s.created, "owned_by": "tandem"})
 }
@@ -425,6 +551,8 @@ async fn model(
 enum Endpoint {
     Chat,
     Completion,
+    /// llama.cpp's `/infill` (its answer shape: `content`, `stop`).
+    Infill,
 }
 
 /// Largest request body accepted (413 `request_too_large` above, naming it).
@@ -454,7 +582,7 @@ async fn chat_completions(
         Err(e) => return e.into_response(),
     };
     match request::parse_chat(&body, &s.limits()) {
-        Ok(r) => generate(s, r, Endpoint::Chat).await,
+        Ok(r) => answer_ignoring(s, r, Endpoint::Chat).await,
         Err(e) => e.into_response(),
     }
 }
@@ -468,9 +596,100 @@ async fn completions(
         Err(e) => return e.into_response(),
     };
     match request::parse_completion(&body, &s.limits()) {
-        Ok(r) => generate(s, r, Endpoint::Completion).await,
+        Ok(r) => match fim_refusal(&s, &r, "suffix") {
+            Some(e) => e.into_response(),
+            None => answer_ignoring(s, r, Endpoint::Completion).await,
+        },
         Err(e) => e.into_response(),
     }
+}
+
+async fn infill(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body_or_error(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    match request::parse_infill(&body, &s.limits()) {
+        Ok(r) => match fim_refusal(&s, &r, "input_suffix") {
+            Some(e) => e.into_response(),
+            None => answer_ignoring(s, r, Endpoint::Infill).await,
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+/// 400 `fim_unsupported` for a fill-in-the-middle request when the served
+/// model has no FIM tokens, naming the model file and the tokens missing
+/// (`param`: the request field that asked for it).
+fn fim_refusal(s: &AppState, r: &GenRequest, param: &str) -> Option<ApiError> {
+    if !r.input.is_fim() {
+        return None;
+    }
+    let missing = s.tokenizer.fim_tokens().missing();
+    (!missing.is_empty()).then(|| {
+        ApiError::invalid(
+            format!(
+                "`{param}`: the model {} ({:?}) cannot fill in the middle: it has no {} token \
+                 (tokenizer.ggml.fim_*_token_id metadata, or tokens such as <|fim_prefix|>, \
+                 <|fim_suffix|>, <|fim_middle|>)",
+                s.cfg.model_id,
+                s.model_file,
+                missing.join(", ")
+            ),
+            Some(param),
+        )
+        .with_code("fim_unsupported")
+    })
+}
+
+/// The response header naming the request fields the server ignored.
+pub const IGNORED_FIELDS_HEADER: &str = "x-tandem-ignored-fields";
+
+/// Longest value of [`IGNORED_FIELDS_HEADER`] (bytes, before the count of
+/// names left out): a client may send any number of unknown fields.
+const IGNORED_FIELDS_MAX: usize = 1024;
+
+/// The value of [`IGNORED_FIELDS_HEADER`]: the names, comma-separated, each
+/// byte outside printable ASCII (and `%`, `,`) percent-encoded so that any
+/// JSON key makes a valid header; names past [`IGNORED_FIELDS_MAX`] bytes
+/// are counted (`…(+N more)`), not listed.
+fn ignored_fields_value(names: &[String]) -> String {
+    let mut out = String::new();
+    for (i, name) in names.iter().enumerate() {
+        let mut enc = String::new();
+        for b in name.bytes() {
+            if b.is_ascii_graphic() && b != b'%' && b != b',' {
+                enc.push(char::from(b));
+            } else {
+                enc.push_str(&format!("%{b:02X}"));
+            }
+        }
+        if out.len().saturating_add(enc.len()) > IGNORED_FIELDS_MAX {
+            out.push_str(&format!(", ...(+{} more)", names.len() - i));
+            break;
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&enc);
+    }
+    out
+}
+
+/// Runs the request and names the fields it ignored in the answer's
+/// [`IGNORED_FIELDS_HEADER`] (errors and streams included).
+async fn answer_ignoring(s: Arc<AppState>, mut r: GenRequest, endpoint: Endpoint) -> Response {
+    let ignored = std::mem::take(&mut r.ignored);
+    if !ignored.is_empty() {
+        tracing::debug!(fields = ?ignored, "ignored unknown request fields");
+    }
+    let mut resp = generate(s, r, endpoint).await;
+    if !ignored.is_empty() {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&ignored_fields_value(&ignored)) {
+            resp.headers_mut().insert(IGNORED_FIELDS_HEADER, v);
+        }
+    }
+    resp
 }
 
 /// Sets the job's cancel flag and gives its queue place up when the
@@ -500,13 +719,29 @@ impl Meta {
         match (self.endpoint, chunk) {
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Completion | Endpoint::Infill, _) => "text_completion",
         }
+    }
+
+    /// llama.cpp's `/infill` answer (whole, or a streamed piece): `content`,
+    /// `stop` and, at the end, `stop_type` (`eos` for an end-of-generation
+    /// token or a stop string, `limit` for max tokens), `tokens_predicted`,
+    /// `tokens_evaluated`.
+    fn infill(&self, content: &str, done: Option<(&str, usize, usize)>, tandem: Value) -> Value {
+        let mut v = json!({"content": content, "stop": done.is_some(), "model": self.model,
+                           "id": self.id, "tandem": tandem});
+        if let Some((finish, prompt, completion)) = done {
+            v["stop_type"] = json!(if finish == "length" { "limit" } else { "eos" });
+            v["tokens_predicted"] = json!(completion);
+            v["tokens_evaluated"] = json!(prompt);
+        }
+        v
     }
 
     /// One choice of a chunk (`delta` for chat, `text` for completions).
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, tandem: Value) -> Value {
         let choice = match self.endpoint {
+            Endpoint::Infill => return self.infill(text.unwrap_or(""), None, tandem),
             Endpoint::Chat => {
                 let delta = match text {
                     Some(t) => json!({"content": t}),
@@ -547,7 +782,7 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
     let meta = Meta {
         id: s.id(match endpoint {
             Endpoint::Chat => "chatcmpl",
-            Endpoint::Completion => "cmpl",
+            Endpoint::Completion | Endpoint::Infill => "cmpl",
         }),
         created: now_secs(),
         model: s.cfg.model_id.clone(),
@@ -594,12 +829,23 @@ async fn collect(
             Event::Checked(c) => checks.push(c),
             Event::Failed(e) => return e.into_response(),
             Event::Started { .. } => {}
+            Event::Done(d) if meta.endpoint == Endpoint::Infill => {
+                let tandem = json!({
+                    "token_ids": ids, "token_status": statuses, "route": route,
+                    "stats": d.stats, "provisional": d.provisional,
+                    "provisional_checks": checks, "session_id": d.session_id,
+                    "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
+                });
+                let prompt = d.prompt_tokens.max(prompt_tokens);
+                let done = Some((d.finish_reason, prompt, d.completion_tokens));
+                return Json(meta.infill(&text, done, tandem)).into_response();
+            }
             Event::Done(d) => {
                 let choice = match meta.endpoint {
                     Endpoint::Chat => json!({"index": 0,
                         "message": {"role": "assistant", "content": text, "refusal": null},
                         "logprobs": null, "finish_reason": d.finish_reason}),
-                    Endpoint::Completion => json!({"index": 0, "text": text,
+                    Endpoint::Completion | Endpoint::Infill => json!({"index": 0, "text": text,
                         "logprobs": null, "finish_reason": d.finish_reason}),
                 };
                 let body = json!({
@@ -611,7 +857,7 @@ async fn collect(
                         "token_ids": ids, "token_status": statuses, "route": route,
                         "stats": d.stats, "provisional": d.provisional,
                         "provisional_checks": checks, "session_id": d.session_id,
-                        "job": d.job, "queue_wait_ms": d.queue_wait_ms,
+                        "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
                     },
                 });
                 return Json(body).into_response();
@@ -674,13 +920,23 @@ fn sse(
                     let _ = out.send(data(e.body()));
                     return;
                 }
+                Some(Event::Done(d)) if meta.endpoint == Endpoint::Infill => {
+                    // llama.cpp's stream: the last object has `stop: true`;
+                    // no `[DONE]`.
+                    let done = Some((d.finish_reason, d.prompt_tokens, d.completion_tokens));
+                    let tandem = json!({"stats": d.stats, "provisional": d.provisional,
+                           "provisional_checks": checks, "session_id": d.session_id,
+                           "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms});
+                    let _ = out.send(data(meta.infill("", done, tandem)));
+                    return;
+                }
                 Some(Event::Done(d)) => {
                     let mut c = meta.chunk(
                         None,
                         Some(d.finish_reason),
                         json!({"stats": d.stats, "provisional": d.provisional,
                                "provisional_checks": checks, "session_id": d.session_id,
-                               "job": d.job, "queue_wait_ms": d.queue_wait_ms}),
+                               "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms}),
                     );
                     if include_usage {
                         c["usage"] = Value::Null;

@@ -1,10 +1,13 @@
 //! Parsing and validating OpenAI request bodies into a [`GenRequest`].
 //!
 //! Works on the JSON object directly (not serde derive) so every refusal can
-//! name its parameter (`param` of the error body): unknown fields are refused
-//! like OpenAI does, parameters this server does not implement are refused
-//! when they ask for something other than their default (`n: 1`,
-//! `logprobs: false`, `presence_penalty: 0`, … pass).
+//! name its parameter (`param` of the error body). Fields this server does
+//! not know are ignored and listed in [`GenRequest::ignored`] (as vLLM and
+//! llama.cpp ignore them; the server names them in the
+//! `x-tandem-ignored-fields` header), or refused like OpenAI does with
+//! [`Limits::strict`]. Parameters this server knows but does not implement
+//! are refused either way when they ask for something other than their
+//! default (`n: 1`, `logprobs: false`, `presence_penalty: 0`, … pass).
 
 use serde_json::{Map, Value};
 use tandem_model::sampling::SamplingParams;
@@ -19,6 +22,45 @@ pub enum Input {
     Chat(Vec<ChatMessage>),
     /// `/v1/completions`: raw text, no template.
     Text(String),
+    /// `/v1/completions` with a `suffix`: fill in the middle between the
+    /// prompt and the suffix (the model's FIM tokens; no template).
+    Fim { prefix: String, suffix: String },
+    /// llama.cpp's `/infill`: prefix, suffix, the text that starts the middle
+    /// (`prompt`) and other files of the project (`input_extra`, as
+    /// `(filename, text)`), in llama.cpp's repo-level layout.
+    Infill {
+        prefix: String,
+        suffix: String,
+        prompt: String,
+        extra: Vec<(String, String)>,
+    },
+}
+
+impl Input {
+    /// Whether the prompt is a fill-in-the-middle one (needs FIM tokens).
+    pub fn is_fim(&self) -> bool {
+        matches!(self, Input::Fim { .. } | Input::Infill { .. })
+    }
+
+    /// Every text the request would send, in order: what the privacy router
+    /// must see (file names of `input_extra` included).
+    pub fn texts(&self) -> Vec<String> {
+        match self {
+            Input::Chat(m) => m.iter().map(|m| m.content.clone()).collect(),
+            Input::Text(t) => vec![t.clone()],
+            Input::Fim { prefix, suffix } => vec![prefix.clone(), suffix.clone()],
+            Input::Infill {
+                prefix,
+                suffix,
+                prompt,
+                extra,
+            } => extra
+                .iter()
+                .flat_map(|(f, t)| [f.clone(), t.clone()])
+                .chain([prefix.clone(), prompt.clone(), suffix.clone()])
+                .collect(),
+        }
+    }
 }
 
 /// A validated generation request.
@@ -36,6 +78,10 @@ pub struct GenRequest {
     pub conversation_id: Option<String>,
     /// Stop sequences (text); the output ends before the first match.
     pub stop: Vec<String>,
+    /// Fields the server did not know and ignored (top level by name, in a
+    /// message as `messages[i].name`), sorted per object; empty with
+    /// [`Limits::strict`], which refuses them.
+    pub ignored: Vec<String>,
 }
 
 /// Limits the parser enforces.
@@ -44,6 +90,9 @@ pub struct Limits<'a> {
     pub model_id: &'a str,
     pub max_tokens_limit: usize,
     pub default_max_tokens: usize,
+    /// Unknown fields are a 400 naming them (OpenAI's behaviour;
+    /// `--strict-api`) instead of being ignored.
+    pub strict: bool,
 }
 
 const CHAT_FIELDS: &[&str] = &[
@@ -99,6 +148,28 @@ const COMPLETION_FIELDS: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
     "user",
+];
+
+/// llama.cpp's `/infill` fields (its names, plus the OpenAI ones `common`
+/// reads).
+const INFILL_FIELDS: &[&str] = &[
+    "model",
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
+    "prompt",
+    "n_predict",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
 ];
 
 /// Extensions accepted on both endpoints.
@@ -188,16 +259,33 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn check_fields(o: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+/// The unknown field `name` (its full path, e.g. `messages[2].foo`): a 400
+/// naming it when strict, else added to `ignored`.
+fn unknown_field(name: String, strict: bool, ignored: &mut Vec<String>) -> Result<(), ApiError> {
+    if strict {
+        return Err(ApiError::invalid(
+            format!("Unrecognized request argument supplied: {name}"),
+            Some(&name),
+        ));
+    }
+    ignored.push(name);
+    Ok(())
+}
+
+/// The top-level fields of `o` that are neither in `known` nor extensions:
+/// refused when strict, else returned.
+fn check_fields(
+    o: &Map<String, Value>,
+    known: &[&str],
+    strict: bool,
+) -> Result<Vec<String>, ApiError> {
+    let mut ignored = Vec::new();
     for k in o.keys() {
         if !known.contains(&k.as_str()) && !EXTENSION_FIELDS.contains(&k.as_str()) {
-            return Err(ApiError::invalid(
-                format!("Unrecognized request argument supplied: {k}"),
-                Some(k),
-            ));
+            unknown_field(k.clone(), strict, &mut ignored)?;
         }
     }
-    Ok(())
+    Ok(ignored)
 }
 
 fn check_model(o: &Map<String, Value>, lim: &Limits) -> Result<(), ApiError> {
@@ -218,9 +306,12 @@ fn common(
     lim: &Limits,
     input: Input,
     max_tokens: Option<u64>,
+    mut ignored: Vec<String>,
 ) -> Result<GenRequest, ApiError> {
     let max_param = if o.contains_key("max_completion_tokens") {
         "max_completion_tokens"
+    } else if o.contains_key("n_predict") {
+        "n_predict"
     } else {
         "max_tokens"
     };
@@ -310,10 +401,7 @@ fn common(
         Some(Value::Object(so)) => {
             for k in so.keys() {
                 if k != "include_usage" {
-                    return Err(ApiError::unsupported(
-                        &format!("stream_options.{k}"),
-                        "this stream option",
-                    ));
+                    unknown_field(format!("stream_options.{k}"), lim.strict, &mut ignored)?;
                 }
             }
             get_bool(so, "include_usage")
@@ -357,6 +445,7 @@ fn common(
         ignore_eos: get_bool(o, "ignore_eos")?.unwrap_or(false),
         conversation_id,
         stop,
+        ignored,
     })
 }
 
@@ -390,7 +479,43 @@ fn message_content(i: usize, v: Option<&Value>) -> Result<String, ApiError> {
 /// bounded before the worker sees it.
 pub const MAX_MESSAGES: usize = 1024;
 
-fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+/// Fields of a message this server knows but does not implement: refused
+/// unless null (or an empty array).
+const MESSAGE_UNSUPPORTED: &[(&str, &str)] = &[
+    ("tool_calls", "tool calls in the history"),
+    ("tool_call_id", "tool results"),
+    ("function_call", "function calls in the history"),
+    ("audio", "audio in the history"),
+];
+
+/// Checks the keys of message `i`: unknown ones go to `ignored` (or are a
+/// 400 when strict), known unsupported ones are refused.
+fn message_fields(
+    i: usize,
+    m: &Map<String, Value>,
+    strict: bool,
+    ignored: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    for (k, v) in m {
+        if matches!(k.as_str(), "role" | "content" | "name" | "refusal") {
+            continue;
+        }
+        match MESSAGE_UNSUPPORTED.iter().find(|(f, _)| f == k) {
+            Some(_) if v.is_null() || empty(v) => {}
+            Some((_, what)) => {
+                return Err(ApiError::unsupported(&format!("messages[{i}].{k}"), what))
+            }
+            None => unknown_field(format!("messages[{i}].{k}"), strict, ignored)?,
+        }
+    }
+    Ok(())
+}
+
+fn messages(
+    o: &Map<String, Value>,
+    strict: bool,
+    ignored: &mut Vec<String>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let arr = match o.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => {
@@ -421,14 +546,7 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
         let Some(m) = m.as_object() else {
             return Err(type_error(&format!("messages[{i}]"), "an object"));
         };
-        for k in m.keys() {
-            if !matches!(k.as_str(), "role" | "content" | "name") {
-                return Err(ApiError::unsupported(
-                    &format!("messages[{i}].{k}"),
-                    "this message field",
-                ));
-            }
-        }
+        message_fields(i, m, strict, ignored)?;
         let role = match m.get("role").and_then(Value::as_str) {
             Some("system") | Some("developer") => Role::System,
             Some("user") => Role::User,
@@ -457,9 +575,9 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
 /// `POST /v1/chat/completions`.
 pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let o = object(body)?;
-    check_fields(&o, CHAT_FIELDS)?;
+    let mut ignored = check_fields(&o, CHAT_FIELDS, lim.strict)?;
     check_model(&o, lim)?;
-    let msgs = messages(&o)?;
+    let msgs = messages(&o, lim.strict, &mut ignored)?;
     if get_bool(&o, "logprobs")?.unwrap_or(false) {
         return Err(ApiError::unsupported("logprobs", "logprobs"));
     }
@@ -489,13 +607,13 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
         Some(n) => Some(n),
         None => get_u64(&o, "max_tokens")?,
     };
-    common(&o, lim, Input::Chat(msgs), max)
+    common(&o, lim, Input::Chat(msgs), max, ignored)
 }
 
 /// `POST /v1/completions`.
 pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let o = object(body)?;
-    check_fields(&o, COMPLETION_FIELDS)?;
+    let ignored = check_fields(&o, COMPLETION_FIELDS, lim.strict)?;
     check_model(&o, lim)?;
     let prompt = match o.get("prompt") {
         Some(Value::String(s)) => s.clone(),
@@ -529,9 +647,88 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
         return Err(ApiError::unsupported("echo", "echo"));
     }
     only_default(&o, "best_of", "best_of > 1", |v| v.as_u64() == Some(1))?;
-    only_default(&o, "suffix", "suffix (insertion)", |_| false)?;
+    let input = match o.get("suffix") {
+        None | Some(Value::Null) => Input::Text(prompt),
+        // An empty suffix asks for nothing after the insertion: a plain
+        // completion (as OpenAI's legacy endpoint).
+        Some(Value::String(sfx)) if sfx.is_empty() => Input::Text(prompt),
+        Some(Value::String(sfx)) => Input::Fim {
+            prefix: prompt,
+            suffix: sfx.clone(),
+        },
+        Some(_) => return Err(type_error("suffix", "a string")),
+    };
     let max = get_u64(&o, "max_tokens")?;
-    common(&o, lim, Input::Text(prompt), max)
+    common(&o, lim, input, max, ignored)
+}
+
+/// A string field of `/infill` (absent or null: empty).
+fn infill_text(o: &Map<String, Value>, k: &str) -> Result<String, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(type_error(k, "a string")),
+    }
+}
+
+/// Most `input_extra` files one `/infill` request may carry (413 above).
+pub const MAX_INFILL_FILES: usize = 256;
+
+/// `input_extra`: `[{"filename": string = "tmp", "text": string}, …]`.
+fn infill_extra(o: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+    let arr = match o.get("input_extra") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(type_error("input_extra", "an array of {filename, text}")),
+    };
+    if arr.len() > MAX_INFILL_FILES {
+        return Err(ApiError::too_large(
+            format!(
+                "`input_extra` has {} files; this server accepts at most {MAX_INFILL_FILES}",
+                arr.len()
+            ),
+            Some("input_extra"),
+        ));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, c) in arr.iter().enumerate() {
+        let param = format!("input_extra[{i}]");
+        let Some(c) = c.as_object() else {
+            return Err(type_error(&param, "an object {filename, text}"));
+        };
+        let field = |k: &str, default: &str| match c.get(k) {
+            None | Some(Value::Null) => Ok(default.to_string()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(type_error(&format!("{param}.{k}"), "a string")),
+        };
+        out.push((field("filename", "tmp")?, field("text", "")?));
+    }
+    Ok(out)
+}
+
+/// `POST /infill` (llama.cpp's server): `input_prefix`, `input_suffix`,
+/// `input_extra`, `prompt`, `n_predict` (or `max_tokens`; negative: the
+/// default), and the sampling fields of the completions endpoint. `model`
+/// is optional here (llama.cpp does not read it) but must be the served one
+/// when given.
+pub fn parse_infill(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
+    let o = object(body)?;
+    let ignored = check_fields(&o, INFILL_FIELDS, lim.strict)?;
+    if !is_null(o.get("model")) {
+        check_model(&o, lim)?;
+    }
+    let input = Input::Infill {
+        prefix: infill_text(&o, "input_prefix")?,
+        suffix: infill_text(&o, "input_suffix")?,
+        prompt: infill_text(&o, "prompt")?,
+        extra: infill_extra(&o)?,
+    };
+    let max = match o.get("n_predict") {
+        Some(v) if v.as_i64().is_some_and(|n| n < 0) => None,
+        Some(_) => get_u64(&o, "n_predict")?,
+        None => get_u64(&o, "max_tokens")?,
+    };
+    common(&o, lim, input, max, ignored)
 }
 
 #[cfg(test)]
@@ -543,6 +740,7 @@ mod tests {
         model_id: "tandem",
         max_tokens_limit: 100,
         default_max_tokens: 16,
+        strict: true,
     };
 
     fn chat(v: serde_json::Value) -> Result<GenRequest, ApiError> {
@@ -607,6 +805,55 @@ mod tests {
         b["presence_penalty"] = serde_json::json!(0);
         b["tools"] = serde_json::json!([]);
         chat(b).unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_named_unless_strict() {
+        let lenient = Limits {
+            strict: false,
+            ..LIM
+        };
+        let body = serde_json::json!({"model":"tandem","cache_prompt":true,"bogus":{"x":1},
+            "stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},
+            "messages":[{"role":"user","content":"hi","foo":1,"tool_calls":[],"refusal":null}]});
+        let r = parse_chat(body.to_string().as_bytes(), &lenient).unwrap();
+        assert_eq!(
+            r.ignored,
+            [
+                "bogus",
+                "cache_prompt",
+                "messages[0].foo",
+                "stream_options.continuous_usage_stats"
+            ]
+        );
+        assert!(r.include_usage);
+        // Strict: the first unknown field is a 400 naming it.
+        let e = parse_chat(body.to_string().as_bytes(), &LIM).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("bogus"), "{e:?}");
+        // Known but unsupported stays a 400 in lenient mode.
+        for (k, v) in [
+            ("tools", serde_json::json!([{"type": "function"}])),
+            (
+                "response_format",
+                serde_json::json!({"type": "json_object"}),
+            ),
+            ("logprobs", serde_json::json!(true)),
+        ] {
+            let mut b =
+                serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});
+            b[k] = v;
+            let e = parse_chat(b.to_string().as_bytes(), &lenient).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(k), "{e:?}");
+            assert_eq!(e.code, Some("unsupported_parameter"));
+        }
+        let b = serde_json::json!({"model":"tandem","messages":[{"role":"assistant","content":"",
+            "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]});
+        let e = parse_chat(b.to_string().as_bytes(), &lenient).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].tool_calls"), "{e:?}");
+        let c = serde_json::json!({"model":"tandem","prompt":"x","n_predict":4});
+        let r = parse_completion(c.to_string().as_bytes(), &lenient).unwrap();
+        assert_eq!(r.ignored, ["n_predict"]);
     }
 
     #[test]

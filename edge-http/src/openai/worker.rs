@@ -1,26 +1,32 @@
-//! The generation worker: one dedicated thread owns the [`RoutedRuntime`] and
-//! runs one generation at a time (the device's CPU is the bottleneck; two
-//! at once would only slow both). Requests wait in a bounded FIFO queue
-//! (`std::sync::mpsc`, so strictly first come, first served); a request that
-//! finds `depth` others waiting gets 429. Each job streams [`Event`]s back
-//! through its own channel; the per-token callback returns false (which
-//! stops the runtime, and closes the verifier session) once the job's cancel
-//! flag is set, its receiver is gone, or the server shuts down.
+//! The generation workers: `parallel` slot threads, each owning a
+//! [`RoutedRuntime`] (the first one given, the others its siblings: the same
+//! draft weights, shared conversation cache and privacy pins, their own
+//! draft KV and verifier session per generation), so a long answer on one
+//! slot does not hold back a short completion on another. Requests wait in
+//! one bounded FIFO queue (`std::sync::mpsc`, taken by whichever slot is
+//! free: strictly first come, first served); a request that finds `depth`
+//! others waiting gets 429. Slots share the CPU: each forward a slot runs is
+//! a job on the shared forward pool, and the pool serves the slots' jobs in
+//! turn, so two generations progress at the same pace whatever their
+//! lengths. Each job streams [`Event`]s back through its own channel; the
+//! per-token callback returns false (which stops the runtime, and closes the
+//! verifier session) once the job's cancel flag is set, its receiver is
+//! gone, or the server shuts down.
 //!
-//! The runtime lives on a plain thread (not a tokio blocking-pool thread)
-//! because it owns a tokio runtime of its own, which must neither be driven
-//! nor dropped from async code.
+//! The runtimes live on plain threads (not tokio blocking-pool threads)
+//! because each owns a tokio runtime of its own, which must neither be
+//! driven nor dropped from async code.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
-use serde::Serialize;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_router::Action;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::error::ApiError;
+use super::metrics::{ServeCounters, ServeMetrics};
 use super::request::{GenRequest, Input};
 use tandem_edge::context_policy::{fit_messages_cancellable, ContextError};
 use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
@@ -58,8 +64,11 @@ pub struct Done {
     pub stats: EdgeStats,
     pub provisional: ProvisionalReport,
     pub session_id: Option<String>,
-    /// The server's sequence number of this generation (1, 2, …: run order).
+    /// The server's sequence number of this generation (1, 2, …: the order
+    /// in which slots took them).
     pub job: u64,
+    /// The generation slot that ran it (0-based).
+    pub slot: usize,
     /// Time the request waited in the queue.
     pub queue_wait_ms: f64,
 }
@@ -73,28 +82,9 @@ pub struct Job {
     pub admitted: std::time::Instant,
 }
 
-/// Counters of the server's life (`GET /admin/v1/serve/stats`). No text.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ServeCounters {
-    /// Generation requests admitted to the queue.
-    pub admitted: u64,
-    /// Refused with 429 because the queue was full.
-    pub rejected_queue_full: u64,
-    pub completed: u64,
-    /// Stopped because the client went away (or the server shut down),
-    /// while running or still queued.
-    pub cancelled: u64,
-    pub failed: u64,
-    /// Requests waiting now (not counting the running one).
-    pub queued: usize,
-    /// A generation is running now.
-    pub running: bool,
-    pub queue_depth: usize,
-}
-
-/// A request's place in the queue: counted in the worker's `queued` from
-/// admission until the worker takes the job or the client goes away
-/// (whichever comes first), so abandoned requests never fill the queue.
+/// A request's place in the server: counted in the worker's `pending` from
+/// admission until its job ends or its client goes away (whichever comes
+/// first), so abandoned requests never fill the queue.
 pub struct QueueSlot {
     queued: Arc<AtomicUsize>,
     held: AtomicBool,
@@ -114,49 +104,92 @@ type Queued = (Job, Arc<QueueSlot>);
 
 pub struct Worker {
     tx: Mutex<Option<mpsc::Sender<Queued>>>,
-    queued: Arc<AtomicUsize>,
+    /// Admitted requests whose job has not ended and whose client still
+    /// waits: the running ones and those in the queue.
+    pending: Arc<AtomicUsize>,
     depth: usize,
+    /// Generation slots.
+    parallel: usize,
     counters: Arc<Mutex<ServeCounters>>,
     shutdown: Arc<AtomicBool>,
+    metrics: Arc<ServeMetrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What every slot thread shares.
+struct Shared {
+    rx: Mutex<mpsc::Receiver<Queued>>,
+    counters: Arc<Mutex<ServeCounters>>,
+    shutdown: Arc<AtomicBool>,
+    metrics: Arc<ServeMetrics>,
+    /// The last job number handed out.
+    seq: AtomicU64,
+    routed: bool,
+}
+
 impl Worker {
-    /// Starts the worker thread around `rt`. `routed`: ask the privacy router
-    /// before each generation when a verifier is configured (else every
-    /// request goes to `generate`, which is local without a verifier).
-    pub fn spawn(rt: RoutedRuntime, routed: bool, depth: usize) -> std::io::Result<Self> {
+    /// Starts one slot thread per runtime in `rts` (at least one).
+    /// `routed`: ask the privacy router before each generation when a
+    /// verifier is configured (else every request goes to `generate`, which
+    /// is local without a verifier).
+    pub fn spawn(
+        rts: Vec<RoutedRuntime>,
+        routed: bool,
+        depth: usize,
+        metrics: Arc<ServeMetrics>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Queued>();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let parallel = rts.len();
         let counters = Arc::new(Mutex::new(ServeCounters {
             queue_depth: depth,
+            parallel,
             ..ServeCounters::default()
         }));
         let shutdown = Arc::new(AtomicBool::new(false));
-        let (c, sd) = (counters.clone(), shutdown.clone());
-        std::thread::Builder::new()
-            .name("tandem-serve-gen".into())
-            .spawn(move || run_worker(rt, routed, rx, c, sd))?;
-        Ok(Self {
+        let shared = Arc::new(Shared {
+            rx: Mutex::new(rx),
+            counters: counters.clone(),
+            shutdown: shutdown.clone(),
+            metrics: metrics.clone(),
+            seq: AtomicU64::new(0),
+            routed,
+        });
+        let worker = Self {
             tx: Mutex::new(Some(tx)),
-            queued,
+            pending,
             depth,
+            parallel,
             counters,
             shutdown,
-        })
+            metrics,
+        };
+        for (slot, rt) in rts.into_iter().enumerate() {
+            let shared = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tandem-serve-gen-{slot}"))
+                .spawn(move || run_slot(rt, slot, &shared));
+            if let Err(e) = spawned {
+                worker.stop();
+                return Err(e);
+            }
+        }
+        Ok(worker)
     }
 
-    /// Queues `job`, or refuses it with 429 when `depth` jobs already wait.
-    /// The caller releases the returned slot when its client goes away.
+    /// Queues `job`, or refuses it with 429 when every slot is taken and
+    /// `depth` jobs already wait (whether a free slot has woken up to take
+    /// its job yet does not matter). The caller releases the returned place
+    /// when its client goes away.
     pub fn submit(&self, job: Job) -> Result<Arc<QueueSlot>, ApiError> {
-        let depth = self.depth;
+        let (depth, capacity) = (self.depth, self.depth.saturating_add(self.parallel));
         let admitted = self
-            .queued
+            .pending
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < depth).then_some(n + 1)
+                (n < capacity).then_some(n + 1)
             })
             .is_ok();
         if !admitted {
@@ -164,7 +197,7 @@ impl Worker {
             return Err(ApiError::queue_full(depth));
         }
         let slot = Arc::new(QueueSlot {
-            queued: self.queued.clone(),
+            queued: self.pending.clone(),
             held: AtomicBool::new(true),
         });
         let sent = lock(&self.tx)
@@ -181,12 +214,16 @@ impl Worker {
 
     pub fn counters(&self) -> ServeCounters {
         let mut c = lock(&self.counters).clone();
-        c.queued = self.queued.load(Ordering::SeqCst);
+        c.queued = self.pending.load(Ordering::SeqCst).saturating_sub(c.active);
         c
     }
 
-    /// Cancels the running generation and every queued one; the thread ends
-    /// (and drops the runtime) once the queue is drained.
+    pub fn metrics(&self) -> &ServeMetrics {
+        &self.metrics
+    }
+
+    /// Cancels the running generations and every queued one; the threads
+    /// end (and drop their runtimes) once the queue is drained.
     pub fn stop(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
         lock(&self.tx).take();
@@ -199,49 +236,76 @@ impl Drop for Worker {
     }
 }
 
-fn run_worker(
-    mut rt: RoutedRuntime,
-    routed: bool,
-    rx: mpsc::Receiver<Queued>,
-    counters: Arc<Mutex<ServeCounters>>,
-    shutdown: Arc<AtomicBool>,
-) {
+/// One generation slot: takes the next queued job whenever it is free.
+fn run_slot(mut rt: RoutedRuntime, slot: usize, shared: &Shared) {
     let tok = rt.tokenizer().clone();
     // Without a verifier nothing can leave the device: no decision to take.
-    let routed = routed && rt.runtime().config().verifier_url.is_some();
-    let mut seq = 0u64;
-    for (job, slot) in rx {
-        slot.release();
+    let routed = shared.routed && rt.runtime().config().verifier_url.is_some();
+    loop {
+        // The receiver's lock is held while waiting: the free slots queue
+        // up behind it, and the queue stays strictly FIFO.
+        let next = lock(&shared.rx).recv();
+        let Ok((job, place)) = next else {
+            break;
+        };
         if job.cancel.load(Ordering::SeqCst)
             || job.events.is_closed()
-            || shutdown.load(Ordering::SeqCst)
+            || shared.shutdown.load(Ordering::SeqCst)
         {
-            lock(&counters).cancelled += 1;
+            lock(&shared.counters).cancelled += 1;
+            place.release();
             continue;
         }
-        lock(&counters).running = true;
-        seq += 1;
+        {
+            let mut c = lock(&shared.counters);
+            c.active += 1;
+            c.running = true;
+        }
+        let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
         // Asked before the first token too: while fitting the context,
         // between the draft's prefill chunks, while the verifier opens.
         rt.runtime_mut().set_cancel_flag(Some(job.cancel.clone()));
-        let (outcome, last) = run_job(&mut rt, &tok, routed, &job, seq, &shutdown);
+        let ctx = JobCtx {
+            routed,
+            seq,
+            slot,
+            shutdown: &shared.shutdown,
+        };
+        let (outcome, last) = run_job(&mut rt, &tok, &job, &ctx);
         rt.runtime_mut().set_cancel_flag(None);
+        if let Some(Event::Done(d)) = &last {
+            shared
+                .metrics
+                .generation(d.prompt_tokens, d.completion_tokens, &d.stats);
+        }
         {
             // Counted before the last event goes out: a client that has its
             // answer sees it in the counters.
-            let mut c = lock(&counters);
-            c.running = false;
+            let mut c = lock(&shared.counters);
+            c.active = c.active.saturating_sub(1);
+            c.running = c.active > 0;
             match outcome {
                 Outcome::Completed => c.completed += 1,
                 Outcome::Cancelled => c.cancelled += 1,
                 Outcome::Failed => c.failed += 1,
             }
         }
+        // Free before the answer goes out: a client that has it may send
+        // the next request at once.
+        place.release();
         if let Some(ev) = last {
             let _ = job.events.send(ev);
         }
     }
-    tracing::debug!("generation worker stopped");
+    tracing::debug!(slot, "generation slot stopped");
+}
+
+/// What [`run_job`] needs of its slot.
+struct JobCtx<'a> {
+    routed: bool,
+    seq: u64,
+    slot: usize,
+    shutdown: &'a AtomicBool,
 }
 
 enum Outcome {
@@ -322,16 +386,31 @@ impl<'a> StopScan<'a> {
     }
 }
 
+/// The tokens of a prompt without a chat template: a raw completion, or a
+/// fill-in-the-middle one in the model's FIM format.
+fn raw_prompt(tok: &Tokenizer, input: &Input) -> tandem_model::Result<Vec<u32>> {
+    match input {
+        Input::Chat(m) => tok.encode_chat(m, true),
+        Input::Text(t) => tok.encode_prompt(t),
+        Input::Fim { prefix, suffix } => tok.encode_fim(prefix, suffix),
+        Input::Infill {
+            prefix,
+            suffix,
+            prompt,
+            extra,
+        } => tok.encode_infill(prefix, suffix, prompt, extra),
+    }
+}
+
 /// Runs one job, streaming its events; returns the outcome and the last
 /// event (`Done` or `Failed`), which the caller sends after counting.
 fn run_job(
     rt: &mut RoutedRuntime,
     tok: &Tokenizer,
-    routed: bool,
     job: &Job,
-    seq: u64,
-    shutdown: &AtomicBool,
+    ctx: &JobCtx,
 ) -> (Outcome, Option<Event>) {
+    let (routed, seq, shutdown) = (ctx.routed, ctx.seq, ctx.shutdown);
     let queue_wait_ms = job.admitted.elapsed().as_secs_f64() * 1000.0;
     let req = &job.req;
     let send = |e: Event| job.events.send(e).is_ok();
@@ -356,8 +435,13 @@ fn run_job(
                 Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
             }
         }
-        Input::Text(t) => match tok.encode_prompt(t) {
-            Ok(p) => (vec![ChatMessage::user(t.clone())], p, 0),
+        other => match raw_prompt(tok, other) {
+            // The router sees every text the prompt carries.
+            Ok(p) => (
+                other.texts().into_iter().map(ChatMessage::user).collect(),
+                p,
+                0,
+            ),
             Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
         },
     };
@@ -378,7 +462,9 @@ fn run_job(
     }
     let conv = match &req.conversation_id {
         Some(c) => c.clone(),
-        None => format!("request-{}", std::process::id()),
+        // Unique per job: slots route at once, and one anonymous request's
+        // pin must not be seen by another's.
+        None => format!("request-{}-{seq}", std::process::id()),
     };
     let route = routed.then(|| rt.route(&conv, &messages));
     let local = route.as_ref().is_some_and(|r| r.action() == Action::Local);
@@ -480,6 +566,7 @@ fn run_job(
         provisional: g.provisional,
         session_id: g.session_id,
         job: seq,
+        slot: ctx.slot,
         queue_wait_ms,
     }));
     (Outcome::Completed, Some(done))

@@ -40,6 +40,7 @@ mod vocab;
 pub use chat::{ChatMessage, Role, QWEN2_CHAT_TEMPLATE};
 pub use pair::PairError;
 pub use pre::{supported_names as supported_pre_tokenizers, PreType};
+pub use special::FimTokens;
 pub use stream::StreamDecoder;
 pub use vocab::TokenKind;
 
@@ -372,6 +373,95 @@ impl Tokenizer {
     /// file-separator tokens).
     pub fn is_eog(&self, id: u32) -> bool {
         self.inner.ids.eog.binary_search(&id).is_ok()
+    }
+
+    /// The fill-in-the-middle tokens ([`FimTokens`]).
+    pub fn fim_tokens(&self) -> FimTokens {
+        self.inner.ids.fim
+    }
+
+    /// The fill-in-the-middle prompt of the model's prefix-suffix-middle
+    /// format, `[BOS] <fim_pre> prefix <fim_suf> suffix <fim_mid>` (Qwen2.5-
+    /// Coder: `<|fim_prefix|>…<|fim_suffix|>…<|fim_middle|>`); the model
+    /// writes the middle. The texts are never parsed for control tokens. An
+    /// error names the tokens the model lacks ([`FimTokens::missing`]).
+    pub fn encode_fim(&self, prefix: &str, suffix: &str) -> Result<Vec<u32>> {
+        let (pre, suf, mid) = self.fim_core()?;
+        let mut out = self.bos_if_added();
+        out.push(pre);
+        self.encode_into(prefix, false, &[], &mut out)?;
+        out.push(suf);
+        self.encode_into(suffix, false, &[], &mut out)?;
+        out.push(mid);
+        Ok(out)
+    }
+
+    /// llama.cpp server's `/infill` prompt (`format_infill`, repo-level
+    /// layout): `<fim_rep>myproject\n` when the model has a repo token, then
+    /// per `extra` file (`(filename, text)`) `<fim_sep>filename\n` + text
+    /// (or `\n\n--- snippet ---\n\n` + text without a file separator),
+    /// `<fim_sep>filename\n` for the current file, then
+    /// `[BOS] <fim_pre> prefix prompt <fim_suf> suffix <fim_mid>`. Nothing is
+    /// cut to fit (llama.cpp trims the prefix to 3/4 of a batch): a prompt
+    /// over the context is refused by the runtime instead.
+    pub fn encode_infill(
+        &self,
+        prefix: &str,
+        suffix: &str,
+        prompt: &str,
+        extra: &[(String, String)],
+    ) -> Result<Vec<u32>> {
+        let (pre, suf, mid) = self.fim_core()?;
+        let fim = self.inner.ids.fim;
+        let mut out = Vec::new();
+        if let Some(rep) = fim.rep {
+            out.push(rep);
+            self.encode_into("myproject\n", false, &[], &mut out)?;
+        }
+        for (filename, text) in extra {
+            match fim.sep {
+                Some(sep) => {
+                    out.push(sep);
+                    self.encode_into(&format!("{filename}\n"), false, &[], &mut out)?;
+                }
+                None => self.encode_into("\n\n--- snippet ---\n\n", false, &[], &mut out)?,
+            }
+            self.encode_into(text, false, &[], &mut out)?;
+        }
+        if let Some(sep) = fim.sep {
+            out.push(sep);
+            self.encode_into("filename\n", false, &[], &mut out)?;
+        }
+        out.extend(self.bos_if_added());
+        out.push(pre);
+        self.encode_into(prefix, false, &[], &mut out)?;
+        self.encode_into(prompt, false, &[], &mut out)?;
+        out.push(suf);
+        self.encode_into(suffix, false, &[], &mut out)?;
+        out.push(mid);
+        Ok(out)
+    }
+
+    /// The prefix, suffix and middle tokens, or the error naming those
+    /// missing.
+    fn fim_core(&self) -> Result<(u32, u32, u32)> {
+        let f = self.inner.ids.fim;
+        match (f.pre, f.suf, f.mid) {
+            (Some(p), Some(s), Some(m)) => Ok((p, s, m)),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "this model has no fill-in-the-middle tokens ({} missing: neither \
+                 tokenizer.ggml.fim_*_token_id metadata nor tokens such as <|fim_prefix|>)",
+                f.missing().join(", ")
+            ))),
+        }
+    }
+
+    /// `[BOS]` when the model adds one, else nothing.
+    fn bos_if_added(&self) -> Vec<u32> {
+        match (self.add_bos(), self.bos_id()) {
+            (true, Some(bos)) => vec![bos],
+            _ => Vec::new(),
+        }
     }
 
     /// The model's own stop set: every end-of-generation id, ascending.

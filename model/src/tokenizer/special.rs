@@ -51,6 +51,87 @@ const FIM_EOG_TEXTS: &[&[&str]] = &[
     &["<|file_sep|>"],
 ];
 
+/// Fill-in-the-middle token texts llama.cpp recognises when the metadata
+/// names none (`llama_vocab::impl::load`), in its order of preference:
+/// prefix, suffix, middle.
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+];
+
+/// Reads a token id from a metadata key, with a default when it is absent.
+type ReadId<'a> = dyn Fn(&str, Option<u32>) -> Result<Option<u32>> + 'a;
+
+/// A model's fill-in-the-middle tokens (llama.cpp's `fim_pre`, `fim_suf`,
+/// `fim_mid`, `fim_pad`, `fim_rep`, `fim_sep`): from the metadata
+/// `tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id`, else found by
+/// their text as llama.cpp does (Qwen2.5-Coder's GGUFs name none in their
+/// metadata; their vocabulary has `<|fim_prefix|>` …).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FimTokens {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    /// Repository name (`<|repo_name|>`): repo-level infill.
+    pub rep: Option<u32>,
+    /// File separator (`<|file_sep|>`): repo-level infill.
+    pub sep: Option<u32>,
+}
+
+impl FimTokens {
+    /// The names (`fim_pre`, `fim_suf`, `fim_mid`) of the tokens a
+    /// fill-in-the-middle prompt needs and this model lacks (empty: it can).
+    pub fn missing(&self) -> Vec<&'static str> {
+        [
+            ("fim_pre", self.pre),
+            ("fim_suf", self.suf),
+            ("fim_mid", self.mid),
+        ]
+        .into_iter()
+        .filter(|(_, id)| id.is_none())
+        .map(|(n, _)| n)
+        .collect()
+    }
+
+    /// Reads them with `read` (a metadata key and the default when it is
+    /// absent), the default being the first text found (see the type).
+    fn read(read: &ReadId, token_to_id: &FxMap<String, u32>) -> Result<Self> {
+        let find = |key: &str, texts: &[&str]| read(key, first_of(texts, token_to_id));
+        Ok(Self {
+            pre: find("tokenizer.ggml.fim_pre_token_id", FIM_PRE_TEXTS)?,
+            suf: find("tokenizer.ggml.fim_suf_token_id", FIM_SUF_TEXTS)?,
+            mid: find("tokenizer.ggml.fim_mid_token_id", FIM_MID_TEXTS)?,
+            pad: find("tokenizer.ggml.fim_pad_token_id", FIM_EOG_TEXTS[0])?,
+            rep: find("tokenizer.ggml.fim_rep_token_id", FIM_EOG_TEXTS[1])?,
+            sep: find("tokenizer.ggml.fim_sep_token_id", FIM_EOG_TEXTS[2])?,
+        })
+    }
+}
+
 /// The special ids and flags of a vocabulary.
 #[derive(Clone, Debug)]
 pub(crate) struct Specials {
@@ -64,6 +145,9 @@ pub(crate) struct Specials {
     pub add_eos: bool,
     /// End-of-generation ids, ascending.
     pub eog: Vec<u32>,
+    /// Fill-in-the-middle tokens (not part of the pairing fingerprint: a
+    /// draft and target pair by their shared vocabulary, which holds them).
+    pub fim: FimTokens,
 }
 
 /// Defaults llama.cpp assumes before reading metadata.
@@ -99,6 +183,7 @@ impl Specials {
                 None => Ok(in_range(default)),
             }
         };
+        let fim = FimTokens::read(&read, token_to_id)?;
         let bos = read("tokenizer.ggml.bos_token_id", defaults.bos)?;
         let eos = read("tokenizer.ggml.eos_token_id", defaults.eos)?;
         let unk = read("tokenizer.ggml.unknown_token_id", defaults.unk)?;
@@ -172,6 +257,7 @@ impl Specials {
             add_bos,
             add_eos,
             eog,
+            fim,
         })
     }
 }
