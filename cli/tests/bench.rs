@@ -356,7 +356,7 @@ fn bad_arguments_fail_with_a_clear_message() {
         (vec!["--engines", "gpu"], "invalid value 'gpu'"),
         (
             vec!["--prompts", "editing,/nonexistent/set.jsonl"],
-            "reading prompt set /nonexistent/set.jsonl (built in: default, editing)",
+            "reading prompt set /nonexistent/set.jsonl (built in: default, editing, fim)",
         ),
     ] {
         let out = tandem().arg("bench").args(&args).output().unwrap();
