@@ -70,10 +70,13 @@ const EDITING_PROMPTS: &str = include_str!("../../prompts/editing.jsonl");
 const FIM_PROMPTS: &str = include_str!("../../prompts/fim.jsonl");
 /// The llama.cpp measurement script, built in and run with `python3 -c`.
 const LLAMA_CPP_SCRIPT: &str = include_str!("../../scripts/llama_cpp_bench.py");
-/// Verify block sizes of the cost curve (k = 1 is the reference). 24, 40 and 64
-/// are the row counts the verifier's batching produces (several sessions'
-/// blocks in one forward; docs/verifier.md).
+/// Verify block sizes of the cost curve by default (k = 1 is the reference;
+/// `--ks` chooses others). 24, 40 and 64 are the row counts the verifier's
+/// batching produces (several sessions' blocks in one forward; docs/verifier.md).
 const VERIFY_KS: [usize; 9] = [1, 2, 3, 5, 9, 17, 24, 40, 64];
+/// The largest `--ks` entry: a verify block far beyond any draft length or
+/// batch measures nothing the product runs.
+const MAX_VERIFY_K: usize = 256;
 /// Prompt length for prefill and the verify context.
 const PROMPT_TOKENS: usize = 128;
 
@@ -192,6 +195,11 @@ pub struct Args {
     /// case: the prompt is the prefix, in the model's FIM format).
     #[arg(long, value_delimiter = ',', default_values = ["default"])]
     prompts: Vec<String>,
+    /// Rows per forward of the verify cost curve, comma-separated and
+    /// increasing from 1 (the reference every ratio divides by), at most
+    /// 256. The default's 24, 40 and 64 are the verifier's batched forwards.
+    #[arg(long = "ks", value_delimiter = ',', default_values_t = VERIFY_KS)]
+    verify_ks: Vec<usize>,
     /// Python interpreter for the llama.cpp column.
     #[arg(long, env = "TANDEM_PYTHON", default_value = "python3")]
     python: String,
@@ -274,6 +282,7 @@ impl Args {
             .decode_tokens
             .unwrap_or(if self.quick { 32 } else { 64 });
         anyhow::ensure!(decode_tokens >= 1, "--decode-tokens must be at least 1");
+        check_verify_ks(&self.verify_ks)?;
         // A bad prompt set fails now, not after the model measurements.
         self.prompt_sets()?;
         Ok(Resolved {
@@ -383,7 +392,7 @@ fn run_worker(args: &Args, res: &Resolved, kind: WorkerKind) -> Result<()> {
             let plan = MicroPlan {
                 prompt: args.prompt_ids.clone(),
                 decode_tokens: res.decode_tokens,
-                ks: VERIFY_KS.to_vec(),
+                ks: args.verify_ks.clone(),
                 repeats: res.repeats,
                 threads: res.threads,
             };
@@ -464,7 +473,8 @@ fn self_worker(args: &Args, res: &Resolved, kind: &str) -> Result<Command> {
         .args(["bench", "--worker", kind])
         .args(["--threads", &res.threads.to_string()])
         .args(["--repeats", &res.repeats.to_string()])
-        .args(["--decode-tokens", &res.decode_tokens.to_string()]);
+        .args(["--decode-tokens", &res.decode_tokens.to_string()])
+        .args(["--ks", &ks_csv(&args.verify_ks)]);
     if let Some(p) = &args.draft_model {
         cmd.arg("--draft-model").arg(p);
     }
@@ -486,6 +496,34 @@ fn llama_cpp_installed(python: &str) -> bool {
 
 fn ids_csv(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn ks_csv(ks: &[usize]) -> String {
+    ks.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `--ks`: starts at 1 (every cost ratio divides by it), strictly increasing,
+/// at most [`MAX_VERIFY_K`].
+fn check_verify_ks(ks: &[usize]) -> Result<()> {
+    anyhow::ensure!(
+        ks.first() == Some(&1),
+        "--ks must start at 1, the reference every cost ratio divides by (got {})",
+        ks_csv(ks)
+    );
+    anyhow::ensure!(
+        ks.windows(2).all(|w| w[0] < w[1]),
+        "--ks must be strictly increasing (got {})",
+        ks_csv(ks)
+    );
+    anyhow::ensure!(
+        ks.last().is_some_and(|&k| k <= MAX_VERIFY_K),
+        "--ks entries must be at most {MAX_VERIFY_K} (got {})",
+        ks_csv(ks)
+    );
+    Ok(())
 }
 
 fn measure(
@@ -517,7 +555,7 @@ fn measure(
                     .args(["--threads", &res.threads.to_string()])
                     .args(["--repeats", &res.repeats.to_string()])
                     .args(["--decode-tokens", &res.decode_tokens.to_string()])
-                    .args(["--ks", &ids_csv(&VERIFY_KS.map(|k| k as u32))])
+                    .args(["--ks", &ks_csv(&args.verify_ks)])
                     .args(["--prompt-ids", &ids_csv(prompt)])
                     .args(extra);
                 c
@@ -763,7 +801,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             quick: args.quick,
             prompt_tokens: PROMPT_TOKENS,
             decode_tokens: res.decode_tokens,
-            verify_ks: VERIFY_KS.to_vec(),
+            verify_ks: args.verify_ks.clone(),
             spec_prompts: res.spec_prompts,
             spec_k: args.k,
             spec_proposers: args.proposers.clone(),

@@ -29,12 +29,13 @@ use tandem_model::transformer::{LoadOptions, Model};
 
 /// Greedy tokens per prompt of the real-draft check (keeps the qemu run of
 /// CI short; docs/model-core.md "aarch64" has the times).
-/// 8 tokens of 2 prompts: the prefill (many-row kernels) and 7 one-row
-/// decode steps per prompt, every step's logits hashed.
+/// 8 tokens of 1 prompt: the prefill (many-row kernels) and 7 one-row
+/// decode steps, every step's logits hashed.
 const REAL_TOKENS: usize = 8;
-/// Prompts of the shared set used by the real-draft check: English code,
-/// Chinese code.
-const REAL_PROMPTS: [&str; 2] = ["p00", "p15"];
+/// Prompts of the shared set used by the real-draft check: English code
+/// (Chinese code, p15, was dropped for CI time on 2026-12-06; the kernels and
+/// tiny models above cover every path either prompt takes).
+const REAL_PROMPTS: [&str; 1] = ["p00"];
 
 fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

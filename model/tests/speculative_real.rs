@@ -22,7 +22,14 @@ fn greedy_speculative_equals_target_on_real_models() {
     // Outputs are capped to keep CI short; two prompts run to 256 tokens.
     let mut long_runs = 0;
     let report = Mutex::new(Vec::new());
-    for (i, p) in prompts.iter().take(22).enumerate() {
+    // Two of every three of the first 22 prompts (15: code in English and
+    // Chinese, prose, both 256-token ones) keep CI short.
+    let chosen = prompts
+        .iter()
+        .take(22)
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 2);
+    for (i, (_, p)) in chosen.enumerate() {
         let ids = chat_tokens(&tok, &p.text);
         let max_tokens = if p.max_tokens >= 256 && long_runs < 2 {
             long_runs += 1;
@@ -37,7 +44,7 @@ fn greedy_speculative_equals_target_on_real_models() {
         };
         let reference = generate_single(&target, &ids, &base, &mut |_| true).unwrap();
         // One speculative run per prompt keeps CI short: k ∈ {1,2,4,8,16}
-        // rotates over the prompts (each k sees 3–6 prompts of different
+        // rotates over the prompts (each k sees 2–3 prompts of different
         // kinds); the two long generations run with the default k = 4.
         let long = max_tokens == 256;
         let ks = [if long { 4 } else { [1, 2, 4, 8, 16][i % 5] }];
