@@ -25,6 +25,7 @@ use tandem_cli_common::models::{load_model, resolve_model, tokenizer_of};
 use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
+use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::ChatMessage;
 use tandem_router::Router;
@@ -51,6 +52,9 @@ pub struct Args {
     /// Draft block length.
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// The device's proposer (as `tandem serve-edge --proposer`).
+    #[arg(long, default_value = "auto")]
+    proposer: ProposerKind,
     /// Skip the target-only greedy check of every turn.
     #[arg(long)]
     no_target_check: bool,
@@ -80,6 +84,12 @@ struct Turn {
     turn: usize,
     off: TurnRun,
     on: TurnRun,
+    /// A fresh request of this turn's user message alone (the system lines
+    /// and that message: about the tokens the caches-on turn prefills), on
+    /// the caches-off server.
+    fresh: TurnRun,
+    /// TTFT with the caches on over the fresh request's.
+    on_over_fresh: f64,
     /// The reply is the same with the caches on and off.
     identical: bool,
     /// The reply equals the target's own greedy output (None: not checked).
@@ -94,6 +104,7 @@ struct Report {
     loadavg_before: Vec<f64>,
     loadavg_after: Vec<f64>,
     max_tokens: usize,
+    proposer: &'static str,
     k: usize,
     turns: Vec<Turn>,
     /// TTFT of turn 6 and of the last turn over turn 1's, caches off and on.
@@ -101,6 +112,8 @@ struct Report {
     ttft_growth_turn6_on: Option<f64>,
     ttft_growth_last_off: f64,
     ttft_growth_last_on: f64,
+    /// The largest `on_over_fresh` after turn 1 (target ≤ 1.3).
+    worst_on_over_fresh: f64,
     all_identical: bool,
 }
 
@@ -182,7 +195,9 @@ fn turn_run(j: &serde_json::Value, total_ms: f64) -> Result<TurnRun> {
     })
 }
 
-/// One pass over the conversation with the caches `on` or off.
+/// One pass over the conversation with the caches `on` or off; with them
+/// off, each turn is followed by a fresh request of its user message alone
+/// (the second list).
 fn run_once(
     io: &tokio::runtime::Runtime,
     verifier: SocketAddr,
@@ -190,13 +205,14 @@ fn run_once(
     system: &[ChatMessage],
     users: &[String],
     on: bool,
-) -> Result<Vec<TurnRun>> {
+) -> Result<(Vec<TurnRun>, Vec<TurnRun>)> {
     let draft = load_model(ModelRole::Draft, None, MAX_SEQ_LEN)?;
     let tok = tokenizer_of(&draft.model)?;
     let mut cfg = EdgeConfig {
         verifier_url: Some(format!("http://{verifier}")),
         token: Some(TOKEN.into()),
         k: args.k,
+        proposer: args.proposer,
         open_timeout_ms: 120_000,
         deadline_max_ms: 60_000,
         ..EdgeConfig::default()
@@ -216,7 +232,7 @@ fn run_once(
         .iter()
         .map(|m| serde_json::json!({"role": "system", "content": m.content}))
         .collect();
-    let mut out = Vec::new();
+    let (mut out, mut fresh) = (Vec::new(), Vec::new());
     for (i, u) in users.iter().enumerate() {
         history.push(serde_json::json!({"role": "user", "content": u}));
         let body = serde_json::json!({"model": "tandem", "messages": history,
@@ -235,9 +251,22 @@ fn run_once(
         ));
         history.push(serde_json::json!({"role": "assistant", "content": run.text}));
         out.push(run);
+        if !on {
+            let alone: Vec<serde_json::Value> = history[..system.len()]
+                .iter()
+                .cloned()
+                .chain([serde_json::json!({"role": "user", "content": u})])
+                .collect();
+            let body = serde_json::json!({"model": "tandem", "messages": alone,
+                "max_tokens": args.max_tokens, "temperature": 0})
+            .to_string();
+            let t = std::time::Instant::now();
+            let j = post(server.addr, &body)?;
+            fresh.push(turn_run(&j, t.elapsed().as_secs_f64() * 1000.0)?);
+        }
     }
     io.block_on(server.shutdown());
-    Ok(out)
+    Ok((out, fresh))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -271,8 +300,8 @@ pub fn run(args: Args) -> Result<()> {
     let verifier = io
         .block_on(tandem_verifier::start(vcfg))
         .context("starting the verifier")?;
-    let off = run_once(&io, verifier.grpc_addr, &args, &system, &users, false)?;
-    let on = run_once(&io, verifier.grpc_addr, &args, &system, &users, true)?;
+    let (off, fresh) = run_once(&io, verifier.grpc_addr, &args, &system, &users, false)?;
+    let (on, _) = run_once(&io, verifier.grpc_addr, &args, &system, &users, true)?;
 
     // The target's own greedy output for each turn's whole history (the
     // history of the caches-on run; identical replies make it the same).
@@ -280,7 +309,7 @@ pub fn run(args: Args) -> Result<()> {
     let tok = tokenizer_of(&model)?;
     let mut history = system.clone();
     let mut turns = Vec::new();
-    for (i, (off, on)) in off.into_iter().zip(on).enumerate() {
+    for (i, ((off, on), fresh)) in off.into_iter().zip(on).zip(fresh).enumerate() {
         history.push(ChatMessage::user(users[i].clone()));
         let target_greedy = if args.no_target_check {
             None
@@ -300,8 +329,14 @@ pub fn run(args: Args) -> Result<()> {
             turn: i + 1,
             identical: off.token_ids == on.token_ids,
             target_greedy,
+            on_over_fresh: if fresh.ttft_ms > 0.0 {
+                on.ttft_ms / fresh.ttft_ms
+            } else {
+                0.0
+            },
             off,
             on,
+            fresh,
         });
     }
     io.block_on(verifier.shutdown()).ok();
@@ -321,17 +356,23 @@ pub fn run(args: Args) -> Result<()> {
     };
     let last = turns.last().context("no turn ran")?;
     let report = Report {
-        schema: 1,
+        schema: 2,
         utc: utc_now(),
         cpu: cpu_model(),
         loadavg_before,
         loadavg_after: loadavg(),
         max_tokens: args.max_tokens,
+        proposer: args.proposer.name(),
         k: args.k,
         ttft_growth_turn6_off: turns.get(5).map(|t| growth(t, false)),
         ttft_growth_turn6_on: turns.get(5).map(|t| growth(t, true)),
         ttft_growth_last_off: growth(last, false),
         ttft_growth_last_on: growth(last, true),
+        worst_on_over_fresh: turns
+            .iter()
+            .skip(1)
+            .map(|t| t.on_over_fresh)
+            .fold(0.0, f64::max),
         all_identical: turns
             .iter()
             .all(|t| t.identical && t.target_greedy != Some(false)),
@@ -354,22 +395,25 @@ fn table(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "conversation through serve-edge + loopback verifier, greedy, k = {}, {} reply tokens per turn\n\
+        "conversation through serve-edge + loopback verifier, greedy, {} proposer, k = {}, {} reply tokens per turn\n\
          cpu: {}; load average before {:?}, after {:?}\n",
-        r.k, r.max_tokens, r.cpu, r.loadavg_before, r.loadavg_after
+        r.proposer, r.k, r.max_tokens, r.cpu, r.loadavg_before, r.loadavg_after
     );
     let _ = writeln!(
         s,
-        "turn  prompt  TTFT ms off/on      device prefill off/on  verifier prefill off/on  bytes up off/on     bytes down off/on  same  target"
+        "turn  prompt  TTFT ms off/on      fresh: prompt  TTFT  on/fresh  device prefill off/on  verifier prefill off/on  bytes up off/on     bytes down off/on  same  target"
     );
     for t in &r.turns {
         let _ = writeln!(
             s,
-            "{:>4}  {:>6}  {:>8.0} / {:<8.0}  {:>8} / {:<8}      {:>8} / {:<8}        {:>8} / {:<8}  {:>7} / {:<7}  {:>4}  {}",
+            "{:>4}  {:>6}  {:>8.0} / {:<8.0}  {:>13} {:>5.0}  {:>7.2}x  {:>8} / {:<8}      {:>8} / {:<8}        {:>8} / {:<8}  {:>7} / {:<7}  {:>4}  {}",
             t.turn,
             t.on.prompt_tokens,
             t.off.ttft_ms,
             t.on.ttft_ms,
+            t.fresh.prompt_tokens,
+            t.fresh.ttft_ms,
+            t.on_over_fresh,
             t.off.draft_prefill_tokens,
             t.on.draft_prefill_tokens,
             t.off.verifier_prefill_tokens,
@@ -402,5 +446,10 @@ fn table(r: &Report) -> String {
         );
     }
     let _ = writeln!(s, "\n{growth}");
+    let _ = writeln!(
+        s,
+        "TTFT with the caches on over a fresh request of the turn's message alone: at most {:.2}x after turn 1",
+        r.worst_on_over_fresh
+    );
     s
 }

@@ -1414,8 +1414,46 @@ fn allow_non_loopback_needs_an_api_key() {
     drop(s);
 }
 
+/// `body` posted to `/v1/chat/completions` by another OS user (uid and gid
+/// 65534, "nobody"): bash's `/dev/tcp`, run with that uid.
+fn post_chat_as_nobody(addr: SocketAddr, body: &str) -> Answer {
+    use std::os::unix::process::CommandExt;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            "exec 3<>/dev/tcp/$0/$1 && printf '%s' \"$2\" >&3 && cat <&3",
+        ])
+        .args([addr.ip().to_string(), addr.port().to_string(), req])
+        .uid(65_534)
+        .gid(65_534)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let headers = head.to_ascii_lowercase();
+    Answer {
+        status: head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body: if headers.contains("transfer-encoding: chunked") {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        },
+        headers,
+    }
+}
+
 #[test]
-fn anonymous_requests_share_kept_state_only_behind_an_api_key() {
+fn anonymous_requests_share_kept_state_only_within_one_identity() {
     let f = fixture();
     const KEY: &str = "serve-edge-api-key-0123456789";
     let body = chat_body(
@@ -1423,21 +1461,39 @@ fn anonymous_requests_share_kept_state_only_behind_an_api_key() {
         json!({"max_tokens": 2, "ignore_eos": true}),
     )
     .to_string();
-    let reused = |auth: Option<&str>, s: &RunningServer| {
-        let a = http(s.addr, "POST", "/v1/chat/completions", auth, &body);
+    let reused_in = |a: Answer| {
         assert_eq!(a.status, 200, "{}", a.body);
         a.json()["tandem"]["stats"]["draft_reused_tokens"]
             .as_u64()
             .unwrap()
     };
-    // No key: any local process is a client; nothing is shared.
+    let reused = |auth: Option<&str>, s: &RunningServer| {
+        reused_in(http(s.addr, "POST", "/v1/chat/completions", auth, &body))
+    };
+    // No key (loopback only): a client is the OS user owning its socket. The
+    // same user's second request reuses the first one's prefix.
     let open = f.server(f.edge_config(None), ServeConfig::default());
     assert_eq!(reused(None, &open), 0);
-    assert_eq!(
-        reused(None, &open),
-        0,
-        "an anonymous request reused another's state"
-    );
+    assert!(reused(None, &open) > 0, "one user's requests share state");
+    // Another user never finds this user's state, only its own. (Switching
+    // users needs root, as CI runs; elsewhere this part cannot run.)
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            l.strip_prefix("Uid:")
+                .is_some_and(|u| u.split_whitespace().next() == Some("0"))
+        });
+    if root {
+        assert_eq!(
+            reused_in(post_chat_as_nobody(open.addr, &body)),
+            0,
+            "another OS user's request reused this user's state"
+        );
+        assert!(reused_in(post_chat_as_nobody(open.addr, &body)) > 0);
+    } else {
+        eprintln!("not root: the other-user half of this test did not run");
+    }
     drop(open);
     // Behind a key the clients are one identity: the second request reuses
     // the first one's prefix.

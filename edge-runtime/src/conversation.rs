@@ -8,10 +8,14 @@
 //!
 //! 1. **Which entry.** A named conversation (`conversation_id` in serve-edge, a
 //!    conversation handle in the C ABI) takes its own entry. An anonymous request
-//!    takes the anonymous entry whose tokens share the longest prefix with its
-//!    prompt, if that prefix covers at least half of the entry's tokens (a growing
-//!    conversation covers all of them; two conversations that share only a system
-//!    prompt do not steal each other's state).
+//!    takes the anonymous entry of its own client scope ([`Who::Anonymous`]: one
+//!    identity, such as the holders of serve-edge's API key or one OS user on
+//!    loopback) whose tokens share the longest prefix with its prompt, if that
+//!    prefix covers at least half of the entry's tokens (a growing conversation
+//!    covers all of them; two conversations that share only a system prompt do
+//!    not steal each other's state). Another scope's entries are never matched:
+//!    one client must not learn how much of its prompt another's shares, nor
+//!    take its state.
 //! 2. **Exact reuse.** The draft keeps `min(longest common prefix, prompt - 1)`
 //!    positions of the entry's KV and prefills the rest: a turn whose earlier
 //!    message was edited misses exactly from the edit. The verifier session is
@@ -107,11 +111,25 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Which entry: a named conversation, or an anonymous one (found by prefix).
+/// Which kept state a request may take and leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who<'a> {
+    /// A named conversation: its own entry, whatever the prompt.
+    Named(&'a str),
+    /// An anonymous request of one client scope: the entries that scope left,
+    /// found by prompt prefix.
+    Anonymous { scope: &'a str },
+    /// An anonymous request whose client has no known identity: it neither
+    /// finds nor leaves state.
+    Nobody,
+}
+
+/// Which entry: a named conversation, or an anonymous one (found by prefix
+/// within its scope).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
     Named(String),
-    Anonymous(u64),
+    Anonymous { scope: String, n: u64 },
 }
 
 struct Entry {
@@ -136,10 +154,6 @@ pub struct ConversationStats {
 pub struct ConversationCache {
     /// `[conversations] enabled`: off, nothing is taken or kept.
     enabled: bool,
-    /// Anonymous requests (no conversation name) are matched to kept state
-    /// by their prompt and kept for later ones
-    /// ([`ConversationCache::set_anonymous`]).
-    anonymous: bool,
     budget_bytes: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
@@ -151,7 +165,6 @@ impl ConversationCache {
     pub fn new(cfg: &ConversationConfig) -> Self {
         Self {
             enabled: cfg.enabled,
-            anonymous: true,
             budget_bytes: cfg.budget_mib.saturating_mul(1 << 20),
             entries: HashMap::new(),
             clock: 0,
@@ -160,35 +173,27 @@ impl ConversationCache {
         }
     }
 
-    /// Whether anonymous requests share kept state (on by default). Off, an
-    /// anonymous request neither finds nor leaves state: a server whose
-    /// clients are not one identity must not let one client's prompt reuse
-    /// (and learn how much it shares with) another's.
-    pub fn set_anonymous(&mut self, on: bool) {
-        self.anonymous = on;
-        if !on {
-            self.entries.retain(|k, _| !matches!(k, Key::Anonymous(_)));
-        }
-    }
-
-    /// Whether a request named `name` (None: anonymous) may keep state.
-    pub fn keeps(&self, name: Option<&str>) -> bool {
-        self.enabled && (name.is_some() || self.anonymous)
+    /// Whether a request of `who` may keep state.
+    pub fn keeps(&self, who: Who<'_>) -> bool {
+        self.enabled && who != Who::Nobody
     }
 
     /// Takes the state a request should continue from (see the module doc, 1):
-    /// the named conversation's, or the best anonymous match for `prompt`
-    /// (none when the cache is disabled).
-    pub fn take(&mut self, name: Option<&str>, prompt: &[u32]) -> Option<Kept> {
-        if !self.keeps(name) {
+    /// the named conversation's, or the best match for `prompt` among its
+    /// scope's anonymous entries (none when the cache is disabled).
+    pub fn take(&mut self, who: Who<'_>, prompt: &[u32]) -> Option<Kept> {
+        if !self.keeps(who) {
             return None;
         }
-        let key = match name {
-            Some(n) => Some(Key::Named(n.to_owned())).filter(|k| self.entries.contains_key(k)),
-            None => self
+        let key = match who {
+            Who::Nobody => None,
+            Who::Named(n) => {
+                Some(Key::Named(n.to_owned())).filter(|k| self.entries.contains_key(k))
+            }
+            Who::Anonymous { scope } => self
                 .entries
                 .iter()
-                .filter(|(k, _)| matches!(k, Key::Anonymous(_)))
+                .filter(|(k, _)| matches!(k, Key::Anonymous { scope: s, .. } if s == scope))
                 .map(|(k, e)| {
                     (
                         k,
@@ -212,19 +217,21 @@ impl ConversationCache {
         }
     }
 
-    /// Keeps a turn's state under `name` (or as a new anonymous entry), then
-    /// drops least recently used entries until the budget holds. An entry that
-    /// alone exceeds the budget is not kept; nothing is kept when the cache is
-    /// disabled.
-    pub fn put(&mut self, name: Option<&str>, kept: Kept) {
-        if !self.keeps(name) {
-            return;
-        }
-        let key = match name {
-            Some(n) => Key::Named(n.to_owned()),
-            None => {
+    /// Keeps a turn's state under its name (or as a new anonymous entry of
+    /// its scope), then drops least recently used entries until the budget
+    /// holds. An entry that alone exceeds the budget is not kept; nothing is
+    /// kept when the cache is disabled or for [`Who::Nobody`].
+    pub fn put(&mut self, who: Who<'_>, kept: Kept) {
+        let key = match who {
+            _ if !self.keeps(who) => return,
+            Who::Nobody => return,
+            Who::Named(n) => Key::Named(n.to_owned()),
+            Who::Anonymous { scope } => {
                 self.next_anonymous = self.next_anonymous.wrapping_add(1);
-                Key::Anonymous(self.next_anonymous)
+                Key::Anonymous {
+                    scope: scope.to_owned(),
+                    n: self.next_anonymous,
+                }
             }
         };
         self.clock = self.clock.wrapping_add(1);
@@ -284,6 +291,8 @@ mod tests {
         }
     }
 
+    const ANON: Who<'static> = Who::Anonymous { scope: "uid:1000" };
+
     fn cache(budget_bytes: u64) -> ConversationCache {
         let mut c = ConversationCache::new(&ConversationConfig::default());
         c.budget_bytes = budget_bytes;
@@ -293,30 +302,42 @@ mod tests {
     #[test]
     fn anonymous_requests_find_the_conversation_they_continue() {
         let mut c = cache(1 << 20);
-        c.put(None, kept(&[1, 2, 3, 4], 4));
-        c.put(None, kept(&[1, 9, 9, 9], 4));
+        c.put(ANON, kept(&[1, 2, 3, 4], 4));
+        c.put(ANON, kept(&[1, 9, 9, 9], 4));
         // Shares all four tokens with the first entry: a hit, and that entry.
-        let k = c.take(None, &[1, 2, 3, 4, 5, 6]).expect("hit");
+        let k = c.take(ANON, &[1, 2, 3, 4, 5, 6]).expect("hit");
         assert_eq!(k.tokens, vec![1, 2, 3, 4]);
         // Shares only the first token (a common system prompt) with the other:
         // not enough to take it.
-        assert!(c.take(None, &[1, 5, 5, 5, 5]).is_none());
+        assert!(c.take(ANON, &[1, 5, 5, 5, 5]).is_none());
         assert_eq!(c.stats().hits, 1);
         assert_eq!(c.stats().misses, 1);
         assert_eq!(c.stats().entries, 1);
     }
 
     #[test]
+    fn anonymous_scopes_never_see_each_other_and_nobody_keeps_nothing() {
+        let mut c = cache(1 << 20);
+        c.put(ANON, kept(&[1, 2, 3, 4], 4));
+        let other = Who::Anonymous { scope: "uid:1001" };
+        assert!(c.take(other, &[1, 2, 3, 4, 5]).is_none());
+        assert!(c.take(Who::Nobody, &[1, 2, 3, 4, 5]).is_none());
+        c.put(Who::Nobody, kept(&[7, 7], 2));
+        assert_eq!(c.stats().entries, 1, "Nobody leaves nothing");
+        assert!(c.take(ANON, &[1, 2, 3, 4, 5]).is_some());
+    }
+
+    #[test]
     fn named_conversations_are_taken_by_name_only() {
         let mut c = cache(1 << 20);
-        c.put(Some("a"), kept(&[1, 2, 3], 3));
-        assert!(c.take(None, &[1, 2, 3, 4]).is_none());
-        assert!(c.take(Some("b"), &[1, 2, 3, 4]).is_none());
+        c.put(Who::Named("a"), kept(&[1, 2, 3], 3));
+        assert!(c.take(ANON, &[1, 2, 3, 4]).is_none());
+        assert!(c.take(Who::Named("b"), &[1, 2, 3, 4]).is_none());
         let k = c
-            .take(Some("a"), &[7])
+            .take(Who::Named("a"), &[7])
             .expect("by name, whatever the prefix");
         assert_eq!(k.tokens, vec![1, 2, 3]);
-        c.put(Some("a"), k);
+        c.put(Who::Named("a"), k);
         assert!(c.forget("a"));
         assert!(!c.forget("a"));
     }
@@ -325,36 +346,36 @@ mod tests {
     fn the_budget_drops_least_recently_used_entries() {
         // 64 B per position: room for 10 positions.
         let mut c = cache(640);
-        c.put(Some("old"), kept(&[1], 4));
-        c.put(Some("mid"), kept(&[2], 4));
+        c.put(Who::Named("old"), kept(&[1], 4));
+        c.put(Who::Named("mid"), kept(&[2], 4));
         assert_eq!(c.stats().bytes, 512);
-        c.put(Some("new"), kept(&[3], 4));
+        c.put(Who::Named("new"), kept(&[3], 4));
         let s = c.stats();
         assert_eq!((s.entries, s.evictions, s.bytes), (2, 1, 512));
-        assert!(c.take(Some("old"), &[1]).is_none());
+        assert!(c.take(Who::Named("old"), &[1]).is_none());
         // Taking and putting back makes an entry the most recent.
-        let mid = c.take(Some("mid"), &[2]).expect("mid");
-        c.put(Some("mid"), mid);
-        c.put(Some("newer"), kept(&[4], 4));
-        assert!(c.take(Some("new"), &[3]).is_none());
-        assert!(c.take(Some("mid"), &[2]).is_some());
+        let mid = c.take(Who::Named("mid"), &[2]).expect("mid");
+        c.put(Who::Named("mid"), mid);
+        c.put(Who::Named("newer"), kept(&[4], 4));
+        assert!(c.take(Who::Named("new"), &[3]).is_none());
+        assert!(c.take(Who::Named("mid"), &[2]).is_some());
         // Alone larger than the budget: not kept.
-        c.put(Some("huge"), kept(&[5], 11));
-        assert!(c.take(Some("huge"), &[5]).is_none());
+        c.put(Who::Named("huge"), kept(&[5], 11));
+        assert!(c.take(Who::Named("huge"), &[5]).is_none());
     }
 
     #[test]
     fn the_number_of_entries_is_capped() {
         let mut c = cache(u64::MAX);
         for i in 0..MAX_ENTRIES + 5 {
-            c.put(Some(&format!("c{i}")), kept(&[1], 1));
+            c.put(Who::Named(&format!("c{i}")), kept(&[1], 1));
         }
         let s = c.stats();
         assert_eq!((s.entries, s.evictions), (MAX_ENTRIES, 5));
         // The oldest went first.
-        assert!(c.take(Some("c0"), &[1]).is_none());
+        assert!(c.take(Who::Named("c0"), &[1]).is_none());
         assert!(c
-            .take(Some(&format!("c{}", MAX_ENTRIES + 4)), &[1])
+            .take(Who::Named(&format!("c{}", MAX_ENTRIES + 4)), &[1])
             .is_some());
     }
 

@@ -27,7 +27,7 @@ use crate::breaker::{lock, BreakerState, CircuitBreaker, OpenCost, RttTracker};
 use crate::client::{Connector, Counters};
 use crate::codec::{BlockCodec, TokenCodec};
 use crate::config::EdgeConfig;
-use crate::conversation::{ConversationCache, ConversationStats, KeptSession};
+use crate::conversation::{ConversationCache, ConversationStats, KeptSession, Who};
 use crate::error::EdgeError;
 pub use crate::report::{
     EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
@@ -74,6 +74,9 @@ pub struct EdgeRuntime {
     /// Kept conversations, shared with this runtime's siblings
     /// ([`EdgeRuntime::sibling`]); locked only to take or put an entry.
     conversations: Arc<Mutex<ConversationCache>>,
+    /// The client scope of this runtime's anonymous requests (None: they
+    /// neither find nor leave kept state); [`Self::set_anonymous_scope`].
+    anonymous_scope: Option<String>,
     /// What the app reports about the device (any thread may set it).
     device: crate::device::SharedDeviceState,
     draft_pools: crate::device::DraftPools,
@@ -164,6 +167,7 @@ impl EdgeRuntime {
             spec,
             split,
             conversations: Arc::new(Mutex::new(ConversationCache::new(&cfg.conversations))),
+            anonymous_scope: Some(String::new()),
             draft,
             cfg,
             fingerprint,
@@ -193,6 +197,7 @@ impl EdgeRuntime {
         let target = self.split.as_ref().map(crate::split::SplitExec::target);
         let mut rt = Self::new(self.draft.clone(), cfg, target)?;
         rt.conversations = self.conversations.clone();
+        rt.anonymous_scope = self.anonymous_scope.clone();
         rt.device = self.device.clone();
         rt.warmup_ms = self.warmup_ms;
         rt.spec.auto = self.spec.auto.clone();
@@ -241,13 +246,15 @@ impl EdgeRuntime {
         self.warmup_ms
     }
 
-    /// Whether anonymous requests (no conversation name) reuse each other's
-    /// kept state by prompt prefix (on by default). A server whose clients
-    /// are not one identity turns it off (serve-edge without an API key):
-    /// one client's request must not learn how much of its prompt another
+    /// Which client the next anonymous requests (no conversation name) come
+    /// from: they reuse kept state by prompt prefix only among requests of
+    /// the same scope (one identity: serve-edge's API key holders, or one OS
+    /// user on loopback). `None`: they neither find nor leave state. The
+    /// default, `Some("")`, is one scope for all (a device app is one user).
+    /// One client's request must not learn how much of its prompt another
     /// client's cached one shares, nor evict it.
-    pub fn set_anonymous_reuse(&mut self, on: bool) {
-        kept(&self.conversations).set_anonymous(on);
+    pub fn set_anonymous_scope(&mut self, scope: Option<String>) {
+        self.anonymous_scope = scope;
     }
 
     /// A flag the caller sets to cancel the running generation before its
@@ -336,7 +343,7 @@ impl EdgeRuntime {
         let mut run = Generation::begin(
             &self.draft,
             &mut kept(&self.conversations),
-            conversation,
+            who(&self.anonymous_scope, conversation),
             prompt,
             gen,
             on_event,
@@ -353,7 +360,10 @@ impl EdgeRuntime {
         res?;
         // The verifier session of an earlier turn (if any) stays kept.
         let session = run.continuation.take();
-        kept(&self.conversations).put(conversation, run.take_kept(session));
+        kept(&self.conversations).put(
+            who(&self.anonymous_scope, conversation),
+            run.take_kept(session),
+        );
         let mut g = run.finish(None, &RttTracker::default(), Counters::default());
         g.stats.device = Some(device);
         Ok(g)
@@ -430,7 +440,7 @@ impl EdgeRuntime {
         let mut run = Generation::begin(
             &self.draft,
             &mut kept(&self.conversations),
-            conversation,
+            who(&self.anonymous_scope, conversation),
             prompt,
             gen,
             on_event,
@@ -498,7 +508,8 @@ impl EdgeRuntime {
         // known (the stream is live and no provisional span is unchecked: the
         // verifier then holds the device's context, possibly plus a stop token
         // the device did not show); otherwise free its KV cache.
-        let keep_session = kept(&self.conversations).keeps(conversation)
+        let keep_session = kept(&self.conversations)
+            .keeps(who(&self.anonymous_scope, conversation))
             && self.cfg.conversations.keep_verifier_sessions
             && tokens_only
             && res.is_ok()
@@ -523,11 +534,24 @@ impl EdgeRuntime {
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
         // (After an error the draft KV may be half-written: not kept.)
         res?;
-        kept(&self.conversations).put(conversation, run.take_kept(kept_session));
+        kept(&self.conversations).put(
+            who(&self.anonymous_scope, conversation),
+            run.take_kept(kept_session),
+        );
         let mut g = run.finish(sid, &gen_rtt, counters);
         g.stats.split = split;
         g.stats.device = Some(device);
         Ok(g)
+    }
+}
+
+/// Which kept state a request of `conversation` (None: anonymous, of the
+/// runtime's `anonymous_scope`) takes.
+fn who<'s>(anonymous_scope: &'s Option<String>, conversation: Option<&'s str>) -> Who<'s> {
+    match (conversation, anonymous_scope) {
+        (Some(name), _) => Who::Named(name),
+        (None, Some(scope)) => Who::Anonymous { scope },
+        (None, None) => Who::Nobody,
     }
 }
 

@@ -188,10 +188,15 @@ fn is_json(content_type: &str) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
-/// Middleware on the `/v1` routes: API key, then `Content-Type` of POSTs.
+/// The anonymous scope of a request (`super::peer`), set by [`v1_request`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AnonymousScope(pub Option<String>);
+
+/// Middleware on the `/v1` routes: API key, then `Content-Type` of POSTs;
+/// then the request's [`AnonymousScope`] for the generation handlers.
 pub(crate) async fn v1_request(
     State(access): State<Arc<Access>>,
-    req: Request<Body>,
+    mut req: Request<Body>,
     next: Next,
 ) -> Response {
     if let Some(key) = &access.api_key {
@@ -208,6 +213,12 @@ pub(crate) async fn v1_request(
             return ApiError::unsupported_media_type(ct).into_response();
         }
     }
+    let addrs = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<super::peer::ClientAddrs>>()
+        .map(|c| c.0);
+    let scope = super::peer::anonymous_scope(access.api_key.is_some(), addrs);
+    req.extensions_mut().insert(AnonymousScope(scope));
     next.run(req).await
 }
 

@@ -33,6 +33,7 @@
 pub mod error;
 mod guard;
 pub mod metrics;
+pub mod peer;
 pub mod request;
 mod tokenize;
 pub mod worker;
@@ -51,7 +52,7 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -368,11 +369,6 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
             return Err(ServeError::Config(e.to_string()));
         }
     }
-    // Anonymous requests share kept state only when the clients are one
-    // identity: the holders of the API key. Without a key any local process
-    // is a client, and one must not learn how much of its prompt matches
-    // another's cached one (or evict it).
-    rt.runtime_mut().set_anonymous_reuse(cfg.api_key.is_some());
     let tokenizer = rt.tokenizer().clone();
     let model_file = rt.runtime().draft_file_name();
     let rts = slot_runtimes(rt, cfg.parallel)?;
@@ -392,6 +388,7 @@ pub async fn start(rt: RoutedRuntime, cfg: ServeConfig) -> Result<RunningServer,
     let app = app(state.clone(), mounted.as_ref().map(|m| m.routes.clone()));
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<peer::ClientAddrs>();
         let r = axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = stopped.await;
@@ -575,13 +572,14 @@ fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
 
 async fn chat_completions(
     State(s): State<Arc<AppState>>,
+    Extension(scope): Extension<guard::AnonymousScope>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body_or_error(body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match request::parse_chat(&body, &s.limits()) {
+    match request::parse_chat(&body, &s.limits()).map(|r| with_scope(r, scope)) {
         Ok(r) => answer_ignoring(s, r, Endpoint::Chat).await,
         Err(e) => e.into_response(),
     }
@@ -589,13 +587,14 @@ async fn chat_completions(
 
 async fn completions(
     State(s): State<Arc<AppState>>,
+    Extension(scope): Extension<guard::AnonymousScope>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body_or_error(body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match request::parse_completion(&body, &s.limits()) {
+    match request::parse_completion(&body, &s.limits()).map(|r| with_scope(r, scope)) {
         Ok(r) => match fim_refusal(&s, &r, "suffix") {
             Some(e) => e.into_response(),
             None => answer_ignoring(s, r, Endpoint::Completion).await,
@@ -604,17 +603,29 @@ async fn completions(
     }
 }
 
-async fn infill(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn infill(
+    State(s): State<Arc<AppState>>,
+    Extension(scope): Extension<guard::AnonymousScope>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let body = match body_or_error(body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match request::parse_infill(&body, &s.limits()) {
+    match request::parse_infill(&body, &s.limits()).map(|r| with_scope(r, scope)) {
         Ok(r) => match fim_refusal(&s, &r, "input_suffix") {
             Some(e) => e.into_response(),
             None => answer_ignoring(s, r, Endpoint::Infill).await,
         },
         Err(e) => e.into_response(),
+    }
+}
+
+/// `r` from a client of `scope` (its anonymous conversation-cache scope).
+fn with_scope(r: GenRequest, scope: guard::AnonymousScope) -> GenRequest {
+    GenRequest {
+        anonymous_scope: scope.0,
+        ..r
     }
 }
 

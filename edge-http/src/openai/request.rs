@@ -76,6 +76,9 @@ pub struct GenRequest {
     /// Extension: the privacy router's conversation id (stickiness across
     /// requests). Absent: every request is its own conversation.
     pub conversation_id: Option<String>,
+    /// Not from the body: the client's scope for anonymous conversation-cache
+    /// reuse (`super::peer`), set by the server from the connection.
+    pub anonymous_scope: Option<String>,
     /// Stop sequences (text); the output ends before the first match.
     pub stop: Vec<String>,
     /// Fields the server did not know and ignored (top level by name, in a
@@ -444,6 +447,7 @@ fn common(
         include_usage,
         ignore_eos: get_bool(o, "ignore_eos")?.unwrap_or(false),
         conversation_id,
+        anonymous_scope: None,
         stop,
         ignored,
     })

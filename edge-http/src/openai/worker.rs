@@ -466,6 +466,11 @@ fn run_job(
         // pin must not be seen by another's.
         None => format!("request-{}-{seq}", std::process::id()),
     };
+    // Anonymous requests share kept state only within one identity (the API
+    // key's holders, or one OS user on loopback: `super::peer`); one client
+    // must not learn how much of its prompt matches another's cached one.
+    rt.runtime_mut()
+        .set_anonymous_scope(req.anonymous_scope.clone());
     let route = routed.then(|| rt.route(&conv, &messages));
     let local = route.as_ref().is_some_and(|r| r.action() == Action::Local);
     if req.conversation_id.is_none() {

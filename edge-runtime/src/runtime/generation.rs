@@ -4,7 +4,7 @@
 
 use crate::breaker::RttTracker;
 use crate::client::Counters;
-use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession};
+use crate::conversation::{common_prefix, ConversationCache, Kept, KeptSession, Who};
 use crate::error::EdgeError;
 use crate::report::{
     EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
@@ -74,7 +74,7 @@ impl<'a, 'b> Generation<'a, 'b> {
     pub(super) fn begin(
         draft: &'a Model,
         conversations: &mut ConversationCache,
-        conversation: Option<&str>,
+        conversation: Who<'_>,
         prompt: &[u32],
         gen: &'a GenerateConfig,
         on_event: &'a mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
@@ -250,6 +250,28 @@ impl<'a, 'b> Generation<'a, 'b> {
             self.high_water = self.high_water.max(self.cache.len());
         }
         Ok(!self.cancel_requested())
+    }
+
+    /// Whether the draft has a backlog to catch up with: pending tokens
+    /// besides the last one (which runs with the next draft step).
+    pub(super) fn draft_backlog(&self) -> bool {
+        self.pending.len() > 1
+    }
+
+    /// Runs up to `chunk` tokens of the draft's backlog (never the last
+    /// pending token) through the draft; the same KV as running them later,
+    /// bit for bit (the kernel contract).
+    pub(super) fn catch_up_chunk(&mut self, chunk: usize) -> Result<(), EdgeError> {
+        let n = chunk.min(self.pending.len().saturating_sub(1));
+        if n == 0 {
+            return Ok(());
+        }
+        let pos = self.cache.len();
+        let rows: Vec<u32> = self.pending.drain(..n).collect();
+        self.draft.forward_last(&rows, pos, &mut self.cache)?;
+        self.stats.draft_forwards += 1;
+        self.high_water = self.high_water.max(self.cache.len());
+        Ok(())
     }
 
     /// Runs the draft over `pending`; returns its next token after `hist`
