@@ -1845,7 +1845,11 @@ fn tools_render_through_the_template_keep_greedy_identity_and_cannot_inject() {
         .unwrap();
     let count = |p: &[u32]| p.iter().filter(|&&t| t == im_end).count();
     assert_eq!(count(&prompt), count(&clean_prompt));
-    assert_eq!(count(&prompt), 5, "system, user, assistant, tool, user turns");
+    assert_eq!(
+        count(&prompt),
+        5,
+        "system, user, assistant, tool, user turns"
+    );
     // Greedy identity through the verifier: the target's continuation of
     // the forced prefix.
     let want = target_greedy(&f, &prompt, 6);
@@ -1875,7 +1879,10 @@ fn tools_render_through_the_template_keep_greedy_identity_and_cannot_inject() {
             finish = c["choices"][0]["finish_reason"].clone();
         }
     }
-    assert_eq!((text.as_str(), ids, finish), (content, want, json!("length")));
+    assert_eq!(
+        (text.as_str(), ids, finish),
+        (content, want, json!("length"))
+    );
 
     // `tool_choice: "none"`: the tools are not offered, nothing is forced.
     let mut none = body.clone();
@@ -1915,23 +1922,53 @@ fn malformed_tools_and_templates_without_tools_are_refused() {
         b
     };
     let cases = [
-        (with("tools", json!([{"type": "function", "function": {"name": "no spaces"}}])),
-            "tools[0].function.name"),
-        (with("tools", json!([{"type": "retrieval"}])), "tools[0].type"),
-        (with("tool_choice", json!({"type": "function", "function": {"name": "other"}})),
-            "tool_choice"),
+        (
+            with(
+                "tools",
+                json!([{"type": "function", "function": {"name": "no spaces"}}]),
+            ),
+            "tools[0].function.name",
+        ),
+        (
+            with("tools", json!([{"type": "retrieval"}])),
+            "tools[0].type",
+        ),
+        (
+            with(
+                "tool_choice",
+                json!({"type": "function", "function": {"name": "other"}}),
+            ),
+            "tool_choice",
+        ),
         (with("tool_choice", json!("sometimes")), "tool_choice"),
         (with("parallel_tool_calls", json!(1)), "parallel_tool_calls"),
-        (with("messages", json!([{"role": "tool", "content": "x"}])), "messages[0].tool_call_id"),
-        (with("messages", json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "c",
-            "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])),
-            "messages[0].tool_calls[0].function.arguments"),
-        (with("messages", json!([{"role": "user", "content": "x", "tool_calls": [{"id": "c",
-            "type": "function", "function": {"name": "f", "arguments": "{}"}}]}])),
-            "messages[0].tool_calls"),
+        (
+            with("messages", json!([{"role": "tool", "content": "x"}])),
+            "messages[0].tool_call_id",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "c",
+            "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]),
+            ),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "user", "content": "x", "tool_calls": [{"id": "c",
+            "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+            ),
+            "messages[0].tool_calls",
+        ),
     ];
     for (body, param) in cases {
-        assert_error(&post(s.addr, "/v1/chat/completions", &body), 400, Some(param));
+        assert_error(
+            &post(s.addr, "/v1/chat/completions", &body),
+            400,
+            Some(param),
+        );
     }
     // Special-token text where it cannot be kept apart as text (a key of the
     // arguments): refused, and the server goes on.
@@ -1956,9 +1993,16 @@ fn malformed_tools_and_templates_without_tools_are_refused() {
         )
         .unwrap();
     let b = f.server_with(f.edge_config(None), ServeConfig::default(), &bare);
-    let j = assert_error(&post(b.addr, "/v1/chat/completions", &base), 400, Some("tools"));
+    let j = assert_error(
+        &post(b.addr, "/v1/chat/completions", &base),
+        400,
+        Some("tools"),
+    );
     assert_eq!(j["error"]["code"], "tools_unsupported", "{j}");
-    assert!(j["error"]["message"].as_str().unwrap().contains("does not render"));
+    assert!(j["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("does not render"));
     let none = with("tool_choice", json!("none"));
     assert_eq!(post(b.addr, "/v1/chat/completions", &none).status, 200);
 }

@@ -487,7 +487,10 @@ pub const MAX_MESSAGES: usize = 1024;
 /// Fields of a message this server knows but does not implement: refused
 /// unless null (or an empty array).
 const MESSAGE_UNSUPPORTED: &[(&str, &str)] = &[
-    ("function_call", "function calls in the history (use tool_calls)"),
+    (
+        "function_call",
+        "function calls in the history (use tool_calls)",
+    ),
     ("audio", "audio in the history"),
 ];
 
@@ -864,7 +867,11 @@ mod tests {
         let b = serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"",
             "function_call":{"name":"f","arguments":"{}"}}]});
         let e = parse_chat(b.to_string().as_bytes(), &lenient).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[0].function_call"), "{e:?}");
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[0].function_call"),
+            "{e:?}"
+        );
         let c = serde_json::json!({"model":"tandem","prompt":"x","n_predict":4});
         let r = parse_completion(c.to_string().as_bytes(), &lenient).unwrap();
         assert_eq!(r.ignored, ["n_predict"]);

@@ -143,12 +143,7 @@ fn tool_def(i: usize, v: &Value) -> Result<(String, Value), ApiError> {
                  needs grammars)",
             ))
         }
-        Some(_) => {
-            return Err(type_error(
-                &format!("{param}.function.strict"),
-                "a boolean",
-            ))
-        }
+        Some(_) => return Err(type_error(&format!("{param}.function.strict"), "a boolean")),
     }
     let def = serde_json::json!({"type": "function", "function": Value::Object(function)});
     Ok((name, def))
@@ -281,10 +276,7 @@ fn history_call(param: &str, v: &Value) -> Result<ToolCall, ApiError> {
     let aparam = format!("{fparam}.arguments");
     let arguments = match f.get("arguments") {
         Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
-            ApiError::invalid(
-                format!("`{aparam}` is not valid JSON: {e}"),
-                Some(&aparam),
-            )
+            ApiError::invalid(format!("`{aparam}` is not valid JSON: {e}"), Some(&aparam))
         })?,
         Some(a @ Value::Object(_)) => a.clone(),
         _ => return Err(type_error(&aparam, "a JSON text (string)")),
@@ -456,9 +448,15 @@ mod tests {
                 json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}),
                 "tools[0].function.strict",
             ),
-            (json!({"tools": [weather(), weather()]}), "tools[1].function.name"),
+            (
+                json!({"tools": [weather(), weather()]}),
+                "tools[1].function.name",
+            ),
             (json!({"tool_choice": "required"}), "tool_choice"),
-            (json!({"tools": [weather()], "tool_choice": "any"}), "tool_choice"),
+            (
+                json!({"tools": [weather()], "tool_choice": "any"}),
+                "tool_choice",
+            ),
             (
                 json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "x"}}}),
                 "tool_choice",

@@ -468,7 +468,12 @@ impl Emitter {
         self.send_pieces(pieces, force, send)
     }
 
-    fn send_pieces(&mut self, pieces: Vec<Piece>, force: bool, send: &dyn Fn(Event) -> bool) -> bool {
+    fn send_pieces(
+        &mut self,
+        pieces: Vec<Piece>,
+        force: bool,
+        send: &dyn Fn(Event) -> bool,
+    ) -> bool {
         let mut sent = false;
         for p in pieces {
             let (ids, statuses) = (

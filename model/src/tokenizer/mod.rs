@@ -646,7 +646,9 @@ impl Tokenizer {
     /// Whether the chat template reads `tools` at all: without, tools given
     /// to it would be dropped silently (callers refuse them instead).
     pub fn chat_template_renders_tools(&self) -> bool {
-        self.chat.as_deref().is_some_and(ChatTemplate::renders_tools)
+        self.chat
+            .as_deref()
+            .is_some_and(ChatTemplate::renders_tools)
     }
 
     /// Tokenize a conversation: the template's control tokens become their
