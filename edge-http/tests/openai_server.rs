@@ -320,10 +320,7 @@ fn requests_are_validated_with_openai_error_bodies() {
         ),
         (json!({"n": 2}), "n"),
         (json!({"logprobs": true}), "logprobs"),
-        (
-            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-            "tools",
-        ),
+        (json!({"functions": [{"name": "f"}]}), "functions"),
         (json!({"temperature": -1}), "temperature"),
         (
             json!({"stream_options": {"include_usage": true}}),
