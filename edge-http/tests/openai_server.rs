@@ -2002,4 +2002,32 @@ fn malformed_tools_and_templates_without_tools_are_refused() {
         .contains("does not render"));
     let none = with("tool_choice", json!("none"));
     assert_eq!(post(b.addr, "/v1/chat/completions", &none).status, 200);
+
+    // A Llama 3.x-style template (bare JSON calls): a named call is forced
+    // with `{"name": …, "parameters": `.
+    let llama = f
+        .tok
+        .with_chat_template(
+            "{% if tools %}<|im_start|>system\nRespond in the format {\"name\": function name, \
+             \"parameters\": dictionary of argument name and its value}.\n\
+             {% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}\
+             {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+             {% endfor %}<|im_start|>assistant\n",
+        )
+        .unwrap();
+    let l = f.server_with(f.edge_config(None), ServeConfig::default(), &llama);
+    let named = with(
+        "tool_choice",
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    );
+    let j = post(l.addr, "/v1/chat/completions", &named).json();
+    let (_, msgs) = tool_history("sunny");
+    let mut prompt = llama
+        .encode_chat_with_tools(&msgs, &[weather_tool("d")], true)
+        .unwrap();
+    let forced = "{\"name\": \"get_weather\", \"parameters\": ";
+    prompt.extend(llama.encode(forced, false).unwrap());
+    assert_eq!(j["usage"]["prompt_tokens"], prompt.len(), "{j}");
+    let content = j["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with(forced), "{j}");
 }

@@ -87,10 +87,12 @@ impl CallScan {
             self.release(all, out);
             return false;
         }
+        let Some((open, close)) = self.format.tags() else {
+            return self.step_bare_json(at_end, out);
+        };
         if self.in_call {
-            return self.step_in_call(at_end, out);
+            return self.step_in_call(close, at_end, out);
         }
-        let open = self.format.open();
         if let Some(pos) = self.held.find(open) {
             let before: String = self.held.drain(..pos).collect();
             self.held.drain(..open.len());
@@ -119,8 +121,7 @@ impl CallScan {
 
     /// Inside a call: its closing decides it; at the end, a complete JSON
     /// body does too.
-    fn step_in_call(&mut self, at_end: bool, out: &mut Vec<Piece>) -> bool {
-        let close = self.format.close();
+    fn step_in_call(&mut self, close: &str, at_end: bool, out: &mut Vec<Piece>) -> bool {
         let (body_end, closed) = match self.held.find(close) {
             Some(pos) => (pos, true),
             None if at_end => (self.held.len(), false),
@@ -140,7 +141,8 @@ impl CallScan {
             None => {
                 // Malformed: the call's own text becomes content.
                 self.plain = true;
-                let mut text = format!("{}{body}", self.format.open());
+                let open = self.format.tags().map_or("", |(open, _)| open);
+                let mut text = format!("{open}{body}");
                 if closed {
                     text.push_str(close);
                 }
@@ -148,6 +150,38 @@ impl CallScan {
             }
         }
         true
+    }
+
+    /// A bare JSON call (Llama 3.x): an answer that starts with `{` is held
+    /// to the end and is a call if it parses as one; any other answer is
+    /// content as it comes.
+    fn step_bare_json(&mut self, at_end: bool, out: &mut Vec<Piece>) -> bool {
+        if !self.in_call {
+            match self.held.trim_start().chars().next() {
+                Some('{') => self.in_call = true,
+                Some(_) => self.plain = true,
+                None if at_end => self.plain = true,
+                None => return false,
+            }
+            return true;
+        }
+        if !at_end {
+            return false;
+        }
+        let body = std::mem::take(&mut self.held);
+        self.in_call = false;
+        match parse_call(&body) {
+            Some(call) => {
+                self.calls += 1;
+                self.text_since_call = false;
+                out.push(call);
+            }
+            None => {
+                self.plain = true;
+                self.release(body, out);
+            }
+        }
+        false
     }
 
     fn release(&mut self, text: String, out: &mut Vec<Piece>) {
@@ -283,6 +317,25 @@ mod tests {
             ),
             [call("f", r#"{"a":1}"#)]
         );
+    }
+
+    #[test]
+    fn llama_answers_that_are_one_json_call() {
+        let run = |pieces: &[&str]| {
+            let mut s = CallScan::new(CallFormat::LlamaJson);
+            let mut out: Vec<Piece> = pieces.iter().flat_map(|p| s.push(p)).collect();
+            out.extend(s.finish());
+            out
+        };
+        assert_eq!(
+            run(&["{\"name\": \"f\", ", "\"parameters\": {\"a\": 1}}"]),
+            [call("f", r#"{"a":1}"#)]
+        );
+        // Not JSON: content as it comes; JSON that is no call: content.
+        let mut s = CallScan::new(CallFormat::LlamaJson);
+        assert_eq!(s.push("  "), []);
+        assert_eq!(s.push("Hi {"), [text("  Hi {")]);
+        assert_eq!(run(&["{\"a\": 1}"]), [text("{\"a\": 1}")]);
     }
 
     #[test]

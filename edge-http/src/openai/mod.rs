@@ -650,14 +650,16 @@ fn fim_refusal(s: &AppState, r: &GenRequest, param: &str) -> Option<ApiError> {
 /// 400 `tools_unsupported` when a request offers tools and the served
 /// model's chat template cannot show them (it never reads `tools`: they
 /// would be dropped silently) or shows a call format this server cannot
-/// parse (only `<tool_call>` JSON, Qwen's and Hermes's, is known).
+/// parse ([`tools::CallFormat`]).
 fn tools_refusal(s: &AppState, r: &GenRequest) -> Option<ApiError> {
     r.tools.as_ref().filter(|t| t.parses_calls())?;
     let template = s.tokenizer.chat_template().unwrap_or("");
     let why = if !s.tokenizer.chat_template_renders_tools() {
         "its chat template does not render `tools`"
     } else if tools::CallFormat::of_template(template).is_none() {
-        "its chat template's tool-call format is not one this server parses (only          `<tool_call>` JSON, as Qwen2.5, Qwen3 and Hermes write it)"
+        "its chat template's tool-call format is not one this server parses (only \
+         `<tool_call>` JSON, as Qwen2.5, Qwen3 and Hermes write it, and Llama 3.x's bare \
+         `{\"name\", \"parameters\"}` JSON)"
     } else {
         return None;
     };

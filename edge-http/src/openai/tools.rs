@@ -353,25 +353,29 @@ pub enum CallFormat {
     /// Qwen2.5, Qwen3, Hermes: `<tool_call>\n{"name": …, "arguments":
     /// {…}}\n</tool_call>`, one or several.
     Hermes,
+    /// Llama 3.1–3.3 (JSON-based tool calling): the whole answer is one
+    /// `{"name": …, "parameters": {…}}` object.
+    LlamaJson,
 }
 
 impl CallFormat {
     /// The format a chat template shows its model, if this server knows it.
     pub fn of_template(template: &str) -> Option<Self> {
-        template.contains(HERMES_OPEN).then_some(Self::Hermes)
-    }
-
-    /// The text that opens a call.
-    pub fn open(self) -> &'static str {
-        match self {
-            Self::Hermes => HERMES_OPEN,
+        if template.contains(HERMES_OPEN) {
+            Some(Self::Hermes)
+        } else if template.contains(LLAMA_JSON_INSTRUCTION) {
+            Some(Self::LlamaJson)
+        } else {
+            None
         }
     }
 
-    /// The text that closes a call.
-    pub fn close(self) -> &'static str {
+    /// The texts that open and close a call; `None` when a call is a bare
+    /// JSON object that makes up the whole answer.
+    pub fn tags(self) -> Option<(&'static str, &'static str)> {
         match self {
-            Self::Hermes => HERMES_CLOSE,
+            Self::Hermes => Some((HERMES_OPEN, HERMES_CLOSE)),
+            Self::LlamaJson => None,
         }
     }
 
@@ -380,19 +384,25 @@ impl CallFormat {
     /// the target continues a fixed prefix, so greedy identity holds. Empty
     /// for `auto` and `none`.
     pub fn forced_prefix(self, choice: &ToolChoice) -> String {
+        let name = |n: &str| Value::String(n.to_string());
         match (self, choice) {
             (_, ToolChoice::Auto | ToolChoice::None) => String::new(),
             (Self::Hermes, ToolChoice::Required) => format!("{HERMES_OPEN}\n"),
-            (Self::Hermes, ToolChoice::Function(name)) => format!(
-                "{HERMES_OPEN}\n{{\"name\": {}, \"arguments\": ",
-                Value::String(name.clone())
-            ),
+            (Self::Hermes, ToolChoice::Function(n)) => {
+                format!("{HERMES_OPEN}\n{{\"name\": {}, \"arguments\": ", name(n))
+            }
+            (Self::LlamaJson, ToolChoice::Required) => "{\"name\": \"".to_string(),
+            (Self::LlamaJson, ToolChoice::Function(n)) => {
+                format!("{{\"name\": {}, \"parameters\": ", name(n))
+            }
         }
     }
 }
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
+/// What Llama 3.x's templates tell the model (their JSON call format).
+const LLAMA_JSON_INSTRUCTION: &str = "\"parameters\": dictionary of argument name";
 
 #[cfg(test)]
 mod tests {
@@ -516,5 +526,16 @@ mod tests {
         );
         assert_eq!(f.forced_prefix(&ToolChoice::Auto), "");
         assert_eq!(CallFormat::of_template("{{ tools }}"), None);
+        let llama = CallFormat::of_template(
+            "Respond in the format {\"name\": function name, \"parameters\": dictionary of \
+             argument name and its value}.",
+        )
+        .unwrap();
+        assert_eq!(llama, CallFormat::LlamaJson);
+        assert_eq!(
+            llama.forced_prefix(&ToolChoice::Function("f".into())),
+            "{\"name\": \"f\", \"parameters\": "
+        );
+        assert_eq!(llama.forced_prefix(&ToolChoice::Required), "{\"name\": \"");
     }
 }
