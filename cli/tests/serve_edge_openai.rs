@@ -469,9 +469,10 @@ fn real_target() -> (Tokenizer, Model) {
 }
 
 /// Tools through the official client (tests/openai/test_tools.py): a
-/// declared tool called by name, non-streamed and streamed, then answered
-/// with a `tool` message; the call and the final answer are the target's
-/// own greedy output for the prompts the chat template renders.
+/// declared tool called by name (non-streamed) and by the model's own choice
+/// (`auto`, streamed), then answered with a `tool` message; the named call
+/// and the final answer are the target's own greedy output for the prompts
+/// the chat template renders.
 fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
     let t0 = std::time::Instant::now();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_tools.py");

@@ -3,11 +3,12 @@ against `tandem serve-edge`.
 
 Usage: python test_tools.py BASE_URL MODEL [API_KEY]
 Driven by cli/tests/serve_edge_openai.rs (the real draft in front of a
-verifier serving the real target). A tool is declared and called (the call is
-forced with a named `tool_choice`, so a small model calls it reliably), non
-streamed and streamed (deltas as OpenAI streams them: `index`, `id`, `type`,
-`function.name`, empty `arguments`, then argument fragments); the call is
-answered with a `tool` message and the final answer must use the result.
+verifier serving the real target). A tool is declared and called: non
+streamed with a named `tool_choice` (forced: a small model calls it
+reliably), streamed with `tool_choice` auto (the model decides; deltas as
+OpenAI streams them: `index`, `id`, `type`, `function.name`, empty
+`arguments`, then argument fragments); the call is answered with a `tool`
+message and the final answer must use the result.
 Prints one JSON line with what the Rust test compares against the target's
 own greedy output.
 """
@@ -65,10 +66,12 @@ def main():
     check(choice.message.content is None, f"content beside the call: {choice.message.content!r}")
     call_ext = r.model_extra["tandem"]
 
-    # Streamed: the same call in OpenAI's delta shape, nothing as content.
+    # Streamed, with `tool_choice` "auto" (the default): the model writes
+    # the call on its own (Qwen2.5-Coder as a bare JSON object, without its
+    # <tool_call> tags); it comes in OpenAI's delta shape, nothing as content.
     stream = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, tool_choice=forced,
-        max_tokens=CALL_TOKENS, temperature=0, stream=True,
+        model=model, messages=messages, tools=TOOLS,
+        max_tokens=2 * CALL_TOKENS, temperature=0, stream=True,
     )
     first, fragments, content, finish, stream_ids = None, [], "", None, []
     for chunk in stream:
@@ -90,7 +93,7 @@ def main():
     check("".join(fragments) == call.function.arguments, f"{fragments} != {call.function.arguments}")
     check(content == "", f"streamed content {content!r}")
     check(finish == "tool_calls", finish)
-    check(stream_ids == call_ext["token_ids"], f"streamed ids {stream_ids} != {call_ext['token_ids']}")
+    check(len(stream_ids) > 0, "no token ids streamed")
 
     # The tool's answer, and the final answer that uses it.
     history = messages + [

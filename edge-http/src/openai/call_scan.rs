@@ -5,6 +5,12 @@
 //! markup never leaks as content. A call's JSON that does not parse, or
 //! names no function, is given back as content, and the scan stops looking
 //! for calls (docs/api.md "Tools").
+//!
+//! An answer that is a bare JSON object (`{"name": …, "arguments": …}`
+//! with nothing around it) is a call too when it names a declared tool:
+//! Llama 3.x's format, and what Qwen2.5-Coder writes in place of its
+//! `<tool_call>` block when the call is not forced. Such an answer is held
+//! to its end.
 
 use serde_json::Value;
 
@@ -23,6 +29,10 @@ pub enum Piece {
 /// The scanner's state over one generation.
 pub struct CallScan {
     format: CallFormat,
+    /// The declared tools' names (a bare JSON call must name one).
+    declared: Vec<String>,
+    /// The answer is a bare JSON object (held to the end).
+    bare: bool,
     /// Text received and not yet decided.
     held: String,
     /// Inside a call (its opening seen; `held` is the call's body so far).
@@ -37,9 +47,11 @@ pub struct CallScan {
 }
 
 impl CallScan {
-    pub fn new(format: CallFormat) -> Self {
+    pub fn new(format: CallFormat, declared: Vec<String>) -> Self {
         Self {
             format,
+            declared,
+            bare: false,
             held: String::new(),
             in_call: false,
             calls: 0,
@@ -87,11 +99,16 @@ impl CallScan {
             self.release(all, out);
             return false;
         }
-        let Some((open, close)) = self.format.tags() else {
+        let tags = self.format.tags().filter(|_| !self.bare);
+        let Some((open, close)) = tags else {
             return self.step_bare_json(at_end, out);
         };
         if self.in_call {
             return self.step_in_call(close, at_end, out);
+        }
+        if self.calls == 0 && !self.text_since_call && self.held.trim_start().starts_with('{') {
+            self.bare = true;
+            return true;
         }
         if let Some(pos) = self.held.find(open) {
             let before: String = self.held.drain(..pos).collect();
@@ -132,7 +149,7 @@ impl CallScan {
             self.held.drain(..close.len());
         }
         self.in_call = false;
-        match parse_call(&body) {
+        match parse_call(&body, None) {
             Some(call) => {
                 self.calls += 1;
                 self.text_since_call = false;
@@ -152,9 +169,9 @@ impl CallScan {
         true
     }
 
-    /// A bare JSON call (Llama 3.x): an answer that starts with `{` is held
-    /// to the end and is a call if it parses as one; any other answer is
-    /// content as it comes.
+    /// A bare JSON call: an answer that starts with `{` is held to the end
+    /// and is a call if it parses as one naming a declared tool; any other
+    /// answer is content as it comes.
     fn step_bare_json(&mut self, at_end: bool, out: &mut Vec<Piece>) -> bool {
         if !self.in_call {
             match self.held.trim_start().chars().next() {
@@ -170,7 +187,7 @@ impl CallScan {
         }
         let body = std::mem::take(&mut self.held);
         self.in_call = false;
-        match parse_call(&body) {
+        match parse_call(&body, Some(&self.declared)) {
             Some(call) => {
                 self.calls += 1;
                 self.text_since_call = false;
@@ -201,12 +218,13 @@ fn held_tail(text: &str, open: &str) -> usize {
 }
 
 /// `{"name": "…", "arguments": {…}}` (`parameters` is taken for
-/// `arguments`; arguments given as a JSON text are parsed; absent: `{}`).
-fn parse_call(body: &str) -> Option<Piece> {
+/// `arguments`; arguments given as a JSON text are parsed; absent: `{}`);
+/// with `declared`, the name must be one of them.
+fn parse_call(body: &str, declared: Option<&[String]>) -> Option<Piece> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let o = v.as_object()?;
     let name = o.get("name")?.as_str()?;
-    if name.is_empty() {
+    if name.is_empty() || declared.is_some_and(|d| !d.iter().any(|n| n == name)) {
         return None;
     }
     let arguments = match o.get("arguments").or_else(|| o.get("parameters")) {
@@ -225,7 +243,7 @@ mod tests {
     use super::*;
 
     fn scan(prefix: &str, pieces: &[&str]) -> Vec<Piece> {
-        let mut s = CallScan::new(CallFormat::Hermes);
+        let mut s = CallScan::new(CallFormat::Hermes, vec!["f".into(), "get_weather".into()]);
         let mut out = s.push(prefix);
         for p in pieces {
             out.extend(s.push(p));
@@ -274,7 +292,7 @@ mod tests {
         );
         // Plain text streams as it comes (a tail that might open a call is
         // held, then released).
-        let mut s = CallScan::new(CallFormat::Hermes);
+        let mut s = CallScan::new(CallFormat::Hermes, vec!["f".into(), "get_weather".into()]);
         assert_eq!(s.push("a <"), [text("a")]);
         assert_eq!(s.push("b"), [text(" <b")]);
         assert_eq!(s.finish(), []);
@@ -322,7 +340,7 @@ mod tests {
     #[test]
     fn llama_answers_that_are_one_json_call() {
         let run = |pieces: &[&str]| {
-            let mut s = CallScan::new(CallFormat::LlamaJson);
+            let mut s = CallScan::new(CallFormat::LlamaJson, vec!["f".into()]);
             let mut out: Vec<Piece> = pieces.iter().flat_map(|p| s.push(p)).collect();
             out.extend(s.finish());
             out
@@ -332,10 +350,29 @@ mod tests {
             [call("f", r#"{"a":1}"#)]
         );
         // Not JSON: content as it comes; JSON that is no call: content.
-        let mut s = CallScan::new(CallFormat::LlamaJson);
+        let mut s = CallScan::new(CallFormat::LlamaJson, vec!["f".into()]);
         assert_eq!(s.push("  "), []);
         assert_eq!(s.push("Hi {"), [text("  Hi {")]);
         assert_eq!(run(&["{\"a\": 1}"]), [text("{\"a\": 1}")]);
+    }
+
+    #[test]
+    fn a_bare_json_answer_naming_a_declared_tool_is_a_call() {
+        // Qwen2.5-Coder's unforced call: the JSON without its tags.
+        assert_eq!(
+            scan(
+                "",
+                &[
+                    "\n{\"name\": \"get_weather\", ",
+                    "\"arguments\": {\"city\": \"Paris\"}}"
+                ]
+            ),
+            [call("get_weather", r#"{"city":"Paris"}"#)]
+        );
+        // Another name, or text first: content.
+        let other = "{\"name\": \"rm_rf\", \"arguments\": {}}";
+        assert_eq!(scan("", &[other]), [text(other)]);
+        assert_eq!(scan("", &["Try ", other]), [text(&format!("Try {other}"))]);
     }
 
     #[test]

@@ -53,6 +53,14 @@ impl Tools {
         }
     }
 
+    /// The declared functions' names.
+    pub fn names(&self) -> Vec<String> {
+        self.defs
+            .iter()
+            .filter_map(|d| d["function"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
     /// Whether the output is parsed for calls.
     pub fn parses_calls(&self) -> bool {
         !self.offered().is_empty()

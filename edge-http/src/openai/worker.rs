@@ -618,7 +618,7 @@ fn run_job(
     let mut prompt = prompt;
     let mut calls = None;
     if let (Some(t), Some(f)) = (req.tools.as_ref().filter(|t| t.parses_calls()), format) {
-        let mut scan = CallScan::new(f);
+        let mut scan = CallScan::new(f, t.names());
         let forced = f.forced_prefix(&t.choice);
         if !forced.is_empty() {
             match tok.encode(&forced, false) {
