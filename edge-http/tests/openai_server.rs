@@ -1902,6 +1902,26 @@ fn tools_render_through_the_template_keep_greedy_identity_and_cannot_inject() {
         ids_of(&r["tandem"]["token_ids"]),
         target_greedy(&f, &rprompt, 6)
     );
+    // The privacy router reads the calls' arguments: an ID number there
+    // keeps the request on the device (and the route names the message).
+    let args = json!({"city": "my id is 11010519491231002X"}).to_string();
+    let wire = json!([
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": "thanks"},
+    ]);
+    let p = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"model": "tandem", "messages": wire, "tools": [weather_tool("d")],
+                "max_tokens": 2}),
+    )
+    .json();
+    let route = &p["tandem"]["route"];
+    assert_eq!(route["decision"]["action"], "local", "{p}");
+    assert_eq!(route["message"], 1, "{p}");
     drop(s);
     let _ = f.rt.block_on(v.shutdown());
 }

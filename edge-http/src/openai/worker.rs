@@ -525,25 +525,29 @@ fn call_id(seq: u64, index: usize) -> String {
     format!("call_{nanos:08x}{seq:x}{index:02x}")
 }
 
-/// What the privacy router reads of a chat with tools: the tool
-/// definitions first, then each message with its calls' names and
-/// arguments after its content.
+/// What the privacy router reads of a chat with tools: each message with
+/// its calls' names and arguments after its content, and the tool
+/// definitions after the first message's (the messages keep their indices
+/// and the contents their offsets, which the decision reports).
 fn routing_messages(messages: &[ChatMessage], tools: &[serde_json::Value]) -> Vec<ChatMessage> {
-    let mut out = Vec::with_capacity(messages.len() + 1);
-    if !tools.is_empty() {
-        out.push(ChatMessage::system(
-            serde_json::Value::Array(tools.to_vec()).to_string(),
-        ));
-    }
-    for m in messages {
-        let mut text = m.content.clone();
-        for c in &m.tool_calls {
-            text.push('\n');
-            text.push_str(&c.name);
-            text.push(' ');
-            text.push_str(&c.arguments.to_string());
-        }
-        out.push(ChatMessage::new(m.role, text));
+    let mut out: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| {
+            let mut text = m.content.clone();
+            for c in &m.tool_calls {
+                text.push('\n');
+                text.push_str(&c.name);
+                text.push(' ');
+                text.push_str(&c.arguments.to_string());
+            }
+            ChatMessage::new(m.role, text)
+        })
+        .collect();
+    if let (Some(first), false) = (out.first_mut(), tools.is_empty()) {
+        first.content.push('\n');
+        first
+            .content
+            .push_str(&serde_json::Value::Array(tools.to_vec()).to_string());
     }
     out
 }
