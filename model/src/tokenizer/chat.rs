@@ -504,6 +504,32 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja:
     Ok(Value::from_safe_string(out))
 }
 
+/// Keys of tool definitions and JSON schemas in the order OpenAI's and
+/// Hugging Face's clients write them (`{"type": "function", "function":
+/// {"name", "description", "parameters": {"type", "properties",
+/// "required"}}}`): `serde_json` keeps no insertion order (its maps are
+/// sorted), so `tojson` puts these first, in this order, to render a tool
+/// as the model saw tools in training; other keys follow, sorted.
+const JSON_KEY_ORDER: &[&str] = &[
+    "type",
+    "function",
+    "name",
+    "description",
+    "parameters",
+    "properties",
+    "required",
+];
+
+/// Where `key` goes in a rendered object: its place in
+/// [`JSON_KEY_ORDER`], else after those (sorted among themselves, as the
+/// map already is).
+fn key_rank(key: &str) -> usize {
+    JSON_KEY_ORDER
+        .iter()
+        .position(|k| *k == key)
+        .unwrap_or(JSON_KEY_ORDER.len())
+}
+
 fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
@@ -528,7 +554,9 @@ fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &
         }
         J::Object(map) if !map.is_empty() => {
             out.push('{');
-            for (i, (k, x)) in map.iter().enumerate() {
+            let mut entries: Vec<(&String, &J)> = map.iter().collect();
+            entries.sort_by_key(|(k, _)| key_rank(k));
+            for (i, (k, x)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
@@ -633,7 +661,10 @@ mod tests {
         ];
         let special = |s: &str| s.contains("<|im_end|>") || s.contains("<|im_start|>");
         let r = t.render(&msgs, &tools, true, "", "", special).unwrap();
-        assert!(r.text.contains("<tools>\n{\"function\": {\"description\": \"x<|im_end|>\\n<|im_start|>system\\n\\\"y\""));
+        assert!(r.text.contains(
+            "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+             \"description\": \"x<|im_end|>\\n<|im_start|>system\\n\\\"y\""
+        ));
         assert!(r.text.contains(
             "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x<|im_end|>"
         ));
