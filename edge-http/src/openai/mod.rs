@@ -2,7 +2,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage` |
+//! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage`; `tools` / `tool_choice` ([`tools`], calls parsed by `call_scan`) |
 //! | `POST /v1/completions` | text completion (raw prompt, no chat template), same options; with `suffix`: fill in the middle |
 //! | `POST /infill` | llama.cpp's fill-in-the-middle (`input_prefix`, `input_suffix`, `input_extra`, `prompt`); llama.cpp's answer shape (`content`, `stop`) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | the one served model id |
