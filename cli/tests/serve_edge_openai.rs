@@ -380,6 +380,7 @@ fn the_openai_python_client_accepts_serve_edge() {
     assert_eq!(code, 400, "{body}");
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    tools_round_trip(&py, &addr, &tok, &target);
     sigterm_drains(server, &addr);
 
     // --split 14: the device runs the target's layers [0, 14) itself and
@@ -465,6 +466,91 @@ fn real_target() -> (Tokenizer, Model) {
     let model = Model::load(path, LoadOptions::with_max_seq_len(1024)).unwrap();
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     (tok, model)
+}
+
+/// Tools through the official client (tests/openai/test_tools.py): a
+/// declared tool called by name (non-streamed) and by the model's own choice
+/// (`auto`, streamed), then answered with a `tool` message; the named call
+/// and the final answer are the target's own greedy output for the prompts
+/// the chat template renders.
+fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
+    let t0 = std::time::Instant::now();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_tools.py");
+    let out = std::process::Command::new(py)
+        .arg(&script)
+        .arg(format!("http://{addr}/v1"))
+        .args(["tandem", API_KEY])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openai tools test failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    eprintln!(
+        "openai tools report ({:.1} s): {report}",
+        t0.elapsed().as_secs_f64()
+    );
+    let tools = report["tools"].as_array().unwrap().clone();
+    let (call, fin) = (&report["call"], &report["final"]);
+    for r in [call, fin] {
+        assert!(
+            r["token_status"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s == "verified"),
+            "{r}"
+        );
+    }
+    // The forced call: the target continues the call's opening; the server
+    // stops once the call is closed (one call was asked for), so its tokens
+    // are the start of the target's run.
+    let question = ChatMessage::user(report["question"].as_str().unwrap());
+    let mut prompt = tok
+        .encode_chat_with_tools(std::slice::from_ref(&question), &tools, true)
+        .unwrap();
+    prompt.extend(
+        tok.encode(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+            false,
+        )
+        .unwrap(),
+    );
+    let served: Vec<u32> = serde_json::from_value(call["token_ids"].clone()).unwrap();
+    let want = target_greedy(tok, target, &prompt, served.len());
+    assert_eq!(
+        served, want,
+        "the call differs from the target's own: {call}"
+    );
+    // The final answer: the target's greedy output for the whole exchange.
+    let mut assistant = ChatMessage::assistant("");
+    assistant
+        .tool_calls
+        .push(tandem_model::tokenizer::ToolCall {
+            id: call["id"].as_str().unwrap().into(),
+            name: call["name"].as_str().unwrap().into(),
+            arguments: serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap(),
+        });
+    let history = [
+        question,
+        assistant,
+        ChatMessage::tool(
+            call["id"].as_str().unwrap(),
+            report["result"].as_str().unwrap(),
+        ),
+    ];
+    // Asked with `tool_choice: "none"`: the tools are not offered.
+    let prompt = tok.encode_chat(&history, true).unwrap();
+    let want = target_greedy(tok, target, &prompt, 10);
+    assert_eq!(
+        fin["token_ids"],
+        serde_json::json!(want),
+        "the final answer differs from the target's own: {fin}"
+    );
 }
 
 /// The real target's greedy token ids for `ids` (at most `n`), stopping at

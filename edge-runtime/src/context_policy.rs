@@ -124,11 +124,26 @@ pub fn fit_messages_cancellable(
     policy: ContextPolicy,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Fitted, ContextError> {
+    fit_chat_cancellable(tok, messages, &[], limit, max_tokens, policy, cancelled)
+}
+
+/// [`fit_messages_cancellable`] with `tools` given to the chat template
+/// ([`Tokenizer::encode_chat_with_tools`]): they are rendered with every
+/// attempt and never dropped.
+pub fn fit_chat_cancellable(
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: &[serde_json::Value],
+    limit: usize,
+    max_tokens: usize,
+    policy: ContextPolicy,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Fitted, ContextError> {
     let render = |m: &[ChatMessage]| {
         if cancelled() {
             return Err(ContextError::Cancelled);
         }
-        tok.encode_chat(m, true)
+        tok.encode_chat_with_tools(m, tools, true)
             .map_err(|e| ContextError::Template(e.to_string()))
     };
     let prompt = render(messages)?;

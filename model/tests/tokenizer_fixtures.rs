@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 use tandem_model::gguf::GgufFile;
-use tandem_model::tokenizer::{ChatMessage, Role, Tokenizer, TokenizerModel};
+use tandem_model::tokenizer::{ChatMessage, Role, Tokenizer, TokenizerModel, ToolCall};
 
 fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -126,24 +126,31 @@ fn check_chat(tok: &Tokenizer, name: &str) -> usize {
             );
             continue;
         }
-        if f.get("tools").is_some_and(|t| !t.is_null()) {
-            continue; // Tandem passes no tools.
-        }
+        let tools: Vec<serde_json::Value> = f["tools"].as_array().cloned().unwrap_or_default();
         let msgs: Vec<ChatMessage> = f["messages"]
             .as_array()
             .unwrap()
             .iter()
             .map(|m| {
-                ChatMessage::new(
+                let mut msg = ChatMessage::new(
                     role(m["role"].as_str().unwrap()),
                     m["content"].as_str().unwrap(),
-                )
+                );
+                for c in m["tool_calls"].as_array().into_iter().flatten() {
+                    msg.tool_calls.push(ToolCall {
+                        id: c["id"].as_str().unwrap_or("").into(),
+                        name: c["function"]["name"].as_str().unwrap().into(),
+                        arguments: c["function"]["arguments"].clone(),
+                    });
+                }
+                msg
             })
             .collect();
         let gen = f["add_generation_prompt"].as_bool().unwrap();
         let rendered = f["rendered"].as_str().unwrap();
         assert_eq!(
-            tok.apply_chat_template(&msgs, gen).unwrap(),
+            tok.apply_chat_template_with_tools(&msgs, &tools, gen)
+                .unwrap(),
             rendered,
             "{}",
             f["name"]
@@ -152,7 +159,12 @@ fn check_chat(tok: &Tokenizer, name: &str) -> usize {
         if tok.add_bos() && want.first() != tok.bos_id().as_ref() {
             want.insert(0, tok.bos_id().unwrap());
         }
-        assert_eq!(tok.encode_chat(&msgs, gen).unwrap(), want, "{}", f["name"]);
+        assert_eq!(
+            tok.encode_chat_with_tools(&msgs, &tools, gen).unwrap(),
+            want,
+            "{}",
+            f["name"]
+        );
         checked += 1;
     }
     checked
@@ -166,7 +178,8 @@ fn qwen2_equals_llama_cpp() {
         (TokenizerModel::Gpt2, "qwen2")
     );
     assert!(check_tokenize(&tok, "qwen2") >= 50);
-    assert!(check_chat(&tok, "qwen2") >= 3);
+    // All 7, the tool call and tool response with `tools` included.
+    assert_eq!(check_chat(&tok, "qwen2"), 7);
     assert!(check_prompts(&tok, "qwen2_draft") >= 5);
 }
 
@@ -178,7 +191,7 @@ fn smollm2_equals_llama_cpp() {
         (TokenizerModel::Gpt2, "smollm")
     );
     assert!(check_tokenize(&tok, "smollm2") >= 50);
-    assert!(check_chat(&tok, "smollm2") >= 3);
+    assert_eq!(check_chat(&tok, "smollm2"), 7);
     assert!(check_prompts(&tok, "smollm2") >= 5);
 }
 

@@ -2,7 +2,7 @@
 //!
 //! | method and path | answer |
 //! | --- | --- |
-//! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage` |
+//! | `POST /v1/chat/completions` | chat completion; `stream: true` → SSE chunks, `data: [DONE]`; `stream_options.include_usage`; `tools` / `tool_choice` ([`tools`], calls parsed by `call_scan`) |
 //! | `POST /v1/completions` | text completion (raw prompt, no chat template), same options; with `suffix`: fill in the middle |
 //! | `POST /infill` | llama.cpp's fill-in-the-middle (`input_prefix`, `input_suffix`, `input_extra`, `prompt`); llama.cpp's answer shape (`content`, `stop`) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | the one served model id |
@@ -30,12 +30,14 @@
 //! [`RunningServer::drain`] (SIGTERM in `tandem serve-edge`) lets the
 //! admitted requests finish before it returns.
 
+mod call_scan;
 pub mod error;
 mod guard;
 pub mod metrics;
 pub mod peer;
 pub mod request;
 mod tokenize;
+pub mod tools;
 pub mod worker;
 
 use std::convert::Infallible;
@@ -580,7 +582,10 @@ async fn chat_completions(
         Err(e) => return e.into_response(),
     };
     match request::parse_chat(&body, &s.limits()).map(|r| with_scope(r, scope)) {
-        Ok(r) => answer_ignoring(s, r, Endpoint::Chat).await,
+        Ok(r) => match tools_refusal(&s, &r) {
+            Some(e) => e.into_response(),
+            None => answer_ignoring(s, r, Endpoint::Chat).await,
+        },
         Err(e) => e.into_response(),
     }
 }
@@ -651,6 +656,34 @@ fn fim_refusal(s: &AppState, r: &GenRequest, param: &str) -> Option<ApiError> {
         )
         .with_code("fim_unsupported")
     })
+}
+
+/// 400 `tools_unsupported` when a request offers tools and the served
+/// model's chat template cannot show them (it never reads `tools`: they
+/// would be dropped silently) or shows a call format this server cannot
+/// parse ([`tools::CallFormat`]).
+fn tools_refusal(s: &AppState, r: &GenRequest) -> Option<ApiError> {
+    r.tools.as_ref().filter(|t| t.parses_calls())?;
+    let template = s.tokenizer.chat_template().unwrap_or("");
+    let why = if !s.tokenizer.chat_template_renders_tools() {
+        "its chat template does not render `tools`"
+    } else if tools::CallFormat::of_template(template).is_none() {
+        "its chat template's tool-call format is not one this server parses (only \
+         `<tool_call>` JSON, as Qwen2.5, Qwen3 and Hermes write it, and Llama 3.x's bare \
+         `{\"name\", \"parameters\"}` JSON)"
+    } else {
+        return None;
+    };
+    Some(
+        ApiError::invalid(
+            format!(
+                "`tools`: the model {} ({:?}) cannot be offered tools: {why}; send                  `tool_choice: \"none\"` or no tools",
+                s.cfg.model_id, s.model_file
+            ),
+            Some("tools"),
+        )
+        .with_code("tools_unsupported"),
+    )
 }
 
 /// The response header naming the request fields the server ignored.
@@ -772,6 +805,46 @@ impl Meta {
     }
 }
 
+/// A tool call in the answer's `message.tool_calls`.
+fn tool_call_json(id: &str, name: &str, arguments: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+}
+
+impl Meta {
+    /// The two chunks that stream a tool call as OpenAI streams one: the
+    /// first names it (`index`, `id`, `type`, `function.name`, empty
+    /// `arguments`), the second carries the arguments.
+    fn tool_call_chunks(
+        &self,
+        index: usize,
+        id: &str,
+        name: &str,
+        arguments: &str,
+        tandem: Value,
+    ) -> [Value; 2] {
+        let chunk = |call: Value, tandem: Value| {
+            json!({
+                "id": self.id, "object": self.object(true), "created": self.created,
+                "model": self.model, "system_fingerprint": null,
+                "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": null,
+                             "finish_reason": null}],
+                "tandem": tandem,
+            })
+        };
+        [
+            chunk(
+                json!({"index": index, "id": id, "type": "function",
+                       "function": {"name": name, "arguments": ""}}),
+                tandem,
+            ),
+            chunk(
+                json!({"index": index, "function": {"arguments": arguments}}),
+                json!({}),
+            ),
+        ]
+    }
+}
+
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
@@ -826,6 +899,7 @@ async fn collect(
 ) -> Response {
     let (mut text, mut ids, mut statuses) = (String::new(), Vec::new(), Vec::<TokenStatus>::new());
     let mut checks: Vec<ProvisionalCheck> = Vec::new();
+    let mut tool_calls: Vec<Value> = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Delta {
@@ -834,6 +908,18 @@ async fn collect(
                 statuses: st,
             } => {
                 text.push_str(&t);
+                ids.extend(i);
+                statuses.extend(st);
+            }
+            Event::ToolCall {
+                id,
+                name,
+                arguments,
+                ids: i,
+                statuses: st,
+                ..
+            } => {
+                tool_calls.push(tool_call_json(&id, &name, &arguments));
                 ids.extend(i);
                 statuses.extend(st);
             }
@@ -853,6 +939,11 @@ async fn collect(
             }
             Event::Done(d) => {
                 let choice = match meta.endpoint {
+                    Endpoint::Chat if !tool_calls.is_empty() => json!({"index": 0,
+                        "message": {"role": "assistant",
+                            "content": if text.is_empty() { Value::Null } else { json!(text) },
+                            "refusal": null, "tool_calls": tool_calls},
+                        "logprobs": null, "finish_reason": d.finish_reason}),
                     Endpoint::Chat => json!({"index": 0,
                         "message": {"role": "assistant", "content": text, "refusal": null},
                         "logprobs": null, "finish_reason": d.finish_reason}),
@@ -921,6 +1012,27 @@ fn sse(
                         c["usage"] = Value::Null;
                     }
                     c
+                }
+                Some(Event::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                    ids,
+                    statuses,
+                }) => {
+                    let tandem = json!({"token_ids": ids, "token_status": statuses,
+                           "provisional_checks": std::mem::take(&mut checks)});
+                    let [mut named, mut args] =
+                        meta.tool_call_chunks(index, &id, &name, &arguments, tandem);
+                    if include_usage {
+                        named["usage"] = Value::Null;
+                        args["usage"] = Value::Null;
+                    }
+                    if out.send(data(named)).is_err() {
+                        return;
+                    }
+                    args
                 }
                 Some(Event::Checked(c)) => {
                     checks.push(c);

@@ -14,6 +14,7 @@ use tandem_model::sampling::SamplingParams;
 use tandem_model::tokenizer::{ChatMessage, Role};
 
 use super::error::ApiError;
+use super::tools::{self, Tools};
 
 /// What to generate from.
 #[derive(Clone, Debug, PartialEq)]
@@ -81,6 +82,9 @@ pub struct GenRequest {
     pub anonymous_scope: Option<String>,
     /// Stop sequences (text); the output ends before the first match.
     pub stop: Vec<String>,
+    /// Chat: the declared tools and how they may be called (`None`: no
+    /// tools).
+    pub tools: Option<Tools>,
     /// Fields the server did not know and ignored (top level by name, in a
     /// message as `messages[i].name`), sorted per object; empty with
     /// [`Limits::strict`], which refuses them.
@@ -449,6 +453,7 @@ fn common(
         conversation_id,
         anonymous_scope: None,
         stop,
+        tools: None,
         ignored,
     })
 }
@@ -486,9 +491,10 @@ pub const MAX_MESSAGES: usize = 1024;
 /// Fields of a message this server knows but does not implement: refused
 /// unless null (or an empty array).
 const MESSAGE_UNSUPPORTED: &[(&str, &str)] = &[
-    ("tool_calls", "tool calls in the history"),
-    ("tool_call_id", "tool results"),
-    ("function_call", "function calls in the history"),
+    (
+        "function_call",
+        "function calls in the history (use tool_calls)",
+    ),
     ("audio", "audio in the history"),
 ];
 
@@ -501,7 +507,10 @@ fn message_fields(
     ignored: &mut Vec<String>,
 ) -> Result<(), ApiError> {
     for (k, v) in m {
-        if matches!(k.as_str(), "role" | "content" | "name" | "refusal") {
+        if matches!(
+            k.as_str(),
+            "role" | "content" | "name" | "refusal" | "tool_calls" | "tool_call_id"
+        ) {
             continue;
         }
         match MESSAGE_UNSUPPORTED.iter().find(|(f, _)| f == k) {
@@ -555,6 +564,7 @@ fn messages(
             Some("system") | Some("developer") => Role::System,
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
+            Some("tool") => Role::Tool,
             Some(r) => {
                 return Err(ApiError::unsupported(
                     &format!("messages[{i}].role"),
@@ -568,10 +578,10 @@ fn messages(
                 ))
             }
         };
-        out.push(ChatMessage::new(
-            role,
-            message_content(i, m.get("content"))?,
-        ));
+        let mut message = ChatMessage::new(role, message_content(i, m.get("content"))?);
+        message.tool_calls = tools::history_calls(i, m, role == Role::Assistant)?;
+        message.tool_call_id = tools::tool_call_id(i, m, role == Role::Tool)?;
+        out.push(message);
     }
     Ok(out)
 }
@@ -586,8 +596,7 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
         return Err(ApiError::unsupported("logprobs", "logprobs"));
     }
     only_default(&o, "top_logprobs", "top_logprobs", |_| false)?;
-    only_default(&o, "tools", "tools (function calling)", empty)?;
-    only_default(&o, "tool_choice", "tool_choice", |v| v == "none")?;
+    let tools = tools::parse_tools(&o)?;
     only_default(&o, "functions", "functions (function calling)", empty)?;
     only_default(&o, "function_call", "function_call", |v| v == "none")?;
     only_default(
@@ -611,7 +620,9 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
         Some(n) => Some(n),
         None => get_u64(&o, "max_tokens")?,
     };
-    common(&o, lim, Input::Chat(msgs), max, ignored)
+    let mut r = common(&o, lim, Input::Chat(msgs), max, ignored)?;
+    r.tools = tools;
+    Ok(r)
 }
 
 /// `POST /v1/completions`.
@@ -785,7 +796,7 @@ mod tests {
         let cases: Vec<(&str, serde_json::Value)> = vec![
             ("n", serde_json::json!(2)),
             ("logprobs", serde_json::json!(true)),
-            ("tools", serde_json::json!([{"type":"function"}])),
+            ("tools", serde_json::json!({"type":"function"})),
             ("max_tokens", serde_json::json!(0)),
             ("max_tokens", serde_json::json!(101)),
             ("temperature", serde_json::json!(3)),
@@ -837,7 +848,6 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("bogus"), "{e:?}");
         // Known but unsupported stays a 400 in lenient mode.
         for (k, v) in [
-            ("tools", serde_json::json!([{"type": "function"}])),
             (
                 "response_format",
                 serde_json::json!({"type": "json_object"}),
@@ -853,8 +863,19 @@ mod tests {
         }
         let b = serde_json::json!({"model":"tandem","messages":[{"role":"assistant","content":"",
             "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]});
+        let r = parse_chat(b.to_string().as_bytes(), &lenient).unwrap();
+        let Input::Chat(m) = &r.input else {
+            panic!("{r:?}")
+        };
+        assert_eq!(m[0].tool_calls[0].arguments, serde_json::json!({}));
+        let b = serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"",
+            "function_call":{"name":"f","arguments":"{}"}}]});
         let e = parse_chat(b.to_string().as_bytes(), &lenient).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[0].tool_calls"), "{e:?}");
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[0].function_call"),
+            "{e:?}"
+        );
         let c = serde_json::json!({"model":"tandem","prompt":"x","n_predict":4});
         let r = parse_completion(c.to_string().as_bytes(), &lenient).unwrap();
         assert_eq!(r.ignored, ["n_predict"]);

@@ -25,10 +25,12 @@ use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_router::Action;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::call_scan::{CallScan, Piece};
 use super::error::ApiError;
 use super::metrics::{ServeCounters, ServeMetrics};
 use super::request::{GenRequest, Input};
-use tandem_edge::context_policy::{fit_messages_cancellable, ContextError};
+use super::tools::CallFormat;
+use tandem_edge::context_policy::{fit_chat_cancellable, ContextError};
 use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
 use tandem_edge::{RoutedDecision, RoutedRuntime};
 
@@ -48,6 +50,19 @@ pub enum Event {
         ids: Vec<u32>,
         statuses: Vec<TokenStatus>,
     },
+    /// A tool call the model made (chat with tools): the tokens since the
+    /// last event produced it.
+    ToolCall {
+        /// 0, 1, … in the order of the calls.
+        index: usize,
+        /// `call_…`, unique.
+        id: String,
+        name: String,
+        /// Compact JSON text.
+        arguments: String,
+        ids: Vec<u32>,
+        statuses: Vec<TokenStatus>,
+    },
     /// The verifier came back and judged a provisional span.
     Checked(ProvisionalCheck),
     Done(Box<Done>),
@@ -57,7 +72,8 @@ pub enum Event {
 /// The end of a successful job.
 #[derive(Debug)]
 pub struct Done {
-    /// `stop` (end of turn or a stop sequence) or `length`.
+    /// `stop` (end of turn or a stop sequence), `length`, or `tool_calls`
+    /// (the model made at least one tool call).
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -386,6 +402,156 @@ impl<'a> StopScan<'a> {
     }
 }
 
+/// Turns the output text (after stop sequences) into events: plain
+/// deltas, or, when the request's tools are parsed, content and tool calls
+/// ([`CallScan`]). The tokens since the last event go with the next one.
+struct Emitter {
+    calls: Option<CallScan>,
+    /// More than one call may be made (else the generation stops after the
+    /// first).
+    several: bool,
+    /// The job's sequence number (call ids).
+    seq: u64,
+    ids: Vec<u32>,
+    statuses: Vec<TokenStatus>,
+}
+
+impl Emitter {
+    fn new(calls: Option<CallScan>, several: bool, seq: u64) -> Self {
+        Self {
+            calls,
+            several,
+            seq,
+            ids: Vec::new(),
+            statuses: Vec::new(),
+        }
+    }
+
+    fn token(&mut self, id: u32, status: TokenStatus) {
+        self.ids.push(id);
+        self.statuses.push(status);
+    }
+
+    /// Calls made so far.
+    fn calls(&self) -> usize {
+        self.calls.as_ref().map_or(0, CallScan::calls)
+    }
+
+    /// Whether the generation should stop: one call was made and only one
+    /// is wanted.
+    fn call_limit_reached(&self) -> bool {
+        !self.several && self.calls() > 0
+    }
+
+    /// Sends what `text` decides (`force`: a delta even when empty, so
+    /// the tokens go out); false when the client is gone.
+    fn text(&mut self, text: &str, force: bool, send: &dyn Fn(Event) -> bool) -> bool {
+        let pieces = match &mut self.calls {
+            None => vec![Piece::Text(text.to_string())],
+            Some(c) => c.push(text),
+        };
+        self.send_pieces(pieces, force, send)
+    }
+
+    /// The end: what is still held is decided and sent with the last
+    /// tokens.
+    fn finish(&mut self, tail: &str, send: &dyn Fn(Event) -> bool) -> bool {
+        let pieces = match &mut self.calls {
+            None => vec![Piece::Text(tail.to_string())],
+            Some(c) => {
+                let mut p = c.push(tail);
+                p.extend(c.finish());
+                p
+            }
+        };
+        let force = !self.ids.is_empty();
+        self.send_pieces(pieces, force, send)
+    }
+
+    fn send_pieces(
+        &mut self,
+        pieces: Vec<Piece>,
+        force: bool,
+        send: &dyn Fn(Event) -> bool,
+    ) -> bool {
+        let mut sent = false;
+        for p in pieces {
+            let (ids, statuses) = (
+                std::mem::take(&mut self.ids),
+                std::mem::take(&mut self.statuses),
+            );
+            let ev = match p {
+                Piece::Text(text) if text.is_empty() => continue,
+                Piece::Text(text) => Event::Delta {
+                    text,
+                    ids,
+                    statuses,
+                },
+                Piece::Call { name, arguments } => {
+                    let index = self.calls().saturating_sub(1);
+                    Event::ToolCall {
+                        id: call_id(self.seq, index),
+                        index,
+                        name,
+                        arguments,
+                        ids,
+                        statuses,
+                    }
+                }
+            };
+            sent = true;
+            if !send(ev) {
+                return false;
+            }
+        }
+        if force && !sent {
+            return send(Event::Delta {
+                text: String::new(),
+                ids: std::mem::take(&mut self.ids),
+                statuses: std::mem::take(&mut self.statuses),
+            });
+        }
+        true
+    }
+}
+
+/// A tool call's id: `call_` and hex digits unique within this server
+/// process (the clock, the job and the call's index).
+fn call_id(seq: u64, index: usize) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("call_{nanos:08x}{seq:x}{index:02x}")
+}
+
+/// What the privacy router reads of a chat with tools: each message with
+/// its calls' names and arguments after its content, and the tool
+/// definitions after the first message's (the messages keep their indices
+/// and the contents their offsets, which the decision reports).
+fn routing_messages(messages: &[ChatMessage], tools: &[serde_json::Value]) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| {
+            let mut text = m.content.clone();
+            for c in &m.tool_calls {
+                text.push('\n');
+                text.push_str(&c.name);
+                text.push(' ');
+                text.push_str(&c.arguments.to_string());
+            }
+            ChatMessage::new(m.role, text)
+        })
+        .collect();
+    if let (Some(first), false) = (out.first_mut(), tools.is_empty()) {
+        first.content.push('\n');
+        first
+            .content
+            .push_str(&serde_json::Value::Array(tools.to_vec()).to_string());
+    }
+    out
+}
+
 /// The tokens of a prompt without a chat template: a raw completion, or a
 /// fill-in-the-middle one in the model's FIM format.
 fn raw_prompt(tok: &Tokenizer, input: &Input) -> tandem_model::Result<Vec<u32>> {
@@ -416,6 +582,10 @@ fn run_job(
     let send = |e: Event| job.events.send(e).is_ok();
     let fail = |e: ApiError| (Outcome::Failed, Some(Event::Failed(e)));
     let cfg = rt.runtime().config();
+    let offered: &[serde_json::Value] = req.tools.as_ref().map_or(&[], |t| t.offered());
+    // The request was refused before queueing when the template's call
+    // format is unknown (`tools_unsupported`).
+    let format = tok.chat_template().and_then(CallFormat::of_template);
     let (messages, prompt, dropped_messages) = match &req.input {
         Input::Chat(m) => {
             // The context policy (refuse, or drop the oldest turns) applies here,
@@ -424,8 +594,10 @@ fn run_job(
             let policy = cfg.conversations.context_policy;
             let cancelled =
                 || job.cancel.load(Ordering::Relaxed) || shutdown.load(Ordering::Relaxed);
-            match fit_messages_cancellable(tok, m, limit, req.max_tokens, policy, &cancelled) {
-                Ok(f) => (m.clone(), f.prompt, f.dropped_messages),
+            let fitted =
+                fit_chat_cancellable(tok, m, offered, limit, req.max_tokens, policy, &cancelled);
+            match fitted {
+                Ok(f) => (routing_messages(m, offered), f.prompt, f.dropped_messages),
                 Err(ContextError::Cancelled) => return (Outcome::Cancelled, None),
                 Err(e @ ContextError::TooLong { .. }) => {
                     let e = ApiError::invalid(e.to_string(), Some("messages"))
@@ -445,6 +617,24 @@ fn run_job(
             Err(e) => return fail(ApiError::invalid(e.to_string(), None)),
         },
     };
+    // A forced call (`required`, a named function): the prompt opens it and
+    // the model continues (the scanner sees the opening first).
+    let mut prompt = prompt;
+    let mut calls = None;
+    if let (Some(t), Some(f)) = (req.tools.as_ref().filter(|t| t.parses_calls()), format) {
+        let mut scan = CallScan::new(f, t.names());
+        let forced = f.forced_prefix(&t.choice);
+        if !forced.is_empty() {
+            match tok.encode(&forced, false) {
+                Ok(ids) => prompt.extend(ids),
+                Err(e) => return fail(ApiError::invalid(e.to_string(), Some("tool_choice"))),
+            }
+            scan.push(&forced);
+        }
+        calls = Some(scan);
+    }
+    let several = req.tools.as_ref().is_none_or(|t| t.allows_several_calls());
+    let mut out = Emitter::new(calls, several, seq);
     let gen = GenerateConfig {
         max_tokens: req.max_tokens,
         k: cfg.k,
@@ -485,7 +675,6 @@ fn run_job(
     }
     let mut dec = tok.stream_decoder(true);
     let mut scan = StopScan::new(&req.stop);
-    let (mut ids, mut statuses) = (Vec::new(), Vec::new());
     let mut gone = false;
     let mut on_event = |ev: &EdgeEvent| -> bool {
         if job.cancel.load(Ordering::Relaxed) || shutdown.load(Ordering::Relaxed) {
@@ -494,23 +683,15 @@ fn run_job(
         }
         match ev {
             EdgeEvent::Token { id, status, .. } => {
-                ids.push(*id);
-                statuses.push(*status);
+                out.token(*id, *status);
                 if let Some(piece) = dec.push(*id) {
                     let text = scan.push(&piece);
-                    if !text.is_empty() || scan.hit {
-                        let d = Event::Delta {
-                            text,
-                            ids: std::mem::take(&mut ids),
-                            statuses: std::mem::take(&mut statuses),
-                        };
-                        if !send(d) {
-                            gone = true;
-                            return false;
-                        }
+                    if (!text.is_empty() || scan.hit) && !out.text(&text, scan.hit, &send) {
+                        gone = true;
+                        return false;
                     }
                 }
-                !scan.hit
+                !scan.hit && !out.call_limit_reached()
             }
             EdgeEvent::ProvisionalChecked(c) => {
                 if !send(Event::Checked(c.clone())) {
@@ -550,15 +731,11 @@ fn run_job(
         }
         tail = scan.rest();
     }
-    if !tail.is_empty() || !ids.is_empty() {
-        send(Event::Delta {
-            text: tail,
-            ids,
-            statuses,
-        });
-    }
+    out.finish(&tail, &send);
     g.stats.dropped_messages = dropped_messages;
     let finish_reason = match g.stop {
+        StopReason::MaxTokens | StopReason::ContextFull if !out.call_limit_reached() => "length",
+        _ if out.calls() > 0 => "tool_calls",
         _ if scan.hit => "stop",
         StopReason::Stop | StopReason::Cancelled => "stop",
         StopReason::MaxTokens | StopReason::ContextFull => "length",

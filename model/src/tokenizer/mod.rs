@@ -37,7 +37,7 @@ mod spm;
 mod stream;
 mod vocab;
 
-pub use chat::{ChatMessage, Role, QWEN2_CHAT_TEMPLATE};
+pub use chat::{ChatMessage, Role, ToolCall, QWEN2_CHAT_TEMPLATE};
 pub use pair::PairError;
 pub use pre::{supported_names as supported_pre_tokenizers, PreType};
 pub use special::FimTokens;
@@ -599,6 +599,7 @@ impl Tokenizer {
     fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<chat::Rendered> {
         let inner = &*self.inner;
@@ -610,6 +611,7 @@ impl Tokenizer {
         };
         self.template()?.render(
             messages,
+            tools,
             add_generation_prompt,
             self.token_text(inner.ids.bos),
             self.token_text(inner.ids.eos),
@@ -626,7 +628,27 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        Ok(self.render(messages, add_generation_prompt)?.text)
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `tools` (OpenAI / Hugging
+    /// Face tool objects, `{"type": "function", "function": {…}}`) given to
+    /// the template as `tools` (absent when empty).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        Ok(self.render(messages, tools, add_generation_prompt)?.text)
+    }
+
+    /// Whether the chat template reads `tools` at all: without, tools given
+    /// to it would be dropped silently (callers refuse them instead).
+    pub fn chat_template_renders_tools(&self) -> bool {
+        self.chat
+            .as_deref()
+            .is_some_and(ChatTemplate::renders_tools)
     }
 
     /// Tokenize a conversation: the template's control tokens become their
@@ -640,7 +662,21 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
-        let r = self.render(messages, add_generation_prompt)?;
+        self.encode_chat_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`Tokenizer::encode_chat`] with `tools` (see
+    /// [`Tokenizer::apply_chat_template_with_tools`]). The free text of the
+    /// tools and of the messages' tool-call arguments is plain text like the
+    /// contents; keys, names, types and ids holding special-token text are
+    /// refused ([`ModelError::ChatTemplate`]).
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>> {
+        let r = self.render(messages, tools, add_generation_prompt)?;
         let mut out = Vec::with_capacity(r.text.len() / 3 + 4);
         if let (true, Some(bos)) = (self.add_bos(), self.bos_id()) {
             let bos_text = self.token_text(Some(bos));
