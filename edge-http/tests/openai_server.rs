@@ -27,6 +27,7 @@ use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
+use tandem_model::penalties::LogitBias;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -318,7 +319,15 @@ fn requests_are_validated_with_openai_error_bodies() {
             json!({"max_completion_tokens": 100000}),
             "max_completion_tokens",
         ),
-        (json!({"n": 2}), "n"),
+        (json!({"n": 9}), "n"),
+        (
+            json!({"max_completion_tokens": 8, "max_tokens": 9}),
+            "max_completion_tokens",
+        ),
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"frequency_penalty": -2.01}), "frequency_penalty"),
+        (json!({"logit_bias": {"999999": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": -101}}), "logit_bias"),
         (json!({"logprobs": true}), "logprobs"),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
@@ -1775,6 +1784,241 @@ fn fill_in_the_middle_through_suffix_and_infill_is_the_targets_output() {
         Some("input_suffix"),
     );
     assert_eq!(plain.counters().admitted, 0);
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+/// The target alone, greedy or sampled under `sampling`, on `prompt`.
+fn target_with(
+    f: &Fixture,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> Vec<u32> {
+    generate_single(
+        &f.target,
+        prompt,
+        &GenerateConfig {
+            max_tokens,
+            sampling,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens
+}
+
+#[test]
+fn penalties_and_logit_bias_through_the_verifier_are_the_targets_own_output() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let n = 20;
+    let plain = target_greedy(&f, &prompt, n);
+    // Ban the target's first greedy token and favour another one; penalise
+    // repeats (random tiny models repeat a lot).
+    let banned = plain[0];
+    let favoured = (banned + 7) % 256;
+    let bias = json!({ banned.to_string(): -100, favoured.to_string(): 3.5 });
+    let sampling = SamplingParams {
+        presence_penalty: 0.75,
+        frequency_penalty: 1.5,
+        logit_bias: LogitBias::new([(banned, -100.0), (favoured, 3.5)]).unwrap(),
+        ..SamplingParams::default()
+    };
+    let expected = target_with(&f, &prompt, n, sampling);
+    assert_ne!(expected, plain, "the penalties change the target's output");
+    assert!(!expected.contains(&banned));
+    let extra = json!({"max_completion_tokens": n, "ignore_eos": true,
+        "presence_penalty": 0.75, "frequency_penalty": 1.5, "logit_bias": bias});
+    let w = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", extra.clone()),
+    );
+    assert_eq!(w.status, 200, "{}", w.body);
+    let w = w.json();
+    assert_eq!(ids_of(&w["tandem"]["token_ids"]), expected);
+    let st = w["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+    // Streamed: the same tokens.
+    let mut streamed = extra.clone();
+    streamed["stream"] = json!(true);
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", streamed),
+    );
+    let ids: Vec<u32> = a
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| {
+            let j: Value = serde_json::from_str(e).unwrap();
+            j["tandem"]["token_ids"]
+                .as_array()
+                .map(|a| ids_of(&Value::Array(a.clone())))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(ids, expected);
+
+    // Sampled: the target's own seeded draw under the same penalties.
+    let mut sampled = extra;
+    sampled["temperature"] = json!(0.9);
+    sampled["seed"] = json!(11);
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", sampled),
+    )
+    .json();
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        seed: 11,
+        ..sampling
+    };
+    assert_eq!(
+        ids_of(&a["tandem"]["token_ids"]),
+        target_with(&f, &prompt, n, seeded)
+    );
+    drop(s);
+
+    // Local (no verifier): the draft's own output under the same penalties.
+    let local = f.server(f.edge_config(None), ServeConfig::default());
+    let body = chat_body(
+        "write a haiku",
+        json!({"max_tokens": n, "ignore_eos": true,
+        "presence_penalty": 0.75, "frequency_penalty": 1.5, "logit_bias": bias}),
+    );
+    let l = post(local.addr, "/v1/chat/completions", &body).json();
+    let draft_only = generate_single_with(
+        &f.draft,
+        tandem_model::kv_cache::KvPrecision::F16,
+        &prompt,
+        &GenerateConfig {
+            max_tokens: n,
+            sampling,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(ids_of(&l["tandem"]["token_ids"]), draft_only);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn several_choices_are_independent_generations() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let texts = |j: &Value| -> Vec<String> {
+        j["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Greedy: every choice is the target's greedy output.
+    let g = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            "write a haiku",
+            json!({"n": 3, "max_tokens": 8, "ignore_eos": true}),
+        ),
+    );
+    assert_eq!(g.status, 200, "{}", g.body);
+    let g = g.json();
+    let t = texts(&g);
+    assert_eq!(t.len(), 3);
+    assert!(t.iter().all(|x| *x == t[0]), "{t:?}");
+    let idx: Vec<u64> = g["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, [0, 1, 2]);
+    let greedy = target_greedy(&f, &prompt, 8);
+    for c in g["tandem"]["choices"].as_array().unwrap() {
+        assert_eq!(ids_of(&c["token_ids"]), greedy);
+    }
+    assert_eq!(g["usage"]["completion_tokens"], 24);
+    assert_eq!(g["usage"]["prompt_tokens"], prompt.len());
+
+    // Sampled with a seed: choice i draws with choice_seed(seed, i).
+    let body = chat_body(
+        "write a haiku",
+        json!({"n": 2, "max_tokens": 12, "ignore_eos": true, "temperature": 1.0, "seed": 5}),
+    );
+    let a = post(s.addr, "/v1/chat/completions", &body).json();
+    for (i, c) in a["tandem"]["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            seed: tandem_edge_http::openai::request::choice_seed(5, i),
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            ids_of(&c["token_ids"]),
+            target_with(&f, &prompt, 12, sampling),
+            "choice {i}"
+        );
+    }
+    assert_ne!(texts(&a)[0], texts(&a)[1], "two seeds, two answers");
+    // The same request streamed: the choices one after the other, each
+    // chunk naming its index, one usage chunk at the end.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let ev = post(s.addr, "/v1/chat/completions", &streamed).events();
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let mut got = vec![String::new(), String::new()];
+    let mut finishes = 0;
+    for e in &ev[..ev.len() - 1] {
+        let j: Value = serde_json::from_str(e).unwrap();
+        if let Some(c) = j["choices"].as_array().and_then(|c| c.first()) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            got[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            finishes += usize::from(!c["finish_reason"].is_null());
+        } else {
+            assert_eq!(j["usage"]["completion_tokens"], 24, "{j}");
+        }
+    }
+    assert_eq!(finishes, 2);
+    assert_eq!(got, texts(&a));
+    // Completions take n too.
+    let c = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "fn main", "n": 2, "max_tokens": 4}),
+    )
+    .json();
+    assert_eq!(c["choices"].as_array().unwrap().len(), 2, "{c}");
+    assert_eq!(c["choices"][1]["index"], 1);
     drop(s);
     let _ = f.rt.block_on(v.shutdown());
 }

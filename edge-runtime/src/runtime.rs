@@ -333,6 +333,7 @@ impl EdgeRuntime {
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
         let (device, _threads) = self.device_begin()?;
+        let gen = &gen.for_prompt(prompt.len());
         let mut run = Generation::begin(
             &self.draft,
             &mut kept(&self.conversations),
@@ -406,6 +407,7 @@ impl EdgeRuntime {
         };
         // The device state, read once: fewer draft threads, a k cap.
         let (device, _threads) = self.device_begin()?;
+        let gen = &gen.for_prompt(prompt.len());
         let k_cap = device
             .k_cap
             .unwrap_or(tandem_model::speculative::MAX_K)

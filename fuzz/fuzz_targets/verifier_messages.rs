@@ -436,6 +436,7 @@ fn build_open(
             top_p: s.top_p,
             repetition_penalty: s.repetition_penalty,
             seed: s.seed,
+            ..SamplingParams::default()
         }),
         resume_session_id,
         first_round: u64::from(*first_round),

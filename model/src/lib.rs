@@ -39,6 +39,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;
 pub mod pair;
+pub mod penalties;
 pub mod proposer;
 pub mod quant;
 pub mod sampling;

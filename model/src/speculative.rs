@@ -74,6 +74,16 @@ impl GenerateConfig {
         }
         self.sampling.validate()
     }
+
+    /// This configuration for a generation of a `prompt_len`-token prompt: the
+    /// sampling's completion starts there (what the presence and frequency
+    /// penalties count; [`SamplingParams::for_prompt`]).
+    pub fn for_prompt(&self, prompt_len: usize) -> GenerateConfig {
+        GenerateConfig {
+            sampling: self.sampling.for_prompt(prompt_len),
+            ..self.clone()
+        }
+    }
 }
 
 /// Acceptance at one draft position: how often it was reached and accepted.
@@ -253,6 +263,7 @@ pub fn generate_single_with(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
+    let cfg = &cfg.for_prompt(prompt.len());
     let mut cache = model.new_cache_with(kv);
     check_prompt(prompt, cache.capacity())?;
     let start = Instant::now();
@@ -360,6 +371,7 @@ pub fn generate_speculative(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
+    let cfg = &cfg.for_prompt(prompt.len());
     crate::pair::check_vocab(draft.config(), target.config()).map_err(|e| {
         ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}"))
     })?;

@@ -14,13 +14,36 @@ use crate::split;
 use crate::state::{store_refusal, VerifierState};
 use crate::store::{CheckedOut, StoreError};
 use std::sync::Arc;
+use tandem_model::penalties::{LogitBias, MAX_LOGIT_BIAS};
 use tandem_model::sampling::SamplingParams;
 use tandem_proto::v1::{Continuation, Open, Opened, Reason};
 
+/// The session's sampling from its wire form: zero values read as their
+/// defaults, every value range-checked (BAD_REQUEST), logit-bias tokens below
+/// the target's `vocab` (TOKEN_OUT_OF_VOCAB).
 fn sampling_from_wire(
     p: Option<tandem_proto::v1::SamplingParams>,
+    vocab: usize,
 ) -> Result<SamplingParams, Refusal> {
     let p = p.unwrap_or_default();
+    let bad =
+        |e: tandem_model::ModelError| Refusal::new(Reason::BadRequest, format!("sampling: {e}"));
+    if p.logit_bias.len() > MAX_LOGIT_BIAS {
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            format!(
+                "sampling: logit_bias has {} entries, at most {MAX_LOGIT_BIAS}",
+                p.logit_bias.len()
+            ),
+        ));
+    }
+    let logit_bias = LogitBias::new(p.logit_bias.iter().map(|b| (b.token, b.bias))).map_err(bad)?;
+    if let Some(t) = logit_bias.max_token().filter(|&t| t as usize >= vocab) {
+        return Err(Refusal::new(
+            Reason::TokenOutOfVocab,
+            format!("sampling: logit_bias names token {t}; the vocabulary has {vocab}"),
+        ));
+    }
     let s = SamplingParams {
         temperature: p.temperature,
         top_k: usize::try_from(p.top_k).unwrap_or(usize::MAX),
@@ -31,9 +54,12 @@ fn sampling_from_wire(
             p.repetition_penalty
         },
         seed: p.seed,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias,
+        completion_start: usize::try_from(p.completion_start).unwrap_or(usize::MAX),
     };
-    s.validate()
-        .map_err(|e| Refusal::new(Reason::BadRequest, format!("sampling: {e}")))?;
+    s.validate().map_err(bad)?;
     Ok(s)
 }
 
@@ -54,6 +80,7 @@ fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize, reused
         n_layer: u32::try_from(cfg.n_layer).unwrap_or(u32::MAX),
         d_model: u32::try_from(cfg.d_model).unwrap_or(u32::MAX),
         reused_tokens: wire_u64(reused),
+        features: vec![tandem_proto::FEATURE_PENALTIES.to_owned()],
     }
 }
 
@@ -98,7 +125,7 @@ async fn open_checked(
                 "a continuation is not for split sessions: open with the whole context's hidden states",
             ));
         }
-        let sampling = sampling_from_wire(o.sampling)?;
+        let sampling = sampling_from_wire(o.sampling.take(), s.model.config().vocab)?;
         return open_continued(s, who, c, o.prompt_tokens, sampling, o.first_round).await;
     }
     let split = o
@@ -110,7 +137,7 @@ async fn open_checked(
         // (U-shape sessions send no token ids; their length is in prompt_hidden.)
         s.check_context(&o.prompt_tokens)?;
     }
-    let sampling = sampling_from_wire(o.sampling)?;
+    let sampling = sampling_from_wire(o.sampling.take(), s.model.config().vocab)?;
     if let Some(spec) = split {
         return open_split(s, who, o, spec, sampling).await;
     }

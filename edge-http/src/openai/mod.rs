@@ -152,6 +152,7 @@ impl AppState {
             max_tokens_limit: self.cfg.max_tokens_limit,
             default_max_tokens: self.cfg.default_max_tokens,
             strict: self.cfg.strict_api,
+            vocab: self.tokenizer.vocab_size(),
         }
     }
 
@@ -738,8 +739,14 @@ impl Meta {
         v
     }
 
-    /// One choice of a chunk (`delta` for chat, `text` for completions).
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, tandem: Value) -> Value {
+    /// A chunk of choice `index` (`delta` for chat, `text` for completions).
+    fn chunk(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        finish: Option<&str>,
+        tandem: Value,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Infill => return self.infill(text.unwrap_or(""), None, tandem),
             Endpoint::Chat => {
@@ -747,10 +754,10 @@ impl Meta {
                     Some(t) => json!({"content": t}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
             Endpoint::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
             }
         };
         json!({
@@ -765,11 +772,24 @@ fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
 
-async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
+/// One choice's job, submitted and started.
+struct Started {
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    /// The router's decision, as JSON (null when the server does not route).
+    route: Value,
+    prompt_tokens: usize,
+}
+
+/// Submits choice `index` of `req` (its seed: [`request::choice_seed`]) and
+/// waits until the job starts (or fails before its first token), so that
+/// errors found then still get a proper HTTP status.
+async fn start_choice(s: &AppState, req: &GenRequest, index: usize) -> Result<Started, Response> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let mut guard = CancelOnDrop(cancel.clone(), None);
-    let (stream, include_usage) = (req.stream, req.include_usage);
+    let mut req = req.clone();
+    req.sampling.seed = request::choice_seed(req.sampling.seed, index);
     match s.worker.submit(Job {
         req,
         events: tx,
@@ -777,8 +797,24 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
         admitted: std::time::Instant::now(),
     }) {
         Ok(slot) => guard.1 = Some(slot),
-        Err(e) => return e.into_response(),
+        Err(e) => return Err(e.into_response()),
     }
+    match rx.recv().await {
+        Some(Event::Started {
+            route,
+            prompt_tokens,
+        }) => Ok(Started {
+            rx,
+            guard,
+            route: serde_json::to_value(route).unwrap_or(Value::Null),
+            prompt_tokens,
+        }),
+        Some(Event::Failed(e)) => Err(e.into_response()),
+        _ => Err(ApiError::server("the generation worker stopped").into_response()),
+    }
+}
+
+async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
     let meta = Meta {
         id: s.id(match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -788,31 +824,34 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
         model: s.cfg.model_id.clone(),
         endpoint,
     };
-    // Wait until the job starts (or fails before its first token) so that
-    // errors found then still get a proper HTTP status.
-    let (route, prompt_tokens) = match rx.recv().await {
-        Some(Event::Started {
-            route,
-            prompt_tokens,
-        }) => (route, prompt_tokens),
-        Some(Event::Failed(e)) => return e.into_response(),
-        _ => return ApiError::server("the generation worker stopped").into_response(),
+    let first = match start_choice(&s, &req, 0).await {
+        Ok(st) => st,
+        Err(r) => return r,
     };
-    let route = serde_json::to_value(route).unwrap_or(Value::Null);
-    if stream {
-        sse(meta, rx, guard, route, include_usage)
+    if req.stream {
+        sse(s, req, meta, first)
     } else {
-        collect(meta, rx, guard, route, prompt_tokens).await
+        collect(&s, &req, meta, first).await
     }
 }
 
-async fn collect(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    _guard: CancelOnDrop,
-    route: Value,
+/// A finished choice of a non-streamed answer.
+struct ChoiceOut {
+    choice: Value,
     prompt_tokens: usize,
-) -> Response {
+    completion_tokens: usize,
+    tandem: Value,
+}
+
+/// Collects one choice's events; `Err`: the answer is that response (an
+/// error, or llama.cpp's `/infill` shape, which has no choices).
+async fn collect_choice(meta: &Meta, index: usize, st: Started) -> Result<ChoiceOut, Response> {
+    let Started {
+        mut rx,
+        guard: _guard,
+        route,
+        prompt_tokens,
+    } = st;
     let (mut text, mut ids, mut statuses) = (String::new(), Vec::new(), Vec::<TokenStatus>::new());
     let mut checks: Vec<ProvisionalCheck> = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -827,9 +866,9 @@ async fn collect(
                 statuses.extend(st);
             }
             Event::Checked(c) => checks.push(c),
-            Event::Failed(e) => return e.into_response(),
+            Event::Failed(e) => return Err(e.into_response()),
             Event::Started { .. } => {}
-            Event::Done(d) if meta.endpoint == Endpoint::Infill => {
+            Event::Done(d) => {
                 let tandem = json!({
                     "token_ids": ids, "token_status": statuses, "route": route,
                     "stats": d.stats, "provisional": d.provisional,
@@ -837,132 +876,219 @@ async fn collect(
                     "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
                 });
                 let prompt = d.prompt_tokens.max(prompt_tokens);
-                let done = Some((d.finish_reason, prompt, d.completion_tokens));
-                return Json(meta.infill(&text, done, tandem)).into_response();
-            }
-            Event::Done(d) => {
                 let choice = match meta.endpoint {
-                    Endpoint::Chat => json!({"index": 0,
+                    Endpoint::Infill => {
+                        let done = Some((d.finish_reason, prompt, d.completion_tokens));
+                        return Err(Json(meta.infill(&text, done, tandem)).into_response());
+                    }
+                    Endpoint::Chat => json!({"index": index,
                         "message": {"role": "assistant", "content": text, "refusal": null},
                         "logprobs": null, "finish_reason": d.finish_reason}),
-                    Endpoint::Completion | Endpoint::Infill => json!({"index": 0, "text": text,
+                    Endpoint::Completion => json!({"index": index, "text": text,
                         "logprobs": null, "finish_reason": d.finish_reason}),
                 };
-                let body = json!({
-                    "id": meta.id, "object": meta.object(false), "created": meta.created,
-                    "model": meta.model, "system_fingerprint": null,
-                    "choices": [choice],
-                    "usage": usage(d.prompt_tokens.max(prompt_tokens), d.completion_tokens),
-                    "tandem": {
-                        "token_ids": ids, "token_status": statuses, "route": route,
-                        "stats": d.stats, "provisional": d.provisional,
-                        "provisional_checks": checks, "session_id": d.session_id,
-                        "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
-                    },
+                return Ok(ChoiceOut {
+                    choice,
+                    prompt_tokens: prompt,
+                    completion_tokens: d.completion_tokens,
+                    tandem,
                 });
-                return Json(body).into_response();
             }
         }
     }
-    ApiError::server("the generation worker stopped").into_response()
+    Err(ApiError::server("the generation worker stopped").into_response())
 }
 
-fn sse(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    route: Value,
+/// The non-streamed answer: `req.n` choices, generated one after the other.
+/// Usage counts the prompt once and every choice's completion; `tandem` is
+/// the choice's extension object (`n` = 1) or `{"choices": [...]}` of them.
+async fn collect(s: &AppState, req: &GenRequest, meta: Meta, first: Started) -> Response {
+    let mut outs = Vec::with_capacity(req.n);
+    let mut next = Some(first);
+    for index in 0..req.n {
+        let st = match next.take() {
+            Some(st) => st,
+            None => match start_choice(s, req, index).await {
+                Ok(st) => st,
+                Err(r) => return r,
+            },
+        };
+        match collect_choice(&meta, index, st).await {
+            Ok(o) => outs.push(o),
+            Err(r) => return r,
+        }
+    }
+    let prompt = outs.first().map_or(0, |o| o.prompt_tokens);
+    let completion = outs
+        .iter()
+        .fold(0usize, |a, o| a.saturating_add(o.completion_tokens));
+    let choices: Vec<Value> = outs.iter().map(|o| o.choice.clone()).collect();
+    let tandem = match outs.as_mut_slice() {
+        [one] => one.tandem.take(),
+        many => json!({"choices": many.iter_mut().map(|o| o.tandem.take()).collect::<Vec<_>>()}),
+    };
+    let body = json!({
+        "id": meta.id, "object": meta.object(false), "created": meta.created,
+        "model": meta.model, "system_fingerprint": null,
+        "choices": choices,
+        "usage": usage(prompt, completion),
+        "tandem": tandem,
+    });
+    Json(body).into_response()
+}
+
+/// How a streamed choice ended.
+enum ChoiceEnd {
+    /// Done: its prompt and completion token counts.
+    Done(usize, usize),
+    /// The client went away, or the error was sent: the stream ends.
+    Over,
+}
+
+/// Streams one choice's chunks into `out` (its first chunk carries the role
+/// and its route); the last choice's `Done` is followed by the usage chunk
+/// and `[DONE]` in [`sse`].
+async fn stream_choice(
+    meta: &Meta,
+    index: usize,
+    st: Started,
     include_usage: bool,
-) -> Response {
-    let (out, out_rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    out: &mpsc::UnboundedSender<Result<SseEvent, Infallible>>,
+) -> ChoiceEnd {
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
-    let mut first = meta.chunk(Some(""), None, json!({"route": route}));
+    let Started {
+        mut rx,
+        guard: _guard,
+        route,
+        ..
+    } = st;
+    let mut first = meta.chunk(index, Some(""), None, json!({"route": route}));
     if meta.endpoint == Endpoint::Chat {
         first["choices"][0]["delta"]["role"] = json!("assistant");
     }
     if include_usage {
         first["usage"] = Value::Null;
     }
-    let _ = out.send(data(first));
-    tokio::spawn(async move {
-        // Holds the guard: when the client is gone the body (and `out_rx`)
-        // is dropped, this task ends and the job is cancelled.
-        let _guard = guard;
-        let mut checks: Vec<ProvisionalCheck> = Vec::new();
-        loop {
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
-                _ = out.closed() => return,
-            };
-            let msg = match ev {
-                Some(Event::Delta {
-                    text,
-                    ids,
-                    statuses,
-                }) => {
-                    let mut c = meta.chunk(
-                        Some(&text),
-                        None,
-                        json!({"token_ids": ids, "token_status": statuses,
-                               "provisional_checks": std::mem::take(&mut checks)}),
-                    );
-                    if include_usage {
-                        c["usage"] = Value::Null;
-                    }
-                    c
+    if out.send(data(first)).is_err() {
+        return ChoiceEnd::Over;
+    }
+    let mut checks: Vec<ProvisionalCheck> = Vec::new();
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = out.closed() => return ChoiceEnd::Over,
+        };
+        let msg = match ev {
+            Some(Event::Delta {
+                text,
+                ids,
+                statuses,
+            }) => {
+                let mut c = meta.chunk(
+                    index,
+                    Some(&text),
+                    None,
+                    json!({"token_ids": ids, "token_status": statuses,
+                           "provisional_checks": std::mem::take(&mut checks)}),
+                );
+                if include_usage {
+                    c["usage"] = Value::Null;
                 }
-                Some(Event::Checked(c)) => {
-                    checks.push(c);
-                    continue;
-                }
-                Some(Event::Started { .. }) => continue,
-                Some(Event::Failed(e)) => {
-                    let _ = out.send(data(e.body()));
-                    return;
-                }
-                Some(Event::Done(d)) if meta.endpoint == Endpoint::Infill => {
-                    // llama.cpp's stream: the last object has `stop: true`;
-                    // no `[DONE]`.
-                    let done = Some((d.finish_reason, d.prompt_tokens, d.completion_tokens));
-                    let tandem = json!({"stats": d.stats, "provisional": d.provisional,
+                c
+            }
+            Some(Event::Checked(c)) => {
+                checks.push(c);
+                continue;
+            }
+            Some(Event::Started { .. }) => continue,
+            Some(Event::Failed(e)) => {
+                let _ = out.send(data(e.body()));
+                return ChoiceEnd::Over;
+            }
+            Some(Event::Done(d)) if meta.endpoint == Endpoint::Infill => {
+                // llama.cpp's stream: the last object has `stop: true`;
+                // no `[DONE]`.
+                let done = Some((d.finish_reason, d.prompt_tokens, d.completion_tokens));
+                let tandem = json!({"stats": d.stats, "provisional": d.provisional,
+                       "provisional_checks": checks, "session_id": d.session_id,
+                       "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms});
+                let _ = out.send(data(meta.infill("", done, tandem)));
+                return ChoiceEnd::Over;
+            }
+            Some(Event::Done(d)) => {
+                let mut c = meta.chunk(
+                    index,
+                    None,
+                    Some(d.finish_reason),
+                    json!({"stats": d.stats, "provisional": d.provisional,
                            "provisional_checks": checks, "session_id": d.session_id,
-                           "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms});
-                    let _ = out.send(data(meta.infill("", done, tandem)));
-                    return;
+                           "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms}),
+                );
+                if include_usage {
+                    c["usage"] = Value::Null;
                 }
-                Some(Event::Done(d)) => {
-                    let mut c = meta.chunk(
-                        None,
-                        Some(d.finish_reason),
-                        json!({"stats": d.stats, "provisional": d.provisional,
-                               "provisional_checks": checks, "session_id": d.session_id,
-                               "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms}),
-                    );
-                    if include_usage {
-                        c["usage"] = Value::Null;
+                if out.send(data(c)).is_err() {
+                    return ChoiceEnd::Over;
+                }
+                return ChoiceEnd::Done(d.prompt_tokens, d.completion_tokens);
+            }
+            None => {
+                let e = ApiError::server("the generation worker stopped");
+                let _ = out.send(data(e.body()));
+                return ChoiceEnd::Over;
+            }
+        };
+        if out.send(data(msg)).is_err() {
+            return ChoiceEnd::Over;
+        }
+    }
+}
+
+/// The streamed answer: `req.n` choices one after the other (each chunk
+/// names its choice's `index`), then the usage chunk (when asked) and
+/// `[DONE]`.
+fn sse(s: Arc<AppState>, req: GenRequest, meta: Meta, first: Started) -> Response {
+    let (out, out_rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    tokio::spawn(async move {
+        // Each choice's job holds its cancel guard: when the client is gone
+        // the body (and `out_rx`) is dropped, this task ends and the job is
+        // cancelled.
+        let (mut prompt, mut completion) = (0usize, 0usize);
+        let mut next = Some(first);
+        for index in 0..req.n {
+            let st = match next.take() {
+                Some(st) => st,
+                None => match start_choice(&s, &req, index).await {
+                    Ok(st) => st,
+                    Err(_) => {
+                        let e = ApiError::server(format!(
+                            "choice {index} could not start (the queue is full or the worker stopped)"
+                        ));
+                        let _ = out.send(data(e.body()));
+                        return;
                     }
-                    let _ = out.send(data(c));
-                    if include_usage {
-                        let u = json!({
-                            "id": meta.id, "object": meta.object(true), "created": meta.created,
-                            "model": meta.model, "system_fingerprint": null, "choices": [],
-                            "usage": usage(d.prompt_tokens, d.completion_tokens),
-                        });
-                        let _ = out.send(data(u));
-                    }
-                    let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-                    return;
-                }
-                None => {
-                    let e = ApiError::server("the generation worker stopped");
-                    let _ = out.send(data(e.body()));
-                    return;
-                }
+                },
             };
-            if out.send(data(msg)).is_err() {
-                return;
+            match stream_choice(&meta, index, st, req.include_usage, &out).await {
+                ChoiceEnd::Done(p, c) => {
+                    if index == 0 {
+                        prompt = p;
+                    }
+                    completion = completion.saturating_add(c);
+                }
+                ChoiceEnd::Over => return,
             }
         }
+        if req.include_usage {
+            let u = json!({
+                "id": meta.id, "object": meta.object(true), "created": meta.created,
+                "model": meta.model, "system_fingerprint": null, "choices": [],
+                "usage": usage(prompt, completion),
+            });
+            let _ = out.send(data(u));
+        }
+        let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
     });
     let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);
     Sse::new(stream)

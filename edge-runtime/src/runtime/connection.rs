@@ -427,6 +427,7 @@ impl Connection<'_> {
                     )));
                 }
                 self.codec.check_opened(&o)?;
+                check_features(&run.gen.sampling, &o)?;
                 // Not a success for the breaker yet: a verifier that opens sessions
                 // but never answers a verify must still trip it. The first verdict
                 // closes it.
@@ -584,13 +585,42 @@ async fn until_set(flag: &std::sync::atomic::AtomicBool) {
     }
 }
 
-/// The wire form of the generation's sampling parameters.
+/// The wire form of the generation's sampling parameters. The OpenAI
+/// penalties' fields stay at their zero values when none is on (what an older
+/// verifier reads, and what lets an adopted open match).
 pub(super) fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
+    let penalties = p.has_openai_penalties();
     pb::SamplingParams {
         temperature: p.temperature,
         top_k: p.top_k as u32,
         top_p: p.top_p,
         repetition_penalty: p.repetition_penalty,
         seed: p.seed,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias: p
+            .logit_bias
+            .entries()
+            .iter()
+            .map(|&(token, bias)| pb::LogitBias { token, bias })
+            .collect(),
+        completion_start: if penalties {
+            p.completion_start as u64
+        } else {
+            0
+        },
     }
+}
+
+/// Refuses a verifier that does not list a feature this generation's
+/// sampling needs (an older verifier would ignore the fields and break the
+/// output's identity with the target's).
+pub(super) fn check_features(p: &SamplingParams, o: &pb::Opened) -> Result<(), EdgeError> {
+    let has = |f: &str| o.features.iter().any(|g| g == f);
+    if p.has_openai_penalties() && !has(tandem_proto::FEATURE_PENALTIES) {
+        return Err(EdgeError::Protocol(
+            "the verifier does not apply presence_penalty, frequency_penalty or logit_bias (an older version): upgrade it, or generate without them".into(),
+        ));
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
 use tandem_model::proposer::NgramIndex;
-use tandem_model::sampling::{apply_repetition_penalty, argmax, next_token, token_prob};
+use tandem_model::sampling::{adjusted_logits, argmax, next_token, token_prob};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::transformer::Model;
 
@@ -264,10 +264,7 @@ impl<'a, 'b> Generation<'a, 'b> {
         self.high_water = self.high_water.max(self.cache.len());
         let params = &self.gen.sampling;
         let t = if params.is_greedy() {
-            let mut l = logits;
-            if params.repetition_penalty != 1.0 {
-                apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
-            }
+            let l = adjusted_logits(params, &logits, hist);
             let t = argmax(&l);
             if self.want_conf {
                 self.conf = token_prob(&l, t);
