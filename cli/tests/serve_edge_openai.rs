@@ -27,6 +27,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
+use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_model::transformer::{LoadOptions, Model};
@@ -300,6 +301,27 @@ fn the_openai_python_client_accepts_serve_edge() {
             .all(|s| s == "verified"),
         "{fim}"
     );
+    // logprobs (the official client's typed objects): the target's own
+    // numbers for the verified tokens, with the penalties off.
+    let lp = &report["logprobs"];
+    let ids: Vec<u32> = serde_json::from_value(lp["token_ids"].clone()).unwrap();
+    let prompt = tok.encode_chat(&[ChatMessage::user(PROMPT)], true).unwrap();
+    let want = target_logprobs(&target, &prompt, &ids, 3);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(
+            lp["logprob"][i].as_f64().unwrap() as f32,
+            w.logprob,
+            "token {i}: {lp}"
+        );
+        for (j, (_, top)) in w.top.iter().enumerate() {
+            assert_eq!(
+                lp["top"][i][j].as_f64().unwrap() as f32,
+                *top,
+                "token {i}: {lp}"
+            );
+        }
+        assert_eq!(lp["from"][i], "target", "{lp}");
+    }
     let st = &turn2["stats"];
     assert!(st["draft_reused_tokens"].as_u64().unwrap() > 10, "{st}");
     assert!(st["verifier_reused_tokens"].as_u64().unwrap() > 10, "{st}");
@@ -478,6 +500,22 @@ fn target_greedy(tok: &Tokenizer, model: &Model, ids: &[u32], n: usize) -> Vec<u
     generate_single(model, ids, &cfg, &mut |_| true)
         .unwrap()
         .tokens
+}
+
+/// The real target's logprobs (greedy, no penalties) of `ids` after
+/// `prompt`, with `top` alternatives.
+fn target_logprobs(model: &Model, prompt: &[u32], ids: &[u32], top: usize) -> Vec<TokenLogprobs> {
+    let params = tandem_model::sampling::SamplingParams::default().for_prompt(prompt.len());
+    let mut cache = model.new_cache();
+    let mut logits = model.forward_last(prompt, 0, &mut cache).unwrap();
+    let mut hist = prompt.to_vec();
+    let mut out = Vec::new();
+    for &t in ids {
+        out.push(chosen_logprobs(&params, &logits, &hist, t, top));
+        hist.push(t);
+        logits = model.forward(&[t], cache.len(), &mut cache).unwrap();
+    }
+    out
 }
 
 #[test]

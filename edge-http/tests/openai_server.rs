@@ -27,6 +27,7 @@ use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
+use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
 use tandem_model::penalties::LogitBias;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
@@ -328,7 +329,6 @@ fn requests_are_validated_with_openai_error_bodies() {
         (json!({"frequency_penalty": -2.01}), "frequency_penalty"),
         (json!({"logit_bias": {"999999": 1}}), "logit_bias"),
         (json!({"logit_bias": {"5": -101}}), "logit_bias"),
-        (json!({"logprobs": true}), "logprobs"),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
             "tools",
@@ -2020,5 +2020,185 @@ fn several_choices_are_independent_generations() {
     assert_eq!(c["choices"].as_array().unwrap().len(), 2, "{c}");
     assert_eq!(c["choices"][1]["index"], 1);
     drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+/// The target's logprobs of `tokens` after `prompt` under `sampling` (its
+/// completion starting after the prompt), with `top` alternatives: what the
+/// verifier must report for verified tokens.
+fn target_logprobs(
+    f: &Fixture,
+    prompt: &[u32],
+    tokens: &[u32],
+    sampling: SamplingParams,
+    top: usize,
+) -> Vec<TokenLogprobs> {
+    let params = sampling.for_prompt(prompt.len());
+    let mut cache = f.target.new_cache();
+    let mut logits = f.target.forward_last(prompt, 0, &mut cache).unwrap();
+    let mut hist = prompt.to_vec();
+    let mut out = Vec::new();
+    for &t in tokens {
+        out.push(chosen_logprobs(&params, &logits, &hist, t, top));
+        hist.push(t);
+        logits = f.target.forward(&[t], cache.len(), &mut cache).unwrap();
+    }
+    out
+}
+
+/// Chat's `logprobs.content` entries of an answer (or of streamed chunks,
+/// concatenated).
+fn content_entries(choices: &[&Value]) -> Vec<Value> {
+    choices
+        .iter()
+        .flat_map(|c| {
+            c["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[test]
+fn logprobs_are_the_targets_for_verified_tokens_and_the_drafts_for_local_ones() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let n = 10;
+    let body = chat_body(
+        "write a haiku",
+        json!({"max_tokens": n, "ignore_eos": true, "logprobs": true, "top_logprobs": 3,
+               "presence_penalty": 0.5}),
+    );
+    let a = post(s.addr, "/v1/chat/completions", &body);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let a = a.json();
+    let ids = ids_of(&a["tandem"]["token_ids"]);
+    assert_eq!(ids.len(), n);
+    let sampling = SamplingParams {
+        presence_penalty: 0.5,
+        ..SamplingParams::default()
+    };
+    let want = target_logprobs(&f, &prompt, &ids, sampling, 3);
+    let content = content_entries(&[&a["choices"][0]]);
+    assert_eq!(content.len(), n, "{a}");
+    let text: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        a["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    for (i, (e, w)) in content.iter().zip(&want).enumerate() {
+        // The target's own numbers, bit for bit (f32 through JSON's f64;
+        // serde_json's parser may be an f64 ulp off, never an f32 one).
+        assert_eq!(
+            e["logprob"].as_f64().unwrap() as f32,
+            w.logprob,
+            "token {i}: {e}"
+        );
+        let piece = f.tok.id_to_piece(ids[i]).unwrap();
+        assert_eq!(e["bytes"], json!(piece), "token {i}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        for (t, (id, lp)) in top.iter().zip(&w.top) {
+            assert_eq!(t["logprob"].as_f64().unwrap() as f32, *lp);
+            assert_eq!(t["bytes"], json!(f.tok.id_to_piece(*id).unwrap()));
+        }
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(w.top[0].0, ids[i]);
+    }
+    let from = a["tandem"]["logprobs_from"].as_array().unwrap();
+    assert!(
+        from.len() == n && from.iter().all(|x| x == "target"),
+        "{from:?}"
+    );
+
+    // Streamed: the same entries, spread over the chunks.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let ev = post(s.addr, "/v1/chat/completions", &streamed).events();
+    let chunks: Vec<Value> = ev
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let choices: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).collect();
+    assert_eq!(content_entries(&choices), content);
+
+    // Legacy completions: tokens, token_logprobs, top_logprobs, text_offset.
+    let c = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "fn main", "max_tokens": 6, "logprobs": 2,
+                "ignore_eos": true}),
+    )
+    .json();
+    let lp = &c["choices"][0]["logprobs"];
+    let cids = ids_of(&c["tandem"]["token_ids"]);
+    let cprompt = f.tok.encode_prompt("fn main").unwrap();
+    let cwant = target_logprobs(&f, &cprompt, &cids, SamplingParams::default(), 2);
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let mut before = Vec::new();
+    for (i, w) in cwant.iter().enumerate() {
+        assert_eq!(lp["token_logprobs"][i].as_f64().unwrap() as f32, w.logprob);
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        // Greedy: the chosen token is the most likely one (two pieces may
+        // share a name, so the object may hold fewer than 2).
+        assert!(
+            !top.is_empty() && top.len() <= 2 && top.contains_key(tokens[i]),
+            "{lp}"
+        );
+        let piece = f.tok.id_to_piece(cids[i]).unwrap();
+        match std::str::from_utf8(piece) {
+            Ok(t) => assert_eq!(tokens[i], t),
+            Err(_) => assert!(tokens[i].starts_with("bytes:\\x"), "{}", tokens[i]),
+        }
+        let chars = String::from_utf8_lossy(&before).chars().count();
+        let off = lp["text_offset"][i].as_u64().unwrap() as usize;
+        assert!(off <= chars, "{lp}");
+        before.extend_from_slice(piece);
+    }
+    drop(s);
+
+    // Local (no verifier): the draft's distribution, marked so.
+    let local = f.server(f.edge_config(None), ServeConfig::default());
+    let l = post(local.addr, "/v1/chat/completions", &body).json();
+    let lc = content_entries(&[&l["choices"][0]]);
+    assert_eq!(lc.len(), n, "{l}");
+    for e in &lc {
+        let lp = e["logprob"].as_f64().unwrap();
+        let top = e["top_logprobs"].as_array().unwrap();
+        // Greedy: the chosen token is the draft's most likely one.
+        assert_eq!(top[0]["logprob"].as_f64().unwrap(), lp, "{e}");
+        assert!(lp <= 0.0);
+    }
+    let from = l["tandem"]["logprobs_from"].as_array().unwrap();
+    assert!(from.iter().all(|x| x == "draft"), "{from:?}");
+    // Refusals: top_logprobs without logprobs, or above 20.
+    for extra in [
+        json!({"top_logprobs": 2}),
+        json!({"logprobs": true, "top_logprobs": 21}),
+    ] {
+        assert_error(
+            &post(local.addr, "/v1/chat/completions", &chat_body("hi", extra)),
+            400,
+            Some("top_logprobs"),
+        );
+    }
     let _ = f.rt.block_on(v.shutdown());
 }

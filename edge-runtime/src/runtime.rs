@@ -487,7 +487,7 @@ impl EdgeRuntime {
         };
         let mut rounds = Rounds { conn, spec, kind };
         if let Some(op) = self.reopening.take() {
-            rounds.conn.adopt(op, &gen.sampling);
+            rounds.conn.adopt(op, gen);
         }
         let res = drive::drive(&mut rounds, &mut run);
         let mut net = rounds.conn;

@@ -92,6 +92,7 @@ impl Verifier for Fake {
                             },
                             context_len: ctx + u64::from(matches!(lie, Lie::ContextLen)),
                             hidden: matches!(lie, Lie::Hidden).then(HiddenStates::default),
+                            logprobs: Vec::new(),
                         })
                     }
                     _ => return,

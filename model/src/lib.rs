@@ -38,6 +38,7 @@ pub mod forward_threads;
 pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;
+pub mod logprobs;
 pub mod pair;
 pub mod penalties;
 pub mod proposer;

@@ -49,6 +49,11 @@ pub struct GenerateConfig {
     /// with llama.cpp as often as with f32 ([`KvPrecision::Int8`], a quarter,
     /// does not: docs/model-core.md, "Draft KV fidelity").
     pub draft_kv: KvPrecision,
+    /// Report each token's logprob and this many most likely alternatives
+    /// (0..=[`crate::logprobs::MAX_TOP_LOGPROBS`]; `None`: no logprobs). Read
+    /// by the edge runtime (the draft's for local tokens, the verifier's for
+    /// verified ones); the loops here do not report them.
+    pub top_logprobs: Option<usize>,
 }
 
 impl Default for GenerateConfig {
@@ -60,6 +65,7 @@ impl Default for GenerateConfig {
             stop_tokens: Vec::new(),
             proposer: ProposerKind::Draft,
             draft_kv: KvPrecision::F16,
+            top_logprobs: None,
         }
     }
 }
@@ -70,6 +76,15 @@ impl GenerateConfig {
             return Err(ModelError::InvalidArgument(format!(
                 "draft length k = {} is out of range (1..={MAX_K})",
                 self.k
+            )));
+        }
+        if let Some(n) = self
+            .top_logprobs
+            .filter(|&n| n > crate::logprobs::MAX_TOP_LOGPROBS)
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "top_logprobs = {n} is out of range (0..={})",
+                crate::logprobs::MAX_TOP_LOGPROBS
             )));
         }
         self.sampling.validate()

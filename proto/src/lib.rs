@@ -64,6 +64,10 @@ pub fn context_digest(tokens: &[u32]) -> [u8; 32] {
 /// logit_bias, completion_start).
 pub const FEATURE_PENALTIES: &str = "penalties";
 
+/// `Opened.features` name of a verifier that honours `Open.top_logprobs`
+/// (`Verdict.logprobs`).
+pub const FEATURE_LOGPROBS: &str = "logprobs";
+
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";
 

@@ -32,6 +32,7 @@
 
 pub mod error;
 mod guard;
+pub mod logprobs;
 pub mod metrics;
 pub mod request;
 mod tokenize;
@@ -845,7 +846,13 @@ struct ChoiceOut {
 
 /// Collects one choice's events; `Err`: the answer is that response (an
 /// error, or llama.cpp's `/infill` shape, which has no choices).
-async fn collect_choice(meta: &Meta, index: usize, st: Started) -> Result<ChoiceOut, Response> {
+async fn collect_choice(
+    meta: &Meta,
+    tok: &tandem_model::tokenizer::Tokenizer,
+    want_logprobs: bool,
+    index: usize,
+    st: Started,
+) -> Result<ChoiceOut, Response> {
     let Started {
         mut rx,
         guard: _guard,
@@ -853,6 +860,7 @@ async fn collect_choice(meta: &Meta, index: usize, st: Started) -> Result<Choice
         prompt_tokens,
     } = st;
     let (mut text, mut ids, mut statuses) = (String::new(), Vec::new(), Vec::<TokenStatus>::new());
+    let mut lps: Vec<logprobs::TokenLps> = Vec::new();
     let mut checks: Vec<ProvisionalCheck> = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -860,21 +868,36 @@ async fn collect_choice(meta: &Meta, index: usize, st: Started) -> Result<Choice
                 text: t,
                 ids: i,
                 statuses: st,
+                logprobs: l,
             } => {
                 text.push_str(&t);
                 ids.extend(i);
                 statuses.extend(st);
+                lps.extend(l);
             }
             Event::Checked(c) => checks.push(c),
             Event::Failed(e) => return Err(e.into_response()),
             Event::Started { .. } => {}
             Event::Done(d) => {
-                let tandem = json!({
+                let mut tandem = json!({
                     "token_ids": ids, "token_status": statuses, "route": route,
                     "stats": d.stats, "provisional": d.provisional,
                     "provisional_checks": checks, "session_id": d.session_id,
                     "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
                 });
+                let lp = match meta.endpoint {
+                    _ if !want_logprobs => Value::Null,
+                    Endpoint::Chat => logprobs::chat(tok, &ids, &lps),
+                    Endpoint::Completion | Endpoint::Infill => {
+                        logprobs::completion(tok, &ids, &lps, &mut Vec::new())
+                    }
+                };
+                if want_logprobs {
+                    tandem["logprobs_from"] = json!(statuses
+                        .iter()
+                        .map(|&s| logprobs::source(s))
+                        .collect::<Vec<_>>());
+                }
                 let prompt = d.prompt_tokens.max(prompt_tokens);
                 let choice = match meta.endpoint {
                     Endpoint::Infill => {
@@ -883,9 +906,9 @@ async fn collect_choice(meta: &Meta, index: usize, st: Started) -> Result<Choice
                     }
                     Endpoint::Chat => json!({"index": index,
                         "message": {"role": "assistant", "content": text, "refusal": null},
-                        "logprobs": null, "finish_reason": d.finish_reason}),
+                        "logprobs": lp, "finish_reason": d.finish_reason}),
                     Endpoint::Completion => json!({"index": index, "text": text,
-                        "logprobs": null, "finish_reason": d.finish_reason}),
+                        "logprobs": lp, "finish_reason": d.finish_reason}),
                 };
                 return Ok(ChoiceOut {
                     choice,
@@ -913,7 +936,7 @@ async fn collect(s: &AppState, req: &GenRequest, meta: Meta, first: Started) -> 
                 Err(r) => return r,
             },
         };
-        match collect_choice(&meta, index, st).await {
+        match collect_choice(&meta, &s.tokenizer, req.logprobs.is_some(), index, st).await {
             Ok(o) => outs.push(o),
             Err(r) => return r,
         }
@@ -950,11 +973,15 @@ enum ChoiceEnd {
 /// and `[DONE]` in [`sse`].
 async fn stream_choice(
     meta: &Meta,
+    tok: &tandem_model::tokenizer::Tokenizer,
+    req: &GenRequest,
     index: usize,
     st: Started,
-    include_usage: bool,
     out: &mpsc::UnboundedSender<Result<SseEvent, Infallible>>,
 ) -> ChoiceEnd {
+    let include_usage = req.include_usage;
+    // The completion's bytes streamed so far (completions' text_offset).
+    let mut offset = Vec::new();
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
     let Started {
         mut rx,
@@ -983,14 +1010,29 @@ async fn stream_choice(
                 text,
                 ids,
                 statuses,
+                logprobs: lps,
             }) => {
-                let mut c = meta.chunk(
-                    index,
-                    Some(&text),
-                    None,
-                    json!({"token_ids": ids, "token_status": statuses,
-                           "provisional_checks": std::mem::take(&mut checks)}),
-                );
+                let lp = match meta.endpoint {
+                    _ if req.logprobs.is_none() => Value::Null,
+                    Endpoint::Chat => logprobs::chat(tok, &ids, &lps),
+                    Endpoint::Completion | Endpoint::Infill => {
+                        logprobs::completion(tok, &ids, &lps, &mut offset)
+                    }
+                };
+                let mut tandem = json!({"token_ids": ids, "token_status": statuses,
+                       "provisional_checks": std::mem::take(&mut checks)});
+                if req.logprobs.is_some() {
+                    tandem["logprobs_from"] = json!(statuses
+                        .iter()
+                        .map(|&s| logprobs::source(s))
+                        .collect::<Vec<_>>());
+                }
+                let mut c = meta.chunk(index, Some(&text), None, tandem);
+                if !lp.is_null() {
+                    if let Some(choice) = c["choices"].get_mut(0) {
+                        choice["logprobs"] = lp;
+                    }
+                }
                 if include_usage {
                     c["usage"] = Value::Null;
                 }
@@ -1070,7 +1112,7 @@ fn sse(s: Arc<AppState>, req: GenRequest, meta: Meta, first: Started) -> Respons
                     }
                 },
             };
-            match stream_choice(&meta, index, st, req.include_usage, &out).await {
+            match stream_choice(&meta, &s.tokenizer, &req, index, st, &out).await {
                 ChoiceEnd::Done(p, c) => {
                     if index == 0 {
                         prompt = p;

@@ -72,6 +72,10 @@ pub struct GenRequest {
     /// Choices to generate (`n`, 1..=[`MAX_CHOICES`]), one after the other;
     /// choice `i` samples with [`choice_seed`]`(seed, i)`.
     pub n: usize,
+    /// Logprobs asked for, with this many alternatives per token (chat:
+    /// `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
+    /// `None`: no logprobs.
+    pub logprobs: Option<usize>,
     pub sampling: SamplingParams,
     pub stream: bool,
     pub include_usage: bool,
@@ -269,7 +273,7 @@ fn choices(o: &Map<String, Value>) -> Result<usize, ApiError> {
 /// `presence_penalty` / `frequency_penalty`: a number in [-2, 2] (absent: 0).
 fn penalty(o: &Map<String, Value>, k: &str) -> Result<f32, ApiError> {
     let v = get_f64(o, k)?.unwrap_or(0.0);
-    if !(v.abs() <= f64::from(PENALTY_LIMIT)) {
+    if v.is_nan() || v.abs() > f64::from(PENALTY_LIMIT) {
         return Err(ApiError::invalid(
             format!("`{k}` must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}] (got {v})"),
             Some(k),
@@ -322,6 +326,43 @@ fn logit_bias(o: &Map<String, Value>, vocab: usize) -> Result<LogitBias, ApiErro
         pairs.push((token, bias as f32));
     }
     LogitBias::new(pairs).map_err(|e| ApiError::invalid(format!("`{P}`: {e}"), Some(P)))
+}
+
+/// Most alternatives chat's `top_logprobs` asks for (OpenAI's limit).
+pub const MAX_CHAT_TOP_LOGPROBS: u64 = 20;
+
+/// Most alternatives the legacy completions' `logprobs` asks for (OpenAI's
+/// limit).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0..=20, only with
+/// `logprobs: true`).
+fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = get_bool(o, "logprobs")?.unwrap_or(false);
+    match (on, get_u64(o, "top_logprobs")?) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => Err(ApiError::invalid(
+            format!("`top_logprobs` must be in 0..={MAX_CHAT_TOP_LOGPROBS} (got {n})"),
+            Some("top_logprobs"),
+        )),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        )),
+        (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The legacy completions' `logprobs`: an integer in 0..=5, the
+/// alternatives per token (absent or null: none).
+fn completion_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    match get_u64(o, "logprobs")? {
+        Some(n) if n > MAX_COMPLETION_LOGPROBS => Err(ApiError::invalid(
+            format!("`logprobs` must be in 0..={MAX_COMPLETION_LOGPROBS} (got {n})"),
+            Some("logprobs"),
+        )),
+        n => Ok(n.map(|n| n as usize)),
+    }
 }
 
 /// `max_completion_tokens` (chat's newer name) or `max_tokens`; both given
@@ -531,6 +572,7 @@ fn common(
         input,
         max_tokens,
         n,
+        logprobs: None,
         sampling,
         stream,
         include_usage,
@@ -670,10 +712,6 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let mut ignored = check_fields(&o, CHAT_FIELDS, lim.strict)?;
     check_model(&o, lim)?;
     let msgs = messages(&o, lim.strict, &mut ignored)?;
-    if get_bool(&o, "logprobs")?.unwrap_or(false) {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
-    }
-    only_default(&o, "top_logprobs", "top_logprobs", |_| false)?;
     only_default(&o, "tools", "tools (function calling)", empty)?;
     only_default(&o, "tool_choice", "tool_choice", |v| v == "none")?;
     only_default(&o, "functions", "functions (function calling)", empty)?;
@@ -696,7 +734,10 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
         only_default(&o, k, k, |_| false)?;
     }
     let max = max_completion_tokens(&o)?;
-    common(&o, lim, Input::Chat(msgs), max, ignored)
+    let logprobs = chat_logprobs(&o)?;
+    let mut r = common(&o, lim, Input::Chat(msgs), max, ignored)?;
+    r.logprobs = logprobs;
+    Ok(r)
 }
 
 /// `POST /v1/completions`.
@@ -729,9 +770,7 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
             Some("prompt"),
         ));
     }
-    if !is_null(o.get("logprobs")) {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
-    }
+    let logprobs = completion_logprobs(&o)?;
     if get_bool(&o, "echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("echo", "echo"));
     }
@@ -748,7 +787,9 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
         Some(_) => return Err(type_error("suffix", "a string")),
     };
     let max = get_u64(&o, "max_tokens")?;
-    common(&o, lim, input, max, ignored)
+    let mut r = common(&o, lim, input, max, ignored)?;
+    r.logprobs = logprobs;
+    Ok(r)
 }
 
 /// A string field of `/infill` (absent or null: empty).
@@ -874,7 +915,9 @@ mod tests {
         let cases: Vec<(&str, serde_json::Value)> = vec![
             ("n", serde_json::json!(9)),
             ("n", serde_json::json!(0)),
-            ("logprobs", serde_json::json!(true)),
+            ("top_logprobs", serde_json::json!(21)),
+            ("top_logprobs", serde_json::json!(2)),
+            ("logprobs", serde_json::json!(3)),
             ("tools", serde_json::json!([{"type":"function"}])),
             ("max_tokens", serde_json::json!(0)),
             ("max_tokens", serde_json::json!(101)),
@@ -926,6 +969,28 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_completion_tokens"), "{e:?}");
         assert_eq!(choice_seed(42, 0), 42);
+        let r = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}],
+            "logprobs": true, "top_logprobs": 3}),
+        )
+        .unwrap();
+        assert_eq!(r.logprobs, Some(3));
+        let c = parse_completion(
+            serde_json::json!({"model":"tandem","prompt":"x","logprobs":2})
+                .to_string()
+                .as_bytes(),
+            &LIM,
+        )
+        .unwrap();
+        assert_eq!(c.logprobs, Some(2));
+        let e = parse_completion(
+            serde_json::json!({"model":"tandem","prompt":"x","logprobs":6})
+                .to_string()
+                .as_bytes(),
+            &LIM,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
         assert_ne!(choice_seed(42, 1), choice_seed(42, 2));
     }
 
@@ -960,7 +1025,6 @@ mod tests {
                 "response_format",
                 serde_json::json!({"type": "json_object"}),
             ),
-            ("logprobs", serde_json::json!(true)),
         ] {
             let mut b =
                 serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});

@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use tandem_model::logprobs::TokenLogprobs;
 
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -47,6 +48,8 @@ pub enum Event {
         text: String,
         ids: Vec<u32>,
         statuses: Vec<TokenStatus>,
+        /// Each token's logprobs (requests asking for them; else empty).
+        logprobs: Vec<Option<Box<TokenLogprobs>>>,
     },
     /// The verifier came back and judged a provisional span.
     Checked(ProvisionalCheck),
@@ -450,6 +453,7 @@ fn run_job(
         k: cfg.k,
         proposer: cfg.proposer,
         sampling: req.sampling,
+        top_logprobs: req.logprobs,
         stop_tokens: if req.ignore_eos {
             Vec::new()
         } else {
@@ -480,7 +484,7 @@ fn run_job(
     }
     let mut dec = tok.stream_decoder(true);
     let mut scan = StopScan::new(&req.stop);
-    let (mut ids, mut statuses) = (Vec::new(), Vec::new());
+    let (mut ids, mut statuses, mut lps) = (Vec::new(), Vec::new(), Vec::new());
     let mut gone = false;
     let mut on_event = |ev: &EdgeEvent| -> bool {
         if job.cancel.load(Ordering::Relaxed) || shutdown.load(Ordering::Relaxed) {
@@ -488,9 +492,17 @@ fn run_job(
             return false;
         }
         match ev {
-            EdgeEvent::Token { id, status, .. } => {
+            EdgeEvent::Token {
+                id,
+                status,
+                logprobs,
+                ..
+            } => {
                 ids.push(*id);
                 statuses.push(*status);
+                if req.logprobs.is_some() {
+                    lps.push(logprobs.clone());
+                }
                 if let Some(piece) = dec.push(*id) {
                     let text = scan.push(&piece);
                     if !text.is_empty() || scan.hit {
@@ -498,6 +510,7 @@ fn run_job(
                             text,
                             ids: std::mem::take(&mut ids),
                             statuses: std::mem::take(&mut statuses),
+                            logprobs: std::mem::take(&mut lps),
                         };
                         if !send(d) {
                             gone = true;
@@ -550,6 +563,7 @@ fn run_job(
             text: tail,
             ids,
             statuses,
+            logprobs: lps,
         });
     }
     g.stats.dropped_messages = dropped_messages;
