@@ -381,20 +381,20 @@ fn the_openai_python_client_accepts_serve_edge() {
 
     // Admin API: token required; serve stats count the requests above
     // (chat, stream, stream with stop, turn 2, completion, FIM, the two
-    // parallel ones, the local chat).
+    // parallel ones, the logprobs chat, the local chat).
     let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
     assert_eq!(code, 401);
     let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats["completed"], 9, "{stats}");
+    assert_eq!(stats["completed"], 10, "{stats}");
     assert_eq!(stats["parallel"], 2, "{stats}");
     let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let r: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (r["local"].as_u64(), r["speculative"].as_u64()),
-        (Some(1), Some(8)),
+        (Some(1), Some(9)),
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.
