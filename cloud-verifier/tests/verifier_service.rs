@@ -352,6 +352,52 @@ async fn penalties_and_logit_bias_are_announced_applied_and_range_checked() {
     let next = f.draft(0, &[]).await.unwrap().next_token;
     assert_eq!(next, want[got.len()]);
 
+    assert!(v3.logprobs.is_empty(), "logprobs are opt-in");
+
+    // Logprobs (Open.top_logprobs): one entry per emitted token, the target's
+    // after the penalties, as the target alone computes them.
+    let mut l = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let mut o = open_msg(&fp, &p);
+    o.sampling = Some(wire.clone());
+    o.top_logprobs = Some(2);
+    let opened = l.open(o).await.unwrap();
+    assert!(opened
+        .features
+        .iter()
+        .any(|f| f == tandem_proto::FEATURE_LOGPROBS));
+    let lv = l.draft(0, &want[..2]).await.unwrap();
+    assert_eq!((lv.accepted, lv.next_token), (2, want[2]));
+    let local = {
+        let params = params.for_prompt(p.len());
+        let mut cache = target.new_cache();
+        let mut logits = target.forward_last(&p, 0, &mut cache).unwrap();
+        let mut hist = p.clone();
+        let mut out = Vec::new();
+        for &t in &want[..3] {
+            out.push(tandem_model::logprobs::chosen_logprobs(
+                &params, &logits, &hist, t, 2,
+            ));
+            hist.push(t);
+            logits = target.forward(&[t], cache.len(), &mut cache).unwrap();
+        }
+        out
+    };
+    assert_eq!(lv.logprobs.len(), 3);
+    for (got, w) in lv.logprobs.iter().zip(&local) {
+        assert_eq!(got.logprob, w.logprob);
+        let top: Vec<(u32, f32)> = got.top.iter().map(|t| (t.token, t.logprob)).collect();
+        assert_eq!(top, w.top);
+    }
+    for (top, split) in [(21, None), (2, Some(tandem_proto::v1::Split::default()))] {
+        let mut o = open_msg(&fp, &p);
+        o.top_logprobs = Some(top);
+        o.split = split;
+        let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+        let e = s.open(o).await.unwrap_err();
+        assert_eq!(reason(&e), Reason::BadRequest, "{e:?}");
+        assert!(e.message().contains("top_logprobs"), "{e:?}");
+    }
+
     // Refusals, each with its reason.
     let bad = |w: WireSampling| {
         let mut o = open_msg(&fp, &p);

@@ -136,7 +136,7 @@ fn serve(lie: Lie, vocab: u32) -> Served {
 /// One generation of `max_tokens` against a fake telling `lie`: the result
 /// and every streamed token id.
 fn generate(lie: Lie, max_tokens: usize) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
-    generate_with(lie, max_tokens, SamplingParams::default())
+    generate_with(lie, max_tokens, SamplingParams::default(), None)
 }
 
 /// [`generate`] under `sampling`.
@@ -144,6 +144,7 @@ fn generate_with(
     lie: Lie,
     max_tokens: usize,
     sampling: SamplingParams,
+    top_logprobs: Option<usize>,
 ) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("draft.gguf");
@@ -168,6 +169,7 @@ fn generate_with(
         k: 4,
         max_tokens,
         sampling,
+        top_logprobs,
         ..GenerateConfig::default()
     };
     let mut streamed = Vec::new();
@@ -227,7 +229,7 @@ fn an_opened_with_another_vocabulary_or_model_is_refused() {
 }
 
 #[test]
-fn a_verifier_that_does_not_announce_penalties_is_refused_for_them() {
+fn a_verifier_that_does_not_announce_penalties_or_logprobs_is_refused_for_them() {
     // The fake is an older verifier: its Opened lists no features, so it
     // would ignore the penalties and logit bias. The device refuses it
     // instead of streaming tokens that are not the target's.
@@ -235,9 +237,16 @@ fn a_verifier_that_does_not_announce_penalties_is_refused_for_them() {
         frequency_penalty: 0.5,
         ..SamplingParams::default()
     };
-    let (r, streamed, _) = generate_with(Lie::None, 3, sampling);
+    let (r, streamed, _) = generate_with(Lie::None, 3, sampling, None);
     match r {
         Err(EdgeError::Protocol(m)) => assert!(m.contains("frequency_penalty"), "{m}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(streamed.is_empty(), "{streamed:?}");
+    // Logprobs likewise: verified tokens would come without the target's.
+    let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), Some(2));
+    match r {
+        Err(EdgeError::Protocol(m)) => assert!(m.contains("logprobs"), "{m}"),
         other => panic!("expected a protocol error, got {other:?}"),
     }
     assert!(streamed.is_empty(), "{streamed:?}");
