@@ -152,6 +152,7 @@ fn answer(
             n_layer: 2,
             d_model: 256,
             reused_tokens: reused.pick(0),
+            features: Vec::new(),
         })),
         Answer::Verdict {
             round,
