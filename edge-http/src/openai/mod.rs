@@ -19,7 +19,12 @@
 //! Errors use OpenAI's shape `{"error": {message, type, param, code}}`.
 //! `temperature` 0 or absent is greedy (with a verifier: token for token the
 //! target's greedy output); > 0 samples (with a verifier: token for token the
-//! target's own sampled output for the `seed`).
+//! target's own sampled output for the `seed`). `presence_penalty`,
+//! `frequency_penalty` and `logit_bias` apply on the device and the verifier
+//! alike (the same function); `n` > 1 runs the choices one after the other;
+//! `logprobs` come from the distribution that chose each token (the target's
+//! for verified tokens, the draft's for local and provisional ones:
+//! [`logprobs`]).
 //! Extension fields (`tandem` in every answer and chunk) carry per-token
 //! status, the routing decision (no text) and the edge statistics; the full
 //! reference is `docs/api.md`.

@@ -7,7 +7,7 @@
 //! `x-tandem-ignored-fields` header), or refused like OpenAI does with
 //! [`Limits::strict`]. Parameters this server knows but does not implement
 //! are refused either way when they ask for something other than their
-//! default (`logprobs: false`, `tools: []`, … pass).
+//! default (`tools: []`, `response_format: {"type": "text"}`, … pass).
 
 use serde_json::{Map, Value};
 use tandem_model::penalties::{LogitBias, LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT};
