@@ -409,6 +409,7 @@ pub fn speculative(
             stop_tokens: stop_tokens.clone(),
             proposer,
             draft_kv,
+            top_logprobs: None,
         };
     let runs: Vec<(ProposerKind, KvPrecision)> = plan
         .proposers

@@ -55,6 +55,7 @@ impl SamplingConfig {
             top_p: self.top_p,
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
+            ..SamplingParams::default()
         }
     }
 }

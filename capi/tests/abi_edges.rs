@@ -258,6 +258,7 @@ impl Verifier for Hostile {
                         next_token: 4_000_000_000,
                         context_len: ctx + 1,
                         hidden: None,
+                        logprobs: Vec::new(),
                     }),
                     _ => return,
                 };

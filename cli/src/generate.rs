@@ -40,6 +40,7 @@ pub fn run(args: Args) -> Result<()> {
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
+        ..SamplingParams::default()
     };
     let cfg_probe = GenerateConfig {
         k: args.k,

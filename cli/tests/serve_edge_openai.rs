@@ -27,6 +27,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
+use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_model::transformer::{LoadOptions, Model};
@@ -300,6 +301,27 @@ fn the_openai_python_client_accepts_serve_edge() {
             .all(|s| s == "verified"),
         "{fim}"
     );
+    // logprobs (the official client's typed objects): the target's own
+    // numbers for the verified tokens, with the penalties off.
+    let lp = &report["logprobs"];
+    let ids: Vec<u32> = serde_json::from_value(lp["token_ids"].clone()).unwrap();
+    let prompt = tok.encode_chat(&[ChatMessage::user(PROMPT)], true).unwrap();
+    let want = target_logprobs(&target, &prompt, &ids, 3);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(
+            lp["logprob"][i].as_f64().unwrap() as f32,
+            w.logprob,
+            "token {i}: {lp}"
+        );
+        for (j, (_, top)) in w.top.iter().enumerate() {
+            assert_eq!(
+                lp["top"][i][j].as_f64().unwrap() as f32,
+                *top,
+                "token {i}: {lp}"
+            );
+        }
+        assert_eq!(lp["from"][i], "target", "{lp}");
+    }
     let st = &turn2["stats"];
     assert!(st["draft_reused_tokens"].as_u64().unwrap() > 10, "{st}");
     assert!(st["verifier_reused_tokens"].as_u64().unwrap() > 10, "{st}");
@@ -359,20 +381,20 @@ fn the_openai_python_client_accepts_serve_edge() {
 
     // Admin API: token required; serve stats count the requests above
     // (chat, stream, stream with stop, turn 2, completion, FIM, the two
-    // parallel ones, the local chat).
+    // parallel ones, the logprobs chat, the local chat).
     let (code, _) = http(&addr, "GET", "/admin/v1/serve/stats", None, "");
     assert_eq!(code, 401);
     let (code, body) = http(&addr, "GET", "/admin/v1/serve/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats["completed"], 9, "{stats}");
+    assert_eq!(stats["completed"], 10, "{stats}");
     assert_eq!(stats["parallel"], 2, "{stats}");
     let (code, body) = http(&addr, "GET", "/admin/v1/route/stats", Some(ADMIN), "");
     assert_eq!(code, 200, "{body}");
     let r: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (r["local"].as_u64(), r["speculative"].as_u64()),
-        (Some(1), Some(8)),
+        (Some(1), Some(9)),
         "{r}"
     );
     // A path axum cannot decode is refused in OpenAI's shape too.
@@ -564,6 +586,22 @@ fn target_greedy(tok: &Tokenizer, model: &Model, ids: &[u32], n: usize) -> Vec<u
     generate_single(model, ids, &cfg, &mut |_| true)
         .unwrap()
         .tokens
+}
+
+/// The real target's logprobs (greedy, no penalties) of `ids` after
+/// `prompt`, with `top` alternatives.
+fn target_logprobs(model: &Model, prompt: &[u32], ids: &[u32], top: usize) -> Vec<TokenLogprobs> {
+    let params = tandem_model::sampling::SamplingParams::default().for_prompt(prompt.len());
+    let mut cache = model.new_cache();
+    let mut logits = model.forward_last(prompt, 0, &mut cache).unwrap();
+    let mut hist = prompt.to_vec();
+    let mut out = Vec::new();
+    for &t in ids {
+        out.push(chosen_logprobs(&params, &logits, &hist, t, top));
+        hist.push(t);
+        logits = model.forward(&[t], cache.len(), &mut cache).unwrap();
+    }
+    out
 }
 
 #[test]

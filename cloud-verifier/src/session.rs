@@ -3,8 +3,9 @@
 
 use crate::error::Refusal;
 use tandem_model::kv_pages::PagedKv;
+use tandem_model::logprobs::TokenLogprobs;
 use tandem_model::sampling::SamplingParams;
-use tandem_model::verify::{verdict_from_logits, Verdict};
+use tandem_model::verify::{verdict_from_logits, verdict_logprobs, Verdict};
 use tandem_proto::v1::{HiddenFormat, Reason};
 
 /// One session's state: its KV pages, context and round bookkeeping.
@@ -16,6 +17,12 @@ pub struct SessionState {
     /// The generation's sampling; a seeded token is keyed by its position in
     /// `context`, so the session holds no random state.
     pub sampling: SamplingParams,
+    /// The device asked for logprobs (`Open.top_logprobs`): each verdict's
+    /// emitted tokens' logprobs with this many alternatives.
+    pub top_logprobs: Option<usize>,
+    /// The logprobs of the last verdict's emitted tokens (`top_logprobs`
+    /// sessions; taken by the Draft handler into its Verdict).
+    pub last_logprobs: Vec<TokenLogprobs>,
     /// Round number the next Draft must carry.
     pub next_round: u64,
     /// Rounds verified so far.
@@ -33,6 +40,8 @@ impl SessionState {
             kv,
             context,
             sampling,
+            top_logprobs: None,
+            last_logprobs: Vec::new(),
             next_round: first_round,
             rounds: 0,
             split: None,
@@ -57,8 +66,16 @@ impl SessionState {
         draft: &[u32],
         logits: &[f32],
     ) -> Result<Verdict, Refusal> {
-        match verdict_from_logits(&self.sampling, &self.context, draft, logits) {
-            Ok(v) => {
+        let verdict = verdict_from_logits(&self.sampling, &self.context, draft, logits);
+        let logprobs = match (&verdict, self.top_logprobs) {
+            (Ok(v), Some(top)) => {
+                verdict_logprobs(&self.sampling, &self.context, draft, logits, v, top)
+            }
+            _ => Ok(Vec::new()),
+        };
+        match verdict.and_then(|v| Ok((v, logprobs?))) {
+            Ok((v, logprobs)) => {
+                self.last_logprobs = logprobs;
                 self.apply_verdict(base, draft, &v);
                 Ok(v)
             }

@@ -212,7 +212,7 @@ async fn a_sampled_continued_turn_draws_what_a_fresh_session_with_its_seed_draws
     ctx2.extend_from_slice(&user_turn(4, 9));
     // Streaming steps (k = 0): each verdict is a draw from the target.
     let mut o = continue_msg(&fp, continuation(&sid, &ctx1), &ctx2[ctx1.len()..]);
-    o.sampling = sampling;
+    o.sampling = sampling.clone();
     let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
     assert!(s.open(o).await.unwrap().resumed);
     let mut o = open_msg(&fp, &ctx2);

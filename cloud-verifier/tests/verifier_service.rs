@@ -268,3 +268,210 @@ async fn shutdown_tells_open_sessions_to_go_elsewhere() {
     );
     stop.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_and_logit_bias_are_announced_applied_and_range_checked() {
+    use tandem_model::penalties::LogitBias;
+    use tandem_model::speculative::{generate_single, GenerateConfig};
+    use tandem_proto::v1::{LogitBias as WireBias, SamplingParams as WireSampling};
+    let m = tiny_models();
+    let v = start_plain(&m, "").await;
+    let target = load(&m.target);
+    let fp = model_fingerprint(&target);
+    let p = prompt(10);
+    let plain = target_greedy(&target, &p, 12);
+    let (banned, favoured) = (plain[0], (plain[0] + 5) % 384);
+    let wire = WireSampling {
+        presence_penalty: 0.5,
+        frequency_penalty: 1.25,
+        logit_bias: vec![
+            WireBias {
+                token: favoured,
+                bias: 2.5,
+            },
+            WireBias {
+                token: banned,
+                bias: -100.0,
+            },
+        ],
+        completion_start: p.len() as u64,
+        ..WireSampling::default()
+    };
+    let params = tandem_model::sampling::SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 1.25,
+        logit_bias: LogitBias::new([(banned, -100.0), (favoured, 2.5)]).unwrap(),
+        ..Default::default()
+    };
+    // The target alone under the same penalties (generate_single counts the
+    // completion from the prompt's end).
+    let cfg = GenerateConfig {
+        max_tokens: 12,
+        sampling: params,
+        ..GenerateConfig::default()
+    };
+    let want = generate_single(&target, &p, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens;
+    assert_ne!(want, plain, "the penalties change the output");
+
+    let mut c = client(&v).await;
+    let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let mut o = open_msg(&fp, &p);
+    o.sampling = Some(wire.clone());
+    let opened = s.open(o).await.unwrap();
+    assert!(
+        opened
+            .features
+            .iter()
+            .any(|f| f == tandem_proto::FEATURE_PENALTIES),
+        "{opened:?}"
+    );
+    // Steps, an accepted block, a rejected one: every verdict the target's.
+    let mut got = Vec::new();
+    for r in 0..3 {
+        got.push(s.draft(r, &[]).await.unwrap().next_token);
+    }
+    let v3 = s.draft(3, &want[3..6]).await.unwrap();
+    assert_eq!(v3.accepted, 3);
+    got.extend_from_slice(&want[3..6]);
+    got.push(v3.next_token);
+    let wrong = [want[7], want[7]];
+    let v4 = s.draft(4, &wrong).await.unwrap();
+    got.extend_from_slice(&wrong[..v4.accepted as usize]);
+    got.push(v4.next_token);
+    assert_eq!(got, want[..got.len()]);
+    // A fresh session of the whole context (a restarted verifier): the counts
+    // come from the context and completion_start, the next tokens agree.
+    let mut ctx = p.clone();
+    ctx.extend_from_slice(&got);
+    let mut f = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let mut o = open_msg(&fp, &ctx);
+    o.sampling = Some(wire.clone());
+    f.open(o).await.unwrap();
+    let next = f.draft(0, &[]).await.unwrap().next_token;
+    assert_eq!(next, want[got.len()]);
+
+    assert!(v3.logprobs.is_empty(), "logprobs are opt-in");
+
+    // Logprobs (Open.top_logprobs): one entry per emitted token, the target's
+    // after the penalties, as the target alone computes them.
+    let mut l = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+    let mut o = open_msg(&fp, &p);
+    o.sampling = Some(wire.clone());
+    o.top_logprobs = Some(2);
+    let opened = l.open(o).await.unwrap();
+    assert!(opened
+        .features
+        .iter()
+        .any(|f| f == tandem_proto::FEATURE_LOGPROBS));
+    let lv = l.draft(0, &want[..2]).await.unwrap();
+    assert_eq!((lv.accepted, lv.next_token), (2, want[2]));
+    let local = {
+        let params = params.for_prompt(p.len());
+        let mut cache = target.new_cache();
+        let mut logits = target.forward_last(&p, 0, &mut cache).unwrap();
+        let mut hist = p.clone();
+        let mut out = Vec::new();
+        for &t in &want[..3] {
+            out.push(tandem_model::logprobs::chosen_logprobs(
+                &params, &logits, &hist, t, 2,
+            ));
+            hist.push(t);
+            logits = target.forward(&[t], cache.len(), &mut cache).unwrap();
+        }
+        out
+    };
+    assert_eq!(lv.logprobs.len(), 3);
+    for (got, w) in lv.logprobs.iter().zip(&local) {
+        assert_eq!(got.logprob, w.logprob);
+        let top: Vec<(u32, f32)> = got.top.iter().map(|t| (t.token, t.logprob)).collect();
+        assert_eq!(top, w.top);
+    }
+    for (top, split) in [(21, None), (2, Some(tandem_proto::v1::Split::default()))] {
+        let mut o = open_msg(&fp, &p);
+        o.top_logprobs = Some(top);
+        o.split = split;
+        let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+        let e = s.open(o).await.unwrap_err();
+        assert_eq!(reason(&e), Reason::BadRequest, "{e:?}");
+        assert!(e.message().contains("top_logprobs"), "{e:?}");
+    }
+
+    // Refusals, each with its reason.
+    let bad = |w: WireSampling| {
+        let mut o = open_msg(&fp, &p);
+        o.sampling = Some(w);
+        o
+    };
+    for (w, why) in [
+        (
+            WireSampling {
+                presence_penalty: 2.5,
+                ..wire.clone()
+            },
+            Reason::BadRequest,
+        ),
+        (
+            WireSampling {
+                frequency_penalty: f32::NAN,
+                ..wire.clone()
+            },
+            Reason::BadRequest,
+        ),
+        (
+            WireSampling {
+                logit_bias: vec![WireBias {
+                    token: 1,
+                    bias: 100.5,
+                }],
+                ..wire.clone()
+            },
+            Reason::BadRequest,
+        ),
+        (
+            WireSampling {
+                logit_bias: vec![
+                    WireBias {
+                        token: 1,
+                        bias: 1.0,
+                    },
+                    WireBias {
+                        token: 1,
+                        bias: 2.0,
+                    },
+                ],
+                ..wire.clone()
+            },
+            Reason::BadRequest,
+        ),
+        (
+            WireSampling {
+                logit_bias: (0..301)
+                    .map(|t| WireBias {
+                        token: t,
+                        bias: 1.0,
+                    })
+                    .collect(),
+                ..wire.clone()
+            },
+            Reason::BadRequest,
+        ),
+        (
+            WireSampling {
+                logit_bias: vec![WireBias {
+                    token: 384,
+                    bias: 1.0,
+                }],
+                ..wire.clone()
+            },
+            Reason::TokenOutOfVocab,
+        ),
+    ] {
+        let mut s = connect(&mut c, Some(TOKEN_A)).await.unwrap();
+        let e = s.open(bad(w)).await.unwrap_err();
+        assert_eq!(reason(&e), why, "{e:?}");
+        assert!(e.message().contains("sampling"), "{e:?}");
+    }
+    v.shutdown().await.unwrap();
+}

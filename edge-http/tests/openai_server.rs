@@ -27,6 +27,8 @@ use tandem_edge::{EdgeConfig, EdgeRuntime};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, RunningServer, ServeConfig};
 use tandem_model::gguf::GgufFile;
+use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
+use tandem_model::penalties::LogitBias;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, generate_single_with, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
@@ -318,8 +320,15 @@ fn requests_are_validated_with_openai_error_bodies() {
             json!({"max_completion_tokens": 100000}),
             "max_completion_tokens",
         ),
-        (json!({"n": 2}), "n"),
-        (json!({"logprobs": true}), "logprobs"),
+        (json!({"n": 9}), "n"),
+        (
+            json!({"max_completion_tokens": 8, "max_tokens": 9}),
+            "max_completion_tokens",
+        ),
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"frequency_penalty": -2.01}), "frequency_penalty"),
+        (json!({"logit_bias": {"999999": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": -101}}), "logit_bias"),
         (json!({"functions": [{"name": "f"}]}), "functions"),
         (json!({"temperature": -1}), "temperature"),
         (
@@ -2106,4 +2115,419 @@ fn malformed_tools_and_templates_without_tools_are_refused() {
     assert_eq!(j["usage"]["prompt_tokens"], prompt.len(), "{j}");
     let content = j["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(content.starts_with(forced), "{j}");
+}
+
+/// The target alone, greedy or sampled under `sampling`, on `prompt`.
+fn target_with(
+    f: &Fixture,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> Vec<u32> {
+    generate_single(
+        &f.target,
+        prompt,
+        &GenerateConfig {
+            max_tokens,
+            sampling,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens
+}
+
+#[test]
+fn penalties_and_logit_bias_through_the_verifier_are_the_targets_own_output() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let n = 20;
+    let plain = target_greedy(&f, &prompt, n);
+    // Ban the target's first greedy token and favour another one; penalise
+    // repeats (random tiny models repeat a lot).
+    let banned = plain[0];
+    let favoured = (banned + 7) % 256;
+    let bias = json!({ banned.to_string(): -100, favoured.to_string(): 3.5 });
+    let sampling = SamplingParams {
+        presence_penalty: 0.75,
+        frequency_penalty: 1.5,
+        logit_bias: LogitBias::new([(banned, -100.0), (favoured, 3.5)]).unwrap(),
+        ..SamplingParams::default()
+    };
+    let expected = target_with(&f, &prompt, n, sampling);
+    assert_ne!(expected, plain, "the penalties change the target's output");
+    assert!(!expected.contains(&banned));
+    let extra = json!({"max_completion_tokens": n, "ignore_eos": true,
+        "presence_penalty": 0.75, "frequency_penalty": 1.5, "logit_bias": bias});
+    let w = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", extra.clone()),
+    );
+    assert_eq!(w.status, 200, "{}", w.body);
+    let w = w.json();
+    assert_eq!(ids_of(&w["tandem"]["token_ids"]), expected);
+    let st = w["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+    // Streamed: the same tokens.
+    let mut streamed = extra.clone();
+    streamed["stream"] = json!(true);
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", streamed),
+    );
+    let ids: Vec<u32> = a
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| {
+            let j: Value = serde_json::from_str(e).unwrap();
+            j["tandem"]["token_ids"]
+                .as_array()
+                .map(|a| ids_of(&Value::Array(a.clone())))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(ids, expected);
+
+    // Sampled: the target's own seeded draw under the same penalties.
+    let mut sampled = extra;
+    sampled["temperature"] = json!(0.9);
+    sampled["seed"] = json!(11);
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("write a haiku", sampled),
+    )
+    .json();
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        seed: 11,
+        ..sampling
+    };
+    assert_eq!(
+        ids_of(&a["tandem"]["token_ids"]),
+        target_with(&f, &prompt, n, seeded)
+    );
+    drop(s);
+
+    // Local (no verifier): the draft's own output under the same penalties.
+    let local = f.server(f.edge_config(None), ServeConfig::default());
+    let body = chat_body(
+        "write a haiku",
+        json!({"max_tokens": n, "ignore_eos": true,
+        "presence_penalty": 0.75, "frequency_penalty": 1.5, "logit_bias": bias}),
+    );
+    let l = post(local.addr, "/v1/chat/completions", &body).json();
+    let draft_only = generate_single_with(
+        &f.draft,
+        tandem_model::kv_cache::KvPrecision::F16,
+        &prompt,
+        &GenerateConfig {
+            max_tokens: n,
+            sampling,
+            ..GenerateConfig::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap()
+    .tokens;
+    assert_eq!(ids_of(&l["tandem"]["token_ids"]), draft_only);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn several_choices_are_independent_generations() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let texts = |j: &Value| -> Vec<String> {
+        j["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Greedy: every choice is the target's greedy output.
+    let g = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            "write a haiku",
+            json!({"n": 3, "max_tokens": 8, "ignore_eos": true}),
+        ),
+    );
+    assert_eq!(g.status, 200, "{}", g.body);
+    let g = g.json();
+    let t = texts(&g);
+    assert_eq!(t.len(), 3);
+    assert!(t.iter().all(|x| *x == t[0]), "{t:?}");
+    let idx: Vec<u64> = g["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, [0, 1, 2]);
+    let greedy = target_greedy(&f, &prompt, 8);
+    for c in g["tandem"]["choices"].as_array().unwrap() {
+        assert_eq!(ids_of(&c["token_ids"]), greedy);
+    }
+    assert_eq!(g["usage"]["completion_tokens"], 24);
+    assert_eq!(g["usage"]["prompt_tokens"], prompt.len());
+
+    // Sampled with a seed: choice i draws with choice_seed(seed, i).
+    let body = chat_body(
+        "write a haiku",
+        json!({"n": 2, "max_tokens": 12, "ignore_eos": true, "temperature": 1.0, "seed": 5}),
+    );
+    let a = post(s.addr, "/v1/chat/completions", &body).json();
+    for (i, c) in a["tandem"]["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            seed: tandem_edge_http::openai::request::choice_seed(5, i),
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            ids_of(&c["token_ids"]),
+            target_with(&f, &prompt, 12, sampling),
+            "choice {i}"
+        );
+    }
+    assert_ne!(texts(&a)[0], texts(&a)[1], "two seeds, two answers");
+    // The same request streamed: the choices one after the other, each
+    // chunk naming its index, one usage chunk at the end.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let ev = post(s.addr, "/v1/chat/completions", &streamed).events();
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let mut got = vec![String::new(), String::new()];
+    let mut finishes = 0;
+    for e in &ev[..ev.len() - 1] {
+        let j: Value = serde_json::from_str(e).unwrap();
+        if let Some(c) = j["choices"].as_array().and_then(|c| c.first()) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            got[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            finishes += usize::from(!c["finish_reason"].is_null());
+        } else {
+            assert_eq!(j["usage"]["completion_tokens"], 24, "{j}");
+        }
+    }
+    assert_eq!(finishes, 2);
+    assert_eq!(got, texts(&a));
+    // Completions take n too.
+    let c = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "fn main", "n": 2, "max_tokens": 4}),
+    )
+    .json();
+    assert_eq!(c["choices"].as_array().unwrap().len(), 2, "{c}");
+    assert_eq!(c["choices"][1]["index"], 1);
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+/// The target's logprobs of `tokens` after `prompt` under `sampling` (its
+/// completion starting after the prompt), with `top` alternatives: what the
+/// verifier must report for verified tokens.
+fn target_logprobs(
+    f: &Fixture,
+    prompt: &[u32],
+    tokens: &[u32],
+    sampling: SamplingParams,
+    top: usize,
+) -> Vec<TokenLogprobs> {
+    let params = sampling.for_prompt(prompt.len());
+    let mut cache = f.target.new_cache();
+    let mut logits = f.target.forward_last(prompt, 0, &mut cache).unwrap();
+    let mut hist = prompt.to_vec();
+    let mut out = Vec::new();
+    for &t in tokens {
+        out.push(chosen_logprobs(&params, &logits, &hist, t, top));
+        hist.push(t);
+        logits = f.target.forward(&[t], cache.len(), &mut cache).unwrap();
+    }
+    out
+}
+
+/// Chat's `logprobs.content` entries of an answer (or of streamed chunks,
+/// concatenated).
+fn content_entries(choices: &[&Value]) -> Vec<Value> {
+    choices
+        .iter()
+        .flat_map(|c| {
+            c["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[test]
+fn logprobs_are_the_targets_for_verified_tokens_and_the_drafts_for_local_ones() {
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    let n = 10;
+    let body = chat_body(
+        "write a haiku",
+        json!({"max_tokens": n, "ignore_eos": true, "logprobs": true, "top_logprobs": 3,
+               "presence_penalty": 0.5}),
+    );
+    let a = post(s.addr, "/v1/chat/completions", &body);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let a = a.json();
+    let ids = ids_of(&a["tandem"]["token_ids"]);
+    assert_eq!(ids.len(), n);
+    let sampling = SamplingParams {
+        presence_penalty: 0.5,
+        ..SamplingParams::default()
+    };
+    let want = target_logprobs(&f, &prompt, &ids, sampling, 3);
+    let content = content_entries(&[&a["choices"][0]]);
+    assert_eq!(content.len(), n, "{a}");
+    let text: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text,
+        a["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    for (i, (e, w)) in content.iter().zip(&want).enumerate() {
+        // The target's own numbers, bit for bit (f32 through JSON's f64;
+        // serde_json's parser may be an f64 ulp off, never an f32 one).
+        assert_eq!(
+            e["logprob"].as_f64().unwrap() as f32,
+            w.logprob,
+            "token {i}: {e}"
+        );
+        let piece = f.tok.id_to_piece(ids[i]).unwrap();
+        assert_eq!(e["bytes"], json!(piece), "token {i}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        for (t, (id, lp)) in top.iter().zip(&w.top) {
+            assert_eq!(t["logprob"].as_f64().unwrap() as f32, *lp);
+            assert_eq!(t["bytes"], json!(f.tok.id_to_piece(*id).unwrap()));
+        }
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(w.top[0].0, ids[i]);
+    }
+    let from = a["tandem"]["logprobs_from"].as_array().unwrap();
+    assert!(
+        from.len() == n && from.iter().all(|x| x == "target"),
+        "{from:?}"
+    );
+
+    // Streamed: the same entries, spread over the chunks.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let ev = post(s.addr, "/v1/chat/completions", &streamed).events();
+    let chunks: Vec<Value> = ev
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let choices: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).collect();
+    assert_eq!(content_entries(&choices), content);
+
+    // Legacy completions: tokens, token_logprobs, top_logprobs, text_offset.
+    let c = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "fn main", "max_tokens": 6, "logprobs": 2,
+                "ignore_eos": true}),
+    )
+    .json();
+    let lp = &c["choices"][0]["logprobs"];
+    let cids = ids_of(&c["tandem"]["token_ids"]);
+    let cprompt = f.tok.encode_prompt("fn main").unwrap();
+    let cwant = target_logprobs(&f, &cprompt, &cids, SamplingParams::default(), 2);
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let mut before = Vec::new();
+    for (i, w) in cwant.iter().enumerate() {
+        assert_eq!(lp["token_logprobs"][i].as_f64().unwrap() as f32, w.logprob);
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        // Greedy: the chosen token is the most likely one (two pieces may
+        // share a name, so the object may hold fewer than 2).
+        assert!(
+            !top.is_empty() && top.len() <= 2 && top.contains_key(tokens[i]),
+            "{lp}"
+        );
+        let piece = f.tok.id_to_piece(cids[i]).unwrap();
+        match std::str::from_utf8(piece) {
+            Ok(t) => assert_eq!(tokens[i], t),
+            Err(_) => assert!(tokens[i].starts_with("bytes:\\x"), "{}", tokens[i]),
+        }
+        let chars = String::from_utf8_lossy(&before).chars().count();
+        let off = lp["text_offset"][i].as_u64().unwrap() as usize;
+        assert!(off <= chars, "{lp}");
+        before.extend_from_slice(piece);
+    }
+    drop(s);
+
+    // Local (no verifier): the draft's distribution, marked so.
+    let local = f.server(f.edge_config(None), ServeConfig::default());
+    let l = post(local.addr, "/v1/chat/completions", &body).json();
+    let lc = content_entries(&[&l["choices"][0]]);
+    assert_eq!(lc.len(), n, "{l}");
+    for e in &lc {
+        let lp = e["logprob"].as_f64().unwrap();
+        let top = e["top_logprobs"].as_array().unwrap();
+        // Greedy: the chosen token is the draft's most likely one.
+        assert_eq!(top[0]["logprob"].as_f64().unwrap(), lp, "{e}");
+        assert!(lp <= 0.0);
+    }
+    let from = l["tandem"]["logprobs_from"].as_array().unwrap();
+    assert!(from.iter().all(|x| x == "draft"), "{from:?}");
+    // Refusals: top_logprobs without logprobs, or above 20.
+    for extra in [
+        json!({"top_logprobs": 2}),
+        json!({"logprobs": true, "top_logprobs": 21}),
+    ] {
+        assert_error(
+            &post(local.addr, "/v1/chat/completions", &chat_body("hi", extra)),
+            400,
+            Some("top_logprobs"),
+        );
+    }
+    let _ = f.rt.block_on(v.shutdown());
 }

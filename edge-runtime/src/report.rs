@@ -6,6 +6,7 @@
 //! types without importing their parent (`crate::runtime` re-exports them).
 
 use serde::{Deserialize, Serialize};
+use tandem_model::logprobs::TokenLogprobs;
 use tandem_model::speculative::StopReason;
 
 /// Where an emitted token came from.
@@ -49,13 +50,18 @@ pub struct ProvisionalReport {
 }
 
 /// What the runtime reports while generating.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum EdgeEvent {
     /// Output token number `index` (0-based), final as emitted.
     Token {
         index: usize,
         id: u32,
         status: TokenStatus,
+        /// With [`GenerateConfig::top_logprobs`](tandem_model::speculative::GenerateConfig::top_logprobs):
+        /// the token's logprobs from the distribution that chose it: the
+        /// target's (from the verifier) for a verified token, the draft's for
+        /// a provisional or local one. `None` otherwise.
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     /// The verifier came back and judged a provisional span.
     ProvisionalChecked(ProvisionalCheck),

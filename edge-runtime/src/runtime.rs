@@ -340,6 +340,7 @@ impl EdgeRuntime {
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
         let (device, _threads) = self.device_begin()?;
+        let gen = &gen.for_prompt(prompt.len());
         let mut run = Generation::begin(
             &self.draft,
             &mut kept(&self.conversations),
@@ -416,6 +417,7 @@ impl EdgeRuntime {
         };
         // The device state, read once: fewer draft threads, a k cap.
         let (device, _threads) = self.device_begin()?;
+        let gen = &gen.for_prompt(prompt.len());
         let k_cap = device
             .k_cap
             .unwrap_or(tandem_model::speculative::MAX_K)
@@ -495,7 +497,7 @@ impl EdgeRuntime {
         };
         let mut rounds = Rounds { conn, spec, kind };
         if let Some(op) = self.reopening.take() {
-            rounds.conn.adopt(op, &gen.sampling);
+            rounds.conn.adopt(op, gen);
         }
         let res = drive::drive(&mut rounds, &mut run);
         let mut net = rounds.conn;

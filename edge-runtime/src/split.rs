@@ -553,6 +553,7 @@ impl SplitExec {
             next_token: verdict.next_token,
             context_len: (ctx.len() + verdict.accepted + 1) as u64,
             hidden: None,
+            logprobs: Vec::new(),
         })
     }
 

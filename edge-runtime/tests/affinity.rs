@@ -125,6 +125,7 @@ mod fake {
                                 next_token: 1,
                                 context_len: ctx,
                                 hidden: None,
+                                logprobs: Vec::new(),
                             });
                             if breaks && mode == Break::Draining && verdicts == break_after {
                                 let _ = tx.send(out(v)).await;

@@ -10,6 +10,7 @@ mod common;
 use common::load;
 use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime};
+use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::verifier_server::{Verifier, VerifierServer};
@@ -91,6 +92,7 @@ impl Verifier for Fake {
                             },
                             context_len: ctx + u64::from(matches!(lie, Lie::ContextLen)),
                             hidden: matches!(lie, Lie::Hidden).then(HiddenStates::default),
+                            logprobs: Vec::new(),
                         })
                     }
                     _ => return,
@@ -134,6 +136,16 @@ fn serve(lie: Lie, vocab: u32) -> Served {
 /// One generation of `max_tokens` against a fake telling `lie`: the result
 /// and every streamed token id.
 fn generate(lie: Lie, max_tokens: usize) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
+    generate_with(lie, max_tokens, SamplingParams::default(), None)
+}
+
+/// [`generate`] under `sampling`.
+fn generate_with(
+    lie: Lie,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    top_logprobs: Option<usize>,
+) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("draft.gguf");
     write_tiny_qwen2(&path, &TinyConfig::draft_like()).unwrap();
@@ -156,6 +168,8 @@ fn generate(lie: Lie, max_tokens: usize) -> (Result<Vec<u32>, EdgeError>, Vec<u3
     let gen = GenerateConfig {
         k: 4,
         max_tokens,
+        sampling,
+        top_logprobs,
         ..GenerateConfig::default()
     };
     let mut streamed = Vec::new();
@@ -212,4 +226,28 @@ fn an_opened_with_another_vocabulary_or_model_is_refused() {
     refused(Lie::OpenedVocab(1000), 4, "vocabulary of 1000 tokens");
     refused(Lie::OpenedVocab(0), 4, "vocabulary of 0 tokens");
     refused(Lie::OpenedModel, 4, "model_id");
+}
+
+#[test]
+fn a_verifier_that_does_not_announce_penalties_or_logprobs_is_refused_for_them() {
+    // The fake is an older verifier: its Opened lists no features, so it
+    // would ignore the penalties and logit bias. The device refuses it
+    // instead of streaming tokens that are not the target's.
+    let sampling = SamplingParams {
+        frequency_penalty: 0.5,
+        ..SamplingParams::default()
+    };
+    let (r, streamed, _) = generate_with(Lie::None, 3, sampling, None);
+    match r {
+        Err(EdgeError::Protocol(m)) => assert!(m.contains("frequency_penalty"), "{m}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(streamed.is_empty(), "{streamed:?}");
+    // Logprobs likewise: verified tokens would come without the target's.
+    let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), Some(2));
+    match r {
+        Err(EdgeError::Protocol(m)) => assert!(m.contains("logprobs"), "{m}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(streamed.is_empty(), "{streamed:?}");
 }

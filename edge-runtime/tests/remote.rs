@@ -110,7 +110,10 @@ fn greedy_output_equals_target_only_for_k_1_4_16() {
             let mut streamed = Vec::new();
             let g = edge
                 .generate(PROMPT, &gen_cfg(k, 40), &mut |e| {
-                    if let EdgeEvent::Token { index, id, status } = e {
+                    if let EdgeEvent::Token {
+                        index, id, status, ..
+                    } = e
+                    {
                         streamed.push((*index, *id, *status));
                     }
                     true
@@ -234,7 +237,9 @@ fn verifier_killed_mid_generation_then_restarted_resumes_without_loss() {
     let streamed: Vec<(usize, u32, TokenStatus)> = events
         .iter()
         .filter_map(|e| match e {
-            EdgeEvent::Token { index, id, status } => Some((*index, *id, *status)),
+            EdgeEvent::Token {
+                index, id, status, ..
+            } => Some((*index, *id, *status)),
             _ => None,
         })
         .collect();

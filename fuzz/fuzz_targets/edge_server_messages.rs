@@ -152,6 +152,7 @@ fn answer(
             n_layer: 2,
             d_model: 256,
             reused_tokens: reused.pick(0),
+            features: Vec::new(),
         })),
         Answer::Verdict {
             round,
@@ -172,6 +173,7 @@ fn answer(
                 next_token: next_token.unwrap_or(u32::from(*small_token) % 390),
                 context_len: context_len.pick(right_len),
                 hidden: hidden.then(HiddenStates::default),
+                logprobs: Vec::new(),
             };
             view.context_len = right_len;
             view.round = asked_round.saturating_add(1);

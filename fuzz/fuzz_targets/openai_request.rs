@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tandem_edge_http::openai::request::{parse_chat, parse_completion, Limits};
+use tandem_edge_http::openai::request::{parse_chat, parse_completion, Limits, MAX_CHOICES};
 
 fuzz_target!(|data: &[u8]| {
     for strict in [false, true] {
@@ -13,10 +13,12 @@ fuzz_target!(|data: &[u8]| {
             max_tokens_limit: 4096,
             default_max_tokens: 256,
             strict,
+            vocab: 151_936,
         };
         for parse in [parse_chat, parse_completion] {
             if let Ok(req) = parse(data, &lim) {
                 assert!(req.max_tokens <= lim.max_tokens_limit, "{req:?}");
+                assert!((1..=MAX_CHOICES).contains(&req.n), "{req:?}");
                 assert!(!strict || req.ignored.is_empty(), "{req:?}");
             }
         }

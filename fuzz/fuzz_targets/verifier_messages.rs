@@ -40,8 +40,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
 use tandem_proto::v1::{
-    client_message, server_message, ClientMessage, Close, Continuation, Draft, HiddenStates, Open,
-    Reason, Resume, SamplingParams, Split,
+    client_message, server_message, ClientMessage, Close, Continuation, Draft, HiddenStates,
+    LogitBias, Open, Reason, Resume, SamplingParams, Split,
 };
 use tandem_verifier::handlers::Bound;
 use tandem_verifier::service::VerifierService;
@@ -269,6 +269,12 @@ struct SamplingChoice {
     top_p: f32,
     repetition_penalty: f32,
     seed: u64,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    logit_bias: Vec<(u16, f32)>,
+    completion_start: u16,
+    /// `Open.top_logprobs` (rides here to keep the Open variant's shape).
+    top_logprobs: Option<u8>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -436,7 +442,21 @@ fn build_open(
             top_p: s.top_p,
             repetition_penalty: s.repetition_penalty,
             seed: s.seed,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            logit_bias: s
+                .logit_bias
+                .iter()
+                .map(|&(token, bias)| LogitBias {
+                    token: u32::from(token),
+                    bias,
+                })
+                .collect(),
+            completion_start: u64::from(s.completion_start),
         }),
+        top_logprobs: sampling
+            .as_ref()
+            .and_then(|s| s.top_logprobs.map(u32::from)),
         resume_session_id,
         first_round: u64::from(*first_round),
         split,

@@ -6,11 +6,15 @@
 //! 1. **repetition penalty** (llama.cpp semantics): every distinct token among the last
 //!    [`REPETITION_WINDOW`] tokens of the history has its logit divided by the penalty
 //!    when positive and multiplied by it when negative (or zero);
-//! 2. **temperature** (`0` = greedy: the distribution is a point mass on the argmax);
-//! 3. **top-k**: keep the `k` most likely tokens (ties: lower token id first);
-//! 4. **top-p** (nucleus): keep the smallest set of most likely tokens whose cumulative
+//! 2. **presence and frequency penalties, logit bias** (OpenAI semantics, over the
+//!    completion's tokens: the history from [`SamplingParams::completion_start`]; see
+//!    [`crate::penalties`]); steps 1 and 2 are [`adjusted_logits`], what greedy
+//!    decoding takes the argmax of;
+//! 3. **temperature** (`0` = greedy: the distribution is a point mass on the argmax);
+//! 4. **top-k**: keep the `k` most likely tokens (ties: lower token id first);
+//! 5. **top-p** (nucleus): keep the smallest set of most likely tokens whose cumulative
 //!    probability is at least `top_p`;
-//! 5. renormalise.
+//! 6. renormalise.
 //!
 //! Top-p is applied to the tempered probabilities (the Hugging Face order). The result
 //! is a sparse [`Distribution`] sorted by token id.
@@ -29,8 +33,11 @@
 //! version; across platforms they rest on libm's `exp` and `ln`, which
 //! `tests/cross_arch_identity.rs` pins for x86-64 and aarch64 (glibc).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
+use crate::penalties::{apply_openai_penalties, check_penalty, LogitBias};
 use crate::{ModelError, Result};
 
 /// How many of the most recent history tokens the repetition penalty looks at
@@ -53,6 +60,19 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the sampler's random number generator.
     pub seed: u64,
+    /// OpenAI's presence penalty in `[-2, 2]` (0 = off): subtracted once from the
+    /// logit of every token the completion already holds.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in `[-2, 2]` (0 = off): subtracted from a
+    /// token's logit once per occurrence in the completion.
+    pub frequency_penalty: f32,
+    /// OpenAI's logit bias: added to the named tokens' logits (after the penalties).
+    pub logit_bias: LogitBias,
+    /// Context position of the completion's first token: the presence and
+    /// frequency penalties count the history from here on (the prompt does not
+    /// count). The generation loops set it to the prompt's length
+    /// ([`SamplingParams::for_prompt`]); it matters only with a penalty on.
+    pub completion_start: usize,
 }
 
 impl Default for SamplingParams {
@@ -63,6 +83,10 @@ impl Default for SamplingParams {
             top_p: 1.0,
             repetition_penalty: 1.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: LogitBias::default(),
+            completion_start: 0,
         }
     }
 }
@@ -78,8 +102,23 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// True when OpenAI's presence or frequency penalty or a logit bias is on
+    /// (a verifier must then apply them too).
+    pub fn has_openai_penalties(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || !self.logit_bias.is_empty()
+    }
+
+    /// These parameters for a generation whose prompt has `prompt_len` tokens
+    /// (the completion starts there: [`Self::completion_start`]).
+    pub fn for_prompt(mut self, prompt_len: usize) -> Self {
+        self.completion_start = prompt_len;
+        self
+    }
+
     /// Checks that every field is in range; the error says which one is wrong and why.
     pub fn validate(&self) -> Result<()> {
+        check_penalty("presence_penalty", self.presence_penalty)?;
+        check_penalty("frequency_penalty", self.frequency_penalty)?;
         let bad = |msg: String| Err(ModelError::InvalidArgument(msg));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad(format!(
@@ -297,8 +336,36 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
     }
 }
 
+/// The logits a token is chosen from: `logits` after the repetition penalty over
+/// `history` and OpenAI's penalties over its completion part and logit bias
+/// (borrowed unchanged when all are off). Greedy decoding takes their argmax;
+/// logprobs are their log-softmax.
+pub fn adjusted_logits<'a>(
+    params: &SamplingParams,
+    logits: &'a [f32],
+    history: &[u32],
+) -> Cow<'a, [f32]> {
+    let repeat = params.repetition_penalty != 1.0 && !history.is_empty();
+    if !repeat && !params.has_openai_penalties() {
+        return Cow::Borrowed(logits);
+    }
+    let mut v = logits.to_vec();
+    if repeat {
+        apply_repetition_penalty(&mut v, history, params.repetition_penalty);
+    }
+    let completion = history.get(params.completion_start..).unwrap_or_default();
+    apply_openai_penalties(
+        &mut v,
+        completion,
+        params.presence_penalty,
+        params.frequency_penalty,
+        &params.logit_bias,
+    );
+    Cow::Owned(v)
+}
+
 /// The distribution the next token is sampled from, given the logits of the last
-/// position and the tokens generated so far (for the repetition penalty).
+/// position and the tokens generated so far (for the penalties: [`adjusted_logits`]).
 ///
 /// Greedy parameters give a point mass on the argmax of the penalised logits. NaN
 /// logits count as impossible tokens; if no token is possible the result is a point
@@ -306,15 +373,8 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
 /// [`SamplingParams::validate`]; an invalid temperature falls back to greedy and an
 /// invalid `top_p` is clamped to `[0, 1]`, so the result is always a distribution.
 pub fn distribution(params: &SamplingParams, logits: &[f32], history: &[u32]) -> Distribution {
-    let penalised;
-    let logits = if params.repetition_penalty != 1.0 && !history.is_empty() {
-        let mut v = logits.to_vec();
-        apply_repetition_penalty(&mut v, history, params.repetition_penalty);
-        penalised = v;
-        &penalised[..]
-    } else {
-        logits
-    };
+    let adjusted = adjusted_logits(params, logits, history);
+    let logits = &adjusted[..];
 
     let temperature = params.temperature as f64;
     // Greedy, and the fallback for a temperature that skipped validation (NaN, < 0, inf).
@@ -454,16 +514,10 @@ impl Sampler {
     }
 }
 
-/// The greedy choice: the argmax of `logits` after the repetition penalty over
-/// `history` (no copy when the penalty is off).
+/// The greedy choice: the argmax of [`adjusted_logits`] (no copy when every
+/// penalty is off).
 pub fn greedy_token(params: &SamplingParams, logits: &[f32], history: &[u32]) -> u32 {
-    if params.repetition_penalty == 1.0 {
-        argmax(logits)
-    } else {
-        let mut l = logits.to_vec();
-        apply_repetition_penalty(&mut l, history, params.repetition_penalty);
-        argmax(&l)
-    }
+    argmax(&adjusted_logits(params, logits, history))
 }
 
 /// A uniform number in `(0, 1]` that depends on `seed`, the context `position` and

@@ -49,6 +49,11 @@ pub struct GenerateConfig {
     /// with llama.cpp as often as with f32 ([`KvPrecision::Int8`], a quarter,
     /// does not: docs/model-core.md, "Draft KV fidelity").
     pub draft_kv: KvPrecision,
+    /// Report each token's logprob and this many most likely alternatives
+    /// (0..=[`crate::logprobs::MAX_TOP_LOGPROBS`]; `None`: no logprobs). Read
+    /// by the edge runtime (the draft's for local tokens, the verifier's for
+    /// verified ones); the loops here do not report them.
+    pub top_logprobs: Option<usize>,
 }
 
 impl Default for GenerateConfig {
@@ -60,6 +65,7 @@ impl Default for GenerateConfig {
             stop_tokens: Vec::new(),
             proposer: ProposerKind::Draft,
             draft_kv: KvPrecision::F16,
+            top_logprobs: None,
         }
     }
 }
@@ -72,7 +78,26 @@ impl GenerateConfig {
                 self.k
             )));
         }
+        if let Some(n) = self
+            .top_logprobs
+            .filter(|&n| n > crate::logprobs::MAX_TOP_LOGPROBS)
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "top_logprobs = {n} is out of range (0..={})",
+                crate::logprobs::MAX_TOP_LOGPROBS
+            )));
+        }
         self.sampling.validate()
+    }
+
+    /// This configuration for a generation of a `prompt_len`-token prompt: the
+    /// sampling's completion starts there (what the presence and frequency
+    /// penalties count; [`SamplingParams::for_prompt`]).
+    pub fn for_prompt(&self, prompt_len: usize) -> GenerateConfig {
+        GenerateConfig {
+            sampling: self.sampling.for_prompt(prompt_len),
+            ..self.clone()
+        }
     }
 }
 
@@ -253,6 +278,7 @@ pub fn generate_single_with(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
+    let cfg = &cfg.for_prompt(prompt.len());
     let mut cache = model.new_cache_with(kv);
     check_prompt(prompt, cache.capacity())?;
     let start = Instant::now();
@@ -360,6 +386,7 @@ pub fn generate_speculative(
     on_token: &mut OnToken<'_>,
 ) -> Result<Generation> {
     cfg.validate()?;
+    let cfg = &cfg.for_prompt(prompt.len());
     crate::pair::check_vocab(draft.config(), target.config()).map_err(|e| {
         ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}"))
     })?;

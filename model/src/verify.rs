@@ -22,6 +22,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::logprobs::{chosen_logprobs, TokenLogprobs};
 use crate::sampling::{next_token, SamplingParams};
 use crate::{ModelError, Result};
 
@@ -138,4 +139,39 @@ pub fn verdict_from_logits(
         }
         next_token(params, &logits[i * vocab..(i + 1) * vocab], &hist)
     }))
+}
+
+/// The logprobs of the tokens `verdict` emits on `draft` (`draft[..accepted]`,
+/// then `next_token`), each from its row of the target's `logits`
+/// (`[k + 1, vocab]` over `[last, d1..dk]`) after `history` and the accepted
+/// drafts before it, with `top` alternatives ([`chosen_logprobs`]): what
+/// the verifier returns when a session asks for logprobs.
+///
+/// Errors on mismatched lengths.
+pub fn verdict_logprobs(
+    params: &SamplingParams,
+    history: &[u32],
+    draft: &[u32],
+    logits: &[f32],
+    verdict: &Verdict,
+    top: usize,
+) -> Result<Vec<TokenLogprobs>> {
+    let k = draft.len();
+    let vocab = logits.len() / (k + 1);
+    if vocab == 0 || logits.len() != (k + 1) * vocab || verdict.accepted > k {
+        return Err(invalid(format!(
+            "logprobs of a verdict on {k} draft tokens need {} rows of logits, got {} floats",
+            k + 1,
+            logits.len()
+        )));
+    }
+    let emitted = verdict.emitted(draft);
+    let mut hist = history.to_vec();
+    let mut out = Vec::with_capacity(emitted.len());
+    for (i, &t) in emitted.iter().enumerate() {
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        out.push(chosen_logprobs(params, row, &hist, t, top));
+        hist.push(t);
+    }
+    Ok(out)
 }

@@ -163,6 +163,7 @@ fn keyed_draws_equal_the_x86_draws() {
             top_k: 20,
             repetition_penalty: 1.05,
             seed: 0,
+            ..SamplingParams::default()
         },
         SamplingParams {
             temperature: 1.0,

@@ -164,6 +164,7 @@ fn params_serde_round_trip_and_defaults_for_missing_fields() {
         top_p: 0.9,
         repetition_penalty: 1.1,
         seed: 42,
+        ..SamplingParams::default()
     };
     let json = serde_json::to_string(&p).unwrap();
     assert_eq!(serde_json::from_str::<SamplingParams>(&json).unwrap(), p);
@@ -691,6 +692,7 @@ fn next_token_on_a_full_vocabulary_row() {
         top_p: 0.95,
         repetition_penalty: 1.1,
         seed: 1,
+        ..SamplingParams::default()
     };
     let d = distribution(&p, &l, &[1, 2, 3]);
     assert!(d.len() <= 50 && !d.is_empty());
@@ -709,4 +711,67 @@ fn next_token_on_a_full_vocabulary_row() {
             &[]
         )) > 0.0
     );
+}
+
+// ---------- OpenAI penalties and logit bias ----------
+
+#[test]
+fn openai_penalties_count_the_completion_only_and_bias_follows() {
+    use tandem_model::penalties::{apply_openai_penalties, LogitBias};
+    use tandem_model::sampling::adjusted_logits;
+    let logits = vec![1.0f32, 2.0, 3.0, 4.0, 5.0];
+    let bias = LogitBias::new([(4, -100.0), (0, 2.5)]).unwrap();
+    // OpenAI's definition, by hand: token 1 twice, token 3 once.
+    let mut l = logits.clone();
+    apply_openai_penalties(&mut l, &[1, 3, 1], 0.5, 0.25, &bias);
+    assert_eq!(
+        l,
+        [
+            1.0 + 2.5,
+            2.0 - (2.0 * 0.25 + 0.5),
+            3.0,
+            4.0 - (0.25 + 0.5),
+            5.0 - 100.0
+        ]
+    );
+    // Through SamplingParams: the prompt (history before completion_start)
+    // does not count; greedy takes the argmax of the adjusted logits.
+    let p = SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        logit_bias: bias,
+        ..SamplingParams::default()
+    }
+    .for_prompt(2);
+    let history = [3, 3, 1, 3, 1];
+    assert_eq!(&adjusted_logits(&p, &logits, &history)[..], &l[..]);
+    assert_eq!(next_token(&p, &logits, &history), argmax(&l));
+    assert_eq!(argmax(&l), 0, "the bias moved the argmax");
+    // Off: the logits are borrowed as they are.
+    let off = SamplingParams::default();
+    assert!(matches!(
+        adjusted_logits(&off, &logits, &history),
+        std::borrow::Cow::Borrowed(_)
+    ));
+    // Ranges: penalties in [-2, 2], bias in [-100, 100], each token once, at
+    // most 300 entries; the serde form is checked the same way.
+    for bad in [
+        SamplingParams {
+            presence_penalty: 2.5,
+            ..off
+        },
+        SamplingParams {
+            frequency_penalty: f32::NAN,
+            ..off
+        },
+    ] {
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("penalty"), "{e}");
+    }
+    assert!(LogitBias::new([(1, 100.5)]).is_err());
+    assert!(LogitBias::new([(1, 1.0), (1, 2.0)]).is_err());
+    assert!(LogitBias::new((0..301).map(|t| (t, 1.0))).is_err());
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<SamplingParams>(&json).unwrap(), p);
+    assert!(serde_json::from_str::<tandem_model::penalties::LogitBias>("[[1, 101.0]]").is_err());
 }

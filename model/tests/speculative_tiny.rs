@@ -250,6 +250,7 @@ fn sampled_speculative_is_the_targets_own_seeded_output() {
         top_k: 40,
         repetition_penalty: 1.1,
         seed: 7,
+        ..SamplingParams::default()
     };
     let cfg = GenerateConfig {
         max_tokens: 40,

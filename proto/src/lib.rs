@@ -59,6 +59,15 @@ pub fn context_digest(tokens: &[u32]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// `Opened.features` name of a verifier that applies the OpenAI penalties and
+/// logit bias of `SamplingParams` (presence_penalty, frequency_penalty,
+/// logit_bias, completion_start).
+pub const FEATURE_PENALTIES: &str = "penalties";
+
+/// `Opened.features` name of a verifier that honours `Open.top_logprobs`
+/// (`Verdict.logprobs`).
+pub const FEATURE_LOGPROBS: &str = "logprobs";
+
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";
 

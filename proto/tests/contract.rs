@@ -116,3 +116,52 @@ fn conversation_fields_and_the_context_digest_are_pinned() {
     assert!(!Close::default().keep);
     assert_eq!(Opened::default().reused_tokens, 0);
 }
+
+#[test]
+fn penalties_and_logprobs_fields_are_optional_and_survive_the_wire() {
+    use tandem_proto::v1::{
+        LogitBias, Open, Opened, SamplingParams, TokenLogprobs, TopLogprob, Verdict,
+    };
+    // Absent (an older peer): no penalty, no bias, no logprobs, no feature.
+    let s = SamplingParams::default();
+    assert_eq!((s.presence_penalty, s.frequency_penalty), (0.0, 0.0));
+    assert!(s.logit_bias.is_empty() && s.completion_start == 0);
+    assert_eq!(Open::default().top_logprobs, None);
+    assert!(Opened::default().features.is_empty());
+    assert!(Verdict::default().logprobs.is_empty());
+    // Set: they round-trip (top_logprobs = 0 is distinct from absent).
+    let o = Open {
+        sampling: Some(SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: -1.0,
+            logit_bias: vec![LogitBias {
+                token: 7,
+                bias: -100.0,
+            }],
+            completion_start: 12,
+            ..SamplingParams::default()
+        }),
+        top_logprobs: Some(0),
+        ..Open::default()
+    };
+    assert_eq!(Open::decode(o.encode_to_vec().as_slice()).unwrap(), o);
+    let v = Verdict {
+        logprobs: vec![TokenLogprobs {
+            logprob: -0.25,
+            top: vec![TopLogprob {
+                token: 3,
+                logprob: -0.25,
+            }],
+        }],
+        ..Verdict::default()
+    };
+    assert_eq!(Verdict::decode(v.encode_to_vec().as_slice()).unwrap(), v);
+    let f = Opened {
+        features: vec![
+            tandem_proto::FEATURE_PENALTIES.into(),
+            tandem_proto::FEATURE_LOGPROBS.into(),
+        ],
+        ..Opened::default()
+    };
+    assert_eq!(Opened::decode(f.encode_to_vec().as_slice()).unwrap(), f);
+}

@@ -20,6 +20,7 @@ from openai import OpenAI
 MAX_TOKENS = 16
 FOLLOW_UP = "Now add type hints."
 # Fill in the middle: the body of a function between its signature and a use.
+LOGPROB_TOKENS = 4
 FIM_PREFIX = "def larger(a: int, b: int) -> int:\n    "
 FIM_SUFFIX = "\n\n\nprint(larger(3, 7))\n"
 FIM_TOKENS = 8
@@ -193,10 +194,32 @@ def main():
     except openai.BadRequestError as e:
         check(e.param == "max_tokens", e)
     try:
-        client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
-        check(False, "n=2 accepted")
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=9)
+        check(False, "n=9 accepted")
     except openai.BadRequestError as e:
         check(e.param == "n" and "n" in str(e.message), e)
+
+    # logprobs + top_logprobs (greedy, through the verifier): the target's
+    # distribution for every verified token, in the client's typed objects;
+    # the Rust test compares the numbers with the target's own.
+    lp = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=LOGPROB_TOKENS, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )
+    content = lp.choices[0].logprobs.content
+    check(content and len(content) == lp.usage.completion_tokens, content)
+    for e in content:
+        check(isinstance(e.token, str) and isinstance(e.bytes, list) and e.logprob <= 0, e)
+        check(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == e.logprob, e)
+        check(all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:])), e)
+    lext = lp.model_extra["tandem"]
+    check(lext["token_ids"] == ext["token_ids"][: len(content)], lext["token_ids"])
+    logprobs = {
+        "token_ids": lext["token_ids"],
+        "from": lext["logprobs_from"],
+        "logprob": [e.logprob for e in content],
+        "top": [[t.logprob for t in e.top_logprobs] for e in content],
+    }
 
     # A body over the server's 2 MB limit: 413 in OpenAI's error shape (the
     # client parses `error` into .code), not a plain-text refusal.
@@ -225,6 +248,7 @@ def main():
                 "stream_chunks": chunks,
                 "turn2": turn2,
                 "fim": fim,
+                "logprobs": logprobs,
             }
         )
     )

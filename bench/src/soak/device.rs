@@ -122,7 +122,9 @@ pub fn stream_faults(events: &[EdgeEvent], g: &EdgeGeneration, max_tokens: usize
     let mut checks: Vec<&ProvisionalCheck> = Vec::new();
     for e in events {
         match e {
-            EdgeEvent::Token { index, id, status } => {
+            EdgeEvent::Token {
+                index, id, status, ..
+            } => {
                 if *index != streamed {
                     faults.push(format!(
                         "token index {index} streamed as token number {streamed} \
@@ -200,7 +202,12 @@ mod tests {
     }
 
     fn token(index: usize, id: u32, status: TokenStatus) -> EdgeEvent {
-        EdgeEvent::Token { index, id, status }
+        EdgeEvent::Token {
+            index,
+            id,
+            status,
+            logprobs: None,
+        }
     }
 
     #[test]

@@ -95,6 +95,17 @@ pub async fn draft(
     let room = s.room_for(g.context.len());
     g.kv.shrink_to(room);
     let ctx_len = g.context.len();
+    let logprobs = std::mem::take(&mut g.last_logprobs)
+        .into_iter()
+        .map(|t| tandem_proto::v1::TokenLogprobs {
+            logprob: t.logprob,
+            top: t
+                .top
+                .into_iter()
+                .map(|(token, logprob)| tandem_proto::v1::TopLogprob { token, logprob })
+                .collect(),
+        })
+        .collect();
     if all_local(s, &g) {
         // s = N: this verifier holds no KV for the session.
         g.kv.shrink_to(0);
@@ -121,6 +132,7 @@ pub async fn draft(
             next_token,
             context_len: wire_u64(ctx_len),
             hidden,
+            logprobs,
         })),
     })
 }

@@ -14,13 +14,37 @@ use crate::split;
 use crate::state::{store_refusal, VerifierState};
 use crate::store::{CheckedOut, StoreError};
 use std::sync::Arc;
+use tandem_model::logprobs::MAX_TOP_LOGPROBS;
+use tandem_model::penalties::{LogitBias, MAX_LOGIT_BIAS};
 use tandem_model::sampling::SamplingParams;
 use tandem_proto::v1::{Continuation, Open, Opened, Reason};
 
+/// The session's sampling from its wire form: zero values read as their
+/// defaults, every value range-checked (BAD_REQUEST), logit-bias tokens below
+/// the target's `vocab` (TOKEN_OUT_OF_VOCAB).
 fn sampling_from_wire(
     p: Option<tandem_proto::v1::SamplingParams>,
+    vocab: usize,
 ) -> Result<SamplingParams, Refusal> {
     let p = p.unwrap_or_default();
+    let bad =
+        |e: tandem_model::ModelError| Refusal::new(Reason::BadRequest, format!("sampling: {e}"));
+    if p.logit_bias.len() > MAX_LOGIT_BIAS {
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            format!(
+                "sampling: logit_bias has {} entries, at most {MAX_LOGIT_BIAS}",
+                p.logit_bias.len()
+            ),
+        ));
+    }
+    let logit_bias = LogitBias::new(p.logit_bias.iter().map(|b| (b.token, b.bias))).map_err(bad)?;
+    if let Some(t) = logit_bias.max_token().filter(|&t| t as usize >= vocab) {
+        return Err(Refusal::new(
+            Reason::TokenOutOfVocab,
+            format!("sampling: logit_bias names token {t}; the vocabulary has {vocab}"),
+        ));
+    }
     let s = SamplingParams {
         temperature: p.temperature,
         top_k: usize::try_from(p.top_k).unwrap_or(usize::MAX),
@@ -31,10 +55,39 @@ fn sampling_from_wire(
             p.repetition_penalty
         },
         seed: p.seed,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias,
+        completion_start: usize::try_from(p.completion_start).unwrap_or(usize::MAX),
     };
-    s.validate()
-        .map_err(|e| Refusal::new(Reason::BadRequest, format!("sampling: {e}")))?;
+    s.validate().map_err(bad)?;
     Ok(s)
+}
+
+/// What an Open asks of its session's verdicts: the sampling, and the
+/// logprobs (`Open.top_logprobs`).
+#[derive(Clone, Copy)]
+struct Asked {
+    sampling: SamplingParams,
+    top_logprobs: Option<usize>,
+}
+
+/// `Open.top_logprobs`: absent is none; else at most
+/// [`MAX_TOP_LOGPROBS`] alternatives (BAD_REQUEST beyond), and not in split
+/// sessions (their verdicts are not computed from token logits here).
+fn top_logprobs_from_wire(o: &Open) -> Result<Option<usize>, Refusal> {
+    match o.top_logprobs {
+        None => Ok(None),
+        Some(_) if o.split.is_some() => Err(Refusal::new(
+            Reason::BadRequest,
+            "top_logprobs: logprobs are not available in split sessions",
+        )),
+        Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
+        Some(n) => Err(Refusal::new(
+            Reason::BadRequest,
+            format!("top_logprobs: at most {MAX_TOP_LOGPROBS} alternatives, got {n}"),
+        )),
+    }
 }
 
 fn new_session_id() -> Arc<str> {
@@ -54,6 +107,10 @@ fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize, reused
         n_layer: u32::try_from(cfg.n_layer).unwrap_or(u32::MAX),
         d_model: u32::try_from(cfg.d_model).unwrap_or(u32::MAX),
         reused_tokens: wire_u64(reused),
+        features: vec![
+            tandem_proto::FEATURE_PENALTIES.to_owned(),
+            tandem_proto::FEATURE_LOGPROBS.to_owned(),
+        ],
     }
 }
 
@@ -98,8 +155,11 @@ async fn open_checked(
                 "a continuation is not for split sessions: open with the whole context's hidden states",
             ));
         }
-        let sampling = sampling_from_wire(o.sampling)?;
-        return open_continued(s, who, c, o.prompt_tokens, sampling, o.first_round).await;
+        let asked = Asked {
+            sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
+            top_logprobs: top_logprobs_from_wire(&o)?,
+        };
+        return open_continued(s, who, c, o.prompt_tokens, asked, o.first_round).await;
     }
     let split = o
         .split
@@ -110,9 +170,12 @@ async fn open_checked(
         // (U-shape sessions send no token ids; their length is in prompt_hidden.)
         s.check_context(&o.prompt_tokens)?;
     }
-    let sampling = sampling_from_wire(o.sampling)?;
+    let asked = Asked {
+        sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
+        top_logprobs: top_logprobs_from_wire(&o)?,
+    };
     if let Some(spec) = split {
-        return open_split(s, who, o, spec, sampling).await;
+        return open_split(s, who, o, spec, asked.sampling).await;
     }
     let ctx = o.prompt_tokens;
     if let Some(rid) = &o.resume_session_id {
@@ -123,7 +186,8 @@ async fn open_checked(
                 let (lent, st) = g.lend();
                 let (st, res) = resync(s, who, &rid, st, &ctx).await;
                 let (mut g, reused) = settle(lent, st, res)?;
-                g.sampling = sampling;
+                g.sampling = asked.sampling;
+                g.top_logprobs = asked.top_logprobs;
                 g.next_round = o.first_round;
                 drop(g); // checked in
                 tracing::info!(session = %rid, reused, "session resumed");
@@ -146,7 +210,7 @@ async fn open_checked(
         s,
         who,
         ctx,
-        sampling,
+        asked,
         o.first_round,
         None,
         Work::Prefill { tokens },
@@ -165,7 +229,7 @@ async fn open_continued(
     who: &Arc<str>,
     c: Continuation,
     new: Vec<u32>,
-    sampling: SamplingParams,
+    asked: Asked,
     first_round: u64,
 ) -> Result<(Bound, Opened), Refusal> {
     if new.is_empty() {
@@ -222,7 +286,8 @@ async fn open_continued(
     let (mut g, reused) = settle(lent, st, res)?;
     // A new turn is a new generation with its own sampling (a seeded token is
     // keyed by its position, as in a fresh session of the whole context).
-    g.sampling = sampling;
+    g.sampling = asked.sampling;
+    g.top_logprobs = asked.top_logprobs;
     g.next_round = first_round;
     drop(g); // checked in
     tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");
@@ -236,7 +301,7 @@ async fn open_new(
     s: &VerifierState,
     who: &Arc<str>,
     context: Vec<u32>,
-    sampling: SamplingParams,
+    asked: Asked,
     first_round: u64,
     split: Option<SplitSpec>,
     prefill: Work,
@@ -249,7 +314,8 @@ async fn open_new(
         .prefill(who, context_len.saturating_sub(1))
         .await?;
     let reserved = s.reserve_open(&mut kv, s.room_for(context_len), who)?;
-    let mut st = SessionState::new(kv, context, sampling, first_round);
+    let mut st = SessionState::new(kv, context, asked.sampling, first_round);
+    st.top_logprobs = asked.top_logprobs;
     st.split = split;
     let (st, out) = s.run(who, &id, st, prefill).await;
     permit.spent();
@@ -293,7 +359,10 @@ async fn open_split(
         s,
         who,
         context,
-        sampling,
+        Asked {
+            sampling,
+            top_logprobs: None,
+        },
         o.first_round,
         Some(spec),
         prefill,

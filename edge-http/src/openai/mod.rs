@@ -19,7 +19,12 @@
 //! Errors use OpenAI's shape `{"error": {message, type, param, code}}`.
 //! `temperature` 0 or absent is greedy (with a verifier: token for token the
 //! target's greedy output); > 0 samples (with a verifier: token for token the
-//! target's own sampled output for the `seed`).
+//! target's own sampled output for the `seed`). `presence_penalty`,
+//! `frequency_penalty` and `logit_bias` apply on the device and the verifier
+//! alike (the same function); `n` > 1 runs the choices one after the other;
+//! `logprobs` come from the distribution that chose each token (the target's
+//! for verified tokens, the draft's for local and provisional ones:
+//! [`logprobs`]).
 //! Extension fields (`tandem` in every answer and chunk) carry per-token
 //! status, the routing decision (no text) and the edge statistics; the full
 //! reference is `docs/api.md`.
@@ -33,6 +38,7 @@
 mod call_scan;
 pub mod error;
 mod guard;
+pub mod logprobs;
 pub mod metrics;
 pub mod peer;
 pub mod request;
@@ -155,6 +161,7 @@ impl AppState {
             max_tokens_limit: self.cfg.max_tokens_limit,
             default_max_tokens: self.cfg.default_max_tokens,
             strict: self.cfg.strict_api,
+            vocab: self.tokenizer.vocab_size(),
         }
     }
 
@@ -782,8 +789,14 @@ impl Meta {
         v
     }
 
-    /// One choice of a chunk (`delta` for chat, `text` for completions).
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, tandem: Value) -> Value {
+    /// A chunk of choice `index` (`delta` for chat, `text` for completions).
+    fn chunk(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        finish: Option<&str>,
+        tandem: Value,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Infill => return self.infill(text.unwrap_or(""), None, tandem),
             Endpoint::Chat => {
@@ -791,10 +804,10 @@ impl Meta {
                     Some(t) => json!({"content": t}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
             Endpoint::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
             }
         };
         json!({
@@ -816,6 +829,7 @@ impl Meta {
     /// `arguments`), the second carries the arguments.
     fn tool_call_chunks(
         &self,
+        choice: usize,
         index: usize,
         id: &str,
         name: &str,
@@ -826,7 +840,7 @@ impl Meta {
             json!({
                 "id": self.id, "object": self.object(true), "created": self.created,
                 "model": self.model, "system_fingerprint": null,
-                "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": null,
+                "choices": [{"index": choice, "delta": {"tool_calls": [call]}, "logprobs": null,
                              "finish_reason": null}],
                 "tandem": tandem,
             })
@@ -849,11 +863,24 @@ fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
 
-async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
+/// One choice's job, submitted and started.
+struct Started {
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    /// The router's decision, as JSON (null when the server does not route).
+    route: Value,
+    prompt_tokens: usize,
+}
+
+/// Submits choice `index` of `req` (its seed: [`request::choice_seed`]) and
+/// waits until the job starts (or fails before its first token), so that
+/// errors found then still get a proper HTTP status.
+async fn start_choice(s: &AppState, req: &GenRequest, index: usize) -> Result<Started, Response> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let mut guard = CancelOnDrop(cancel.clone(), None);
-    let (stream, include_usage) = (req.stream, req.include_usage);
+    let mut req = req.clone();
+    req.sampling.seed = request::choice_seed(req.sampling.seed, index);
     match s.worker.submit(Job {
         req,
         events: tx,
@@ -861,8 +888,24 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
         admitted: std::time::Instant::now(),
     }) {
         Ok(slot) => guard.1 = Some(slot),
-        Err(e) => return e.into_response(),
+        Err(e) => return Err(e.into_response()),
     }
+    match rx.recv().await {
+        Some(Event::Started {
+            route,
+            prompt_tokens,
+        }) => Ok(Started {
+            rx,
+            guard,
+            route: serde_json::to_value(route).unwrap_or(Value::Null),
+            prompt_tokens,
+        }),
+        Some(Event::Failed(e)) => Err(e.into_response()),
+        _ => Err(ApiError::server("the generation worker stopped").into_response()),
+    }
+}
+
+async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Response {
     let meta = Meta {
         id: s.id(match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -872,32 +915,42 @@ async fn generate(s: Arc<AppState>, req: GenRequest, endpoint: Endpoint) -> Resp
         model: s.cfg.model_id.clone(),
         endpoint,
     };
-    // Wait until the job starts (or fails before its first token) so that
-    // errors found then still get a proper HTTP status.
-    let (route, prompt_tokens) = match rx.recv().await {
-        Some(Event::Started {
-            route,
-            prompt_tokens,
-        }) => (route, prompt_tokens),
-        Some(Event::Failed(e)) => return e.into_response(),
-        _ => return ApiError::server("the generation worker stopped").into_response(),
+    let first = match start_choice(&s, &req, 0).await {
+        Ok(st) => st,
+        Err(r) => return r,
     };
-    let route = serde_json::to_value(route).unwrap_or(Value::Null);
-    if stream {
-        sse(meta, rx, guard, route, include_usage)
+    if req.stream {
+        sse(s, req, meta, first)
     } else {
-        collect(meta, rx, guard, route, prompt_tokens).await
+        collect(&s, &req, meta, first).await
     }
 }
 
-async fn collect(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    _guard: CancelOnDrop,
-    route: Value,
+/// A finished choice of a non-streamed answer.
+struct ChoiceOut {
+    choice: Value,
     prompt_tokens: usize,
-) -> Response {
+    completion_tokens: usize,
+    tandem: Value,
+}
+
+/// Collects one choice's events; `Err`: the answer is that response (an
+/// error, or llama.cpp's `/infill` shape, which has no choices).
+async fn collect_choice(
+    meta: &Meta,
+    tok: &tandem_model::tokenizer::Tokenizer,
+    want_logprobs: bool,
+    index: usize,
+    st: Started,
+) -> Result<ChoiceOut, Response> {
+    let Started {
+        mut rx,
+        guard: _guard,
+        route,
+        prompt_tokens,
+    } = st;
     let (mut text, mut ids, mut statuses) = (String::new(), Vec::new(), Vec::<TokenStatus>::new());
+    let mut lps: Vec<logprobs::TokenLps> = Vec::new();
     let mut checks: Vec<ProvisionalCheck> = Vec::new();
     let mut tool_calls: Vec<Value> = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -906,10 +959,12 @@ async fn collect(
                 text: t,
                 ids: i,
                 statuses: st,
+                logprobs: l,
             } => {
                 text.push_str(&t);
                 ids.extend(i);
                 statuses.extend(st);
+                lps.extend(l);
             }
             Event::ToolCall {
                 id,
@@ -917,175 +972,306 @@ async fn collect(
                 arguments,
                 ids: i,
                 statuses: st,
+                logprobs: l,
                 ..
             } => {
                 tool_calls.push(tool_call_json(&id, &name, &arguments));
                 ids.extend(i);
                 statuses.extend(st);
+                lps.extend(l);
             }
             Event::Checked(c) => checks.push(c),
-            Event::Failed(e) => return e.into_response(),
+            Event::Failed(e) => return Err(e.into_response()),
             Event::Started { .. } => {}
-            Event::Done(d) if meta.endpoint == Endpoint::Infill => {
-                let tandem = json!({
+            Event::Done(d) => {
+                let mut tandem = json!({
                     "token_ids": ids, "token_status": statuses, "route": route,
                     "stats": d.stats, "provisional": d.provisional,
                     "provisional_checks": checks, "session_id": d.session_id,
                     "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
                 });
+                let lp = match meta.endpoint {
+                    _ if !want_logprobs => Value::Null,
+                    Endpoint::Chat => logprobs::chat(tok, &ids, &lps),
+                    Endpoint::Completion | Endpoint::Infill => {
+                        logprobs::completion(tok, &ids, &lps, &mut Vec::new())
+                    }
+                };
+                if want_logprobs {
+                    tandem["logprobs_from"] = json!(statuses
+                        .iter()
+                        .map(|&s| logprobs::source(s))
+                        .collect::<Vec<_>>());
+                }
                 let prompt = d.prompt_tokens.max(prompt_tokens);
-                let done = Some((d.finish_reason, prompt, d.completion_tokens));
-                return Json(meta.infill(&text, done, tandem)).into_response();
-            }
-            Event::Done(d) => {
                 let choice = match meta.endpoint {
-                    Endpoint::Chat if !tool_calls.is_empty() => json!({"index": 0,
+                    Endpoint::Infill => {
+                        let done = Some((d.finish_reason, prompt, d.completion_tokens));
+                        return Err(Json(meta.infill(&text, done, tandem)).into_response());
+                    }
+                    Endpoint::Chat if !tool_calls.is_empty() => json!({"index": index,
                         "message": {"role": "assistant",
                             "content": if text.is_empty() { Value::Null } else { json!(text) },
                             "refusal": null, "tool_calls": tool_calls},
-                        "logprobs": null, "finish_reason": d.finish_reason}),
-                    Endpoint::Chat => json!({"index": 0,
+                        "logprobs": lp, "finish_reason": d.finish_reason}),
+                    Endpoint::Chat => json!({"index": index,
                         "message": {"role": "assistant", "content": text, "refusal": null},
-                        "logprobs": null, "finish_reason": d.finish_reason}),
-                    Endpoint::Completion | Endpoint::Infill => json!({"index": 0, "text": text,
-                        "logprobs": null, "finish_reason": d.finish_reason}),
+                        "logprobs": lp, "finish_reason": d.finish_reason}),
+                    Endpoint::Completion => json!({"index": index, "text": text,
+                        "logprobs": lp, "finish_reason": d.finish_reason}),
                 };
-                let body = json!({
-                    "id": meta.id, "object": meta.object(false), "created": meta.created,
-                    "model": meta.model, "system_fingerprint": null,
-                    "choices": [choice],
-                    "usage": usage(d.prompt_tokens.max(prompt_tokens), d.completion_tokens),
-                    "tandem": {
-                        "token_ids": ids, "token_status": statuses, "route": route,
-                        "stats": d.stats, "provisional": d.provisional,
-                        "provisional_checks": checks, "session_id": d.session_id,
-                        "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms,
-                    },
+                return Ok(ChoiceOut {
+                    choice,
+                    prompt_tokens: prompt,
+                    completion_tokens: d.completion_tokens,
+                    tandem,
                 });
-                return Json(body).into_response();
             }
         }
     }
-    ApiError::server("the generation worker stopped").into_response()
+    Err(ApiError::server("the generation worker stopped").into_response())
 }
 
-fn sse(
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    route: Value,
-    include_usage: bool,
-) -> Response {
-    let (out, out_rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+/// The non-streamed answer: `req.n` choices, generated one after the other.
+/// Usage counts the prompt once and every choice's completion; `tandem` is
+/// the choice's extension object (`n` = 1) or `{"choices": [...]}` of them.
+async fn collect(s: &AppState, req: &GenRequest, meta: Meta, first: Started) -> Response {
+    let mut outs = Vec::with_capacity(req.n);
+    let mut next = Some(first);
+    for index in 0..req.n {
+        let st = match next.take() {
+            Some(st) => st,
+            None => match start_choice(s, req, index).await {
+                Ok(st) => st,
+                Err(r) => return r,
+            },
+        };
+        match collect_choice(&meta, &s.tokenizer, req.logprobs.is_some(), index, st).await {
+            Ok(o) => outs.push(o),
+            Err(r) => return r,
+        }
+    }
+    let prompt = outs.first().map_or(0, |o| o.prompt_tokens);
+    let completion = outs
+        .iter()
+        .fold(0usize, |a, o| a.saturating_add(o.completion_tokens));
+    let choices: Vec<Value> = outs.iter().map(|o| o.choice.clone()).collect();
+    let tandem = match outs.as_mut_slice() {
+        [one] => one.tandem.take(),
+        many => json!({"choices": many.iter_mut().map(|o| o.tandem.take()).collect::<Vec<_>>()}),
+    };
+    let body = json!({
+        "id": meta.id, "object": meta.object(false), "created": meta.created,
+        "model": meta.model, "system_fingerprint": null,
+        "choices": choices,
+        "usage": usage(prompt, completion),
+        "tandem": tandem,
+    });
+    Json(body).into_response()
+}
+
+/// How a streamed choice ended.
+enum ChoiceEnd {
+    /// Done: its prompt and completion token counts.
+    Done(usize, usize),
+    /// The client went away, or the error was sent: the stream ends.
+    Over,
+}
+
+/// Streams one choice's chunks into `out` (its first chunk carries the role
+/// and its route); the last choice's `Done` is followed by the usage chunk
+/// and `[DONE]` in [`sse`].
+async fn stream_choice(
+    meta: &Meta,
+    tok: &tandem_model::tokenizer::Tokenizer,
+    req: &GenRequest,
+    index: usize,
+    st: Started,
+    out: &mpsc::UnboundedSender<Result<SseEvent, Infallible>>,
+) -> ChoiceEnd {
+    let include_usage = req.include_usage;
+    // The completion's bytes streamed so far (completions' text_offset).
+    let mut offset = Vec::new();
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
-    let mut first = meta.chunk(Some(""), None, json!({"route": route}));
+    let Started {
+        mut rx,
+        guard: _guard,
+        route,
+        ..
+    } = st;
+    let mut first = meta.chunk(index, Some(""), None, json!({"route": route}));
     if meta.endpoint == Endpoint::Chat {
         first["choices"][0]["delta"]["role"] = json!("assistant");
     }
     if include_usage {
         first["usage"] = Value::Null;
     }
-    let _ = out.send(data(first));
-    tokio::spawn(async move {
-        // Holds the guard: when the client is gone the body (and `out_rx`)
-        // is dropped, this task ends and the job is cancelled.
-        let _guard = guard;
-        let mut checks: Vec<ProvisionalCheck> = Vec::new();
-        loop {
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
-                _ = out.closed() => return,
-            };
-            let msg = match ev {
-                Some(Event::Delta {
-                    text,
-                    ids,
-                    statuses,
-                }) => {
-                    let mut c = meta.chunk(
-                        Some(&text),
-                        None,
-                        json!({"token_ids": ids, "token_status": statuses,
-                               "provisional_checks": std::mem::take(&mut checks)}),
-                    );
-                    if include_usage {
-                        c["usage"] = Value::Null;
+    if out.send(data(first)).is_err() {
+        return ChoiceEnd::Over;
+    }
+    let mut checks: Vec<ProvisionalCheck> = Vec::new();
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = out.closed() => return ChoiceEnd::Over,
+        };
+        let msg = match ev {
+            Some(Event::Delta {
+                text,
+                ids,
+                statuses,
+                logprobs: lps,
+            }) => {
+                let lp = match meta.endpoint {
+                    _ if req.logprobs.is_none() => Value::Null,
+                    Endpoint::Chat => logprobs::chat(tok, &ids, &lps),
+                    Endpoint::Completion | Endpoint::Infill => {
+                        logprobs::completion(tok, &ids, &lps, &mut offset)
                     }
-                    c
+                };
+                let mut tandem = json!({"token_ids": ids, "token_status": statuses,
+                       "provisional_checks": std::mem::take(&mut checks)});
+                if req.logprobs.is_some() {
+                    tandem["logprobs_from"] = json!(statuses
+                        .iter()
+                        .map(|&s| logprobs::source(s))
+                        .collect::<Vec<_>>());
                 }
-                Some(Event::ToolCall {
-                    index,
-                    id,
-                    name,
-                    arguments,
-                    ids,
-                    statuses,
-                }) => {
-                    let tandem = json!({"token_ids": ids, "token_status": statuses,
-                           "provisional_checks": std::mem::take(&mut checks)});
-                    let [mut named, mut args] =
-                        meta.tool_call_chunks(index, &id, &name, &arguments, tandem);
-                    if include_usage {
-                        named["usage"] = Value::Null;
-                        args["usage"] = Value::Null;
+                let mut c = meta.chunk(index, Some(&text), None, tandem);
+                if !lp.is_null() {
+                    if let Some(choice) = c["choices"].get_mut(0) {
+                        choice["logprobs"] = lp;
                     }
-                    if out.send(data(named)).is_err() {
+                }
+                if include_usage {
+                    c["usage"] = Value::Null;
+                }
+                c
+            }
+            Some(Event::ToolCall {
+                index: call,
+                id,
+                name,
+                arguments,
+                ids,
+                statuses,
+                logprobs: lps,
+            }) => {
+                let mut tandem = json!({"token_ids": ids, "token_status": statuses,
+                       "provisional_checks": std::mem::take(&mut checks)});
+                if req.logprobs.is_some() {
+                    tandem["logprobs_from"] = json!(statuses
+                        .iter()
+                        .map(|&s| logprobs::source(s))
+                        .collect::<Vec<_>>());
+                }
+                let [mut named, mut args] =
+                    meta.tool_call_chunks(index, call, &id, &name, &arguments, tandem);
+                if req.logprobs.is_some() && meta.endpoint == Endpoint::Chat {
+                    args["choices"][0]["logprobs"] = logprobs::chat(tok, &ids, &lps);
+                }
+                if include_usage {
+                    named["usage"] = Value::Null;
+                    args["usage"] = Value::Null;
+                }
+                if out.send(data(named)).is_err() {
+                    return ChoiceEnd::Over;
+                }
+                args
+            }
+            Some(Event::Checked(c)) => {
+                checks.push(c);
+                continue;
+            }
+            Some(Event::Started { .. }) => continue,
+            Some(Event::Failed(e)) => {
+                let _ = out.send(data(e.body()));
+                return ChoiceEnd::Over;
+            }
+            Some(Event::Done(d)) if meta.endpoint == Endpoint::Infill => {
+                // llama.cpp's stream: the last object has `stop: true`;
+                // no `[DONE]`.
+                let done = Some((d.finish_reason, d.prompt_tokens, d.completion_tokens));
+                let tandem = json!({"stats": d.stats, "provisional": d.provisional,
+                       "provisional_checks": checks, "session_id": d.session_id,
+                       "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms});
+                let _ = out.send(data(meta.infill("", done, tandem)));
+                return ChoiceEnd::Over;
+            }
+            Some(Event::Done(d)) => {
+                let mut c = meta.chunk(
+                    index,
+                    None,
+                    Some(d.finish_reason),
+                    json!({"stats": d.stats, "provisional": d.provisional,
+                           "provisional_checks": checks, "session_id": d.session_id,
+                           "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms}),
+                );
+                if include_usage {
+                    c["usage"] = Value::Null;
+                }
+                if out.send(data(c)).is_err() {
+                    return ChoiceEnd::Over;
+                }
+                return ChoiceEnd::Done(d.prompt_tokens, d.completion_tokens);
+            }
+            None => {
+                let e = ApiError::server("the generation worker stopped");
+                let _ = out.send(data(e.body()));
+                return ChoiceEnd::Over;
+            }
+        };
+        if out.send(data(msg)).is_err() {
+            return ChoiceEnd::Over;
+        }
+    }
+}
+
+/// The streamed answer: `req.n` choices one after the other (each chunk
+/// names its choice's `index`), then the usage chunk (when asked) and
+/// `[DONE]`.
+fn sse(s: Arc<AppState>, req: GenRequest, meta: Meta, first: Started) -> Response {
+    let (out, out_rx) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    tokio::spawn(async move {
+        // Each choice's job holds its cancel guard: when the client is gone
+        // the body (and `out_rx`) is dropped, this task ends and the job is
+        // cancelled.
+        let (mut prompt, mut completion) = (0usize, 0usize);
+        let mut next = Some(first);
+        for index in 0..req.n {
+            let st = match next.take() {
+                Some(st) => st,
+                None => match start_choice(&s, &req, index).await {
+                    Ok(st) => st,
+                    Err(_) => {
+                        let e = ApiError::server(format!(
+                            "choice {index} could not start (the queue is full or the worker stopped)"
+                        ));
+                        let _ = out.send(data(e.body()));
                         return;
                     }
-                    args
-                }
-                Some(Event::Checked(c)) => {
-                    checks.push(c);
-                    continue;
-                }
-                Some(Event::Started { .. }) => continue,
-                Some(Event::Failed(e)) => {
-                    let _ = out.send(data(e.body()));
-                    return;
-                }
-                Some(Event::Done(d)) if meta.endpoint == Endpoint::Infill => {
-                    // llama.cpp's stream: the last object has `stop: true`;
-                    // no `[DONE]`.
-                    let done = Some((d.finish_reason, d.prompt_tokens, d.completion_tokens));
-                    let tandem = json!({"stats": d.stats, "provisional": d.provisional,
-                           "provisional_checks": checks, "session_id": d.session_id,
-                           "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms});
-                    let _ = out.send(data(meta.infill("", done, tandem)));
-                    return;
-                }
-                Some(Event::Done(d)) => {
-                    let mut c = meta.chunk(
-                        None,
-                        Some(d.finish_reason),
-                        json!({"stats": d.stats, "provisional": d.provisional,
-                               "provisional_checks": checks, "session_id": d.session_id,
-                               "job": d.job, "slot": d.slot, "queue_wait_ms": d.queue_wait_ms}),
-                    );
-                    if include_usage {
-                        c["usage"] = Value::Null;
-                    }
-                    let _ = out.send(data(c));
-                    if include_usage {
-                        let u = json!({
-                            "id": meta.id, "object": meta.object(true), "created": meta.created,
-                            "model": meta.model, "system_fingerprint": null, "choices": [],
-                            "usage": usage(d.prompt_tokens, d.completion_tokens),
-                        });
-                        let _ = out.send(data(u));
-                    }
-                    let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-                    return;
-                }
-                None => {
-                    let e = ApiError::server("the generation worker stopped");
-                    let _ = out.send(data(e.body()));
-                    return;
-                }
+                },
             };
-            if out.send(data(msg)).is_err() {
-                return;
+            match stream_choice(&meta, &s.tokenizer, &req, index, st, &out).await {
+                ChoiceEnd::Done(p, c) => {
+                    if index == 0 {
+                        prompt = p;
+                    }
+                    completion = completion.saturating_add(c);
+                }
+                ChoiceEnd::Over => return,
             }
         }
+        if req.include_usage {
+            let u = json!({
+                "id": meta.id, "object": meta.object(true), "created": meta.created,
+                "model": meta.model, "system_fingerprint": null, "choices": [],
+                "usage": usage(prompt, completion),
+            });
+            let _ = out.send(data(u));
+        }
+        let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
     });
     let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);
     Sse::new(stream)

@@ -7,9 +7,10 @@
 //! `x-tandem-ignored-fields` header), or refused like OpenAI does with
 //! [`Limits::strict`]. Parameters this server knows but does not implement
 //! are refused either way when they ask for something other than their
-//! default (`n: 1`, `logprobs: false`, `presence_penalty: 0`, … pass).
+//! default (`tools: []`, `response_format: {"type": "text"}`, … pass).
 
 use serde_json::{Map, Value};
+use tandem_model::penalties::{LogitBias, LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::tokenizer::{ChatMessage, Role};
 
@@ -69,6 +70,13 @@ impl Input {
 pub struct GenRequest {
     pub input: Input,
     pub max_tokens: usize,
+    /// Choices to generate (`n`, 1..=[`MAX_CHOICES`]), one after the other;
+    /// choice `i` samples with [`choice_seed`]`(seed, i)`.
+    pub n: usize,
+    /// Logprobs asked for, with this many alternatives per token (chat:
+    /// `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
+    /// `None`: no logprobs.
+    pub logprobs: Option<usize>,
     pub sampling: SamplingParams,
     pub stream: bool,
     pub include_usage: bool,
@@ -100,6 +108,18 @@ pub struct Limits<'a> {
     /// Unknown fields are a 400 naming them (OpenAI's behaviour;
     /// `--strict-api`) instead of being ignored.
     pub strict: bool,
+    /// The model's vocabulary size: `logit_bias` names tokens below it.
+    pub vocab: usize,
+}
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 8;
+
+/// The seed of choice `index` of a request seeded with `seed`: choice 0 keeps
+/// it (so `n: 1` and the first of `n: 3` are the same generation), the others
+/// derive theirs from it, so a seeded request with `n > 1` reproduces.
+pub fn choice_seed(seed: u64, index: usize) -> u64 {
+    seed.wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 const CHAT_FIELDS: &[&str] = &[
@@ -237,15 +257,133 @@ fn only_default(
     }
 }
 
-fn zero(v: &Value) -> bool {
-    v.as_f64() == Some(0.0)
-}
-
 fn empty(v: &Value) -> bool {
     match v {
         Value::Array(a) => a.is_empty(),
         Value::Object(m) => m.is_empty(),
         _ => false,
+    }
+}
+
+/// `n`: absent or null is 1; else an integer in 1..=[`MAX_CHOICES`].
+fn choices(o: &Map<String, Value>) -> Result<usize, ApiError> {
+    match get_u64(o, "n")? {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(
+            format!("`n` must be in 1..={MAX_CHOICES} (got {n})"),
+            Some("n"),
+        )),
+    }
+}
+
+/// `presence_penalty` / `frequency_penalty`: a number in [-2, 2] (absent: 0).
+fn penalty(o: &Map<String, Value>, k: &str) -> Result<f32, ApiError> {
+    let v = get_f64(o, k)?.unwrap_or(0.0);
+    if v.is_nan() || v.abs() > f64::from(PENALTY_LIMIT) {
+        return Err(ApiError::invalid(
+            format!("`{k}` must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}] (got {v})"),
+            Some(k),
+        ));
+    }
+    Ok(v as f32)
+}
+
+/// `logit_bias`: an object mapping token ids (as strings, as OpenAI's) to a
+/// bias in [-100, 100], at most [`MAX_LOGIT_BIAS`] entries, each id below
+/// `vocab`.
+fn logit_bias(o: &Map<String, Value>, vocab: usize) -> Result<LogitBias, ApiError> {
+    const P: &str = "logit_bias";
+    let m = match o.get(P) {
+        None | Some(Value::Null) => return Ok(LogitBias::default()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(type_error(P, "an object mapping token ids to numbers")),
+    };
+    if m.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            format!(
+                "`{P}` takes at most {MAX_LOGIT_BIAS} tokens (got {})",
+                m.len()
+            ),
+            Some(P),
+        ));
+    }
+    let mut pairs = Vec::with_capacity(m.len());
+    for (k, v) in m {
+        let token = k
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&t| (t as usize) < vocab)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("`{P}`: {k:?} is not a token id of this model (0..{vocab})"),
+                    Some(P),
+                )
+            })?;
+        let bias = v
+            .as_f64()
+            .filter(|b| b.abs() <= f64::from(LOGIT_BIAS_LIMIT))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("`{P}`: the bias of token {k} must be a number in [-{LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]"),
+                    Some(P),
+                )
+            })?;
+        pairs.push((token, bias as f32));
+    }
+    LogitBias::new(pairs).map_err(|e| ApiError::invalid(format!("`{P}`: {e}"), Some(P)))
+}
+
+/// Most alternatives chat's `top_logprobs` asks for (OpenAI's limit).
+pub const MAX_CHAT_TOP_LOGPROBS: u64 = 20;
+
+/// Most alternatives the legacy completions' `logprobs` asks for (OpenAI's
+/// limit).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0..=20, only with
+/// `logprobs: true`).
+fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = get_bool(o, "logprobs")?.unwrap_or(false);
+    match (on, get_u64(o, "top_logprobs")?) {
+        (_, Some(n)) if n > MAX_CHAT_TOP_LOGPROBS => Err(ApiError::invalid(
+            format!("`top_logprobs` must be in 0..={MAX_CHAT_TOP_LOGPROBS} (got {n})"),
+            Some("top_logprobs"),
+        )),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        )),
+        (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The legacy completions' `logprobs`: an integer in 0..=5, the
+/// alternatives per token (absent or null: none).
+fn completion_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    match get_u64(o, "logprobs")? {
+        Some(n) if n > MAX_COMPLETION_LOGPROBS => Err(ApiError::invalid(
+            format!("`logprobs` must be in 0..={MAX_COMPLETION_LOGPROBS} (got {n})"),
+            Some("logprobs"),
+        )),
+        n => Ok(n.map(|n| n as usize)),
+    }
+}
+
+/// `max_completion_tokens` (chat's newer name) or `max_tokens`; both given
+/// and different is a 400.
+fn max_completion_tokens(o: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    let newer = get_u64(o, "max_completion_tokens")?;
+    let older = get_u64(o, "max_tokens")?;
+    match (newer, older) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::invalid(
+            format!("`max_completion_tokens` ({a}) and `max_tokens` ({b}) differ: send one"),
+            Some("max_completion_tokens"),
+        )),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b),
     }
 }
 
@@ -335,20 +473,10 @@ fn common(
         }
         Some(n) => n as usize,
     };
-    only_default(o, "n", "n > 1 (several choices)", |v| v.as_u64() == Some(1))?;
-    only_default(
-        o,
-        "presence_penalty",
-        "a non-zero presence penalty (use the `repetition_penalty` extension)",
-        zero,
-    )?;
-    only_default(
-        o,
-        "frequency_penalty",
-        "a non-zero frequency penalty (use the `repetition_penalty` extension)",
-        zero,
-    )?;
-    only_default(o, "logit_bias", "logit_bias", empty)?;
+    let n = choices(o)?;
+    let presence_penalty = penalty(o, "presence_penalty")?;
+    let frequency_penalty = penalty(o, "frequency_penalty")?;
+    let logit_bias = logit_bias(o, lim.vocab)?;
 
     let temperature = get_f64(o, "temperature")?.unwrap_or(0.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -394,6 +522,10 @@ fn common(
         top_p: top_p as f32,
         repetition_penalty: repetition_penalty as f32,
         seed,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias,
+        ..SamplingParams::default()
     };
 
     let stream = get_bool(o, "stream")?.unwrap_or(false);
@@ -446,6 +578,8 @@ fn common(
     Ok(GenRequest {
         input,
         max_tokens,
+        n,
+        logprobs: None,
         sampling,
         stream,
         include_usage,
@@ -592,10 +726,6 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let mut ignored = check_fields(&o, CHAT_FIELDS, lim.strict)?;
     check_model(&o, lim)?;
     let msgs = messages(&o, lim.strict, &mut ignored)?;
-    if get_bool(&o, "logprobs")?.unwrap_or(false) {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
-    }
-    only_default(&o, "top_logprobs", "top_logprobs", |_| false)?;
     let tools = tools::parse_tools(&o)?;
     only_default(&o, "functions", "functions (function calling)", empty)?;
     only_default(&o, "function_call", "function_call", |v| v == "none")?;
@@ -616,11 +746,10 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     ] {
         only_default(&o, k, k, |_| false)?;
     }
-    let max = match get_u64(&o, "max_completion_tokens")? {
-        Some(n) => Some(n),
-        None => get_u64(&o, "max_tokens")?,
-    };
+    let max = max_completion_tokens(&o)?;
+    let logprobs = chat_logprobs(&o)?;
     let mut r = common(&o, lim, Input::Chat(msgs), max, ignored)?;
+    r.logprobs = logprobs;
     r.tools = tools;
     Ok(r)
 }
@@ -655,9 +784,7 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
             Some("prompt"),
         ));
     }
-    if !is_null(o.get("logprobs")) {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
-    }
+    let logprobs = completion_logprobs(&o)?;
     if get_bool(&o, "echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("echo", "echo"));
     }
@@ -674,7 +801,9 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
         Some(_) => return Err(type_error("suffix", "a string")),
     };
     let max = get_u64(&o, "max_tokens")?;
-    common(&o, lim, input, max, ignored)
+    let mut r = common(&o, lim, input, max, ignored)?;
+    r.logprobs = logprobs;
+    Ok(r)
 }
 
 /// A string field of `/infill` (absent or null: empty).
@@ -738,6 +867,9 @@ pub fn parse_infill(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
         prompt: infill_text(&o, "prompt")?,
         extra: infill_extra(&o)?,
     };
+    if choices(&o)? != 1 {
+        return Err(ApiError::unsupported("n", "n > 1 on /infill"));
+    }
     let max = match o.get("n_predict") {
         Some(v) if v.as_i64().is_some_and(|n| n < 0) => None,
         Some(_) => get_u64(&o, "n_predict")?,
@@ -756,6 +888,7 @@ mod tests {
         max_tokens_limit: 100,
         default_max_tokens: 16,
         strict: true,
+        vocab: 1000,
     };
 
     fn chat(v: serde_json::Value) -> Result<GenRequest, ApiError> {
@@ -794,8 +927,11 @@ mod tests {
         let base =
             || serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});
         let cases: Vec<(&str, serde_json::Value)> = vec![
-            ("n", serde_json::json!(2)),
-            ("logprobs", serde_json::json!(true)),
+            ("n", serde_json::json!(9)),
+            ("n", serde_json::json!(0)),
+            ("top_logprobs", serde_json::json!(21)),
+            ("top_logprobs", serde_json::json!(2)),
+            ("logprobs", serde_json::json!(3)),
             ("tools", serde_json::json!({"type":"function"})),
             ("max_tokens", serde_json::json!(0)),
             ("max_tokens", serde_json::json!(101)),
@@ -803,7 +939,13 @@ mod tests {
             ("top_p", serde_json::json!(0)),
             ("bogus", serde_json::json!(1)),
             ("stream_options", serde_json::json!({"include_usage": true})),
-            ("presence_penalty", serde_json::json!(0.5)),
+            ("presence_penalty", serde_json::json!(2.5)),
+            ("frequency_penalty", serde_json::json!(-3)),
+            ("logit_bias", serde_json::json!({"1000": 1})),
+            ("logit_bias", serde_json::json!({"abc": 1})),
+            ("logit_bias", serde_json::json!({"5": 101})),
+            ("logit_bias", serde_json::json!([1])),
+            ("max_completion_tokens", serde_json::json!(0)),
         ];
         for (k, v) in cases {
             let mut b = base();
@@ -820,6 +962,50 @@ mod tests {
         b["presence_penalty"] = serde_json::json!(0);
         b["tools"] = serde_json::json!([]);
         chat(b).unwrap();
+    }
+
+    #[test]
+    fn penalties_bias_choices_and_max_completion_tokens() {
+        let r = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}],
+            "n": 3, "presence_penalty": 0.5, "frequency_penalty": -1.25,
+            "logit_bias": {"7": -100, " 3": 2.5}, "max_completion_tokens": 9, "max_tokens": 9}),
+        )
+        .unwrap();
+        assert_eq!((r.n, r.max_tokens), (3, 9));
+        assert_eq!(r.sampling.presence_penalty, 0.5);
+        assert_eq!(r.sampling.frequency_penalty, -1.25);
+        assert_eq!(r.sampling.logit_bias.entries(), &[(3, 2.5), (7, -100.0)]);
+        let e = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}],
+            "max_completion_tokens": 9, "max_tokens": 8}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"), "{e:?}");
+        assert_eq!(choice_seed(42, 0), 42);
+        let r = chat(
+            serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}],
+            "logprobs": true, "top_logprobs": 3}),
+        )
+        .unwrap();
+        assert_eq!(r.logprobs, Some(3));
+        let c = parse_completion(
+            serde_json::json!({"model":"tandem","prompt":"x","logprobs":2})
+                .to_string()
+                .as_bytes(),
+            &LIM,
+        )
+        .unwrap();
+        assert_eq!(c.logprobs, Some(2));
+        let e = parse_completion(
+            serde_json::json!({"model":"tandem","prompt":"x","logprobs":6})
+                .to_string()
+                .as_bytes(),
+            &LIM,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        assert_ne!(choice_seed(42, 1), choice_seed(42, 2));
     }
 
     #[test]
@@ -847,13 +1033,10 @@ mod tests {
         assert_eq!(e.status, 400);
         assert_eq!(e.param.as_deref(), Some("bogus"), "{e:?}");
         // Known but unsupported stays a 400 in lenient mode.
-        for (k, v) in [
-            (
-                "response_format",
-                serde_json::json!({"type": "json_object"}),
-            ),
-            ("logprobs", serde_json::json!(true)),
-        ] {
+        for (k, v) in [(
+            "response_format",
+            serde_json::json!({"type": "json_object"}),
+        )] {
             let mut b =
                 serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});
             b[k] = v;

@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use tandem_model::logprobs::TokenLogprobs;
 
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
@@ -49,6 +50,8 @@ pub enum Event {
         text: String,
         ids: Vec<u32>,
         statuses: Vec<TokenStatus>,
+        /// Each token's logprobs (requests asking for them; else empty).
+        logprobs: Vec<Option<Box<TokenLogprobs>>>,
     },
     /// A tool call the model made (chat with tools): the tokens since the
     /// last event produced it.
@@ -62,6 +65,8 @@ pub enum Event {
         arguments: String,
         ids: Vec<u32>,
         statuses: Vec<TokenStatus>,
+        /// The call's tokens' logprobs (requests asking for them; else empty).
+        logprobs: Vec<Option<Box<TokenLogprobs>>>,
     },
     /// The verifier came back and judged a provisional span.
     Checked(ProvisionalCheck),
@@ -414,22 +419,30 @@ struct Emitter {
     seq: u64,
     ids: Vec<u32>,
     statuses: Vec<TokenStatus>,
+    /// The request asked for logprobs: each token's go with it.
+    want_logprobs: bool,
+    logprobs: Vec<Option<Box<TokenLogprobs>>>,
 }
 
 impl Emitter {
-    fn new(calls: Option<CallScan>, several: bool, seq: u64) -> Self {
+    fn new(calls: Option<CallScan>, several: bool, seq: u64, want_logprobs: bool) -> Self {
         Self {
             calls,
             several,
             seq,
             ids: Vec::new(),
             statuses: Vec::new(),
+            want_logprobs,
+            logprobs: Vec::new(),
         }
     }
 
-    fn token(&mut self, id: u32, status: TokenStatus) {
+    fn token(&mut self, id: u32, status: TokenStatus, logprobs: &Option<Box<TokenLogprobs>>) {
         self.ids.push(id);
         self.statuses.push(status);
+        if self.want_logprobs {
+            self.logprobs.push(logprobs.clone());
+        }
     }
 
     /// Calls made so far.
@@ -476,16 +489,20 @@ impl Emitter {
     ) -> bool {
         let mut sent = false;
         for p in pieces {
-            let (ids, statuses) = (
+            if matches!(&p, Piece::Text(text) if text.is_empty()) {
+                continue;
+            }
+            let (ids, statuses, logprobs) = (
                 std::mem::take(&mut self.ids),
                 std::mem::take(&mut self.statuses),
+                std::mem::take(&mut self.logprobs),
             );
             let ev = match p {
-                Piece::Text(text) if text.is_empty() => continue,
                 Piece::Text(text) => Event::Delta {
                     text,
                     ids,
                     statuses,
+                    logprobs,
                 },
                 Piece::Call { name, arguments } => {
                     let index = self.calls().saturating_sub(1);
@@ -496,6 +513,7 @@ impl Emitter {
                         arguments,
                         ids,
                         statuses,
+                        logprobs,
                     }
                 }
             };
@@ -509,6 +527,7 @@ impl Emitter {
                 text: String::new(),
                 ids: std::mem::take(&mut self.ids),
                 statuses: std::mem::take(&mut self.statuses),
+                logprobs: std::mem::take(&mut self.logprobs),
             });
         }
         true
@@ -634,12 +653,13 @@ fn run_job(
         calls = Some(scan);
     }
     let several = req.tools.as_ref().is_none_or(|t| t.allows_several_calls());
-    let mut out = Emitter::new(calls, several, seq);
+    let mut out = Emitter::new(calls, several, seq, req.logprobs.is_some());
     let gen = GenerateConfig {
         max_tokens: req.max_tokens,
         k: cfg.k,
         proposer: cfg.proposer,
         sampling: req.sampling,
+        top_logprobs: req.logprobs,
         stop_tokens: if req.ignore_eos {
             Vec::new()
         } else {
@@ -682,8 +702,13 @@ fn run_job(
             return false;
         }
         match ev {
-            EdgeEvent::Token { id, status, .. } => {
-                out.token(*id, *status);
+            EdgeEvent::Token {
+                id,
+                status,
+                logprobs,
+                ..
+            } => {
+                out.token(*id, *status, logprobs);
                 if let Some(piece) = dec.push(*id) {
                     let text = scan.push(&piece);
                     if (!text.is_empty() || scan.hit) && !out.text(&text, scan.hit, &send) {

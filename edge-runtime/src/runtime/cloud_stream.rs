@@ -8,7 +8,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
@@ -76,6 +76,7 @@ pub(super) fn round(
         .conn
         .codec
         .decode(answer, round, 0, &run.ctx, &run.gen.sampling)?;
+    note_verdict_logprobs(run, run.ctx.len(), &[], &v)?;
     Ok(Some(RoundOutcome {
         ctx_before: run.ctx.len(),
         drafted: Vec::new(),

@@ -95,8 +95,9 @@ pub(crate) struct Opening {
     pub(super) task: tokio::task::JoinHandle<(OpenResult, Counters)>,
     /// The context the Open carries (the verifier will hold it).
     pub(super) context: Vec<u32>,
-    /// The sampling the session was opened with.
+    /// The sampling the session was opened with, and its logprobs.
     pub(super) sampling: pb::SamplingParams,
+    pub(super) top_logprobs: Option<u32>,
     /// The affinity key of its stream, and its first round number.
     pub(super) session_key: String,
     pub(super) first_round: u64,
@@ -299,6 +300,7 @@ impl Connection<'_> {
             tokenizer_fingerprint: self.fingerprint.to_owned(),
             prompt_tokens: run.ctx[..upto].to_vec(),
             sampling: Some(to_pb_sampling(&run.gen.sampling)),
+            top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
             resume_session_id: self.session_id.clone(),
             first_round: self.round,
             ..pb::Open::default()
@@ -389,8 +391,10 @@ impl Connection<'_> {
     /// usable (same sampling: the Open fixed it; a token-id session); else
     /// abandons it. A taken one continues the earlier session's rounds and
     /// affinity; the kept conversation session (if any) is not continued.
-    pub(super) fn adopt(&mut self, op: Opening, sampling: &tandem_model::sampling::SamplingParams) {
-        if op.sampling != to_pb_sampling(sampling) || !self.codec.tokens_only() {
+    pub(super) fn adopt(&mut self, op: Opening, gen: &tandem_model::speculative::GenerateConfig) {
+        let same = op.sampling == to_pb_sampling(&gen.sampling)
+            && op.top_logprobs == wire_top_logprobs(gen.top_logprobs);
+        if !same || !self.codec.tokens_only() {
             op.abandon();
             return;
         }
@@ -423,6 +427,7 @@ impl Connection<'_> {
             task,
             context: run.ctx[..upto].to_vec(),
             sampling: to_pb_sampling(&run.gen.sampling),
+            top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
             session_key: self.session_key.clone(),
             first_round: self.round,
         });
@@ -460,6 +465,7 @@ impl Connection<'_> {
                     )));
                 }
                 self.codec.check_opened(&o)?;
+                check_features(run.gen, &o)?;
                 // Not a success for the breaker yet: a verifier that opens sessions
                 // but never answers a verify must still trip it. The first verdict
                 // closes it.
@@ -617,13 +623,55 @@ async fn until_set(flag: &std::sync::atomic::AtomicBool) {
     }
 }
 
-/// The wire form of the generation's sampling parameters.
+/// The wire form of the generation's sampling parameters. The OpenAI
+/// penalties' fields stay at their zero values when none is on (what an older
+/// verifier reads, and what lets an adopted open match).
 pub(super) fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
+    let penalties = p.has_openai_penalties();
     pb::SamplingParams {
         temperature: p.temperature,
         top_k: p.top_k as u32,
         top_p: p.top_p,
         repetition_penalty: p.repetition_penalty,
         seed: p.seed,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias: p
+            .logit_bias
+            .entries()
+            .iter()
+            .map(|&(token, bias)| pb::LogitBias { token, bias })
+            .collect(),
+        completion_start: if penalties {
+            p.completion_start as u64
+        } else {
+            0
+        },
     }
+}
+
+/// Refuses a verifier that does not list a feature this generation's
+/// sampling needs (an older verifier would ignore the fields and break the
+/// output's identity with the target's).
+pub(super) fn check_features(
+    gen: &tandem_model::speculative::GenerateConfig,
+    o: &pb::Opened,
+) -> Result<(), EdgeError> {
+    let has = |f: &str| o.features.iter().any(|g| g == f);
+    if gen.sampling.has_openai_penalties() && !has(tandem_proto::FEATURE_PENALTIES) {
+        return Err(EdgeError::Protocol(
+            "the verifier does not apply presence_penalty, frequency_penalty or logit_bias (an older version): upgrade it, or generate without them".into(),
+        ));
+    }
+    if gen.top_logprobs.is_some() && !has(tandem_proto::FEATURE_LOGPROBS) {
+        return Err(EdgeError::Protocol(
+            "the verifier does not return logprobs (an older version): upgrade it, or generate without them".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `Open.top_logprobs` of a generation asking for `top` alternatives.
+pub(super) fn wire_top_logprobs(top: Option<usize>) -> Option<u32> {
+    top.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
 }

@@ -25,7 +25,7 @@
 
 use super::connection::{draft_positions, Step};
 use super::generation::Generation;
-use super::round::{ms, RoundOutcome, Rounds};
+use super::round::{ms, note_verdict_logprobs, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::Instant;
@@ -100,7 +100,7 @@ pub(super) fn round(
     let round = r.conn.round;
     let msg = ClientMsg::Draft(pb::Draft {
         round,
-        tokens,
+        tokens: tokens.clone(),
         ..pb::Draft::default()
     });
     let (answer, rtt) = match r.conn.exchange(msg, draft_positions(total)) {
@@ -115,6 +115,8 @@ pub(super) fn round(
         .conn
         .codec
         .decode(answer, round, total, span_start, &run.gen.sampling)?;
+    let span_start = span_start.len();
+    note_verdict_logprobs(run, span_start, &tokens, &v)?;
     let n = v.accepted as usize;
     let outcome = RoundOutcome {
         ctx_before,

@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tandem_model::kv_cache::KvCache;
+use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
 use tandem_model::proposer::NgramIndex;
-use tandem_model::sampling::{apply_repetition_penalty, argmax, next_token, token_prob};
+use tandem_model::sampling::{adjusted_logits, argmax, next_token, token_prob};
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::transformer::Model;
 
@@ -59,7 +60,24 @@ pub(super) struct Generation<'a, 'b> {
     pub(super) lookup: NgramIndex,
     /// The caller's cancel flag (`EdgeRuntime::set_cancel_flag`).
     pub(super) cancel: Option<Arc<AtomicBool>>,
+    /// Logprobs of tokens not emitted yet, by context position (only with
+    /// `gen.top_logprobs`): the draft's of its draws ([`Self::draft_next`])
+    /// and the target's of verdicts ([`Self::note_target_logprobs`]);
+    /// [`Self::emit`] attaches the one of its position, token and source.
+    pub(super) noted: Vec<Noted>,
 }
+
+/// Logprobs noted for the token `lp.token` at context position `pos`.
+pub(super) struct Noted {
+    pub(super) pos: usize,
+    /// From the target (a verdict) rather than the draft.
+    pub(super) target: bool,
+    pub(super) lp: TokenLogprobs,
+}
+
+/// Most logprobs [`Generation::noted`] keeps (the oldest go first): more than
+/// a block drafted ahead and a verdict's.
+const MAX_NOTED: usize = 4 * tandem_model::speculative::MAX_K;
 
 /// Rows per forward of the draft's prompt prefill when a cancel flag is set
 /// (the flag is asked between chunks). A row's result does not depend on the
@@ -160,6 +178,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             high_water,
             lookup: NgramIndex::new(),
             cancel: None,
+            noted: Vec::new(),
         })
     }
 
@@ -197,6 +216,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             self.stop = Some(StopReason::Stop);
             return false;
         }
+        let logprobs = self.take_noted(t, status == TokenStatus::Verified);
         self.ctx.push(t);
         self.statuses.push(status);
         let index = self.out_len() - 1;
@@ -204,6 +224,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             index,
             id: t,
             status,
+            logprobs,
         }) {
             self.stop = Some(StopReason::Cancelled);
             return false;
@@ -217,6 +238,43 @@ impl<'a, 'b> Generation<'a, 'b> {
             return false;
         }
         true
+    }
+
+    /// The logprobs noted for token `t` at the next context position, from
+    /// the target or the draft; drops every note before that position.
+    fn take_noted(&mut self, t: u32, target: bool) -> Option<Box<TokenLogprobs>> {
+        let pos = self.ctx.len();
+        let found = self
+            .noted
+            .iter()
+            .rposition(|n| n.pos == pos && n.target == target && n.lp.token == t)
+            .map(|i| Box::new(self.noted.swap_remove(i).lp));
+        self.noted.retain(|n| n.pos > pos);
+        found
+    }
+
+    /// Notes logprobs for the token at context position `pos` (kept until
+    /// it is emitted or passed).
+    fn note(&mut self, pos: usize, target: bool, lp: TokenLogprobs) {
+        if self.noted.len() >= MAX_NOTED {
+            self.noted.remove(0);
+        }
+        self.noted.push(Noted { pos, target, lp });
+    }
+
+    /// Notes the target's logprobs of a verdict's emitted tokens: `lps[i]`
+    /// for `emitted[i]` at context position `start + i`.
+    pub(super) fn note_target_logprobs(
+        &mut self,
+        start: usize,
+        emitted: &[u32],
+        lps: Vec<TokenLogprobs>,
+    ) {
+        for (i, lp) in lps.into_iter().enumerate() {
+            if emitted.get(i) == Some(&lp.token) {
+                self.note(start + i, true, lp);
+            }
+        }
     }
 
     /// Whether the caller's cancel flag is set (then the generation stops as
@@ -286,10 +344,7 @@ impl<'a, 'b> Generation<'a, 'b> {
         self.high_water = self.high_water.max(self.cache.len());
         let params = &self.gen.sampling;
         let t = if params.is_greedy() {
-            let mut l = logits;
-            if params.repetition_penalty != 1.0 {
-                apply_repetition_penalty(&mut l, hist, params.repetition_penalty);
-            }
+            let l = adjusted_logits(params, &logits, hist);
             let t = argmax(&l);
             if self.want_conf {
                 self.conf = token_prob(&l, t);
@@ -298,6 +353,10 @@ impl<'a, 'b> Generation<'a, 'b> {
         } else {
             next_token(params, &logits, hist)
         };
+        if let Some(top) = self.gen.top_logprobs {
+            let lp = chosen_logprobs(params, &logits, hist, t, top);
+            self.note(hist.len(), false, lp);
+        }
         self.pending.clear();
         self.pending.push(t);
         Ok(t)

@@ -10,7 +10,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
 use crate::client::{Counters, NetError};
 use crate::error::EdgeError;
 use std::time::Duration;
@@ -66,6 +66,7 @@ pub(super) fn round(
         .conn
         .codec
         .decode(answer, round, k, &run.ctx, &run.gen.sampling)?;
+    note_verdict_logprobs(run, ctx_before, &held[..k.min(held.len())], &v)?;
     Ok(Some(RoundOutcome {
         ctx_before,
         drafted: held,

@@ -5,7 +5,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::{plan_round, ProposerKind, Source};
 use tandem_model::speculative::StopReason;
@@ -73,6 +73,11 @@ pub(super) fn round(
         .conn
         .codec
         .decode(answer, round, k, &run.ctx, &run.gen.sampling)?;
+    if rtt.is_some() {
+        // (A block the device answered itself, an all-local split round,
+        // has no target logprobs.)
+        note_verdict_logprobs(run, ctx_before, &block, &v)?;
+    }
     let accepted = v.accepted as usize;
     let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
     if r.conn.codec.accepted(ctx_before, accepted, exchange_ms, k) {

@@ -15,6 +15,7 @@ use crate::codec::check_verdict;
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::{Duration, Instant};
+use tandem_model::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_model::proposer::Source;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
@@ -81,6 +82,49 @@ pub(super) struct RoundOutcome {
     /// Apply the verdict to the draft and emit (false: the caller handles the
     /// tokens, e.g. a gated span the verifier disagreed with).
     pub apply: bool,
+}
+
+/// Notes the target's logprobs a verdict carries for the tokens it emits on
+/// `block` (the accepted drafts, then its token) at context positions
+/// `start..`, when the generation asks for logprobs. A verdict without
+/// one per emitted token is a protocol error (alternatives past
+/// [`MAX_TOP_LOGPROBS`] are dropped).
+pub(super) fn note_verdict_logprobs(
+    run: &mut Generation<'_, '_>,
+    start: usize,
+    block: &[u32],
+    v: &pb::Verdict,
+) -> Result<(), EdgeError> {
+    if run.gen.top_logprobs.is_none() {
+        return Ok(());
+    }
+    let n = (v.accepted as usize).min(block.len());
+    let mut emitted = block[..n].to_vec();
+    emitted.push(v.next_token);
+    if v.logprobs.len() != emitted.len() {
+        return Err(EdgeError::Protocol(format!(
+            "the verdict carries {} logprobs for {} emitted tokens (Verdict.logprobs)",
+            v.logprobs.len(),
+            emitted.len()
+        )));
+    }
+    let lps = v
+        .logprobs
+        .iter()
+        .zip(&emitted)
+        .map(|(l, &token)| TokenLogprobs {
+            token,
+            logprob: l.logprob,
+            top: l
+                .top
+                .iter()
+                .take(MAX_TOP_LOGPROBS)
+                .map(|x| (x.token, x.logprob))
+                .collect(),
+        })
+        .collect();
+    run.note_target_logprobs(start, &emitted, lps);
+    Ok(())
 }
 
 pub(super) fn ms(d: Duration) -> f64 {
@@ -260,7 +304,7 @@ impl Rounds<'_> {
             let k = chunk.len();
             let draft = pb::Draft {
                 round: self.conn.round,
-                tokens: chunk,
+                tokens: chunk.clone(),
                 ..pb::Draft::default()
             };
             let (answer, rtt) = match self
@@ -272,6 +316,7 @@ impl Rounds<'_> {
             };
             let vocab = self.conn.codec.vocab();
             let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p, vocab)?;
+            note_verdict_logprobs(run, run.prompt_len + p, &chunk, &v)?;
             self.conn.record_rtt(rtt, draft_positions(k));
             self.conn.success();
             self.conn.round += 1;
