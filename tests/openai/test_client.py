@@ -178,7 +178,9 @@ def main():
         pl, ps = long.result(), short.result()
     plx, psx = pl.model_extra["tandem"], ps.model_extra["tandem"]
     check(plx["token_ids"] == ext["token_ids"], f"parallel chat {plx['token_ids']} != {ext['token_ids']}")
-    check(psx["token_ids"] == c.model_extra["tandem"]["token_ids"], "parallel completion differs")
+    check(psx["token_ids"] == c.model_extra["tandem"]["token_ids"],
+          f"parallel completion {psx['token_ids']} {psx['token_status']} != "
+          f"{c.model_extra['tandem']['token_ids']} {c.model_extra['tandem']['token_status']}")
     check(ps.choices[0].text == c.choices[0].text, "parallel completion text differs")
     check(plx["slot"] != psx["slot"], f"both on slot {plx['slot']}")
 

@@ -78,11 +78,6 @@ pub(super) type OpenResult = Result<(Stream, pb::ServerMessage, Duration), NetEr
 
 /// Positions a verifier's forward covers for a draft of `k` tokens: the last
 /// committed token and the k drafts.
-/// Draft rows per forward while catching up during an open
-/// ([`Connection::open`]): small enough that the open's answer waits at most
-/// one such forward, large enough that the rows share their weight reads.
-pub(super) const CATCH_UP_CHUNK: usize = 32;
-
 pub(crate) fn draft_positions(k: usize) -> usize {
     k + 1
 }
@@ -329,60 +324,32 @@ impl Connection<'_> {
         Ok((msg, upto))
     }
 
-    /// Opens (or resumes) the session and waits for it. With `catch_up`
-    /// (the draft will run), while the verifier prefills the draft catches
-    /// up with its backlog (the prompt's new tokens, a reply it did not run)
-    /// in chunks of [`CATCH_UP_CHUNK`], until the answer is there: the
-    /// device's prefill and the verifier's overlap instead of adding up in
-    /// the first token's latency.
-    pub(super) fn open(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        catch_up: bool,
-    ) -> Result<Step, EdgeError> {
+    /// Opens (or resumes) the session and waits for it.
+    pub(super) fn open(&mut self, run: &mut Generation<'_, '_>) -> Result<Step, EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
-        let connector = self.connector.clone();
-        let key = self.session_key.clone();
-        let mut task = self.rt.spawn(async move {
-            let mut c = Counters::default();
-            let r = connector.open(msg, &key, d, &mut c).await;
-            (r, c)
-        });
-        // The draft runs here while the open runs on the I/O runtime.
-        while catch_up && run.draft_backlog() && !task.is_finished() {
-            if run.cancel_requested() {
-                // The caller went away: the aborted open's dropped stream
-                // closes the session.
-                task.abort();
-                return Ok(Step::Lost);
-            }
-            if let Err(e) = run.catch_up_chunk(CATCH_UP_CHUNK) {
-                task.abort();
-                return Err(e);
-            }
-        }
-        let joined = match run.cancel.clone() {
-            None => Some(self.rt.block_on(&mut task)),
-            Some(flag) => self.rt.block_on(async {
-                tokio::select! {
-                    r = &mut task => Some(r),
-                    () = until_set(&flag) => None,
+        let open = self
+            .connector
+            .open(msg, &self.session_key, d, &mut self.counters);
+        let r = match run.cancel.clone() {
+            None => self.rt.block_on(open),
+            Some(flag) => {
+                let r = self.rt.block_on(async {
+                    tokio::select! {
+                        r = open => Some(r),
+                        () = until_set(&flag) => None,
+                    }
+                });
+                match r {
+                    Some(r) => r,
+                    None => {
+                        // The caller went away while the verifier prefilled:
+                        // the dropped stream closes the session.
+                        run.cancel_requested();
+                        return Ok(Step::Lost);
+                    }
                 }
-            }),
-        };
-        let Some(joined) = joined else {
-            // The caller went away while the verifier prefilled.
-            task.abort();
-            run.cancel_requested();
-            return Ok(Step::Lost);
-        };
-        let r = match joined {
-            Ok((r, c)) => {
-                self.counters.add(c);
-                r
             }
-            Err(e) => Err(NetError::Unavailable(format!("open task failed: {e}"))),
         };
         self.opened(run, r, upto, None)
     }

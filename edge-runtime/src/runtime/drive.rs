@@ -15,20 +15,10 @@ use crate::client::{Counters, NetError};
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::Instant;
-use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::StopReason;
 
 pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
     while run.stop.is_none() {
-        // The draft's backlog is prefilled first (in chunks, asking the
-        // cancel flag), except before a foreground open, which catches the
-        // draft up while the verifier prefills (`Connection::open`).
-        if r.conn.opening.is_none() && r.conn.stream.is_none() {
-            if !open_or_alone(r, run)? {
-                break;
-            }
-            continue;
-        }
         if !run.prefill_pending()? {
             break;
         }
@@ -55,8 +45,25 @@ pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<
             r.check_provisional(run)?;
             continue;
         }
-        if !lock(r.conn.breaker).allows_request() {
+        let allowed = lock(r.conn.breaker).allows_request();
+        if !allowed {
             run.draft_alone(TokenStatus::Provisional)?;
+            continue;
+        }
+        if r.conn.stream.is_none() {
+            if r.conn.open_in_background() {
+                if r.conn.retry_at.is_some_and(|t| Instant::now() < t) {
+                    run.draft_alone(TokenStatus::Provisional)?;
+                } else {
+                    r.conn.retry_at = None;
+                    r.conn.spawn_open(run)?;
+                }
+                continue;
+            }
+            if let Step::Lost = r.conn.open(run)? {
+                continue;
+            }
+            r.check_provisional(run)?;
             continue;
         }
         let outcome = match r.kind {
@@ -77,32 +84,4 @@ pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<
         r.check_provisional(run)?;
     }
     Ok(())
-}
-
-/// No session and no open in flight: opens one (in the foreground, or in
-/// the background after a failure) or drafts alone while the breaker or a
-/// retry delay says wait. False when the caller cancelled during the draft's
-/// prefill.
-fn open_or_alone(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<bool, EdgeError> {
-    let allowed = lock(r.conn.breaker).allows_request();
-    if allowed && !r.conn.open_in_background() {
-        // The draft catches up during the open when it is going to run.
-        let catch_up =
-            r.kind != RoundKind::CloudStreamed && run.gen.proposer != ProposerKind::Lookup;
-        if let Step::Lost = r.conn.open(run, catch_up)? {
-            return Ok(true);
-        }
-        r.check_provisional(run)?;
-        return Ok(true);
-    }
-    if !run.prefill_pending()? {
-        return Ok(false);
-    }
-    if !allowed || r.conn.retry_at.is_some_and(|t| Instant::now() < t) {
-        run.draft_alone(TokenStatus::Provisional)?;
-    } else {
-        r.conn.retry_at = None;
-        r.conn.spawn_open(run)?;
-    }
-    Ok(true)
 }

@@ -310,28 +310,6 @@ impl<'a, 'b> Generation<'a, 'b> {
         Ok(!self.cancel_requested())
     }
 
-    /// Whether the draft has a backlog to catch up with: pending tokens
-    /// besides the last one (which runs with the next draft step).
-    pub(super) fn draft_backlog(&self) -> bool {
-        self.pending.len() > 1
-    }
-
-    /// Runs up to `chunk` tokens of the draft's backlog (never the last
-    /// pending token) through the draft; the same KV as running them later,
-    /// bit for bit (the kernel contract).
-    pub(super) fn catch_up_chunk(&mut self, chunk: usize) -> Result<(), EdgeError> {
-        let n = chunk.min(self.pending.len().saturating_sub(1));
-        if n == 0 {
-            return Ok(());
-        }
-        let pos = self.cache.len();
-        let rows: Vec<u32> = self.pending.drain(..n).collect();
-        self.draft.forward_last(&rows, pos, &mut self.cache)?;
-        self.stats.draft_forwards += 1;
-        self.high_water = self.high_water.max(self.cache.len());
-        Ok(())
-    }
-
     /// Runs the draft over `pending`; returns its next token after `hist`
     /// (sampled: its keyed draw at position `hist.len()`, the same key the
     /// verifier's draw uses). Leaves `pending = [token]`.
