@@ -859,6 +859,31 @@ impl Meta {
     }
 }
 
+/// Which model's distribution each token's logprobs came from
+/// (`tandem.logprobs_from`).
+fn logprobs_from(statuses: &[TokenStatus]) -> Value {
+    json!(statuses
+        .iter()
+        .map(|&s| logprobs::source(s))
+        .collect::<Vec<_>>())
+}
+
+/// A streamed chunk's `tandem` object: its tokens, the provisional checks
+/// since the last chunk (taken), and with logprobs their sources.
+fn chunk_tandem(
+    ids: &[u32],
+    statuses: &[TokenStatus],
+    checks: &mut Vec<ProvisionalCheck>,
+    want_logprobs: bool,
+) -> Value {
+    let mut tandem = json!({"token_ids": ids, "token_status": statuses,
+           "provisional_checks": std::mem::take(checks)});
+    if want_logprobs {
+        tandem["logprobs_from"] = logprobs_from(statuses);
+    }
+    tandem
+}
+
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
@@ -998,10 +1023,7 @@ async fn collect_choice(
                     }
                 };
                 if want_logprobs {
-                    tandem["logprobs_from"] = json!(statuses
-                        .iter()
-                        .map(|&s| logprobs::source(s))
-                        .collect::<Vec<_>>());
+                    tandem["logprobs_from"] = logprobs_from(&statuses);
                 }
                 let prompt = d.prompt_tokens.max(prompt_tokens);
                 let choice = match meta.endpoint {
@@ -1129,14 +1151,7 @@ async fn stream_choice(
                         logprobs::completion(tok, &ids, &lps, &mut offset)
                     }
                 };
-                let mut tandem = json!({"token_ids": ids, "token_status": statuses,
-                       "provisional_checks": std::mem::take(&mut checks)});
-                if req.logprobs.is_some() {
-                    tandem["logprobs_from"] = json!(statuses
-                        .iter()
-                        .map(|&s| logprobs::source(s))
-                        .collect::<Vec<_>>());
-                }
+                let tandem = chunk_tandem(&ids, &statuses, &mut checks, req.logprobs.is_some());
                 let mut c = meta.chunk(index, Some(&text), None, tandem);
                 if !lp.is_null() {
                     if let Some(choice) = c["choices"].get_mut(0) {
@@ -1157,14 +1172,7 @@ async fn stream_choice(
                 statuses,
                 logprobs: lps,
             }) => {
-                let mut tandem = json!({"token_ids": ids, "token_status": statuses,
-                       "provisional_checks": std::mem::take(&mut checks)});
-                if req.logprobs.is_some() {
-                    tandem["logprobs_from"] = json!(statuses
-                        .iter()
-                        .map(|&s| logprobs::source(s))
-                        .collect::<Vec<_>>());
-                }
+                let tandem = chunk_tandem(&ids, &statuses, &mut checks, req.logprobs.is_some());
                 let [mut named, mut args] =
                     meta.tool_call_chunks(index, call, &id, &name, &arguments, tandem);
                 if req.logprobs.is_some() && meta.endpoint == Endpoint::Chat {
