@@ -150,11 +150,7 @@ impl CallScan {
         }
         self.in_call = false;
         match parse_call(&body, None) {
-            Some(call) => {
-                self.calls += 1;
-                self.text_since_call = false;
-                out.push(call);
-            }
+            Some(call) => self.accept(call, out),
             None => {
                 // Malformed: the call's own text becomes content.
                 self.plain = true;
@@ -188,17 +184,20 @@ impl CallScan {
         let body = std::mem::take(&mut self.held);
         self.in_call = false;
         match parse_call(&body, Some(&self.declared)) {
-            Some(call) => {
-                self.calls += 1;
-                self.text_since_call = false;
-                out.push(call);
-            }
+            Some(call) => self.accept(call, out),
             None => {
                 self.plain = true;
                 self.release(body, out);
             }
         }
         false
+    }
+
+    /// A parsed call: counted and sent.
+    fn accept(&mut self, call: Piece, out: &mut Vec<Piece>) {
+        self.calls += 1;
+        self.text_since_call = false;
+        out.push(call);
     }
 
     fn release(&mut self, text: String, out: &mut Vec<Piece>) {
