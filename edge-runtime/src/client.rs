@@ -4,7 +4,9 @@
 use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use crate::mtls_probe::MtlsProbe;
+use crate::open_load::OpenLoad;
 use prost::Message;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_proto::v1::verifier_client::VerifierClient;
 use tandem_proto::v1::{client_message, server_message, ClientMessage, Reason, ServerMessage};
@@ -203,11 +205,17 @@ impl Connector {
     /// `session_key` goes out as the [`tandem_proto::SESSION_AFFINITY_HEADER`]
     /// metadata (the generation's affinity key for a load balancer; see
     /// [`new_session_key`]).
+    ///
+    /// `load`: the opens this device has waiting (shared by sibling runtimes).
+    /// The open waits there with its deadline, and when `d.opened` passes
+    /// while others still wait, it waits for them too
+    /// ([`crate::open_load`]).
     pub async fn open(
         &self,
         first: ClientMessage,
         session_key: &str,
         d: OpenDeadlines,
+        load: Option<&Arc<OpenLoad>>,
         counters: &mut Counters,
     ) -> Result<(Stream, ServerMessage, Duration), NetError> {
         let key = tonic::metadata::MetadataValue::try_from(session_key).map_err(|_| {
@@ -215,6 +223,9 @@ impl Connector {
                 "session affinity key is not valid header text".into(),
             ))
         })?;
+        // Waiting from now: the headers, then the prefill (`d.total` bounds
+        // an extended wait too).
+        let ticket = load.map(|l| l.begin(Instant::now() + d.headers + d.opened));
         let fut = async {
             let headers = async {
                 let ch = self.channel().await?;
@@ -244,9 +255,24 @@ impl Connector {
                 Err(_) => return Err(NetError::Timeout),
             };
             let t = Instant::now();
-            let first = match tokio::time::timeout(d.opened, stream.recv(counters)).await {
-                Ok(r) => r?,
-                Err(_) => return Err(NetError::Timeout),
+            let mut until = t + d.opened;
+            if let Some(ticket) = &ticket {
+                ticket.set_deadline(until);
+            }
+            let first = {
+                let recv = stream.recv(counters);
+                tokio::pin!(recv);
+                loop {
+                    match tokio::time::timeout_at(until.into(), &mut recv).await {
+                        Ok(r) => break r?,
+                        Err(_) => match ticket.as_ref().and_then(|k| k.extended(until, d.opened)) {
+                            // The device's other opens still wait: the
+                            // verifier may be prefilling them first.
+                            Some(later) => until = later,
+                            None => return Err(NetError::Timeout),
+                        },
+                    }
+                }
             };
             Ok((stream, first, t.elapsed()))
         };

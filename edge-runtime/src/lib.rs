@@ -43,6 +43,7 @@ pub mod device;
 pub mod error;
 pub mod loopback;
 mod mtls_probe;
+pub mod open_load;
 pub mod privacy;
 mod report;
 pub mod runtime;

@@ -29,6 +29,7 @@ use crate::codec::{BlockCodec, TokenCodec};
 use crate::config::EdgeConfig;
 use crate::conversation::{ConversationCache, ConversationStats, KeptSession, Who};
 use crate::error::EdgeError;
+use crate::open_load::OpenLoad;
 pub use crate::report::{
     EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
 };
@@ -66,6 +67,9 @@ pub struct EdgeRuntime {
     breaker: Arc<Mutex<CircuitBreaker>>,
     rtt: RttTracker,
     open_cost: OpenCost,
+    /// Opens waiting for the verifier's prefill, shared with this runtime's
+    /// siblings (`crate::open_load`).
+    open_load: Arc<OpenLoad>,
     probe: Option<tokio::task::JoinHandle<()>>,
     /// A session re-open a generation left in flight (the next one adopts it).
     reopening: Option<connection::Opening>,
@@ -175,6 +179,7 @@ impl EdgeRuntime {
             rt,
             rtt: RttTracker::default(),
             open_cost: OpenCost::default(),
+            open_load: Arc::default(),
             probe: None,
             reopening: None,
         })
@@ -186,7 +191,9 @@ impl EdgeRuntime {
     /// GGUF), config and split target; its own draft KV per generation,
     /// verifier connection, breaker, RTT history and I/O thread; and,
     /// shared with this runtime, the kept conversations (a turn may run on
-    /// any slot and still continue its conversation) and the device state.
+    /// any slot and still continue its conversation), the device state and
+    /// the count of opens waiting for the verifier's prefill (an open's
+    /// deadline allows for its siblings' opens: `crate::open_load`).
     /// No warm-up: this runtime's measurement of the draft is copied.
     pub fn sibling(&self) -> Result<Self, EdgeError> {
         let cfg = EdgeConfig {
@@ -197,6 +204,7 @@ impl EdgeRuntime {
         let target = self.split.as_ref().map(crate::split::SplitExec::target);
         let mut rt = Self::new(self.draft.clone(), cfg, target)?;
         rt.conversations = self.conversations.clone();
+        rt.open_load = Arc::clone(&self.open_load);
         rt.anonymous_scope = self.anonymous_scope.clone();
         rt.device = self.device.clone();
         rt.warmup_ms = self.warmup_ms;
@@ -474,6 +482,7 @@ impl EdgeRuntime {
             breaker: &self.breaker,
             rtt: &mut self.rtt,
             open_cost: &mut self.open_cost,
+            open_load: &self.open_load,
             opening: None,
             retry_at: None,
             // A breaker left open by an earlier generation: the verifier was

@@ -171,7 +171,9 @@ async fn device(
         total: DEADLINE,
     };
     let key = tandem_edge::client::new_session_key();
-    let opened = connector.open(first, &key, deadlines, &mut counters).await;
+    let opened = connector
+        .open(first, &key, deadlines, None, &mut counters)
+        .await;
     let mut stream = match opened {
         Ok((stream, answer, _)) => match answer.msg {
             Some(server_message::Msg::Opened(o)) if o.context_len == trace.prompt.len() as u64 => {

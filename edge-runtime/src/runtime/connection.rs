@@ -11,6 +11,7 @@ use crate::codec::BlockCodec;
 use crate::config::EdgeConfig;
 use crate::conversation::{common_prefix, KeptSession};
 use crate::error::EdgeError;
+use crate::open_load::OpenLoad;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +32,9 @@ pub(super) struct Connection<'a> {
     pub(super) breaker: &'a Arc<Mutex<CircuitBreaker>>,
     pub(super) rtt: &'a mut RttTracker,
     pub(super) open_cost: &'a mut OpenCost,
+    /// The verifier prefill this device's runtimes are waiting for
+    /// (shared with sibling runtimes; `crate::open_load`).
+    pub(super) open_load: &'a Arc<OpenLoad>,
     /// A session open running in the background (after a failure) while the
     /// device drafts alone.
     pub(super) opening: Option<Opening>,
@@ -328,9 +332,13 @@ impl Connection<'_> {
     pub(super) fn open(&mut self, run: &mut Generation<'_, '_>) -> Result<Step, EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
-        let open = self
-            .connector
-            .open(msg, &self.session_key, d, &mut self.counters);
+        let open = self.connector.open(
+            msg,
+            &self.session_key,
+            d,
+            Some(self.open_load),
+            &mut self.counters,
+        );
         let r = match run.cancel.clone() {
             None => self.rt.block_on(open),
             Some(flag) => {
@@ -381,11 +389,12 @@ impl Connection<'_> {
     pub(super) fn spawn_open(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
+        let load = Arc::clone(self.open_load);
         let connector = self.connector.clone();
         let key = self.session_key.clone();
         let task = self.rt.spawn(async move {
             let mut c = Counters::default();
-            let r = connector.open(msg, &key, d, &mut c).await;
+            let r = connector.open(msg, &key, d, Some(&load), &mut c).await;
             (r, c)
         });
         run.stats.background_opens += 1;
