@@ -338,10 +338,6 @@ impl RoutedRuntime {
         &self.runtime
     }
 
-    pub fn runtime_mut(&mut self) -> &mut EdgeRuntime {
-        &mut self.runtime
-    }
-
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
