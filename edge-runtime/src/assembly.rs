@@ -23,7 +23,7 @@
 //! siblings ([`RoutedRuntime::sibling`]), not new assemblies.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -151,17 +151,17 @@ pub enum AssemblyError {
     Runtime(#[from] EdgeError),
 }
 
-fn load(role: ModelRole, path: &PathBuf, max_seq_len: usize) -> Result<Model, AssemblyError> {
+fn load(role: ModelRole, path: &Path, max_seq_len: usize) -> Result<Model, AssemblyError> {
     if !path.exists() {
         return Err(AssemblyError::MissingModel {
             role,
-            path: path.clone(),
+            path: path.to_path_buf(),
         });
     }
     Model::load(path, LoadOptions::with_max_seq_len(max_seq_len)).map_err(|source| {
         AssemblyError::LoadModel {
             role,
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         }
     })
