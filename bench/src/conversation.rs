@@ -20,15 +20,13 @@ use serde::Serialize;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use tandem_cli_common::models::{load_model, resolve_model, tokenizer_of};
-use tandem_edge::{EdgeConfig, EdgeRuntime};
+use tandem_cli_common::models::{resolve_model, tokenizer_of};
+use tandem_edge::{assemble, AssemblyConfig, EdgeConfig};
 use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::ChatMessage;
-use tandem_router::Router;
 
 /// The built-in conversation (10 user turns; code and prose; English and
 /// Chinese).
@@ -206,8 +204,7 @@ fn run_once(
     users: &[String],
     on: bool,
 ) -> Result<(Vec<TurnRun>, Vec<TurnRun>)> {
-    let draft = load_model(ModelRole::Draft, None, MAX_SEQ_LEN)?;
-    let tok = tokenizer_of(&draft.model)?;
+    let draft = resolve_model(ModelRole::Draft, None)?;
     let mut cfg = EdgeConfig {
         verifier_url: Some(format!("http://{verifier}")),
         token: Some(TOKEN.into()),
@@ -218,9 +215,12 @@ fn run_once(
         ..EdgeConfig::default()
     };
     cfg.conversations.enabled = on;
-    let routed = EdgeRuntime::builder(Arc::new(draft.model), cfg)
-        .router(Arc::new(Router::with_default_policy()), tok)
-        .build()?;
+    let routed = assemble(AssemblyConfig {
+        max_seq_len: MAX_SEQ_LEN,
+        edge: cfg,
+        ..AssemblyConfig::new(draft)
+    })?
+    .routed;
     let serve = ServeConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         max_tokens_limit: args.max_tokens,

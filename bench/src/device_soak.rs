@@ -27,10 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use tandem_edge::{DeviceState, EdgeConfig, EdgeRuntime, ThermalState};
+use tandem_edge::{assemble, AssemblyConfig, DeviceState, EdgeConfig, Routing, ThermalState, Turn};
 use tandem_model::speculative::GenerateConfig;
-use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_model::transformer::{LoadOptions, Model};
+use tandem_model::tokenizer::ChatMessage;
 
 use super::worker::PromptCase;
 
@@ -161,18 +160,18 @@ pub fn run(plan: SoakPlan) -> Result<()> {
         None => None,
     };
     let t_load = Instant::now();
-    let draft = Arc::new(
-        Model::load(&plan.draft, LoadOptions::with_max_seq_len(2048))
-            .with_context(|| format!("loading the draft {}", plan.draft.display()))?,
-    );
-    let tok = Tokenizer::from_gguf(draft.gguf()).context("building the tokenizer")?;
-    let mut cfg = EdgeConfig::default();
+    let mut cfg = EdgeConfig {
+        warmup: plan.warmup,
+        ..EdgeConfig::default()
+    };
     // Every generation prefills its prompt (no reuse between repeats).
     cfg.conversations.enabled = false;
-    let mut edge = EdgeRuntime::builder(draft, cfg)
-        .warmup(plan.warmup)
-        .build()
-        .context("building the device runtime")?;
+    let device = assemble(AssemblyConfig {
+        edge: cfg,
+        ..AssemblyConfig::new(plan.draft.clone())
+    })
+    .context("building the device runtime")?;
+    let (mut edge, tok) = (device.routed, device.tokenizer);
     let load_ms = t_load.elapsed().as_secs_f64() * 1000.0;
     edge.set_device_state(plan.device.clone())
         .context("--soak-thermal / --soak-battery")?;
@@ -200,9 +199,16 @@ pub fn run(plan: SoakPlan) -> Result<()> {
     while start.elapsed() < plan.duration {
         let prompt = &prompts[i % prompts.len()];
         i = i.wrapping_add(1);
+        let turn = Turn {
+            routing: Routing::Local,
+            state: None,
+            ..Turn::new("", &[], prompt, &gen)
+        };
         let g = edge
-            .generate_local(prompt, &gen, &mut |_| true)
-            .context("a soak generation")?;
+            .turn(turn, &mut |_| true, &mut |_| true)
+            .context("a soak generation")?
+            .context("a soak generation did not start")?
+            .generation;
         let s = &g.stats;
         records.push(GenerationRecord {
             end_s: start.elapsed().as_secs_f64(),
@@ -225,7 +231,7 @@ pub fn run(plan: SoakPlan) -> Result<()> {
         tokens_per_generation: plan.tokens,
         warmup: plan.warmup,
         load_ms,
-        warmup_ms: edge.warmup_ms(),
+        warmup_ms: edge.runtime().warmup_ms(),
         first_ttft_ms: records.first().map_or(0.0, |r| r.ttft_ms),
         device: plan.device.clone(),
         draft_threads: records.first().map_or(0, |r| r.draft_threads),

@@ -39,18 +39,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use serde::Serialize;
 use tandem_edge::context_policy::{drop_oldest, fit_messages, ContextError};
 use tandem_edge::{
-    DeviceState, EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision,
-    RoutedRuntime, SharedDeviceState, ThermalState, TokenStatus,
+    assemble, AssemblyConfig, AssemblyError, DeviceState, EdgeError, EdgeEvent, EdgeStats,
+    ProvisionalReport, RoutedDecision, RoutedRuntime, RoutedTurn, Routing, SharedDeviceState,
+    ThermalState, TokenStatus,
 };
 use tandem_model::speculative::{GenerateConfig, StopReason};
-use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_model::transformer::{LoadOptions, Model};
-use tandem_router::{Action, Router};
+use tandem_model::tokenizer::ChatMessage;
+use tandem_router::Action;
 
 use crate::config::CapiConfig;
 
@@ -452,65 +452,51 @@ unsafe fn runtime_arg<'a>(rt: *const TandemRuntime) -> Result<&'a TandemRuntime,
     unsafe { rt.as_ref() }.ok_or_else(|| Failure::invalid("runtime is NULL"))
 }
 
-/// Loads the `role` ("draft", "target") model GGUF at `path`.
-fn load_model(role: &str, path: &Path, max_seq_len: usize) -> Result<Model, Failure> {
-    if !path.exists() {
-        return Err(Failure(
-            TandemStatus::Io,
-            format!(
-                "{role} model {} does not exist (set {role}_model in the config, relative to the models directory)",
-                path.display()
+impl From<AssemblyError> for Failure {
+    fn from(e: AssemblyError) -> Self {
+        match e {
+            AssemblyError::MissingModel { role, path } => Failure(
+                TandemStatus::Io,
+                format!(
+                    "{role} model {} does not exist (set {role}_model in the config, relative to the models directory)",
+                    path.display()
+                ),
             ),
-        ));
+            e @ (AssemblyError::LoadModel { .. } | AssemblyError::Tokenizer(_)) => {
+                Failure(TandemStatus::Model, e.to_string())
+            }
+            AssemblyError::Policy {
+                source: tandem_router::PolicyError::Io { .. },
+                ..
+            } => Failure(TandemStatus::Io, e.to_string()),
+            e @ AssemblyError::Policy { .. } => Failure(TandemStatus::Config, e.to_string()),
+            AssemblyError::Runtime(e) => e.into(),
+        }
     }
-    Model::load(path, LoadOptions::with_max_seq_len(max_seq_len)).map_err(|e| {
-        Failure(
-            TandemStatus::Model,
-            format!("loading the {role} model {}: {e}", path.display()),
-        )
-    })
 }
 
 fn build_engine(config_path: &Path, models_dir: Option<&Path>) -> Result<Engine, Failure> {
     let cfg = CapiConfig::from_file(config_path, models_dir)?;
-    let router = match &cfg.policy {
-        Some(p) => Router::from_file(p).map_err(|e| {
-            let code = match e {
-                tandem_router::PolicyError::Io { .. } => TandemStatus::Io,
-                _ => TandemStatus::Config,
-            };
-            Failure(code, format!("privacy policy {}: {e}", p.display()))
-        })?,
-        None => Router::with_default_policy(),
-    };
-    let Some(draft_path) = &cfg.draft_model else {
+    let Some(draft) = cfg.draft_model.clone() else {
         // CapiConfig::validate requires it.
         return Err(Failure(
             TandemStatus::Config,
             "draft_model is required".into(),
         ));
     };
-    let model = load_model("draft", draft_path, cfg.max_seq_len)?;
-    let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| {
-        Failure(
-            TandemStatus::Model,
-            format!("the draft model has no usable tokenizer: {e}"),
-        )
+    let device = assemble(AssemblyConfig {
+        draft: draft.into(),
+        split_target: cfg.target_model.clone(),
+        max_seq_len: cfg.max_seq_len,
+        policy: cfg.policy.clone(),
+        privacy_router: cfg.privacy_router,
+        edge: cfg.edge.clone(),
     })?;
-    let stop_tokens = tok.chat_stop_tokens();
-    let has_verifier = cfg.edge.verifier_url.is_some();
-    let mut edge = EdgeRuntime::builder(Arc::new(model), cfg.edge.clone());
-    if let Some(target_path) = &cfg.target_model {
-        // Split execution: the device runs the target's first layers.
-        let target = load_model("target", target_path, cfg.max_seq_len)?;
-        edge = edge.split_target(Arc::new(target));
-    }
-    let routed = edge.router(Arc::new(router), tok).build()?;
     Ok(Engine {
-        routed,
-        use_router: has_verifier && cfg.privacy_router,
-        has_verifier,
-        stop_tokens,
+        routed: device.routed,
+        use_router: device.routes,
+        has_verifier: cfg.edge.verifier_url.is_some(),
+        stop_tokens: device.stop_tokens,
         cfg,
         conversations: 0,
     })
@@ -828,23 +814,28 @@ fn generate(
         !cancelled()
     };
     // Routed on the whole history (also what the policy dropped: stricter).
-    let prompt = &fitted.prompt;
-    let (decision, mut g) = if engine.use_router {
-        let r = engine
-            .routed
-            .generate_routed(&conv, messages, prompt, &gen, &mut on_event);
-        if !named {
-            engine.routed.forget(&conv);
-        }
-        let r = r?;
-        (Some(r.route), r.generation)
-    } else {
-        let name = named.then_some(conv.as_str());
-        let runtime = engine.routed.runtime_mut();
-        (
-            None,
-            runtime.generate_in(name, prompt, &gen, &mut on_event)?,
-        )
+    // A routed turn keeps its state under its id (a single prompt's is
+    // forgotten after it); an unrouted single prompt is anonymous.
+    let turn = tandem_edge::Turn {
+        routing: if engine.use_router {
+            Routing::Router
+        } else {
+            Routing::Speculative
+        },
+        state: (named || engine.use_router).then_some(conv.as_str()),
+        ephemeral: !named,
+        ..tandem_edge::Turn::new(&conv, messages, &fitted.prompt, &gen)
+    };
+    let Some(RoutedTurn {
+        route: decision,
+        generation: mut g,
+    }) = engine.routed.turn(turn, &mut |_| true, &mut on_event)?
+    else {
+        // The started hook above always starts.
+        return Err(Failure(
+            TandemStatus::Internal,
+            "the generation did not start".into(),
+        ));
     };
     g.stats.dropped_messages = fitted.dropped_messages;
     if let Some(rest) = dec.flush() {

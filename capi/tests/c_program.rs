@@ -418,6 +418,45 @@ fn bad_input_gives_a_code_and_a_message() {
     );
     let e = err(&run(&bad, PROMPT, 4, &[]));
     assert!(e.contains("error IO: privacy policy"), "{e}");
+    // A policy file that is there but not a policy: CONFIG, naming the file
+    // and the field.
+    write(
+        dir.path(),
+        "broken-policy.toml",
+        "default = \"speculative\"\nmin_score = \"high\"\n",
+    );
+    let bad = write(
+        dir.path(),
+        "policy2.toml",
+        &format!(
+            "draft_model = {:?}\npolicy = \"broken-policy.toml\"\n",
+            draft_path()
+        ),
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(
+        e.contains("error CONFIG: privacy policy")
+            && e.contains("broken-policy.toml")
+            && e.contains("min_score"),
+        "{e}"
+    );
+
+    // Split execution whose target file is not there: IO, naming the role
+    // and the file.
+    let bad = write(
+        dir.path(),
+        "split-target.toml",
+        &format!(
+            "draft_model = {:?}\ntarget_model = \"no/target.gguf\"\n[edge]\nverifier_url = \"http://127.0.0.1:1\"\n[edge.split]\nlayer = 2\n",
+            draft_path()
+        ),
+    );
+    let e = err(&run(&bad, PROMPT, 4, &[]));
+    assert!(e.contains("error IO: target model"), "{e}");
+    assert!(
+        e.contains("no/target.gguf") && e.contains("does not exist"),
+        "{e}"
+    );
 
     // A https verifier without a CA is refused before anything loads.
     let bad = write(

@@ -34,19 +34,15 @@
 use anyhow::{Context, Result};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_cli_common::inspect::ModelInfo;
-use tandem_cli_common::models::{
-    load_model, prompt_tokens, resolve_pair, tokenizer_of, ResolvedPair,
-};
-use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, RoutedRuntime, TokenStatus};
-use tandem_fetch::ModelRole;
+use tandem_cli_common::models::{prompt_tokens, resolve_pair, ResolvedPair};
+use tandem_edge::{assemble, AssemblyConfig, EdgeConfig, EdgeEvent, RoutedRuntime, TokenStatus};
 use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_netsim::{NetConfig, Proxy, ProxyHandle, Timeline};
-use tandem_router::{Action, Router};
+use tandem_router::Action;
 
 /// The editing case: code to change, carried by the prompt (the answer is
 /// mostly a copy of it, which prompt lookup proposes for free).
@@ -140,9 +136,6 @@ pub fn run(args: Args) -> Result<()> {
         "a verifier in the cloud ({}) checks them; here both run on loopback.\n",
         model_label(&target_info)
     );
-    let draft = load_model(ModelRole::Draft, Some(&draft_path), 2048)?;
-    let tok = tokenizer_of(&draft.model)?;
-
     let dir = tempfile::tempdir().context("creating a temporary directory")?;
     let (cert, key) = self_signed_cert(dir.path())?;
     let token = device_token();
@@ -202,19 +195,21 @@ pub fn run(args: Args) -> Result<()> {
         probe_timeout_ms: 500,
         ..EdgeConfig::default()
     };
-    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), edge_cfg)
-        .router(Arc::new(Router::with_default_policy()), tok.clone())
-        .build()?;
+    let device = assemble(AssemblyConfig {
+        edge: edge_cfg,
+        ..AssemblyConfig::new(draft_path)
+    })?;
+    let (mut edge, tok) = (device.routed, device.tokenizer);
     println!(
         "device    draft loaded in {:.1} s, privacy router with the built-in policy, k={}\n",
-        draft.load_ms / 1000.0,
+        device.draft_load_ms / 1000.0,
         args.k
     );
 
     let gen = GenerateConfig {
         k: args.k,
         max_tokens: args.max_tokens,
-        stop_tokens: tok.chat_stop_tokens(),
+        stop_tokens: device.stop_tokens,
         ..GenerateConfig::default()
     };
     let mut summary = Summary::default();

@@ -8,16 +8,15 @@ use crate::generate_args::Args;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
-use std::sync::Arc;
-use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
+use tandem_cli_common::models::{peak_rss_bytes, prompt_tokens, resolve_model};
 use tandem_edge::{
-    EdgeError, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, RoutedDecision, TokenStatus,
+    assemble, AssemblyConfig, EdgeError, EdgeEvent, EdgeStats, ProvisionalReport, RoutedDecision,
+    Routing, TokenStatus, Turn,
 };
 use tandem_fetch::ModelRole;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::ChatMessage;
-use tandem_router::Router;
 
 /// `--json` output of a remote generation (schema in docs/cli.md).
 #[derive(Serialize)]
@@ -61,45 +60,34 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         args.remote.policy.is_none() || cfg.verifier_url.is_some(),
         "--policy decides what may go to a verifier: give --verifier URL (or verifier_url in --edge-config)"
     );
-    let router = args
-        .remote
-        .policy
-        .as_ref()
-        .map(Router::from_file)
+    let draft = resolve_model(ModelRole::Draft, args.draft_model.as_ref())?;
+    // With [split] the device runs the target's first layers itself.
+    let split_target = cfg
+        .split
+        .is_some()
+        .then(|| resolve_model(ModelRole::Target, args.target_model.as_ref()))
         .transpose()?;
-    let draft = load_model(
-        ModelRole::Draft,
-        args.draft_model.as_ref(),
-        args.max_seq_len,
-    )?;
-    let load_ms = draft.load_ms;
-    let tok = tokenizer_of(&draft.model)?;
-    let ids = prompt_tokens(&tok, prompt, args.system.as_deref(), args.raw)?;
-    let gen = GenerateConfig {
-        max_tokens: args.max_tokens,
-        stop_tokens: tok.chat_stop_tokens(),
-        ..gen
-    };
     let url = cfg.verifier_url.clone();
     // Privacy by default: whenever a verifier could be contacted, the router
     // (the given policy, else the built-in one) decides first.
-    let routed = url.is_some() && !args.remote.no_privacy_router;
-    let router = Arc::new(router.unwrap_or_else(Router::with_default_policy));
-    let split = cfg.split.is_some();
-    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), cfg);
-    if split {
-        // The device runs the target's first layers itself.
-        let target = load_model(
-            ModelRole::Target,
-            args.target_model.as_ref(),
-            args.max_seq_len,
-        )?;
-        edge = edge.split_target(Arc::new(target.model));
-    }
-    let mut edge = edge.router(router, tok.clone()).build()?;
+    let device = assemble(AssemblyConfig {
+        draft: draft.into(),
+        split_target,
+        max_seq_len: args.max_seq_len,
+        policy: args.remote.policy.clone(),
+        privacy_router: !args.remote.no_privacy_router,
+        edge: cfg,
+    })?;
+    let (load_ms, routed, tok) = (device.draft_load_ms, device.routes, device.tokenizer);
+    let ids = prompt_tokens(&tok, prompt, args.system.as_deref(), args.raw)?;
+    let gen = GenerateConfig {
+        max_tokens: args.max_tokens,
+        stop_tokens: device.stop_tokens,
+        ..gen
+    };
+    let mut edge = device.routed;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
     messages.push(ChatMessage::user(prompt));
-    let mut route = None;
 
     let stdout = std::io::stdout();
     let tty = stdout.is_terminal();
@@ -167,17 +155,18 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
         }
         true
     };
-    let res = if routed {
-        edge.generate_routed("cli", &messages, &ids, &gen, &mut on_event)
-            .map(|g| {
-                route = Some(g.route);
-                g.generation
-            })
-    } else {
-        edge.runtime_mut().generate(&ids, &gen, &mut on_event)
+    let turn = Turn {
+        routing: if routed {
+            Routing::Router
+        } else {
+            Routing::Speculative
+        },
+        state: routed.then_some("cli"),
+        ..Turn::new("cli", &messages, &ids, &gen)
     };
-    let g = match res {
-        Ok(g) => g,
+    let (route, g) = match edge.turn(turn, &mut |_| true, &mut on_event) {
+        Ok(Some(t)) => (t.route, t.generation),
+        Ok(None) => anyhow::bail!("the generation did not start"),
         Err(e) => {
             if stream && dimmed {
                 let _ = out.write_all(RESET.as_bytes());

@@ -12,14 +12,12 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use tandem_cli_common::models::{load_model, tokenizer_of};
+use tandem_cli_common::models::resolve_model;
 use tandem_edge::context_policy::ContextPolicy;
-use tandem_edge::EdgeRuntime;
+use tandem_edge::{assemble, AssemblyConfig};
 use tandem_edge_http::admin::AdminConfig;
 use tandem_edge_http::openai::{self, ServeConfig};
 use tandem_fetch::ModelRole;
-use tandem_router::Router;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -122,35 +120,29 @@ pub fn run(args: Args) -> Result<()> {
         args.admin_token_env.as_deref(),
     )?;
     let api_key = secret_from_env("--api-key-env", "API key", args.api_key_env.as_deref())?;
-    let router = match &args.remote.policy {
-        Some(p) => Router::from_file(p)?,
-        None => Router::with_default_policy(),
-    };
-    let routed = cfg.verifier_url.is_some() && !args.remote.no_privacy_router;
     let split = cfg.split.is_some();
     anyhow::ensure!(
         split || args.target_model.is_none(),
         "--target-model is for --split (the device runs the target's first layers); \
          without it the verifier holds the target"
     );
-    let draft = load_model(
-        ModelRole::Draft,
-        args.draft_model.as_ref(),
-        args.max_seq_len,
-    )?;
-    let tok = tokenizer_of(&draft.model)?;
-    let mut edge = EdgeRuntime::builder(Arc::new(draft.model), cfg);
-    if split {
-        // --split: the device runs the target's first layers itself (as in
-        // `generate --verifier --split`).
-        let target = load_model(
-            ModelRole::Target,
-            args.target_model.as_ref(),
-            args.max_seq_len,
-        )?;
-        edge = edge.split_target(Arc::new(target.model));
-    }
-    let routed_rt = edge.router(Arc::new(router), tok).build()?;
+    let draft = resolve_model(ModelRole::Draft, args.draft_model.as_ref())?;
+    // --split: the device runs the target's first layers itself (as in
+    // `generate --verifier --split`).
+    let split_target = split
+        .then(|| resolve_model(ModelRole::Target, args.target_model.as_ref()))
+        .transpose()?;
+    // The --parallel slots are the runtime's siblings (`openai::start`):
+    // one draft in memory.
+    let device = assemble(AssemblyConfig {
+        draft: draft.into(),
+        split_target,
+        max_seq_len: args.max_seq_len,
+        policy: args.remote.policy.clone(),
+        privacy_router: !args.remote.no_privacy_router,
+        edge: cfg,
+    })?;
+    let (routed, routed_rt) = (device.routes, device.routed);
     let serve = ServeConfig {
         listen: args.listen,
         allow_non_loopback: args.allow_non_loopback,

@@ -1,4 +1,7 @@
-//! The one way to assemble a device runtime: [`EdgeRuntime::builder`].
+//! [`EdgeRuntime::builder`]: a runtime around models already loaded. A
+//! device is assembled from its files by [`crate::assemble`], which loads
+//! them and calls this; tests and fixtures that hold loaded models call it
+//! directly.
 //!
 //! ```ignore
 //! // The runtime alone (no privacy router):

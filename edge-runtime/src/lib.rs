@@ -20,8 +20,10 @@
 //! (`tandem-router`) before any session is opened: `local` conversations are
 //! answered by the draft alone and nothing leaves the device. [`split`] runs
 //! the target's first layers on the device when the config has `[split]`.
-//! [`EdgeRuntime::builder`] is the one way to put a runtime together (draft,
-//! config, split target, privacy router). [`device`] holds what the app
+//! [`assemble`] is the one way to put a device runtime together from files
+//! (policy, draft, tokenizer, split target, router; [`assembly`]), over
+//! [`EdgeRuntime::builder`] (loaded models); [`RoutedRuntime::turn`] is the
+//! one entry point of a turn (route, then generate). [`device`] holds what the app
 //! reports about the phone (thermal, battery, power save) and the pure policy
 //! that turns it into fewer draft threads and a smaller k.
 //!
@@ -32,6 +34,7 @@
 //! OpenAI server's `Host` allow-list there).
 
 pub mod adaptive;
+pub mod assembly;
 pub mod breaker;
 pub mod builder;
 pub mod client;
@@ -51,13 +54,14 @@ pub mod second_opinion;
 pub mod split;
 mod split_report;
 
+pub use assembly::{assemble, Assembled, AssemblyConfig, AssemblyError, ModelSource};
 pub use breaker::{BreakerState, CircuitBreaker, RttTracker};
 pub use builder::{EdgeRuntimeBuilder, RoutedRuntimeBuilder};
 pub use config::EdgeConfig;
 pub use conversation::{ConversationConfig, ConversationStats};
 pub use device::{DeviceAdjustments, DeviceState, SharedDeviceState, ThermalState};
 pub use error::EdgeError;
-pub use privacy::{RoutedDecision, RoutedGeneration, RoutedRuntime};
+pub use privacy::{RoutedDecision, RoutedGeneration, RoutedRuntime, RoutedTurn, Routing, Turn};
 pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,

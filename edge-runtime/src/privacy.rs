@@ -1,7 +1,8 @@
 //! [`RoutedRuntime`]: the privacy router in front of [`EdgeRuntime`].
 //!
 //! The app hands a whole conversation (an id and its messages) to
-//! [`RoutedRuntime::chat`]. Before any verifier session exists, every message
+//! [`RoutedRuntime::chat`] (or a [`Turn`] to [`RoutedRuntime::turn`], the one
+//! entry point under it: route, then generate). Before any verifier session exists, every message
 //! is classified by the current policy of the shared [`Router`] in the live
 //! [`RouteContext`] (breaker state and RTT estimate from the runtime, device
 //! state from the app):
@@ -32,6 +33,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::Serialize;
@@ -336,10 +338,6 @@ impl RoutedRuntime {
         &self.runtime
     }
 
-    pub fn runtime_mut(&mut self) -> &mut EdgeRuntime {
-        &mut self.runtime
-    }
-
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -380,13 +378,7 @@ impl RoutedRuntime {
     /// and its kept state (draft KV, verifier session; see
     /// [`EdgeRuntime::generate_in`]).
     pub fn forget(&mut self, conversation_id: &str) {
-        {
-            let mut pins = self.pins();
-            if pins.map.peek(conversation_id).is_some() {
-                pins.map.remove(conversation_id);
-                pins.save();
-            }
-        }
+        self.unpin(conversation_id);
         self.runtime.forget_conversation(conversation_id);
     }
 
@@ -499,17 +491,143 @@ impl RoutedRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<RoutedGeneration, EdgeError> {
-        let route = self.route(conversation_id, messages);
-        let generation = match route.decision.action {
-            Action::Local => {
-                self.runtime
-                    .generate_local_in(Some(conversation_id), prompt, gen, on_event)?
-            }
-            Action::Speculative => {
-                self.runtime
-                    .generate_in(Some(conversation_id), prompt, gen, on_event)?
-            }
-        };
-        Ok(RoutedGeneration { route, generation })
+        let turn = Turn::new(conversation_id, messages, prompt, gen);
+        match self.turn(turn, &mut |_| true, on_event)? {
+            Some(RoutedTurn {
+                route: Some(route),
+                generation,
+            }) => Ok(RoutedGeneration { route, generation }),
+            // `Routing::Router` always decides, and the hook always starts.
+            _ => Err(EdgeError::Runtime(
+                "the routed turn ended without a decision".into(),
+            )),
+        }
     }
+
+    /// The one turn entry point: decide where the turn runs ([`Turn::routing`]:
+    /// the router, or a fixed place), call `on_started` with the decision
+    /// (`None` when the router was not asked) once it is taken and the
+    /// generation is about to begin, then generate: with the draft alone
+    /// ([`EdgeRuntime::generate_local_in`]) or speculatively
+    /// ([`EdgeRuntime::generate_in`]), under [`Turn::state`], with the turn's
+    /// anonymous scope and cancel flag. `on_started` returns false to end
+    /// the turn without generating: `Ok(None)`. `on_event` returns false to
+    /// cancel. An [ephemeral](Turn::ephemeral) id's pin is dropped right after
+    /// the decision and its kept state when the turn ends, however it ends.
+    pub fn turn(
+        &mut self,
+        turn: Turn<'_>,
+        on_started: &mut dyn FnMut(Option<&RoutedDecision>) -> bool,
+        on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
+    ) -> Result<Option<RoutedTurn>, EdgeError> {
+        self.runtime.set_anonymous_scope(turn.anonymous_scope);
+        let (route, action) = match turn.routing {
+            Routing::Router => {
+                let r = self.route(turn.conversation_id, turn.messages);
+                let action = r.action();
+                (Some(r), action)
+            }
+            Routing::Local => (None, Action::Local),
+            Routing::Speculative => (None, Action::Speculative),
+        };
+        if turn.ephemeral {
+            self.unpin(turn.conversation_id);
+        }
+        let res = if on_started(route.as_ref()) {
+            self.runtime.set_cancel_flag(turn.cancel);
+            let (state, prompt, gen) = (turn.state, turn.prompt, turn.gen);
+            let res = match action {
+                Action::Local => self.runtime.generate_local_in(state, prompt, gen, on_event),
+                Action::Speculative => self.runtime.generate_in(state, prompt, gen, on_event),
+            };
+            self.runtime.set_cancel_flag(None);
+            res.map(|generation| Some(RoutedTurn { route, generation }))
+        } else {
+            Ok(None)
+        };
+        if turn.ephemeral {
+            self.runtime.forget_conversation(turn.conversation_id);
+        }
+        res
+    }
+
+    /// Drops `conversation_id`'s pin, if it has one (and saves the pins).
+    fn unpin(&mut self, conversation_id: &str) {
+        let mut pins = self.pins();
+        if pins.map.peek(conversation_id).is_some() {
+            pins.map.remove(conversation_id);
+            pins.save();
+        }
+    }
+}
+
+/// Where a [`Turn`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// The privacy router decides ([`RoutedRuntime::route`]: counted, logged
+    /// without text, content-local conversations pinned).
+    Router,
+    /// No decision: on the device, the draft alone.
+    Local,
+    /// No decision: speculatively, with the verifier when one is configured
+    /// (else on the device).
+    Speculative,
+}
+
+/// One turn for [`RoutedRuntime::turn`].
+#[derive(Clone, Debug)]
+pub struct Turn<'a> {
+    /// The conversation's id: what the router pins.
+    pub conversation_id: &'a str,
+    /// What the router reads (oldest first, the newest last). `prompt` must
+    /// be the tokens of exactly their text plus template tokens: only what
+    /// was routed may be sent.
+    pub messages: &'a [ChatMessage],
+    pub prompt: &'a [u32],
+    pub gen: &'a GenerateConfig,
+    pub routing: Routing,
+    /// The name the turn's kept state is found and kept under
+    /// ([`EdgeRuntime::generate_in`]); `None`: an anonymous request, matched
+    /// to kept state by its prompt within `anonymous_scope`.
+    pub state: Option<&'a str>,
+    /// The id is this turn's alone (the caller named no conversation):
+    /// nothing of it is remembered after the turn.
+    pub ephemeral: bool,
+    /// The client scope of an anonymous turn ([`EdgeRuntime::set_anonymous_scope`]).
+    pub anonymous_scope: Option<String>,
+    /// A flag that cancels the generation before its first token too
+    /// ([`EdgeRuntime::set_cancel_flag`]); set for this turn only.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl<'a> Turn<'a> {
+    /// A routed turn of the conversation `conversation_id`, its state kept
+    /// under that id, in the one anonymous scope of a device app, with no
+    /// cancel flag.
+    pub fn new(
+        conversation_id: &'a str,
+        messages: &'a [ChatMessage],
+        prompt: &'a [u32],
+        gen: &'a GenerateConfig,
+    ) -> Self {
+        Self {
+            conversation_id,
+            messages,
+            prompt,
+            gen,
+            routing: Routing::Router,
+            state: Some(conversation_id),
+            ephemeral: false,
+            anonymous_scope: Some(String::new()),
+            cancel: None,
+        }
+    }
+}
+
+/// What [`RoutedRuntime::turn`] answers: the decision (`None` when the
+/// router was not asked) and the generation.
+#[derive(Clone, Debug)]
+pub struct RoutedTurn {
+    pub route: Option<RoutedDecision>,
+    pub generation: EdgeGeneration,
 }

@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use tandem_cli_common::models::{load_model, prompt_tokens, tokenizer_of};
 use tandem_edge::adaptive::{RoundRecord, SpeculationConfig};
-use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, EdgeStats, ProvisionalReport, TokenStatus};
+use tandem_edge::{
+    assemble, AssemblyConfig, EdgeConfig, EdgeEvent, EdgeStats, ProvisionalReport, RoutedRuntime,
+    RoutedTurn, Routing, TokenStatus, Turn,
+};
 use tandem_fetch::ModelRole;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::GenerateConfig;
@@ -109,7 +112,7 @@ pub fn run(args: DeviceArgs) -> Result<()> {
         Some(p) => EdgeConfig::from_file(p)?,
         None => EdgeConfig::default(),
     };
-    let mut runtimes: HashMap<Option<String>, EdgeRuntime> = HashMap::new();
+    let mut runtimes: HashMap<Option<String>, RoutedRuntime> = HashMap::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     for line in stdin.lock().lines() {
@@ -139,7 +142,14 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                     },
                     ..base.clone()
                 };
-                e.insert(EdgeRuntime::builder(model.clone(), cfg).build()?)
+                // One draft load for every link: the runtimes share it. The
+                // lab measures speculation, not routing: no router.
+                let device = assemble(AssemblyConfig {
+                    privacy_router: false,
+                    edge: cfg,
+                    ..AssemblyConfig::new(model.clone())
+                })?;
+                e.insert(device.routed)
             }
         };
         let gen = GenerateConfig {
@@ -162,12 +172,17 @@ pub fn run(args: DeviceArgs) -> Result<()> {
             }
             true
         };
-        let res = match mode {
-            Mode::DraftOnly => rt.generate_local(&ids, &gen, &mut on_event),
-            _ => rt.generate(&ids, &gen, &mut on_event),
+        let turn = Turn {
+            routing: match mode {
+                Mode::DraftOnly => Routing::Local,
+                _ => Routing::Speculative,
+            },
+            state: None,
+            ..Turn::new("", &[], &ids, &gen)
         };
+        let res = rt.turn(turn, &mut |_| true, &mut on_event);
         let result = match res {
-            Ok(g) => DeviceResult {
+            Ok(Some(RoutedTurn { generation: g, .. })) => DeviceResult {
                 job: job.job,
                 error: None,
                 text: tok.decode(&g.tokens, true).unwrap_or_default(),
@@ -176,10 +191,11 @@ pub fn run(args: DeviceArgs) -> Result<()> {
                 token_ms,
                 stop: format!("{:?}", g.stop),
                 stats: g.stats,
-                rounds: rt.last_rounds().to_vec(),
+                rounds: rt.runtime().last_rounds().to_vec(),
                 provisional: g.provisional,
                 load_ms,
             },
+            Ok(None) => anyhow::bail!("the generation did not start"),
             Err(e) => DeviceResult {
                 job: job.job,
                 error: Some(e.to_string()),

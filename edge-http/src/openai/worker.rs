@@ -23,7 +23,6 @@ use tandem_model::logprobs::TokenLogprobs;
 
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_router::Action;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::call_scan::{CallScan, Piece};
@@ -33,7 +32,7 @@ use super::request::{GenRequest, Input};
 use super::tools::CallFormat;
 use tandem_edge::context_policy::{fit_chat_cancellable, ContextError};
 use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
-use tandem_edge::{RoutedDecision, RoutedRuntime};
+use tandem_edge::{RoutedDecision, RoutedRuntime, Routing, Turn};
 
 /// What a job reports, in order: `Started`, then `Delta`/`Checked`, then
 /// `Done` — or `Failed` at any point.
@@ -283,9 +282,6 @@ fn run_slot(mut rt: RoutedRuntime, slot: usize, shared: &Shared) {
             c.running = true;
         }
         let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        // Asked before the first token too: while fitting the context,
-        // between the draft's prefill chunks, while the verifier opens.
-        rt.runtime_mut().set_cancel_flag(Some(job.cancel.clone()));
         let ctx = JobCtx {
             routed,
             seq,
@@ -293,7 +289,6 @@ fn run_slot(mut rt: RoutedRuntime, slot: usize, shared: &Shared) {
             shutdown: &shared.shutdown,
         };
         let (outcome, last) = run_job(&mut rt, &tok, &job, &ctx);
-        rt.runtime_mut().set_cancel_flag(None);
         if let Some(Event::Done(d)) = &last {
             shared
                 .metrics
@@ -676,23 +671,32 @@ fn run_job(
         // pin must not be seen by another's.
         None => format!("request-{}-{seq}", std::process::id()),
     };
-    // Anonymous requests share kept state only within one identity (the API
-    // key's holders, or one OS user on loopback: `super::peer`); one client
-    // must not learn how much of its prompt matches another's cached one.
-    rt.runtime_mut()
-        .set_anonymous_scope(req.anonymous_scope.clone());
-    let route = routed.then(|| rt.route(&conv, &messages));
-    let local = route.as_ref().is_some_and(|r| r.action() == Action::Local);
-    if req.conversation_id.is_none() {
+    let turn = Turn {
+        routing: if routed {
+            Routing::Router
+        } else {
+            Routing::Speculative
+        },
+        // A named conversation keeps its state under its id; an anonymous one is
+        // found again by its prompt's prefix (tandem_edge::conversation).
+        state: req.conversation_id.as_deref(),
         // No caller-given id: nothing to remember across requests.
-        rt.forget(&conv);
-    }
-    if !send(Event::Started {
-        route: route.map(Box::new),
-        prompt_tokens: prompt.len(),
-    }) {
-        return (Outcome::Cancelled, None);
-    }
+        ephemeral: req.conversation_id.is_none(),
+        // Anonymous requests share kept state only within one identity (the API
+        // key's holders, or one OS user on loopback: `super::peer`); one client
+        // must not learn how much of its prompt matches another's cached one.
+        anonymous_scope: req.anonymous_scope.clone(),
+        // Asked before the first token too: between the draft's prefill
+        // chunks, while the verifier opens.
+        cancel: Some(job.cancel.clone()),
+        ..Turn::new(&conv, &messages, &prompt, &gen)
+    };
+    let mut started = |route: Option<&RoutedDecision>| {
+        send(Event::Started {
+            route: route.cloned().map(Box::new),
+            prompt_tokens: prompt.len(),
+        })
+    };
     let mut dec = tok.stream_decoder(true);
     let mut scan = StopScan::new(&req.stop);
     let mut gone = false;
@@ -727,18 +731,10 @@ fn run_job(
             }
         }
     };
-    // A named conversation keeps its state under its id; an anonymous one is
-    // found again by its prompt's prefix (tandem_edge::conversation).
-    let name = req.conversation_id.as_deref();
-    let res = if local {
-        rt.runtime_mut()
-            .generate_local_in(name, &prompt, &gen, &mut on_event)
-    } else {
-        rt.runtime_mut()
-            .generate_in(name, &prompt, &gen, &mut on_event)
-    };
-    let mut g = match res {
-        Ok(g) => g,
+    let mut g = match rt.turn(turn, &mut started, &mut on_event) {
+        Ok(Some(t)) => t.generation,
+        // The client was gone when the route was decided.
+        Ok(None) => return (Outcome::Cancelled, None),
         Err(e) => {
             tracing::warn!(error = %e, "generation failed");
             return fail(e.into());
