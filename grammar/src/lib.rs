@@ -1,0 +1,397 @@
+//! `tandem-grammar`: what a request may constrain its output to (a JSON object,
+//! a JSON schema, a Lark grammar, a regex) as token masks over a Tandem
+//! tokenizer, computed by `llguidance` (the engine llama.cpp, vLLM and SGLang
+//! embed). The device masks its proposals and the verifier masks the target's
+//! choice with the same masks, so greedy output under a grammar is the target's
+//! own greedy output under that grammar (issue 30 item 2; docs/api.md
+//! "Structured output").
+//!
+//! The contract:
+//!
+//! 1. **What is asked.** A [`GrammarSpec`] has a wire form, a kind and a text
+//!    ([`GrammarSpec::to_wire`], [`GrammarSpec::from_wire`]), that a session's
+//!    Open carries. Texts over [`MAX_GRAMMAR_BYTES`] are refused
+//!    ([`GrammarError::TooLarge`]); so is a grammar llguidance cannot compile
+//!    ([`GrammarError::Invalid`], with its message). Compiling is the check: a
+//!    refused grammar has changed nothing.
+//! 2. **One vocabulary per tokenizer.** [`GrammarVocab`] is built once from a
+//!    tokenizer's *shared* vocabulary (its padding rows excluded, as the
+//!    tokenizer fingerprint excludes them): a draft and a target that pair
+//!    build the same vocabulary. Control tokens are special: no grammar emits
+//!    them as text. Building it for a 151k-token vocabulary takes tens of
+//!    milliseconds: keep it beside the tokenizer.
+//! 3. **Deterministic masks.** A [`Constraint`] is one generation's grammar
+//!    state. The same spec, vocabulary and accepted tokens give the same mask
+//!    on every machine: llguidance's limits are the fixed constants of
+//!    [`limits`] (its "fuel" counts operations, not time), and nothing here
+//!    depends on threads or the clock.
+//! 4. **Stops.** The model's end-of-generation ids ([`Tokenizer::chat_stop_tokens`])
+//!    are allowed exactly when the grammar accepts what was generated; accepting
+//!    one completes the constraint, after which only they are allowed (and
+//!    change nothing).
+//! 5. **Rollback.** [`Constraint::rollback`] takes back the last accepted
+//!    tokens, so a speculative round can test a block and keep only what was
+//!    accepted.
+//! 6. **Refusals.** Accepting a token the mask does not allow is
+//!    [`GrammarError::Refused`]: the caller masked wrongly (never a user's
+//!    doing), and the constraint is unchanged.
+
+use std::sync::Arc;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::{Matcher, ParserFactory};
+use tandem_model::tokenizer::{TokenKind, Tokenizer};
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+/// The largest grammar text accepted (bytes), whatever its kind: a JSON
+/// schema of a few hundred properties fits; a grammar that would take the
+/// verifier's memory or time does not.
+pub const MAX_GRAMMAR_BYTES: usize = 64 * 1024;
+
+/// Why a grammar or a token was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GrammarError {
+    #[error("grammar of {bytes} bytes is larger than the {max}-byte limit")]
+    TooLarge { bytes: usize, max: usize },
+    #[error("unknown grammar kind {0:?} (json_object, json_schema, lark, regex)")]
+    UnknownKind(String),
+    #[error("invalid grammar: {0}")]
+    Invalid(String),
+    #[error("token {token} is not allowed by the grammar here")]
+    Refused { token: u32 },
+    #[error("grammar engine: {0}")]
+    Engine(String),
+}
+
+pub type Result<T> = std::result::Result<T, GrammarError>;
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object (OpenAI `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON value valid against this JSON schema (`"json_schema"`).
+    JsonSchema(serde_json::Value),
+    /// A Lark grammar (llguidance's dialect; a documented extension).
+    Lark(String),
+    /// A regular expression the whole output matches (an extension).
+    Regex(String),
+}
+
+impl GrammarSpec {
+    /// The wire form: (kind, text).
+    pub fn to_wire(&self) -> (&'static str, String) {
+        match self {
+            Self::JsonObject => ("json_object", String::new()),
+            Self::JsonSchema(s) => ("json_schema", s.to_string()),
+            Self::Lark(g) => ("lark", g.clone()),
+            Self::Regex(r) => ("regex", r.clone()),
+        }
+    }
+
+    /// Parses the wire form; the size limit and JSON syntax are checked here,
+    /// the grammar itself when it is compiled ([`Constraint::new`]).
+    pub fn from_wire(kind: &str, text: &str) -> Result<Self> {
+        if text.len() > MAX_GRAMMAR_BYTES {
+            return Err(GrammarError::TooLarge {
+                bytes: text.len(),
+                max: MAX_GRAMMAR_BYTES,
+            });
+        }
+        match kind {
+            "json_object" => Ok(Self::JsonObject),
+            "json_schema" => serde_json::from_str(text)
+                .map(Self::JsonSchema)
+                .map_err(|e| GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))),
+            "lark" => Ok(Self::Lark(text.to_string())),
+            "regex" => Ok(Self::Regex(text.to_string())),
+            other => Err(GrammarError::UnknownKind(other.to_string())),
+        }
+    }
+
+    fn top_level(&self) -> TopLevelGrammar {
+        match self {
+            Self::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            }
+            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Self::Regex(r) => TopLevelGrammar::from_regex(r),
+        }
+    }
+}
+
+/// llguidance's limits, fixed here so that both sides compute the same masks
+/// (a limit hit is an error at the same token on every machine). Its defaults,
+/// except that grammars are smaller ([`MAX_GRAMMAR_BYTES`]).
+pub fn limits() -> ParserLimits {
+    ParserLimits {
+        max_grammar_size: 100_000,
+        ..ParserLimits::default()
+    }
+}
+
+/// A tokenizer's vocabulary as llguidance sees it (contract 2). Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct GrammarVocab {
+    factory: Arc<ParserFactory>,
+    /// The model's end-of-generation ids.
+    stops: Arc<[u32]>,
+    /// The id llguidance treats as end of sequence (the first stop).
+    eos: u32,
+    /// Ids below this are the shared vocabulary; the rest are never allowed.
+    vocab: usize,
+}
+
+impl std::fmt::Debug for GrammarVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarVocab")
+            .field("vocab", &self.vocab)
+            .field("stops", &self.stops)
+            .finish()
+    }
+}
+
+/// Tandem's tokenizer behind llguidance's `TokenizerEnv`.
+struct Env {
+    trie: TokTrie,
+    tok: Tokenizer,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    /// Text as the model would tokenize it (llguidance uses this for forced
+    /// text); bytes that are not UTF-8, greedily over the trie.
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self
+                .tok
+                .encode(text, false)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+impl GrammarVocab {
+    /// Builds the vocabulary of `tok` (contract 2).
+    pub fn new(tok: &Tokenizer) -> Result<Self> {
+        let vocab = tok.real_vocab_size();
+        let stops: Arc<[u32]> = tok.chat_stop_tokens().into();
+        let eos = stops
+            .first()
+            .copied()
+            .or_else(|| tok.eos_id())
+            .ok_or_else(|| {
+                GrammarError::Engine("the tokenizer names no end-of-generation token".into())
+            })?;
+        let words: Vec<Vec<u8>> = (0..vocab)
+            .map(|i| {
+                let id = u32::try_from(i).unwrap_or(u32::MAX);
+                let special = || {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(tok.id_to_token(id).unwrap_or("").as_bytes());
+                    w
+                };
+                match tok.token_kind(id) {
+                    Some(TokenKind::Normal | TokenKind::Byte | TokenKind::UserDefined) => {
+                        match tok.id_to_piece(id) {
+                            Some(p) if !p.is_empty() => p.to_vec(),
+                            _ => special(),
+                        }
+                    }
+                    _ => special(),
+                }
+            })
+            .collect();
+        let n = u32::try_from(vocab)
+            .map_err(|_| GrammarError::Engine(format!("vocabulary of {vocab} tokens")))?;
+        let trie = TokTrie::from(&TokRxInfo::new(n, eos), &words);
+        let env: TokEnv = Arc::new(Env {
+            trie,
+            tok: tok.clone(),
+        });
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Engine(e.to_string()))?;
+        // Nothing on stderr: a terminal user's streamed text is there.
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        Ok(Self {
+            factory: Arc::new(factory),
+            stops,
+            eos,
+            vocab,
+        })
+    }
+
+    /// The shared vocabulary's size (masks cover these ids).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+/// One generation's grammar state (contract 3–6).
+pub struct Constraint {
+    matcher: Matcher,
+    vocab: GrammarVocab,
+    /// Tokens accepted so far (for rollback bookkeeping and errors).
+    accepted: usize,
+    /// Stops accepted after the first one (the engine saw only the first).
+    stops_after_complete: usize,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("accepted", &self.accepted)
+            .finish()
+    }
+}
+
+/// The ids allowed at one position.
+#[derive(Clone, Debug)]
+pub struct TokenMask {
+    allowed: SimpleVob,
+    vocab: usize,
+}
+
+impl TokenMask {
+    pub fn allows(&self, t: u32) -> bool {
+        (t as usize) < self.vocab && self.allowed.is_allowed(t)
+    }
+
+    /// How many ids are allowed.
+    pub fn count(&self) -> usize {
+        self.allowed.num_set()
+    }
+
+    /// Sets every logit the mask does not allow to −∞ (padding rows
+    /// included).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (i, l) in logits.iter_mut().enumerate() {
+            let ok = i < self.vocab && self.allowed.is_allowed(i as u32);
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+impl Constraint {
+    /// Compiles `spec` against `vocab` (contract 1).
+    pub fn new(vocab: &GrammarVocab, spec: &GrammarSpec) -> Result<Self> {
+        let parser = vocab
+            .factory
+            .create_parser(spec.top_level())
+            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(e));
+        }
+        Ok(Self {
+            matcher,
+            vocab: vocab.clone(),
+            accepted: 0,
+            stops_after_complete: 0,
+        })
+    }
+
+    /// The ids allowed next: what the grammar allows, with every stop id
+    /// standing in for llguidance's end of sequence (contract 4).
+    pub fn mask(&mut self) -> Result<TokenMask> {
+        let mut allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError::Engine(e.to_string()))?;
+        if allowed.is_allowed(self.vocab.eos) {
+            for &s in self.vocab.stops.iter() {
+                if (s as usize) < self.vocab.vocab {
+                    allowed.allow_token(s);
+                }
+            }
+        }
+        Ok(TokenMask {
+            allowed,
+            vocab: self.vocab.vocab,
+        })
+    }
+
+    /// Accepts `t` (it must be allowed: contract 6). Checks only `t`, not
+    /// the whole mask.
+    pub fn accept(&mut self, t: u32) -> Result<()> {
+        let refused = Err(GrammarError::Refused { token: t });
+        if (t as usize) >= self.vocab.vocab {
+            return refused;
+        }
+        if self.vocab.stops.contains(&t) {
+            if self.matcher.is_stopped() {
+                // Complete already: further stops are allowed and change
+                // nothing but the count.
+                self.stops_after_complete += 1;
+                self.accepted += 1;
+                return Ok(());
+            }
+            if !self.is_accepting() {
+                return refused;
+            }
+            self.consume(self.vocab.eos)?;
+            return Ok(());
+        }
+        if self.matcher.is_stopped() {
+            return refused;
+        }
+        let ok = self
+            .matcher
+            .validate_tokens(&[t])
+            .map_err(|e| GrammarError::Engine(e.to_string()))?
+            == 1;
+        if !ok {
+            return refused;
+        }
+        self.consume(t)
+    }
+
+    fn consume(&mut self, t: u32) -> Result<()> {
+        self.matcher
+            .consume_token(t)
+            .map_err(|e| GrammarError::Engine(e.to_string()))?;
+        self.accepted += 1;
+        Ok(())
+    }
+
+    /// Takes back the last `n` accepted tokens (contract 5).
+    pub fn rollback(&mut self, n: usize) -> Result<()> {
+        if n > self.accepted {
+            return Err(GrammarError::Engine(format!(
+                "rollback of {n} tokens after {} accepted",
+                self.accepted
+            )));
+        }
+        let extra = n.min(self.stops_after_complete);
+        self.stops_after_complete -= extra;
+        self.matcher
+            .rollback(n - extra)
+            .map_err(|e| GrammarError::Engine(e.to_string()))?;
+        self.accepted -= n;
+        Ok(())
+    }
+
+    /// Whether what was accepted so far is a complete match.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// A stop was accepted: only stops are allowed from here.
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Tokens accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted
+    }
+}

@@ -1,0 +1,202 @@
+//! Grammar constraints over the real Qwen2.5 tokenizer (the draft GGUF's):
+//! the draft's greedy output under a JSON schema is valid JSON of that schema
+//! and ends with a stop token; masks are deterministic and survive rollback; a
+//! refused token or grammar changes nothing.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use std::time::Instant;
+use tandem_fetch::ModelRole;
+use tandem_grammar::{Constraint, GrammarError, GrammarSpec, GrammarVocab, MAX_GRAMMAR_BYTES};
+use tandem_model::tokenizer::{ChatMessage, Tokenizer};
+use tandem_model::transformer::{LoadOptions, Model};
+
+fn draft() -> (Model, Tokenizer) {
+    let p = tandem_fetch::model_path(ModelRole::Draft);
+    assert!(
+        p.exists(),
+        "real model {} is missing: run `cargo run --release -p tandem -- models fetch`",
+        p.display()
+    );
+    let model = Model::load(&p, LoadOptions::with_max_seq_len(512)).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    (model, tok)
+}
+
+fn person_schema() -> GrammarSpec {
+    GrammarSpec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+        },
+        "required": ["name", "age", "languages"],
+        "additionalProperties": false
+    }))
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn the_drafts_greedy_output_under_a_schema_is_valid_json_of_it_and_stops() {
+    let (model, tok) = draft();
+    let t0 = Instant::now();
+    let vocab = GrammarVocab::new(&tok).unwrap();
+    let vocab_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let spec = person_schema();
+    let t1 = Instant::now();
+    let mut c = Constraint::new(&vocab, &spec).unwrap();
+    let compile_ms = t1.elapsed().as_secs_f64() * 1000.0;
+
+    let prompt = tok
+        .encode_chat(
+            &[ChatMessage::user(
+                "Describe Ada Lovelace as a JSON object with her name, age at death and languages she wrote in.",
+            )],
+            true,
+        )
+        .unwrap();
+    let mut cache = model.new_cache();
+    let mut logits = model.forward_last(&prompt, 0, &mut cache).unwrap();
+    let stops = tok.chat_stop_tokens();
+    let mut out = Vec::new();
+    let mut mask_s = 0.0;
+    let mut unconstrained_differs = 0;
+    let stopped = loop {
+        let tm = Instant::now();
+        let mask = c.mask().unwrap();
+        mask_s += tm.elapsed().as_secs_f64();
+        let free = argmax(&logits);
+        mask.apply(&mut logits);
+        let t = argmax(&logits);
+        if t != free {
+            unconstrained_differs += 1;
+        }
+        c.accept(t).unwrap();
+        if stops.contains(&t) {
+            break true;
+        }
+        out.push(t);
+        if out.len() >= 96 {
+            break false;
+        }
+        let pos = cache.len();
+        logits = model.forward(&[t], pos, &mut cache).unwrap();
+    };
+    let text = tok.decode(&out, true).unwrap();
+    eprintln!(
+        "vocabulary {vocab_ms:.1} ms, compile {compile_ms:.1} ms, mask {:.0} µs/token over {} tokens \
+         ({unconstrained_differs} positions where the mask changed the greedy choice): {text}",
+        mask_s * 1e6 / (out.len() + 1) as f64,
+        out.len() + 1
+    );
+    assert!(stopped, "no stop after {} tokens: {text}", out.len());
+    assert!(c.is_complete());
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let o = v.as_object().unwrap();
+    assert_eq!(o.len(), 3, "{text}");
+    assert!(o["name"].is_string(), "{text}");
+    assert!(o["age"].is_i64(), "{text}");
+    let langs = o["languages"].as_array().unwrap();
+    assert!(
+        langs.len() <= 3 && langs.iter().all(|l| l.is_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn masks_are_deterministic_and_rollback_restores_them() {
+    let (_, tok) = draft();
+    let vocab = GrammarVocab::new(&tok).unwrap();
+    let spec = person_schema();
+    let text = tok.encode(r#"{"name": "Ada", "age": 36"#, false).unwrap();
+    let mut a = Constraint::new(&vocab, &spec).unwrap();
+    let mut b = Constraint::new(&vocab, &spec).unwrap();
+    let mut masks = Vec::new();
+    for &t in &text {
+        let m = a.mask().unwrap();
+        let n = b.mask().unwrap();
+        assert_eq!(m.count(), n.count());
+        assert!(m.allows(t), "token {t} not allowed");
+        masks.push(m.count());
+        a.accept(t).unwrap();
+        b.accept(t).unwrap();
+    }
+    // Take back the last 4, then walk them again: the same masks.
+    a.rollback(4).unwrap();
+    assert_eq!(a.accepted(), text.len() - 4);
+    for (i, &t) in text[text.len() - 4..].iter().enumerate() {
+        assert_eq!(a.mask().unwrap().count(), masks[text.len() - 4 + i]);
+        a.accept(t).unwrap();
+    }
+    assert!(a.rollback(text.len() + 1).is_err());
+    // Not complete yet: no stop allowed; "}" after the languages would be.
+    let stops = tok.chat_stop_tokens();
+    let m = a.mask().unwrap();
+    assert!(stops.iter().all(|&s| !m.allows(s)));
+}
+
+#[test]
+fn a_refused_token_or_grammar_changes_nothing() {
+    let (_, tok) = draft();
+    let vocab = GrammarVocab::new(&tok).unwrap();
+    let mut c = Constraint::new(&vocab, &GrammarSpec::JsonObject).unwrap();
+    let before = c.mask().unwrap().count();
+    // A JSON object cannot start with "x", nor with a stop or a padding id.
+    let x = tok.encode("x", false).unwrap()[0];
+    for t in [
+        x,
+        tok.chat_stop_tokens()[0],
+        u32::try_from(tok.vocab_size()).unwrap() - 1,
+    ] {
+        match c.accept(t) {
+            Err(GrammarError::Refused { token }) => assert_eq!(token, t),
+            other => panic!("token {t}: {other:?}"),
+        }
+    }
+    assert_eq!(c.accepted(), 0);
+    assert_eq!(c.mask().unwrap().count(), before);
+    let open = tok.encode("{", false).unwrap()[0];
+    c.accept(open).unwrap();
+
+    for (kind, text, want) in [
+        ("lark", "start: (", "invalid grammar"),
+        ("json_schema", "{not json", "not JSON"),
+        (
+            "json_schema",
+            r#"{"type": "no-such-type"}"#,
+            "invalid grammar",
+        ),
+        ("regex", "a(", "invalid grammar"),
+        ("gbnf", "root ::= \"a\"", "unknown grammar kind"),
+    ] {
+        let err = GrammarSpec::from_wire(kind, text)
+            .and_then(|s| Constraint::new(&vocab, &s))
+            .unwrap_err();
+        assert!(err.to_string().contains(want), "{kind} {text:?}: {err}");
+    }
+    let huge = "a".repeat(MAX_GRAMMAR_BYTES + 1);
+    assert!(matches!(
+        GrammarSpec::from_wire("regex", &huge),
+        Err(GrammarError::TooLarge { .. })
+    ));
+    // The wire form round-trips.
+    for s in [
+        GrammarSpec::JsonObject,
+        person_schema(),
+        GrammarSpec::Regex("[0-9]+".into()),
+    ] {
+        let (k, t) = s.to_wire();
+        assert_eq!(GrammarSpec::from_wire(k, &t).unwrap(), s);
+    }
+}
