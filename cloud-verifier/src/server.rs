@@ -244,6 +244,7 @@ pub async fn start(cfg: VerifierConfig) -> Result<RunningVerifier, ServeError> {
         shutdown: stop_rx.clone(),
         in_flight: Mutex::default(),
         open_gate: Mutex::new(()),
+        grammar_vocab: tokio::sync::OnceCell::new(),
     });
     admin_state.set_verifier(state.clone());
 

@@ -31,6 +31,9 @@ pub struct SessionState {
     /// target here. In U-shape sessions `context` holds placeholders (the verifier
     /// never sees token ids), only its length is meaningful.
     pub split: Option<SplitSpec>,
+    /// Structured output (`Open.grammar`): the constraint, advanced over the
+    /// output in `context` so far; verdicts choose among what it allows.
+    pub grammar: Option<tandem_grammar::Constraint>,
 }
 
 impl SessionState {
@@ -45,6 +48,7 @@ impl SessionState {
             next_round: first_round,
             rounds: 0,
             split: None,
+            grammar: None,
         }
     }
 
@@ -66,13 +70,40 @@ impl SessionState {
         draft: &[u32],
         logits: &[f32],
     ) -> Result<Verdict, Refusal> {
-        let verdict = verdict_from_logits(&self.sampling, &self.context, draft, logits);
+        let (verdict, masked) = match self.grammar.as_mut() {
+            None => (
+                verdict_from_logits(&self.sampling, &self.context, draft, logits),
+                None,
+            ),
+            Some(c) => {
+                match tandem_grammar::masked_verdict(
+                    &self.sampling,
+                    &self.context,
+                    draft,
+                    logits,
+                    c,
+                ) {
+                    Ok((v, masked)) => (Ok(v), Some(masked)),
+                    Err(e) => {
+                        self.kv.truncate(base);
+                        return Err(Refusal::new(
+                            Reason::InternalError,
+                            format!("verdict under the grammar: {e}"),
+                        ));
+                    }
+                }
+            }
+        };
+        // Under a grammar, the logprobs of the distribution that chose: the
+        // masked one.
+        let rows = masked.as_deref().unwrap_or(logits);
         let logprobs = match (&verdict, self.top_logprobs) {
             (Ok(v), Some(top)) => {
-                verdict_logprobs(&self.sampling, &self.context, draft, logits, v, top)
+                verdict_logprobs(&self.sampling, &self.context, draft, rows, v, top)
             }
             _ => Ok(Vec::new()),
         };
+        let committed = verdict.as_ref().map_or(0, |v| v.accepted + 1);
         match verdict.and_then(|v| Ok((v, logprobs?))) {
             Ok((v, logprobs)) => {
                 self.last_logprobs = logprobs;
@@ -81,6 +112,11 @@ impl SessionState {
             }
             Err(e) => {
                 self.kv.truncate(base);
+                if let Some(c) = self.grammar.as_mut() {
+                    // The verdict was made and advanced the grammar: take it
+                    // back with the rest of the round.
+                    let _ = c.rollback(committed);
+                }
                 Err(Refusal::new(Reason::InternalError, format!("verdict: {e}")))
             }
         }

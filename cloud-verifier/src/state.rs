@@ -109,9 +109,34 @@ pub struct VerifierState {
     /// Serializes an Open's reservation with its registration in
     /// `in_flight` (so concurrent Opens of one identity see each other).
     pub open_gate: Mutex<()>,
+    /// The target tokenizer's grammar vocabulary (`Open.grammar`), built on
+    /// the first Open that asks for a grammar (about half a second for a
+    /// 151k-token vocabulary: docs/grammar.md); the error when the target has
+    /// no usable tokenizer.
+    pub grammar_vocab: tokio::sync::OnceCell<Result<tandem_grammar::GrammarVocab, String>>,
 }
 
 impl VerifierState {
+    /// [`Self::grammar_vocab`], built off the async workers on first use.
+    pub async fn grammar_vocab(&self) -> Result<tandem_grammar::GrammarVocab, Refusal> {
+        let model = Arc::clone(&self.model);
+        let built = self
+            .grammar_vocab
+            .get_or_init(|| async move {
+                tokio::task::spawn_blocking(move || {
+                    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(model.gguf())
+                        .map_err(|e| format!("the target model has no usable tokenizer ({e})"))?;
+                    tandem_grammar::GrammarVocab::new(&tok).map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("building the grammar vocabulary: {e}")))
+            })
+            .await;
+        built
+            .clone()
+            .map_err(|e| Refusal::new(Reason::BadRequest, format!("grammar: {e}")))
+    }
+
     /// A stream slot of `who` (`limits.max_streams_per_identity`).
     pub fn stream_slot(self: &Arc<Self>, who: &Arc<str>) -> Result<InFlightSlot, Refusal> {
         self.slot(who, SlotKind::Stream, self.limits.max_streams_per_identity)

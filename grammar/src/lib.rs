@@ -395,3 +395,63 @@ impl Constraint {
         self.accepted
     }
 }
+
+/// The verdict on a block `draft` (the tokens after `history`, whose last
+/// token is the block's `last`) from the target's `logits` (`[k + 1, vocab]`
+/// over `[last, d1..dk]`) under the constraint `c`: at each position the
+/// target's choice ([`tandem_model::sampling::next_token`], greedy or keyed)
+/// among the tokens the grammar allows there, accepting drafts while they equal
+/// it. `c` is advanced over what the verdict commits (the accepted drafts and
+/// the next token); on an error it is as it was. Also returns the logits with
+/// each row up to the verdict's masked (the rows logprobs are read from).
+pub fn masked_verdict(
+    params: &tandem_model::sampling::SamplingParams,
+    history: &[u32],
+    draft: &[u32],
+    logits: &[f32],
+    c: &mut Constraint,
+) -> Result<(tandem_model::verify::Verdict, Vec<f32>)> {
+    let k = draft.len();
+    let vocab = logits.len() / (k + 1);
+    if vocab == 0 || logits.len() != (k + 1) * vocab {
+        return Err(GrammarError::Engine(format!(
+            "a verdict on {k} draft tokens needs {} rows of logits, got {} floats",
+            k + 1,
+            logits.len()
+        )));
+    }
+    let mut masked = logits.to_vec();
+    let mut hist = history.to_vec();
+    let before = c.accepted();
+    let mut walk = || -> Result<tandem_model::verify::Verdict> {
+        for i in 0..=k {
+            let row = &mut masked[i * vocab..(i + 1) * vocab];
+            let mask = c.mask()?;
+            if mask.count() == 0 {
+                return Err(GrammarError::Engine("the grammar allows no token".into()));
+            }
+            mask.apply(row);
+            let t = tandem_model::sampling::next_token(params, row, &hist);
+            c.accept(t)?;
+            match draft.get(i) {
+                Some(&d) if d == t => hist.push(t),
+                _ => {
+                    return Ok(tandem_model::verify::Verdict {
+                        accepted: i,
+                        next_token: t,
+                    })
+                }
+            }
+        }
+        // Unreachable: the last position has no draft to agree with.
+        Err(GrammarError::Engine("verdict past the block".into()))
+    };
+    match walk() {
+        Ok(v) => Ok((v, masked)),
+        Err(e) => {
+            let n = c.accepted().saturating_sub(before);
+            c.rollback(n)?;
+            Err(e)
+        }
+    }
+}

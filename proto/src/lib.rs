@@ -68,6 +68,10 @@ pub const FEATURE_PENALTIES: &str = "penalties";
 /// (`Verdict.logprobs`).
 pub const FEATURE_LOGPROBS: &str = "logprobs";
 
+/// `Opened.features` name of a verifier that honours `Open.grammar`
+/// (structured output; docs/grammar.md).
+pub const FEATURE_GRAMMAR: &str = "grammar";
+
 /// Fully qualified service name, as used by the health service and reflection.
 pub const VERIFIER_SERVICE_NAME: &str = "tandem.verifier.v1.Verifier";
 

@@ -64,12 +64,71 @@ fn sampling_from_wire(
     Ok(s)
 }
 
-/// What an Open asks of its session's verdicts: the sampling, and the
-/// logprobs (`Open.top_logprobs`).
-#[derive(Clone, Copy)]
+/// What an Open asks of its session's verdicts: the sampling, the logprobs
+/// (`Open.top_logprobs`) and the grammar (`Open.grammar`, compiled once the
+/// context is known: [`compile_grammar`]).
 struct Asked {
     sampling: SamplingParams,
     top_logprobs: Option<usize>,
+    grammar: Option<tandem_proto::v1::Grammar>,
+}
+
+/// `Open.grammar`: not with split sessions (their verdicts are not computed
+/// from token logits here).
+fn grammar_from_wire(o: &Open) -> Result<Option<tandem_proto::v1::Grammar>, Refusal> {
+    match &o.grammar {
+        Some(_) if o.split.is_some() => Err(Refusal::new(
+            Reason::BadRequest,
+            "grammar: not available in split sessions",
+        )),
+        g => Ok(g.clone()),
+    }
+}
+
+/// Compiles the grammar `g` for a session of context `ctx` and replays the
+/// output already in it (`ctx[output_start..]`). Everything here is checked
+/// before the session does any work: a refusal leaves nothing behind.
+async fn compile_grammar(
+    s: &VerifierState,
+    g: &tandem_proto::v1::Grammar,
+    ctx: &[u32],
+) -> Result<tandem_grammar::Constraint, Refusal> {
+    let bad = |m: String| Refusal::new(Reason::BadRequest, format!("grammar: {m}"));
+    let start = usize::try_from(g.output_start)
+        .ok()
+        .filter(|&n| n <= ctx.len())
+        .ok_or_else(|| {
+            bad(format!(
+                "output_start {} is past the context's {} tokens",
+                g.output_start,
+                ctx.len()
+            ))
+        })?;
+    let spec =
+        tandem_grammar::GrammarSpec::from_wire(&g.kind, &g.text).map_err(|e| bad(e.to_string()))?;
+    let vocab = s.grammar_vocab().await?;
+    let mut c = tandem_grammar::Constraint::new(&vocab, &spec).map_err(|e| bad(e.to_string()))?;
+    for (i, &t) in ctx[start..].iter().enumerate() {
+        c.accept(t).map_err(|e| {
+            bad(format!(
+                "output token {i} (context position {}): {e}",
+                start + i
+            ))
+        })?;
+    }
+    Ok(c)
+}
+
+/// [`compile_grammar`] when the Open asks for one.
+async fn grammar_for(
+    s: &VerifierState,
+    asked: &Asked,
+    ctx: &[u32],
+) -> Result<Option<tandem_grammar::Constraint>, Refusal> {
+    match &asked.grammar {
+        Some(g) => compile_grammar(s, g, ctx).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 /// `Open.top_logprobs`: absent is none; else at most
@@ -110,6 +169,7 @@ fn opened(s: &VerifierState, id: &str, resumed: bool, context_len: usize, reused
         features: vec![
             tandem_proto::FEATURE_PENALTIES.to_owned(),
             tandem_proto::FEATURE_LOGPROBS.to_owned(),
+            tandem_proto::FEATURE_GRAMMAR.to_owned(),
         ],
     }
 }
@@ -158,6 +218,7 @@ async fn open_checked(
         let asked = Asked {
             sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
             top_logprobs: top_logprobs_from_wire(&o)?,
+            grammar: grammar_from_wire(&o)?,
         };
         return open_continued(s, who, c, o.prompt_tokens, asked, o.first_round).await;
     }
@@ -173,11 +234,13 @@ async fn open_checked(
     let asked = Asked {
         sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
         top_logprobs: top_logprobs_from_wire(&o)?,
+        grammar: grammar_from_wire(&o)?,
     };
     if let Some(spec) = split {
         return open_split(s, who, o, spec, asked.sampling).await;
     }
     let ctx = o.prompt_tokens;
+    let mut grammar = grammar_for(s, &asked, &ctx).await?;
     if let Some(rid) = &o.resume_session_id {
         let rid: Arc<str> = Arc::from(rid.as_str());
         match CheckedOut::take_over(&s.store, &rid, who) {
@@ -188,6 +251,7 @@ async fn open_checked(
                 let (mut g, reused) = settle(lent, st, res)?;
                 g.sampling = asked.sampling;
                 g.top_logprobs = asked.top_logprobs;
+                g.grammar = grammar.take();
                 g.next_round = o.first_round;
                 drop(g); // checked in
                 tracing::info!(session = %rid, reused, "session resumed");
@@ -211,6 +275,7 @@ async fn open_checked(
         who,
         ctx,
         asked,
+        grammar,
         o.first_round,
         None,
         Work::Prefill { tokens },
@@ -280,6 +345,7 @@ async fn open_continued(
     ctx.extend_from_slice(&g.context[..prefix]);
     ctx.extend_from_slice(&new);
     s.check_context(&ctx)?;
+    let grammar = grammar_for(s, &asked, &ctx).await?;
     let epoch = g.epoch();
     let (lent, st) = g.lend();
     let (st, res) = resync(s, who, &sid, st, &ctx).await;
@@ -288,6 +354,7 @@ async fn open_continued(
     // keyed by its position, as in a fresh session of the whole context).
     g.sampling = asked.sampling;
     g.top_logprobs = asked.top_logprobs;
+    g.grammar = grammar;
     g.next_round = first_round;
     drop(g); // checked in
     tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");
@@ -302,6 +369,7 @@ async fn open_new(
     who: &Arc<str>,
     context: Vec<u32>,
     asked: Asked,
+    grammar: Option<tandem_grammar::Constraint>,
     first_round: u64,
     split: Option<SplitSpec>,
     prefill: Work,
@@ -316,6 +384,7 @@ async fn open_new(
     let reserved = s.reserve_open(&mut kv, s.room_for(context_len), who)?;
     let mut st = SessionState::new(kv, context, asked.sampling, first_round);
     st.top_logprobs = asked.top_logprobs;
+    st.grammar = grammar;
     st.split = split;
     let (st, out) = s.run(who, &id, st, prefill).await;
     permit.spent();
@@ -362,7 +431,9 @@ async fn open_split(
         Asked {
             sampling,
             top_logprobs: None,
+            grammar: None,
         },
+        None,
         o.first_round,
         Some(spec),
         prefill,
