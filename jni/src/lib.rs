@@ -33,9 +33,10 @@ use jni::strings::JNIString;
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, Outcome};
 use tandem_capi::{
-    tandem_cancel, tandem_generate, tandem_runtime_free, tandem_runtime_last_json,
-    tandem_runtime_new, tandem_runtime_set_device_state, tandem_runtime_stats, tandem_status_name,
-    tandem_string_free, tandem_version, TandemDeviceState, TandemRuntime, TandemStats,
+    tandem_cancel, tandem_conversation_free, tandem_conversation_new, tandem_conversation_send,
+    tandem_generate, tandem_runtime_free, tandem_runtime_last_json, tandem_runtime_new,
+    tandem_runtime_set_device_state, tandem_runtime_stats, tandem_status_name, tandem_string_free,
+    tandem_version, TandemConversation, TandemDeviceState, TandemRuntime, TandemStats,
     TandemStatus, TandemTokenStatus,
 };
 
@@ -305,6 +306,63 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeNew<'l>(
     })
 }
 
+/// `maxTokens` as the C ABI's `u32` (`IllegalArgumentException` below 0).
+fn max_tokens_arg(env: &mut Env, max_tokens: jint) -> Result<u32, Thrown> {
+    u32::try_from(max_tokens).map_err(|_| {
+        throw_java(
+            env,
+            jni_str!("java/lang/IllegalArgumentException"),
+            &format!("maxTokens must be >= 0, got {max_tokens}"),
+        )
+    })
+}
+
+/// Runs one streamed C ABI call, `call(callback, user_data, stats_out,
+/// error_message)` (`tandem_generate`, `tandem_conversation_send`), with
+/// `sink` (may be null) receiving the pieces, then writes the statistics
+/// into `counts`/`times`. A callback's Java exception propagates unchanged.
+fn streamed<'l>(
+    env: &mut Env<'l>,
+    sink: &JObject<'l>,
+    counts: &JLongArray<'l>,
+    times: &JDoubleArray<'l>,
+    call: impl FnOnce(
+        tandem_capi::TandemTokenCallback,
+        *mut c_void,
+        *mut TandemStats,
+        *mut *mut c_char,
+    ) -> TandemStatus,
+) -> Result<(), Thrown> {
+    let mut stats = MaybeUninit::<TandemStats>::uninit();
+    let mut err: *mut c_char = ptr::null_mut();
+    let has_sink = !sink.is_null();
+    let mut piece_sink = PieceSink {
+        env: &mut *env,
+        sink,
+        failed: false,
+    };
+    let callback = if has_sink {
+        Some(on_piece as unsafe extern "C" fn(_, _, _, _) -> bool)
+    } else {
+        None
+    };
+    let status = call(
+        callback,
+        &mut piece_sink as *mut PieceSink<'_, '_> as *mut c_void,
+        stats.as_mut_ptr(),
+        &mut err,
+    );
+    if piece_sink.failed {
+        // The callback's exception propagates; the generation stopped.
+        let _ = take_c_string(err);
+        return Err(Thrown);
+    }
+    check(env, status, err)?;
+    // SAFETY: on OK the C ABI wrote the whole struct.
+    let stats = unsafe { stats.assume_init() };
+    write_stats(env, &stats, counts, times)
+}
+
 /// `TandemRuntime.nativeGenerate(long, String, int, Sink, long[], double[])`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
@@ -319,50 +377,101 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
 ) {
     guard(&mut env, (), |env| {
         let prompt = c_string(env, &prompt, "prompt")?;
-        let Ok(max_tokens) = u32::try_from(max_tokens) else {
-            return Err(throw_java(
-                env,
-                jni_str!("java/lang/IllegalArgumentException"),
-                &format!("maxTokens must be >= 0, got {max_tokens}"),
-            ));
-        };
-        let mut stats = MaybeUninit::<TandemStats>::uninit();
+        let max_tokens = max_tokens_arg(env, max_tokens)?;
+        streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
+            // SAFETY: the handle is a live runtime (the Java class checks),
+            // the strings and out-pointers are valid for the call, and user
+            // is the PieceSink that on_piece expects.
+            unsafe {
+                tandem_generate(
+                    runtime(handle),
+                    prompt.as_ptr(),
+                    max_tokens,
+                    cb,
+                    user,
+                    stats,
+                    err,
+                )
+            }
+        })
+    })
+}
+
+/// `TandemRuntime.nativeConversationNew(long)`: a `TandemConversation *`.
+#[no_mangle]
+pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationNew<'l>(
+    mut env: EnvUnowned<'l>,
+    _class: JClass<'l>,
+    handle: jlong,
+) -> jlong {
+    guard(&mut env, 0, |env| {
+        let mut c: *mut TandemConversation = ptr::null_mut();
         let mut err: *mut c_char = ptr::null_mut();
-        let has_sink = !sink.is_null();
-        let mut piece_sink = PieceSink {
-            env: &mut *env,
-            sink: &sink,
-            failed: false,
-        };
-        let callback = if has_sink {
-            Some(on_piece as unsafe extern "C" fn(_, _, _, _) -> bool)
-        } else {
-            None
-        };
-        // SAFETY: the handle is a live runtime (the Java class checks), the
-        // strings and out-pointers are valid for the call, and user_data is
-        // the PieceSink that on_piece expects.
-        let status = unsafe {
-            tandem_generate(
+        // SAFETY: a live runtime (the Java class checks), valid out-pointers.
+        let status = unsafe { tandem_conversation_new(runtime(handle), &mut c, &mut err) };
+        check(env, status, err)?;
+        Ok(c as usize as jlong)
+    })
+}
+
+/// `TandemRuntime.nativeConversationSend(long, long, String, int, Sink,
+/// long[], double[])`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)] // the Java method's parameters
+pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
+    mut env: EnvUnowned<'l>,
+    _class: JClass<'l>,
+    handle: jlong,
+    conversation: jlong,
+    message: JString<'l>,
+    max_tokens: jint,
+    sink: JObject<'l>,
+    counts: JLongArray<'l>,
+    times: JDoubleArray<'l>,
+) {
+    guard(&mut env, (), |env| {
+        let message = c_string(env, &message, "message")?;
+        let max_tokens = max_tokens_arg(env, max_tokens)?;
+        let conversation = conversation as usize as *mut TandemConversation;
+        streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
+            // SAFETY: a live runtime and one of its live conversations (the
+            // Java classes check both), valid strings and out-pointers, and
+            // user is the PieceSink that on_piece expects.
+            unsafe {
+                tandem_conversation_send(
+                    runtime(handle),
+                    conversation,
+                    message.as_ptr(),
+                    max_tokens,
+                    cb,
+                    user,
+                    stats,
+                    err,
+                )
+            }
+        })
+    })
+}
+
+/// `TandemRuntime.nativeConversationFree(long, long)`: `handle` 0 when the
+/// runtime is closed already (only the conversation's memory goes then).
+#[no_mangle]
+pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationFree<'l>(
+    mut env: EnvUnowned<'l>,
+    _class: JClass<'l>,
+    handle: jlong,
+    conversation: jlong,
+) {
+    guard(&mut env, (), |_env| {
+        // SAFETY: NULL or a live runtime; a live conversation of it, freed
+        // once (the Java class forgets the handle).
+        unsafe {
+            tandem_conversation_free(
                 runtime(handle),
-                prompt.as_ptr(),
-                max_tokens,
-                callback,
-                &mut piece_sink as *mut PieceSink<'_, '_> as *mut c_void,
-                stats.as_mut_ptr(),
-                &mut err,
+                conversation as usize as *mut TandemConversation,
             )
         };
-        let failed = piece_sink.failed;
-        if failed {
-            // The callback's exception propagates; the generation stopped.
-            let _ = take_c_string(err);
-            return Err(Thrown);
-        }
-        check(env, status, err)?;
-        // SAFETY: on OK the C ABI wrote the whole struct.
-        let stats = unsafe { stats.assume_init() };
-        write_stats(env, &stats, &counts, &times)
+        Ok(())
     })
 }
 

@@ -1,4 +1,4 @@
-//! `dev.tandem.TandemRuntime` as an app uses it: the Java sources
+//! `dev.tandem.TandemRuntime` (and `Conversation`) as an app uses them: the Java sources
 //! (`jni/java/`) and the check program `tests/java/TandemRuntimeCheck.java`
 //! compiled with `javac`, run on this machine's JVM (`java -Xcheck:jni`)
 //! against the `libtandem_jni` cdylib cargo built next to this test, on the
@@ -14,7 +14,11 @@
 //!   message, cancel from another thread (exact stop point) and `BUSY`
 //!   meanwhile, a callback's exception propagating, `close` from the
 //!   callback refused, `close` during a generation (cancels and waits), use
-//!   after close an `IllegalStateException`, a second close harmless.
+//!   after close an `IllegalStateException`, a second close harmless;
+//! * a conversation: two turns stream what the C ABI's conversation streams,
+//!   piece for piece, and the second reuses the first's draft KV; send or
+//!   close from its own callback, use after close and after the runtime's
+//!   close are `IllegalStateException`s.
 //!
 //! The Java program's output is printed (run with `--nocapture` to see it).
 //! Generations are at most 12 tokens (64 where they are cancelled early). The
@@ -141,8 +145,13 @@ fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
 
 /// The `piece STATUS HEX` lines: (status name, text).
 fn java_pieces(out: &str) -> Vec<(String, String)> {
+    prefixed_pieces(out, "piece ")
+}
+
+/// The `PREFIX STATUS HEX` lines: (status name, text).
+fn prefixed_pieces(out: &str, prefix: &str) -> Vec<(String, String)> {
     out.lines()
-        .filter_map(|l| l.strip_prefix("piece "))
+        .filter_map(|l| l.strip_prefix(prefix))
         .map(|l| {
             let (status, hex) = l.split_once(' ').unwrap_or((l, ""));
             let bytes: Vec<u8> = (0..hex.len())
@@ -208,6 +217,49 @@ fn c_abi_pieces(config: &Path, prompt: &str, max_tokens: u32) -> (Vec<(String, S
         tandem_capi::tandem_runtime_free(rt);
         (pieces, generated)
     }
+}
+
+/// What the C ABI streams for a conversation of `messages` (one turn each)
+/// on `config`: the pieces per turn, and each turn's draft_reused_tokens.
+fn c_abi_conversation(
+    config: &Path,
+    messages: &[&str],
+    max_tokens: u32,
+) -> Vec<(Vec<(String, String)>, u64)> {
+    let config = CString::new(config.to_str().unwrap()).unwrap();
+    let mut rt: *mut TandemRuntime = std::ptr::null_mut();
+    let mut err: *mut c_char = std::ptr::null_mut();
+    let mut turns = Vec::new();
+    // SAFETY: valid strings and out-pointers; the callback gets the Vec; the
+    // conversation is freed before its runtime.
+    unsafe {
+        let s =
+            tandem_capi::tandem_runtime_new(config.as_ptr(), std::ptr::null(), &mut rt, &mut err);
+        assert_eq!(s, TandemStatus::Ok, "{:?}", CStr::from_ptr(err));
+        let mut c = std::ptr::null_mut();
+        let s = tandem_capi::tandem_conversation_new(rt, &mut c, &mut err);
+        assert_eq!(s, TandemStatus::Ok);
+        for m in messages {
+            let m = CString::new(*m).unwrap();
+            let mut pieces: Vec<(String, String)> = Vec::new();
+            let mut stats = std::mem::MaybeUninit::<TandemStats>::uninit();
+            let s = tandem_capi::tandem_conversation_send(
+                rt,
+                c,
+                m.as_ptr(),
+                max_tokens,
+                Some(collect),
+                &mut pieces as *mut _ as *mut c_void,
+                stats.as_mut_ptr(),
+                &mut err,
+            );
+            assert_eq!(s, TandemStatus::Ok);
+            turns.push((pieces, stats.assume_init().draft_reused_tokens));
+        }
+        tandem_capi::tandem_conversation_free(rt, c);
+        tandem_capi::tandem_runtime_free(rt);
+    }
+    turns
 }
 
 /// Greedy output of `model` alone for the chat prompt, decoded.
@@ -441,4 +493,60 @@ fn errors_cancel_busy_callback_exceptions_and_close() {
         );
     }
     assert_eq!(line(&out, "close_twice "), "no exception");
+}
+
+#[test]
+fn a_conversation_streams_what_the_c_abis_conversation_streams_and_reuses_turn_one() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let config = local_config(dir.path());
+    let second = "Now make it subtract.";
+    let out = java(&[
+        "conversation",
+        config.to_str().unwrap(),
+        PROMPT,
+        second,
+        &N.to_string(),
+    ]);
+    let c = c_abi_conversation(&config, &[PROMPT, second], N as u32);
+    for (i, (pieces, c_reused)) in c.iter().enumerate() {
+        let turn = i + 1;
+        let java = prefixed_pieces(&out, &format!("turn{turn} piece "));
+        assert_eq!(
+            &java, pieces,
+            "turn {turn}: Java's pieces must be the C ABI's"
+        );
+        assert!(java.iter().all(|(s, _)| s == "LOCAL"), "{java:?}");
+        let stats = line(&out, &format!("turn{turn} stats "));
+        assert!(stats.contains(&format!("generated={N} ")), "{stats}");
+        assert!(
+            stats.contains(&format!("draft_reused={c_reused} ")),
+            "turn {turn}: {stats} (C: {c_reused})"
+        );
+    }
+    // Turn 2 continues turn 1's draft KV: it reuses at least turn 1's prompt.
+    assert!(c[1].1 > 0, "turn 2 reused nothing");
+    assert_eq!(
+        line(&out, "send_in_callback "),
+        "IllegalStateException: Conversation.send() called from inside this conversation's callback"
+    );
+    assert_eq!(
+        line(&out, "close_in_callback "),
+        "IllegalStateException: Conversation.close() called from inside this conversation's callback"
+    );
+    assert_eq!(line(&out, "closed "), "true");
+    assert_eq!(
+        line(&out, "send_after_close "),
+        "IllegalStateException: Conversation is closed"
+    );
+    assert!(
+        line(&out, "empty_message ")
+            .starts_with("TandemException INVALID_ARGUMENT: message is empty"),
+        "{out}"
+    );
+    assert_eq!(
+        line(&out, "send_after_runtime_close "),
+        "IllegalStateException: TandemRuntime is closed"
+    );
+    assert!(out.lines().any(|l| l == "done"), "{out}");
 }

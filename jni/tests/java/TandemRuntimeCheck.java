@@ -1,3 +1,4 @@
+import dev.tandem.Conversation;
 import dev.tandem.DeviceState;
 import dev.tandem.Stats;
 import dev.tandem.TandemException;
@@ -18,6 +19,7 @@ import java.util.concurrent.atomic.AtomicReference;
  * <pre>
  * java TandemRuntimeCheck generate CONFIG MODELS_DIR|- PROMPT MAX_TOKENS
  * java TandemRuntimeCheck lifecycle CONFIG PROMPT
+ * java TandemRuntimeCheck conversation CONFIG FIRST SECOND MAX_TOKENS
  * </pre>
  */
 public final class TandemRuntimeCheck {
@@ -30,6 +32,9 @@ public final class TandemRuntimeCheck {
                 break;
             case "lifecycle":
                 lifecycle(args[1], args[2]);
+                break;
+            case "conversation":
+                conversation(args[1], args[2], args[3], Integer.parseInt(args[4]));
                 break;
             default:
                 throw new IllegalArgumentException("unknown mode " + args[0]);
@@ -59,6 +64,45 @@ public final class TandemRuntimeCheck {
             System.out.println("json " + rt.lastJson());
         }
         System.out.println("closed");
+    }
+
+    /**
+     * Two turns of one conversation (pieces and the reuse counts per turn),
+     * then what its close and a closed runtime do.
+     */
+    static void conversation(String config, String first, String second, int maxTokens) {
+        TandemRuntime rt = TandemRuntime.create(config, null);
+        Conversation c = rt.conversation();
+        String[] turns = {first, second};
+        for (int i = 0; i < turns.length; i++) {
+            final int turn = i + 1;
+            Stats s = c.send(turns[i], maxTokens, (piece, status) -> {
+                System.out.println("turn" + turn + " piece " + status + " " + hex(piece));
+                return true;
+            });
+            System.out.println("turn" + turn + " stats " + s + " draft_reused="
+                    + s.draftReusedTokens + " verifier_reused=" + s.verifierReusedTokens);
+        }
+        System.out.println("send_in_callback " + thrown(() -> c.send(first, 2,
+                (piece, status) -> {
+                    c.send(first, 1, null);
+                    return true;
+                })));
+        System.out.println("close_in_callback " + thrown(() -> c.send(first, 2,
+                (piece, status) -> {
+                    c.close();
+                    return true;
+                })));
+        Conversation other = rt.conversation();
+        c.close();
+        c.close();
+        System.out.println("closed " + c.isClosed());
+        System.out.println("send_after_close " + thrown(() -> c.send(first, 1, null)));
+        System.out.println("empty_message " + thrown(() -> other.send(" ", 1, null)));
+        rt.close();
+        System.out.println("send_after_runtime_close " + thrown(() -> other.send(first, 1, null)));
+        other.close();
+        System.out.println("done");
     }
 
     interface Call {

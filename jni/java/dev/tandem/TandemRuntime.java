@@ -18,6 +18,9 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
  * }
  * }</pre>
  *
+ * <p>Multi-turn: {@link #conversation} ({@link Conversation#send} per turn,
+ * reusing what the earlier turns computed).
+ *
  * <p>Threads: one {@link #generate} at a time per runtime (a concurrent one
  * throws {@link TandemException} with status {@code BUSY}); {@link #cancel},
  * {@link #stats} and {@link #lastJson} from any thread at any time;
@@ -88,6 +91,45 @@ public final class TandemRuntime implements AutoCloseable {
             Sink sink = callback == null ? null : new Sink(callback);
             nativeGenerate(h, prompt, maxTokens, sink, counts, times);
             return new Stats(counts, times);
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /**
+     * Starts a multi-turn conversation (with the config's system prompt, if
+     * any): see {@link Conversation}.
+     */
+    public Conversation conversation() {
+        lock.readLock().lock();
+        try {
+            return new Conversation(this, nativeConversationNew(open()));
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /** One turn of {@code conversation} (its handle): {@link Conversation#send}. */
+    Stats sendConversation(long conversation, String message, int maxTokens,
+            TokenCallback callback) {
+        lock.readLock().lock();
+        try {
+            long h = open();
+            long[] counts = new long[Stats.COUNTS];
+            double[] times = new double[Stats.TIMES];
+            Sink sink = callback == null ? null : new Sink(callback);
+            nativeConversationSend(h, conversation, message, maxTokens, sink, counts, times);
+            return new Stats(counts, times);
+        } finally {
+            lock.readLock().unlock();
+        }
+    }
+
+    /** Frees a conversation's handle (its memory only once this runtime is closed). */
+    void freeConversation(long conversation) {
+        lock.readLock().lock();
+        try {
+            nativeConversationFree(handle, conversation);
         } finally {
             lock.readLock().unlock();
         }
@@ -234,6 +276,13 @@ public final class TandemRuntime implements AutoCloseable {
 
     private static native void nativeGenerate(
             long handle, String prompt, int maxTokens, Sink sink, long[] counts, double[] times);
+
+    private static native long nativeConversationNew(long handle);
+
+    private static native void nativeConversationSend(long handle, long conversation,
+            String message, int maxTokens, Sink sink, long[] counts, double[] times);
+
+    private static native void nativeConversationFree(long handle, long conversation);
 
     private static native void nativeCancel(long handle);
 
