@@ -174,6 +174,28 @@ typedef struct TandemConversation TandemConversation;
 // `tandem_runtime_free`.
 typedef struct TandemRuntime TandemRuntime;
 
+// The sampling of one call (`tandem_generate_with`,
+// `tandem_conversation_send_with`), in place of the config's `[sampling]`
+// for that call. Start from `tandem_sampling_default` and change what you
+// need. `temperature` 0 is greedy, the mode in which verified output is
+// exactly the target model's.
+typedef struct TandemSampling {
+  // 0: greedy; else the softmax temperature (> 0).
+  float temperature;
+  // Keep the `top_k` most likely tokens (0: all).
+  uint32_t top_k;
+  // Keep the smallest set whose probability reaches `top_p` (1: all).
+  float top_p;
+  // 1: none (llama.cpp's repeat penalty over the context).
+  float repetition_penalty;
+  // OpenAI's presence and frequency penalties, each in [-2, 2] (0: none).
+  float presence_penalty;
+  float frequency_penalty;
+  // The seed of a sampled generation: the same seed, prompt and settings
+  // give the same tokens.
+  uint64_t seed;
+} TandemSampling;
+
 // Receives each text piece as it is generated, on the thread that called
 // `tandem_generate`. `piece` is UTF-8, NUL-terminated, `piece_len` bytes long
 // (without the NUL) and valid only during the call; copy it to keep it.
@@ -285,6 +307,13 @@ TandemStatus tandem_runtime_new(const char *config_path,
 // have returned); after this call the pointer is invalid.
 void tandem_runtime_free(struct TandemRuntime *runtime);
 
+// Fills `*out` with the defaults (greedy, no penalties): what a call
+// without sampling uses when the config has no `[sampling]`.
+//
+// # Safety
+// `out` NULL (ignored) or a valid pointer.
+void tandem_sampling_default(struct TandemSampling *out);
+
 // Generates an answer to `prompt` (one user message, formatted with the
 // model's chat template), calling `callback` with each text piece as it is
 // produced. Blocks until the generation ends (end of turn, `max_tokens`,
@@ -309,6 +338,22 @@ TandemStatus tandem_generate(const struct TandemRuntime *runtime,
                              void *user_data,
                              struct TandemStats *stats_out,
                              char **error_message);
+
+// `tandem_generate` with this call's `sampling` (NULL: the config's
+// `[sampling]`). Invalid sampling (a negative temperature, a penalty
+// outside [-2, 2], ...) is `TANDEM_STATUS_INVALID_ARGUMENT` naming the
+// field, before anything runs.
+//
+// # Safety
+// As `tandem_generate`; `sampling` NULL or valid for the call.
+TandemStatus tandem_generate_with(const struct TandemRuntime *runtime,
+                                  const char *prompt,
+                                  uint32_t max_tokens,
+                                  const struct TandemSampling *sampling,
+                                  TandemTokenCallback callback,
+                                  void *user_data,
+                                  struct TandemStats *stats_out,
+                                  char **error_message);
 
 // Starts a conversation on `runtime` (with the config's system prompt, if
 // any); `*conversation_out` receives its handle.
@@ -349,6 +394,22 @@ TandemStatus tandem_conversation_send(const struct TandemRuntime *runtime,
                                       void *user_data,
                                       struct TandemStats *stats_out,
                                       char **error_message);
+
+// `tandem_conversation_send` with this turn's `sampling` (NULL: the
+// config's `[sampling]`); invalid sampling is
+// `TANDEM_STATUS_INVALID_ARGUMENT` and the history is as it was.
+//
+// # Safety
+// As `tandem_conversation_send`; `sampling` NULL or valid for the call.
+TandemStatus tandem_conversation_send_with(const struct TandemRuntime *runtime,
+                                           struct TandemConversation *conversation,
+                                           const char *message,
+                                           uint32_t max_tokens,
+                                           const struct TandemSampling *sampling,
+                                           TandemTokenCallback callback,
+                                           void *user_data,
+                                           struct TandemStats *stats_out,
+                                           char **error_message);
 
 // Frees a conversation and what the runtime keeps for it. NULL is ignored.
 //

@@ -48,6 +48,7 @@ use tandem_edge::{
     ProvisionalReport, RoutedDecision, RoutedRuntime, RoutedTurn, Routing, SharedDeviceState,
     ThermalState, TokenStatus,
 };
+use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_model::tokenizer::ChatMessage;
 use tandem_router::Action;
@@ -617,6 +618,92 @@ pub unsafe extern "C" fn tandem_runtime_free(runtime: *mut TandemRuntime) {
     let _ = catch_unwind(AssertUnwindSafe(move || drop(b)));
 }
 
+/// The sampling of one call (`tandem_generate_with`,
+/// `tandem_conversation_send_with`), in place of the config's `[sampling]`
+/// for that call. Start from `tandem_sampling_default` and change what you
+/// need. `temperature` 0 is greedy, the mode in which verified output is
+/// exactly the target model's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TandemSampling {
+    /// 0: greedy; else the softmax temperature (> 0).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0: all).
+    pub top_k: u32,
+    /// Keep the smallest set whose probability reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// 1: none (llama.cpp's repeat penalty over the context).
+    pub repetition_penalty: f32,
+    /// OpenAI's presence and frequency penalties, each in [-2, 2] (0: none).
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// The seed of a sampled generation: the same seed, prompt and settings
+    /// give the same tokens.
+    pub seed: u64,
+}
+
+impl TandemSampling {
+    fn params(&self) -> Result<SamplingParams, Failure> {
+        let top_k =
+            usize::try_from(self.top_k).map_err(|_| Failure::invalid("top_k is too large"))?;
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k,
+            top_p: self.top_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        };
+        p.validate().map_err(|e| {
+            let why = match e {
+                tandem_model::ModelError::InvalidArgument(m) => m,
+                other => other.to_string(),
+            };
+            Failure::invalid(format!("sampling: {why}"))
+        })?;
+        Ok(p)
+    }
+}
+
+/// Fills `*out` with the defaults (greedy, no penalties): what a call
+/// without sampling uses when the config has no `[sampling]`.
+///
+/// # Safety
+/// `out` NULL (ignored) or a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn tandem_sampling_default(out: *mut TandemSampling) {
+    if out.is_null() {
+        return;
+    }
+    let p = SamplingParams::default();
+    // SAFETY: non-null and valid by the caller's contract.
+    unsafe {
+        *out = TandemSampling {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            seed: p.seed,
+        }
+    };
+}
+
+/// `sampling` (NULL: the config's) as parameters.
+///
+/// # Safety
+/// `sampling` NULL or valid.
+unsafe fn sampling_arg(sampling: *const TandemSampling) -> Result<Option<SamplingParams>, Failure> {
+    // SAFETY: the caller's contract.
+    match unsafe { sampling.as_ref() } {
+        None => Ok(None),
+        Some(s) => s.params().map(Some),
+    }
+}
+
 /// Generates an answer to `prompt` (one user message, formatted with the
 /// model's chat template), calling `callback` with each text piece as it is
 /// produced. Blocks until the generation ends (end of turn, `max_tokens`,
@@ -644,6 +731,40 @@ pub unsafe extern "C" fn tandem_generate(
     stats_out: *mut TandemStats,
     error_message: *mut *mut c_char,
 ) -> TandemStatus {
+    // SAFETY: the caller's contract, the same as tandem_generate_with's.
+    unsafe {
+        tandem_generate_with(
+            runtime,
+            prompt,
+            max_tokens,
+            ptr::null(),
+            callback,
+            user_data,
+            stats_out,
+            error_message,
+        )
+    }
+}
+
+/// `tandem_generate` with this call's `sampling` (NULL: the config's
+/// `[sampling]`). Invalid sampling (a negative temperature, a penalty
+/// outside [-2, 2], ...) is `TANDEM_STATUS_INVALID_ARGUMENT` naming the
+/// field, before anything runs.
+///
+/// # Safety
+/// As `tandem_generate`; `sampling` NULL or valid for the call.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)] // the C signature
+pub unsafe extern "C" fn tandem_generate_with(
+    runtime: *const TandemRuntime,
+    prompt: *const c_char,
+    max_tokens: u32,
+    sampling: *const TandemSampling,
+    callback: TandemTokenCallback,
+    user_data: *mut c_void,
+    stats_out: *mut TandemStats,
+    error_message: *mut *mut c_char,
+) -> TandemStatus {
     // SAFETY: the caller's contract (see above) for every pointer used here.
     unsafe {
         guard(error_message, || {
@@ -652,12 +773,16 @@ pub unsafe extern "C" fn tandem_generate(
             if prompt.trim().is_empty() {
                 return Err(Failure::invalid("prompt is empty"));
             }
+            let sampling = sampling_arg(sampling)?;
             let mut engine = engine_for_generation(rt)?;
             let g = run_generation(
                 rt,
                 &mut engine,
                 Turn::Single(prompt),
-                max_tokens,
+                Asked {
+                    max_tokens,
+                    sampling,
+                },
                 callback,
                 user_data,
             )?;
@@ -687,19 +812,27 @@ fn run_generation(
     rt: &TandemRuntime,
     engine: &mut Engine,
     turn: Turn<'_>,
-    max_tokens: u32,
+    asked: Asked,
     callback: TandemTokenCallback,
     user_data: *mut c_void,
 ) -> Result<Generated, Failure> {
     let id = rt.next_id.fetch_add(1, Ordering::SeqCst);
     rt.running.store(id, Ordering::SeqCst);
-    let res = generate(rt, engine, id, turn, max_tokens, callback, user_data);
+    let res = generate(rt, engine, id, turn, asked, callback, user_data);
     rt.running.store(0, Ordering::SeqCst);
     // Conversations freed meanwhile (from the callback or another thread).
     for c in std::mem::take(&mut *lock(&rt.forget_later)) {
         engine.routed.forget(&c);
     }
     res
+}
+
+/// What one call asks of its generation besides the turn.
+struct Asked {
+    /// 0: the config's `max_tokens`.
+    max_tokens: u32,
+    /// None: the config's `[sampling]`.
+    sampling: Option<SamplingParams>,
 }
 
 /// What one generation answers.
@@ -727,21 +860,21 @@ fn generate(
     engine: &mut Engine,
     id: u64,
     turn: Turn<'_>,
-    max_tokens: u32,
+    asked: Asked,
     callback: TandemTokenCallback,
     user_data: *mut c_void,
 ) -> Result<Generated, Failure> {
     let cfg = &engine.cfg;
-    let max_tokens = if max_tokens == 0 {
+    let max_tokens = if asked.max_tokens == 0 {
         cfg.max_tokens
     } else {
-        max_tokens as usize
+        asked.max_tokens as usize
     };
     let gen = GenerateConfig {
         max_tokens,
         k: cfg.edge.k,
         proposer: cfg.edge.proposer,
-        sampling: cfg.sampling.params(),
+        sampling: asked.sampling.unwrap_or_else(|| cfg.sampling.params()),
         stop_tokens: engine.stop_tokens.clone(),
         ..GenerateConfig::default()
     };
@@ -986,11 +1119,47 @@ pub unsafe extern "C" fn tandem_conversation_new(
 /// Thread-safety: as `tandem_generate` (BUSY while another generation runs
 /// on the runtime); a conversation must not be used from two threads at once.
 #[no_mangle]
+#[allow(clippy::too_many_arguments)] // the C signature
 pub unsafe extern "C" fn tandem_conversation_send(
     runtime: *const TandemRuntime,
     conversation: *mut TandemConversation,
     message: *const c_char,
     max_tokens: u32,
+    callback: TandemTokenCallback,
+    user_data: *mut c_void,
+    stats_out: *mut TandemStats,
+    error_message: *mut *mut c_char,
+) -> TandemStatus {
+    // SAFETY: the caller's contract, the same as tandem_conversation_send_with's.
+    unsafe {
+        tandem_conversation_send_with(
+            runtime,
+            conversation,
+            message,
+            max_tokens,
+            ptr::null(),
+            callback,
+            user_data,
+            stats_out,
+            error_message,
+        )
+    }
+}
+
+/// `tandem_conversation_send` with this turn's `sampling` (NULL: the
+/// config's `[sampling]`); invalid sampling is
+/// `TANDEM_STATUS_INVALID_ARGUMENT` and the history is as it was.
+///
+/// # Safety
+/// As `tandem_conversation_send`; `sampling` NULL or valid for the call.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)] // the C signature
+pub unsafe extern "C" fn tandem_conversation_send_with(
+    runtime: *const TandemRuntime,
+    conversation: *mut TandemConversation,
+    message: *const c_char,
+    max_tokens: u32,
+    sampling: *const TandemSampling,
     callback: TandemTokenCallback,
     user_data: *mut c_void,
     stats_out: *mut TandemStats,
@@ -1005,13 +1174,24 @@ pub unsafe extern "C" fn tandem_conversation_send(
             if message.trim().is_empty() {
                 return Err(Failure::invalid("message is empty"));
             }
+            let sampling = sampling_arg(sampling)?;
             let mut engine = engine_for_generation(rt)?;
             c.messages.push(ChatMessage::user(message));
             let turn = Turn::Conversation {
                 id: &c.id,
                 messages: &c.messages,
             };
-            let g = match run_generation(rt, &mut engine, turn, max_tokens, callback, user_data) {
+            let g = match run_generation(
+                rt,
+                &mut engine,
+                turn,
+                Asked {
+                    max_tokens,
+                    sampling,
+                },
+                callback,
+                user_data,
+            ) {
                 Ok(g) => g,
                 Err(e) => {
                     c.messages.pop();

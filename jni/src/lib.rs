@@ -27,16 +27,19 @@ use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use jni::objects::{JClass, JDoubleArray, JLongArray, JObject, JString, JThrowable, JValue};
+use jni::objects::{
+    JClass, JDoubleArray, JFloatArray, JLongArray, JObject, JString, JThrowable, JValue,
+};
 use jni::refs::Reference as _;
 use jni::strings::JNIString;
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, Outcome};
 use tandem_capi::{
-    tandem_cancel, tandem_conversation_free, tandem_conversation_new, tandem_conversation_send,
-    tandem_generate, tandem_runtime_free, tandem_runtime_last_json, tandem_runtime_new,
-    tandem_runtime_set_device_state, tandem_runtime_stats, tandem_status_name, tandem_string_free,
-    tandem_version, TandemConversation, TandemDeviceState, TandemRuntime, TandemStats,
+    tandem_cancel, tandem_conversation_free, tandem_conversation_new,
+    tandem_conversation_send_with, tandem_generate_with, tandem_runtime_free,
+    tandem_runtime_last_json, tandem_runtime_new, tandem_runtime_set_device_state,
+    tandem_runtime_stats, tandem_status_name, tandem_string_free, tandem_version,
+    TandemConversation, TandemDeviceState, TandemRuntime, TandemSampling, TandemStats,
     TandemStatus, TandemTokenStatus,
 };
 
@@ -317,6 +320,47 @@ fn max_tokens_arg(env: &mut Env, max_tokens: jint) -> Result<u32, Thrown> {
     })
 }
 
+/// The sampling arrays `dev.tandem.Sampling` passes (`floats()`: temperature,
+/// top_p, repetition, presence, frequency; `longs()`: top_k, seed), or None
+/// when both are null (the config's).
+fn sampling_arg(
+    env: &mut Env,
+    floats: &JFloatArray,
+    longs: &JLongArray,
+) -> Result<Option<TandemSampling>, Thrown> {
+    if floats.is_null() || longs.is_null() {
+        return Ok(None);
+    }
+    let mut f = [0f32; 5];
+    let mut l = [0i64; 2];
+    floats
+        .get_region(env, 0, &mut f)
+        .and_then(|()| longs.get_region(env, 0, &mut l))
+        .map_err(|_| Thrown)?; // ArrayIndexOutOfBoundsException is pending
+    let top_k = u32::try_from(l[0]).map_err(|_| {
+        throw_java(
+            env,
+            jni_str!("java/lang/IllegalArgumentException"),
+            &format!("topK must be in 0..=2^32-1, got {}", l[0]),
+        )
+    })?;
+    Ok(Some(TandemSampling {
+        temperature: f[0],
+        top_k,
+        top_p: f[1],
+        repetition_penalty: f[2],
+        presence_penalty: f[3],
+        frequency_penalty: f[4],
+        seed: l[1] as u64, // Java's long carries the unsigned seed's bits
+    }))
+}
+
+/// A `*const TandemSampling` for the C ABI (NULL: the config's).
+fn sampling_ptr(s: &Option<TandemSampling>) -> *const TandemSampling {
+    s.as_ref()
+        .map_or(ptr::null(), |s| s as *const TandemSampling)
+}
+
 /// Runs one streamed C ABI call, `call(callback, user_data, stats_out,
 /// error_message)` (`tandem_generate`, `tandem_conversation_send`), with
 /// `sink` (may be null) receiving the pieces, then writes the statistics
@@ -363,7 +407,8 @@ fn streamed<'l>(
     write_stats(env, &stats, counts, times)
 }
 
-/// `TandemRuntime.nativeGenerate(long, String, int, Sink, long[], double[])`.
+/// `TandemRuntime.nativeGenerate(long, String, int, float[], long[], Sink,
+/// long[], double[])`.
 #[no_mangle]
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     mut env: EnvUnowned<'l>,
@@ -371,6 +416,8 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     handle: jlong,
     prompt: JString<'l>,
     max_tokens: jint,
+    sampling_floats: JFloatArray<'l>,
+    sampling_longs: JLongArray<'l>,
     sink: JObject<'l>,
     counts: JLongArray<'l>,
     times: JDoubleArray<'l>,
@@ -378,15 +425,17 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     guard(&mut env, (), |env| {
         let prompt = c_string(env, &prompt, "prompt")?;
         let max_tokens = max_tokens_arg(env, max_tokens)?;
+        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs)?;
         streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
             // SAFETY: the handle is a live runtime (the Java class checks),
             // the strings and out-pointers are valid for the call, and user
             // is the PieceSink that on_piece expects.
             unsafe {
-                tandem_generate(
+                tandem_generate_with(
                     runtime(handle),
                     prompt.as_ptr(),
                     max_tokens,
+                    sampling_ptr(&sampling),
                     cb,
                     user,
                     stats,
@@ -414,8 +463,8 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationNew<'l>(
     })
 }
 
-/// `TandemRuntime.nativeConversationSend(long, long, String, int, Sink,
-/// long[], double[])`.
+/// `TandemRuntime.nativeConversationSend(long, long, String, int, float[],
+/// long[], Sink, long[], double[])`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)] // the Java method's parameters
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
@@ -425,6 +474,8 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
     conversation: jlong,
     message: JString<'l>,
     max_tokens: jint,
+    sampling_floats: JFloatArray<'l>,
+    sampling_longs: JLongArray<'l>,
     sink: JObject<'l>,
     counts: JLongArray<'l>,
     times: JDoubleArray<'l>,
@@ -432,17 +483,19 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
     guard(&mut env, (), |env| {
         let message = c_string(env, &message, "message")?;
         let max_tokens = max_tokens_arg(env, max_tokens)?;
+        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs)?;
         let conversation = conversation as usize as *mut TandemConversation;
         streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
             // SAFETY: a live runtime and one of its live conversations (the
             // Java classes check both), valid strings and out-pointers, and
             // user is the PieceSink that on_piece expects.
             unsafe {
-                tandem_conversation_send(
+                tandem_conversation_send_with(
                     runtime(handle),
                     conversation,
                     message.as_ptr(),
                     max_tokens,
+                    sampling_ptr(&sampling),
                     cb,
                     user,
                     stats,

@@ -18,7 +18,8 @@
 //! * a conversation: two turns stream what the C ABI's conversation streams,
 //!   piece for piece, and the second reuses the first's draft KV; send or
 //!   close from its own callback, use after close and after the runtime's
-//!   close are `IllegalStateException`s.
+//!   close are `IllegalStateException`s; per-call sampling: invalid is
+//!   `INVALID_ARGUMENT` and leaves the history empty, seeded reproduces.
 //!
 //! The Java program's output is printed (run with `--nocapture` to see it).
 //! Generations are at most 12 tokens (64 where they are cancelled early). The
@@ -524,6 +525,12 @@ fn a_conversation_streams_what_the_c_abis_conversation_streams_and_reuses_turn_o
             "turn {turn}: {stats} (C: {c_reused})"
         );
     }
+    assert!(
+        line(&out, "bad_sampling ")
+            .starts_with("TandemException INVALID_ARGUMENT: sampling: top_p"),
+        "{out}"
+    );
+    assert_eq!(line(&out, "seeded_a "), line(&out, "seeded_b "));
     // Turn 2 continues turn 1's draft KV: it reuses at least turn 1's prompt.
     assert!(c[1].1 > 0, "turn 2 reused nothing");
     assert_eq!(

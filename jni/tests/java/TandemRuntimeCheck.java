@@ -1,5 +1,6 @@
 import dev.tandem.Conversation;
 import dev.tandem.DeviceState;
+import dev.tandem.Sampling;
 import dev.tandem.Stats;
 import dev.tandem.TandemException;
 import dev.tandem.TandemRuntime;
@@ -73,6 +74,19 @@ public final class TandemRuntimeCheck {
     static void conversation(String config, String first, String second, int maxTokens) {
         TandemRuntime rt = TandemRuntime.create(config, null);
         Conversation c = rt.conversation();
+        // Per-call sampling: refused before anything runs (the history stays
+        // empty), and a seeded sampled call reproduces itself.
+        System.out.println("bad_sampling " + thrown(() -> c.send(first, maxTokens,
+                Sampling.GREEDY.withTopP(2f), null)));
+        Sampling hot = Sampling.GREEDY.withTemperature(1.5f).withSeed(7);
+        for (String name : new String[] {"seeded_a", "seeded_b"}) {
+            StringBuilder t = new StringBuilder();
+            rt.generate(first, 4, hot, (piece, status) -> {
+                t.append(piece);
+                return true;
+            });
+            System.out.println(name + " " + hex(t.toString()));
+        }
         String[] turns = {first, second};
         for (int i = 0; i < turns.length; i++) {
             final int turn = i + 1;

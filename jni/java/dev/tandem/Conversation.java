@@ -52,7 +52,17 @@ public final class Conversation implements AutoCloseable {
      * @throws TandemException {@code BUSY}, {@code CONTEXT_TOO_LONG}, ... (the
      *     history is then as it was)
      */
-    public synchronized Stats send(String message, int maxTokens, TokenCallback callback) {
+    public Stats send(String message, int maxTokens, TokenCallback callback) {
+        return send(message, maxTokens, null, callback);
+    }
+
+    /**
+     * {@link #send(String, int, TokenCallback)} with this turn's sampling
+     * (null: the config's {@code [sampling]}); invalid sampling is
+     * {@code INVALID_ARGUMENT} and the history is as it was.
+     */
+    public synchronized Stats send(String message, int maxTokens, Sampling sampling,
+            TokenCallback callback) {
         Objects.requireNonNull(message, "message");
         if (maxTokens < 0) {
             throw new IllegalArgumentException("maxTokens must be >= 0, got " + maxTokens);
@@ -63,7 +73,7 @@ public final class Conversation implements AutoCloseable {
         }
         sending = true;
         try {
-            return runtime.sendConversation(open(), message, maxTokens, callback);
+            return runtime.sendConversation(open(), message, maxTokens, sampling, callback);
         } finally {
             sending = false;
         }

@@ -79,6 +79,17 @@ public final class TandemRuntime implements AutoCloseable {
      *     {@code TLS}, {@code REFUSED}, ... with the C ABI's message
      */
     public Stats generate(String prompt, int maxTokens, TokenCallback callback) {
+        return generate(prompt, maxTokens, null, callback);
+    }
+
+    /**
+     * {@link #generate(String, int, TokenCallback)} with this call's sampling
+     * (null: the config's {@code [sampling]}).
+     *
+     * @throws TandemException {@code INVALID_ARGUMENT} naming the field for
+     *     invalid sampling, before anything runs
+     */
+    public Stats generate(String prompt, int maxTokens, Sampling sampling, TokenCallback callback) {
         Objects.requireNonNull(prompt, "prompt");
         if (maxTokens < 0) {
             throw new IllegalArgumentException("maxTokens must be >= 0, got " + maxTokens);
@@ -89,7 +100,8 @@ public final class TandemRuntime implements AutoCloseable {
             long[] counts = new long[Stats.COUNTS];
             double[] times = new double[Stats.TIMES];
             Sink sink = callback == null ? null : new Sink(callback);
-            nativeGenerate(h, prompt, maxTokens, sink, counts, times);
+            nativeGenerate(h, prompt, maxTokens, floats(sampling), longs(sampling), sink, counts,
+                    times);
             return new Stats(counts, times);
         } finally {
             lock.readLock().unlock();
@@ -111,14 +123,15 @@ public final class TandemRuntime implements AutoCloseable {
 
     /** One turn of {@code conversation} (its handle): {@link Conversation#send}. */
     Stats sendConversation(long conversation, String message, int maxTokens,
-            TokenCallback callback) {
+            Sampling sampling, TokenCallback callback) {
         lock.readLock().lock();
         try {
             long h = open();
             long[] counts = new long[Stats.COUNTS];
             double[] times = new double[Stats.TIMES];
             Sink sink = callback == null ? null : new Sink(callback);
-            nativeConversationSend(h, conversation, message, maxTokens, sink, counts, times);
+            nativeConversationSend(h, conversation, message, maxTokens, floats(sampling),
+                    longs(sampling), sink, counts, times);
             return new Stats(counts, times);
         } finally {
             lock.readLock().unlock();
@@ -251,6 +264,14 @@ public final class TandemRuntime implements AutoCloseable {
         return nativeVersion();
     }
 
+    private static float[] floats(Sampling s) {
+        return s == null ? null : s.floats();
+    }
+
+    private static long[] longs(Sampling s) {
+        return s == null ? null : s.longs();
+    }
+
     private long open() {
         if (handle == 0) {
             throw new IllegalStateException("TandemRuntime is closed");
@@ -274,13 +295,14 @@ public final class TandemRuntime implements AutoCloseable {
 
     private static native long nativeNew(String configPath, String modelsDir);
 
-    private static native void nativeGenerate(
-            long handle, String prompt, int maxTokens, Sink sink, long[] counts, double[] times);
+    private static native void nativeGenerate(long handle, String prompt, int maxTokens,
+            float[] samplingFloats, long[] samplingLongs, Sink sink, long[] counts, double[] times);
 
     private static native long nativeConversationNew(long handle);
 
     private static native void nativeConversationSend(long handle, long conversation,
-            String message, int maxTokens, Sink sink, long[] counts, double[] times);
+            String message, int maxTokens, float[] samplingFloats, long[] samplingLongs, Sink sink,
+            long[] counts, double[] times);
 
     private static native void nativeConversationFree(long handle, long conversation);
 
