@@ -143,7 +143,9 @@ pub struct GenStats {
 }
 
 impl GenStats {
-    pub(crate) fn finish(&mut self, start: Instant, first: Option<Instant>) {
+    /// Sets the times (from `start`; `first`: when the first token came),
+    /// the rates and the means, once `generated_tokens` is set.
+    pub fn finish(&mut self, start: Instant, first: Option<Instant>) {
         let now = Instant::now();
         self.total_ms = ms(now - start);
         if let Some(f) = first {

@@ -19,7 +19,7 @@ use tandem_model::engine::{DraftAsk, DraftModel, Emitter};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::logprobs::TokenLogprobs;
 use tandem_model::proposer::NgramIndex;
-use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::speculative::{GenStats, GenerateConfig, StopReason};
 use tandem_model::transformer::Model;
 
 /// Progress of checking a provisional span.
@@ -185,7 +185,10 @@ impl<'a, 'b> Generation<'a, 'b> {
             stop,
             on_event,
             stats: EdgeStats {
-                prompt_tokens: prompt.len(),
+                gen: GenStats {
+                    prompt_tokens: prompt.len(),
+                    ..GenStats::default()
+                },
                 draft_reused_tokens: reuse,
                 draft_prefill_tokens: prompt.len() - reuse,
                 ..EdgeStats::default()
@@ -307,7 +310,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             }
             let chunk: Vec<u32> = self.pending.drain(..PREFILL_CHUNK).collect();
             self.draft.feed(&chunk)?;
-            self.stats.draft_forwards += 1;
+            self.stats.gen.draft_forwards += 1;
             self.high_water = self.high_water.max(self.draft.cache.len());
         }
         Ok(!self.cancel_requested())
@@ -326,7 +329,7 @@ impl<'a, 'b> Generation<'a, 'b> {
         let d = self
             .draft
             .step(&self.pending, hist, &self.gen.sampling, ask)?;
-        self.stats.draft_forwards += 1;
+        self.stats.gen.draft_forwards += 1;
         self.high_water = self.high_water.max(self.draft.cache.len());
         if let Some(c) = d.conf {
             self.conf = c;
@@ -406,31 +409,19 @@ impl<'a, 'b> Generation<'a, 'b> {
         counters: Counters,
     ) -> EdgeGeneration {
         let mut s = std::mem::take(&mut self.stats);
-        let now = Instant::now();
-        s.total_ms = (now - self.start).as_secs_f64() * 1000.0;
-        if let Some(f) = self.first {
-            s.ttft_ms = (f - self.start).as_secs_f64() * 1000.0;
-        }
-        s.generated_tokens = self.out_len();
+        // Times, rates and means as every loop computes them.
+        s.gen.generated_tokens = self.out_len();
+        s.gen.finish(self.start, self.first);
         let count = |st| self.statuses.iter().filter(|&&x| x == st).count();
         s.verified_tokens = count(TokenStatus::Verified);
         s.provisional_tokens = count(TokenStatus::Provisional);
         s.local_tokens = count(TokenStatus::Local);
-        if s.total_ms > 0.0 {
-            s.tokens_per_s = s.generated_tokens as f64 / (s.total_ms / 1000.0);
-        }
-        if s.drafted > 0 {
-            s.acceptance_rate = s.accepted as f64 / s.drafted as f64;
-        }
-        if s.rounds > 0 {
-            s.mean_accepted_len = s.accepted as f64 / s.rounds as f64;
-        }
         s.rtt_mean_ms = gen_rtt.mean_ms().unwrap_or(0.0);
         s.rtt_p95_ms = gen_rtt.p95_ms().unwrap_or(0.0);
         s.bytes_sent = counters.sent;
         s.bytes_received = counters.received;
-        if s.generated_tokens > 0 {
-            s.verifier_passes_per_token = s.verifier_passes as f64 / s.generated_tokens as f64;
+        if s.gen.generated_tokens > 0 {
+            s.verifier_passes_per_token = s.verifier_passes as f64 / s.gen.generated_tokens as f64;
         }
         // A span still unchecked at the end stays in the report as unchecked.
         if let Some(c) = self.check.take() {
