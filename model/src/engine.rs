@@ -16,7 +16,7 @@
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::logprobs::{chosen_logprobs, TokenLogprobs};
 use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
-use crate::sampling::{adjusted_logits, argmax, next_token, token_prob, SamplingParams};
+use crate::sampling::{adjusted_logits, next_token, token_prob, SamplingParams};
 use crate::transformer::Model;
 use crate::verify::{verdict_from_logits, MAX_K};
 use crate::{ModelError, Result};
@@ -332,8 +332,10 @@ impl<'m> DraftModel<'m> {
 
     /// The one draft step: one forward over `feed` (the tokens of `hist`
     /// the cache has not seen, at least its last), then the draft's token
-    /// after `hist`, drawn like the target's ([`next_token`]: the argmax of
-    /// the penalised logits, or the keyed draw at position `hist.len()`).
+    /// after `hist`, picked like the target's ([`next_token`]: the argmax of
+    /// the penalised logits, or the keyed draw at position `hist.len()`);
+    /// with [`DraftAsk::conf`] (greedy) its softmax probability under the
+    /// penalised logits.
     pub fn step(
         &mut self,
         feed: &[u32],
@@ -343,13 +345,9 @@ impl<'m> DraftModel<'m> {
     ) -> Result<Drafted> {
         let pos = self.cache.len();
         let logits = self.model.forward_last(feed, pos, &mut self.cache)?;
-        let (token, conf) = if params.is_greedy() {
-            let l = adjusted_logits(params, &logits, hist);
-            let t = argmax(&l);
-            (t, ask.conf.then(|| token_prob(&l, t)))
-        } else {
-            (next_token(params, &logits, hist), None)
-        };
+        let token = next_token(params, &logits, hist);
+        let conf = (ask.conf && params.is_greedy())
+            .then(|| token_prob(&adjusted_logits(params, &logits, hist), token));
         let logprobs = ask
             .top_logprobs
             .map(|top| chosen_logprobs(params, &logits, hist, token, top));
