@@ -211,7 +211,7 @@ fn f16_hidden_states_run_and_report_lossy() {
         let r = g.stats.split.unwrap();
         assert_eq!(r.lossy, f16);
         assert_eq!(r.hidden_format, if f16 { "f16" } else { "f32" });
-        sent.push((g.stats.bytes_sent, g.stats.rounds));
+        sent.push((g.stats.bytes_sent, g.stats.gen.rounds));
     }
     // f16 sends about half the bytes per round.
     let per_round = |(b, r): (u64, u64)| b as f64 / r as f64;
@@ -376,7 +376,7 @@ fn auto_u_shape_starts_all_local_on_a_slow_link_and_moves_to_the_server_when_the
     assert_eq!(r.replans, 1, "{r:?}");
     assert_eq!(r.layer, 0, "{r:?}");
     assert!(r.local_rounds >= 8, "{r:?}");
-    assert!(g.stats.rounds > r.local_rounds + 2, "{r:?}");
+    assert!(g.stats.gen.rounds > r.local_rounds + 2, "{r:?}");
     assert!(g.stats.opens >= 2, "re-planning opens a new session");
     assert!(r.rtt_estimate_ms.unwrap() < 36.0, "{r:?}");
 }

@@ -24,7 +24,11 @@
 //!   target's own tokens, greedy or seeded), pure functions.
 //! - [`proposer`]: what proposes a round's tokens: the draft model, prompt lookup
 //!   (an n-gram index of the history), or a per-round choice between them.
-//! - [`speculative`]: local (single-process) speculative decoding loop.
+//! - [`engine`]: the one speculative generation core: a round (propose, verify
+//!   through a [`engine::BlockVerifier`], roll back, emit, count), the one emit
+//!   rule, the one draft step, and the generation's settings and statistics.
+//! - [`speculative`]: local (single-process) generation loops: draft-only,
+//!   target-only, and speculative (the core against the local target).
 //! - [`forward_threads`]: which rayon pool (how many threads) a forward called
 //!   on this thread uses (the device runs its draft on fewer when hot).
 //! - `testing` (cargo feature `testing`, off by default): tiny random-weight
@@ -33,6 +37,7 @@
 
 pub mod arch;
 mod attention;
+pub mod engine;
 pub mod error;
 pub mod forward_threads;
 pub mod gguf;

@@ -317,3 +317,81 @@ fn bad_arguments_are_errors() {
     };
     assert!(generate_single(&target, &[1], &bad, &mut |_| true).is_err());
 }
+
+/// The generation core's rounds against the target as a remote verifier
+/// holds it (the prompt but its last token; no first token from a prefill:
+/// the first round drafts after the prompt), block lengths cycling: the
+/// output is the target's greedy output (what `tandem bench verifier`'s
+/// trace records), and each round's verdict is consistent with its block.
+#[test]
+fn the_core_rounds_against_the_target_give_its_greedy_output() {
+    use tandem_model::engine::{SpecEngine, TargetVerifier};
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = pair(dir.path(), 256);
+    let prompt = [100u32, 7, 42, 42, 9];
+    let cfg = GenerateConfig {
+        max_tokens: 40,
+        ..GenerateConfig::default()
+    };
+    let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
+    let mut verifier = TargetVerifier::new(&target, cfg.sampling);
+    verifier.prefill(&prompt[..prompt.len() - 1]).unwrap();
+    let mut streamed = Vec::new();
+    let mut on_token = |t| {
+        streamed.push(t);
+        true
+    };
+    let mut engine =
+        SpecEngine::new(&draft, &prompt, &cfg, verifier.capacity(), &mut on_token).unwrap();
+    let ks = [3, 1, 5];
+    let mut rounds = 0;
+    while engine.stop().is_none() {
+        let k = ks[rounds % ks.len()];
+        let r = engine.round(k, &mut verifier).unwrap().unwrap();
+        assert!(r.accepted <= r.block.len() && r.block.len() <= k);
+        rounds += 1;
+    }
+    let g = engine.finish();
+    assert_eq!(g.tokens, reference.tokens);
+    assert_eq!(streamed, g.tokens);
+    assert_eq!(g.stop, StopReason::MaxTokens);
+    assert_eq!(g.stats.rounds, rounds as u64);
+    assert_eq!(g.stats.target_forwards, rounds as u64);
+    assert!(g.stats.drafted >= g.stats.accepted);
+}
+
+/// A verifier that claims more accepted tokens than the block had is an
+/// error, and nothing of its answer is emitted.
+#[test]
+fn the_core_refuses_a_verdict_past_the_block() {
+    use tandem_model::engine::{BlockVerdict, BlockVerifier, SpecEngine};
+    struct Liar;
+    impl BlockVerifier for Liar {
+        fn verify(&mut self, _ctx: &[u32], block: &[u32]) -> tandem_model::Result<BlockVerdict> {
+            Ok(BlockVerdict {
+                accepted: block.len() + 1,
+                next_token: 1,
+                logprobs: None,
+            })
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, _) = pair(dir.path(), 64);
+    let mut emitted = 0;
+    let mut on_token = |_| {
+        emitted += 1;
+        true
+    };
+    let mut engine = SpecEngine::new(
+        &draft,
+        &[1, 2, 3],
+        &GenerateConfig::default(),
+        64,
+        &mut on_token,
+    )
+    .unwrap();
+    assert!(engine.round(4, &mut Liar).is_err());
+    assert!(engine.output().is_empty());
+    drop(engine);
+    assert_eq!(emitted, 0);
+}

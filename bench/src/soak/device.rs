@@ -191,7 +191,10 @@ mod tests {
             statuses: statuses.to_vec(),
             stop: StopReason::MaxTokens,
             stats: EdgeStats {
-                generated_tokens: tokens.len(),
+                gen: tandem_model::speculative::GenStats {
+                    generated_tokens: tokens.len(),
+                    ..tandem_model::speculative::GenStats::default()
+                },
                 verified_tokens: count(TokenStatus::Verified),
                 provisional_tokens: count(TokenStatus::Provisional),
                 ..EdgeStats::default()

@@ -1,11 +1,11 @@
 //! The draft blocks the simulated devices replay, recorded once from the real
 //! draft model against the real target (greedy), and cached on disk.
 //!
-//! Recording runs the protocol's round structure locally: the target's KV
-//! cache holds the prompt but its last token (`last`); each round the draft
-//! proposes `k` tokens greedily, one target forward over `[last, d1..dk]`
-//! gives the argmaxes, and the verdict is the longest matching prefix plus the
-//! target's next token. Greedy verification is deterministic and bit-exact
+//! Recording runs the protocol's round structure locally, with the generation
+//! core (`tandem_model::engine`): the target's KV cache holds the prompt but
+//! its last token (`last`); each round the draft proposes `k` tokens greedily,
+//! one target forward over `[last, d1..dk]` judges them, and the verdict is the
+//! longest prefix equal to the target's greedy tokens plus its next token. Greedy verification is deterministic and bit-exact
 //! (batch invariance, docs/model-core.md), so a verifier that receives the same
 //! drafts must answer the same verdicts: the replay checks every one.
 
@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tandem_model::sampling::argmax;
+use tandem_model::engine::{GenerateConfig, SpecEngine, TargetVerifier};
+use tandem_model::kv_cache::KvPrecision;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_model::transformer::{LoadOptions, Model};
-use tandem_model::verify::verify_prefix;
 
 /// Bump when the recorded content or its meaning changes (old files are then
 /// never read: the version is part of the cache key).
@@ -290,8 +290,10 @@ fn check_same_output(recorded: &[Recorded]) -> Result<()> {
     Ok(())
 }
 
-/// The greedy speculative loop of one prompt, round by round, until at least
-/// `tokens` tokens are emitted.
+/// The greedy speculative rounds of one prompt (the generation core's,
+/// [`SpecEngine::round`], against the local target as the verifier holds it:
+/// the prompt but its last token), block lengths cycling through `ks`,
+/// until at least `tokens` tokens are emitted.
 fn record_session(
     draft: &Model,
     target: &Model,
@@ -299,58 +301,37 @@ fn record_session(
     ks: &[usize],
     tokens: usize,
 ) -> Result<Vec<Round>> {
-    let Some((&first_last, head)) = prompt.split_last() else {
+    let Some((_, head)) = prompt.split_last() else {
         bail!("empty prompt");
     };
     anyhow::ensure!(
         !ks.is_empty() && ks.iter().all(|&k| k >= 1),
         "a schedule needs block lengths >= 1"
     );
-    let vocab = target.config().vocab;
-    let mut tcache = target.new_cache();
+    // Greedy, the draft model proposing from an f32 cache, no stop token,
+    // no output limit (the last round may overshoot `tokens` by < k).
+    let cfg = GenerateConfig {
+        max_tokens: usize::MAX,
+        k: 1,
+        draft_kv: KvPrecision::F32,
+        ..GenerateConfig::default()
+    };
+    let mut verifier = TargetVerifier::new(target, cfg.sampling);
     if !head.is_empty() {
-        target.forward_last(head, 0, &mut tcache)?;
+        verifier.prefill(head)?;
     }
-    let mut last = first_last;
-    let mut ctx = prompt.to_vec();
-    let mut dcache = draft.new_cache();
+    let mut on_token = |_| true;
+    let mut engine = SpecEngine::new(draft, prompt, &cfg, verifier.capacity(), &mut on_token)?;
     let mut rounds = Vec::new();
-    let mut emitted = 0;
-    while emitted < tokens {
+    while engine.output().len() < tokens {
         let k = ks[rounds.len() % ks.len()];
-        // Draft k tokens greedily after the whole context.
-        let mut block = Vec::with_capacity(k);
-        let pending = ctx[dcache.len()..].to_vec();
-        let mut logits = draft.forward_last(&pending, dcache.len(), &mut dcache)?;
-        for i in 0..k {
-            let d = argmax(&logits);
-            block.push(d);
-            if i + 1 < k {
-                logits = draft.forward_last(&[d], dcache.len(), &mut dcache)?;
-            }
-        }
-        // One target forward over [last, d1..dk], as the verifier runs it.
-        let base = tcache.len();
-        let mut input = Vec::with_capacity(k + 1);
-        input.push(last);
-        input.extend_from_slice(&block);
-        let tl = target.forward(&input, base, &mut tcache)?;
-        let am: Vec<u32> = (0..=k)
-            .map(|i| argmax(&tl[i * vocab..(i + 1) * vocab]))
-            .collect();
-        let v = verify_prefix(&block, &am)?;
-        let n = v.accepted;
-        tcache.truncate(base + 1 + n);
-        // The draft cache keeps what the new context shares with it.
-        dcache.truncate(dcache.len().min(base + 1 + n));
-        ctx.extend_from_slice(&block[..n]);
-        ctx.push(v.next_token);
-        last = v.next_token;
-        emitted += n + 1;
+        let Some(r) = engine.round(k, &mut verifier)? else {
+            bail!("the context is full after {} tokens", engine.output().len());
+        };
         rounds.push(Round {
-            draft: block,
-            accepted: n as u32,
-            next_token: v.next_token,
+            draft: r.block,
+            accepted: r.accepted as u32,
+            next_token: r.next_token,
         });
     }
     Ok(rounds)

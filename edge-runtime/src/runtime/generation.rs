@@ -1,6 +1,9 @@
 //! One generation's device side ([`Generation`]): the context, the draft
 //! model and its cache, emitting tokens, applying a verdict to the draft, and
-//! the final statistics. Knows nothing of the network.
+//! the final statistics. Knows nothing of the network. Emitting and drafting
+//! are the generation core's (`tandem_model::engine`: [`Emitter::emit`],
+//! [`DraftModel::step`]); this adds token statuses, provisional spans and
+//! logprobs notes on top.
 
 use crate::breaker::RttTracker;
 use crate::client::Counters;
@@ -12,11 +15,11 @@ use crate::report::{
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use tandem_model::engine::{DraftAsk, DraftModel, Emitter};
 use tandem_model::kv_cache::KvCache;
-use tandem_model::logprobs::{chosen_logprobs, TokenLogprobs};
+use tandem_model::logprobs::TokenLogprobs;
 use tandem_model::proposer::NgramIndex;
-use tandem_model::sampling::{adjusted_logits, argmax, next_token, token_prob};
-use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::speculative::{GenStats, GenerateConfig, StopReason};
 use tandem_model::transformer::Model;
 
 /// Progress of checking a provisional span.
@@ -29,13 +32,15 @@ pub(super) struct Check {
 /// One generation's device-side state: the context, the draft model's cache and
 /// what has been emitted. Invariant: the draft cache plus `pending` hold
 /// exactly `ctx` (pending: tokens the draft has not run yet, never empty).
+/// `stop`, `first` and `capacity` are the core's [`Emitter`] state (kept as
+/// fields: the connection shrinks `capacity` to the verifier's).
 pub(super) struct Generation<'a, 'b> {
-    pub(super) draft: &'a Model,
+    /// The draft model and its cache.
+    pub(super) draft: DraftModel<'a>,
     pub(super) gen: &'a GenerateConfig,
     pub(super) prompt_len: usize,
     pub(super) ctx: Vec<u32>,
     pub(super) statuses: Vec<TokenStatus>,
-    pub(super) cache: KvCache,
     pub(super) pending: Vec<u32>,
     pub(super) capacity: usize,
     pub(super) stop: Option<StopReason>,
@@ -73,6 +78,22 @@ pub(super) struct Noted {
     /// From the target (a verdict) rather than the draft.
     pub(super) target: bool,
     pub(super) lp: TokenLogprobs,
+}
+
+/// The logprobs in `noted` for token `t` at context position `pos`, from the
+/// target or the draft; drops every note before that position.
+fn take_noted(
+    noted: &mut Vec<Noted>,
+    pos: usize,
+    t: u32,
+    target: bool,
+) -> Option<Box<TokenLogprobs>> {
+    let found = noted
+        .iter()
+        .rposition(|n| n.pos == pos && n.target == target && n.lp.token == t)
+        .map(|i| Box::new(noted.swap_remove(i).lp));
+    noted.retain(|n| n.pos > pos);
+    found
 }
 
 /// Most logprobs [`Generation::noted`] keeps (the oldest go first): more than
@@ -149,20 +170,25 @@ impl<'a, 'b> Generation<'a, 'b> {
             None => (fresh, 0, None, 0),
         };
         cache.truncate(reuse);
-        let stop = (gen.max_tokens == 0).then_some(StopReason::MaxTokens);
+        let stop = Emitter::new(prompt.len(), gen.max_tokens, capacity).stop;
         Ok(Self {
-            draft,
+            draft: DraftModel {
+                model: draft,
+                cache,
+            },
             gen,
             prompt_len: prompt.len(),
             ctx: prompt.to_vec(),
             statuses: Vec::new(),
-            cache,
             pending: prompt[reuse..].to_vec(),
             capacity,
             stop,
             on_event,
             stats: EdgeStats {
-                prompt_tokens: prompt.len(),
+                gen: GenStats {
+                    prompt_tokens: prompt.len(),
+                    ..GenStats::default()
+                },
                 draft_reused_tokens: reuse,
                 draft_prefill_tokens: prompt.len() - reuse,
                 ..EdgeStats::default()
@@ -186,7 +212,7 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// KV, cut to the context (a stop token or a cancelled block may have run
     /// past it), and the context.
     pub(super) fn take_kept(&mut self, session: Option<KeptSession>) -> Kept {
-        let mut cache = std::mem::replace(&mut self.cache, KvCache::new(0, 0, 0, 0));
+        let mut cache = std::mem::replace(&mut self.draft.cache, KvCache::new(0, 0, 0, 0));
         let high_water = self.high_water.max(cache.len());
         cache.truncate(cache.len().min(self.ctx.len()));
         Kept {
@@ -205,52 +231,33 @@ impl<'a, 'b> Generation<'a, 'b> {
         &self.ctx[self.prompt_len..]
     }
 
-    /// Emits one token (already in the draft's view via `pending` by the caller);
-    /// false when generation must end.
+    /// Emits one token (already in the draft's view via `pending` by the
+    /// caller) with the core's emit rule ([`Emitter::emit`]), as `status`,
+    /// with the logprobs noted for it; false when generation must end.
     pub(super) fn emit(&mut self, t: u32, status: TokenStatus) -> bool {
-        if self.stop.is_some() {
-            return false;
-        }
-        self.first.get_or_insert_with(Instant::now);
-        if self.gen.stop_tokens.contains(&t) {
-            self.stop = Some(StopReason::Stop);
-            return false;
-        }
-        let logprobs = self.take_noted(t, status == TokenStatus::Verified);
-        self.ctx.push(t);
-        self.statuses.push(status);
-        let index = self.out_len() - 1;
-        if !(self.on_event)(&EdgeEvent::Token {
-            index,
-            id: t,
-            status,
-            logprobs,
-        }) {
-            self.stop = Some(StopReason::Cancelled);
-            return false;
-        }
-        if self.out_len() >= self.gen.max_tokens {
-            self.stop = Some(StopReason::MaxTokens);
-            return false;
-        }
-        if self.ctx.len() >= self.capacity {
-            self.stop = Some(StopReason::ContextFull);
-            return false;
-        }
-        true
-    }
-
-    /// The logprobs noted for token `t` at the next context position, from
-    /// the target or the draft; drops every note before that position.
-    fn take_noted(&mut self, t: u32, target: bool) -> Option<Box<TokenLogprobs>> {
-        let pos = self.ctx.len();
-        let found = self
-            .noted
-            .iter()
-            .rposition(|n| n.pos == pos && n.target == target && n.lp.token == t)
-            .map(|i| Box::new(self.noted.swap_remove(i).lp));
-        self.noted.retain(|n| n.pos > pos);
-        found
+        let mut em = Emitter {
+            prompt_len: self.prompt_len,
+            max_tokens: self.gen.max_tokens,
+            capacity: self.capacity,
+            stop: self.stop,
+            first: self.first,
+        };
+        let prompt_len = self.prompt_len;
+        let (noted, statuses, on_event) = (&mut self.noted, &mut self.statuses, &mut self.on_event);
+        let going = em.emit(&self.gen.stop_tokens, &mut self.ctx, t, |index| {
+            let target = status == TokenStatus::Verified;
+            let logprobs = take_noted(noted, prompt_len + index, t, target);
+            statuses.push(status);
+            on_event(&EdgeEvent::Token {
+                index,
+                id: t,
+                status,
+                logprobs,
+            })
+        });
+        self.stop = em.stop;
+        self.first = em.first;
+        going
     }
 
     /// Notes logprobs for the token at context position `pos` (kept until
@@ -301,43 +308,38 @@ impl<'a, 'b> Generation<'a, 'b> {
             if self.cancel_requested() {
                 return Ok(false);
             }
-            let pos = self.cache.len();
             let chunk: Vec<u32> = self.pending.drain(..PREFILL_CHUNK).collect();
-            self.draft.forward_last(&chunk, pos, &mut self.cache)?;
-            self.stats.draft_forwards += 1;
-            self.high_water = self.high_water.max(self.cache.len());
+            self.draft.feed(&chunk)?;
+            self.stats.gen.draft_forwards += 1;
+            self.high_water = self.high_water.max(self.draft.cache.len());
         }
         Ok(!self.cancel_requested())
     }
 
-    /// Runs the draft over `pending`; returns its next token after `hist`
-    /// (sampled: its keyed draw at position `hist.len()`, the same key the
-    /// verifier's draw uses). Leaves `pending = [token]`.
+    /// Runs the draft over `pending` (the core's draft step,
+    /// [`DraftModel::step`]); returns its next token after `hist` (sampled:
+    /// its keyed draw at position `hist.len()`, the same key the verifier's
+    /// draw uses), notes its confidence (gating) and logprobs when asked.
+    /// Leaves `pending = [token]`.
     pub(super) fn draft_next(&mut self, hist: &[u32]) -> Result<u32, EdgeError> {
-        let pos = self.cache.len();
-        let logits = self
-            .draft
-            .forward_last(&self.pending, pos, &mut self.cache)?;
-        self.stats.draft_forwards += 1;
-        self.high_water = self.high_water.max(self.cache.len());
-        let params = &self.gen.sampling;
-        let t = if params.is_greedy() {
-            let l = adjusted_logits(params, &logits, hist);
-            let t = argmax(&l);
-            if self.want_conf {
-                self.conf = token_prob(&l, t);
-            }
-            t
-        } else {
-            next_token(params, &logits, hist)
+        let ask = DraftAsk {
+            conf: self.want_conf,
+            top_logprobs: self.gen.top_logprobs,
         };
-        if let Some(top) = self.gen.top_logprobs {
-            let lp = chosen_logprobs(params, &logits, hist, t, top);
+        let d = self
+            .draft
+            .step(&self.pending, hist, &self.gen.sampling, ask)?;
+        self.stats.gen.draft_forwards += 1;
+        self.high_water = self.high_water.max(self.draft.cache.len());
+        if let Some(c) = d.conf {
+            self.conf = c;
+        }
+        if let Some(lp) = d.logprobs {
             self.note(hist.len(), false, lp);
         }
         self.pending.clear();
-        self.pending.push(t);
-        Ok(t)
+        self.pending.push(d.token);
+        Ok(d.token)
     }
 
     /// One token from the draft alone.
@@ -364,9 +366,9 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// drafted[..n] and `t` as verified.
     pub(super) fn accept(&mut self, ctx_before: usize, drafted: &[u32], n: usize, t: u32) {
         let keep = ctx_before + n;
-        let cache_len = self.cache.len();
+        let cache_len = self.draft.cache.len();
         if cache_len >= keep {
-            self.cache.truncate(keep);
+            self.draft.cache.truncate(keep);
             self.pending.clear();
         } else if cache_len >= ctx_before {
             self.pending = drafted[cache_len - ctx_before..n].to_vec();
@@ -390,10 +392,11 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// Undo a drafted block whose verdict never came: the draft holds `ctx`.
     pub(super) fn rollback_unverified(&mut self) {
         let keep = self.ctx.len() - 1;
-        self.cache.truncate(keep.min(self.cache.len()));
-        if self.cache.len() < keep {
+        let cache = &mut self.draft.cache;
+        cache.truncate(keep.min(cache.len()));
+        if cache.len() < keep {
             // Cannot happen after drafting (the cache covered ctx), but stay exact.
-            self.pending = self.ctx[self.cache.len()..].to_vec();
+            self.pending = self.ctx[cache.len()..].to_vec();
         } else {
             self.pending = vec![self.ctx[keep]];
         }
@@ -406,31 +409,19 @@ impl<'a, 'b> Generation<'a, 'b> {
         counters: Counters,
     ) -> EdgeGeneration {
         let mut s = std::mem::take(&mut self.stats);
-        let now = Instant::now();
-        s.total_ms = (now - self.start).as_secs_f64() * 1000.0;
-        if let Some(f) = self.first {
-            s.ttft_ms = (f - self.start).as_secs_f64() * 1000.0;
-        }
-        s.generated_tokens = self.out_len();
+        // Times, rates and means as every loop computes them.
+        s.gen.generated_tokens = self.out_len();
+        s.gen.finish(self.start, self.first);
         let count = |st| self.statuses.iter().filter(|&&x| x == st).count();
         s.verified_tokens = count(TokenStatus::Verified);
         s.provisional_tokens = count(TokenStatus::Provisional);
         s.local_tokens = count(TokenStatus::Local);
-        if s.total_ms > 0.0 {
-            s.tokens_per_s = s.generated_tokens as f64 / (s.total_ms / 1000.0);
-        }
-        if s.drafted > 0 {
-            s.acceptance_rate = s.accepted as f64 / s.drafted as f64;
-        }
-        if s.rounds > 0 {
-            s.mean_accepted_len = s.accepted as f64 / s.rounds as f64;
-        }
         s.rtt_mean_ms = gen_rtt.mean_ms().unwrap_or(0.0);
         s.rtt_p95_ms = gen_rtt.p95_ms().unwrap_or(0.0);
         s.bytes_sent = counters.sent;
         s.bytes_received = counters.received;
-        if s.generated_tokens > 0 {
-            s.verifier_passes_per_token = s.verifier_passes as f64 / s.generated_tokens as f64;
+        if s.gen.generated_tokens > 0 {
+            s.verifier_passes_per_token = s.verifier_passes as f64 / s.gen.generated_tokens as f64;
         }
         // A span still unchecked at the end stays in the report as unchecked.
         if let Some(c) = self.check.take() {

@@ -238,14 +238,14 @@ impl Rounds<'_> {
             self.conn.round += 1;
             run.stats.verifier_passes += 1;
         }
-        run.stats.rounds += 1;
-        run.stats.drafted += o.k as u64;
+        run.stats.gen.rounds += 1;
+        run.stats.gen.drafted += o.k as u64;
         if !o.apply {
             return;
         }
-        run.stats.accepted += o.accepted as u64;
+        run.stats.gen.accepted += o.accepted as u64;
         if self.kind != RoundKind::CloudStreamed {
-            run.stats.proposers.record(o.source, o.k, o.accepted);
+            run.stats.gen.proposers.record(o.source, o.k, o.accepted);
             self.spec
                 .auto
                 .observe(o.source, o.lookup_match, o.k, o.accepted);

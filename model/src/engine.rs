@@ -1,0 +1,659 @@
+//! The one speculative generation core: the settings of a generation
+//! ([`GenerateConfig`]), its statistics ([`GenStats`]) and end
+//! ([`StopReason`]), the one emit rule ([`Emitter`]), the draft model as a
+//! proposer ([`DraftModel`], one draft step: [`DraftModel::step`]), and the
+//! round ([`SpecEngine::round`]): plan (the proposers of
+//! [`crate::proposer`]), propose a block, have a [`BlockVerifier`] judge it,
+//! roll the draft back, emit, and count.
+//!
+//! A verifier is anything that answers "this block after this context:
+//! how many accepted, and your next token": the local target
+//! ([`TargetVerifier`], `crate::speculative::generate_speculative` and the
+//! recording of `tandem bench verifier`'s trace), or, in the edge runtime,
+//! the remote verifier. The edge runtime emits with [`Emitter`] and drafts
+//! with [`DraftModel::step`], adding its token statuses and logprobs on top.
+
+use crate::kv_cache::{KvCache, KvPrecision};
+use crate::logprobs::{chosen_logprobs, TokenLogprobs};
+use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
+use crate::sampling::{adjusted_logits, next_token, token_prob, SamplingParams};
+use crate::transformer::Model;
+use crate::verify::{verdict_from_logits, MAX_K};
+use crate::{ModelError, Result};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Settings of one generation.
+#[derive(Clone, Debug)]
+pub struct GenerateConfig {
+    pub max_tokens: usize,
+    /// Draft block length (1..=16), speculative mode only.
+    pub k: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end the generation (not emitted).
+    pub stop_tokens: Vec<u32>,
+    /// What proposes the draft tokens (speculative mode).
+    pub proposer: ProposerKind,
+    /// How the draft model's KV cache stores keys and values. The target's
+    /// cache is always f32; the draft's precision changes which tokens it
+    /// proposes (acceptance), never the speculative output, but it decides
+    /// the draft's own answers (draft mode, local and offline tokens).
+    /// Default [`KvPrecision::F16`]: half the memory, and the draft agrees
+    /// with llama.cpp as often as with f32 ([`KvPrecision::Int8`], a quarter,
+    /// does not: docs/model-core.md, "Draft KV fidelity").
+    pub draft_kv: KvPrecision,
+    /// Report each token's logprob and this many most likely alternatives
+    /// (0..=[`crate::logprobs::MAX_TOP_LOGPROBS`]; `None`: no logprobs). Read
+    /// by the edge runtime (the draft's for local tokens, the verifier's for
+    /// verified ones); the loops here do not report them.
+    pub top_logprobs: Option<usize>,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        Self {
+            max_tokens: 128,
+            k: 4,
+            sampling: SamplingParams::default(),
+            stop_tokens: Vec::new(),
+            proposer: ProposerKind::Draft,
+            draft_kv: KvPrecision::F16,
+            top_logprobs: None,
+        }
+    }
+}
+
+impl GenerateConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.k == 0 || self.k > MAX_K {
+            return Err(ModelError::InvalidArgument(format!(
+                "draft length k = {} is out of range (1..={MAX_K})",
+                self.k
+            )));
+        }
+        if let Some(n) = self
+            .top_logprobs
+            .filter(|&n| n > crate::logprobs::MAX_TOP_LOGPROBS)
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "top_logprobs = {n} is out of range (0..={})",
+                crate::logprobs::MAX_TOP_LOGPROBS
+            )));
+        }
+        self.sampling.validate()
+    }
+
+    /// This configuration for a generation of a `prompt_len`-token prompt: the
+    /// sampling's completion starts there (what the presence and frequency
+    /// penalties count; [`SamplingParams::for_prompt`]).
+    pub fn for_prompt(&self, prompt_len: usize) -> GenerateConfig {
+        GenerateConfig {
+            sampling: self.sampling.for_prompt(prompt_len),
+            ..self.clone()
+        }
+    }
+}
+
+/// Acceptance at one draft position: how often it was reached and accepted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PositionStat {
+    pub attempted: u64,
+    pub accepted: u64,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A stop token (end of turn) was produced.
+    Stop,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// The KV cache capacity was reached.
+    ContextFull,
+    /// The token callback asked to stop.
+    Cancelled,
+}
+
+/// Statistics of one generation (schema documented in docs/cli.md).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Time to first token, including prefill.
+    pub ttft_ms: f64,
+    pub total_ms: f64,
+    /// Generated tokens per second over the whole generation (after the prompt).
+    pub tokens_per_s: f64,
+    /// Tokens per second after the first token (decode speed).
+    pub decode_tokens_per_s: f64,
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// accepted / drafted.
+    pub acceptance_rate: f64,
+    /// Mean accepted draft tokens per round.
+    pub mean_accepted_len: f64,
+    pub per_position: Vec<PositionStat>,
+    pub target_forwards: u64,
+    pub draft_forwards: u64,
+    /// Rounds, drafted and accepted tokens per proposer.
+    #[serde(default)]
+    pub proposers: ProposerStats,
+}
+
+impl GenStats {
+    /// Sets the times (from `start`; `first`: when the first token came),
+    /// the rates and the means, once `generated_tokens` is set.
+    pub fn finish(&mut self, start: Instant, first: Option<Instant>) {
+        let now = Instant::now();
+        self.total_ms = ms(now - start);
+        if let Some(f) = first {
+            self.ttft_ms = ms(f - start);
+            let decode = (now - f).as_secs_f64();
+            if self.generated_tokens > 1 && decode > 0.0 {
+                self.decode_tokens_per_s = (self.generated_tokens - 1) as f64 / decode;
+            }
+        }
+        if self.total_ms > 0.0 {
+            self.tokens_per_s = self.generated_tokens as f64 / (self.total_ms / 1000.0);
+        }
+        if self.drafted > 0 {
+            self.acceptance_rate = self.accepted as f64 / self.drafted as f64;
+        }
+        if self.rounds > 0 {
+            self.mean_accepted_len = self.accepted as f64 / self.rounds as f64;
+        }
+    }
+
+    fn record_round(&mut self, k: usize, accepted: usize) {
+        if self.per_position.len() < k {
+            self.per_position.resize(k, PositionStat::default());
+        }
+        for (i, p) in self.per_position.iter_mut().enumerate().take(k) {
+            if i <= accepted {
+                p.attempted += 1;
+            }
+            if i < accepted {
+                p.accepted += 1;
+            }
+        }
+        self.rounds += 1;
+        self.drafted += k as u64;
+        self.accepted += accepted as u64;
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    pub stats: GenStats,
+}
+
+/// Receives each generated token as soon as it is final; returns `false` to
+/// cancel the generation.
+pub type OnToken<'a> = dyn FnMut(u32) -> bool + 'a;
+
+/// The one emit rule of every generation loop (local, trace, edge): a stop
+/// token ends the generation unemitted; an emitted token is appended to the
+/// context and delivered; then `max_tokens` and the context capacity are
+/// checked. Also notes when the first token came (time to first token).
+#[derive(Clone, Copy, Debug)]
+pub struct Emitter {
+    /// Context tokens before the output (the prompt).
+    pub prompt_len: usize,
+    pub max_tokens: usize,
+    /// Context positions the caches hold: the last emitted token must still
+    /// fit to be extended.
+    pub capacity: usize,
+    /// Why the generation ended (`None`: it goes on).
+    pub stop: Option<StopReason>,
+    /// When the first token (or the stop token that ended the output) came.
+    pub first: Option<Instant>,
+}
+
+impl Emitter {
+    /// An emitter for a `prompt_len`-token prompt; with `max_tokens` 0 the
+    /// generation has ended before it began.
+    pub fn new(prompt_len: usize, max_tokens: usize, capacity: usize) -> Self {
+        Self {
+            prompt_len,
+            max_tokens,
+            capacity,
+            stop: (max_tokens == 0).then_some(StopReason::MaxTokens),
+            first: None,
+        }
+    }
+
+    /// Emits `t` onto `ctx` (the prompt and the output so far): unless the
+    /// generation has ended or `t` is one of `stop_tokens`, appends it and
+    /// calls `deliver` with its output index (false: cancel). Returns false
+    /// when the generation must end (`stop` says why).
+    pub fn emit(
+        &mut self,
+        stop_tokens: &[u32],
+        ctx: &mut Vec<u32>,
+        t: u32,
+        deliver: impl FnOnce(usize) -> bool,
+    ) -> bool {
+        if self.stop.is_some() {
+            return false;
+        }
+        self.first.get_or_insert_with(Instant::now);
+        if stop_tokens.contains(&t) {
+            self.stop = Some(StopReason::Stop);
+            return false;
+        }
+        ctx.push(t);
+        let out_len = ctx.len() - self.prompt_len;
+        if !deliver(out_len - 1) {
+            self.stop = Some(StopReason::Cancelled);
+            return false;
+        }
+        if out_len >= self.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+            return false;
+        }
+        if ctx.len() >= self.capacity {
+            self.stop = Some(StopReason::ContextFull);
+            return false;
+        }
+        true
+    }
+}
+
+pub(crate) fn check_prompt(prompt: &[u32], capacity: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(ModelError::InvalidArgument("the prompt is empty".into()));
+    }
+    if prompt.len() >= capacity {
+        return Err(ModelError::SequenceTooLong {
+            needed: prompt.len() + 1,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+/// What a draft step computes besides its token.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DraftAsk {
+    /// The draft's top-1 probability of its token (greedy only: uncertainty
+    /// gating).
+    pub conf: bool,
+    /// The token's logprobs with this many alternatives.
+    pub top_logprobs: Option<usize>,
+}
+
+/// One draft step's token, and what was asked of it ([`DraftAsk`]).
+#[derive(Clone, Debug)]
+pub struct Drafted {
+    pub token: u32,
+    /// Greedy with [`DraftAsk::conf`] only.
+    pub conf: Option<f32>,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The draft model as a proposer. Its cache holds a prefix of the context
+/// (and, during a round, of the block it drafts); the tokens past that
+/// prefix are fed on its next step, so a generation that never asks the
+/// draft never pays for its prefill.
+pub struct DraftModel<'m> {
+    pub model: &'m Model,
+    pub cache: KvCache,
+}
+
+impl<'m> DraftModel<'m> {
+    /// The draft with an empty cache at `kv` ([`GenerateConfig::draft_kv`]).
+    pub fn new(model: &'m Model, kv: KvPrecision) -> Self {
+        Self {
+            model,
+            cache: model.new_cache_with(kv),
+        }
+    }
+
+    /// History tokens the draft has not seen.
+    pub fn backlog(&self, history: &[u32]) -> usize {
+        history.len().saturating_sub(self.cache.len())
+    }
+
+    /// Runs `tokens` into the cache (a prefill) without drawing.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        let pos = self.cache.len();
+        self.model.forward_last(tokens, pos, &mut self.cache)?;
+        Ok(())
+    }
+
+    /// The one draft step: one forward over `feed` (the tokens of `hist`
+    /// the cache has not seen, at least its last), then the draft's token
+    /// after `hist`, picked like the target's ([`next_token`]: the argmax of
+    /// the penalised logits, or the keyed draw at position `hist.len()`);
+    /// with [`DraftAsk::conf`] (greedy) its softmax probability under the
+    /// penalised logits.
+    pub fn step(
+        &mut self,
+        feed: &[u32],
+        hist: &[u32],
+        params: &SamplingParams,
+        ask: DraftAsk,
+    ) -> Result<Drafted> {
+        let pos = self.cache.len();
+        let logits = self.model.forward_last(feed, pos, &mut self.cache)?;
+        let token = next_token(params, &logits, hist);
+        let conf = (ask.conf && params.is_greedy())
+            .then(|| token_prob(&adjusted_logits(params, &logits, hist), token));
+        let logprobs = ask
+            .top_logprobs
+            .map(|top| chosen_logprobs(params, &logits, hist, token, top));
+        Ok(Drafted {
+            token,
+            conf,
+            logprobs,
+        })
+    }
+
+    /// Drafts `k` tokens after `history` (which ends with a token the draft
+    /// has not seen), one [`Self::step`] each; counts and times the forwards.
+    /// The last drafted token is not fed: it may be rejected.
+    pub fn propose(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        stats: &mut GenStats,
+        chooser: &mut AutoChooser,
+    ) -> Result<Vec<u32>> {
+        let mut pending = history[self.cache.len().min(history.len())..].to_vec();
+        let mut block = Vec::with_capacity(k);
+        let mut dhist = history.to_vec();
+        for _ in 0..k {
+            let t = Instant::now();
+            let d = self
+                .step(&pending, &dhist, params, DraftAsk::default())?
+                .token;
+            chooser.draft_forward(pending.len(), t.elapsed());
+            stats.draft_forwards += 1;
+            block.push(d);
+            dhist.push(d);
+            pending.clear();
+            pending.push(d);
+        }
+        Ok(block)
+    }
+
+    /// After a verdict: the first `verified` context positions are final;
+    /// the cache keeps what it holds of them.
+    pub fn rollback(&mut self, verified: usize) {
+        if self.cache.len() > verified {
+            self.cache.truncate(verified);
+        }
+    }
+}
+
+/// A verifier's judgement of one block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockVerdict {
+    /// Leading block tokens the target accepts.
+    pub accepted: usize,
+    /// The target's token after them.
+    pub next_token: u32,
+    /// The target's logprobs of the emitted tokens (`block[..accepted]`,
+    /// then `next_token`), when the verifier gives them.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
+}
+
+/// What judges a proposed block: given the context (which ends with the
+/// last emitted token, the one the verifier has not run yet) and a block of
+/// proposed tokens after it, how many the target accepts and its next token.
+/// After the call the verifier holds the context and the accepted tokens.
+pub trait BlockVerifier {
+    fn verify(&mut self, ctx: &[u32], block: &[u32]) -> Result<BlockVerdict>;
+}
+
+/// The target model in this process as the verifier: one forward over
+/// `[last, block..]`, the verdict from its logits
+/// ([`verdict_from_logits`]), the cache cut to what was accepted.
+pub struct TargetVerifier<'m> {
+    model: &'m Model,
+    cache: KvCache,
+    params: SamplingParams,
+}
+
+impl<'m> TargetVerifier<'m> {
+    /// The target with an empty f32 cache, judging with `params` (those of
+    /// [`GenerateConfig::for_prompt`]).
+    pub fn new(model: &'m Model, params: SamplingParams) -> Self {
+        Self {
+            model,
+            cache: model.new_cache(),
+            params,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Runs `tokens` after what the cache holds; the last row's logits.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let pos = self.cache.len();
+        self.model.forward_last(tokens, pos, &mut self.cache)
+    }
+}
+
+impl BlockVerifier for TargetVerifier<'_> {
+    fn verify(&mut self, ctx: &[u32], block: &[u32]) -> Result<BlockVerdict> {
+        let base = self.cache.len();
+        let Some(&last) = ctx.last().filter(|_| base + 1 == ctx.len()) else {
+            return Err(ModelError::InvalidArgument(format!(
+                "the target holds {base} positions, not the context's {} less its last",
+                ctx.len()
+            )));
+        };
+        let mut input = Vec::with_capacity(block.len() + 1);
+        input.push(last);
+        input.extend_from_slice(block);
+        let logits = self.model.forward(&input, base, &mut self.cache)?;
+        let v = verdict_from_logits(&self.params, ctx, block, &logits)?;
+        // The cache keeps [.., last, d1..dn].
+        self.cache.truncate(base + 1 + v.accepted);
+        Ok(BlockVerdict {
+            accepted: v.accepted,
+            next_token: v.next_token,
+            logprobs: None,
+        })
+    }
+}
+
+/// What one [`SpecEngine::round`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineRound {
+    /// What proposed the block, and the block.
+    pub source: Source,
+    pub block: Vec<u32>,
+    /// Of it, accepted; then the verifier's token.
+    pub accepted: usize,
+    pub next_token: u32,
+}
+
+/// One speculative generation, round by round, against any
+/// [`BlockVerifier`]: the context, the draft, the proposers' state
+/// (lookup's n-gram index, `auto`'s estimates), the emitter and the
+/// statistics. The verifier must hold the context less its last token
+/// when a round starts (then every round keeps it so).
+pub struct SpecEngine<'m, 'a, 'b> {
+    cfg: GenerateConfig,
+    draft: DraftModel<'m>,
+    ctx: Vec<u32>,
+    em: Emitter,
+    index: NgramIndex,
+    chooser: AutoChooser,
+    stats: GenStats,
+    start: Instant,
+    on_token: &'a mut OnToken<'b>,
+}
+
+impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
+    /// A generation of `prompt` with `draft` (its cache at `cfg.draft_kv`)
+    /// proposing; `verifier_capacity`: the positions the verifier holds.
+    /// `on_token` receives every emitted token (false: cancel).
+    pub fn new(
+        draft: &'m Model,
+        prompt: &[u32],
+        cfg: &GenerateConfig,
+        verifier_capacity: usize,
+        on_token: &'a mut OnToken<'b>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let cfg = cfg.for_prompt(prompt.len());
+        let draft = DraftModel::new(draft, cfg.draft_kv);
+        let capacity = verifier_capacity.min(draft.cache.capacity());
+        check_prompt(prompt, capacity)?;
+        let mut index = NgramIndex::new();
+        index.extend(prompt);
+        Ok(Self {
+            em: Emitter::new(prompt.len(), cfg.max_tokens, capacity),
+            cfg,
+            draft,
+            ctx: prompt.to_vec(),
+            index,
+            chooser: AutoChooser::default(),
+            stats: GenStats {
+                prompt_tokens: prompt.len(),
+                ..GenStats::default()
+            },
+            start: Instant::now(),
+            on_token,
+        })
+    }
+
+    /// The prompt and the output so far.
+    pub fn context(&self) -> &[u32] {
+        &self.ctx
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.ctx[self.em.prompt_len..]
+    }
+
+    /// Why the generation ended (`None`: it goes on).
+    pub fn stop(&self) -> Option<StopReason> {
+        self.em.stop
+    }
+
+    /// The statistics so far (a caller counts the forwards it runs itself,
+    /// such as the target's prefill).
+    pub fn stats_mut(&mut self) -> &mut GenStats {
+        &mut self.stats
+    }
+
+    fn emit(&mut self, t: u32) -> bool {
+        let on_token = &mut self.on_token;
+        self.em
+            .emit(&self.cfg.stop_tokens, &mut self.ctx, t, |_| on_token(t))
+    }
+
+    /// Emits a token the verifier produced without a block (the local
+    /// target's first token, from its prefill).
+    pub fn emit_verified(&mut self, t: u32) {
+        if self.emit(t) {
+            self.index.extend(&self.ctx);
+        }
+    }
+
+    /// One round of at most `k` proposed tokens (fewer near the end of the
+    /// output or the cache): plan, propose, verify, roll the draft back,
+    /// emit the accepted tokens and the verifier's, count. `None` when the
+    /// generation has ended (the context is full: `stop` says so).
+    pub fn round(
+        &mut self,
+        k: usize,
+        verifier: &mut dyn BlockVerifier,
+    ) -> Result<Option<EngineRound>> {
+        if self.em.stop.is_some() {
+            return Ok(None);
+        }
+        // Never draft past the cache or past max_tokens (+1 for the token
+        // the verifier adds).
+        let room_cache = self.em.capacity.saturating_sub(self.ctx.len());
+        let room_out = self.cfg.max_tokens.saturating_sub(self.output().len());
+        let k = k.min(room_cache).min(room_out.max(1));
+        if k == 0 {
+            self.em.stop = Some(StopReason::ContextFull);
+            return Ok(None);
+        }
+        let draft = &self.draft;
+        let plan = plan_round(
+            self.cfg.proposer,
+            &self.index,
+            &self.ctx,
+            k,
+            room_out,
+            &self.chooser,
+            || draft.backlog(&self.ctx),
+        );
+        let block = match plan.source {
+            Source::Draft => self.draft.propose(
+                &self.ctx,
+                plan.len,
+                &self.cfg.sampling,
+                &mut self.stats,
+                &mut self.chooser,
+            )?,
+            Source::Lookup => plan.lookup,
+            Source::Nothing => Vec::new(),
+        };
+        let t = Instant::now();
+        let v = verifier.verify(&self.ctx, &block)?;
+        self.chooser.target_forward(block.len() + 1, t.elapsed());
+        self.stats.target_forwards += 1;
+        let n = v.accepted;
+        if n > block.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "the verifier accepted {n} of {} tokens",
+                block.len()
+            )));
+        }
+        self.stats.record_round(block.len(), n);
+        self.stats.proposers.record(plan.source, block.len(), n);
+        self.chooser
+            .observe(plan.source, plan.lookup_match, block.len(), n);
+        // The context's last token and block[..n] are final.
+        self.draft.rollback(self.ctx.len() + n);
+        let mut going = true;
+        for &d in &block[..n] {
+            if !self.emit(d) {
+                going = false;
+                break;
+            }
+        }
+        if going {
+            self.emit_verified(v.next_token);
+        }
+        Ok(Some(EngineRound {
+            source: plan.source,
+            block,
+            accepted: n,
+            next_token: v.next_token,
+        }))
+    }
+
+    /// The result: the output, why it ended, the statistics.
+    pub fn finish(self) -> Generation {
+        let mut stats = self.stats;
+        let tokens = self.ctx[self.em.prompt_len..].to_vec();
+        stats.generated_tokens = tokens.len();
+        stats.finish(self.start, self.em.first);
+        Generation {
+            tokens,
+            stop: self.em.stop.unwrap_or(StopReason::MaxTokens),
+            stats,
+        }
+    }
+}
