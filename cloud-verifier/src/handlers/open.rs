@@ -71,6 +71,8 @@ struct Asked {
     sampling: SamplingParams,
     top_logprobs: Option<usize>,
     grammar: Option<tandem_proto::v1::Grammar>,
+    /// `grammar` compiled for the session's context ([`grammar_for`]).
+    constraint: Option<tandem_grammar::Constraint>,
 }
 
 /// `Open.grammar`: not with split sessions (their verdicts are not computed
@@ -219,6 +221,7 @@ async fn open_checked(
             sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
             top_logprobs: top_logprobs_from_wire(&o)?,
             grammar: grammar_from_wire(&o)?,
+            constraint: None,
         };
         return open_continued(s, who, c, o.prompt_tokens, asked, o.first_round).await;
     }
@@ -235,12 +238,14 @@ async fn open_checked(
         sampling: sampling_from_wire(o.sampling.take(), s.model.config().vocab)?,
         top_logprobs: top_logprobs_from_wire(&o)?,
         grammar: grammar_from_wire(&o)?,
+        constraint: None,
     };
     if let Some(spec) = split {
         return open_split(s, who, o, spec, asked.sampling).await;
     }
     let ctx = o.prompt_tokens;
-    let mut grammar = grammar_for(s, &asked, &ctx).await?;
+    let mut asked = asked;
+    asked.constraint = grammar_for(s, &asked, &ctx).await?;
     if let Some(rid) = &o.resume_session_id {
         let rid: Arc<str> = Arc::from(rid.as_str());
         match CheckedOut::take_over(&s.store, &rid, who) {
@@ -251,7 +256,7 @@ async fn open_checked(
                 let (mut g, reused) = settle(lent, st, res)?;
                 g.sampling = asked.sampling;
                 g.top_logprobs = asked.top_logprobs;
-                g.grammar = grammar.take();
+                g.grammar = asked.constraint.take();
                 g.next_round = o.first_round;
                 drop(g); // checked in
                 tracing::info!(session = %rid, reused, "session resumed");
@@ -275,7 +280,6 @@ async fn open_checked(
         who,
         ctx,
         asked,
-        grammar,
         o.first_round,
         None,
         Work::Prefill { tokens },
@@ -345,7 +349,8 @@ async fn open_continued(
     ctx.extend_from_slice(&g.context[..prefix]);
     ctx.extend_from_slice(&new);
     s.check_context(&ctx)?;
-    let grammar = grammar_for(s, &asked, &ctx).await?;
+    let mut asked = asked;
+    asked.constraint = grammar_for(s, &asked, &ctx).await?;
     let epoch = g.epoch();
     let (lent, st) = g.lend();
     let (st, res) = resync(s, who, &sid, st, &ctx).await;
@@ -354,7 +359,7 @@ async fn open_continued(
     // keyed by its position, as in a fresh session of the whole context).
     g.sampling = asked.sampling;
     g.top_logprobs = asked.top_logprobs;
-    g.grammar = grammar;
+    g.grammar = asked.constraint;
     g.next_round = first_round;
     drop(g); // checked in
     tracing::info!(session = %sid, reused, context_len = ctx.len(), "session continued");
@@ -369,7 +374,6 @@ async fn open_new(
     who: &Arc<str>,
     context: Vec<u32>,
     asked: Asked,
-    grammar: Option<tandem_grammar::Constraint>,
     first_round: u64,
     split: Option<SplitSpec>,
     prefill: Work,
@@ -384,7 +388,7 @@ async fn open_new(
     let reserved = s.reserve_open(&mut kv, s.room_for(context_len), who)?;
     let mut st = SessionState::new(kv, context, asked.sampling, first_round);
     st.top_logprobs = asked.top_logprobs;
-    st.grammar = grammar;
+    st.grammar = asked.constraint;
     st.split = split;
     let (st, out) = s.run(who, &id, st, prefill).await;
     permit.spent();
@@ -432,8 +436,8 @@ async fn open_split(
             sampling,
             top_logprobs: None,
             grammar: None,
+            constraint: None,
         },
-        None,
         o.first_round,
         Some(spec),
         prefill,
