@@ -280,6 +280,8 @@ impl Connector {
             Ok(r) => r,
             Err(_) => Err(NetError::Timeout),
         };
+        // Answered or failed: no longer waiting for the verifier's prefill.
+        drop(ticket);
         if let (Err(NetError::Unavailable(_)), Some(probe)) = (&r, &self.mtls_probe) {
             if probe
                 .server_requires_client_cert(self.connect_timeout)

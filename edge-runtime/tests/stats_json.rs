@@ -20,7 +20,18 @@ fn distinct(v: &mut Value, n: &mut u64) {
             };
         }
         Value::Bool(b) => *b = true,
-        Value::Object(m) => m.values_mut().for_each(|x| distinct(x, n)),
+        // In key order, whatever order the map keeps (serde_json's
+        // `preserve_order`, which llguidance turns on in workspace builds,
+        // keeps insertion order).
+        Value::Object(m) => {
+            let mut keys: Vec<String> = m.keys().cloned().collect();
+            keys.sort();
+            for k in keys {
+                if let Some(x) = m.get_mut(&k) {
+                    distinct(x, n);
+                }
+            }
+        }
         _ => {}
     }
 }

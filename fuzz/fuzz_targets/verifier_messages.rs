@@ -462,6 +462,7 @@ fn build_open(
         split,
         prompt_hidden: hidden.as_ref().map(|x| x.build(h.d_model, fit_rows)),
         continuation,
+        grammar: None,
     };
     Some((
         ClientMessage {

@@ -404,6 +404,15 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// `o`'s entries by key: what is ignored or refused first does not depend on
+/// the map's order (serde_json keeps insertion order in builds where a
+/// dependency turns on `preserve_order`, as llguidance does).
+fn by_key(o: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut v: Vec<(&String, &Value)> = o.iter().collect();
+    v.sort_by(|a, b| a.0.cmp(b.0));
+    v
+}
+
 /// The unknown field `name` (its full path, e.g. `messages[2].foo`): a 400
 /// naming it when strict, else added to `ignored`.
 fn unknown_field(name: String, strict: bool, ignored: &mut Vec<String>) -> Result<(), ApiError> {
@@ -425,7 +434,7 @@ fn check_fields(
     strict: bool,
 ) -> Result<Vec<String>, ApiError> {
     let mut ignored = Vec::new();
-    for k in o.keys() {
+    for (k, _) in by_key(o) {
         if !known.contains(&k.as_str()) && !EXTENSION_FIELDS.contains(&k.as_str()) {
             unknown_field(k.clone(), strict, &mut ignored)?;
         }
@@ -538,7 +547,7 @@ fn common(
             ))
         }
         Some(Value::Object(so)) => {
-            for k in so.keys() {
+            for (k, _) in by_key(so) {
                 if k != "include_usage" {
                     unknown_field(format!("stream_options.{k}"), lim.strict, &mut ignored)?;
                 }
@@ -640,7 +649,7 @@ fn message_fields(
     strict: bool,
     ignored: &mut Vec<String>,
 ) -> Result<(), ApiError> {
-    for (k, v) in m {
+    for (k, v) in by_key(m) {
         if matches!(
             k.as_str(),
             "role" | "content" | "name" | "refusal" | "tool_calls" | "tool_call_id"
