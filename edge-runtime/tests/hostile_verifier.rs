@@ -13,7 +13,7 @@ use tandem_edge::{EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
-use tandem_proto::v1::verifier_server::{Verifier, VerifierServer};
+use tandem_proto::v1::verifier_server::Verifier;
 use tandem_proto::v1::{
     client_message, server_message, ClientMessage, HiddenStates, Opened, ServerMessage, Verdict,
 };
@@ -113,24 +113,8 @@ struct Served {
 }
 
 fn serve(lie: Lie, vocab: u32) -> Served {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(VerifierServer::new(Fake { lie, vocab }))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    Served {
-        rt,
-        url: format!("http://{addr}"),
-    }
+    let (rt, url) = common::serve_fake(Fake { lie, vocab });
+    Served { rt, url }
 }
 
 /// One generation of `max_tokens` against a fake telling `lie`: the result

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tandem_edge::{EdgeConfig, EdgeGeneration, EdgeRuntime, TokenStatus};
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
-use tandem_proto::v1::verifier_server::{Verifier, VerifierServer};
+use tandem_proto::v1::verifier_server::Verifier;
 use tandem_proto::v1::{
     client_message, server_message, ClientMessage, Opened, ServerMessage, Verdict,
 };
@@ -126,31 +126,15 @@ fn a_short_open_behind_a_sibling_s_long_open_waits_for_it_instead_of_going_provi
     let draft = load(&path);
     let vocab = u32::try_from(draft.config().vocab).unwrap();
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
     let long_open_seen = Arc::new(AtomicBool::new(false));
-    let fake = Fake {
+    let (rt, url) = common::serve_fake(Fake {
         vocab,
-        busy_until: Arc::new(Mutex::new(
-            rt.block_on(async { tokio::time::Instant::now() }),
-        )),
+        busy_until: Arc::new(Mutex::new(tokio::time::Instant::now())),
         long_open_seen: Arc::clone(&long_open_seen),
-    };
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(VerifierServer::new(fake))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    });
 
     let cfg = EdgeConfig {
-        verifier_url: Some(format!("http://{addr}")),
+        verifier_url: Some(url),
         token: Some(TOKEN.into()),
         tokenizer_fingerprint: Some(common::FP.into()),
         model_id: MODEL_ID.into(),

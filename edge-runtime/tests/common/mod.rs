@@ -196,3 +196,25 @@ async fn pump(
         }
     }
 }
+
+/// A fake verifier service `v` on a loopback port, served by its own
+/// one-thread runtime (dropping it stops the server): (runtime, its URL).
+pub fn serve_fake<V: tandem_proto::v1::verifier_server::Verifier>(
+    v: V,
+) -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(tandem_proto::v1::verifier_server::VerifierServer::new(v))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (rt, format!("http://{addr}"))
+}
