@@ -190,19 +190,32 @@ unsafe extern "C" fn collect(
     true
 }
 
-/// What the C ABI streams for the same config and prompt (in this process,
-/// through the same `extern "C"` functions the JNI glue calls).
-fn c_abi_pieces(config: &Path, prompt: &str, max_tokens: u32) -> (Vec<(String, String)>, u64) {
+/// A C ABI runtime of `config` (in this process, through the same
+/// `extern "C"` functions the JNI glue calls); the caller frees it.
+fn c_runtime(config: &Path) -> *mut TandemRuntime {
     let config = CString::new(config.to_str().unwrap()).unwrap();
-    let prompt = CString::new(prompt).unwrap();
     let mut rt: *mut TandemRuntime = std::ptr::null_mut();
     let mut err: *mut c_char = std::ptr::null_mut();
-    let mut pieces: Vec<(String, String)> = Vec::new();
-    // SAFETY: valid strings and out-pointers; the callback gets the Vec.
+    // SAFETY: a valid string and out-pointers; the message is read only on
+    // failure, when the library set it.
     unsafe {
         let s =
             tandem_capi::tandem_runtime_new(config.as_ptr(), std::ptr::null(), &mut rt, &mut err);
         assert_eq!(s, TandemStatus::Ok, "{:?}", CStr::from_ptr(err));
+    }
+    rt
+}
+
+/// What the C ABI streams for the same config and prompt (in this process,
+/// through the same `extern "C"` functions the JNI glue calls).
+fn c_abi_pieces(config: &Path, prompt: &str, max_tokens: u32) -> (Vec<(String, String)>, u64) {
+    let prompt = CString::new(prompt).unwrap();
+    let rt = c_runtime(config);
+    let mut err: *mut c_char = std::ptr::null_mut();
+    let mut pieces: Vec<(String, String)> = Vec::new();
+    // SAFETY: a live runtime, valid strings and out-pointers; the callback
+    // gets the Vec.
+    unsafe {
         let mut stats = std::mem::MaybeUninit::<TandemStats>::uninit();
         let s = tandem_capi::tandem_generate(
             rt,
@@ -227,16 +240,12 @@ fn c_abi_conversation(
     messages: &[&str],
     max_tokens: u32,
 ) -> Vec<(Vec<(String, String)>, u64)> {
-    let config = CString::new(config.to_str().unwrap()).unwrap();
-    let mut rt: *mut TandemRuntime = std::ptr::null_mut();
+    let rt = c_runtime(config);
     let mut err: *mut c_char = std::ptr::null_mut();
     let mut turns = Vec::new();
-    // SAFETY: valid strings and out-pointers; the callback gets the Vec; the
-    // conversation is freed before its runtime.
+    // SAFETY: a live runtime, valid strings and out-pointers; the callback
+    // gets the Vec; the conversation is freed before its runtime.
     unsafe {
-        let s =
-            tandem_capi::tandem_runtime_new(config.as_ptr(), std::ptr::null(), &mut rt, &mut err);
-        assert_eq!(s, TandemStatus::Ok, "{:?}", CStr::from_ptr(err));
         let mut c = std::ptr::null_mut();
         let s = tandem_capi::tandem_conversation_new(rt, &mut c, &mut err);
         assert_eq!(s, TandemStatus::Ok);
