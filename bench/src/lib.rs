@@ -77,8 +77,10 @@ const VERIFY_KS: [usize; 9] = [1, 2, 3, 5, 9, 17, 24, 40, 64];
 /// The largest `--ks` entry: a verify block far beyond any draft length or
 /// batch measures nothing the product runs.
 const MAX_VERIFY_K: usize = 256;
-/// Prompt length for prefill and the verify context.
+/// Prompt length for prefill and the verify context, by default.
 const PROMPT_TOKENS: usize = 128;
+/// The largest `--prompt-tokens`.
+const MAX_PROMPT_TOKENS: usize = 2048;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchModel {
@@ -200,6 +202,10 @@ pub struct Args {
     /// 256. The default's 24, 40 and 64 are the verifier's batched forwards.
     #[arg(long = "ks", value_delimiter = ',', default_values_t = VERIFY_KS)]
     verify_ks: Vec<usize>,
+    /// Prompt length in tokens of the prefill measurement, which is also the
+    /// context the verify blocks of the cost curve follow (at most 2048).
+    #[arg(long, default_value_t = PROMPT_TOKENS)]
+    prompt_tokens: usize,
     /// Python interpreter for the llama.cpp column.
     #[arg(long, env = "TANDEM_PYTHON", default_value = "python3")]
     python: String,
@@ -283,6 +289,11 @@ impl Args {
             .unwrap_or(if self.quick { 32 } else { 64 });
         anyhow::ensure!(decode_tokens >= 1, "--decode-tokens must be at least 1");
         check_verify_ks(&self.verify_ks)?;
+        anyhow::ensure!(
+            (1..=MAX_PROMPT_TOKENS).contains(&self.prompt_tokens),
+            "--prompt-tokens must be in 1..={MAX_PROMPT_TOKENS} (got {})",
+            self.prompt_tokens
+        );
         // A bad prompt set fails now, not after the model measurements.
         self.prompt_sets()?;
         Ok(Resolved {
@@ -575,9 +586,10 @@ fn measure(
     run_child(cmd, &what).map(Some)
 }
 
-/// The ~128-token prompt: a fixed chat request, tokenized with the model's
-/// own tokenizer, repeated as needed and cut to exactly [`PROMPT_TOKENS`].
-fn bench_prompt(path: &Path) -> Result<Vec<u32>> {
+/// The bench prompt: a fixed chat request, tokenized with the model's
+/// own tokenizer, repeated as needed and cut to exactly `len` tokens
+/// (`--prompt-tokens`).
+fn bench_prompt(path: &Path, len: usize) -> Result<Vec<u32>> {
     use tandem_model::tokenizer::{ChatMessage, Tokenizer};
     let gguf = tandem_model::gguf::GgufFile::open(path)
         .with_context(|| format!("opening {}", path.display()))?;
@@ -597,7 +609,7 @@ fn bench_prompt(path: &Path) -> Result<Vec<u32>> {
         tok.encode_prompt(text)?
     };
     anyhow::ensure!(!one.is_empty(), "the bench prompt tokenized to nothing");
-    Ok(one.iter().copied().cycle().take(PROMPT_TOKENS).collect())
+    Ok(one.iter().copied().cycle().take(len).collect())
 }
 
 fn loadavg() -> Vec<f64> {
@@ -667,7 +679,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
         let gguf_bytes = std::fs::metadata(&path)
             .with_context(|| format!("reading {}", path.display()))?
             .len();
-        let prompt = bench_prompt(&path)?;
+        let prompt = bench_prompt(&path, args.prompt_tokens)?;
         // Per engine: the figures of each round so far; `Ok(None)` once it
         // is known not to be installed, `Err` once a round failed (either
         // ends its rounds).
@@ -799,7 +811,7 @@ fn run_parent(args: &Args, res: &Resolved) -> Result<()> {
             repeats: res.repeats,
             rounds: args.rounds,
             quick: args.quick,
-            prompt_tokens: PROMPT_TOKENS,
+            prompt_tokens: args.prompt_tokens,
             decode_tokens: res.decode_tokens,
             verify_ks: args.verify_ks.clone(),
             spec_prompts: res.spec_prompts,

@@ -19,11 +19,11 @@ fn greedy_speculative_equals_target_on_real_models() {
     let prompts = prompts();
     assert!(prompts.len() >= 20);
     let stops = tok.chat_stop_tokens();
-    // Outputs are capped to keep CI short; two prompts run to 256 tokens.
+    // Outputs are capped to keep CI short; one prompt runs to 256 tokens.
     let mut long_runs = 0;
     let report = Mutex::new(Vec::new());
     // Two of every three of the first 22 prompts (15: code in English and
-    // Chinese, prose, both 256-token ones) keep CI short.
+    // Chinese, prose, the first 256-token one) keep CI short.
     let chosen = prompts
         .iter()
         .take(22)
@@ -31,7 +31,7 @@ fn greedy_speculative_equals_target_on_real_models() {
         .filter(|(i, _)| i % 3 != 2);
     for (i, (_, p)) in chosen.enumerate() {
         let ids = chat_tokens(&tok, &p.text);
-        let max_tokens = if p.max_tokens >= 256 && long_runs < 2 {
+        let max_tokens = if p.max_tokens >= 256 && long_runs < 1 {
             long_runs += 1;
             256
         } else {
@@ -45,7 +45,7 @@ fn greedy_speculative_equals_target_on_real_models() {
         let reference = generate_single(&target, &ids, &base, &mut |_| true).unwrap();
         // One speculative run per prompt keeps CI short: k ∈ {1,2,4,8,16}
         // rotates over the prompts (each k sees 2–3 prompts of different
-        // kinds); the two long generations run with the default k = 4.
+        // kinds); the long generation runs with the default k = 4.
         let long = max_tokens == 256;
         let ks = [if long { 4 } else { [1, 2, 4, 8, 16][i % 5] }];
         for k in ks {
@@ -74,8 +74,8 @@ fn greedy_speculative_equals_target_on_real_models() {
         }
     }
     assert_eq!(
-        long_runs, 2,
-        "two long (256-token) generations must be part of the test"
+        long_runs, 1,
+        "a long (256-token) generation must be part of the test"
     );
     for l in report.lock().unwrap().iter() {
         eprintln!("{l}");
