@@ -4,7 +4,7 @@
 use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use crate::mtls_probe::MtlsProbe;
-use crate::open_load::OpenLoad;
+use crate::open_load::{OpenLoad, PrefillHold};
 use prost::Message;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -216,6 +216,7 @@ impl Connector {
         session_key: &str,
         d: OpenDeadlines,
         load: Option<&Arc<OpenLoad>>,
+        hold: Option<&PrefillHold>,
         counters: &mut Counters,
     ) -> Result<(Stream, ServerMessage, Duration), NetError> {
         let key = tonic::metadata::MetadataValue::try_from(session_key).map_err(|_| {
@@ -265,20 +266,39 @@ impl Connector {
                 loop {
                     match tokio::time::timeout_at(until.into(), &mut recv).await {
                         Ok(r) => break r?,
-                        Err(_) => match ticket.as_ref().and_then(|k| k.extended(until, d.opened)) {
-                            // The device's other opens still wait: the
-                            // verifier may be prefilling them first.
-                            Some(later) => until = later,
-                            None => return Err(NetError::Timeout),
-                        },
+                        Err(_) => {
+                            // The device prefilled its draft meanwhile (it
+                            // was not waiting), or its other opens still
+                            // wait (the verifier may be prefilling them
+                            // first): a later deadline.
+                            let later =
+                                hold.and_then(|h| h.extended(until, d.opened)).or_else(|| {
+                                    ticket.as_ref().and_then(|k| k.extended(until, d.opened))
+                                });
+                            match later {
+                                Some(later) => until = later,
+                                None => return Err(NetError::Timeout),
+                            }
+                        }
                     }
                 }
             };
             Ok((stream, first, t.elapsed()))
         };
-        let r = match tokio::time::timeout(d.total, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(NetError::Timeout),
+        // `open_timeout_ms` bounds the whole wait; with a hold, the wait
+        // from the device's release.
+        let r = {
+            tokio::pin!(fut);
+            let mut until = Instant::now() + d.total;
+            loop {
+                match tokio::time::timeout_at(until.into(), &mut fut).await {
+                    Ok(r) => break r,
+                    Err(_) => match hold.and_then(|h| h.extended(until, d.total)) {
+                        Some(later) => until = later,
+                        None => break Err(NetError::Timeout),
+                    },
+                }
+            }
         };
         // Answered or failed: no longer waiting for the verifier's prefill.
         drop(ticket);

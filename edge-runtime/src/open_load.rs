@@ -15,6 +15,13 @@
 //! outage. A verifier that is really silent is still caught: the response
 //! headers have their own deadline, every open keeps its own bound, and
 //! `open_timeout_ms` bounds the whole open.
+//!
+//! The same rule covers the device's own work beside an open
+//! ([`PrefillHold`]): a generation sends its Open first and then prefills the
+//! draft's backlog while the verifier prefills the context, so the two
+//! prefills overlap instead of adding up. Until the device is done it is not
+//! waiting for `Opened`, so a deadline that passes meanwhile is no outage;
+//! once it is done, the open's allowance counts from then.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -96,6 +103,35 @@ impl OpenTicket {
     }
 }
 
+/// The device's own prefill running beside an open (see the module doc):
+/// [`PrefillHold::release`] when it is done. Shared by the generation and
+/// the open's task.
+#[derive(Debug, Default)]
+pub struct PrefillHold {
+    /// When the device's prefill ended; `None` while it runs.
+    released: Mutex<Option<Instant>>,
+}
+
+impl PrefillHold {
+    /// The device's prefill is done (or abandoned): from now on it waits.
+    pub fn release(&self) {
+        let mut r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        r.get_or_insert_with(Instant::now);
+    }
+
+    /// A later deadline for an open whose deadline `until` (with allowance
+    /// `own`) has passed: while the device still prefills, `own` from now
+    /// (asked again then); after, `own` from the release when that is later
+    /// than `until`. `None`: the device has been waiting for the whole
+    /// allowance, so the deadline stands.
+    pub fn extended(&self, until: Instant, own: Duration) -> Option<Instant> {
+        let released = *self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let from = released.unwrap_or_else(Instant::now);
+        let extended = from.checked_add(own)?;
+        (extended > until).then_some(extended)
+    }
+}
+
 impl Drop for OpenTicket {
     fn drop(&mut self) {
         let mut w = self.load.lock();
@@ -106,6 +142,25 @@ impl Drop for OpenTicket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_counts_from_the_end_of_the_devices_own_prefill() {
+        let hold = PrefillHold::default();
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // Still prefilling: a passed deadline moves to its allowance from now.
+        let e = hold.extended(t0, ms(300)).unwrap();
+        assert!(e >= t0 + ms(300));
+        hold.release();
+        let released = *hold.released.lock().unwrap();
+        let r = released.unwrap();
+        // Released: the allowance counts from the release, once.
+        assert_eq!(hold.extended(t0, ms(300)), Some(r + ms(300)));
+        assert_eq!(hold.extended(r + ms(300), ms(300)), None);
+        // A second release does not move it.
+        hold.release();
+        assert_eq!(*hold.released.lock().unwrap(), released);
+    }
 
     #[test]
     fn an_open_waits_for_the_others_waiting_and_never_for_itself() {

@@ -101,6 +101,9 @@ pub struct EdgeStats {
     /// Opens started in the background after a failure (the device drafted
     /// alone, provisional, while they were in flight).
     pub background_opens: u64,
+    /// Draft backlog rows prefilled while the verifier prefilled an open
+    /// (the two prefills overlapped; docs/edge.md "Conversations").
+    pub draft_rows_beside_open: u64,
     /// Streams that broke after they had worked, or opens refused as
     /// unavailable while nothing had failed, that were re-opened at once, in
     /// the foreground, before the device drafted alone (a load balancer re-homes
@@ -175,6 +178,8 @@ struct EdgeStatsJson {
     #[serde(default)]
     background_opens: u64,
     #[serde(default)]
+    draft_rows_beside_open: u64,
+    #[serde(default)]
     immediate_reopens: u64,
     #[serde(default)]
     gated_rounds: u64,
@@ -230,6 +235,7 @@ impl From<EdgeStatsJson> for EdgeStats {
             draft_forwards,
             opens,
             background_opens,
+            draft_rows_beside_open,
             immediate_reopens,
             gated_rounds,
             gated_tokens,
@@ -278,6 +284,7 @@ impl From<EdgeStatsJson> for EdgeStats {
             verifier_passes_per_token,
             opens,
             background_opens,
+            draft_rows_beside_open,
             immediate_reopens,
             gated_rounds,
             gated_tokens,
@@ -330,6 +337,7 @@ impl From<EdgeStats> for EdgeStatsJson {
             verifier_passes_per_token,
             opens,
             background_opens,
+            draft_rows_beside_open,
             immediate_reopens,
             gated_rounds,
             gated_tokens,
@@ -367,6 +375,7 @@ impl From<EdgeStats> for EdgeStatsJson {
             draft_forwards,
             opens,
             background_opens,
+            draft_rows_beside_open,
             immediate_reopens,
             gated_rounds,
             gated_tokens,

@@ -190,6 +190,17 @@ fn the_verifier_continues_a_kept_session_with_only_the_new_tokens() {
             target_greedy(&tmodel, &prompt, 8),
             "turn {t}: not the target's greedy output"
         );
+        if t == 0 {
+            // The draft's whole backlog (all but the prompt's last token,
+            // which its first step runs) was prefilled while the verifier
+            // prefilled the Open.
+            assert_eq!(
+                g.stats.draft_rows_beside_open,
+                prompt.len() as u64 - 1,
+                "{:?}",
+                g.stats
+            );
+        }
         if t == 3 {
             // After the eviction: refused (CONTEXT_NOT_HELD), resent whole.
             assert!(!g.stats.continued_session, "turn {t}: {:?}", g.stats);

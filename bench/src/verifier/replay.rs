@@ -172,7 +172,7 @@ async fn device(
     };
     let key = tandem_edge::client::new_session_key();
     let opened = connector
-        .open(first, &key, deadlines, None, &mut counters)
+        .open(first, &key, deadlines, None, None, &mut counters)
         .await;
     let mut stream = match opened {
         Ok((stream, answer, _)) => match answer.msg {

@@ -11,7 +11,7 @@ use crate::codec::BlockCodec;
 use crate::config::EdgeConfig;
 use crate::conversation::{common_prefix, KeptSession};
 use crate::error::EdgeError;
-use crate::open_load::OpenLoad;
+use crate::open_load::{OpenLoad, PrefillHold};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -120,6 +120,12 @@ impl Opening {
 /// load: with one, a device met the killed replica on its re-open and drafted
 /// all 12 tokens provisionally.
 pub(super) const IMMEDIATE_REOPENS: u32 = 2;
+
+/// The draft backlog (rows) from which a foreground open prefills it beside
+/// the verifier's prefill (`Connection::open`): below, the draft's next step
+/// runs it in the same forward as its first token, which costs about the
+/// same as one row.
+pub(super) const OPEN_BESIDE_MIN_ROWS: usize = 16;
 
 /// Outcome of a network step.
 pub(super) enum Step {
@@ -328,15 +334,26 @@ impl Connection<'_> {
         Ok((msg, upto))
     }
 
-    /// Opens (or resumes) the session and waits for it.
-    pub(super) fn open(&mut self, run: &mut Generation<'_, '_>) -> Result<Step, EdgeError> {
+    /// Opens (or resumes) the session and waits for it. With `drafts` (the
+    /// rounds run the draft) and a backlog of at least
+    /// [`OPEN_BESIDE_MIN_ROWS`], the draft's backlog is prefilled while the
+    /// verifier prefills ([`Self::open_beside_prefill`]).
+    pub(super) fn open(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        drafts: bool,
+    ) -> Result<Step, EdgeError> {
         let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
+        if drafts && self.codec.tokens_only() && run.backlog_rows() >= OPEN_BESIDE_MIN_ROWS {
+            return self.open_beside_prefill(run, msg, upto, d);
+        }
         let open = self.connector.open(
             msg,
             &self.session_key,
             d,
             Some(self.open_load),
+            None,
             &mut self.counters,
         );
         let r = match run.cancel.clone() {
@@ -359,6 +376,81 @@ impl Connection<'_> {
                 }
             }
         };
+        self.opened(run, r, upto, None)
+    }
+
+    /// Sends the Open, prefills the draft's backlog while the verifier
+    /// prefills the context (the two add up otherwise: a conversation turn
+    /// after `auto` let lookup answer has the last reply and the new message
+    /// to run through both), then waits for `Opened`. The open's deadlines
+    /// count from the end of the device's prefill ([`PrefillHold`]): before
+    /// it, the device was not waiting, and on one machine its prefill slows
+    /// the verifier's. A cancel during either ends the generation; the
+    /// dropped stream closes the verifier's half.
+    fn open_beside_prefill(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        msg: ClientMessage,
+        upto: usize,
+        d: OpenDeadlines,
+    ) -> Result<Step, EdgeError> {
+        let hold = Arc::new(PrefillHold::default());
+        let task = {
+            let (load, hold) = (Arc::clone(self.open_load), Arc::clone(&hold));
+            let connector = self.connector.clone();
+            let key = self.session_key.clone();
+            self.rt.spawn(async move {
+                let mut c = Counters::default();
+                let r = connector
+                    .open(msg, &key, d, Some(&load), Some(&hold), &mut c)
+                    .await;
+                (r, c)
+            })
+        };
+        let abort = task.abort_handle();
+        let rows = run.backlog_rows();
+        let started = Instant::now();
+        let prefilled = run.prefill_backlog();
+        hold.release();
+        run.stats.draft_rows_beside_open += (rows - run.backlog_rows()) as u64;
+        tracing::debug!(
+            session = ?self.session_id,
+            rows,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "draft backlog prefilled beside the verifier's open"
+        );
+        match prefilled {
+            Ok(true) => {}
+            Ok(false) => {
+                abort.abort();
+                return Ok(Step::Lost);
+            }
+            Err(e) => {
+                abort.abort();
+                return Err(e);
+            }
+        }
+        let joined = match run.cancel.clone() {
+            None => Some(self.rt.block_on(task)),
+            Some(flag) => self.rt.block_on(async {
+                tokio::select! {
+                    r = task => Some(r),
+                    () = until_set(&flag) => None,
+                }
+            }),
+        };
+        let Some(joined) = joined else {
+            abort.abort();
+            run.cancel_requested();
+            return Ok(Step::Lost);
+        };
+        let (r, c) = joined.unwrap_or_else(|e| {
+            (
+                Err(NetError::Unavailable(format!("open task failed: {e}"))),
+                Counters::default(),
+            )
+        });
+        self.counters.add(c);
         self.opened(run, r, upto, None)
     }
 
@@ -394,7 +486,9 @@ impl Connection<'_> {
         let key = self.session_key.clone();
         let task = self.rt.spawn(async move {
             let mut c = Counters::default();
-            let r = connector.open(msg, &key, d, Some(&load), &mut c).await;
+            let r = connector
+                .open(msg, &key, d, Some(&load), None, &mut c)
+                .await;
             (r, c)
         });
         run.stats.background_opens += 1;

@@ -18,8 +18,18 @@ use std::time::Instant;
 use tandem_model::speculative::StopReason;
 
 pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+    // Rounds that run the draft (not cloud-streamed ones) want its backlog
+    // prefilled; a foreground open does it beside the verifier's prefill.
+    let drafts = r.kind != RoundKind::CloudStreamed
+        && run.gen.proposer != tandem_model::proposer::ProposerKind::Lookup;
     while run.stop.is_none() {
-        if !run.prefill_pending()? {
+        let opens_in_foreground = r.conn.stream.is_none()
+            && r.conn.opening.is_none()
+            && lock(r.conn.breaker).allows_request()
+            && !r.conn.open_in_background();
+        // Else the open prefills the backlog itself, beside the verifier.
+        let prefill_first = !(opens_in_foreground && drafts);
+        if prefill_first && !run.prefill_pending()? {
             break;
         }
         if let Some(op) = r.conn.opening.take() {
@@ -60,7 +70,7 @@ pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<
                 }
                 continue;
             }
-            if let Step::Lost = r.conn.open(run)? {
+            if let Step::Lost = r.conn.open(run, drafts)? {
                 continue;
             }
             r.check_provisional(run)?;

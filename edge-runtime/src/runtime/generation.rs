@@ -304,11 +304,33 @@ impl<'a, 'b> Generation<'a, 'b> {
         if self.cancel.is_none() {
             return Ok(true);
         }
-        while self.pending.len() > PREFILL_CHUNK + 1 {
+        self.feed_chunks(PREFILL_CHUNK + 1)
+    }
+
+    /// Tokens the draft has not run yet, besides the last (which its next
+    /// step runs): the work [`Self::prefill_backlog`] would do.
+    pub(super) fn backlog_rows(&self) -> usize {
+        self.pending.len().saturating_sub(1)
+    }
+
+    /// Runs all but the last pending token through the draft in chunks of
+    /// [`PREFILL_CHUNK`], asking the cancel flag (if any) before each: the
+    /// device's prefill beside the verifier's (`Connection::open`). False
+    /// when cancelled (the generation stops).
+    pub(super) fn prefill_backlog(&mut self) -> Result<bool, EdgeError> {
+        self.feed_chunks(1)
+    }
+
+    /// Feeds `pending` to the draft in chunks of up to [`PREFILL_CHUNK`]
+    /// (never its last token) while more than `keep` (≥ 1) are left,
+    /// asking the cancel flag first.
+    fn feed_chunks(&mut self, keep: usize) -> Result<bool, EdgeError> {
+        while self.pending.len() > keep.max(1) {
             if self.cancel_requested() {
                 return Ok(false);
             }
-            let chunk: Vec<u32> = self.pending.drain(..PREFILL_CHUNK).collect();
+            let n = (self.pending.len() - 1).min(PREFILL_CHUNK);
+            let chunk: Vec<u32> = self.pending.drain(..n).collect();
             self.draft.feed(&chunk)?;
             self.stats.gen.draft_forwards += 1;
             self.high_water = self.high_water.max(self.draft.cache.len());
