@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
-use tandem_edge::split::SplitLayer;
+use tandem_edge::device_layers::SplitLayer;
 use tandem_edge::EdgeConfig;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;

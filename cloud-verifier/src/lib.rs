@@ -37,7 +37,7 @@ pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod session;
-pub mod split;
+pub mod split_session;
 pub mod state;
 pub mod store;
 pub mod watch_auth;

@@ -37,7 +37,7 @@
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::session::SessionState;
-use crate::split::SplitAnswer;
+use crate::split_session::SplitAnswer;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};

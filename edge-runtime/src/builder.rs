@@ -112,7 +112,7 @@ impl RoutedRuntimeBuilder {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::split::{SplitConfig, SplitLayer};
+    use crate::device_layers::{SplitConfig, SplitLayer};
     use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
     use tandem_model::transformer::LoadOptions;
 

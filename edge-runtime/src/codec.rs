@@ -2,7 +2,7 @@
 //! (`crate::runtime`) drafts a block, asks the codec to encode it, exchanges
 //! it (or lets the codec answer on the device) and asks the codec to decode
 //! the verdict. [`TokenCodec`] sends token ids (the default); split execution
-//! (`crate::split::SplitExec`) sends the hidden states of the device's layers
+//! (`crate::device_layers::SplitExec`) sends the hidden states of the device's layers
 //! and, with a pinned head, computes the verdict itself. The loop has no
 //! split branches: what differs lives behind this trait.
 

@@ -63,7 +63,7 @@ pub struct EdgeConfig {
     /// Split execution (`[split]`; see `crate::split` and docs/shard-planner.md):
     /// the device runs target layers `[0, s)`. Needs the target model on the
     /// device (`EdgeRuntimeBuilder::split_target`; a `[split]` without it is refused).
-    pub split: Option<crate::split::SplitConfig>,
+    pub split: Option<crate::device_layers::SplitConfig>,
     /// Uncertainty-gated verification (`[gate]`; see [`GateConfig`]).
     pub gate: GateConfig,
     /// Multi-turn state kept between generations (`[conversations]`; see

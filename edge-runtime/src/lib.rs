@@ -43,6 +43,7 @@ pub mod config;
 pub mod context_policy;
 pub mod conversation;
 pub mod device;
+pub mod device_layers;
 pub mod error;
 pub mod loopback;
 mod mtls_probe;
@@ -51,7 +52,6 @@ pub mod privacy;
 mod report;
 pub mod runtime;
 pub mod second_opinion;
-pub mod split;
 mod split_report;
 
 pub use assembly::{assemble, Assembled, AssemblyConfig, AssemblyError, ModelSource};

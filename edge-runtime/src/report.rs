@@ -133,7 +133,7 @@ pub struct EdgeStats {
     /// (`drop_oldest`; set by the chat front ends, 0 otherwise).
     pub dropped_messages: usize,
     /// Split execution (when configured): s, format, per-round times, prediction.
-    pub split: Option<crate::split::SplitReport>,
+    pub split: Option<crate::device_layers::SplitReport>,
     /// What the device state changed for this generation (draft threads, k
     /// cap; read once at its start: `crate::device`).
     pub device: Option<crate::device::DeviceAdjustments>,
@@ -207,7 +207,7 @@ struct EdgeStatsJson {
     #[serde(default)]
     proposers: tandem_model::proposer::ProposerStats,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    split: Option<crate::split::SplitReport>,
+    split: Option<crate::device_layers::SplitReport>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     device: Option<crate::device::DeviceAdjustments>,
 }

@@ -74,7 +74,7 @@ pub struct EdgeRuntime {
     /// A session re-open a generation left in flight (the next one adopts it).
     reopening: Option<connection::Opening>,
     spec: SpecState,
-    split: Option<crate::split::SplitExec>,
+    split: Option<crate::device_layers::SplitExec>,
     /// Kept conversations, shared with this runtime's siblings
     /// ([`EdgeRuntime::sibling`]); locked only to take or put an entry.
     conversations: Arc<Mutex<ConversationCache>>,
@@ -114,7 +114,9 @@ impl EdgeRuntime {
     ) -> Result<Self, EdgeError> {
         cfg.validate()?;
         let split = match (cfg.split.clone(), split_target) {
-            (Some(sc), Some(target)) => Some(crate::split::SplitExec::new(target, sc, cfg.k)?),
+            (Some(sc), Some(target)) => {
+                Some(crate::device_layers::SplitExec::new(target, sc, cfg.k)?)
+            }
             (None, None) => None,
             (Some(_), None) => {
                 return Err(EdgeError::Config(
@@ -201,7 +203,10 @@ impl EdgeRuntime {
             tokenizer_fingerprint: Some(self.fingerprint.clone()),
             ..self.cfg.clone()
         };
-        let target = self.split.as_ref().map(crate::split::SplitExec::target);
+        let target = self
+            .split
+            .as_ref()
+            .map(crate::device_layers::SplitExec::target);
         let mut rt = Self::new(self.draft.clone(), cfg, target)?;
         rt.conversations = self.conversations.clone();
         rt.open_load = Arc::clone(&self.open_load);

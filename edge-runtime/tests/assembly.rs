@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tandem_edge::assembly::ModelRole;
-use tandem_edge::split::{SplitConfig, SplitLayer};
+use tandem_edge::device_layers::{SplitConfig, SplitLayer};
 use tandem_edge::{
     assemble, AssemblyConfig, AssemblyError, EdgeConfig, EdgeError, ModelSource, Routing, Turn,
 };

@@ -12,7 +12,7 @@ use common::{
     io_runtime, load, start_delay_proxy, start_tiny_verifier, target_greedy, target_own, tiny_edge,
     tiny_models,
 };
-use tandem_edge::split::{SplitConfig, SplitLayer};
+use tandem_edge::device_layers::{SplitConfig, SplitLayer};
 use tandem_edge::TokenStatus;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;

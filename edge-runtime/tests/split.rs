@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use tandem_edge::split::{SplitConfig, SplitLayer};
+use tandem_edge::device_layers::{SplitConfig, SplitLayer};
 use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, GenerateConfig};

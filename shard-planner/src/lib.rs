@@ -24,7 +24,7 @@ pub mod network;
 pub mod problem;
 pub mod profile;
 pub mod report;
-pub mod split;
+pub mod two_node;
 
 pub use cluster::ClusterConfig;
 pub use cluster::PlanOptions;

@@ -4,7 +4,7 @@
 use super::{settle, wire_u64, wire_usize, Bound};
 use crate::error::Refusal;
 use crate::scheduler::{Outcome, Work};
-use crate::split::{self, SplitAnswer};
+use crate::split_session::{self, SplitAnswer};
 use crate::state::{store_refusal, VerifierState};
 use crate::store::CheckedOut;
 use std::sync::Arc;
@@ -70,7 +70,8 @@ pub async fn draft(
     let work = if g.split.is_some() {
         let (tokens, hidden) = (d.tokens, d.hidden);
         Work::Alone(Box::new(move |model, st| {
-            split::split_round(model, st, &tokens, hidden.as_ref(), start_pos).map(Outcome::Split)
+            split_session::split_round(model, st, &tokens, hidden.as_ref(), start_pos)
+                .map(Outcome::Split)
         }))
     } else {
         Work::Verify { draft: d.tokens }

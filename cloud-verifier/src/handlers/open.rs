@@ -10,7 +10,7 @@ use crate::error::Refusal;
 use crate::metrics::ContinuationOutcome;
 use crate::scheduler::Work;
 use crate::session::{SessionState, SplitSpec};
-use crate::split;
+use crate::split_session;
 use crate::state::{store_refusal, VerifierState};
 use crate::store::{CheckedOut, StoreError};
 use std::sync::Arc;
@@ -417,13 +417,14 @@ async fn open_split(
     spec: SplitSpec,
     sampling: SamplingParams,
 ) -> Result<(Bound, Opened), Refusal> {
-    let context = split::open_context(
+    let context = split_session::open_context(
         spec,
         o.prompt_tokens,
         o.prompt_hidden.as_ref(),
         s.limits.max_prompt_tokens,
     )?;
-    let hidden = split::prefill_hidden(&s.model, spec, context.len(), o.prompt_hidden.as_ref())?;
+    let hidden =
+        split_session::prefill_hidden(&s.model, spec, context.len(), o.prompt_hidden.as_ref())?;
     let prefill = Work::SplitPrefill {
         layer: spec.layer,
         hidden,

@@ -6,7 +6,7 @@
 //! computes the verdict, so no token id leaves the device.
 //!
 //! `layer = "auto"`: the device picks `s` with the shard planner's cost model
-//! (`tandem_shard::split`) from its own profile (`tandem profile` JSON), the
+//! (`tandem_shard::two_node`) from its own profile (`tandem profile` JSON), the
 //! configured bandwidth and the network RTT it measures (round time minus the
 //! profile's prediction of the compute and transfer), and re-plans when that
 //! estimate moves by more than `replan_threshold` ([`AutoSplit::observe`]); a new
@@ -30,7 +30,7 @@ use tandem_model::transformer::Model;
 use tandem_model::verify::verdict_from_logits;
 use tandem_proto::hidden;
 use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg, HiddenFormat};
-use tandem_shard::split::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
+use tandem_shard::two_node::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
 use tandem_shard::ModelProfile;
 
 /// `layer = 12` or `layer = "auto"`.
@@ -619,8 +619,8 @@ impl SplitExec {
             if let Some(e) = e {
                 let ms = |v: f64| Some(v * 1e3);
                 self.report.predicted_round_ms = ms(e.latency_s);
-                self.report.predicted_device_ms = ms(e.compute_s[tandem_shard::split::DEVICE]);
-                self.report.predicted_server_ms = ms(e.compute_s[tandem_shard::split::SERVER]);
+                self.report.predicted_device_ms = ms(e.compute_s[tandem_shard::two_node::DEVICE]);
+                self.report.predicted_server_ms = ms(e.compute_s[tandem_shard::two_node::SERVER]);
                 self.report.predicted_network_ms =
                     ms(e.transfers.iter().map(|t| t.crossing_s).sum());
             }
@@ -745,7 +745,7 @@ fn predict_device_s(
     let p = profile.problem(link, block_tokens, pin_head).ok()?;
     evaluate_split(&p, s)
         .ok()
-        .and_then(|e| e.compute_s.get(tandem_shard::split::DEVICE).copied())
+        .and_then(|e| e.compute_s.get(tandem_shard::two_node::DEVICE).copied())
 }
 
 #[cfg(test)]
