@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use tandem_cli_common::models::{load_model, peak_rss_bytes, prompt_tokens, tokenizer_of};
 use tandem_fetch::ModelRole;
 use tandem_model::kv_cache::KvPrecision;
+use tandem_model::penalties::LogitBias;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{
@@ -40,6 +41,9 @@ pub fn run(args: Args) -> Result<()> {
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        logit_bias: LogitBias::new(args.logit_bias.iter().copied()).context("--logit-bias")?,
         ..SamplingParams::default()
     };
     let cfg_probe = GenerateConfig {

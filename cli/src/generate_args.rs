@@ -55,6 +55,20 @@ pub struct Args {
     pub top_p: f32,
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty, in [-2, 2] (0: off): subtracted once from
+    /// the logit of every token the completion already holds. The draft, the
+    /// target and the verifier apply it alike, so speculative output stays
+    /// the target's own under the same penalty.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2] (0: off): subtracted once per
+    /// occurrence of a token in the completion.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Added to named tokens' logits: `ID=BIAS` pairs, comma-separated
+    /// (OpenAI's `logit_bias`: each bias in [-100, 100]; -100 bans the token).
+    #[arg(long, value_delimiter = ',', value_parser = parse_bias_pair, allow_hyphen_values = true)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampled draws: the token at each position is a function of
     /// the seed, the position and the distribution, so a seed reproduces the
     /// output in every mode.
@@ -76,6 +90,22 @@ pub struct Args {
     pub target_model: Option<PathBuf>,
     #[command(flatten)]
     pub remote: RemoteArgs,
+}
+
+/// One `--logit-bias` pair, `ID=BIAS` (the range is `LogitBias::new`'s).
+fn parse_bias_pair(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not TOKEN_ID=BIAS"))?;
+    let id = id
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("`{id}` in `{s}` is not a token id"))?;
+    let bias = bias
+        .trim()
+        .parse::<f32>()
+        .map_err(|_| format!("`{bias}` in `{s}` is not a number"))?;
+    Ok((id, bias))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -124,6 +124,51 @@ fn streaming_prints_text_then_stats() {
     assert!(err.contains("acceptance") && err.contains("TTFT"), "{err}");
 }
 
+/// OpenAI's penalties and a logit bias change the target's greedy output,
+/// and the speculative output under them is still the target's own (the
+/// draft, the local loop and the verifier apply them alike).
+#[test]
+fn penalties_and_logit_bias_keep_speculative_output_the_targets() {
+    let base = [
+        "--raw",
+        "--prompt",
+        "fn main() {\n    let a = 1;\n    let b = 1;\n    let c = 1;\n",
+        "--max-tokens",
+        "24",
+    ];
+    let plain = run_json(&[&["--mode", "target"], &base[..]].concat());
+    // Ban the plain output's first token and make repeats costly.
+    let first = plain["tokens"][0].as_u64().unwrap().to_string();
+    let ban = format!("{first}=-100");
+    let knobs = [
+        "--frequency-penalty",
+        "1.5",
+        "--presence-penalty",
+        "0.5",
+        "--logit-bias",
+        &ban,
+    ];
+    let t = run_json(&[&["--mode", "target"], &base[..], &knobs[..]].concat());
+    let s = run_json(
+        &[
+            &["--mode", "speculative", "--k", "4"],
+            &base[..],
+            &knobs[..],
+        ]
+        .concat(),
+    );
+    assert_ne!(t["tokens"], plain["tokens"], "the knobs changed nothing");
+    assert_ne!(
+        t["tokens"][0], plain["tokens"][0],
+        "the banned token came first"
+    );
+    assert_eq!(
+        t["tokens"], s["tokens"],
+        "speculative != target under penalties"
+    );
+    assert_eq!(s["sampling"]["frequency_penalty"], 1.5, "{}", s["sampling"]);
+}
+
 fn expect_error(args: &[&str], needle: &str) {
     let out = tandem().arg("generate").args(args).output().unwrap();
     assert!(!out.status.success(), "{args:?} should fail");
@@ -141,6 +186,18 @@ fn bad_input_gets_clear_errors() {
     expect_error(&["--k", "17", "--prompt", "x"], "k = 17");
     expect_error(&["--temperature", "-1", "--prompt", "x"], "temperature");
     expect_error(&["--prompt", "   "], "empty");
+    expect_error(
+        &["--presence-penalty", "3", "--prompt", "x"],
+        "presence_penalty",
+    );
+    expect_error(
+        &["--logit-bias", "17", "--prompt", "x"],
+        "`17` is not TOKEN_ID=BIAS",
+    );
+    expect_error(
+        &["--logit-bias", "17=-101", "--prompt", "x"],
+        "--logit-bias",
+    );
     expect_error(
         &["--proposer", "ngram", "--prompt", "x"],
         "unknown proposer",

@@ -27,7 +27,8 @@
 //! pass (one float accumulator per row); Q4_0/Q5_0/Q8_0 take passes of up to
 //! [`GROUP_PASS`] rows (32 float lanes per row), the weight row staying in L1
 //! for the later passes. So a verify block reads the weights from memory
-//! once. F32/F16 weights use the portable path shared by every ISA.
+//! once. F32 weights use the portable path shared by every ISA; F16/BF16
+//! weights its 16 lanes as four `float32x4_t` ([`row_half_neon`]).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -45,7 +46,9 @@ use super::{scalar, QuantFormat, RowFn, TILE};
 pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
     Some(match (f, dotprod) {
         // The portable f32 dot shared by every ISA.
-        (QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16, _) => return None,
+        (QuantFormat::F32, _) => return None,
+        // The same 16 lanes, widened in vector registers.
+        (QuantFormat::F16 | QuantFormat::BF16, _) => row_half_neon,
         (QuantFormat::Q4_1 | QuantFormat::Q5_1, false) => row_group_min_neon,
         (QuantFormat::Q4_1 | QuantFormat::Q5_1, true) => row_group_min_sdot,
         (QuantFormat::Q4K, false) => row_q4k_neon,
@@ -574,6 +577,97 @@ unsafe fn row_q3k_sdot(
 ) {
     // SAFETY: as `row_group_sdot`.
     unsafe { row_q3k::<Sdot>(w, a, t0, tn, r) }
+}
+
+/// Rows per pass of [`row_half_neon`]: 4 rows × 4 accumulators + 4 weight
+/// vectors stay in the 32 vector registers.
+const HALF_PASS: usize = 4;
+
+/// 4 half-precision values widened to f32, exactly: F16 by `fcvtl` (every
+/// f16, subnormals included, is an f32; base ARMv8 NEON, through `asm!`
+/// because the f16 vector types are not stable Rust), BF16 by a 16-bit
+/// shift.
+#[inline(always)]
+fn widen4(f16: bool, h: uint16x4_t) -> float32x4_t {
+    if f16 {
+        let out: float32x4_t;
+        // SAFETY: `fcvtl` is baseline ARMv8 Advanced SIMD; registers only.
+        unsafe {
+            asm!(
+                "fcvtl {o:v}.4s, {i:v}.4h",
+                o = lateout(vreg) out,
+                i = in(vreg) h,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        out
+    } else {
+        // SAFETY: baseline NEON.
+        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(h)) }
+    }
+}
+
+/// F16 or BF16 weight row × f32 rows `t0..t0 + tn`, in passes of up to
+/// [`HALF_PASS`] rows: `scalar::row_float`'s 16 lanes as four `float32x4_t`
+/// per row, each step a multiply and then an add (a fused multiply-add
+/// rounds once and would change the bits), the last partial chunk lane by
+/// lane as the scalar code does, then [`combine::reduce16`]. Same bits as
+/// the scalar reference and the x86 kernels.
+fn row_half_neon(
+    format: QuantFormat,
+    wrow: &[u8],
+    act: &Act,
+    t0: usize,
+    tn: usize,
+    res: &mut [f32; TILE],
+) {
+    let f16 = format == QuantFormat::F16;
+    let cols = act.cols;
+    let full = cols / combine::F_LANES;
+    let mut r0 = 0;
+    while r0 < tn {
+        let rn = (tn - r0).min(HALF_PASS);
+        // SAFETY (every block below): baseline NEON; each load reads 16
+        // elements of a chunk inside the row (`c < full`), bounds-checked
+        // by the slicing.
+        let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; HALF_PASS];
+        for c in 0..full {
+            let e = c * combine::F_LANES;
+            let wb = &wrow[2 * e..2 * e + 2 * combine::F_LANES];
+            let w: [float32x4_t; 4] = unsafe {
+                let lo = vld1q_u16(wb.as_ptr().cast());
+                let hi = vld1q_u16(wb.as_ptr().add(16).cast());
+                [
+                    widen4(f16, vget_low_u16(lo)),
+                    widen4(f16, vget_high_u16(lo)),
+                    widen4(f16, vget_low_u16(hi)),
+                    widen4(f16, vget_high_u16(hi)),
+                ]
+            };
+            for (r, acc) in acc.iter_mut().enumerate().take(rn) {
+                let x = &act.row_x(t0 + r0 + r)[e..e + combine::F_LANES];
+                for (j, a) in acc.iter_mut().enumerate() {
+                    unsafe {
+                        let xv = vld1q_f32(x.as_ptr().add(4 * j));
+                        *a = vaddq_f32(*a, vmulq_f32(w[j], xv));
+                    }
+                }
+            }
+        }
+        let e = full * combine::F_LANES;
+        for (r, acc) in acc.iter().enumerate().take(rn) {
+            let mut a = [0f32; combine::F_LANES];
+            for (j, v) in acc.iter().enumerate() {
+                unsafe { vst1q_f32(a.as_mut_ptr().add(4 * j), *v) };
+            }
+            let x = &act.row_x(t0 + r0 + r)[e..];
+            for (k, (w, x)) in wrow[2 * e..].chunks_exact(2).zip(x).enumerate() {
+                a[k] += scalar::widen(format, w) * x;
+            }
+            res[r0 + r] = combine::reduce16(&a);
+        }
+        r0 += rn;
+    }
 }
 
 fn row_group_neon(f: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {

@@ -49,7 +49,7 @@
 //! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AMX — tiles for Q4_K/Q6_K
 //! from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every other format
 //! and row count delegates to the AVX-512 VNNI kernels; NEON and NEON
-//! dotprod — every quantized format (BF16 and F32/F16 on the scalar dot).
+//! dotprod — every quantized format and F16/BF16 (F32 on the scalar dot).
 //!
 //! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
 //! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
