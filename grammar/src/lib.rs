@@ -121,14 +121,37 @@ impl GrammarSpec {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-            }
-            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Self::JsonObject => TopLevelGrammar::from_json_schema(json_options(
+                serde_json::json!({"type": "object"}),
+            )),
+            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_options(s.clone())),
             Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Self::Regex(r) => TopLevelGrammar::from_regex(r),
         }
     }
+}
+
+/// The whitespace JSON output may have between two tokens of JSON, as
+/// llama.cpp's JSON grammars allow: one space, or a line break and an
+/// indentation of at most 20 spaces or tabs. llguidance's default (any run
+/// of whitespace) lets a model write whitespace until `max_tokens`, which
+/// small models do.
+pub const JSON_WHITESPACE: &str = r"(?:\x20|\x0A[\x20\x09]{0,20})";
+
+/// A JSON schema with Tandem's compile options ([`JSON_WHITESPACE`]),
+/// unless it sets llguidance's own (`x-guidance`). Applied to every JSON
+/// schema a spec compiles; a Lark grammar's `%json {…}` gets it from
+/// whoever writes it.
+pub fn json_options(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        if !o.contains_key("x-guidance") {
+            o.insert(
+                "x-guidance".into(),
+                serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}),
+            );
+        }
+    }
+    schema
 }
 
 /// llguidance's limits, fixed here so that both sides compute the same masks
