@@ -131,6 +131,120 @@ impl GrammarSpec {
     }
 }
 
+/// Why a `response_format` was refused ([`GrammarSpec::from_response_format`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormatError {
+    /// The field, as a path under the request (`response_format.type`).
+    pub param: String,
+    pub message: String,
+    /// A value known but not implemented (an unknown `type`), rather than a
+    /// malformed one.
+    pub unsupported: bool,
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+fn format_error(param: &str, expected: &str) -> FormatError {
+    FormatError {
+        param: param.into(),
+        message: format!("`{param}` must be {expected}"),
+        unsupported: false,
+    }
+}
+
+impl GrammarSpec {
+    /// An OpenAI `response_format` object: `{"type": "text"}` (none),
+    /// `{"type": "json_object"}`, `{"type": "json_schema", "json_schema":
+    /// {"name", "schema", "strict"?, "description"?}}`, or Tandem's extension
+    /// `{"type": "grammar", "syntax": "lark" | "regex", "definition": "…"}`
+    /// (the shape of OpenAI's grammar custom tools). The output always
+    /// follows the format: `strict: false` constrains as `true` does. What
+    /// serve-edge, the C ABI and JNI accept alike (docs/api.md).
+    pub fn from_response_format(
+        v: &serde_json::Value,
+    ) -> std::result::Result<Option<Self>, FormatError> {
+        use serde_json::Value;
+        const P: &str = "response_format";
+        let Some(f) = v.as_object() else {
+            return Err(format_error(P, "an object {\"type\": …}"));
+        };
+        match f.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(Self::JsonObject)),
+            Some("json_schema") => {
+                const J: &str = "response_format.json_schema";
+                let Some(js) = f.get("json_schema").and_then(Value::as_object) else {
+                    return Err(format_error(
+                        J,
+                        "an object {\"name\", \"schema\", \"strict\"}",
+                    ));
+                };
+                match js.get("name") {
+                    Some(Value::String(n)) if !n.is_empty() && n.len() <= 64 => {}
+                    _ => {
+                        return Err(format_error(
+                            "response_format.json_schema.name",
+                            "a string of 1 to 64 characters",
+                        ))
+                    }
+                }
+                if !matches!(js.get("strict"), None | Some(Value::Null | Value::Bool(_))) {
+                    return Err(format_error(
+                        "response_format.json_schema.strict",
+                        "a boolean",
+                    ));
+                }
+                if !matches!(
+                    js.get("description"),
+                    None | Some(Value::Null | Value::String(_))
+                ) {
+                    return Err(format_error(
+                        "response_format.json_schema.description",
+                        "a string",
+                    ));
+                }
+                match js.get("schema") {
+                    // No schema: any JSON object.
+                    None | Some(Value::Null) => Ok(Some(Self::JsonObject)),
+                    Some(s @ Value::Object(_)) => Ok(Some(Self::JsonSchema(s.clone()))),
+                    Some(_) => Err(format_error(
+                        "response_format.json_schema.schema",
+                        "a JSON schema object",
+                    )),
+                }
+            }
+            Some("grammar") => {
+                let Some(definition) = f.get("definition").and_then(Value::as_str) else {
+                    return Err(format_error("response_format.definition", "a string"));
+                };
+                match f.get("syntax").and_then(Value::as_str) {
+                    Some("lark") => Ok(Some(Self::Lark(definition.into()))),
+                    Some("regex") => Ok(Some(Self::Regex(definition.into()))),
+                    _ => Err(format_error(
+                        "response_format.syntax",
+                        "\"lark\" or \"regex\"",
+                    )),
+                }
+            }
+            Some(other) => Err(FormatError {
+                param: "response_format.type".into(),
+                message: format!(
+                    "the response_format type `{other}` (text, json_object, json_schema, grammar)"
+                ),
+                unsupported: true,
+            }),
+            None => Err(format_error(
+                "response_format.type",
+                "\"text\", \"json_object\", \"json_schema\" or \"grammar\"",
+            )),
+        }
+    }
+}
+
 /// The whitespace JSON output may have between two tokens of JSON, as
 /// llama.cpp's JSON grammars allow: one space, or a line break and an
 /// indentation of at most 20 spaces or tabs. llguidance's default (any run

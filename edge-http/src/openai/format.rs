@@ -21,106 +21,18 @@ pub struct OutputFormat {
     pub param: &'static str,
 }
 
-fn type_error(param: &str, expected: &str) -> ApiError {
-    ApiError::invalid(format!("`{param}` must be {expected}"), Some(param))
-}
-
-/// `response_format`: `{"type": "text"}` (none), `{"type": "json_object"}`,
-/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
-/// "description"?}}`, or the extension `{"type": "grammar", "syntax":
-/// "lark" | "regex", "definition": "…"}` (the shape of OpenAI's grammar
-/// custom tools). Under any of them the output always follows the format:
-/// `strict: false` is accepted and constrains as `true` does.
+/// `response_format` ([`GrammarSpec::from_response_format`]: text, json_object,
+/// json_schema, and the extension `{"type": "grammar", "syntax": "lark" |
+/// "regex", "definition": "…"}`), each refusal naming its parameter.
 pub fn response_format(o: &Map<String, Value>) -> Result<Option<OutputFormat>, ApiError> {
     const P: &str = "response_format";
-    let f = match o.get(P) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(f)) => f,
-        Some(_) => return Err(type_error(P, "an object {\"type\": …}")),
+    let Some(v) = o.get(P).filter(|v| !v.is_null()) else {
+        return Ok(None);
     };
-    let spec = match f.get("type").and_then(Value::as_str) {
-        Some("text") => return Ok(None),
-        Some("json_object") => GrammarSpec::JsonObject,
-        Some("json_schema") => json_schema(f.get("json_schema"))?,
-        Some("grammar") => grammar(f)?,
-        Some(other) => {
-            return Err(ApiError::unsupported(
-                "response_format.type",
-                &format!(
-                    "the response_format type `{other}` (text, json_object, json_schema, grammar)"
-                ),
-            ))
-        }
-        None => {
-            return Err(type_error(
-                "response_format.type",
-                "\"text\", \"json_object\", \"json_schema\" or \"grammar\"",
-            ))
-        }
-    };
-    Ok(Some(OutputFormat { spec, param: P }))
-}
-
-/// `response_format.json_schema`.
-fn json_schema(v: Option<&Value>) -> Result<GrammarSpec, ApiError> {
-    const P: &str = "response_format.json_schema";
-    let Some(js) = v.and_then(Value::as_object) else {
-        return Err(type_error(
-            P,
-            "an object {\"name\", \"schema\", \"strict\"}",
-        ));
-    };
-    match js.get("name") {
-        Some(Value::String(n)) if !n.is_empty() && n.len() <= 64 => {}
-        _ => {
-            return Err(type_error(
-                "response_format.json_schema.name",
-                "a string of 1 to 64 characters",
-            ))
-        }
-    }
-    match js.get("strict") {
-        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
-        Some(_) => {
-            return Err(type_error(
-                "response_format.json_schema.strict",
-                "a boolean",
-            ))
-        }
-    }
-    match js.get("description") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(_) => {
-            return Err(type_error(
-                "response_format.json_schema.description",
-                "a string",
-            ))
-        }
-    }
-    match js.get("schema") {
-        // No schema: any JSON object.
-        None | Some(Value::Null) => Ok(GrammarSpec::JsonObject),
-        Some(s @ Value::Object(_)) => Ok(GrammarSpec::JsonSchema(s.clone())),
-        Some(_) => Err(type_error(
-            "response_format.json_schema.schema",
-            "a JSON schema object",
-        )),
-    }
-}
-
-/// The `grammar` extension: `{"syntax": "lark" | "regex", "definition"}`.
-fn grammar(f: &Map<String, Value>) -> Result<GrammarSpec, ApiError> {
-    let definition = match f.get("definition") {
-        Some(Value::String(d)) => d.clone(),
-        _ => return Err(type_error("response_format.definition", "a string")),
-    };
-    match f.get("syntax").and_then(Value::as_str) {
-        Some("lark") => Ok(GrammarSpec::Lark(definition)),
-        Some("regex") => Ok(GrammarSpec::Regex(definition)),
-        _ => Err(type_error(
-            "response_format.syntax",
-            "\"lark\" or \"regex\"",
-        )),
+    match GrammarSpec::from_response_format(v) {
+        Ok(spec) => Ok(spec.map(|spec| OutputFormat { spec, param: P })),
+        Err(e) if e.unsupported => Err(ApiError::unsupported(&e.param, &e.message)),
+        Err(e) => Err(ApiError::invalid(e.message, Some(&e.param))),
     }
 }
 
