@@ -186,9 +186,9 @@ fn bad_input_gets_clear_errors() {
 }
 
 #[test]
-fn structured_output_is_the_targets_own_under_the_schema_for_every_proposer() {
+fn structured_output_is_the_targets_own_under_the_schema_locally() {
     // The real pair on one schema: target-only and speculative (draft,
-    // lookup, auto) give the same tokens, and the text is valid JSON of it.
+    // lookup) give the same tokens, and the text is valid JSON of it.
     let dir = tempfile::tempdir().unwrap();
     let schema = dir.path().join("schema.json");
     std::fs::write(
@@ -218,7 +218,9 @@ fn structured_output_is_the_targets_own_under_the_schema_for_every_proposer() {
         .all(|l| ["rust", "c", "go"].contains(&l.as_str().unwrap())));
     assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
     assert_eq!(t["stop"], "stop", "{t}");
-    for proposer in ["draft", "lookup", "auto"] {
+    // (auto under schemas runs over the network in
+    // edge-runtime/tests/proposers_real.rs: CI time.)
+    for proposer in ["draft", "lookup"] {
         let s = run_json(&[&["--proposer", proposer, "--k", "4"], &common[..]].concat());
         assert_eq!(s["tokens"], t["tokens"], "--proposer {proposer}: {s}");
     }
