@@ -2733,6 +2733,33 @@ fn response_formats_are_the_targets_masked_output_locally_too_and_bad_ones_are_4
         ),
         "{c}"
     );
+    // A prompt the privacy router keeps on the device: the draft's own
+    // masked choice (its f16 KV), every token local.
+    let id_text = "my id is 11010519491231002X, as JSON";
+    let j = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            id_text,
+            json!({"max_tokens": 16, "response_format": {"type": "json_object"}}),
+        ),
+    )
+    .json();
+    assert_eq!(j["tandem"]["route"]["decision"]["action"], "local", "{j}");
+    let id_prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user(id_text)], true)
+        .unwrap();
+    let want = greedy_as(
+        &f,
+        &f.draft,
+        tandem_model::kv_cache::KvPrecision::F16,
+        &id_prompt,
+        16,
+        GrammarSpec::JsonObject,
+        true,
+    );
+    assert_eq!(ids_of(&j["tandem"]["token_ids"]), want, "{j}");
     drop(s);
     let _ = f.rt.block_on(v.shutdown());
     // Without a verifier: the draft's own masked choice (its f16 KV).
