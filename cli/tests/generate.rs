@@ -224,6 +224,36 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
         let s = run_json(&[&["--proposer", proposer, "--k", "4"], &common[..]].concat());
         assert_eq!(s["tokens"], t["tokens"], "--proposer {proposer}: {s}");
     }
+    // A regex and a Lark grammar (the draft alone: a few tokens).
+    let lark = dir.path().join("answer.lark");
+    std::fs::write(&lark, "start: (\"yes\" | \"no\") \".\"\n").unwrap();
+    for flags in [
+        ["--regex", "(yes|no)"],
+        ["--grammar", lark.to_str().unwrap()],
+    ] {
+        let d = run_json(
+            &[
+                &flags[..],
+                &[
+                    "--mode",
+                    "draft",
+                    "--prompt",
+                    "Is water wet?",
+                    "--max-tokens",
+                    "8",
+                ],
+            ]
+            .concat(),
+        );
+        let text = d["text"].as_str().unwrap();
+        let ok: &[&str] = if flags[0] == "--regex" {
+            &["yes", "no"]
+        } else {
+            &["yes.", "no."]
+        };
+        assert!(ok.contains(&text), "{flags:?}: {d}");
+        assert_eq!(d["stop"], "stop", "{d}");
+    }
     // A schema llguidance cannot compile is refused before any token.
     let bad = dir.path().join("bad.json");
     std::fs::write(
