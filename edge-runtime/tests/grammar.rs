@@ -447,4 +447,24 @@ fn without_a_verifier_the_drafts_own_constraint_masks_every_token() {
     assert_eq!(guide.held(), &a[..]);
     guide.sync(&ctx[..2]).unwrap();
     assert_eq!(guide.held(), &a[..1]);
+    // Stops (a lookup proposal ending the answer) are tested and taken back
+    // like any token: allowed once the grammar accepts, then only stops.
+    guide.sync(&ctx).unwrap();
+    let stop = p.tok.chat_stop_tokens()[0];
+    let n = tandem_model::engine::OutputConstraint::allowed_prefix(
+        &mut guide,
+        &ctx,
+        &[stop, stop, a[0]],
+    )
+    .unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(guide.held(), &a[..]);
+    let mut more = ctx.clone();
+    more.push(a[0]);
+    guide.sync(&more).unwrap();
+    let mut ended = ctx.clone();
+    ended.push(stop);
+    guide.sync(&ended).unwrap();
+    guide.sync(&more).unwrap();
+    assert_eq!(guide.held().len(), a.len() + 1);
 }
