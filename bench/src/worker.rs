@@ -410,6 +410,7 @@ pub fn speculative(
             proposer,
             draft_kv,
             top_logprobs: None,
+            grammar: None,
         };
     let runs: Vec<(ProposerKind, KvPrecision)> = plan
         .proposers

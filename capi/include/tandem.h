@@ -194,6 +194,14 @@ typedef struct TandemSampling {
   // The seed of a sampled generation: the same seed, prompt and settings
   // give the same tokens.
   uint64_t seed;
+  // Structured output: an OpenAI `response_format` object as JSON text
+  // (NUL-terminated UTF-8; NULL: none): `{"type": "json_object"}`,
+  // `{"type": "json_schema", "json_schema": {"name": …, "schema": {…}}}`,
+  // or `{"type": "grammar", "syntax": "lark" | "regex", "definition":
+  // …}` (docs/api.md). Every token then follows it, and greedy output is
+  // the target's own under it. One that does not parse or compile is
+  // INVALID_ARGUMENT before anything runs. Read during the call only.
+  const char *response_format;
 } TandemSampling;
 
 // Receives each text piece as it is generated, on the thread that called

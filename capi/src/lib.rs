@@ -306,6 +306,9 @@ struct Engine {
     stop_tokens: Vec<u32>,
     cfg: CapiConfig,
     conversations: u64,
+    /// The tokenizer's grammar vocabulary (structured output), built on the
+    /// first call that asks for a `response_format`.
+    grammar_vocab: Option<tandem_grammar::GrammarVocab>,
 }
 
 /// Opaque handle of a runtime. Create with `tandem_runtime_new`, free with
@@ -500,6 +503,7 @@ fn build_engine(config_path: &Path, models_dir: Option<&Path>) -> Result<Engine,
         stop_tokens: device.stop_tokens,
         cfg,
         conversations: 0,
+        grammar_vocab: None,
     })
 }
 
@@ -640,6 +644,14 @@ pub struct TandemSampling {
     /// The seed of a sampled generation: the same seed, prompt and settings
     /// give the same tokens.
     pub seed: u64,
+    /// Structured output: an OpenAI `response_format` object as JSON text
+    /// (NUL-terminated UTF-8; NULL: none): `{"type": "json_object"}`,
+    /// `{"type": "json_schema", "json_schema": {"name": …, "schema": {…}}}`,
+    /// or `{"type": "grammar", "syntax": "lark" | "regex", "definition":
+    /// …}` (docs/api.md). Every token then follows it, and greedy output is
+    /// the target's own under it. One that does not parse or compile is
+    /// INVALID_ARGUMENT before anything runs. Read during the call only.
+    pub response_format: *const c_char,
 }
 
 impl TandemSampling {
@@ -688,20 +700,34 @@ pub unsafe extern "C" fn tandem_sampling_default(out: *mut TandemSampling) {
             presence_penalty: p.presence_penalty,
             frequency_penalty: p.frequency_penalty,
             seed: p.seed,
+            response_format: ptr::null(),
         }
     };
 }
 
-/// `sampling` (NULL: the config's) as parameters.
+/// `sampling` (NULL: the config's) as parameters, and its response format.
 ///
 /// # Safety
-/// `sampling` NULL or valid.
-unsafe fn sampling_arg(sampling: *const TandemSampling) -> Result<Option<SamplingParams>, Failure> {
+/// `sampling` NULL or valid (its `response_format` NULL or a NUL-terminated
+/// string).
+unsafe fn sampling_arg(
+    sampling: *const TandemSampling,
+) -> Result<(Option<SamplingParams>, Option<tandem_grammar::GrammarSpec>), Failure> {
     // SAFETY: the caller's contract.
-    match unsafe { sampling.as_ref() } {
-        None => Ok(None),
-        Some(s) => s.params().map(Some),
+    let Some(s) = (unsafe { sampling.as_ref() }) else {
+        return Ok((None, None));
+    };
+    let params = s.params()?;
+    if s.response_format.is_null() {
+        return Ok((Some(params), None));
     }
+    // SAFETY: non-null, NUL-terminated by the caller's contract.
+    let text = unsafe { str_arg(s.response_format, "response_format") }?;
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Failure::invalid(format!("response_format is not JSON: {e}")))?;
+    let spec = tandem_grammar::GrammarSpec::from_response_format(&v)
+        .map_err(|e| Failure::invalid(e.message))?;
+    Ok((Some(params), spec))
 }
 
 /// Generates an answer to `prompt` (one user message, formatted with the
@@ -773,7 +799,7 @@ pub unsafe extern "C" fn tandem_generate_with(
             if prompt.trim().is_empty() {
                 return Err(Failure::invalid("prompt is empty"));
             }
-            let sampling = sampling_arg(sampling)?;
+            let (sampling, format) = sampling_arg(sampling)?;
             let mut engine = engine_for_generation(rt)?;
             let g = run_generation(
                 rt,
@@ -782,6 +808,7 @@ pub unsafe extern "C" fn tandem_generate_with(
                 Asked {
                     max_tokens,
                     sampling,
+                    format,
                 },
                 callback,
                 user_data,
@@ -833,6 +860,8 @@ struct Asked {
     max_tokens: u32,
     /// None: the config's `[sampling]`.
     sampling: Option<SamplingParams>,
+    /// Structured output (`TandemSampling::response_format`).
+    format: Option<tandem_grammar::GrammarSpec>,
 }
 
 /// What one generation answers.
@@ -870,12 +899,34 @@ fn generate(
     } else {
         asked.max_tokens as usize
     };
+    let grammar = match asked.format {
+        None => None,
+        Some(spec) => {
+            if engine.grammar_vocab.is_none() {
+                let v = tandem_grammar::GrammarVocab::new(engine.routed.tokenizer()).map_err(|e| {
+                    Failure::invalid(format!(
+                        "response_format: structured output is not available with this tokenizer: {e}"
+                    ))
+                })?;
+                engine.grammar_vocab = Some(v);
+            }
+            let vocab = engine
+                .grammar_vocab
+                .as_ref()
+                .ok_or_else(|| Failure::invalid("response_format: no grammar vocabulary"))?;
+            let g = tandem_grammar::Grammar::new(vocab, spec)
+                .map_err(|e| Failure::invalid(format!("response_format: {e}")))?;
+            Some(g.into_config())
+        }
+    };
+    let cfg = &engine.cfg;
     let gen = GenerateConfig {
         max_tokens,
         k: cfg.edge.k,
         proposer: cfg.edge.proposer,
         sampling: asked.sampling.unwrap_or_else(|| cfg.sampling.params()),
         stop_tokens: engine.stop_tokens.clone(),
+        grammar,
         ..GenerateConfig::default()
     };
     let single: Vec<ChatMessage>;
@@ -1174,7 +1225,7 @@ pub unsafe extern "C" fn tandem_conversation_send_with(
             if message.trim().is_empty() {
                 return Err(Failure::invalid("message is empty"));
             }
-            let sampling = sampling_arg(sampling)?;
+            let (sampling, format) = sampling_arg(sampling)?;
             let mut engine = engine_for_generation(rt)?;
             c.messages.push(ChatMessage::user(message));
             let turn = Turn::Conversation {
@@ -1188,6 +1239,7 @@ pub unsafe extern "C" fn tandem_conversation_send_with(
                 Asked {
                     max_tokens,
                     sampling,
+                    format,
                 },
                 callback,
                 user_data,

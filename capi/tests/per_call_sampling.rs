@@ -155,6 +155,50 @@ fn per_call_sampling_is_applied_reproducible_and_checked() {
         assert!(text.is_empty());
     }
 
+    // Structured output (`response_format`): the answer follows it; one
+    // that does not parse or compile is INVALID_ARGUMENT before anything runs.
+    let fmt = |json: &str| CString::new(json).unwrap();
+    let yes_no = fmt(r#"{"type": "grammar", "syntax": "regex", "definition": "(yes|no)"}"#);
+    let s_yn = TandemSampling {
+        response_format: yes_no.as_ptr(),
+        ..d
+    };
+    let (s, text, m) = generate(rt, prompt, Some(&s_yn));
+    assert_eq!(s, TandemStatus::Ok, "{m}");
+    assert!(["yes", "no"].contains(&text.as_str()), "{text:?}");
+    let schema = fmt(
+        r#"{"type": "json_schema", "json_schema": {"name": "ok", "strict": true, "schema":
+            {"type": "object", "properties": {"ok": {"type": "boolean"}},
+             "required": ["ok"], "additionalProperties": false}}}"#,
+    );
+    let s_schema = TandemSampling {
+        response_format: schema.as_ptr(),
+        ..d
+    };
+    let (s, text, m) = generate(rt, "Is the sea blue? Answer in JSON.", Some(&s_schema));
+    assert_eq!(s, TandemStatus::Ok, "{m}");
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    assert!(v["ok"].is_boolean(), "{v}");
+    for (bad, needle) in [
+        (
+            r#"{"type": "grammar", "syntax": "regex", "definition": "(unclosed"}"#,
+            "invalid grammar",
+        ),
+        (r#"{"type": "json_schema"}"#, "json_schema"),
+        ("not json", "not JSON"),
+    ] {
+        let bad = fmt(bad);
+        let s_bad = TandemSampling {
+            response_format: bad.as_ptr(),
+            ..d
+        };
+        let (s, text, m) = generate(rt, prompt, Some(&s_bad));
+        assert_eq!(s, TandemStatus::InvalidArgument, "{m}");
+        assert!(m.contains(needle), "{needle}: {m}");
+        assert!(text.is_empty());
+    }
+
     // A conversation: a refused turn leaves the history as it was, so the
     // next turn is the same as a first turn.
     let mut c = ptr::null_mut();

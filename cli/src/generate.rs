@@ -65,6 +65,8 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     anyhow::ensure!(!prompt.trim().is_empty(), "the prompt is empty");
+    // Read (not compiled: that needs the tokenizer) before any model loads.
+    let spec = args.grammar_spec()?;
     let mode = args.mode.mode();
     if args.remote.wanted() {
         anyhow::ensure!(
@@ -75,7 +77,7 @@ pub fn run(args: Args) -> Result<()> {
             args.target_model.is_none(),
             "--target-model is not used with --verifier (the verifier loads the target)"
         );
-        return crate::remote::run(&args, &prompt, cfg_probe);
+        return crate::remote::run(&args, &prompt, cfg_probe, spec);
     }
     let need_draft = mode != Mode::Target;
     let need_target = mode != Mode::Draft;
@@ -106,6 +108,7 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = GenerateConfig {
         max_tokens: args.max_tokens,
         stop_tokens: tok.chat_stop_tokens(),
+        grammar: crate::generate_args::output_grammar(&tok, spec)?,
         ..cfg_probe
     };
 

@@ -80,6 +80,19 @@ pub struct Args {
     /// Print one JSON object (text, tokens, stats) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Structured output: the answer is JSON valid against the JSON schema
+    /// in FILE (every mode; the draft's proposals and the target's choice
+    /// are masked alike, so greedy output is the target's own under the
+    /// schema). See docs/grammar.md.
+    #[arg(long, value_name = "FILE", group = "format")]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the answer follows the Lark grammar in FILE
+    /// (llguidance's dialect).
+    #[arg(long, value_name = "FILE", group = "format")]
+    pub grammar: Option<PathBuf>,
+    /// Structured output: the whole answer matches this regular expression.
+    #[arg(long, value_name = "REGEX", group = "format")]
+    pub regex: Option<String>,
     /// The draft model: a GGUF path, a built-in name, or the name of one of
     /// yours in the models directory (`tandem models list`) [default: the
     /// built-in draft].
@@ -113,6 +126,43 @@ pub enum ModeArg {
     Draft,
     Target,
     Speculative,
+}
+
+impl Args {
+    /// The structured output the flags ask for (--json-schema, --grammar,
+    /// --regex), read and parsed; compiled against the tokenizer by
+    /// [`output_grammar`].
+    pub fn grammar_spec(&self) -> Result<Option<tandem_grammar::GrammarSpec>> {
+        use tandem_grammar::GrammarSpec;
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        Ok(if let Some(p) = &self.json_schema {
+            let text = read(p)?;
+            let v = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            Some(GrammarSpec::JsonSchema(v))
+        } else if let Some(p) = &self.grammar {
+            Some(GrammarSpec::Lark(read(p)?))
+        } else {
+            self.regex.clone().map(GrammarSpec::Regex)
+        })
+    }
+}
+
+/// `spec` compiled against `tok` (a grammar that does not compile is an
+/// error naming llguidance's reason).
+pub fn output_grammar(
+    tok: &tandem_model::tokenizer::Tokenizer,
+    spec: Option<tandem_grammar::GrammarSpec>,
+) -> Result<Option<std::sync::Arc<dyn tandem_model::engine::OutputGrammar>>> {
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    let vocab = tandem_grammar::GrammarVocab::new(tok)
+        .context("building the grammar vocabulary of the tokenizer")?;
+    let g = tandem_grammar::Grammar::new(&vocab, spec).context("the structured output format")?;
+    Ok(Some(g.into_config()))
 }
 
 impl ModeArg {

@@ -51,7 +51,12 @@ const RESET: &str = "\x1b[0m";
 
 /// Runs one generation through the edge runtime. `gen` carries k and sampling
 /// (already validated); the stop tokens are added here.
-pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
+pub fn run(
+    args: &Args,
+    prompt: &str,
+    gen: GenerateConfig,
+    spec: Option<tandem_grammar::GrammarSpec>,
+) -> Result<()> {
     let mut cfg = args.remote.edge_config(gen.k)?;
     // One generation per process: nothing to keep for a next turn (and no
     // kept session left on the verifier until its idle TTL).
@@ -83,6 +88,7 @@ pub fn run(args: &Args, prompt: &str, gen: GenerateConfig) -> Result<()> {
     let gen = GenerateConfig {
         max_tokens: args.max_tokens,
         stop_tokens: device.stop_tokens,
+        grammar: crate::generate_args::output_grammar(&tok, spec)?,
         ..gen
     };
     let mut edge = device.routed;

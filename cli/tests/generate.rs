@@ -241,3 +241,89 @@ fn bad_input_gets_clear_errors() {
         "capacity",
     );
 }
+
+#[test]
+fn structured_output_is_the_targets_own_under_the_schema_locally() {
+    // The real pair on one schema: target-only and speculative (draft,
+    // lookup) give the same tokens, and the text is valid JSON of it.
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer"}, "langs": {"type": "array", "items": {"enum": ["rust", "c", "go"]}, "maxItems": 3}},
+            "required": ["name", "age", "langs"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let schema = schema.to_str().unwrap();
+    let prompt = "Describe a programmer as JSON.";
+    let common = [
+        "--json-schema",
+        schema,
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "48",
+    ];
+    let t = run_json(&[&["--mode", "target"], &common[..]].concat());
+    let v: serde_json::Value =
+        serde_json::from_str(t["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {t}"));
+    assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
+    let langs = v["langs"].as_array().unwrap();
+    assert!(langs
+        .iter()
+        .all(|l| ["rust", "c", "go"].contains(&l.as_str().unwrap())));
+    assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
+    assert_eq!(t["stop"], "stop", "{t}");
+    // (auto under schemas runs over the network in
+    // edge-runtime/tests/proposers_real.rs: CI time.)
+    for proposer in ["draft", "lookup"] {
+        let s = run_json(&[&["--proposer", proposer, "--k", "4"], &common[..]].concat());
+        assert_eq!(s["tokens"], t["tokens"], "--proposer {proposer}: {s}");
+    }
+    // A regex and a Lark grammar (the draft alone: a few tokens).
+    let lark = dir.path().join("answer.lark");
+    std::fs::write(&lark, "start: (\"yes\" | \"no\") \".\"\n").unwrap();
+    for flags in [
+        ["--regex", "(yes|no)"],
+        ["--grammar", lark.to_str().unwrap()],
+    ] {
+        let d = run_json(
+            &[
+                &flags[..],
+                &[
+                    "--mode",
+                    "draft",
+                    "--prompt",
+                    "Is water wet?",
+                    "--max-tokens",
+                    "8",
+                ],
+            ]
+            .concat(),
+        );
+        let text = d["text"].as_str().unwrap();
+        let ok: &[&str] = if flags[0] == "--regex" {
+            &["yes", "no"]
+        } else {
+            &["yes.", "no."]
+        };
+        assert!(ok.contains(&text), "{flags:?}: {d}");
+        assert_eq!(d["stop"], "stop", "{d}");
+    }
+    // A schema llguidance cannot compile is refused before any token.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r##"{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}"##,
+    )
+    .unwrap();
+    expect_error(
+        &["--json-schema", bad.to_str().unwrap(), "--prompt", "x"],
+        "invalid grammar",
+    );
+    expect_error(
+        &["--regex", "a", "--grammar", "g.lark", "--prompt", "x"],
+        "cannot be used with",
+    );
+}

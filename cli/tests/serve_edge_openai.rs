@@ -403,6 +403,7 @@ fn the_openai_python_client_accepts_serve_edge() {
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
     tools_round_trip(&py, &addr, &tok, &target);
+    format_round_trip(&py, &addr, &tok, &target);
     sigterm_drains(server, &addr);
 
     // --split 14: the device runs the target's layers [0, 14) itself and
@@ -543,7 +544,20 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
         .unwrap(),
     );
     let served: Vec<u32> = serde_json::from_value(call["token_ids"].clone()).unwrap();
-    let want = target_greedy(tok, target, &prompt, served.len());
+    // Its arguments follow the function's parameter schema (the grammar
+    // serve-edge gives a forced call).
+    let forced = serde_json::json!({"tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    let forced = tandem_edge_http::openai::tools::parse_tools(forced.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    let spec = tandem_edge_http::openai::format::forced_call(
+        tandem_edge_http::openai::tools::CallFormat::Hermes,
+        &forced,
+    )
+    .unwrap()
+    .spec;
+    let want = target_greedy_as(tok, target, &prompt, served.len(), Some(spec));
     assert_eq!(
         served, want,
         "the call differs from the target's own: {call}"
@@ -575,12 +589,79 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
     );
 }
 
+/// Structured output through the official client (tests/openai/test_format.py):
+/// a strict JSON schema, JSON mode streamed, the client's Pydantic `parse`,
+/// and a schema that does not compile (400); the schema's answer is the
+/// target's own greedy output under the schema, every token verified.
+fn format_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
+    let t0 = std::time::Instant::now();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_format.py");
+    let out = std::process::Command::new(py)
+        .arg(&script)
+        .arg(format!("http://{addr}/v1"))
+        .args(["tandem", API_KEY])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openai format test failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    eprintln!(
+        "openai format report ({:.1} s): {report}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        report["token_status"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s == "verified"),
+        "{report}"
+    );
+    let prompt = tok
+        .encode_chat(
+            &[ChatMessage::user(report["question"].as_str().unwrap())],
+            true,
+        )
+        .unwrap();
+    let spec = tandem_grammar::GrammarSpec::JsonSchema(report["schema"].clone());
+    let n = report["max_tokens"].as_u64().unwrap() as usize;
+    let want = target_greedy_as(tok, target, &prompt, n, Some(spec));
+    assert_eq!(
+        report["token_ids"],
+        serde_json::json!(want),
+        "the answer differs from the target's own under the schema: {report}"
+    );
+}
+
 /// The real target's greedy token ids for `ids` (at most `n`), stopping at
 /// an end-of-generation token.
 fn target_greedy(tok: &Tokenizer, model: &Model, ids: &[u32], n: usize) -> Vec<u32> {
+    target_greedy_as(tok, model, ids, n, None)
+}
+
+/// [`target_greedy`] under `spec` (structured output).
+fn target_greedy_as(
+    tok: &Tokenizer,
+    model: &Model,
+    ids: &[u32],
+    n: usize,
+    spec: Option<tandem_grammar::GrammarSpec>,
+) -> Vec<u32> {
+    let grammar = spec.map(|s| {
+        let vocab = tandem_grammar::GrammarVocab::new(tok).unwrap();
+        tandem_grammar::Grammar::new(&vocab, s)
+            .unwrap()
+            .into_config()
+    });
     let cfg = GenerateConfig {
         max_tokens: n,
         stop_tokens: tok.chat_stop_tokens(),
+        grammar,
         ..GenerateConfig::default()
     };
     generate_single(model, ids, &cfg, &mut |_| true)

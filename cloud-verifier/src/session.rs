@@ -33,7 +33,7 @@ pub struct SessionState {
     pub split: Option<SplitSpec>,
     /// Structured output (`Open.grammar`): the constraint, advanced over the
     /// output in `context` so far; verdicts choose among what it allows.
-    pub grammar: Option<tandem_grammar::Constraint>,
+    pub grammar: Option<tandem_grammar::Guide>,
 }
 
 impl SessionState {
@@ -76,13 +76,8 @@ impl SessionState {
                 None,
             ),
             Some(c) => {
-                match tandem_grammar::masked_verdict(
-                    &self.sampling,
-                    &self.context,
-                    draft,
-                    logits,
-                    c,
-                ) {
+                // (Brought to the context first: a Resume may have moved it.)
+                match c.verdict(&self.sampling, &self.context, draft, logits) {
                     Ok((v, masked)) => (Ok(v), Some(masked)),
                     Err(e) => {
                         self.kv.truncate(base);
@@ -115,7 +110,7 @@ impl SessionState {
                 if let Some(c) = self.grammar.as_mut() {
                     // The verdict was made and advanced the grammar: take it
                     // back with the rest of the round.
-                    let _ = c.rollback(committed);
+                    let _ = c.undo(committed);
                 }
                 Err(Refusal::new(Reason::InternalError, format!("verdict: {e}")))
             }

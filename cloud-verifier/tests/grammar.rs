@@ -144,6 +144,37 @@ async fn verdicts_under_a_grammar_are_the_targets_masked_greedy_choice() {
     s.open(o).await.unwrap();
     let verdict = s.draft(0, &[]).await.unwrap();
     assert_eq!(verdict.next_token, want[half]);
+
+    // A Resume moves the session to another context (what a device does
+    // after a provisional token the target disagreed with): the grammar
+    // follows it. Back two tokens, the next verdict is the target's there.
+    let back = half - 1;
+    let mut ctx = p.clone();
+    ctx.extend_from_slice(&want[..back]);
+    let resume = |ctx: &[u32], round: u64| {
+        tandem_proto::v1::client_message::Msg::Resume(tandem_proto::v1::Resume {
+            context_tokens: ctx.to_vec(),
+            next_round: round,
+        })
+    };
+    match s.call(resume(&ctx, 1)).await.unwrap() {
+        tandem_proto::v1::server_message::Msg::Resumed(r) => {
+            assert_eq!(r.context_len, ctx.len() as u64)
+        }
+        m => panic!("expected Resumed, got {m:?}"),
+    }
+    let verdict = s.draft(1, &[]).await.unwrap();
+    assert_eq!(
+        verdict.next_token, want[back],
+        "the grammar followed the Resume"
+    );
+    // A context whose output the grammar refuses is refused, before any work.
+    let tok = Tokenizer::from_gguf(target.gguf()).unwrap();
+    let mut bad = p.clone();
+    bad.extend(tok.encode("x", false).unwrap());
+    let e = s.call(resume(&bad, 2)).await.unwrap_err();
+    assert_eq!(reason(&e), Reason::BadRequest, "{e:?}");
+    assert!(e.message().contains("grammar"), "{e:?}");
     v.shutdown().await.unwrap();
 }
 

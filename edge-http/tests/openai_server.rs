@@ -418,10 +418,10 @@ fn unknown_fields_are_ignored_and_named_unless_the_api_is_strict() {
         &post(
             lenient.addr,
             "/v1/chat/completions",
-            &chat_body("hi", json!({"response_format": {"type": "json_object"}})),
+            &chat_body("hi", json!({"audio": {"voice": "alloy"}})),
         ),
         400,
-        Some("response_format"),
+        Some("audio"),
     );
     assert_eq!(j["error"]["code"], "unsupported_parameter");
     // --strict-api: today's 400 naming the first unknown field.
@@ -1720,6 +1720,47 @@ fn drain_answers_the_admitted_requests_then_stops() {
     let _ = f.rt.block_on(v.shutdown());
 }
 
+/// `model`'s own greedy tokens for `prompt` under `spec` (its KV at `kv`;
+/// `stops`: the chat stop tokens end it, as without `ignore_eos`).
+fn greedy_as(
+    f: &Fixture,
+    model: &Model,
+    kv: tandem_model::kv_cache::KvPrecision,
+    prompt: &[u32],
+    max_tokens: usize,
+    spec: tandem_grammar::GrammarSpec,
+    stops: bool,
+) -> Vec<u32> {
+    let vocab = tandem_grammar::GrammarVocab::new(&f.tok).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens,
+        stop_tokens: if stops {
+            f.tok.chat_stop_tokens()
+        } else {
+            Vec::new()
+        },
+        grammar: Some(
+            tandem_grammar::Grammar::new(&vocab, spec)
+                .unwrap()
+                .into_config(),
+        ),
+        ..GenerateConfig::default()
+    };
+    generate_single_with(model, kv, prompt, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+/// The grammar serve-edge gives a forced call of `body`'s tools.
+fn forced_spec(body: &Value) -> tandem_grammar::GrammarSpec {
+    let tools = openai::tools::parse_tools(body.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    openai::format::forced_call(openai::tools::CallFormat::Hermes, &tools)
+        .unwrap()
+        .spec
+}
+
 /// The target's own greedy tokens for `prompt`.
 fn target_greedy(f: &Fixture, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     generate_single(
@@ -1913,12 +1954,15 @@ fn tools_render_through_the_template_keep_greedy_identity_and_cannot_inject() {
         "system, user, assistant, tool, user turns"
     );
     // Greedy identity through the verifier: the target's continuation of
-    // the forced prefix.
-    let want = target_greedy(&f, &prompt, 6);
+    // the forced prefix, its arguments constrained by the function's
+    // parameter schema.
+    let f32_kv = tandem_model::kv_cache::KvPrecision::F32;
+    let want = greedy_as(&f, &f.target, f32_kv, &prompt, 6, forced_spec(&body), false);
+    assert_ne!(want, target_greedy(&f, &prompt, 6), "the schema constrains");
     assert_eq!(ids_of(&j["tandem"]["token_ids"]), want);
     let st = j["tandem"]["token_status"].as_array().unwrap();
     assert!(st.iter().all(|x| x == "verified"), "{st:?}");
-    // A random model writes no valid call: the call's text is the content
+    // Six tokens do not finish the call: the call's text is the content
     // (the forced opening included), no tool_calls.
     let msg = &j["choices"][0]["message"];
     let content = msg["content"].as_str().unwrap();
@@ -1965,7 +2009,15 @@ fn tools_render_through_the_template_keep_greedy_identity_and_cannot_inject() {
     assert_eq!(r["usage"]["prompt_tokens"], rprompt.len(), "{r}");
     assert_eq!(
         ids_of(&r["tandem"]["token_ids"]),
-        target_greedy(&f, &rprompt, 6)
+        greedy_as(
+            &f,
+            &f.target,
+            f32_kv,
+            &rprompt,
+            6,
+            forced_spec(&required),
+            false
+        )
     );
     // The privacy router reads the calls' arguments: an ID number there
     // keeps the request on the device (and the route names the message).
@@ -2530,4 +2582,203 @@ fn logprobs_are_the_targets_for_verified_tokens_and_the_drafts_for_local_ones() 
         );
     }
     let _ = f.rt.block_on(v.shutdown());
+}
+
+#[test]
+fn response_formats_are_the_targets_masked_output_locally_too_and_bad_ones_are_400s() {
+    use tandem_grammar::GrammarSpec;
+    let f = fixture();
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config(Some(format!("http://{}", v.grpc_addr))),
+        ServeConfig::default(),
+    );
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("the weather as JSON")], true)
+        .unwrap();
+    let f32_kv = tandem_model::kv_cache::KvPrecision::F32;
+    let schema = json!({"type": "object",
+        "properties": {"ab": {"enum": ["cd", "ef"]}, "n": {"type": "boolean"}},
+        "required": ["ab", "n"], "additionalProperties": false});
+    let json_schema = json!({"type": "json_schema",
+        "json_schema": {"name": "weather", "schema": schema, "strict": true}});
+    let regex = json!({"type": "grammar", "syntax": "regex", "definition": "(ab|cd| )+"});
+    let lark = json!({"type": "grammar", "syntax": "lark",
+        "definition": "start: \"yes\" | \"no\" | \"ab\" \" \"* \"cd\""});
+    for (format, spec) in [
+        (json!({"type": "json_object"}), GrammarSpec::JsonObject),
+        (json_schema.clone(), GrammarSpec::JsonSchema(schema.clone())),
+        (regex, GrammarSpec::Regex("(ab|cd| )+".into())),
+        (
+            lark,
+            GrammarSpec::Lark("start: \"yes\" | \"no\" | \"ab\" \" \"* \"cd\"".into()),
+        ),
+    ] {
+        let body = chat_body(
+            "the weather as JSON",
+            json!({"max_tokens": 24, "response_format": format}),
+        );
+        let a = post(s.addr, "/v1/chat/completions", &body);
+        assert_eq!(a.status, 200, "{}", a.body);
+        let j = a.json();
+        let want = greedy_as(&f, &f.target, f32_kv, &prompt, 24, spec.clone(), true);
+        assert_eq!(ids_of(&j["tandem"]["token_ids"]), want, "{format}: {j}");
+        let st = j["tandem"]["token_status"].as_array().unwrap();
+        assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+        let content = j["choices"][0]["message"]["content"].as_str().unwrap();
+        if j["choices"][0]["finish_reason"] == "stop" {
+            // Complete: valid under the format (checked by hand).
+            match &spec {
+                GrammarSpec::JsonSchema(_) => {
+                    let v: Value = serde_json::from_str(content).unwrap();
+                    assert!(["cd", "ef"].contains(&v["ab"].as_str().unwrap()), "{v}");
+                    assert!(v["n"].is_boolean(), "{v}");
+                    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+                }
+                GrammarSpec::JsonObject => {
+                    assert!(serde_json::from_str::<Value>(content).unwrap().is_object());
+                }
+                GrammarSpec::Regex(_) => {
+                    assert!(content
+                        .replace("ab", "")
+                        .replace("cd", "")
+                        .trim()
+                        .is_empty());
+                }
+                GrammarSpec::Lark(_) => {
+                    let c = content.replace(' ', "");
+                    assert!(["yes", "no", "abcd"].contains(&c.as_str()), "{content}");
+                }
+            }
+        }
+        // Streamed: the same tokens.
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let sa = post(s.addr, "/v1/chat/completions", &sbody);
+        assert_eq!(sa.status, 200, "{}", sa.body);
+        let mut ids = Vec::new();
+        for e in sa.events().iter().filter(|e| *e != "[DONE]") {
+            let c: Value = serde_json::from_str(e).unwrap();
+            if let Some(i) = c["tandem"].get("token_ids") {
+                ids.extend(ids_of(i));
+            }
+        }
+        assert_eq!(ids, want, "streamed {format}");
+    }
+    // The schema finishes within the budget on this model: valid JSON.
+    let j = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            "the weather as JSON",
+            json!({"max_tokens": 24, "response_format": json_schema}),
+        ),
+    )
+    .json();
+    assert_eq!(j["choices"][0]["finish_reason"], "stop", "{j}");
+    // Grammars that do not compile: a 400 naming response_format, with
+    // llguidance's message, before anything is generated.
+    let generated = || v.state.render_metrics();
+    let before = generated();
+    for bad in [
+        json!({"type": "json_schema", "json_schema": {"name": "x",
+            "schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}),
+        json!({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}),
+        json!({"type": "grammar", "syntax": "regex", "definition": "(unclosed"}),
+    ] {
+        let a = post(
+            s.addr,
+            "/v1/chat/completions",
+            &chat_body("hi", json!({"max_tokens": 4, "response_format": bad})),
+        );
+        let e = assert_error(&a, 400, Some("response_format"));
+        let m = e["error"]["message"].as_str().unwrap();
+        assert!(m.contains("invalid grammar"), "{m}");
+    }
+    let a = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body("hi", json!({"response_format": {"type": "json_schema"}})),
+    );
+    assert_error(&a, 400, Some("response_format.json_schema"));
+    assert_eq!(
+        before
+            .lines()
+            .find(|l| l.starts_with("tandem_verifier_sessions_opened_total ")),
+        generated()
+            .lines()
+            .find(|l| l.starts_with("tandem_verifier_sessions_opened_total ")),
+        "a refused format opened no session"
+    );
+    // Completions take the extension too.
+    let raw = f.tok.encode("ab", false).unwrap();
+    let c = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tandem", "prompt": "ab", "max_tokens": 8,
+            "response_format": {"type": "grammar", "syntax": "regex", "definition": "[a-c]+"}}),
+    )
+    .json();
+    assert_eq!(
+        ids_of(&c["tandem"]["token_ids"]),
+        greedy_as(
+            &f,
+            &f.target,
+            f32_kv,
+            &raw,
+            8,
+            GrammarSpec::Regex("[a-c]+".into()),
+            true
+        ),
+        "{c}"
+    );
+    // A prompt the privacy router keeps on the device: the draft's own
+    // masked choice (its f16 KV), every token local.
+    let id_text = "my id is 11010519491231002X, as JSON";
+    let j = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(
+            id_text,
+            json!({"max_tokens": 16, "response_format": {"type": "json_object"}}),
+        ),
+    )
+    .json();
+    assert_eq!(j["tandem"]["route"]["decision"]["action"], "local", "{j}");
+    let id_prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user(id_text)], true)
+        .unwrap();
+    let want = greedy_as(
+        &f,
+        &f.draft,
+        tandem_model::kv_cache::KvPrecision::F16,
+        &id_prompt,
+        16,
+        GrammarSpec::JsonObject,
+        true,
+    );
+    assert_eq!(ids_of(&j["tandem"]["token_ids"]), want, "{j}");
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+    // Without a verifier: the draft's own masked choice (its f16 KV).
+    let local = f.server(f.edge_config(None), ServeConfig::default());
+    let body = chat_body(
+        "the weather as JSON",
+        json!({"max_tokens": 24, "response_format": {"type": "json_object"}}),
+    );
+    let j = post(local.addr, "/v1/chat/completions", &body).json();
+    let want = greedy_as(
+        &f,
+        &f.draft,
+        tandem_model::kv_cache::KvPrecision::F16,
+        &prompt,
+        24,
+        GrammarSpec::JsonObject,
+        true,
+    );
+    assert_eq!(ids_of(&j["tandem"]["token_ids"]), want, "{j}");
+    let st = j["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "local"), "{st:?}");
 }

@@ -445,6 +445,14 @@ impl EdgeRuntime {
         } else {
             gen
         };
+        if gen.grammar.is_some() && self.split.is_some() {
+            // (Refused before the conversation's kept state is taken.)
+            return Err(EdgeError::Config(
+                "structured output (a grammar) is not available with split execution ([split]): \
+                 the verifier's choices there are not made from token logits"
+                    .into(),
+            ));
+        }
         if gen.proposer == ProposerKind::Auto && !self.spec.auto.draft_measured() {
             // auto weighs the draft by its measured forward time, and the
             // target's cost here is a round trip: time the draft once (the
@@ -471,6 +479,7 @@ impl EdgeRuntime {
         // A kept verifier session is continued (not in split sessions, which
         // send hidden states of their whole context).
         let tokens_only = codec.tokens_only();
+
         let continuation = run.continuation.take().filter(|_| tokens_only);
         let session_key = continuation
             .as_ref()

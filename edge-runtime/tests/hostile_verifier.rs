@@ -120,7 +120,7 @@ fn serve(lie: Lie, vocab: u32) -> Served {
 /// One generation of `max_tokens` against a fake telling `lie`: the result
 /// and every streamed token id.
 fn generate(lie: Lie, max_tokens: usize) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
-    generate_with(lie, max_tokens, SamplingParams::default(), None)
+    generate_with(lie, max_tokens, SamplingParams::default(), None, None)
 }
 
 /// [`generate`] under `sampling`.
@@ -129,6 +129,7 @@ fn generate_with(
     max_tokens: usize,
     sampling: SamplingParams,
     top_logprobs: Option<usize>,
+    grammar: Option<Arc<dyn tandem_model::engine::OutputGrammar>>,
 ) -> (Result<Vec<u32>, EdgeError>, Vec<u32>, u32) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("draft.gguf");
@@ -154,6 +155,7 @@ fn generate_with(
         max_tokens,
         sampling,
         top_logprobs,
+        grammar,
         ..GenerateConfig::default()
     };
     let mut streamed = Vec::new();
@@ -213,7 +215,7 @@ fn an_opened_with_another_vocabulary_or_model_is_refused() {
 }
 
 #[test]
-fn a_verifier_that_does_not_announce_penalties_or_logprobs_is_refused_for_them() {
+fn a_verifier_that_does_not_announce_penalties_logprobs_or_grammars_is_refused_for_them() {
     // The fake is an older verifier: its Opened lists no features, so it
     // would ignore the penalties and logit bias. The device refuses it
     // instead of streaming tokens that are not the target's.
@@ -221,16 +223,36 @@ fn a_verifier_that_does_not_announce_penalties_or_logprobs_is_refused_for_them()
         frequency_penalty: 0.5,
         ..SamplingParams::default()
     };
-    let (r, streamed, _) = generate_with(Lie::None, 3, sampling, None);
+    let (r, streamed, _) = generate_with(Lie::None, 3, sampling, None, None);
     match r {
         Err(EdgeError::Protocol(m)) => assert!(m.contains("frequency_penalty"), "{m}"),
         other => panic!("expected a protocol error, got {other:?}"),
     }
     assert!(streamed.is_empty(), "{streamed:?}");
     // Logprobs likewise: verified tokens would come without the target's.
-    let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), Some(2));
+    let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), Some(2), None);
     match r {
         Err(EdgeError::Protocol(m)) => assert!(m.contains("logprobs"), "{m}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(streamed.is_empty(), "{streamed:?}");
+    // A grammar likewise (structured output): its verdicts would not be
+    // masked.
+    let dir = tempfile::tempdir().unwrap();
+    let with_tok = dir.path().join("tok.gguf");
+    let tiny = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::draft_like()
+    };
+    write_tiny_qwen2(&with_tok, &tiny).unwrap();
+    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(load(&with_tok).gguf()).unwrap();
+    let vocab = tandem_grammar::GrammarVocab::new(&tok).unwrap();
+    let g = tandem_grammar::Grammar::new(&vocab, tandem_grammar::GrammarSpec::JsonObject)
+        .unwrap()
+        .into_config();
+    let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), None, Some(g));
+    match r {
+        Err(EdgeError::Protocol(m)) => assert!(m.contains("grammar"), "{m}"),
         other => panic!("expected a protocol error, got {other:?}"),
     }
     assert!(streamed.is_empty(), "{streamed:?}");

@@ -1,8 +1,10 @@
 //! The real Qwen pair through a loopback verifier: with the `lookup` and
 //! `auto` proposers, greedy output is token for token the target's own
 //! greedy output, on a few prompts of both prompt sets (`prompts/default.jsonl`
-//! and `prompts/editing.jsonl`; 2 prompts each, 24 tokens: CI time). The
-//! models are required (a missing model fails with instructions).
+//! and `prompts/editing.jsonl`; 2 prompts each, 24 tokens: CI time); and
+//! under two JSON schemas (structured output, docs/grammar.md), with the
+//! draft and auto proposers, the target's own greedy output under the schema. The models are
+//! required (a missing model fails with instructions).
 
 #![allow(clippy::unwrap_used)]
 
@@ -103,5 +105,59 @@ fn lookup_and_auto_over_the_network_give_the_target_s_greedy_output_on_both_sets
     }
     // Editing prompts carry the text to change: lookup finds it.
     assert!(lookup_rounds[1] > 0, "{lookup_rounds:?}");
+
+    // Structured output: two schemas, every proposer, the target's own
+    // greedy output under the schema (24 tokens: a start of each answer).
+    let vocab = tandem_grammar::GrammarVocab::new(&tok).unwrap();
+    for (question, schema) in [
+        (
+            "Describe a programmer as JSON.",
+            serde_json::json!({"type": "object", "properties": {
+                "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+                "langs": {"type": "array", "items": {"enum": ["rust", "c", "go"]}}},
+                "required": ["name", "age", "langs"], "additionalProperties": false}),
+        ),
+        (
+            "Write the configuration of a web server as JSON.",
+            serde_json::json!({"type": "object", "properties": {
+                "host": {"type": "string"}, "port": {"type": "integer"},
+                "tls": {"type": "boolean"}},
+                "required": ["host", "port", "tls"], "additionalProperties": false}),
+        ),
+    ] {
+        let prompt = tok
+            .encode_chat(&[ChatMessage::user(question)], true)
+            .unwrap();
+        let g =
+            tandem_grammar::Grammar::new(&vocab, tandem_grammar::GrammarSpec::JsonSchema(schema))
+                .unwrap()
+                .into_config();
+        let base = GenerateConfig {
+            k: 4,
+            max_tokens: MAX,
+            stop_tokens: tok.chat_stop_tokens(),
+            grammar: Some(g),
+            ..GenerateConfig::default()
+        };
+        let want = generate_single(&target, &prompt, &base, &mut |_| true)
+            .unwrap()
+            .tokens;
+        assert!(tok.decode(&want, true).unwrap().starts_with('{'));
+        // (Lookup alone is run locally on the real pair by
+        // cli/tests/generate.rs, and over the network on the tiny models.)
+        for proposer in [ProposerKind::Draft, ProposerKind::Auto] {
+            let cfg = GenerateConfig {
+                proposer,
+                ..base.clone()
+            };
+            let g = edge.generate(&prompt, &cfg, &mut |_| true).unwrap();
+            assert_eq!(g.tokens, want, "{question}: {proposer}");
+            assert!(g.statuses.iter().all(|s| *s == TokenStatus::Verified));
+            eprintln!(
+                "schema, {question:?} {proposer}: acceptance {:.2}, rounds {}",
+                g.stats.gen.acceptance_rate, g.stats.rounds
+            );
+        }
+    }
     rt.block_on(v.shutdown()).unwrap();
 }

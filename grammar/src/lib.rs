@@ -35,6 +35,14 @@
 //! 6. **Refusals.** Accepting a token the mask does not allow is
 //!    [`GrammarError::Refused`]: the caller masked wrongly (never a user's
 //!    doing), and the constraint is unchanged.
+//! 7. **Following a context.** A [`Guide`] is a constraint that knows where
+//!    the output starts and which tokens it holds: [`Guide::sync`] brings it
+//!    to any context (rolling back to the common prefix, accepting the
+//!    rest), or refuses and leaves it as it was. The generation core's
+//!    draft and local target use it through `tandem_model::engine`'s
+//!    `OutputConstraint` ([`Grammar`] is the `OutputGrammar` a
+//!    `GenerateConfig` carries); the verifier's sessions hold one, so a
+//!    `Resume` to another context is followed too.
 
 use std::sync::Arc;
 
@@ -59,6 +67,8 @@ pub enum GrammarError {
     Invalid(String),
     #[error("token {token} is not allowed by the grammar here")]
     Refused { token: u32 },
+    #[error("output token {index} (id {token}) is not allowed by the grammar")]
+    RefusedAt { index: usize, token: u32 },
     #[error("grammar engine: {0}")]
     Engine(String),
 }
@@ -111,14 +121,151 @@ impl GrammarSpec {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-            }
-            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Self::JsonObject => TopLevelGrammar::from_json_schema(json_options(
+                serde_json::json!({"type": "object"}),
+            )),
+            Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_options(s.clone())),
             Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Self::Regex(r) => TopLevelGrammar::from_regex(r),
         }
     }
+}
+
+/// Why a `response_format` was refused ([`GrammarSpec::from_response_format`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormatError {
+    /// The field, as a path under the request (`response_format.type`).
+    pub param: String,
+    pub message: String,
+    /// A value known but not implemented (an unknown `type`), rather than a
+    /// malformed one.
+    pub unsupported: bool,
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+fn format_error(param: &str, expected: &str) -> FormatError {
+    FormatError {
+        param: param.into(),
+        message: format!("`{param}` must be {expected}"),
+        unsupported: false,
+    }
+}
+
+impl GrammarSpec {
+    /// An OpenAI `response_format` object: `{"type": "text"}` (none),
+    /// `{"type": "json_object"}`, `{"type": "json_schema", "json_schema":
+    /// {"name", "schema", "strict"?, "description"?}}`, or Tandem's extension
+    /// `{"type": "grammar", "syntax": "lark" | "regex", "definition": "…"}`
+    /// (the shape of OpenAI's grammar custom tools). The output always
+    /// follows the format: `strict: false` constrains as `true` does. What
+    /// serve-edge, the C ABI and JNI accept alike (docs/api.md).
+    pub fn from_response_format(
+        v: &serde_json::Value,
+    ) -> std::result::Result<Option<Self>, FormatError> {
+        use serde_json::Value;
+        const P: &str = "response_format";
+        let Some(f) = v.as_object() else {
+            return Err(format_error(P, "an object {\"type\": …}"));
+        };
+        match f.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(Self::JsonObject)),
+            Some("json_schema") => {
+                const J: &str = "response_format.json_schema";
+                let Some(js) = f.get("json_schema").and_then(Value::as_object) else {
+                    return Err(format_error(
+                        J,
+                        "an object {\"name\", \"schema\", \"strict\"}",
+                    ));
+                };
+                match js.get("name") {
+                    Some(Value::String(n)) if !n.is_empty() && n.len() <= 64 => {}
+                    _ => {
+                        return Err(format_error(
+                            "response_format.json_schema.name",
+                            "a string of 1 to 64 characters",
+                        ))
+                    }
+                }
+                if !matches!(js.get("strict"), None | Some(Value::Null | Value::Bool(_))) {
+                    return Err(format_error(
+                        "response_format.json_schema.strict",
+                        "a boolean",
+                    ));
+                }
+                if !matches!(
+                    js.get("description"),
+                    None | Some(Value::Null | Value::String(_))
+                ) {
+                    return Err(format_error(
+                        "response_format.json_schema.description",
+                        "a string",
+                    ));
+                }
+                match js.get("schema") {
+                    // No schema: any JSON object.
+                    None | Some(Value::Null) => Ok(Some(Self::JsonObject)),
+                    Some(s @ Value::Object(_)) => Ok(Some(Self::JsonSchema(s.clone()))),
+                    Some(_) => Err(format_error(
+                        "response_format.json_schema.schema",
+                        "a JSON schema object",
+                    )),
+                }
+            }
+            Some("grammar") => {
+                let Some(definition) = f.get("definition").and_then(Value::as_str) else {
+                    return Err(format_error("response_format.definition", "a string"));
+                };
+                match f.get("syntax").and_then(Value::as_str) {
+                    Some("lark") => Ok(Some(Self::Lark(definition.into()))),
+                    Some("regex") => Ok(Some(Self::Regex(definition.into()))),
+                    _ => Err(format_error(
+                        "response_format.syntax",
+                        "\"lark\" or \"regex\"",
+                    )),
+                }
+            }
+            Some(other) => Err(FormatError {
+                param: "response_format.type".into(),
+                message: format!(
+                    "the response_format type `{other}` (text, json_object, json_schema, grammar)"
+                ),
+                unsupported: true,
+            }),
+            None => Err(format_error(
+                "response_format.type",
+                "\"text\", \"json_object\", \"json_schema\" or \"grammar\"",
+            )),
+        }
+    }
+}
+
+/// The whitespace JSON output may have between two tokens of JSON, as
+/// llama.cpp's JSON grammars allow: one space, or a line break and an
+/// indentation of at most 20 spaces or tabs. llguidance's default (any run
+/// of whitespace) lets a model write whitespace until `max_tokens`, which
+/// small models do.
+pub const JSON_WHITESPACE: &str = r"(?:\x20|\x0A[\x20\x09]{0,20})";
+
+/// A JSON schema with Tandem's compile options ([`JSON_WHITESPACE`]),
+/// unless it sets llguidance's own (`x-guidance`). Applied to every JSON
+/// schema a spec compiles; a Lark grammar's `%json {…}` gets it from
+/// whoever writes it.
+pub fn json_options(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        if !o.contains_key("x-guidance") {
+            o.insert(
+                "x-guidance".into(),
+                serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}),
+            );
+        }
+    }
+    schema
 }
 
 /// llguidance's limits, fixed here so that both sides compute the same masks
@@ -453,5 +600,207 @@ pub fn masked_verdict(
             c.rollback(n)?;
             Err(e)
         }
+    }
+}
+
+/// A constraint that follows a context (contract 7): the output starts at
+/// context position `start`, and the constraint holds exactly `held`.
+pub struct Guide {
+    c: Constraint,
+    start: usize,
+    held: Vec<u32>,
+}
+
+impl std::fmt::Debug for Guide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guide")
+            .field("start", &self.start)
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+impl Guide {
+    /// Compiles `spec` for an output starting at context position `start`.
+    pub fn new(vocab: &GrammarVocab, spec: &GrammarSpec, start: usize) -> Result<Self> {
+        Ok(Self {
+            c: Constraint::new(vocab, spec)?,
+            start,
+            held: Vec::new(),
+        })
+    }
+
+    /// Where the output starts.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// The output tokens the constraint holds.
+    pub fn held(&self) -> &[u32] {
+        &self.held
+    }
+
+    /// Brings the constraint to `context` (its output: `context[start..]`):
+    /// takes back what differs from it, accepts the rest. On a refused token
+    /// it is as it was, and the error names the output index.
+    pub fn sync(&mut self, context: &[u32]) -> Result<()> {
+        let want = context.get(self.start..).unwrap_or(&[]);
+        let common = self
+            .held
+            .iter()
+            .zip(want)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == self.held.len() && common == want.len() {
+            return Ok(());
+        }
+        let undone = self.held.split_off(common);
+        self.c.rollback(undone.len())?;
+        for (i, &t) in want[common..].iter().enumerate() {
+            if let Err(e) = self.c.accept(t) {
+                // Back to where it was.
+                self.c.rollback(i)?;
+                for &u in &undone {
+                    self.c.accept(u)?;
+                }
+                self.held.extend_from_slice(&undone);
+                return Err(match e {
+                    GrammarError::Refused { token } => GrammarError::RefusedAt {
+                        index: common + i,
+                        token,
+                    },
+                    e => e,
+                });
+            }
+            self.held.push(t);
+        }
+        Ok(())
+    }
+
+    /// The ids allowed after `context`.
+    pub fn mask_after(&mut self, context: &[u32]) -> Result<TokenMask> {
+        self.sync(context)?;
+        self.c.mask()
+    }
+
+    /// How many leading `tokens` are allowed after `context` (the constraint
+    /// is left at `context`).
+    pub fn allowed_prefix(&mut self, context: &[u32], tokens: &[u32]) -> Result<usize> {
+        self.sync(context)?;
+        let mut n = 0;
+        for &t in tokens {
+            if self.c.accept(t).is_err() {
+                break;
+            }
+            n += 1;
+        }
+        self.c.rollback(n)?;
+        Ok(n)
+    }
+
+    /// [`masked_verdict`] on a block after `context` (the constraint is
+    /// brought to it first), advancing the constraint over what the verdict
+    /// commits (the accepted drafts and the next token).
+    pub fn verdict(
+        &mut self,
+        params: &tandem_model::sampling::SamplingParams,
+        context: &[u32],
+        draft: &[u32],
+        logits: &[f32],
+    ) -> Result<(tandem_model::verify::Verdict, Vec<f32>)> {
+        self.sync(context)?;
+        let (v, masked) = masked_verdict(params, context, draft, logits, &mut self.c)?;
+        let n = v.accepted.min(draft.len());
+        self.held.extend_from_slice(&draft[..n]);
+        self.held.push(v.next_token);
+        Ok((v, masked))
+    }
+
+    /// Takes back the last `n` tokens [`Self::verdict`] committed (a verdict
+    /// that could not be applied).
+    pub fn undo(&mut self, n: usize) -> Result<()> {
+        let n = n.min(self.held.len());
+        self.c.rollback(n)?;
+        self.held.truncate(self.held.len() - n);
+        Ok(())
+    }
+}
+
+fn model_err(e: GrammarError) -> tandem_model::ModelError {
+    tandem_model::ModelError::Grammar(e.to_string())
+}
+
+impl tandem_model::engine::OutputConstraint for Guide {
+    fn mask(&mut self, context: &[u32], logits: &mut [f32]) -> tandem_model::Result<()> {
+        let m = self.mask_after(context).map_err(model_err)?;
+        if m.count() == 0 {
+            return Err(model_err(GrammarError::Engine(
+                "the grammar allows no token".into(),
+            )));
+        }
+        m.apply(logits);
+        Ok(())
+    }
+
+    fn allowed_prefix(&mut self, context: &[u32], tokens: &[u32]) -> tandem_model::Result<usize> {
+        Guide::allowed_prefix(self, context, tokens).map_err(model_err)
+    }
+}
+
+/// A compiled request for structured output: the spec and the vocabulary it
+/// masks over, checked to compile ([`Grammar::new`]). The
+/// `tandem_model::engine::OutputGrammar` a `GenerateConfig` carries: its
+/// wire form goes into the verifier session's Open, and each side of a
+/// generation (the draft, a local target) gets its own [`Guide`].
+#[derive(Clone)]
+pub struct Grammar {
+    spec: GrammarSpec,
+    vocab: GrammarVocab,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("kind", &self.spec.to_wire().0)
+            .finish()
+    }
+}
+
+impl Grammar {
+    /// Checks that `spec` compiles against `vocab` (and is within
+    /// [`MAX_GRAMMAR_BYTES`]): a refusal here is the user's 400, before any
+    /// work.
+    pub fn new(vocab: &GrammarVocab, spec: GrammarSpec) -> Result<Self> {
+        let (kind, text) = spec.to_wire();
+        GrammarSpec::from_wire(kind, &text)?;
+        Constraint::new(vocab, &spec)?;
+        Ok(Self {
+            spec,
+            vocab: vocab.clone(),
+        })
+    }
+
+    pub fn spec(&self) -> &GrammarSpec {
+        &self.spec
+    }
+
+    /// This grammar as a `GenerateConfig::grammar`.
+    pub fn into_config(self) -> std::sync::Arc<dyn tandem_model::engine::OutputGrammar> {
+        std::sync::Arc::new(self)
+    }
+}
+
+impl tandem_model::engine::OutputGrammar for Grammar {
+    fn wire(&self) -> (&'static str, String) {
+        self.spec.to_wire()
+    }
+
+    fn constraint(
+        &self,
+        output_start: usize,
+    ) -> tandem_model::Result<Box<dyn tandem_model::engine::OutputConstraint>> {
+        Guide::new(&self.vocab, &self.spec, output_start)
+            .map(|g| Box::new(g) as Box<dyn tandem_model::engine::OutputConstraint>)
+            .map_err(model_err)
     }
 }

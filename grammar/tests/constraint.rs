@@ -200,3 +200,83 @@ fn a_refused_token_or_grammar_changes_nothing() {
         assert_eq!(GrammarSpec::from_wire(k, &t).unwrap(), s);
     }
 }
+
+/// The mask's cost per token on each side, on the draft's greedy output
+/// under the person schema (docs/grammar.md, "Measured"): the device's
+/// (`Guide` through the engine's `OutputConstraint`: follow the context one
+/// token on, compute the mask, apply it to a 151k-row logits vector, what
+/// every draft step under a grammar adds) and the verifier's (`Guide::verdict`
+/// over blocks of 4 against `verdict_from_logits` on the same rows). Run with
+/// `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn mask_cost_per_token_on_the_device_and_the_verifier() {
+    use tandem_grammar::{Grammar, Guide};
+    use tandem_model::engine::OutputGrammar;
+    use tandem_model::sampling::SamplingParams;
+    let (model, tok) = draft();
+    let vocab = GrammarVocab::new(&tok).unwrap();
+    let spec = person_schema();
+    let prompt = tok
+        .encode_chat(
+            &[ChatMessage::user(
+                "Describe Ada Lovelace as a JSON object with her name, age at death and languages she wrote in.",
+            )],
+            true,
+        )
+        .unwrap();
+    let g = Grammar::new(&vocab, spec.clone()).unwrap();
+    let cfg = tandem_model::speculative::GenerateConfig {
+        max_tokens: 96,
+        stop_tokens: tok.chat_stop_tokens(),
+        grammar: Some(g.clone().into_config()),
+        ..Default::default()
+    };
+    let out = tandem_model::speculative::generate_single(&model, &prompt, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens;
+    let mut all = prompt.clone();
+    all.extend_from_slice(&out);
+    let mut cache = model.new_cache();
+    let logits = model.forward(&all, 0, &mut cache).unwrap();
+    let v = model.config().vocab;
+    let row = |i: usize| &logits[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+    // The device: one draft step's mask at every output position.
+    let mut c = g.constraint(prompt.len()).unwrap();
+    let t = Instant::now();
+    for i in 0..out.len() {
+        let mut l = row(i).to_vec();
+        c.mask(&all[..prompt.len() + i], &mut l).unwrap();
+    }
+    let device_us = t.elapsed().as_secs_f64() * 1e6 / out.len() as f64;
+    // The verifier: blocks of 4 (each the output's next 4 tokens: all
+    // accepted), masked against plain verdicts on the same rows.
+    let params = SamplingParams::default();
+    let mut guide = Guide::new(&vocab, &spec, prompt.len()).unwrap();
+    let (mut masked_s, mut plain_s, mut committed) = (0.0, 0.0, 0);
+    let mut i = 0;
+    while i + 5 <= out.len() {
+        let ctx = &all[..prompt.len() + i];
+        let block = &out[i..i + 4];
+        let rows = &logits[(prompt.len() - 1 + i) * v..(prompt.len() + i + 4) * v];
+        let t = Instant::now();
+        let (vd, _) = guide.verdict(&params, ctx, block, rows).unwrap();
+        masked_s += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let pv = tandem_model::verify::verdict_from_logits(&params, ctx, block, rows).unwrap();
+        plain_s += t.elapsed().as_secs_f64();
+        assert_eq!(vd.accepted, 4, "the output is the masked greedy one");
+        let _ = pv;
+        committed += 5;
+        i += 5;
+    }
+    let verifier_us = (masked_s - plain_s) * 1e6 / committed as f64;
+    eprintln!(
+        "mask cost per token over {} tokens: device {device_us:.0} µs (sync + mask + apply), \
+         verifier {verifier_us:.0} µs (masked verdict less the plain one; masked {:.0} µs, plain \
+         {:.0} µs per token)",
+        out.len(),
+        masked_s * 1e6 / committed as f64,
+        plain_s * 1e6 / committed as f64,
+    );
+}

@@ -322,11 +322,13 @@ fn max_tokens_arg(env: &mut Env, max_tokens: jint) -> Result<u32, Thrown> {
 
 /// The sampling arrays `dev.tandem.Sampling` passes (`floats()`: temperature,
 /// top_p, repetition, presence, frequency; `longs()`: top_k, seed), or None
-/// when both are null (the config's).
+/// when both are null (the config's); its `responseFormat` is `format` (the
+/// C string must outlive the call).
 fn sampling_arg(
     env: &mut Env,
     floats: &JFloatArray,
     longs: &JLongArray,
+    format: &Option<CString>,
 ) -> Result<Option<TandemSampling>, Thrown> {
     if floats.is_null() || longs.is_null() {
         return Ok(None);
@@ -352,6 +354,7 @@ fn sampling_arg(
         presence_penalty: f[3],
         frequency_penalty: f[4],
         seed: l[1] as u64, // Java's long carries the unsigned seed's bits
+        response_format: format.as_ref().map_or(ptr::null(), |f| f.as_ptr()),
     }))
 }
 
@@ -407,9 +410,18 @@ fn streamed<'l>(
     write_stats(env, &stats, counts, times)
 }
 
-/// `TandemRuntime.nativeGenerate(long, String, int, float[], long[], Sink,
-/// long[], double[])`.
+/// `Sampling.responseFormat` (null: none).
+fn format_arg(env: &mut Env, s: &JString) -> Result<Option<CString>, Thrown> {
+    if s.is_null() {
+        return Ok(None);
+    }
+    c_string(env, s, "responseFormat").map(Some)
+}
+
+/// `TandemRuntime.nativeGenerate(long, String, int, float[], long[], String,
+/// Sink, long[], double[])`.
 #[no_mangle]
+#[allow(clippy::too_many_arguments)] // the Java method's parameters
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     mut env: EnvUnowned<'l>,
     _class: JClass<'l>,
@@ -418,6 +430,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     max_tokens: jint,
     sampling_floats: JFloatArray<'l>,
     sampling_longs: JLongArray<'l>,
+    response_format: JString<'l>,
     sink: JObject<'l>,
     counts: JLongArray<'l>,
     times: JDoubleArray<'l>,
@@ -425,7 +438,8 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeGenerate<'l>(
     guard(&mut env, (), |env| {
         let prompt = c_string(env, &prompt, "prompt")?;
         let max_tokens = max_tokens_arg(env, max_tokens)?;
-        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs)?;
+        let format = format_arg(env, &response_format)?;
+        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs, &format)?;
         streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
             // SAFETY: the handle is a live runtime (the Java class checks),
             // the strings and out-pointers are valid for the call, and user
@@ -464,7 +478,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationNew<'l>(
 }
 
 /// `TandemRuntime.nativeConversationSend(long, long, String, int, float[],
-/// long[], Sink, long[], double[])`.
+/// long[], String, Sink, long[], double[])`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)] // the Java method's parameters
 pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
@@ -476,6 +490,7 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
     max_tokens: jint,
     sampling_floats: JFloatArray<'l>,
     sampling_longs: JLongArray<'l>,
+    response_format: JString<'l>,
     sink: JObject<'l>,
     counts: JLongArray<'l>,
     times: JDoubleArray<'l>,
@@ -483,7 +498,8 @@ pub extern "system" fn Java_dev_tandem_TandemRuntime_nativeConversationSend<'l>(
     guard(&mut env, (), |env| {
         let message = c_string(env, &message, "message")?;
         let max_tokens = max_tokens_arg(env, max_tokens)?;
-        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs)?;
+        let format = format_arg(env, &response_format)?;
+        let sampling = sampling_arg(env, &sampling_floats, &sampling_longs, &format)?;
         let conversation = conversation as usize as *mut TandemConversation;
         streamed(env, &sink, &counts, &times, |cb, user, stats, err| {
             // SAFETY: a live runtime and one of its live conversations (the

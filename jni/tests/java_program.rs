@@ -540,6 +540,16 @@ fn a_conversation_streams_what_the_c_abis_conversation_streams_and_reuses_turn_o
         "{out}"
     );
     assert_eq!(line(&out, "seeded_a "), line(&out, "seeded_b "));
+    // Structured output through Sampling.withResponseFormat.
+    assert!(
+        ["yes", "no"].contains(&line(&out, "format_regex ")),
+        "{out}"
+    );
+    assert!(
+        line(&out, "bad_format ")
+            .starts_with("TandemException INVALID_ARGUMENT: response_format: invalid grammar"),
+        "{out}"
+    );
     // Turn 2 continues turn 1's draft KV: it reuses at least turn 1's prompt.
     assert!(c[1].1 > 0, "turn 2 reused nothing");
     assert_eq!(

@@ -12,6 +12,14 @@
 //! recording of `tandem bench verifier`'s trace), or, in the edge runtime,
 //! the remote verifier. The edge runtime emits with [`Emitter`] and drafts
 //! with [`DraftModel::step`], adding its token statuses and logprobs on top.
+//!
+//! Structured output ([`GenerateConfig::grammar`], docs/grammar.md) is
+//! applied here, once: the draft's own constraint ([`DraftModel::guide`])
+//! masks its logits before every draw ([`choose`]) and cuts lookup's
+//! proposals at the first token it refuses ([`DraftModel::allowed`]); the
+//! local target masks its choice at every position of a block
+//! ([`TargetVerifier::with_guide`], [`masked_verdict`]). The remote verifier
+//! masks its own (`tandem_grammar::masked_verdict`).
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::logprobs::{chosen_logprobs, TokenLogprobs};
@@ -21,7 +29,88 @@ use crate::transformer::Model;
 use crate::verify::{verdict_from_logits, MAX_K};
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// One generation's constraint on its output (structured output: a grammar;
+/// implemented by `tandem_grammar::Guide`). It follows whatever context it is
+/// asked about: rejected draft tokens are taken back by the next call, so a
+/// caller never rolls it back by hand.
+pub trait OutputConstraint: Send {
+    /// Sets to −∞ the logit of every token it does not allow after `context`
+    /// (the prompt and the output so far). An error when a token of the
+    /// output is one it refuses, or when it allows nothing.
+    fn mask(&mut self, context: &[u32], logits: &mut [f32]) -> Result<()>;
+    /// How many leading `tokens` it allows after `context`.
+    fn allowed_prefix(&mut self, context: &[u32], tokens: &[u32]) -> Result<usize>;
+}
+
+/// What a generation's output is constrained to ([`GenerateConfig::grammar`]):
+/// its wire form (what a verifier session's Open carries) and a fresh
+/// [`OutputConstraint`] per generation side (the draft's, the local
+/// target's). Implemented by `tandem_grammar::Grammar`.
+pub trait OutputGrammar: std::fmt::Debug + Send + Sync {
+    /// (kind, text): `tandem_grammar::GrammarSpec::to_wire`.
+    fn wire(&self) -> (&'static str, String);
+    /// A constraint on the output that starts at context position
+    /// `output_start` (the prompt's length).
+    fn constraint(&self, output_start: usize) -> Result<Box<dyn OutputConstraint>>;
+}
+
+/// The token after `hist` from `logits` (masked in place first by `guide`,
+/// when the output is constrained): [`next_token`] of what is allowed. The
+/// one choice of every loop under a grammar.
+pub fn choose(
+    params: &SamplingParams,
+    logits: &mut [f32],
+    hist: &[u32],
+    guide: Option<&mut (dyn OutputConstraint + '_)>,
+) -> Result<u32> {
+    if let Some(g) = guide {
+        g.mask(hist, logits)?;
+    }
+    Ok(next_token(params, logits, hist))
+}
+
+/// The verdict on `block` after `ctx` from the target's `logits` (`[k + 1,
+/// vocab]` over `[last, d1..dk]`) under `guide`: at each position the
+/// target's choice among the tokens allowed there ([`choose`]), accepting
+/// drafts while they equal it. Unconstrained, it is
+/// [`verdict_from_logits`]; the remote verifier's is
+/// `tandem_grammar::masked_verdict`, the same choices.
+pub fn masked_verdict(
+    params: &SamplingParams,
+    ctx: &[u32],
+    block: &[u32],
+    logits: &[f32],
+    guide: &mut dyn OutputConstraint,
+) -> Result<crate::verify::Verdict> {
+    let k = block.len();
+    let vocab = logits.len() / (k + 1);
+    if vocab == 0 || logits.len() != (k + 1) * vocab {
+        return Err(ModelError::InvalidArgument(format!(
+            "a verdict on {k} draft tokens needs {} rows of logits, got {} floats",
+            k + 1,
+            logits.len()
+        )));
+    }
+    let mut hist = ctx.to_vec();
+    for i in 0..=k {
+        let mut row = logits[i * vocab..(i + 1) * vocab].to_vec();
+        let t = choose(params, &mut row, &hist, Some(&mut *guide))?;
+        match block.get(i) {
+            Some(&d) if d == t => hist.push(t),
+            _ => {
+                return Ok(crate::verify::Verdict {
+                    accepted: i,
+                    next_token: t,
+                })
+            }
+        }
+    }
+    // Unreachable: the last position has no draft to agree with.
+    Err(ModelError::InvalidArgument("verdict past the block".into()))
+}
 
 /// Settings of one generation.
 #[derive(Clone, Debug)]
@@ -47,6 +136,11 @@ pub struct GenerateConfig {
     /// by the edge runtime (the draft's for local tokens, the verifier's for
     /// verified ones); the loops here do not report them.
     pub top_logprobs: Option<usize>,
+    /// Structured output: every token the generation emits (verified, local
+    /// or provisional) is one this grammar allows, and in greedy mode the
+    /// output is the target's own greedy output under it (docs/grammar.md).
+    /// `None`: unconstrained.
+    pub grammar: Option<Arc<dyn OutputGrammar>>,
 }
 
 impl Default for GenerateConfig {
@@ -59,6 +153,7 @@ impl Default for GenerateConfig {
             proposer: ProposerKind::Draft,
             draft_kv: KvPrecision::F16,
             top_logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -307,6 +402,9 @@ pub struct Drafted {
 pub struct DraftModel<'m> {
     pub model: &'m Model,
     pub cache: KvCache,
+    /// The draft's own constraint on the output (structured output): masks
+    /// every draw and cuts lookup's proposals ([`Self::allowed`]).
+    pub guide: Option<Box<dyn OutputConstraint>>,
 }
 
 impl<'m> DraftModel<'m> {
@@ -315,6 +413,28 @@ impl<'m> DraftModel<'m> {
         Self {
             model,
             cache: model.new_cache_with(kv),
+            guide: None,
+        }
+    }
+
+    /// The draft's constraint for a generation of `cfg` whose output starts
+    /// at context position `output_start` (none without a grammar).
+    pub fn guide_for(
+        cfg: &GenerateConfig,
+        output_start: usize,
+    ) -> Result<Option<Box<dyn OutputConstraint>>> {
+        cfg.grammar
+            .as_ref()
+            .map(|g| g.constraint(output_start))
+            .transpose()
+    }
+
+    /// How many leading `tokens` (a lookup proposal after `hist`) the
+    /// draft's constraint allows: all of them without one.
+    pub fn allowed(&mut self, hist: &[u32], tokens: &[u32]) -> Result<usize> {
+        match self.guide.as_mut() {
+            Some(g) => g.allowed_prefix(hist, tokens),
+            None => Ok(tokens.len()),
         }
     }
 
@@ -333,9 +453,10 @@ impl<'m> DraftModel<'m> {
     /// The one draft step: one forward over `feed` (the tokens of `hist`
     /// the cache has not seen, at least its last), then the draft's token
     /// after `hist`, picked like the target's ([`next_token`]: the argmax of
-    /// the penalised logits, or the keyed draw at position `hist.len()`);
-    /// with [`DraftAsk::conf`] (greedy) its softmax probability under the
-    /// penalised logits.
+    /// the penalised logits, or the keyed draw at position `hist.len()`),
+    /// among the tokens its constraint allows ([`choose`]); with
+    /// [`DraftAsk::conf`] (greedy) its softmax probability under the
+    /// penalised (and masked) logits.
     pub fn step(
         &mut self,
         feed: &[u32],
@@ -344,8 +465,8 @@ impl<'m> DraftModel<'m> {
         ask: DraftAsk,
     ) -> Result<Drafted> {
         let pos = self.cache.len();
-        let logits = self.model.forward_last(feed, pos, &mut self.cache)?;
-        let token = next_token(params, &logits, hist);
+        let mut logits = self.model.forward_last(feed, pos, &mut self.cache)?;
+        let token = choose(params, &mut logits, hist, self.guide.as_deref_mut())?;
         let conf = (ask.conf && params.is_greedy())
             .then(|| token_prob(&adjusted_logits(params, &logits, hist), token));
         let logprobs = ask
@@ -423,6 +544,8 @@ pub struct TargetVerifier<'m> {
     model: &'m Model,
     cache: KvCache,
     params: SamplingParams,
+    /// The target's own constraint (structured output).
+    guide: Option<Box<dyn OutputConstraint>>,
 }
 
 impl<'m> TargetVerifier<'m> {
@@ -433,7 +556,21 @@ impl<'m> TargetVerifier<'m> {
             model,
             cache: model.new_cache(),
             params,
+            guide: None,
         }
+    }
+
+    /// Judges under `guide` (its own constraint on the output: every choice
+    /// is among the tokens it allows, [`masked_verdict`]).
+    pub fn with_guide(mut self, guide: Option<Box<dyn OutputConstraint>>) -> Self {
+        self.guide = guide;
+        self
+    }
+
+    /// The target's token after `ctx` from `logits` (its prefill's last
+    /// row), under its constraint.
+    pub fn choose(&mut self, ctx: &[u32], mut logits: Vec<f32>) -> Result<u32> {
+        choose(&self.params, &mut logits, ctx, self.guide.as_deref_mut())
     }
 
     pub fn capacity(&self) -> usize {
@@ -460,7 +597,10 @@ impl BlockVerifier for TargetVerifier<'_> {
         input.push(last);
         input.extend_from_slice(block);
         let logits = self.model.forward(&input, base, &mut self.cache)?;
-        let v = verdict_from_logits(&self.params, ctx, block, &logits)?;
+        let v = match self.guide.as_deref_mut() {
+            Some(g) => masked_verdict(&self.params, ctx, block, &logits, g)?,
+            None => verdict_from_logits(&self.params, ctx, block, &logits)?,
+        };
         // The cache keeps [.., last, d1..dn].
         self.cache.truncate(base + 1 + v.accepted);
         Ok(BlockVerdict {
@@ -512,7 +652,8 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
     ) -> Result<Self> {
         cfg.validate()?;
         let cfg = cfg.for_prompt(prompt.len());
-        let draft = DraftModel::new(draft, cfg.draft_kv);
+        let mut draft = DraftModel::new(draft, cfg.draft_kv);
+        draft.guide = DraftModel::guide_for(&cfg, prompt.len())?;
         let capacity = verifier_capacity.min(draft.cache.capacity());
         check_prompt(prompt, capacity)?;
         let mut index = NgramIndex::new();
@@ -606,7 +747,13 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
                 &mut self.stats,
                 &mut self.chooser,
             )?,
-            Source::Lookup => plan.lookup,
+            Source::Lookup => {
+                // Cut at the first token the grammar refuses.
+                let mut block = plan.lookup;
+                let n = self.draft.allowed(&self.ctx, &block)?;
+                block.truncate(n);
+                block
+            }
             Source::Nothing => Vec::new(),
         };
         let t = Instant::now();

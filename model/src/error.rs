@@ -39,6 +39,10 @@ pub enum ModelError {
     NoChatTemplate,
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// Structured output: a grammar that cannot be followed (a token it
+    /// refuses, or no token it allows), or one that does not compile.
+    #[error("grammar: {0}")]
+    Grammar(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

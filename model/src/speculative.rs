@@ -12,9 +12,8 @@
 //! logits for a position do not depend on the block they were computed in (see
 //! [`crate::qwen2`]).
 
-use crate::engine::{check_prompt, Emitter, SpecEngine, TargetVerifier};
+use crate::engine::{check_prompt, choose, DraftModel, Emitter, SpecEngine, TargetVerifier};
 use crate::kv_cache::KvPrecision;
-use crate::sampling::next_token;
 use crate::transformer::Model;
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
@@ -43,7 +42,9 @@ pub fn generate_single(
 }
 
 /// [`generate_single`] with the model's KV cache at `kv` (draft-only
-/// generation with [`GenerateConfig::draft_kv`]).
+/// generation with [`GenerateConfig::draft_kv`]). Under a grammar
+/// ([`GenerateConfig::grammar`]) each token is the model's choice among the
+/// tokens it allows: target-only, the reference output of structured output.
 pub fn generate_single_with(
     model: &Model,
     kv: KvPrecision,
@@ -62,10 +63,11 @@ pub fn generate_single_with(
     };
     let mut ctx = prompt.to_vec();
     let mut em = Emitter::new(prompt.len(), cfg.max_tokens, cache.capacity());
+    let mut guide = DraftModel::guide_for(cfg, prompt.len())?;
     let mut logits = model.forward_last(prompt, 0, &mut cache)?;
     stats.target_forwards += 1;
     while em.stop.is_none() {
-        let t = next_token(&cfg.sampling, &logits, &ctx);
+        let t = choose(&cfg.sampling, &mut logits, &ctx, guide.as_deref_mut())?;
         if !em.emit(&cfg.stop_tokens, &mut ctx, t, |_| on_token(t)) {
             break;
         }
@@ -100,12 +102,14 @@ pub fn generate_speculative(
     crate::pair::check_vocab(draft.config(), target.config()).map_err(|e| {
         ModelError::InvalidArgument(format!("the draft cannot pair with the target: {e}"))
     })?;
-    let mut target = TargetVerifier::new(target, cfg.sampling);
+    let mut target = TargetVerifier::new(target, cfg.sampling)
+        .with_guide(DraftModel::guide_for(cfg, prompt.len())?);
     let mut engine = SpecEngine::new(draft, prompt, cfg, target.capacity(), on_token)?;
     // The target's first token comes from its prefill.
     let logits = target.prefill(prompt)?;
     engine.stats_mut().target_forwards += 1;
-    engine.emit_verified(next_token(&cfg.sampling, &logits, prompt));
+    let first = target.choose(prompt, logits)?;
+    engine.emit_verified(first);
     while engine.stop().is_none() {
         engine.round(cfg.k, &mut target)?;
     }

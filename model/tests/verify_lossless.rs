@@ -12,10 +12,16 @@
 //! - **the target's distribution** (statistical): over the seeds, the first token is
 //!   chi-square-tested against p(· | empty) and the pair against p(e1) · p(e2 | e1).
 //!
+//! - **under a grammar** (structured output): proposals masked as the engine masks
+//!   them and verdicts by `engine::masked_verdict` give the target's own seeded
+//!   draws from its masked distribution, distributed as that distribution.
+//!
 //! The seeds are fixed, so the outcome is deterministic and cannot flake; the
 //! threshold is p > 1e-4. Negative controls show each check has the power to fail: a
 //! rule that accepts every drafted token breaks invariance, and a biased race
 //! (`-ln(u) / p²`) fails the chi-square.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod verify_support;
 
@@ -349,6 +355,176 @@ fn negative_control_a_biased_race_fails_the_chi_square() {
     }
     let c = chi_square(&first, &expected_first());
     assert!(c.p_value < ALPHA, "{c:?}");
+}
+
+// ---- under a grammar (structured output, docs/grammar.md) ----
+
+/// A toy grammar: after each prefix a context-dependent half of the
+/// vocabulary is allowed (always token 0 and at least one other). Stateless,
+/// so it also checks that the engine asks it about the right contexts.
+struct ToyGrammar;
+
+impl ToyGrammar {
+    fn allows(prefix: &[u32], t: u32) -> bool {
+        let h = prefix_hash(prefix).rotate_left(7);
+        t == 0 || t == 1 + (h % (V as u64 - 1)) as u32 || (h >> (t * 3)) & 1 == 1
+    }
+}
+
+impl tandem_model::engine::OutputConstraint for ToyGrammar {
+    fn mask(&mut self, context: &[u32], logits: &mut [f32]) -> tandem_model::Result<()> {
+        for (t, l) in logits.iter_mut().enumerate() {
+            if !Self::allows(context, t as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn allowed_prefix(&mut self, context: &[u32], tokens: &[u32]) -> tandem_model::Result<usize> {
+        let mut ctx = context.to_vec();
+        let mut n = 0;
+        for &t in tokens {
+            if !Self::allows(&ctx, t) {
+                break;
+            }
+            ctx.push(t);
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn masked(mut logits: Vec<f32>, prefix: &[u32]) -> Vec<f32> {
+    use tandem_model::engine::OutputConstraint;
+    ToyGrammar.mask(prefix, &mut logits).unwrap();
+    logits
+}
+
+/// The target's distribution under the toy grammar.
+fn p_masked(prefix: &[u32]) -> Distribution {
+    distribution(
+        &target_params(0),
+        &masked(target_logits(prefix), prefix),
+        &[],
+    )
+}
+
+/// The target alone under the grammar: `n` tokens for `seed`.
+fn target_alone_masked(seed: u64, n: usize) -> Vec<u32> {
+    let params = target_params(seed);
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut l = target_logits(&out);
+        let t = tandem_model::engine::choose(&params, &mut l, &out, Some(&mut ToyGrammar)).unwrap();
+        out.push(t);
+    }
+    out
+}
+
+/// Two tokens for `seed` under the grammar: proposals masked as the
+/// engine masks them (the draft's draw from its masked logits, lookup cut at
+/// the first refused token; an adversary's not at all), verdicts by
+/// `tandem_model::engine::masked_verdict`.
+fn speculative_masked(k: usize, proposal: Proposal, seed: u64) -> Vec<u32> {
+    use tandem_model::engine::OutputConstraint;
+    let params = target_params(seed);
+    let mut out: Vec<u32> = Vec::new();
+    while out.len() < 2 {
+        let mut ctx = out.clone();
+        let mut d = Vec::with_capacity(k);
+        for _ in 0..k {
+            let t = match proposal {
+                Proposal::DraftModel => {
+                    let mut l = draft_logits(&ctx);
+                    tandem_model::engine::choose(
+                        &draft_params(seed),
+                        &mut l,
+                        &ctx,
+                        Some(&mut ToyGrammar),
+                    )
+                    .unwrap()
+                }
+                other => propose(other, seed, &ctx),
+            };
+            d.push(t);
+            ctx.push(t);
+        }
+        if let Proposal::Lookup = proposal {
+            let n = ToyGrammar.allowed_prefix(&out, &d).unwrap();
+            d.truncate(n);
+        }
+        let logits: Vec<f32> = (0..=d.len())
+            .flat_map(|i| {
+                let mut pre = out.clone();
+                pre.extend_from_slice(&d[..i]);
+                target_logits(&pre)
+            })
+            .collect();
+        let v = tandem_model::engine::masked_verdict(&params, &out, &d, &logits, &mut ToyGrammar)
+            .unwrap();
+        out.extend(v.emitted(&d));
+    }
+    out.truncate(2);
+    out
+}
+
+#[test]
+fn under_a_grammar_every_proposal_gives_the_targets_own_masked_draws_distributed_as_masked_p() {
+    // The grammar matters: it forbids tokens the target would draw.
+    let p = p_of(&[]);
+    assert!((0..V as u32).any(|t| p.prob(t) > 0.0 && !ToyGrammar::allows(&[], t)));
+    let e1: Vec<f64> = {
+        let p = p_masked(&[]);
+        (0..V as u32).map(|t| p.prob(t) as f64).collect()
+    };
+    let e2: Vec<f64> = {
+        let p1 = p_masked(&[]);
+        let mut e = vec![0.0; V * V];
+        for a in 0..V as u32 {
+            let p2 = p_masked(&[a]);
+            for b in 0..V as u32 {
+                e[a as usize * V + b as usize] = p1.prob(a) as f64 * p2.prob(b) as f64;
+            }
+        }
+        let total: f64 = e.iter().sum();
+        e.iter().map(|x| x / total).collect()
+    };
+    for proposal in [
+        Proposal::DraftModel,
+        Proposal::Lookup,
+        Proposal::Adversarial,
+    ] {
+        for k in [1, 3] {
+            let (mut first, mut pair, mut differ) = (vec![0u64; V], vec![0u64; V * V], 0);
+            for seed in 0..DRAWS / 2 {
+                let out = speculative_masked(k, proposal, seed);
+                if out != target_alone_masked(seed, 2) {
+                    differ += 1;
+                }
+                assert!(ToyGrammar::allows(&[], out[0]) && ToyGrammar::allows(&out[..1], out[1]));
+                first[out[0] as usize] += 1;
+                pair[out[0] as usize * V + out[1] as usize] += 1;
+            }
+            let (c1, c2) = (chi_square(&first, &e1), chi_square(&pair, &e2));
+            println!(
+                "masked {proposal:?} k={k}: first p={:.4}, pair p={:.4}",
+                c1.p_value, c2.p_value
+            );
+            assert_eq!(
+                differ, 0,
+                "{proposal:?} k={k}: outputs differ from the target's own"
+            );
+            assert!(
+                c1.p_value > ALPHA,
+                "{proposal:?} k={k}: first not ~ masked p: {c1:?}"
+            );
+            assert!(
+                c2.p_value > ALPHA,
+                "{proposal:?} k={k}: pair not ~ masked p: {c2:?}"
+            );
+        }
+    }
 }
 
 // ---- the statistics themselves ----

@@ -72,7 +72,7 @@ struct Asked {
     top_logprobs: Option<usize>,
     grammar: Option<tandem_proto::v1::Grammar>,
     /// `grammar` compiled for the session's context ([`grammar_for`]).
-    constraint: Option<tandem_grammar::Constraint>,
+    constraint: Option<tandem_grammar::Guide>,
 }
 
 /// `Open.grammar`: not with split sessions (their verdicts are not computed
@@ -94,7 +94,7 @@ async fn compile_grammar(
     s: &VerifierState,
     g: &tandem_proto::v1::Grammar,
     ctx: &[u32],
-) -> Result<tandem_grammar::Constraint, Refusal> {
+) -> Result<tandem_grammar::Guide, Refusal> {
     let bad = |m: String| Refusal::new(Reason::BadRequest, format!("grammar: {m}"));
     let start = usize::try_from(g.output_start)
         .ok()
@@ -109,15 +109,14 @@ async fn compile_grammar(
     let spec =
         tandem_grammar::GrammarSpec::from_wire(&g.kind, &g.text).map_err(|e| bad(e.to_string()))?;
     let vocab = s.grammar_vocab().await?;
-    let mut c = tandem_grammar::Constraint::new(&vocab, &spec).map_err(|e| bad(e.to_string()))?;
-    for (i, &t) in ctx[start..].iter().enumerate() {
-        c.accept(t).map_err(|e| {
-            bad(format!(
-                "output token {i} (context position {}): {e}",
-                start + i
-            ))
-        })?;
-    }
+    let mut c = tandem_grammar::Guide::new(&vocab, &spec, start).map_err(|e| bad(e.to_string()))?;
+    c.sync(ctx).map_err(|e| match e {
+        tandem_grammar::GrammarError::RefusedAt { index, token } => bad(format!(
+            "output token {index} (context position {}): token {token} is not allowed by the grammar here",
+            start + index
+        )),
+        e => bad(e.to_string()),
+    })?;
     Ok(c)
 }
 
@@ -126,7 +125,7 @@ async fn grammar_for(
     s: &VerifierState,
     asked: &Asked,
     ctx: &[u32],
-) -> Result<Option<tandem_grammar::Constraint>, Refusal> {
+) -> Result<Option<tandem_grammar::Guide>, Refusal> {
     match &asked.grammar {
         Some(g) => compile_grammar(s, g, ctx).await.map(Some),
         None => Ok(None),

@@ -64,12 +64,20 @@ pub async fn resume(
     r: Resume,
 ) -> Result<ServerMessage, Refusal> {
     s.check_context(&r.context_tokens)?;
-    let g = CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(crate::state::store_refusal)?;
+    let mut g =
+        CheckedOut::take(&s.store, &b.id, who, b.epoch).map_err(crate::state::store_refusal)?;
     if g.split.is_some() {
         return Err(Refusal::new(
             Reason::BadRequest,
             "Resume is not supported in split sessions: open a new session with the context's hidden states",
         ));
+    }
+    if let Some(c) = g.grammar.as_mut() {
+        // Structured output: the new context's output must be one the
+        // grammar allows (checked before any work; refused, the session is
+        // checked back in as it was). The constraint follows it from here.
+        c.sync(&r.context_tokens)
+            .map_err(|e| Refusal::new(Reason::BadRequest, format!("grammar: {e}")))?;
     }
     let (lent, st) = g.lend();
     let (st, res) = resync(s, who, &b.id, st, &r.context_tokens).await;

@@ -37,6 +37,7 @@
 
 mod call_scan;
 pub mod error;
+pub mod format;
 mod guard;
 pub mod logprobs;
 pub mod metrics;

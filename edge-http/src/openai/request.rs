@@ -15,6 +15,7 @@ use tandem_model::sampling::SamplingParams;
 use tandem_model::tokenizer::{ChatMessage, Role};
 
 use super::error::ApiError;
+use super::format::{self, OutputFormat};
 use super::tools::{self, Tools};
 
 /// What to generate from.
@@ -93,6 +94,10 @@ pub struct GenRequest {
     /// Chat: the declared tools and how they may be called (`None`: no
     /// tools).
     pub tools: Option<Tools>,
+    /// Structured output (`response_format`; docs/api.md): what the output
+    /// is constrained to. A forced tool call's arguments get theirs in the
+    /// worker (`format::forced_call`).
+    pub format: Option<OutputFormat>,
     /// Fields the server did not know and ignored (top level by name, in a
     /// message as `messages[i].name`), sorted per object; empty with
     /// [`Limits::strict`], which refuses them.
@@ -175,6 +180,8 @@ const COMPLETION_FIELDS: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
     "user",
+    // An extension here (as in vLLM): structured output.
+    "response_format",
 ];
 
 /// llama.cpp's `/infill` fields (its names, plus the OpenAI ones `common`
@@ -597,6 +604,7 @@ fn common(
         anonymous_scope: None,
         stop,
         tools: None,
+        format: None,
         ignored,
     })
 }
@@ -738,12 +746,22 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let tools = tools::parse_tools(&o)?;
     only_default(&o, "functions", "functions (function calling)", empty)?;
     only_default(&o, "function_call", "function_call", |v| v == "none")?;
-    only_default(
-        &o,
-        "response_format",
-        "a response_format other than text",
-        |v| v.get("type").and_then(Value::as_str) == Some("text"),
-    )?;
+    let format = format::response_format(&o)?;
+    if format.is_some()
+        && tools.as_ref().is_some_and(|t| {
+            matches!(
+                t.choice,
+                tools::ToolChoice::Required | tools::ToolChoice::Function(_)
+            )
+        })
+    {
+        return Err(ApiError::invalid(
+            "`response_format` cannot be combined with a forced tool call (`tool_choice` \
+             \"required\" or a named function): the call's arguments follow the function's \
+             parameter schema",
+            Some("response_format"),
+        ));
+    }
     only_default(&o, "modalities", "modalities other than text", |v| {
         v.as_array().is_some_and(|a| a.iter().all(|m| m == "text"))
     })?;
@@ -760,6 +778,7 @@ pub fn parse_chat(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiError> {
     let mut r = common(&o, lim, Input::Chat(msgs), max, ignored)?;
     r.logprobs = logprobs;
     r.tools = tools;
+    r.format = format;
     Ok(r)
 }
 
@@ -810,8 +829,10 @@ pub fn parse_completion(body: &[u8], lim: &Limits) -> Result<GenRequest, ApiErro
         Some(_) => return Err(type_error("suffix", "a string")),
     };
     let max = get_u64(&o, "max_tokens")?;
+    let format = format::response_format(&o)?;
     let mut r = common(&o, lim, input, max, ignored)?;
     r.logprobs = logprobs;
+    r.format = format;
     Ok(r)
 }
 
@@ -1044,10 +1065,16 @@ mod tests {
         // Known but unsupported stays a 400 in lenient mode.
         let mut b =
             serde_json::json!({"model":"tandem","messages":[{"role":"user","content":"hi"}]});
-        b["response_format"] = serde_json::json!({"type": "json_object"});
+        b["response_format"] = serde_json::json!({"type": "xml"});
         let e = parse_chat(b.to_string().as_bytes(), &lenient).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("response_format"), "{e:?}");
+        assert_eq!(e.param.as_deref(), Some("response_format.type"), "{e:?}");
         assert_eq!(e.code, Some("unsupported_parameter"));
+        b["response_format"] = serde_json::json!({"type": "json_object"});
+        let r = parse_chat(b.to_string().as_bytes(), &lenient).unwrap();
+        assert_eq!(
+            r.format.map(|f| f.spec),
+            Some(tandem_grammar::GrammarSpec::JsonObject)
+        );
         let b = serde_json::json!({"model":"tandem","messages":[{"role":"assistant","content":"",
             "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]});
         let r = parse_chat(b.to_string().as_bytes(), &lenient).unwrap();

@@ -142,15 +142,10 @@ fn tool_def(i: usize, v: &Value) -> Result<(String, Value), ApiError> {
             ))
         }
     }
+    // A forced call's arguments always follow the parameter schema
+    // (`super::format::forced_call`); `strict` changes nothing else.
     match f.get("strict") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(Value::Bool(true)) => {
-            return Err(ApiError::unsupported(
-                &format!("{param}.function.strict"),
-                "strict function schemas (arguments are not constrained by the schema yet: that \
-                 needs grammars)",
-            ))
-        }
+        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
         Some(_) => return Err(type_error(&format!("{param}.function.strict"), "a boolean")),
     }
     let def = serde_json::json!({"type": "function", "function": Value::Object(function)});
@@ -463,7 +458,7 @@ mod tests {
                 "tools[0].function.parameters",
             ),
             (
-                json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}),
+                json!({"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]}),
                 "tools[0].function.strict",
             ),
             (

@@ -27,12 +27,14 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::call_scan::{CallScan, Piece};
 use super::error::ApiError;
+use super::format::{forced_call, OutputFormat};
 use super::metrics::{ServeCounters, ServeMetrics};
 use super::request::{GenRequest, Input};
 use super::tools::CallFormat;
 use tandem_edge::context_policy::{fit_chat_cancellable, ContextError};
 use tandem_edge::{EdgeEvent, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus};
 use tandem_edge::{RoutedDecision, RoutedRuntime, Routing, Turn};
+use tandem_grammar::{Grammar, GrammarVocab};
 
 /// What a job reports, in order: `Started`, then `Delta`/`Checked`, then
 /// `Done` — or `Failed` at any point.
@@ -148,6 +150,10 @@ struct Shared {
     /// The last job number handed out.
     seq: AtomicU64,
     routed: bool,
+    /// The tokenizer's grammar vocabulary (structured output), built on the
+    /// first request that asks for a format (about half a second for a
+    /// 151k-token vocabulary) and shared by the slots (one model).
+    grammar_vocab: std::sync::OnceLock<Result<GrammarVocab, String>>,
 }
 
 impl Worker {
@@ -177,6 +183,7 @@ impl Worker {
             metrics: metrics.clone(),
             seq: AtomicU64::new(0),
             routed,
+            grammar_vocab: std::sync::OnceLock::new(),
         });
         let worker = Self {
             tx: Mutex::new(Some(tx)),
@@ -287,6 +294,7 @@ fn run_slot(mut rt: RoutedRuntime, slot: usize, shared: &Shared) {
             seq,
             slot,
             shutdown: &shared.shutdown,
+            grammar_vocab: &shared.grammar_vocab,
         };
         let (outcome, last) = run_job(&mut rt, &tok, &job, &ctx);
         if let Some(Event::Done(d)) = &last {
@@ -322,6 +330,36 @@ struct JobCtx<'a> {
     seq: u64,
     slot: usize,
     shutdown: &'a AtomicBool,
+    grammar_vocab: &'a std::sync::OnceLock<Result<GrammarVocab, String>>,
+}
+
+/// The request's output format compiled against the tokenizer: its
+/// response_format, or a forced call's arguments' schema. A grammar that
+/// does not compile (or is too large) is a 400 naming its parameter.
+fn output_grammar(
+    tok: &Tokenizer,
+    vocab: &std::sync::OnceLock<Result<GrammarVocab, String>>,
+    format: Option<OutputFormat>,
+) -> Result<Option<Arc<dyn tandem_model::engine::OutputGrammar>>, ApiError> {
+    let Some(f) = format else {
+        return Ok(None);
+    };
+    let vocab = vocab
+        .get_or_init(|| GrammarVocab::new(tok).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| {
+            ApiError::invalid(
+                format!("structured output is not available with this model's tokenizer: {e}"),
+                Some(f.param),
+            )
+        })?;
+    match Grammar::new(vocab, f.spec) {
+        Ok(g) => Ok(Some(g.into_config())),
+        Err(e) => Err(ApiError::invalid(
+            format!("{}: {e}", f.param),
+            Some(f.param),
+        )),
+    }
 }
 
 enum Outcome {
@@ -647,6 +685,15 @@ fn run_job(
         }
         calls = Some(scan);
     }
+    // Structured output: the response_format, or a forced call's arguments.
+    let format = match (req.tools.as_ref().filter(|t| t.parses_calls()), format) {
+        (Some(t), Some(f)) => forced_call(f, t).or_else(|| req.format.clone()),
+        _ => req.format.clone(),
+    };
+    let grammar = match output_grammar(tok, ctx.grammar_vocab, format) {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
     let several = req.tools.as_ref().is_none_or(|t| t.allows_several_calls());
     let mut out = Emitter::new(calls, several, seq, req.logprobs.is_some());
     let gen = GenerateConfig {
@@ -660,6 +707,7 @@ fn run_job(
         } else {
             tok.chat_stop_tokens()
         },
+        grammar,
         ..GenerateConfig::default()
     };
     if let Err(e) = gen.validate() {

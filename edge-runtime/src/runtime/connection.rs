@@ -97,6 +97,9 @@ pub(crate) struct Opening {
     /// The sampling the session was opened with, and its logprobs.
     pub(super) sampling: pb::SamplingParams,
     pub(super) top_logprobs: Option<u32>,
+    /// It carries a grammar (never adopted: its output starts at another
+    /// generation's prompt).
+    pub(super) grammar: bool,
     /// The affinity key of its stream, and its first round number.
     pub(super) session_key: String,
     pub(super) first_round: u64,
@@ -306,6 +309,7 @@ impl Connection<'_> {
             prompt_tokens: run.ctx[..upto].to_vec(),
             sampling: Some(to_pb_sampling(&run.gen.sampling)),
             top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
+            grammar: wire_grammar(run.gen, run.prompt_len),
             resume_session_id: self.session_id.clone(),
             first_round: self.round,
             ..pb::Open::default()
@@ -460,7 +464,9 @@ impl Connection<'_> {
     /// affinity; the kept conversation session (if any) is not continued.
     pub(super) fn adopt(&mut self, op: Opening, gen: &tandem_model::speculative::GenerateConfig) {
         let same = op.sampling == to_pb_sampling(&gen.sampling)
-            && op.top_logprobs == wire_top_logprobs(gen.top_logprobs);
+            && op.top_logprobs == wire_top_logprobs(gen.top_logprobs)
+            && !op.grammar
+            && gen.grammar.is_none();
         if !same || !self.codec.tokens_only() {
             op.abandon();
             return;
@@ -498,6 +504,7 @@ impl Connection<'_> {
             context: run.ctx[..upto].to_vec(),
             sampling: to_pb_sampling(&run.gen.sampling),
             top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
+            grammar: run.gen.grammar.is_some(),
             session_key: self.session_key.clone(),
             first_round: self.round,
         });
@@ -738,7 +745,28 @@ pub(super) fn check_features(
             "the verifier does not return logprobs (an older version): upgrade it, or generate without them".into(),
         ));
     }
+    if gen.grammar.is_some() && !has(tandem_proto::FEATURE_GRAMMAR) {
+        return Err(EdgeError::Protocol(
+            "the verifier does not constrain its choices to a grammar (structured output; an older version): upgrade it, or generate without response_format".into(),
+        ));
+    }
     Ok(())
+}
+
+/// `Open.grammar` of a generation whose output starts at context position
+/// `output_start` (the verifier replays what follows it).
+pub(super) fn wire_grammar(
+    gen: &tandem_model::speculative::GenerateConfig,
+    output_start: usize,
+) -> Option<pb::Grammar> {
+    gen.grammar.as_ref().map(|g| {
+        let (kind, text) = g.wire();
+        pb::Grammar {
+            kind: kind.to_string(),
+            text,
+            output_start: output_start as u64,
+        }
+    })
 }
 
 /// `Open.top_logprobs` of a generation asking for `top` alternatives.

@@ -171,10 +171,14 @@ impl<'a, 'b> Generation<'a, 'b> {
         };
         cache.truncate(reuse);
         let stop = Emitter::new(prompt.len(), gen.max_tokens, capacity).stop;
+        // Structured output: the draft's own constraint masks every token it
+        // drafts, provisional and local ones included.
+        let guide = DraftModel::guide_for(gen, prompt.len())?;
         Ok(Self {
             draft: DraftModel {
                 model: draft,
                 cache,
+                guide,
             },
             gen,
             prompt_len: prompt.len(),

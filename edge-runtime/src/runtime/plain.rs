@@ -48,7 +48,13 @@ pub(super) fn round(
             (block, draft_ms)
         }
         // The draft model does not run (it catches up when it is needed).
-        Source::Lookup => (plan.lookup, 0.0),
+        // Under a grammar, cut at the first token it refuses.
+        Source::Lookup => {
+            let mut block = plan.lookup;
+            let n = run.draft.allowed(&run.ctx, &block)?;
+            block.truncate(n);
+            (block, 0.0)
+        }
         // No proposal: the verifier's next token (k = 0).
         Source::Nothing => (Vec::new(), 0.0),
     };

@@ -87,6 +87,19 @@ public final class TandemRuntimeCheck {
             });
             System.out.println(name + " " + hex(t.toString()));
         }
+        // Structured output: the answer follows the response format; one
+        // that does not compile is refused before anything runs.
+        StringBuilder yn = new StringBuilder();
+        rt.generate(first, 8, Sampling.GREEDY.withResponseFormat(
+                "{\"type\": \"grammar\", \"syntax\": \"regex\", \"definition\": \"(yes|no)\"}"),
+                (piece, status) -> {
+                    yn.append(piece);
+                    return true;
+                });
+        System.out.println("format_regex " + yn);
+        System.out.println("bad_format " + thrown(() -> rt.generate(first, 8,
+                Sampling.GREEDY.withResponseFormat("{\"type\": \"grammar\", \"syntax\": "
+                        + "\"regex\", \"definition\": \"(unclosed\"}"), null)));
         String[] turns = {first, second};
         for (int i = 0; i < turns.length; i++) {
             final int turn = i + 1;

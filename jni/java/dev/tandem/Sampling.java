@@ -17,7 +17,7 @@ package dev.tandem;
  */
 public final class Sampling {
     /** Greedy, no penalties: the defaults. */
-    public static final Sampling GREEDY = new Sampling(0f, 0, 1f, 1f, 0f, 0f, 0L);
+    public static final Sampling GREEDY = new Sampling(0f, 0, 1f, 1f, 0f, 0f, 0L, null);
 
     /** 0: greedy; else the softmax temperature. */
     public final float temperature;
@@ -32,9 +32,18 @@ public final class Sampling {
     public final float frequencyPenalty;
     /** The same seed, prompt and settings give the same tokens (an unsigned 64-bit value). */
     public final long seed;
+    /**
+     * Structured output: an OpenAI {@code response_format} object as JSON text
+     * ({@code {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}},
+     * {@code {"type": "json_object"}}, or {@code {"type": "grammar", "syntax":
+     * "lark"|"regex", "definition": ...}}); null: none. Every token then
+     * follows it; one that does not parse or compile is refused before
+     * anything runs.
+     */
+    public final String responseFormat;
 
     private Sampling(float temperature, int topK, float topP, float repetitionPenalty,
-            float presencePenalty, float frequencyPenalty, long seed) {
+            float presencePenalty, float frequencyPenalty, long seed, String responseFormat) {
         this.temperature = temperature;
         this.topK = topK;
         this.topP = topP;
@@ -42,37 +51,44 @@ public final class Sampling {
         this.presencePenalty = presencePenalty;
         this.frequencyPenalty = frequencyPenalty;
         this.seed = seed;
+        this.responseFormat = responseFormat;
     }
 
     public Sampling withTemperature(float v) {
-        return new Sampling(v, topK, topP, repetitionPenalty, presencePenalty, frequencyPenalty, seed);
+        return new Sampling(v, topK, topP, repetitionPenalty, presencePenalty, frequencyPenalty, seed, responseFormat);
     }
 
     public Sampling withTopK(int v) {
         if (v < 0) {
             throw new IllegalArgumentException("topK must be >= 0, got " + v);
         }
-        return new Sampling(temperature, v, topP, repetitionPenalty, presencePenalty, frequencyPenalty, seed);
+        return new Sampling(temperature, v, topP, repetitionPenalty, presencePenalty, frequencyPenalty, seed, responseFormat);
     }
 
     public Sampling withTopP(float v) {
-        return new Sampling(temperature, topK, v, repetitionPenalty, presencePenalty, frequencyPenalty, seed);
+        return new Sampling(temperature, topK, v, repetitionPenalty, presencePenalty, frequencyPenalty, seed, responseFormat);
     }
 
     public Sampling withRepetitionPenalty(float v) {
-        return new Sampling(temperature, topK, topP, v, presencePenalty, frequencyPenalty, seed);
+        return new Sampling(temperature, topK, topP, v, presencePenalty, frequencyPenalty, seed, responseFormat);
     }
 
     public Sampling withPresencePenalty(float v) {
-        return new Sampling(temperature, topK, topP, repetitionPenalty, v, frequencyPenalty, seed);
+        return new Sampling(temperature, topK, topP, repetitionPenalty, v, frequencyPenalty, seed, responseFormat);
     }
 
     public Sampling withFrequencyPenalty(float v) {
-        return new Sampling(temperature, topK, topP, repetitionPenalty, presencePenalty, v, seed);
+        return new Sampling(temperature, topK, topP, repetitionPenalty, presencePenalty, v, seed, responseFormat);
     }
 
     public Sampling withSeed(long v) {
-        return new Sampling(temperature, topK, topP, repetitionPenalty, presencePenalty, frequencyPenalty, v);
+        return new Sampling(temperature, topK, topP, repetitionPenalty, presencePenalty, frequencyPenalty, v, responseFormat);
+    }
+
+    /** This sampling with the response format {@code json} (null: none). */
+    public Sampling withResponseFormat(String json) {
+        return new Sampling(temperature, topK, topP, repetitionPenalty, presencePenalty,
+                frequencyPenalty, seed, json);
     }
 
     /** The float fields in the order the native library reads them. */
@@ -89,6 +105,7 @@ public final class Sampling {
     public String toString() {
         return "temperature=" + temperature + " top_k=" + topK + " top_p=" + topP
                 + " repetition_penalty=" + repetitionPenalty + " presence_penalty=" + presencePenalty
-                + " frequency_penalty=" + frequencyPenalty + " seed=" + Long.toUnsignedString(seed);
+                + " frequency_penalty=" + frequencyPenalty + " seed=" + Long.toUnsignedString(seed)
+                + (responseFormat == null ? "" : " response_format=" + responseFormat);
     }
 }

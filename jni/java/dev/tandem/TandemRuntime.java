@@ -100,8 +100,8 @@ public final class TandemRuntime implements AutoCloseable {
             long[] counts = new long[Stats.COUNTS];
             double[] times = new double[Stats.TIMES];
             Sink sink = callback == null ? null : new Sink(callback);
-            nativeGenerate(h, prompt, maxTokens, floats(sampling), longs(sampling), sink, counts,
-                    times);
+            nativeGenerate(h, prompt, maxTokens, floats(sampling), longs(sampling),
+                    format(sampling), sink, counts, times);
             return new Stats(counts, times);
         } finally {
             lock.readLock().unlock();
@@ -131,7 +131,7 @@ public final class TandemRuntime implements AutoCloseable {
             double[] times = new double[Stats.TIMES];
             Sink sink = callback == null ? null : new Sink(callback);
             nativeConversationSend(h, conversation, message, maxTokens, floats(sampling),
-                    longs(sampling), sink, counts, times);
+                    longs(sampling), format(sampling), sink, counts, times);
             return new Stats(counts, times);
         } finally {
             lock.readLock().unlock();
@@ -272,6 +272,10 @@ public final class TandemRuntime implements AutoCloseable {
         return s == null ? null : s.longs();
     }
 
+    private static String format(Sampling s) {
+        return s == null ? null : s.responseFormat;
+    }
+
     private long open() {
         if (handle == 0) {
             throw new IllegalStateException("TandemRuntime is closed");
@@ -296,13 +300,14 @@ public final class TandemRuntime implements AutoCloseable {
     private static native long nativeNew(String configPath, String modelsDir);
 
     private static native void nativeGenerate(long handle, String prompt, int maxTokens,
-            float[] samplingFloats, long[] samplingLongs, Sink sink, long[] counts, double[] times);
+            float[] samplingFloats, long[] samplingLongs, String responseFormat, Sink sink,
+            long[] counts, double[] times);
 
     private static native long nativeConversationNew(long handle);
 
     private static native void nativeConversationSend(long handle, long conversation,
-            String message, int maxTokens, float[] samplingFloats, long[] samplingLongs, Sink sink,
-            long[] counts, double[] times);
+            String message, int maxTokens, float[] samplingFloats, long[] samplingLongs,
+            String responseFormat, Sink sink, long[] counts, double[] times);
 
     private static native void nativeConversationFree(long handle, long conversation);
 
