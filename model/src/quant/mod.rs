@@ -351,6 +351,8 @@ mod x86_avx2_formats;
 mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512_formats;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512_gemm;
 
 use act::{Act, ActKind};
 
@@ -596,6 +598,26 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     Some(env.unwrap_or(default))
 }
 
+/// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`]
+/// for the formats it delegates) runs Q4_0/Q5_0/Q8_0 and Q4_1/Q5_1 weights
+/// on the GEMM path (each panel of weight rows unpacked once for all rows;
+/// docs/model-core.md "GEMM path"). Results are identical either way; the
+/// threshold is a speed choice, measured there.
+pub const GEMM_MIN_ROWS: usize = 16;
+
+/// [`GEMM_MIN_ROWS`], or `TANDEM_GEMM_MIN_ROWS` if set (a tuning knob for
+/// benchmarks; it cannot change a result).
+#[cfg(target_arch = "x86_64")]
+fn gemm_min_rows() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("TANDEM_GEMM_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(GEMM_MIN_ROWS)
+    })
+}
+
 /// Below this many weight bytes × rows, a call runs on the calling thread.
 const SERIAL_WORK: usize = 64 * 1024;
 /// Target weight bytes per parallel chunk (fits in L2 with the activations).
@@ -688,6 +710,10 @@ pub fn matmul_shared_with_isa(
             if x86_avx2::needs_bsum4(isa, key.0, m) {
                 act.prepare_bsum4();
             }
+            #[cfg(target_arch = "x86_64")]
+            if key.0 == ActKind::Q8_1 && x86_avx512_gemm::applies(isa, w.format, m) {
+                act.qt = x86_avx512_gemm::regroup_act(&act);
+            }
             acts.push((key, act));
         }
     }
@@ -715,6 +741,9 @@ struct Job<'a> {
     f: RowFn,
     #[cfg(target_arch = "x86_64")]
     amx: Option<x86_amx::AmxAct>,
+    /// Whether the columns run on the GEMM path (`x86_avx512_gemm`).
+    #[cfg(target_arch = "x86_64")]
+    gemm: bool,
     /// Weight rows per parallel chunk.
     chunk: usize,
 }
@@ -747,6 +776,8 @@ impl<'a> Job<'a> {
             out: OutPtr(out.as_mut_ptr()),
             f: row_fn(isa, w.format),
             #[cfg(target_arch = "x86_64")]
+            gemm: amx.is_none() && x86_avx512_gemm::applies(isa, w.format, m),
+            #[cfg(target_arch = "x86_64")]
             amx,
             chunk: chunk.next_multiple_of(align),
         }
@@ -763,6 +794,14 @@ impl<'a> Job<'a> {
     /// Output columns (weight rows) `j0..j1`.
     fn run(&self, j0: usize, j1: usize) {
         let (w, act, m, out, rows) = (self.w, self.act, self.m, self.out, self.w.rows);
+        #[cfg(target_arch = "x86_64")]
+        if self.gemm {
+            // SAFETY: `applies` checked the ISA (available: the caller) and
+            // the format; the act was built for it (Q8_1: `qt` regrouped by
+            // the same `applies`); j0..j1 are this task's columns.
+            unsafe { x86_avx512_gemm::run(w, act, j0, j1, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         let j0 = match &self.amx {
             Some(amx) => {
