@@ -411,82 +411,117 @@ unsafe fn min_tile<const R: usize>(
     res: &mut [[f32; NR]; MR],
 ) {
     let mut acc = [[_mm512_setzero_ps(); NR]; R];
-    let (xq, wq) = (act.qt.as_ptr(), p.q.as_ptr());
-    let ng = g.count();
-    for gi in 0..ng {
-        let (n, gsize) = g.group(gi);
-        let base = gi * GROUP_BYTES;
-        let mut s = [[_mm512_setzero_si512(); NR]; R];
-        // SAFETY: the vectors read are inside each row's `stride` bytes.
-        unsafe {
-            if gsize == GB {
-                for v in 0..GB / 2 {
-                    let o = base + 64 * v;
-                    let x: [__m512i; R] = std::array::from_fn(|r| {
-                        _mm512_loadu_si512(xq.add((t0 + r) * g.stride + o).cast())
-                    });
-                    let wv: [__m512i; NR] = std::array::from_fn(|c| {
-                        _mm512_loadu_si512(wq.add(c * g.stride + o).cast())
-                    });
-                    for r in 0..R {
-                        for c in 0..NR {
-                            s[r][c] = _mm512_dpbusd_epi32(s[r][c], wv[c], x[r]);
-                        }
-                    }
-                }
-            } else {
-                for v in 0..gsize / 2 {
-                    let o = base + 64 * v;
-                    let x: [__m512i; R] = std::array::from_fn(|r| {
-                        _mm512_loadu_si512(xq.add((t0 + r) * g.stride + o).cast())
-                    });
-                    let wv: [__m512i; NR] = std::array::from_fn(|c| {
-                        _mm512_loadu_si512(wq.add(c * g.stride + o).cast())
-                    });
-                    for r in 0..R {
-                        for c in 0..NR {
-                            s[r][c] = _mm512_dpbusd_epi32(s[r][c], wv[c], x[r]);
-                        }
-                    }
-                }
-                for s in s.iter_mut().flatten() {
-                    *s = fold_lanes(*s, gsize);
-                }
-            }
+    // SAFETY (all calls): groups < g.count(); the caller's contract.
+    unsafe {
+        for gi in 0..g.full {
+            let s = group_sums::<R, { GB / 2 }>(act, g, t0, p, gi);
+            min_step::<R>(act, g, t0, p, gi, GB, &s, &mut acc);
         }
-        // min_group's float step, block b = 16·gi + lane.
-        let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
-        let b = gi * GB;
-        let dmp = p.dm.as_ptr();
-        // SAFETY: the panel holds ng groups of 2·16 floats per row.
-        let (dw, mw): ([__m512; NR], [__m512; NR]) = unsafe {
-            (
-                std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB))),
-                std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB + GB))),
-            )
-        };
-        for r in 0..R {
-            let at = (t0 + r) * act.nb + b;
-            // SAFETY: blocks b..b + n of row t0 + r (the mask reads no more).
-            let (dx, xs) = unsafe {
-                (
-                    _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at)),
-                    _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at)),
-                )
+        if g.tail > 0 {
+            let gi = g.full;
+            let s = match g.tg {
+                2 => fold_all::<R>(group_sums::<R, 1>(act, g, t0, p, gi), 2),
+                4 => fold_all::<R>(group_sums::<R, 2>(act, g, t0, p, gi), 4),
+                8 => fold_all::<R>(group_sums::<R, 4>(act, g, t0, p, gi), 8),
+                _ => group_sums::<R, { GB / 2 }>(act, g, t0, p, gi),
             };
-            for c in 0..NR {
-                let sf = _mm512_cvtepi32_ps(s[r][c]);
-                let pv = _mm512_add_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(dw[c], dx), sf),
-                    _mm512_mul_ps(mw[c], xs),
-                );
-                acc[r][c] = _mm512_mask_add_ps(acc[r][c], k, acc[r][c], pv);
-            }
+            min_step::<R>(act, g, t0, p, gi, g.tail, &s, &mut acc);
         }
     }
     for r in 0..R {
         for c in 0..NR {
             res[r][c] = reduce16(acc[r][c]);
+        }
+    }
+}
+
+/// [`fold_lanes`] of every sum.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_all<const R: usize>(s: [[__m512i; NR]; R], gsize: usize) -> [[__m512i; NR]; R] {
+    s.map(|row| row.map(|v| fold_lanes(v, gsize)))
+}
+
+/// The `V` vectors of group `gi` × rows `t0..t0 + R` × the panel's rows:
+/// per pair one accumulator of exact lanes.
+///
+/// # Safety
+/// As [`min_tile`]; `gi < g.count()`, `V` its vectors.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn group_sums<const R: usize, const V: usize>(
+    act: &Act,
+    g: &Groups,
+    t0: usize,
+    p: &MinPanel,
+    gi: usize,
+) -> [[__m512i; NR]; R] {
+    let (xq, wq) = (act.qt.as_ptr(), p.q.as_ptr());
+    let base = gi * GROUP_BYTES;
+    let mut s = [[_mm512_setzero_si512(); NR]; R];
+    for v in 0..V {
+        let o = base + 64 * v;
+        // SAFETY: the vectors read are inside each row's `stride` bytes.
+        let (x, wv): ([__m512i; R], [__m512i; NR]) = unsafe {
+            (
+                std::array::from_fn(|r| _mm512_loadu_si512(xq.add((t0 + r) * g.stride + o).cast())),
+                std::array::from_fn(|c| _mm512_loadu_si512(wq.add(c * g.stride + o).cast())),
+            )
+        };
+        for r in 0..R {
+            for c in 0..NR {
+                s[r][c] = _mm512_dpbusd_epi32(s[r][c], wv[c], x[r]);
+            }
+        }
+    }
+    s
+}
+
+/// `min_group`'s float step for group `gi` (its first `n` blocks as lanes
+/// 0..n): `acc += (dw·dx)·s + mw·xs`.
+///
+/// # Safety
+/// As [`min_tile`]; `gi < g.count()` has `n` blocks.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn min_step<const R: usize>(
+    act: &Act,
+    g: &Groups,
+    t0: usize,
+    p: &MinPanel,
+    gi: usize,
+    n: usize,
+    s: &[[__m512i; NR]; R],
+    acc: &mut [[__m512; NR]; R],
+) {
+    let ng = g.count();
+    let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
+    let b = gi * GB;
+    let dmp = p.dm.as_ptr();
+    // SAFETY: the panel holds ng groups of 2·16 floats per row.
+    let (dw, mw): ([__m512; NR], [__m512; NR]) = unsafe {
+        (
+            std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB))),
+            std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB + GB))),
+        )
+    };
+    for r in 0..R {
+        let at = (t0 + r) * act.nb + b;
+        // SAFETY: blocks b..b + n of row t0 + r (the mask reads no more).
+        let (dx, xs) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at)),
+                _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at)),
+            )
+        };
+        for c in 0..NR {
+            let sf = _mm512_cvtepi32_ps(s[r][c]);
+            let pv = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(dw[c], dx), sf),
+                _mm512_mul_ps(mw[c], xs),
+            );
+            acc[r][c] = _mm512_mask_add_ps(acc[r][c], k, acc[r][c], pv);
         }
     }
 }
