@@ -234,12 +234,13 @@ struct MinPanel {
     dm: Vec<f32>,
 }
 
-/// Per-lane gather offsets and shifts that build vector `v` of a group of
+/// Per-lane word indices and shifts that build vector `v` of a group of
 /// `gsize` lanes per vector straight from Q4_1/Q5_1 blocks (`FIVE`): lane
 /// L takes word `d = (L / gsize)·(gsize / 2) + v` of block `i = L % gsize`,
 /// i.e. the low (d < 4) or high nibbles of `qs` word `d % 4` and, for
-/// Q5_1, bits `4d..4d + 4` of `qh`. Returns (qs offsets, nibble shifts,
-/// qh offsets, qh shifts).
+/// Q5_1, bits `4d..4d + 4` of `qh`. Returns (indices of the `qs` words in
+/// the group's 32-bit words, nibble shifts, indices of the `qh` words, qh
+/// shifts).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn lane_index<const FIVE: bool>(gsize: usize, v: usize) -> [__m512i; 4] {
@@ -247,9 +248,9 @@ fn lane_index<const FIVE: bool>(gsize: usize, v: usize) -> [__m512i; 4] {
     let mut a = [[0i32; 16]; 4];
     for l in 0..16 {
         let (i, d) = (l % gsize, (l / gsize) * (gsize / 2) + v);
-        a[0][l] = (i * bsz + qoff + 4 * (d % 4)) as i32;
+        a[0][l] = ((i * bsz + qoff) / 4 + d % 4) as i32;
         a[1][l] = if d < 4 { 0 } else { 4 };
-        a[2][l] = (i * bsz + 4) as i32;
+        a[2][l] = ((i * bsz + 4) / 4) as i32;
         a[3][l] = 4 * d as i32;
     }
     // SAFETY: 64 bytes from each [i32; 16].
@@ -265,13 +266,29 @@ const fn min_block_bytes<const FIVE: bool>() -> usize {
     }
 }
 
+/// Lane l = 32-bit word `idx[l]` of `src` (words 0..96; lanes outside `k`:
+/// zero), for words below `32·pairs` (two vectors per pair): a permute per
+/// pair of vectors instead of a gather (far slower on AMD's Zen 4).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn select(src: &[__m512i; 6], pairs: usize, idx: __m512i, k: __mmask16) -> __m512i {
+    let hi = _mm512_srli_epi32::<5>(idx);
+    let mut out = _mm512_setzero_si512();
+    for p in 0..pairs {
+        let t = _mm512_permutex2var_epi32(src[2 * p], idx, src[2 * p + 1]);
+        let m = _mm512_mask_cmpeq_epi32_mask(k, hi, _mm512_set1_epi32(p as i32));
+        out = _mm512_mask_mov_epi32(out, m, t);
+    }
+    out
+}
+
 /// The lanes of a group of `gsize` lanes per vector whose block is one of
 /// the group's `n`.
 fn lane_mask(n: usize, gsize: usize) -> __mmask16 {
     (0..16).filter(|l| l % gsize < n).fold(0, |k, l| k | 1 << l)
 }
 
-/// Unpack weight rows `j..j + nr` into `p` with gathers from the blocks
+/// Unpack weight rows `j..j + nr` into `p` with permutes of the blocks
 /// (`idx`: [`lane_index`] of a full group's 8 vectors, then of the partial
 /// group's). Rows from `nr` on are left as they were.
 ///
@@ -290,11 +307,10 @@ unsafe fn min_panel<const FIVE: bool>(
 ) {
     let bsz = min_block_bytes::<FIVE>();
     let ng = g.count();
-    let z = _mm512_setzero_si512();
     let lo4 = _mm512_set1_epi8(0x0F);
-    let block_offs = _mm512_mullo_epi32(
+    let block_words = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(bsz as i32),
+        _mm512_set1_epi32(bsz as i32 / 4),
     );
     for c in 0..nr {
         let wrow = w.row_data(j + c).as_ptr();
@@ -302,17 +318,28 @@ unsafe fn min_panel<const FIVE: bool>(
             let (n, gsize) = g.group(gi);
             let k = lane_mask(n, gsize);
             let first = if gi < g.full { 0 } else { GB / 2 };
-            // SAFETY: the masked lanes read words inside the group's blocks
-            // (blocks 16·gi + i, i < n ≤ 16, of this row); the stores are
-            // inside the panel (NR rows of `stride`, ng groups of 2·16).
+            // SAFETY: the masked loads read the group's n blocks of this
+            // row only; the stores are inside the panel (NR rows of
+            // `stride`, ng groups of 2·16 floats).
             unsafe {
                 let base = wrow.add(gi * GB * bsz);
+                let bytes = n * bsz;
+                let src: [__m512i; 6] = std::array::from_fn(|r| {
+                    let left = bytes.saturating_sub(64 * r).min(64);
+                    let kb: __mmask64 = if left == 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << left) - 1
+                    };
+                    _mm512_maskz_loadu_epi8(kb, base.add(64 * r).cast())
+                });
+                let pairs = bytes.div_ceil(128);
                 for v in 0..gsize / 2 {
                     let [qo, sh, ho, hs] = idx[first + v];
-                    let q = _mm512_mask_i32gather_epi32::<1>(z, k, qo, base.cast());
+                    let q = select(&src, pairs, qo, k);
                     let mut u = _mm512_and_si512(_mm512_srlv_epi32(q, sh), lo4);
                     if FIVE {
-                        let h = _mm512_mask_i32gather_epi32::<1>(z, k, ho, base.cast());
+                        let h = select(&src, pairs, ho, k);
                         let bits =
                             _mm512_and_si512(_mm512_srlv_epi32(h, hs), _mm512_set1_epi32(0xF));
                         // bit b of the 4 → bit 4 of byte b
@@ -325,9 +352,9 @@ unsafe fn min_panel<const FIVE: bool>(
                     let o = c * g.stride + gi * GROUP_BYTES + 64 * v;
                     _mm512_storeu_si512(p.q.as_mut_ptr().add(o).cast(), u);
                 }
-                // A block starts with d then m: one gather lane each.
+                // A block starts with d then m: one word, one lane each.
                 let kb: __mmask16 = (u32::MAX >> (32 - n)) as u16;
-                let dm = _mm512_mask_i32gather_epi32::<1>(z, kb, block_offs, base.cast());
+                let dm = select(&src, pairs, block_words, kb);
                 let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
                 let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
                 let o = (c * ng + gi) * 2 * GB;
