@@ -235,6 +235,8 @@ fn synthetic(
         !matches!(f, QuantFormat::Q4K | QuantFormat::F32)
             && only.is_none_or(|o| format!("{f:?}").contains(o))
     }));
+    // A width that is not whole blocks of a format (576: not K-quants) skips it.
+    formats.retain(|f| f.row_bytes(cols).is_ok());
     println!(
         "{:<6} {:>11} {:>10} {:>3} | {:<10} {:>10} {:>8} {:>7} {:>8} | {:>10} {:>7}",
         "format",

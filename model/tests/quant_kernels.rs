@@ -8,6 +8,7 @@ mod quant_common;
 use quant_common::*;
 use tandem_model::quant::{
     matmul, matmul_shared_with_isa, matmul_with_isa, Isa, QMatrix, QuantFormat, GEMM_MIN_ROWS,
+    GEMM_MIN_ROWS_OFFSET,
 };
 
 fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
@@ -430,19 +431,19 @@ fn the_expected_simd_paths_are_available_and_tested() {
     }
 }
 
-/// The large-m GEMM path (AVX-512 VNNI: Q4_0/Q5_0/Q8_0 and Q4_1/Q5_1 from
-/// [`GEMM_MIN_ROWS`] rows; every other path and format runs its row
-/// kernels here, also checked): one row below the threshold (the row
-/// kernels), the threshold, one above, row counts that are not a multiple
-/// of the micro-kernel's 2 or 4 rows, and a prefill's 128; rows of 1 to 48
+/// The large-m GEMM path (AVX-512 VNNI: Q4_0/Q5_0/Q8_0 from
+/// [`GEMM_MIN_ROWS`] rows, Q4_1/Q5_1 from [`GEMM_MIN_ROWS_OFFSET`]; every
+/// other path and format runs its row kernels here, also checked): one row
+/// below each threshold (the row kernels), the threshold, one above, odd
+/// row counts (the micro-kernels take 2 rows at a time), and a prefill's 128; rows of 1 to 48
 /// blocks (the Q4_1/Q5_1 layout's full groups of 16 and partial groups
 /// of every size, G = 2, 4, 8, 16; odd counts leave Q4_0/Q5_0/Q8_0 a lone
 /// last block); 37 weight rows (panels of 4 and a partial one) split by
 /// 1 and 2 threads. Bit for bit against the scalar reference.
 #[test]
 fn the_gemm_path_matches_the_scalar_reference_at_and_past_its_threshold() {
-    let t = GEMM_MIN_ROWS;
-    let ms = [t - 1, t, t + 1, t + 3, 2 * t + 5, 128];
+    let (t, u) = (GEMM_MIN_ROWS, GEMM_MIN_ROWS_OFFSET);
+    let ms = [t - 1, t, t + 1, u - 1, u, u + 1, 17, 37, 128];
     let rows = 37;
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()

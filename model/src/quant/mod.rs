@@ -598,23 +598,30 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     Some(env.unwrap_or(default))
 }
 
-/// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`]
-/// for the formats it delegates) runs Q4_0/Q5_0/Q8_0 and Q4_1/Q5_1 weights
-/// on the GEMM path (each panel of weight rows unpacked once for all rows;
+/// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`],
+/// which delegates these formats) runs Q4_0/Q5_0/Q8_0 weights on the GEMM
+/// path (each panel of weight rows unpacked once for all rows;
 /// docs/model-core.md "GEMM path"). Results are identical either way; the
 /// threshold is a speed choice, measured there.
-pub const GEMM_MIN_ROWS: usize = 16;
+pub const GEMM_MIN_ROWS: usize = 2;
+/// As [`GEMM_MIN_ROWS`], for Q4_1/Q5_1 weights (their row kernels take 4
+/// rows in one pass, and the GEMM panels cost more to build).
+pub const GEMM_MIN_ROWS_OFFSET: usize = 5;
 
-/// [`GEMM_MIN_ROWS`], or `TANDEM_GEMM_MIN_ROWS` if set (a tuning knob for
-/// benchmarks; it cannot change a result).
+/// The GEMM threshold for `format` ([`GEMM_MIN_ROWS`] or
+/// [`GEMM_MIN_ROWS_OFFSET`]), or `TANDEM_GEMM_MIN_ROWS` if set (a tuning
+/// knob for benchmarks; it cannot change a result).
 #[cfg(target_arch = "x86_64")]
-fn gemm_min_rows() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
+fn gemm_min_rows(format: QuantFormat) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *V.get_or_init(|| {
         std::env::var("TANDEM_GEMM_MIN_ROWS")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(GEMM_MIN_ROWS)
+    });
+    env.unwrap_or(match format {
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => GEMM_MIN_ROWS_OFFSET,
+        _ => GEMM_MIN_ROWS,
     })
 }
 

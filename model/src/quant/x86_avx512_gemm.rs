@@ -162,7 +162,7 @@ pub(super) fn regroup_act(act: &Act) -> Vec<i8> {
 pub(super) fn applies(isa: super::Isa, format: QuantFormat, m: usize) -> bool {
     matches!(isa, super::Isa::Avx512Vnni | super::Isa::Amx)
         && handles(format)
-        && m >= super::gemm_min_rows()
+        && m >= super::gemm_min_rows(format)
 }
 
 /// Output columns (weight rows) `j0..j1` of `w` × every row of `act` into
