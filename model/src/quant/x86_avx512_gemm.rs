@@ -45,6 +45,8 @@ const NR: usize = 4;
 /// Activation rows per step of the Q4_0/Q5_0/Q8_0 kernel (two accumulators
 /// per row and weight row).
 const MR_LANE: usize = 2;
+/// Weight rows per panel of the Q4_0/Q5_0/Q8_0 kernel.
+const NL: usize = 4;
 
 /// Blocks per full group of the Q4_1/Q5_1 layout (= `combine::MIN_LANES`).
 const GB: usize = combine::MIN_LANES;
@@ -555,7 +557,7 @@ unsafe fn min_step<const R: usize>(
 
 // ------------------------------------------------------------ Q4_0/Q5_0/Q8_0
 
-/// A panel of up to [`NR`] Q4_0/Q5_0/Q8_0 weight rows: per row and block
+/// A panel of up to [`NL`] Q4_0/Q5_0/Q8_0 weight rows: per row and block
 /// pair, the unsigned values (64 bytes) and `[dw_b ×8, dw_b+1 ×8]`, as
 /// `x86_avx512::unpack_pair` gives them (a lone last block: zeros in the
 /// high half).
@@ -573,13 +575,13 @@ unsafe fn lane_run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
     let nb = act.nb;
     let np = nb.div_ceil(2);
     let mut p = LanePanel {
-        u: vec![_mm512_setzero_si512(); NR * np],
-        dw: vec![_mm512_setzero_ps(); NR * np],
+        u: vec![_mm512_setzero_si512(); NL * np],
+        dw: vec![_mm512_setzero_ps(); NL * np],
     };
     let mut j = j0;
     while j < j1 {
-        let nr = NR.min(j1 - j);
-        for c in 0..NR {
+        let nr = NL.min(j1 - j);
+        for c in 0..NL {
             for q in 0..np {
                 let (u, dw) = if c >= nr {
                     (_mm512_setzero_si512(), _mm512_setzero_ps())
@@ -595,11 +597,12 @@ unsafe fn lane_run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
         let mut t = 0;
         while t < act.m {
             let mr = MR_LANE.min(act.m - t);
-            let mut res = [[0f32; NR]; MR_LANE];
-            // SAFETY: rows t..t + mr < m; the panel has NR rows.
+            let mut res = [[0f32; NL]; MR_LANE];
+            // SAFETY: rows t..t + mr < m; the panel has NL rows.
             unsafe {
                 match mr {
                     1 => lane_tile::<1>(act, t, &p, &mut res),
+                    2 => lane_tile::<2>(act, t, &p, &mut res),
                     _ => lane_tile::<MR_LANE>(act, t, &p, &mut res),
                 }
                 store(&res, mr, nr, out, w.rows, t, j);
@@ -610,7 +613,7 @@ unsafe fn lane_run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
     }
 }
 
-/// Activation rows `t0..t0 + R` × the panel's [`NR`] rows: `group_rows`
+/// Activation rows `t0..t0 + R` × the panel's [`NL`] rows: `group_rows`
 /// for each pair, with the weights from the panel.
 ///
 /// # Safety
@@ -621,11 +624,11 @@ unsafe fn lane_tile<const R: usize>(
     act: &Act,
     t0: usize,
     p: &LanePanel,
-    res: &mut [[f32; NR]; MR_LANE],
+    res: &mut [[f32; NL]; MR_LANE],
 ) {
     let np = act.nb.div_ceil(2);
-    let mut a0 = [[_mm512_setzero_ps(); NR]; R];
-    let mut a1 = [[_mm512_setzero_ps(); NR]; R];
+    let mut a0 = [[_mm512_setzero_ps(); NL]; R];
+    let mut a1 = [[_mm512_setzero_ps(); NL]; R];
     let mut q = 0;
     // SAFETY (all calls): pairs q < np; the caller's contract.
     unsafe {
@@ -639,7 +642,7 @@ unsafe fn lane_tile<const R: usize>(
         }
     }
     for r in 0..R {
-        for c in 0..NR {
+        for c in 0..NL {
             // combine::reduce_group: (set0 + set2) + (set1 + set3), then reduce8.
             res[r][c] = reduce16(_mm512_add_ps(a0[r][c], a1[r][c]));
         }
@@ -658,7 +661,7 @@ unsafe fn lane_pair<const R: usize>(
     t0: usize,
     p: &LanePanel,
     q: usize,
-    acc: &mut [[__m512; NR]; R],
+    acc: &mut [[__m512; NL]; R],
 ) {
     let (nb, cols) = (act.nb, act.cols);
     let np = nb.div_ceil(2);
@@ -684,7 +687,7 @@ unsafe fn lane_pair<const R: usize>(
             cr[r] = _mm512_maskz_loadu_epi32(k, corr.add((row * cols + b * QK) / 4).cast());
         }
     }
-    for c in 0..NR {
+    for c in 0..NL {
         let (u, dw) = (p.u[c * np + q], p.dw[c * np + q]);
         for r in 0..R {
             // Σ4 u·x − off·Σ4 x = Σ4 w·x (group_pair)
