@@ -46,10 +46,16 @@
 //!
 //! Which ISA has kernels for which format (the others run the scalar
 //! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32
-//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AMX — tiles for Q4_K/Q6_K
-//! from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every other format
-//! and row count delegates to the AVX-512 VNNI kernels; NEON and NEON
-//! dotprod — every quantized format (BF16 and F32/F16 on the scalar dot).
+//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AVX-512 VNNI also has a
+//! large-m "GEMM" path for Q4_0/Q5_0/Q8_0 (from [`GEMM_MIN_ROWS`] rows) and
+//! Q4_1/Q5_1 (from [`GEMM_MIN_ROWS_OFFSET`]): a panel of weight rows
+//! unpacked once and used for every activation row of the call, same
+//! integer sums per the units above and the same float steps
+//! (`x86_avx512_gemm`, docs/model-core.md "GEMM path"); AMX — tiles for
+//! Q4_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every
+//! other format and row count delegates to the AVX-512 VNNI kernels (GEMM
+//! path included); NEON and NEON dotprod — every quantized format (BF16 and
+//! F32/F16 on the scalar dot).
 //!
 //! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
 //! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
@@ -61,14 +67,17 @@
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
 //! `x86_avx512_formats` hold the Q4_1/Q5_1 and F16/BF16 kernels (issue 28,
-//! docs/model-core.md "Formats").
+//! docs/model-core.md "Formats"); `x86_avx512_gemm` the large-m path.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
 //! block is used for up to [`TILE`] activation rows while it is in L1, so a
 //! verify block of k ≤ 24 tokens reads the weights from memory once (the
 //! AVX-512 kernels take the tile in passes of up to 8 rows with register
-//! accumulators; the weight row is in L1 for the later passes).
+//! accumulators; the weight row is in L1 for the later passes). On the GEMM
+//! path a chunk is taken 4 weight rows at a time, unpacked once, times all
+//! `m` activation rows (2 at a time), so the weights are read once whatever
+//! `m` is.
 
 // Index loops mirror ggml's block layouts (offsets like 32c + 4l + k) and are
 // clearer than iterator chains here.
@@ -603,10 +612,12 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
 /// path (each panel of weight rows unpacked once for all rows;
 /// docs/model-core.md "GEMM path"). Results are identical either way; the
 /// threshold is a speed choice, measured there.
-pub const GEMM_MIN_ROWS: usize = 2;
-/// As [`GEMM_MIN_ROWS`], for Q4_1/Q5_1 weights (their row kernels take 4
-/// rows in one pass, and the GEMM panels cost more to build).
-pub const GEMM_MIN_ROWS_OFFSET: usize = 5;
+pub const GEMM_MIN_ROWS: usize = 12;
+/// As [`GEMM_MIN_ROWS`], for Q4_1/Q5_1 weights. Both thresholds are where
+/// the path wins on a matrix streamed from memory (8960×1536: the panel
+/// builder does not prefetch, the row kernels do); on matrices that stay
+/// in L2 it wins from 2 (Q4_0/Q5_0/Q8_0) and 5 (Q4_1/Q5_1) rows.
+pub const GEMM_MIN_ROWS_OFFSET: usize = 8;
 
 /// The GEMM threshold for `format` ([`GEMM_MIN_ROWS`] or
 /// [`GEMM_MIN_ROWS_OFFSET`]), or `TANDEM_GEMM_MIN_ROWS` if set (a tuning
