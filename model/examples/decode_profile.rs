@@ -1,6 +1,6 @@
 //! Where one decode step of a real model spends its time.
 //!
-//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target] [--steps N] [--ctx C] [--steps-only] [--only-k K [--pass-m K]]`
+//! `cargo run --release -p tandem-model --example decode_profile -- [draft|target|FILE.gguf] [--steps N] [--ctx C] [--steps-only] [--only-k K [--pass-m K]] [--prefill]`
 //!
 //! Loads the model once, prefills `C` tokens (default 128), then:
 //! - times `N` one-token decode steps (`forward` of 1 token, cache truncated
@@ -9,6 +9,9 @@
 //!   the layer's weights, summed over layers) and the output head, so the
 //!   remainder (attention, norms, RoPE, SiLU, embedding, allocation) is the
 //!   step time minus the matmuls.
+//!
+//! `--prefill` times only a prefill of `C` tokens (last-only logits from
+//! position 0, as `tandem bench` does).
 //!
 //! `--only-k K` times only a forward over K tokens (for a profiler); add
 //! `--pass-m K` to compare it with the matmuls of that forward (each matrix
@@ -64,12 +67,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps = num("--steps", 16);
     let ctx = num("--ctx", 128);
-    let role = match which {
-        "draft" => ModelRole::Draft,
-        "target" => ModelRole::Target,
-        other => return Err(format!("unknown model {other} (draft|target)").into()),
+    let path = match which {
+        "draft" => model_path(ModelRole::Draft),
+        "target" => model_path(ModelRole::Target),
+        other if other.ends_with(".gguf") => std::path::PathBuf::from(other),
+        other => return Err(format!("unknown model {other} (draft|target|FILE.gguf)").into()),
     };
-    let path = model_path(role);
     let model = Model::load(&path, LoadOptions::default())?;
     let cfg = model.config().clone();
     println!(
@@ -88,6 +91,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Whole steps.
     let prompt: Vec<u32> = (0..ctx as u32).map(|i| 1000 + i * 37 % 5000).collect();
     let mut cache = model.new_cache();
+    if args.iter().any(|a| a == "--prefill") {
+        // A prefill only (`tandem bench`'s: last-only logits from position 0).
+        let mut cpu = 0.0;
+        let wall = time_cpu(steps, &mut cpu, || {
+            cache.truncate(0);
+            let l = model.forward_last(&prompt, 0, &mut cache).expect("forward");
+            std::hint::black_box(l);
+        });
+        println!(
+            "prefill {ctx} tokens: {:.2} ms wall ({:.1} tok/s), {:.2} ms cpu",
+            wall * 1e3,
+            ctx as f64 / wall,
+            cpu * 1e3
+        );
+        return Ok(());
+    }
     model.forward_last(&prompt, 0, &mut cache)?;
     let mut step_k = |k: usize, reps: usize| -> (f64, f64) {
         let toks: Vec<u32> = (0..k as u32).map(|i| 2000 + i).collect();

@@ -22,7 +22,7 @@
 //! quantizers) into every GGUF format the kernels run, and each is timed on
 //! the same shape, with its weight bytes per second against Q4_K's in the
 //! same run (`vs Q4_K`: the per-format speed target is ≥ 0.90 at
-//! m = 1). docs/model-core.md, "Formats", has a run.
+//! m = 1); `--only` keeps the formats whose name contains SUBSTR (and Q4_K). docs/model-core.md, "Formats", has a run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -98,7 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let spec = args.get(p + 1).ok_or("--synthetic needs ROWSxCOLS")?;
         let (r, c) = spec.split_once('x').ok_or("--synthetic needs ROWSxCOLS")?;
         let shape = (r.trim().parse()?, c.trim().parse()?);
-        return synthetic(shape, &isas, &ms, min_time, cpu, candle);
+        return synthetic(shape, &isas, &ms, min_time, cpu, candle, only.as_deref());
     }
     let dir = models_dir();
     let plan: [(&str, &[&str]); 2] = [
@@ -216,6 +216,7 @@ fn synthetic(
     min_time: Duration,
     cpu: bool,
     candle: bool,
+    only: Option<&str>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut uniform = move || {
@@ -230,13 +231,14 @@ fn synthetic(
         .collect();
     let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
     let mut formats = vec![QuantFormat::Q4K];
-    formats.extend(
-        QuantFormat::GGUF
-            .into_iter()
-            .filter(|f| !matches!(f, QuantFormat::Q4K | QuantFormat::F32)),
-    );
+    formats.extend(QuantFormat::GGUF.into_iter().filter(|f| {
+        !matches!(f, QuantFormat::Q4K | QuantFormat::F32)
+            && only.is_none_or(|o| format!("{f:?}").contains(o))
+    }));
+    // A width that is not whole blocks of a format (576: not K-quants) skips it.
+    formats.retain(|f| f.row_bytes(cols).is_ok());
     println!(
-        "{:<6} {:>11} {:>10} {:>3} | {:<10} {:>10} {:>8} {:>8} | {:>10} {:>7}",
+        "{:<6} {:>11} {:>10} {:>3} | {:<10} {:>10} {:>8} {:>7} {:>8} | {:>10} {:>7}",
         "format",
         "rows x cols",
         "MB",
@@ -244,6 +246,7 @@ fn synthetic(
         "isa",
         "us/call",
         "GB/s",
+        "G/s",
         "vs Q4_K",
         "candle us",
         "speedup"
@@ -282,7 +285,7 @@ fn synthetic(
                     f64::NAN
                 };
                 println!(
-                    "{:<6} {:>11} {:>10.2} {:>3} | {:<10} {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>6.2}x",
+                    "{:<6} {:>11} {:>10.2} {:>3} | {:<10} {:>10.1} {:>8.2} {:>7.1} {:>8.2} | {:>10.1} {:>6.2}x",
                     format!("{f:?}"),
                     format!("{rows}x{cols}"),
                     w.data.len() as f64 / 1e6,
@@ -290,6 +293,7 @@ fn synthetic(
                     isa.name(),
                     secs * 1e6,
                     gbs,
+                    (rows * cols * m) as f64 / secs / 1e9,
                     gbs / q4k,
                     tc * 1e6,
                     tc / secs

@@ -7,7 +7,8 @@ mod quant_common;
 
 use quant_common::*;
 use tandem_model::quant::{
-    matmul, matmul_shared_with_isa, matmul_with_isa, Isa, QMatrix, QuantFormat,
+    matmul, matmul_shared_with_isa, matmul_with_isa, Isa, QMatrix, QuantFormat, GEMM_MIN_ROWS,
+    GEMM_MIN_ROWS_OFFSET,
 };
 
 fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
@@ -426,6 +427,64 @@ fn the_expected_simd_paths_are_available_and_tested() {
                 *isa == Isa::Scalar || expected.contains(isa),
                 "{isa} available but not expected ({v})"
             );
+        }
+    }
+}
+
+/// The large-m GEMM path (AVX-512 VNNI: Q4_0/Q5_0/Q8_0 from
+/// [`GEMM_MIN_ROWS`] rows, Q4_1/Q5_1 from [`GEMM_MIN_ROWS_OFFSET`]; every
+/// other path and format runs its row kernels here, also checked): one row
+/// below each threshold (the row kernels), the threshold, one above, odd
+/// row counts (the micro-kernels take 2 rows at a time), and a prefill's 128; rows of 1 to 48
+/// blocks (the Q4_1/Q5_1 layout's full groups of 16 and partial groups
+/// of every size, G = 2, 4, 8, 16; odd counts leave Q4_0/Q5_0/Q8_0 a lone
+/// last block); 37 weight rows (panels of 4 and a partial one) split by
+/// 1 and 2 threads. Bit for bit against the scalar reference.
+#[test]
+fn the_gemm_path_matches_the_scalar_reference_at_and_past_its_threshold() {
+    let (t, u) = (GEMM_MIN_ROWS, GEMM_MIN_ROWS_OFFSET);
+    let ms = [t - 1, t, t + 1, u - 1, u, u + 1, 17, 37, 128];
+    let rows = 37;
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for f in ALL_FORMATS {
+        let (unit, counts): (usize, &[usize]) = if act_block(f) == 256 {
+            (256, &[1, 3])
+        } else if is_ggml_quant(f) {
+            (
+                f.block_elems(),
+                &[
+                    1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 20, 25, 31, 32, 33, 48,
+                ],
+            )
+        } else {
+            (16, &[5])
+        };
+        for &nblocks in counts {
+            let cols = unit * nblocks;
+            let data = random_bytes_matrix(f, rows, cols, 300 + nblocks as u64);
+            let w = QMatrix::new(f, rows, cols, &data).unwrap();
+            let x = gauss_x(128, cols, 400 + nblocks as u64);
+            let expect = pools[0].install(|| run(Isa::Scalar, &w, &x, 128));
+            for isa in Isa::available() {
+                for &m in &ms {
+                    for (p, pool) in pools.iter().enumerate() {
+                        let got = pool.install(|| run(isa, &w, &x[..m * cols], m));
+                        assert_bits_eq(
+                            &got,
+                            &expect[..m * rows],
+                            &format!("{isa} {f:?} {nblocks} blocks m={m} threads={}", p + 1),
+                        );
+                    }
+                }
+            }
         }
     }
 }

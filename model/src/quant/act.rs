@@ -70,6 +70,13 @@ pub struct Act<'x> {
     /// 32-chunk `4h + 2q + k` of row `4g + r` (rows from `m` on: 0).
     #[cfg(target_arch = "x86_64")]
     pub bsum4: Vec<i16>,
+    /// Q8_1, built by the AVX-512 GEMM path (`x86_avx512_gemm`, large m):
+    /// the values of each row regrouped so that one 32-bit lane holds four
+    /// values of one block and a group of 16 blocks is 8 vectors of 16
+    /// lanes (lane i = block i), rows `x86_avx512_gemm::Groups::stride`
+    /// bytes apart. The same values, moved.
+    #[cfg(target_arch = "x86_64")]
+    pub qt: Vec<i8>,
 }
 
 impl<'x> Act<'x> {
@@ -94,6 +101,8 @@ impl<'x> Act<'x> {
             corr4: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             bsum4: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            qt: Vec::new(),
         };
         // Rows per parallel task: all of them (one task, the calling thread)
         // below `PARALLEL_VALUES`.

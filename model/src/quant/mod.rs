@@ -46,10 +46,16 @@
 //!
 //! Which ISA has kernels for which format (the others run the scalar
 //! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32
-//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AMX — tiles for Q4_K/Q6_K
-//! from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every other format
-//! and row count delegates to the AVX-512 VNNI kernels; NEON and NEON
-//! dotprod — every quantized format and F16/BF16 (F32 on the scalar dot).
+//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AVX-512 VNNI also has a
+//! large-m "GEMM" path for Q4_0/Q5_0/Q8_0 (from [`GEMM_MIN_ROWS`] rows) and
+//! Q4_1/Q5_1 (from [`GEMM_MIN_ROWS_OFFSET`]): a panel of weight rows
+//! unpacked once and used for every activation row of the call, same
+//! integer sums per the units above and the same float steps
+//! (`x86_avx512_gemm`, docs/model-core.md "GEMM path"); AMX — tiles for
+//! Q4_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every
+//! other format and row count delegates to the AVX-512 VNNI kernels (GEMM
+//! path included); NEON and NEON dotprod — every quantized format and
+//! F16/BF16 (F32 on the scalar dot).
 //!
 //! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
 //! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
@@ -61,14 +67,17 @@
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
 //! `x86_avx512_formats` hold the Q4_1/Q5_1 and F16/BF16 kernels (issue 28,
-//! docs/model-core.md "Formats").
+//! docs/model-core.md "Formats"); `x86_avx512_gemm` the large-m path.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
 //! block is used for up to [`TILE`] activation rows while it is in L1, so a
 //! verify block of k ≤ 24 tokens reads the weights from memory once (the
 //! AVX-512 kernels take the tile in passes of up to 8 rows with register
-//! accumulators; the weight row is in L1 for the later passes).
+//! accumulators; the weight row is in L1 for the later passes). On the GEMM
+//! path a chunk is taken 4 weight rows at a time, unpacked once, times all
+//! `m` activation rows (2 at a time), so the weights are read once whatever
+//! `m` is.
 
 // Index loops mirror ggml's block layouts (offsets like 32c + 4l + k) and are
 // clearer than iterator chains here.
@@ -351,6 +360,8 @@ mod x86_avx2_formats;
 mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512_formats;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512_gemm;
 
 use act::{Act, ActKind};
 
@@ -596,6 +607,35 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     Some(env.unwrap_or(default))
 }
 
+/// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`],
+/// which delegates these formats) runs Q4_0/Q5_0/Q8_0 weights on the GEMM
+/// path (each panel of weight rows unpacked once for all rows;
+/// docs/model-core.md "GEMM path"). Results are identical either way; the
+/// threshold is a speed choice, measured there.
+pub const GEMM_MIN_ROWS: usize = 12;
+/// As [`GEMM_MIN_ROWS`], for Q4_1/Q5_1 weights. Both thresholds are where
+/// the path wins on a matrix streamed from memory (8960×1536: the panel
+/// builder does not prefetch, the row kernels do); on matrices that stay
+/// in L2 it wins from 2 (Q4_0/Q5_0/Q8_0) and 5 (Q4_1/Q5_1) rows.
+pub const GEMM_MIN_ROWS_OFFSET: usize = 8;
+
+/// The GEMM threshold for `format` ([`GEMM_MIN_ROWS`] or
+/// [`GEMM_MIN_ROWS_OFFSET`]), or `TANDEM_GEMM_MIN_ROWS` if set (a tuning
+/// knob for benchmarks; it cannot change a result).
+#[cfg(target_arch = "x86_64")]
+fn gemm_min_rows(format: QuantFormat) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *V.get_or_init(|| {
+        std::env::var("TANDEM_GEMM_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    env.unwrap_or(match format {
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => GEMM_MIN_ROWS_OFFSET,
+        _ => GEMM_MIN_ROWS,
+    })
+}
+
 /// Below this many weight bytes × rows, a call runs on the calling thread.
 const SERIAL_WORK: usize = 64 * 1024;
 /// Target weight bytes per parallel chunk (fits in L2 with the activations).
@@ -688,6 +728,10 @@ pub fn matmul_shared_with_isa(
             if x86_avx2::needs_bsum4(isa, key.0, m) {
                 act.prepare_bsum4();
             }
+            #[cfg(target_arch = "x86_64")]
+            if key.0 == ActKind::Q8_1 && x86_avx512_gemm::applies(isa, w.format, m) {
+                act.qt = x86_avx512_gemm::regroup_act(&act);
+            }
             acts.push((key, act));
         }
     }
@@ -715,6 +759,9 @@ struct Job<'a> {
     f: RowFn,
     #[cfg(target_arch = "x86_64")]
     amx: Option<x86_amx::AmxAct>,
+    /// Whether the columns run on the GEMM path (`x86_avx512_gemm`).
+    #[cfg(target_arch = "x86_64")]
+    gemm: bool,
     /// Weight rows per parallel chunk.
     chunk: usize,
 }
@@ -747,6 +794,8 @@ impl<'a> Job<'a> {
             out: OutPtr(out.as_mut_ptr()),
             f: row_fn(isa, w.format),
             #[cfg(target_arch = "x86_64")]
+            gemm: amx.is_none() && x86_avx512_gemm::applies(isa, w.format, m),
+            #[cfg(target_arch = "x86_64")]
             amx,
             chunk: chunk.next_multiple_of(align),
         }
@@ -763,6 +812,14 @@ impl<'a> Job<'a> {
     /// Output columns (weight rows) `j0..j1`.
     fn run(&self, j0: usize, j1: usize) {
         let (w, act, m, out, rows) = (self.w, self.act, self.m, self.out, self.w.rows);
+        #[cfg(target_arch = "x86_64")]
+        if self.gemm {
+            // SAFETY: `applies` checked the ISA (available: the caller) and
+            // the format; the act was built for it (Q8_1: `qt` regrouped by
+            // the same `applies`); j0..j1 are this task's columns.
+            unsafe { x86_avx512_gemm::run(w, act, j0, j1, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         let j0 = match &self.amx {
             Some(amx) => {

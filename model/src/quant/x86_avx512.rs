@@ -187,7 +187,11 @@ pub(super) fn scales(da: [u8; 2], db: Option<[u8; 2]>) -> __m512 {
 /// else zeros) and their scales `[dw_b ×8, dw_b+1 ×8]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn unpack_pair<const TWO: bool>(format: QuantFormat, wrow: &[u8], b: usize) -> (__m512i, __m512) {
+pub(super) fn unpack_pair<const TWO: bool>(
+    format: QuantFormat,
+    wrow: &[u8],
+    b: usize,
+) -> (__m512i, __m512) {
     match format {
         QuantFormat::Q4_0 => {
             let blk = cast::<BlockQ4_0>(wrow);
