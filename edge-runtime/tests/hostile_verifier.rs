@@ -7,7 +7,7 @@
 // Tests may unwrap (helpers outside #[test] functions included).
 #![allow(clippy::unwrap_used)]
 mod common;
-use common::load;
+use common::{load, tiny_json_object_grammar};
 use std::sync::Arc;
 use tandem_edge::{EdgeConfig, EdgeError, EdgeEvent, EdgeRuntime};
 use tandem_model::sampling::SamplingParams;
@@ -239,17 +239,7 @@ fn a_verifier_that_does_not_announce_penalties_logprobs_or_grammars_is_refused_f
     // A grammar likewise (structured output): its verdicts would not be
     // masked.
     let dir = tempfile::tempdir().unwrap();
-    let with_tok = dir.path().join("tok.gguf");
-    let tiny = TinyConfig {
-        tokenizer: true,
-        ..TinyConfig::draft_like()
-    };
-    write_tiny_qwen2(&with_tok, &tiny).unwrap();
-    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(load(&with_tok).gguf()).unwrap();
-    let vocab = tandem_grammar::GrammarVocab::new(&tok).unwrap();
-    let g = tandem_grammar::Grammar::new(&vocab, tandem_grammar::GrammarSpec::JsonObject)
-        .unwrap()
-        .into_config();
+    let g = tiny_json_object_grammar(dir.path());
     let (r, streamed, _) = generate_with(Lie::None, 3, SamplingParams::default(), None, Some(g));
     match r {
         Err(EdgeError::Protocol(m)) => assert!(m.contains("grammar"), "{m}"),

@@ -6,6 +6,8 @@
 //! refused.
 
 #![allow(clippy::unwrap_used)]
+mod common;
+use common::{load, tiny_json_object_grammar};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,17 +16,13 @@ use tandem_edge::{EdgeConfig, EdgeRuntime, TokenStatus};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{generate_single, GenerateConfig};
 use tandem_model::testing::{write_tiny_qwen2, TinyConfig};
-use tandem_model::transformer::{LoadOptions, Model};
+use tandem_model::transformer::Model;
 use tandem_verifier::RunningVerifier;
 
 const TOKEN: &str = "split-test-token-0123456789";
 const FP: &str = "tiny-split-fingerprint";
 const PROMPT: &[u32] = &[5, 17, 42, 99, 3, 250, 7];
 const N_LAYER: usize = 4;
-
-fn load(p: &Path) -> Arc<Model> {
-    Arc::new(Model::load(p, LoadOptions::with_max_seq_len(512)).unwrap())
-}
 
 fn io_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -388,17 +386,7 @@ fn structured_output_is_refused_with_split_execution() {
     // before anything runs (no verifier is needed to see it).
     let m = setup();
     let dir = tempfile::tempdir().unwrap();
-    let with_tok = dir.path().join("tok.gguf");
-    let tiny = TinyConfig {
-        tokenizer: true,
-        ..TinyConfig::draft_like()
-    };
-    write_tiny_qwen2(&with_tok, &tiny).unwrap();
-    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(load(&with_tok).gguf()).unwrap();
-    let vocab = tandem_grammar::GrammarVocab::new(&tok).unwrap();
-    let g = tandem_grammar::Grammar::new(&vocab, tandem_grammar::GrammarSpec::JsonObject)
-        .unwrap()
-        .into_config();
+    let g = tiny_json_object_grammar(dir.path());
     let mut e = edge(
         "http://127.0.0.1:9",
         fixed(2, false),

@@ -95,6 +95,23 @@ pub fn tiny_edge(
 }
 
 /// A small I/O runtime for the in-process verifier.
+/// A JSON-object grammar over the vocabulary of a tiny model with a
+/// tokenizer (written to `dir`): the structured output that the refusal tests
+/// (no `grammar` feature, split execution) ask for.
+pub fn tiny_json_object_grammar(dir: &Path) -> Arc<dyn tandem_model::engine::OutputGrammar> {
+    let with_tok = dir.join("tok.gguf");
+    let tiny = TinyConfig {
+        tokenizer: true,
+        ..TinyConfig::draft_like()
+    };
+    write_tiny_qwen2(&with_tok, &tiny).unwrap();
+    let tok = tandem_model::tokenizer::Tokenizer::from_gguf(load(&with_tok).gguf()).unwrap();
+    let vocab = tandem_grammar::GrammarVocab::new(&tok).unwrap();
+    tandem_grammar::Grammar::new(&vocab, tandem_grammar::GrammarSpec::JsonObject)
+        .unwrap()
+        .into_config()
+}
+
 pub fn io_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
