@@ -11,7 +11,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{io_runtime, load, start_switchable_proxy, start_tiny_verifier, tiny_edge, FP};
+use common::{
+    io_runtime, load, outage_edge_config, start_switchable_proxy, start_tiny_verifier, tiny_edge,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -312,18 +314,7 @@ fn through_outage(
     let vrt = io_runtime();
     let v = start_tiny_verifier(&vrt, target, TOKEN);
     let (addr, silent) = start_switchable_proxy(&vrt, v.grpc_addr, Duration::from_millis(2));
-    let ecfg = EdgeConfig {
-        verifier_url: Some(format!("http://{addr}")),
-        token: Some(TOKEN.into()),
-        tokenizer_fingerprint: Some(FP.into()),
-        connect_timeout_ms: 500,
-        backoff_base_ms: 5,
-        backoff_max_ms: 20,
-        breaker_failures: 2,
-        probe_interval_ms: 20,
-        probe_timeout_ms: 300,
-        ..EdgeConfig::default()
-    };
+    let ecfg = outage_edge_config(addr, TOKEN);
     let mut edge = EdgeRuntime::builder(load(draft), ecfg).build().unwrap();
     let mut restorer = None;
     let g = edge

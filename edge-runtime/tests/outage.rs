@@ -10,8 +10,8 @@
 
 mod common;
 use common::{
-    greedy_predictions, io_runtime, load, predictions, start_switchable_proxy, start_tiny_verifier,
-    target_greedy, target_own, tiny_models, FP,
+    greedy_predictions, io_runtime, load, outage_edge_config, predictions, start_switchable_proxy,
+    start_tiny_verifier, target_greedy, target_own, tiny_models,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,17 +53,8 @@ fn generate_through_outage(
     let v = start_tiny_verifier(&vrt, target, TOKEN);
     let (addr, silent) = start_switchable_proxy(&vrt, v.grpc_addr, Duration::from_millis(2));
     let cfg = EdgeConfig {
-        verifier_url: Some(format!("http://{addr}")),
-        token: Some(TOKEN.into()),
-        tokenizer_fingerprint: Some(FP.into()),
-        connect_timeout_ms: 500,
-        backoff_base_ms: 5,
-        backoff_max_ms: 20,
-        breaker_failures: 2,
-        probe_interval_ms: 20,
-        probe_timeout_ms: 300,
         speculation: spec,
-        ..EdgeConfig::default()
+        ..outage_edge_config(addr, TOKEN)
     };
     assert_eq!(cfg.open_timeout_ms, 30_000);
     let mut edge = EdgeRuntime::builder(load(draft), cfg).build().unwrap();

@@ -112,6 +112,24 @@ pub fn tiny_json_object_grammar(dir: &Path) -> Arc<dyn tandem_model::engine::Out
         .into_config()
 }
 
+/// An edge config for outage tests through [`start_switchable_proxy`] at
+/// `addr`: short connect timeout and backoff, the breaker open after two
+/// failures, a fast health probe.
+pub fn outage_edge_config(addr: SocketAddr, token: &str) -> tandem_edge::EdgeConfig {
+    tandem_edge::EdgeConfig {
+        verifier_url: Some(format!("http://{addr}")),
+        token: Some(token.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        connect_timeout_ms: 500,
+        backoff_base_ms: 5,
+        backoff_max_ms: 20,
+        breaker_failures: 2,
+        probe_interval_ms: 20,
+        probe_timeout_ms: 300,
+        ..tandem_edge::EdgeConfig::default()
+    }
+}
+
 pub fn io_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
