@@ -185,7 +185,31 @@ impl ConversationCache {
         if !self.keeps(who) {
             return None;
         }
-        let key = match who {
+        match self.find(who, prompt).and_then(|k| self.entries.remove(&k)) {
+            Some(e) => {
+                self.stats.hits += 1;
+                Some(e.kept)
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Whether [`Self::take`] would find state for a request of `who` with
+    /// `prompt` (counts nothing).
+    pub fn holds_state_for(&self, who: Who<'_>, prompt: &[u32]) -> bool {
+        self.find(who, prompt).is_some()
+    }
+
+    /// The entry a request of `who` with `prompt` continues (see the module
+    /// doc, 1), if any.
+    fn find(&self, who: Who<'_>, prompt: &[u32]) -> Option<Key> {
+        if !self.keeps(who) {
+            return None;
+        }
+        match who {
             Who::Nobody => None,
             Who::Named(n) => {
                 Some(Key::Named(n.to_owned())).filter(|k| self.entries.contains_key(k))
@@ -204,16 +228,6 @@ impl ConversationCache {
                 .filter(|&(_, lcp, len)| lcp > 0 && lcp.saturating_mul(2) >= len)
                 .max_by_key(|&(_, lcp, _)| lcp)
                 .map(|(k, _, _)| k.clone()),
-        };
-        match key.and_then(|k| self.entries.remove(&k)) {
-            Some(e) => {
-                self.stats.hits += 1;
-                Some(e.kept)
-            }
-            None => {
-                self.stats.misses += 1;
-                None
-            }
         }
     }
 
@@ -325,6 +339,20 @@ mod tests {
         c.put(Who::Nobody, kept(&[7, 7], 2));
         assert_eq!(c.stats().entries, 1, "Nobody leaves nothing");
         assert!(c.take(ANON, &[1, 2, 3, 4, 5]).is_some());
+    }
+
+    #[test]
+    fn holds_state_for_answers_as_take_finds_and_counts_nothing() {
+        let mut c = cache(1 << 20);
+        c.put(ANON, kept(&[1, 2, 3, 4], 4));
+        c.put(Who::Named("a"), kept(&[1, 2], 2));
+        assert!(c.holds_state_for(ANON, &[1, 2, 3, 4, 5]));
+        assert!(!c.holds_state_for(ANON, &[1, 5, 5, 5, 5]));
+        assert!(c.holds_state_for(Who::Named("a"), &[9]));
+        assert!(!c.holds_state_for(Who::Named("b"), &[1, 2]));
+        assert!(!c.holds_state_for(Who::Nobody, &[1, 2, 3, 4]));
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (0, 0, 2));
     }
 
     #[test]

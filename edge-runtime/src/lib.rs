@@ -66,4 +66,4 @@ pub use runtime::{
     EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
     TokenStatus,
 };
-pub use second_opinion::{DraftOpinion, DraftOpinionError, Judgement};
+pub use second_opinion::{DraftOpinion, DraftOpinionError, JudgedPromptKv, Judgement};

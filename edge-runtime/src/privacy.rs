@@ -12,6 +12,12 @@
 //!   is made, not one byte of the conversation leaves the device;
 //! * `speculative`: the normal [`EdgeRuntime::generate`].
 //!
+//! When the rules are unsure the policy may ask the device's model
+//! ([`crate::DraftOpinion`]); its classification prompt starts with the same
+//! tokens as the generation's, so a turn decided local reuses that prompt's
+//! draft KV ([`EdgeRuntime::offer_draft_kv`]); a turn decided speculative
+//! drops it.
+//!
 //! **Stickiness.** A conversation routed local because of its content (a rule
 //! with `entities`/`categories`) stays local: (1) every call replays all the
 //! messages it is given through a fresh [`Conversation`], so a sensitive
@@ -39,12 +45,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde::Serialize;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
-use tandem_router::{Action, Conversation, Decision, RouteContext, Router, SecondOpinion};
+use tandem_router::{
+    Action, Conversation, Decision, Opinion, OpinionError, RouteContext, Router, SecondOpinion,
+};
 
 use crate::breaker::BreakerState;
+use crate::conversation::common_prefix;
 use crate::device::DeviceState;
 use crate::error::EdgeError;
 use crate::runtime::{EdgeEvent, EdgeGeneration, EdgeRuntime};
+use crate::second_opinion::JudgedPromptKv;
 
 /// Why a conversation went where it went. Holds no text.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -386,6 +396,30 @@ impl RoutedRuntime {
     /// count the decision in the router's stats, log it without text and pin
     /// the conversation if its content made it local. Opens nothing.
     pub fn route(&mut self, conversation_id: &str, messages: &[ChatMessage]) -> RoutedDecision {
+        self.route_keeping(conversation_id, messages, None).0
+    }
+
+    /// [`Self::route`]; with `prompt` (the generation's tokens), the second
+    /// opinion keeps the draft KV of whichever of its judgements shares the
+    /// longest prefix with `prompt`, and it is returned beside the decision.
+    fn route_keeping(
+        &mut self,
+        conversation_id: &str,
+        messages: &[ChatMessage],
+        prompt: Option<&[u32]>,
+    ) -> (RoutedDecision, Option<JudgedPromptKv>) {
+        let keeping = match (&self.opinion, prompt) {
+            (Some(opinion), Some(prompt)) => Some(KeepingOpinion {
+                opinion: opinion.as_ref(),
+                prompt,
+                best: Mutex::new(None),
+            }),
+            _ => None,
+        };
+        let opinion: Option<&dyn SecondOpinion> = match &keeping {
+            Some(k) => Some(k),
+            None => self.opinion.as_deref(),
+        };
         let ctx = self.route_context();
         let policy = self.router.policy();
         let policy_generation = self.router.generation();
@@ -394,7 +428,7 @@ impl RoutedRuntime {
         let mut last: Option<Decision> = None;
         let mut pin: Option<(usize, Decision)> = None;
         for (i, m) in messages.iter().enumerate() {
-            let d = conv.decide_with_opinion(&policy, &m.content, &ctx, self.opinion.as_deref());
+            let d = conv.decide_with_opinion(&policy, &m.content, &ctx, opinion);
             if pin.is_none() && conv.is_pinned_local() {
                 pin = Some((i, d.clone()));
             }
@@ -454,12 +488,13 @@ impl RoutedRuntime {
             decision = %decision,
             "routed"
         );
-        RoutedDecision {
+        let route = RoutedDecision {
             decision,
             message,
             context: ctx,
             policy_generation,
-        }
+        };
+        (route, keeping.and_then(KeepingOpinion::into_best))
     }
 
     /// Route the conversation, then answer its last message: locally with the
@@ -510,7 +545,10 @@ impl RoutedRuntime {
     /// generation is about to begin, then generate: with the draft alone
     /// ([`EdgeRuntime::generate_local_in`]) or speculatively
     /// ([`EdgeRuntime::generate_in`]), under [`Turn::state`], with the turn's
-    /// anonymous scope and cancel flag. `on_started` returns false to end
+    /// anonymous scope and cancel flag. A local generation after the router
+    /// asked its second opinion starts from the opinion's draft KV of the
+    /// text ([`EdgeRuntime::offer_draft_kv`]: the shared prompt prefix is not
+    /// prefilled again; the tokens are those of a fresh prefill). `on_started` returns false to end
     /// the turn without generating: `Ok(None)`. `on_event` returns false to
     /// cancel. An [ephemeral](Turn::ephemeral) id's pin is dropped right after
     /// the decision and its kept state when the turn ends, however it ends.
@@ -521,19 +559,32 @@ impl RoutedRuntime {
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<Option<RoutedTurn>, EdgeError> {
         self.runtime.set_anonymous_scope(turn.anonymous_scope);
-        let (route, action) = match turn.routing {
+        let (route, action, judged) = match turn.routing {
             Routing::Router => {
-                let r = self.route(turn.conversation_id, turn.messages);
+                let (r, judged) =
+                    self.route_keeping(turn.conversation_id, turn.messages, Some(turn.prompt));
                 let action = r.action();
-                (Some(r), action)
+                (Some(r), action, judged)
             }
-            Routing::Local => (None, Action::Local),
-            Routing::Speculative => (None, Action::Speculative),
+            Routing::Local => (None, Action::Local, None),
+            Routing::Speculative => (None, Action::Speculative, None),
         };
         if turn.ephemeral {
             self.unpin(turn.conversation_id);
         }
         let res = if on_started(route.as_ref()) {
+            if let (Action::Local, Some(judged)) = (action, judged) {
+                // The second opinion's KV of the text is the local
+                // generation's prompt prefix: not prefilled again.
+                let offered =
+                    self.runtime
+                        .offer_draft_kv(turn.state, turn.prompt, turn.gen, judged);
+                tracing::debug!(
+                    conversation = turn.conversation_id,
+                    positions = offered,
+                    "second opinion's draft KV offered to the local generation"
+                );
+            }
             self.runtime.set_cancel_flag(turn.cancel);
             let (state, prompt, gen) = (turn.state, turn.prompt, turn.gen);
             let res = match action {
@@ -558,6 +609,41 @@ impl RoutedRuntime {
             pins.map.remove(conversation_id);
             pins.save();
         }
+    }
+}
+
+/// The second opinion during one [`RoutedRuntime::turn`]: asks `opinion` to
+/// keep its work ([`SecondOpinion::judge_keeping`]) and holds the draft KV
+/// that shares the longest prefix with the generation's `prompt` (one at a
+/// time: each is a whole context's cache).
+struct KeepingOpinion<'a> {
+    opinion: &'a dyn SecondOpinion,
+    prompt: &'a [u32],
+    /// (shared prefix with `prompt`, the KV).
+    best: Mutex<Option<(usize, JudgedPromptKv)>>,
+}
+
+impl KeepingOpinion<'_> {
+    fn into_best(self) -> Option<JudgedPromptKv> {
+        let best = self
+            .best
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        best.map(|(_, kv)| kv)
+    }
+}
+
+impl SecondOpinion for KeepingOpinion<'_> {
+    fn judge(&self, text: &str) -> Result<Opinion, OpinionError> {
+        let (opinion, work) = self.opinion.judge_keeping(text)?;
+        if let Some(kv) = work.and_then(|w| w.downcast::<JudgedPromptKv>().ok()) {
+            let shared = common_prefix(&kv.tokens, self.prompt);
+            let mut best = self.best.lock().unwrap_or_else(PoisonError::into_inner);
+            if best.as_ref().is_none_or(|(s, _)| shared > *s) {
+                *best = Some((shared, *kv));
+            }
+        }
+        Ok(opinion)
     }
 }
 

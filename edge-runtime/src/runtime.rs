@@ -27,12 +27,15 @@ use crate::breaker::{lock, BreakerState, CircuitBreaker, OpenCost, RttTracker};
 use crate::client::{Connector, Counters};
 use crate::codec::{BlockCodec, TokenCodec};
 use crate::config::EdgeConfig;
-use crate::conversation::{ConversationCache, ConversationStats, KeptSession, Who};
+use crate::conversation::{
+    common_prefix, ConversationCache, ConversationStats, Kept, KeptSession, Who,
+};
 use crate::error::EdgeError;
 use crate::open_load::OpenLoad;
 pub use crate::report::{
     EdgeEvent, EdgeGeneration, EdgeStats, ProvisionalCheck, ProvisionalReport, TokenStatus,
 };
+use crate::second_opinion::JudgedPromptKv;
 use connection::{Connection, CLOSE_TIMEOUT};
 use generation::Generation;
 use round::{RoundKind, Rounds};
@@ -405,6 +408,55 @@ impl EdgeRuntime {
     /// What the conversation cache holds now.
     pub fn conversation_stats(&self) -> ConversationStats {
         kept(&self.conversations).stats()
+    }
+
+    /// Offers the second opinion's draft KV ([`JudgedPromptKv`]: the
+    /// classification prompt's tokens and KV) to the conversation cache for
+    /// the generation of `prompt` as a turn of `conversation` (`None`:
+    /// anonymous) at `gen`'s draft KV precision, so that generation prefills
+    /// only what follows the prefix the two prompts share. Offered only when
+    /// the cache keeps state for this request and holds none it would
+    /// continue (a kept turn is never replaced), the KV is this runtime's
+    /// draft's at that precision and the prompts share a prefix; the entry
+    /// holds that prefix alone (an anonymous request then finds it by its
+    /// prompt). The generation's reuse is exact by the cache's rule
+    /// ([`crate::conversation`], 2). Returns the positions offered (0: none).
+    pub fn offer_draft_kv(
+        &mut self,
+        conversation: Option<&str>,
+        prompt: &[u32],
+        gen: &GenerateConfig,
+        judged: JudgedPromptKv,
+    ) -> usize {
+        let JudgedPromptKv {
+            tokens,
+            mut cache,
+            model,
+        } = judged;
+        if !Arc::ptr_eq(&model, &self.draft)
+            || cache.precision() != gen.draft_kv
+            || cache.capacity() != self.draft.max_seq_len()
+        {
+            return 0;
+        }
+        let shared = common_prefix(&tokens, prompt).min(cache.len());
+        let who = who(&self.anonymous_scope, conversation);
+        let mut conversations = kept(&self.conversations);
+        if shared == 0 || !conversations.keeps(who) || conversations.holds_state_for(who, prompt) {
+            return 0;
+        }
+        let high_water = cache.len();
+        cache.truncate(shared);
+        conversations.put(
+            who,
+            Kept {
+                cache,
+                tokens: prompt[..shared].to_vec(),
+                session: None,
+                high_water,
+            },
+        );
+        shared
     }
 
     /// Drops a named conversation's kept state (its verifier session expires

@@ -15,10 +15,12 @@
 //! The prompt puts the text first and the question after it, in the user
 //! turn, without a system message of its own: its tokens share their prefix
 //! (the template's default system turn and the text) with the tokens of the
-//! generation the text then asks for, so that prefix's KV could be reused
-//! by a local generation ([`DraftOpinion::judge_keeping_kv`] returns it; the
-//! runtime hook that would take it is described in docs/privacy.md "Second
-//! opinion").
+//! generation the text then asks for, so that prefix's KV is reused by a
+//! local generation: [`SecondOpinion::judge_keeping`] hands back a
+//! [`JudgedPromptKv`] (in the KV precision of a default generation,
+//! [`DraftOpinion::kv_precision`]), and [`crate::RoutedRuntime::turn`]
+//! offers it to the conversation cache ([`crate::EdgeRuntime::offer_draft_kv`])
+//! when the decision is local.
 //!
 //! Answers are remembered by a hash of the text (at most
 //! [`MEMO_CAPACITY`]): the routed runtime replays a conversation's whole
@@ -28,10 +30,11 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use tandem_model::kv_cache::KvCache;
+use tandem_model::kv_cache::{KvCache, KvPrecision};
+use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::{ChatMessage, Tokenizer};
 use tandem_model::transformer::Model;
-use tandem_router::{Opinion, OpinionError, SecondOpinion};
+use tandem_router::{KeptWork, Opinion, OpinionError, SecondOpinion};
 
 /// What the draft is asked after the text.
 pub const QUESTION: &str =
@@ -73,6 +76,29 @@ pub struct Judgement {
     pub prompt_tokens: usize,
 }
 
+/// The classification prompt's tokens and the draft KV that holds them, as
+/// [`DraftOpinion::judge_keeping_kv`] leaves them: what a local generation
+/// whose prompt starts with the same tokens need not prefill again
+/// ([`crate::EdgeRuntime::offer_draft_kv`]).
+pub struct JudgedPromptKv {
+    pub tokens: Vec<u32>,
+    /// Holds `tokens`; the capacity of the model's context, as a
+    /// generation's cache.
+    pub cache: KvCache,
+    /// The model that computed it: the KV is only valid for that model.
+    pub model: Arc<Model>,
+}
+
+impl std::fmt::Debug for JudgedPromptKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JudgedPromptKv")
+            .field("tokens", &self.tokens.len())
+            .field("positions", &self.cache.len())
+            .field("precision", &self.cache.precision())
+            .finish()
+    }
+}
+
 /// The draft model as the router's second opinion. Cheap to clone (shares
 /// the model and the memo).
 #[derive(Clone)]
@@ -83,6 +109,8 @@ pub struct DraftOpinion {
     no: Vec<u32>,
     /// `Sensitive` when the margin is above this.
     threshold: f32,
+    /// Precision of the KV the prompt is prefilled into.
+    kv_precision: KvPrecision,
     memo: Arc<Mutex<HashMap<u64, Opinion>>>,
 }
 
@@ -92,6 +120,7 @@ impl std::fmt::Debug for DraftOpinion {
             .field("yes", &self.yes)
             .field("no", &self.no)
             .field("threshold", &self.threshold)
+            .field("kv_precision", &self.kv_precision)
             .finish()
     }
 }
@@ -124,6 +153,7 @@ impl DraftOpinion {
             yes,
             no,
             threshold: 0.0,
+            kv_precision: GenerateConfig::default().draft_kv,
             memo: Arc::new(Mutex::new(HashMap::new())),
         })
     }
@@ -133,6 +163,20 @@ impl DraftOpinion {
     pub fn with_threshold(mut self, threshold: f32) -> Self {
         self.threshold = threshold;
         self
+    }
+
+    /// Prefill the prompt into a KV cache of `precision` (default: that of a
+    /// generation's draft KV, [`GenerateConfig::draft_kv`], so that a local
+    /// generation at the default precision can reuse it; a generation at
+    /// another precision prefills its whole prompt).
+    pub fn with_kv_precision(mut self, precision: KvPrecision) -> Self {
+        self.kv_precision = precision;
+        self
+    }
+
+    /// The precision of the KV the prompt is prefilled into.
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.kv_precision
     }
 
     /// The answer tokens compared: (yes, no).
@@ -154,22 +198,64 @@ impl DraftOpinion {
     pub fn judge_detailed(&self, text: &str) -> Result<Judgement, OpinionError> {
         let prompt = self.prompt(text)?;
         let c = self.model.config();
-        let mut cache = KvCache::new(c.n_layer, c.n_kv_head, c.head_dim, prompt.len());
+        let mut cache = KvCache::with_precision(
+            c.n_layer,
+            c.n_kv_head,
+            c.head_dim,
+            prompt.len(),
+            self.kv_precision,
+        );
         self.run(&prompt, &mut cache)
     }
 
-    /// Judge `text` and hand back the prompt's tokens and the draft KV that
-    /// holds them: a local generation whose prompt starts with the same
-    /// tokens (the template's system turn and the text) need not prefill
-    /// them again.
+    /// Judge `text` (not memoized) and hand back the prompt's tokens and the
+    /// draft KV that holds them, in a cache of the model's whole context: a
+    /// local generation whose prompt starts with the same tokens (the
+    /// template's system turn and the text) need not prefill them again.
     pub fn judge_keeping_kv(
         &self,
         text: &str,
-    ) -> Result<(Judgement, Vec<u32>, KvCache), OpinionError> {
+    ) -> Result<(Judgement, JudgedPromptKv), OpinionError> {
         let prompt = self.prompt(text)?;
-        let mut cache = self.model.new_cache();
+        let mut cache = self.model.new_cache_with(self.kv_precision);
         let judgement = self.run(&prompt, &mut cache)?;
-        Ok((judgement, prompt, cache))
+        let kept = JudgedPromptKv {
+            tokens: prompt,
+            cache,
+            model: self.model.clone(),
+        };
+        Ok((judgement, kept))
+    }
+
+    /// The remembered answer for `text`, else a judgement (kept work with it
+    /// when `keep`), logged without text and remembered.
+    fn judge_memoized(
+        &self,
+        text: &str,
+        keep: bool,
+    ) -> Result<(Opinion, Option<JudgedPromptKv>), OpinionError> {
+        let key = text_key(text);
+        if let Some(o) = self.memo_get(key) {
+            return Ok((o, None));
+        }
+        let started = std::time::Instant::now();
+        let (j, kept) = if keep {
+            let (j, kept) = self.judge_keeping_kv(text)?;
+            (j, Some(kept))
+        } else {
+            (self.judge_detailed(text)?, None)
+        };
+        // No text in the log: the answer, its margin and the cost.
+        tracing::debug!(
+            target: "tandem_edge::privacy",
+            opinion = ?j.opinion,
+            margin = j.margin,
+            prompt_tokens = j.prompt_tokens,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "second opinion"
+        );
+        self.memo_put(key, j.opinion);
+        Ok((j.opinion, kept))
     }
 
     /// Prefill `prompt` into `cache` and compare the answer tokens' logits.
@@ -236,23 +322,13 @@ fn floor_boundary(s: &str, i: usize) -> usize {
 
 impl SecondOpinion for DraftOpinion {
     fn judge(&self, text: &str) -> Result<Opinion, OpinionError> {
-        let key = text_key(text);
-        if let Some(o) = self.memo_get(key) {
-            return Ok(o);
-        }
-        let started = std::time::Instant::now();
-        let j = self.judge_detailed(text)?;
-        // No text in the log: the answer, its margin and the cost.
-        tracing::debug!(
-            target: "tandem_edge::privacy",
-            opinion = ?j.opinion,
-            margin = j.margin,
-            prompt_tokens = j.prompt_tokens,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "second opinion"
-        );
-        self.memo_put(key, j.opinion);
-        Ok(j.opinion)
+        self.judge_memoized(text, false).map(|(o, _)| o)
+    }
+
+    /// The kept work is a [`JudgedPromptKv`] (none for a remembered answer).
+    fn judge_keeping(&self, text: &str) -> Result<(Opinion, Option<KeptWork>), OpinionError> {
+        let (o, kept) = self.judge_memoized(text, true)?;
+        Ok((o, kept.map(|k| Box::new(k) as KeptWork)))
     }
 }
 
@@ -312,9 +388,12 @@ mod tests {
         // Everything but the last few tokens of the text (merges at the seam)
         // and the template's closing tokens.
         assert!(shared + 12 >= gen.len(), "{shared} of {}", gen.len());
-        let (_, tokens, cache) = o.judge_keeping_kv(text).unwrap();
-        assert_eq!(tokens, judge);
-        assert_eq!(cache.len(), judge.len());
+        let (kept_judgement, kept) = o.judge_keeping_kv(text).unwrap();
+        assert_eq!(kept.tokens, judge);
+        assert_eq!(kept.cache.len(), judge.len());
+        assert_eq!(kept.cache.precision(), o.kv_precision());
+        // The same answer whether the KV is kept or not.
+        assert_eq!(kept_judgement, o.judge_detailed(text).unwrap());
     }
 
     #[test]

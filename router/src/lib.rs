@@ -42,5 +42,5 @@ pub use classify::Classification;
 pub use policy::{Policy, PolicyError, Rule, DEFAULT_POLICY_TOML};
 pub use recognizers::Validator;
 pub use router::{Conversation, RouteStats, Router};
-pub use second_opinion::{Opinion, OpinionError, OpinionMode, SecondOpinion, Unsure};
+pub use second_opinion::{KeptWork, Opinion, OpinionError, OpinionMode, SecondOpinion, Unsure};
 pub use types::{Action, CategoryHit, Decision, EntityHit, EntityKind, RouteContext};

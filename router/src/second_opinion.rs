@@ -18,10 +18,10 @@
 //! text and must not send it anywhere): nothing leaves the device before the
 //! decision. An error from the model keeps the text local.
 //!
-//! Not done here: the model side (the constrained classification prompt on
-//! the draft model, its one-token answer from a fixed set, reusing the
-//! prompt's KV for a local generation) lives with the edge runtime and the
-//! model crate; see docs/privacy.md "Second opinion".
+//! The model side (the constrained classification prompt on the draft model,
+//! its one-token answer from a fixed set, reusing the prompt's KV for a local
+//! generation through [`SecondOpinion::judge_keeping`]) lives with the edge
+//! runtime; see docs/privacy.md "Second opinion".
 
 use crate::policy::Policy;
 use crate::types::{Action, Decision, RouteContext};
@@ -36,11 +36,24 @@ pub enum Opinion {
     Benign,
 }
 
+/// What a judgement computed that a generation of the same text on the
+/// device may reuse (the edge runtime's draft model: the classification
+/// prompt's tokens and KV). Opaque to the router: the caller that asked for
+/// it knows its type.
+pub type KeptWork = Box<dyn std::any::Any + Send>;
+
 /// A model that classifies a text on the device. Implementations must not
 /// send the text off the device.
 pub trait SecondOpinion: Send + Sync {
     /// Judge `text`. An error keeps the text local.
     fn judge(&self, text: &str) -> Result<Opinion, OpinionError>;
+
+    /// As [`Self::judge`], handing back what the judgement computed when a
+    /// later generation on the device could reuse it (`None`: nothing, e.g.
+    /// an answer remembered from before). The default keeps nothing.
+    fn judge_keeping(&self, text: &str) -> Result<(Opinion, Option<KeptWork>), OpinionError> {
+        Ok((self.judge(text)?, None))
+    }
 }
 
 /// The on-device model could not answer.
