@@ -68,9 +68,9 @@ pub enum Frame {
 
 /// The frame of `text`: fiction wins over topic.
 pub fn frame_of(text: &str) -> Frame {
-    if !fiction_frames().find(text, 0..text.len()).is_empty() {
+    if fiction_frames().occur_in(text) {
         Frame::Fiction
-    } else if !topic_frames().find(text, 0..text.len()).is_empty() {
+    } else if topic_frames().occur_in(text) {
         Frame::Topic
     } else {
         Frame::Open
@@ -358,16 +358,30 @@ impl ContextWords {
     /// are judged on the whole text). The single letter `I` counts only in
     /// upper case (a lower-case `i` is a loop index).
     fn find(&self, text: &str, range: std::ops::Range<usize>) -> Vec<(usize, usize)> {
-        let Some(ac) = &self.ac else {
-            return Vec::new();
-        };
-        if range.start > range.end || range.end > text.len() {
-            return Vec::new();
-        }
+        self.matches(text, range).collect()
+    }
+
+    /// Whether any of the words is in `text`: the first of what
+    /// [`Self::find`] finds over the whole text (the scan stops there).
+    fn occur_in(&self, text: &str) -> bool {
+        self.matches(text, 0..text.len()).next().is_some()
+    }
+
+    /// The words of [`Self::find`], found as the caller takes them.
+    fn matches<'t>(
+        &'t self,
+        text: &'t str,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (usize, usize)> + 't {
+        let ac = self
+            .ac
+            .as_ref()
+            .filter(|_| range.start <= range.end && range.end <= text.len());
         let b = text.as_bytes();
         let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'\'';
-        ac.find_iter(aho_corasick::Input::new(text).range(range))
-            .filter(|m| {
+        ac.into_iter()
+            .flat_map(move |ac| ac.find_iter(aho_corasick::Input::new(text).range(range.clone())))
+            .filter(move |m| {
                 let w = &self.words[m.pattern().as_usize()];
                 let alone = !w.text.is_ascii()
                     || (!m
@@ -381,7 +395,6 @@ impl ContextWords {
                 w.kind != TermKind::Benign && alone && case_ok
             })
             .map(|m| (m.start(), m.end()))
-            .collect()
     }
 }
 
@@ -446,29 +459,15 @@ fn followed_by(text: &str, end: usize, spans: &[(usize, usize)]) -> bool {
     })
 }
 
+/// An English street line (`350 W 42nd St`, `221B Baker Street`).
+const EN_STREET_LINE: &str = r"\b[0-9]{1,5}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z0-9][A-Za-z0-9'.-]*\s+){1,3}(?:St|Street|Ave|Avenue|Rd|Road|Blvd|Boulevard|Ln|Lane|Way|Ct|Court|Pl|Place|Terrace|Crescent|Hwy|Highway)\b";
+
 /// Postal addresses found by their structure rather than by a term: a
 /// Chinese address down to the street number or the building
 /// (`北京市朝阳区建国路88号`, `…路15号…B栋1702`), or an English street line
 /// (`350 W 42nd St`, `221B Baker Street`). Tagged `location`.
 pub fn address_hits(text: &str) -> Vec<CategoryHit> {
-    static RES: OnceLock<(Option<Regex>, Option<Regex>)> = OnceLock::new();
-    let (zh, en) = RES.get_or_init(|| {
-        (
-            Regex::new(concat!(
-                // district level, then a street with a number
-                r"\p{Han}{1,7}(?:区|县|旗|镇|乡)\p{Han}{0,16}?(?:路|街|大道|大街|巷|弄|胡同)[0-9０-９]{1,5}(?:号|弄|巷)",
-                // a street with a number, then a building / unit / room
-                r"|(?:路|街|大道|大街|巷|弄)[0-9０-９]{1,5}号[^\n]{0,24}?[0-9A-Za-z一二三四五六七八九十]{1,4}(?:栋|幢|座|单元|号楼|室)",
-                // city and district, then a residential complex
-                r"|\p{Han}{1,7}(?:省|市)\p{Han}{1,7}(?:区|县)\p{Han}{1,12}?(?:小区|花园|公寓|新村|家园)",
-            ))
-            .ok(),
-            Regex::new(
-                r"\b[0-9]{1,5}[A-Za-z]?\s+(?:[NSEW]\.?\s+)?(?:[A-Z0-9][A-Za-z0-9'.-]*\s+){1,3}(?:St|Street|Ave|Avenue|Rd|Road|Blvd|Boulevard|Ln|Lane|Way|Ct|Court|Pl|Place|Terrace|Crescent|Hwy|Highway)\b",
-            )
-            .ok(),
-        )
-    });
+    let (zh, en, en_ascii) = address_regexes();
     let mut out = intl_address_hits(text);
     let (zh_gate, en_gate) = address_gates(text);
     if let Some(zh) = zh.as_ref().filter(|_| zh_gate) {
@@ -479,7 +478,8 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
             cue: None,
         }));
     }
-    if let Some(en) = en.as_ref().filter(|_| en_gate) {
+    let may_match_en = || en_ascii.as_ref().is_none_or(|r| r.is_match(text));
+    if let Some(en) = en.as_ref().filter(|_| en_gate && may_match_en()) {
         out.extend(en.find_iter(text).map(|m| CategoryHit {
             category: "location".to_string(),
             start: m.start(),
@@ -490,6 +490,77 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
     out
 }
 
+/// The Chinese address regex, the English street line, and the English
+/// street line with ASCII word boundaries (see [`address_hits`]).
+fn address_regexes() -> &'static (Option<Regex>, Option<Regex>, Option<Regex>) {
+    static RES: OnceLock<(Option<Regex>, Option<Regex>, Option<Regex>)> = OnceLock::new();
+    RES.get_or_init(|| {
+        (
+            Regex::new(concat!(
+                // district level, then a street with a number
+                r"\p{Han}{1,7}(?:区|县|旗|镇|乡)\p{Han}{0,16}?(?:路|街|大道|大街|巷|弄|胡同)[0-9０-９]{1,5}(?:号|弄|巷)",
+                // a street with a number, then a building / unit / room
+                r"|(?:路|街|大道|大街|巷|弄)[0-9０-９]{1,5}号[^\n]{0,24}?[0-9A-Za-z一二三四五六七八九十]{1,4}(?:栋|幢|座|单元|号楼|室)",
+                // city and district, then a residential complex
+                r"|\p{Han}{1,7}(?:省|市)\p{Han}{1,7}(?:区|县)\p{Han}{1,12}?(?:小区|花园|公寓|新村|家园)",
+            ))
+            .ok(),
+            Regex::new(EN_STREET_LINE).ok(),
+            // The same with ASCII word boundaries: it matches wherever the
+            // Unicode one does (a Unicode boundary next to the digit or the
+            // street word's last letter is an ASCII one), stays in the lazy
+            // DFA on non-ASCII text, and so tells cheaply whether the
+            // Unicode one must run.
+            Regex::new(&EN_STREET_LINE.replace(r"\b", r"(?-u:\b)")).ok(),
+        )
+    })
+}
+
+/// One (gate words, regex, digits) per country for [`intl_address_hits`]:
+/// a regex runs only when one of its gate words is in the text (one
+/// Aho-Corasick pass decides all five) and the text has a run of that many
+/// ASCII digits (every match of the regex holds one: the DE, FR and ES
+/// postcodes).
+const INTL_FORMS: [(&[&str], &str, usize); 5] = [
+    (
+        &[
+            "straße", "strasse", "weg ", "allee", "platz", "gasse", "damm",
+        ],
+        r"\p{Lu}[\p{L}-]{0,30}(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
+        5,
+    ),
+    (
+        &[
+            "rue ",
+            "avenue ",
+            "boulevard ",
+            "chemin ",
+            "allée ",
+            "impasse ",
+            "quai ",
+        ],
+        r"(?-u:\b)[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
+        5,
+    ),
+    (
+        &[
+            "calle ", "avenida ", "avda", "plaza ", "paseo ", "carrer ", "camino ", "c/",
+        ],
+        r"(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?(?-u:\b)[0-9]{5}(?-u:\b)",
+        5,
+    ),
+    (
+        &["東京都", "北海道", "京都府", "大阪府", "県"],
+        r"(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
+        0,
+    ),
+    (
+        &["특별시", "광역시", "도 ", "시 "],
+        r"\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
+        1,
+    ),
+];
+
 /// Street addresses in the formats of Germany, France, Spain, the UK,
 /// Japan and Korea: street + number + postcode (DE `Lindenstraße 12, 50674
 /// Köln`, FR `14 rue des Lilas, 69003 Lyon`, ES `Calle de Alcalá 45, 3º B,
@@ -497,49 +568,13 @@ pub fn address_hits(text: &str) -> Vec<CategoryHit> {
 /// (JP `東京都世田谷区桜新町2-15-8`), city + district + road + number (KR
 /// `서울특별시 강남구 테헤란로 152`). Gated by one substring pass.
 fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
-    // One (gate words, regex) per country: a regex runs only when one of its
-    // gate words is in the text (one Aho-Corasick pass decides all five).
-    const FORMS: [(&[&str], &str); 5] = [
-        (
-            &[
-                "straße", "strasse", "weg ", "allee", "platz", "gasse", "damm",
-            ],
-            r"\p{Lu}[\p{L}-]{0,30}(?:straße|strasse|weg|allee|platz|gasse|ring|damm|ufer)\s+[0-9]{1,4}\s?[a-z]?,?\s+[0-9]{5}\s+\p{Lu}\p{L}+",
-        ),
-        (
-            &[
-                "rue ",
-                "avenue ",
-                "boulevard ",
-                "chemin ",
-                "allée ",
-                "impasse ",
-                "quai ",
-            ],
-            r"(?-u:\b)[0-9]{1,4}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|route)\s+[^\n,]{2,40},\s*[0-9]{5}\s+\p{Lu}",
-        ),
-        (
-            &[
-                "calle ", "avenida ", "avda", "plaza ", "paseo ", "carrer ", "camino ", "c/",
-            ],
-            r"(?:Calle|C/|Avenida|Avda\.?|Plaza|Paseo|Carrer|Camino)\s+[^\n,]{2,40},?\s*[0-9]{1,4}[^\n]{0,20}?(?-u:\b)[0-9]{5}(?-u:\b)",
-        ),
-        (
-            &["東京都", "北海道", "京都府", "大阪府", "県"],
-            r"(?:東京都|北海道|京都府|大阪府|\p{Han}{2,3}県)\p{Han}{1,6}?[市区町村郡]\p{Han}{0,8}?[0-9０-９]{1,4}(?:[-－ー]|丁目)[0-9０-９]{1,4}(?:[-－ー番][0-9０-９]{1,4})?",
-        ),
-        (
-            &["특별시", "광역시", "도 ", "시 "],
-            r"\p{Hangul}{2,6}(?:특별시|광역시|시|도)\s*\p{Hangul}{1,5}(?:구|군|시)\s*\p{Hangul}{1,12}(?:로|길)\s*[0-9]{1,4}",
-        ),
-    ];
     type Compiled = (AhoCorasick, Vec<usize>, Vec<Regex>);
     static RE: OnceLock<Option<Compiled>> = OnceLock::new();
     let Some((gate, owner, res)) = RE
         .get_or_init(|| {
             let mut words = Vec::new();
             let mut owner = Vec::new();
-            for (i, (ws, _)) in FORMS.iter().enumerate() {
+            for (i, (ws, _, _)) in INTL_FORMS.iter().enumerate() {
                 for w in *ws {
                     words.push(*w);
                     owner.push(i);
@@ -549,9 +584,9 @@ fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
                 .ascii_case_insensitive(true)
                 .build(&words)
                 .ok()?;
-            let res = FORMS
+            let res = INTL_FORMS
                 .iter()
-                .map(|(_, re)| Regex::new(re).ok())
+                .map(|(_, re, _)| Regex::new(re).ok())
                 .collect::<Option<Vec<_>>>()?;
             Some((gate, owner, res))
         })
@@ -559,13 +594,19 @@ fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
     else {
         return Vec::new();
     };
-    let mut run = [false; FORMS.len()];
+    let mut run = [false; INTL_FORMS.len()];
     for m in gate.find_iter(text) {
         if let Some(slot) = owner
             .get(m.pattern().as_usize())
             .and_then(|&i| run.get_mut(i))
         {
             *slot = true;
+        }
+    }
+    if run.iter().any(|&r| r) {
+        let digits = longest_digit_run(text);
+        for (r, (_, _, need)) in run.iter_mut().zip(INTL_FORMS) {
+            *r &= digits >= need;
         }
     }
     let mut out = Vec::new();
@@ -578,6 +619,16 @@ fn intl_address_hits(text: &str) -> Vec<CategoryHit> {
         }));
     }
     out
+}
+
+/// The most ASCII digits in a row in `text`.
+fn longest_digit_run(text: &str) -> usize {
+    let (mut longest, mut run) = (0, 0);
+    for b in text.bytes() {
+        run = if b.is_ascii_digit() { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    longest
 }
 
 /// Cheap necessary conditions for [`address_hits`], found in one pass:
@@ -732,6 +783,61 @@ mod tests {
         assert_eq!(found("帮我看看我的账单"), ["我"]);
         assert!(found("我们公司").is_empty());
         assert_eq!(found("我们家"), ["我们家"]);
+    }
+
+    /// The cheap conditions that skip the address regexes hold wherever a
+    /// regex matches: the English street line with ASCII boundaries matches
+    /// wherever the Unicode one does, and every match of a foreign form holds
+    /// its run of digits. On every corpus and blind case and on street lines
+    /// next to non-ASCII letters, tabs and line breaks.
+    #[test]
+    fn address_preconditions_hold_wherever_a_regex_matches() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
+        let mut texts: Vec<String> = ["corpus", "blind"]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(format!("{dir}/{d}")).ok())
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
+            .collect();
+        for before in ["", "é", "x ", "\n", "住址："] {
+            for after in ["", "é", ".", "\tok", "ß", "号"] {
+                for line in [
+                    "350 W 42nd St",
+                    "221B Baker Street",
+                    "12\tMain\tRoad",
+                    "9 Elm\nLane",
+                ] {
+                    texts.push(format!("{before}{line}{after}"));
+                }
+            }
+        }
+        let (_, en, en_ascii) = address_regexes();
+        let (Some(en), Some(en_ascii)) = (en, en_ascii) else {
+            panic!("the English street regexes do not compile");
+        };
+        let mut english = 0;
+        for t in &texts {
+            if en.is_match(t) {
+                assert!(en_ascii.is_match(t), "{t:?}");
+                english += 1;
+            }
+        }
+        assert!(english >= 40, "{english} English street lines");
+        for (_, re, digits) in INTL_FORMS {
+            let re = Regex::new(re).unwrap_or_else(|e| panic!("{e}"));
+            let mut found = 0;
+            for t in &texts {
+                for m in re.find_iter(t) {
+                    assert!(longest_digit_run(m.as_str()) >= digits, "{:?}", m.as_str());
+                    found += 1;
+                }
+            }
+            assert!(found > 0, "{re}: no match to check");
+        }
     }
 
     #[test]
