@@ -32,8 +32,8 @@ fn corpus() -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    // Real-world text: this crate's own sources and docs.
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    // Real-world text: the model crate's own sources and docs.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../model/src");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
