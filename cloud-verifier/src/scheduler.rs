@@ -45,7 +45,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_model::kv_pages::PagedKv;
-use tandem_model::transformer::{BatchSeq, HiddenSeq, Logits, Model};
+use tandem_model::transformer::{BatchSeq, ForwardScratch, HiddenSeq, Logits, Model};
 use tandem_model::verify::Verdict;
 use tandem_proto::v1::Reason;
 use tokio::sync::oneshot;
@@ -132,6 +132,7 @@ impl Scheduler {
             turn: 0,
             panic_next: panic_next.clone(),
             paused: paused.clone(),
+            scratch: ForwardScratch::default(),
         };
         std::thread::Builder::new()
             .name("tandem-scheduler".into())
@@ -218,6 +219,9 @@ struct Worker {
     turn: usize,
     panic_next: Arc<AtomicBool>,
     paused: Arc<AtomicBool>,
+    /// The forwards' intermediate rows and logits, kept from iteration to
+    /// iteration (the largest batch's worth): an iteration allocates none.
+    scratch: ForwardScratch,
 }
 
 impl Worker {
@@ -362,17 +366,18 @@ impl Worker {
             });
         }
         let model = &self.model;
+        let scratch = &mut self.scratch;
         let panic_now = self.panic_next.swap(false, Ordering::SeqCst);
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if panic_now {
                 panic!("injected fault: a forward panicked");
             }
-            model.forward_batch_joined(&mut seqs, &mut joins)
+            model.forward_batch_in(scratch, &mut seqs, &mut joins)
         }));
         drop((seqs, joins));
         self.metrics.batch(rows, prefill_rows);
-        let mut logits = match result {
-            Ok(Ok(l)) => l.into_iter(),
+        match result {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 // Checked before anything was written: states are intact.
                 tracing::error!(error = %e, rows, "batched forward refused");
@@ -382,7 +387,9 @@ impl Worker {
                 tracing::error!(rows, "batched forward panicked; its sessions are dropped");
                 return self.fail_planned(&plan, false, "the forward pass failed");
             }
-        };
+        }
+        // The token sequences' logits, in `seqs`' order.
+        let mut seq = 0;
         for (mut p, &r) in std::mem::take(&mut self.pending).into_iter().zip(&plan) {
             if r == 0 {
                 self.pending.push_back(p);
@@ -398,12 +405,13 @@ impl Worker {
                 }
                 continue;
             }
-            let rows_logits = logits.next().unwrap_or_default();
+            let rows_logits = self.scratch.logits(seq);
+            seq += 1;
             match &p.job.work {
                 Work::Prefill { .. } if p.left() > 0 => self.pending.push_back(p),
                 Work::Prefill { .. } => finish(p, Ok(Outcome::Prefilled)),
                 Work::Verify { draft } => {
-                    let out = complete_verify(&mut p.job.state, draft, &rows_logits);
+                    let out = complete_verify(&mut p.job.state, draft, rows_logits);
                     finish(p, out.map(Outcome::Verdict));
                 }
                 Work::SplitPrefill { .. } => lose(p, "a split prefill lost its layer"),

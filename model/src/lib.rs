@@ -14,7 +14,8 @@
 //! - [`pair`]: whether a draft and a target can pair, and why not.
 //! - [`transformer`]: the transformer of every family ([`transformer::Model`]):
 //!   `embed`, `forward_layers(range, hidden)`, `head`, and `forward_batch` (many sequences' rows in one forward, each attending only
-//!   to its own KV, logits only for the rows that ask); KV in a
+//!   to its own KV, logits only for the rows that ask; `forward_batch_in` with a caller's
+//!   `ForwardScratch` reuses every per-forward buffer); KV in a
 //!   [`kv_cache::KvCache`] (preallocated, `truncate(len)`; f32, or INT8 for a draft:
 //!   [`kv_cache::KvPrecision`]) or in pages of a shared
 //!   byte-sized pool ([`kv_pages`]), both behind [`kv_cache::KvStore`].

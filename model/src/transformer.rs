@@ -429,9 +429,10 @@ impl Model {
         // layer then split work from inside the pool instead of each injecting
         // a job and parking the calling thread until it is done.
         // (On this thread's forward pool: crate::forward_threads.)
+        let mut scratch = LayerScratch::default();
         crate::forward_threads::run(|| {
             for l in range {
-                self.layer_forward(l, hidden, &rows, &rope, seqs);
+                self.layer_forward(l, hidden, &rows, &rope, seqs, &mut scratch);
             }
         });
         Ok(())
@@ -439,11 +440,20 @@ impl Model {
 
     /// Final norm + output head: logits `[n, vocab]` for `hidden` `[n, d]`.
     pub fn head(&self, hidden: &[f32]) -> Vec<f32> {
+        let (mut normed, mut logits) = (Vec::new(), Vec::new());
+        self.head_into(hidden, &mut normed, &mut logits);
+        logits
+    }
+
+    /// [`Self::head`] into `logits` (resized to `[n, vocab]`), with `normed`
+    /// as the normed rows' buffer: a caller that keeps both allocates nothing
+    /// once they have held its largest batch.
+    fn head_into(&self, hidden: &[f32], normed: &mut Vec<f32>, logits: &mut Vec<f32>) {
         let d = self.cfg.d_model;
         let n = hidden.len() / d;
-        let mut normed = vec![0f32; hidden.len()];
-        rms_norm(hidden, &self.output_norm, self.cfg.rms_eps, &mut normed);
-        let mut logits = vec![0f32; n * self.cfg.vocab];
+        normed.resize(hidden.len(), 0.0);
+        rms_norm(hidden, &self.output_norm, self.cfg.rms_eps, normed);
+        logits.resize(n * self.cfg.vocab, 0.0);
         let output = self.output.view(self.bytes());
         // The model's vocabulary only: trailing padding rows get no logits.
         let output = QMatrix {
@@ -451,8 +461,7 @@ impl Model {
             data: &output.data[..output.data.len() / output.rows.max(1) * self.cfg.vocab],
             ..output
         };
-        crate::forward_threads::run(|| quant::matmul(&output, &normed, n, &mut logits));
-        logits
+        crate::forward_threads::run(|| quant::matmul(&output, normed, n, logits));
     }
 
     /// Logits `[n, vocab]` for every position of `tokens`, which sit at
@@ -515,8 +524,28 @@ impl Model {
         seqs: &mut [BatchSeq<'_, C>],
         joins: &mut [HiddenSeq<'_, C>],
     ) -> Result<Vec<Vec<f32>>> {
+        let mut scratch = ForwardScratch::default();
+        self.forward_batch_in(&mut scratch, seqs, joins)?;
+        Ok(scratch.into_logits())
+    }
+
+    /// [`Self::forward_batch_joined`] with the caller's buffers: the layers'
+    /// intermediate rows, the head's input and the logits live in `scratch`
+    /// and are reused by the next forward, so a caller that runs forward after
+    /// forward (the verifier's scheduler) allocates none of them once
+    /// `scratch` has held its largest batch. Sequence `i`'s logits are
+    /// [`ForwardScratch::logits`]`(i)` until the next forward. The results
+    /// are the same bits as [`Self::forward_batch_joined`]'s: every buffer is
+    /// written whole before it is read.
+    pub fn forward_batch_in<C: KvStore>(
+        &self,
+        scratch: &mut ForwardScratch,
+        seqs: &mut [BatchSeq<'_, C>],
+        joins: &mut [HiddenSeq<'_, C>],
+    ) -> Result<()> {
         let d = self.cfg.d_model;
         let n_layer = self.cfg.n_layer;
+        scratch.spans.clear();
         let mut tokens = Vec::with_capacity(seqs.iter().map(|s| s.tokens.len()).sum());
         for s in seqs.iter() {
             if s.tokens.is_empty() {
@@ -554,35 +583,27 @@ impl Model {
             rows.push(SeqRows::new(j.start_pos, j.hidden.len() / d, &mut *j.cache));
             first_layer.push(j.layer);
         }
-        self.forward_layers_staggered(&mut h, &mut rows, &first_layer)?;
+        self.forward_layers_staggered(&mut h, &mut rows, &first_layer, &mut scratch.layer)?;
         // Gather the rows whose logits are wanted; one head call over them.
         h.truncate(token_rows * d);
-        let mut wanted = Vec::new();
+        let vocab = self.cfg.vocab;
+        scratch.wanted.clear();
         let mut r0 = 0;
         for s in seqs.iter() {
             let r = s.logits.rows(s.tokens.len());
-            wanted.extend_from_slice(&h[(r0 + r.start) * d..(r0 + r.end) * d]);
+            let at = scratch.wanted.len() / d.max(1) * vocab;
+            scratch.spans.push(at..at + r.len() * vocab);
+            scratch
+                .wanted
+                .extend_from_slice(&h[(r0 + r.start) * d..(r0 + r.end) * d]);
             r0 += s.tokens.len();
         }
-        let mut logits = if wanted.is_empty() {
-            Vec::new()
+        if scratch.wanted.is_empty() {
+            scratch.logits.clear();
         } else {
-            self.head(&wanted)
-        };
-        // Split the logits per sequence from the back: the first sequence
-        // keeps the head's buffer (a single sequence is never copied).
-        let vocab = self.cfg.vocab;
-        let mut out = Vec::with_capacity(seqs.len());
-        for (i, s) in seqs.iter().enumerate().rev() {
-            out.push(if i == 0 {
-                std::mem::take(&mut logits)
-            } else {
-                let rows = s.logits.rows(s.tokens.len()).len();
-                logits.split_off(logits.len() - rows * vocab)
-            });
+            self.head_into(&scratch.wanted, &mut scratch.normed, &mut scratch.logits);
         }
-        out.reverse();
-        Ok(out)
+        Ok(())
     }
 
     /// Layers `[first_layer[i], N)` over sequence `i`'s rows of `hidden`
@@ -593,6 +614,7 @@ impl Model {
         hidden: &mut [f32],
         seqs: &mut [SeqRows<'_, C>],
         first_layer: &[usize],
+        scratch: &mut LayerScratch,
     ) -> Result<()> {
         let d = self.cfg.d_model;
         let n: usize = seqs.iter().map(|s| s.n).sum();
@@ -619,7 +641,15 @@ impl Model {
                 let k = first_layer.iter().take_while(|&&f| f <= l).count();
                 let m: usize = seqs[..k].iter().map(|s| s.n).sum();
                 if m > 0 {
-                    self.layer_forward(l, &mut hidden[..m * d], &rows[..m], &rope, &mut seqs[..k]);
+                    let rows = &rows[..m];
+                    self.layer_forward(
+                        l,
+                        &mut hidden[..m * d],
+                        rows,
+                        &rope,
+                        &mut seqs[..k],
+                        scratch,
+                    );
                 }
             }
         });
@@ -654,39 +684,46 @@ impl Model {
         rows: &[(usize, usize)],
         rope: &[Vec<(f32, f32)>],
         seqs: &mut [SeqRows<'_, C>],
+        scratch: &mut LayerScratch,
     ) {
         let n = rows.len();
         let cfg = &self.cfg;
         let traits = cfg.arch.traits();
-        let (d, hd) = (cfg.d_model, cfg.head_dim);
+        let hd = cfg.head_dim;
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let layer = &self.layers[l];
         let bytes = self.bytes();
 
         // Attention block: x = norm(h); q, k, v = x·W (+ b); per-head q/k
         // norm; RoPE; append k, v to each sequence's cache; attend.
-        let mut x = vec![0f32; n * d];
-        rms_norm(hidden, &layer.attn_norm, cfg.rms_eps, &mut x);
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
+        let LayerScratch {
+            x,
+            q,
+            k,
+            v,
+            attn,
+            o,
+            gate,
+            up,
+        } = scratch.fit(n, cfg);
+        rms_norm(hidden, &layer.attn_norm, cfg.rms_eps, x);
         quant::matmul_shared(
             &mut [
-                (&layer.wq.view(bytes), &mut q),
-                (&layer.wk.view(bytes), &mut k),
-                (&layer.wv.view(bytes), &mut v),
+                (&layer.wq.view(bytes), &mut q[..]),
+                (&layer.wk.view(bytes), &mut k[..]),
+                (&layer.wv.view(bytes), &mut v[..]),
             ],
-            &x,
+            x,
             n,
         );
         if let Some([bq, bk, bv]) = &layer.qkv_bias {
-            add_bias(&mut q, bq);
-            add_bias(&mut k, bk);
-            add_bias(&mut v, bv);
+            add_bias(q, bq);
+            add_bias(k, bk);
+            add_bias(v, bv);
         }
         if let Some([q_norm, k_norm]) = &layer.qk_norm {
-            rms_norm_in_place(&mut q, q_norm, cfg.rms_eps);
-            rms_norm_in_place(&mut k, k_norm, cfg.rms_eps);
+            rms_norm_in_place(q, q_norm, cfg.rms_eps);
+            rms_norm_in_place(k, k_norm, cfg.rms_eps);
         }
         let half = cfg.rope_dims / 2;
         let table = &rope[layer.rope];
@@ -702,7 +739,6 @@ impl Model {
             r0 += s.n;
         }
         let caches: Vec<&C> = seqs.iter().map(|s| &*s.cache).collect();
-        let mut attn = vec![0f32; n * qd];
         let group = cfg.n_head / cfg.n_kv_head;
         // One task per (row, head): each output is computed by exactly one
         // task with a fixed loop order over its own sequence's positions
@@ -716,31 +752,28 @@ impl Model {
             let span = cfg.attention_span(l, pos);
             attend(qh, caches[seq], l, span, g * hd, hd, cfg.attn_scale, out);
         });
-        let mut o = vec![0f32; n * d];
-        quant::matmul(&layer.wo.view(bytes), &attn, n, &mut o);
+        quant::matmul(&layer.wo.view(bytes), attn, n, o);
         if let Some(w) = &layer.post_attn_norm {
-            rms_norm_in_place(&mut o, w, cfg.rms_eps);
+            rms_norm_in_place(o, w, cfg.rms_eps);
         }
-        add_in_place(hidden, &o);
+        add_in_place(hidden, o);
 
         // FFN block: h += down(act(gate(norm(h))) · up(norm(h))).
-        rms_norm(hidden, &layer.ffn_norm, cfg.rms_eps, &mut x);
-        let mut gate = vec![0f32; n * cfg.d_ff];
-        let mut up = vec![0f32; n * cfg.d_ff];
+        rms_norm(hidden, &layer.ffn_norm, cfg.rms_eps, x);
         quant::matmul_shared(
             &mut [
-                (&layer.w_gate.view(bytes), &mut gate),
-                (&layer.w_up.view(bytes), &mut up),
+                (&layer.w_gate.view(bytes), &mut gate[..]),
+                (&layer.w_up.view(bytes), &mut up[..]),
             ],
-            &x,
+            x,
             n,
         );
-        gated(&mut gate, &up, traits.ffn_act);
-        quant::matmul(&layer.w_down.view(bytes), &gate, n, &mut o);
+        gated(gate, up, traits.ffn_act);
+        quant::matmul(&layer.w_down.view(bytes), gate, n, o);
         if let Some(w) = &layer.post_ffn_norm {
-            rms_norm_in_place(&mut o, w, cfg.rms_eps);
+            rms_norm_in_place(o, w, cfg.rms_eps);
         }
-        add_in_place(hidden, &o);
+        add_in_place(hidden, o);
     }
 
     /// `(cos, sin)` of `pos · step_j` for RoPE kind `kind` at each position
@@ -756,6 +789,83 @@ impl Model {
                 })
             })
             .collect()
+    }
+}
+
+/// The buffers of a forward besides the hidden state and the KV: each layer's
+/// intermediate rows, the head's input rows and the logits. A caller that runs
+/// forward after forward keeps one ([`Model::forward_batch_in`]); what it
+/// holds is the largest batch it has run (the logits: its verify rows ×
+/// vocabulary × 4 bytes, 600 KB a row for a 151,936-token vocabulary), and
+/// nothing is allocated for these per forward after that (issue 31 item 4).
+#[derive(Debug, Default)]
+pub struct ForwardScratch {
+    layer: LayerScratch,
+    wanted: Vec<f32>,
+    normed: Vec<f32>,
+    logits: Vec<f32>,
+    spans: Vec<Range<usize>>,
+}
+
+impl ForwardScratch {
+    /// Sequence `i`'s logits from the last [`Model::forward_batch_in`]: as its
+    /// [`Logits`] asked, `[rows, vocab]` (empty for [`Logits::None`] or an `i`
+    /// past the last sequence).
+    pub fn logits(&self, i: usize) -> &[f32] {
+        self.spans
+            .get(i)
+            .and_then(|r| self.logits.get(r.clone()))
+            .unwrap_or_default()
+    }
+
+    /// Every sequence's logits as its own vector, the first keeping the
+    /// buffer (one sequence is never copied).
+    fn into_logits(mut self) -> Vec<Vec<f32>> {
+        if self.spans.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(self.spans.len());
+        for span in self.spans.iter().skip(1).rev() {
+            out.push(self.logits.split_off(span.start));
+        }
+        out.push(self.logits);
+        out.reverse();
+        out
+    }
+}
+
+/// One layer's intermediate rows (`[n, width]` each), reused from layer to
+/// layer and, through [`ForwardScratch`], from forward to forward.
+#[derive(Debug, Default)]
+struct LayerScratch {
+    x: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl LayerScratch {
+    /// Sized for `n` rows of `cfg` (capacity kept when `n` shrinks). The
+    /// stale values are never read: every buffer is written whole before use.
+    fn fit(&mut self, n: usize, cfg: &ModelConfig) -> &mut Self {
+        let (d, qd, kvd, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.d_ff);
+        for (buf, width) in [
+            (&mut self.x, d),
+            (&mut self.q, qd),
+            (&mut self.k, kvd),
+            (&mut self.v, kvd),
+            (&mut self.attn, qd),
+            (&mut self.o, d),
+            (&mut self.gate, ff),
+            (&mut self.up, ff),
+        ] {
+            buf.resize(n * width, 0.0);
+        }
+        self
     }
 }
 
