@@ -8,8 +8,9 @@
 //! - `tests/tokenizer_vs_hf.rs`: the tokenizer against Hugging Face
 //!   `tokenizers`, built by candle from the same GGUF.
 //!
-//! Why a crate of its own: candle-transformers and `tokenizers` are a third of
-//! what `tandem-model`'s tests would otherwise compile (about 190 of 640
-//! unit-seconds, 2026-12-07), and CI cross-compiles `tandem-model`'s kernel
-//! tests for aarch64 (`.ci/aarch64-tests`), where these references are not
-//! run. `tandem-model`'s own dev-dependencies stay small.
+//! Why a crate of its own: CI cross-compiles `tandem-model`'s kernel tests for
+//! aarch64 (`.ci/aarch64-tests`), where these references are not run, and
+//! cargo builds every dev-dependency of a package for any of its tests.
+//! candle-transformers (with candle-nn) was about a fifth of that build (139
+//! of 640 unit-seconds, 2026-12-07; docs/ci.md); `tandem-model`'s own
+//! dev-dependencies stay small.
