@@ -792,17 +792,7 @@ mod tests {
     /// next to non-ASCII letters, tabs and line breaks.
     #[test]
     fn address_preconditions_hold_wherever_a_regex_matches() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
-        let mut texts: Vec<String> = ["corpus", "blind"]
-            .iter()
-            .filter_map(|d| std::fs::read_dir(format!("{dir}/{d}")).ok())
-            .flatten()
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
-            .collect();
+        let mut texts = crate::test_texts::case_lines();
         for before in ["", "é", "x ", "\n", "住址："] {
             for after in ["", "é", ".", "\tok", "ß", "号"] {
                 for line in [

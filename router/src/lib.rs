@@ -35,6 +35,8 @@ pub mod policy;
 mod recognizers;
 mod router;
 pub mod second_opinion;
+#[cfg(test)]
+mod test_texts;
 mod types;
 pub mod validate;
 

@@ -1712,17 +1712,7 @@ mod window_tests {
     /// crate's sources, and digit groups of every shape beside letters,
     /// separators and multi-byte characters.
     fn texts() -> Vec<String> {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
-        let mut out: Vec<String> = ["corpus", "blind"]
-            .iter()
-            .filter_map(|d| std::fs::read_dir(format!("{dir}/{d}")).ok())
-            .flatten()
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
-            .collect();
+        let mut out = crate::test_texts::case_lines();
         out.push(include_str!("recognizers.rs").to_string());
         out.push(include_str!("formats.rs").to_string());
         // Pseudo-random mixes (a fixed LCG: the test is deterministic).
