@@ -41,6 +41,7 @@ mod attention;
 pub mod engine;
 pub mod error;
 pub mod forward_threads;
+mod gelu;
 pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pages;

@@ -12,6 +12,7 @@
 pub use crate::arch::{Arch, ModelConfig, MAX_LAYERS};
 use crate::arch::{Bias, FfnAct, RopeParams, RopeStyle};
 use crate::attention::attend;
+use crate::gelu;
 use crate::gguf::{GgufFile, TensorEntry};
 use crate::kv_cache::{KvCache, KvPrecision, KvStore};
 use crate::quant::{self, QMatrix, QuantFormat};
@@ -1004,12 +1005,6 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// GELU with the tanh approximation (ggml's `gelu`).
-fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
-}
-
 /// Elements per task of [`gated`]; a one-token step (4,864 or 8,960 values)
 /// stays on the calling thread.
 const GATED_CHUNK: usize = 16 * 1024;
@@ -1020,10 +1015,8 @@ const GATED_CHUNK: usize = 16 * 1024;
 fn gated(gate: &mut [f32], up: &[f32], act: FfnAct) {
     let f = |(g, u): (&mut [f32], &[f32])| match act {
         FfnAct::Silu => g.iter_mut().zip(u).for_each(|(g, u)| *g = silu(*g) * u),
-        FfnAct::GeluTanh => g
-            .iter_mut()
-            .zip(u)
-            .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        // llama.cpp's f16-table GELU (crate::gelu, issue 28).
+        FfnAct::GeluTanh => gelu::geglu_in_place(g, u),
     };
     if gate.len() <= GATED_CHUNK {
         f((gate, up));
