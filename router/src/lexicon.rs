@@ -836,10 +836,13 @@ struct Hypothetical {
     subject: Option<(usize, usize)>,
 }
 
-/// The phrases of `hypotheticals.txt`: the words, and per word whether it
-/// is generic and its mood words (empty: none needed).
-fn hypotheticals() -> &'static (ContextWords, Vec<(bool, Vec<String>)>) {
-    static WORDS: OnceLock<(ContextWords, Vec<(bool, Vec<String>)>)> = OnceLock::new();
+/// Per phrase of `hypotheticals.txt`: whether it is generic, and its mood
+/// words (empty: none needed).
+type PhraseInfo = Vec<(bool, Vec<String>)>;
+
+/// The phrases of `hypotheticals.txt`: the words, and [`PhraseInfo`].
+fn hypotheticals() -> &'static (ContextWords, PhraseInfo) {
+    static WORDS: OnceLock<(ContextWords, PhraseInfo)> = OnceLock::new();
     WORDS.get_or_init(|| {
         let mut phrases = String::new();
         let mut info = Vec::new();
