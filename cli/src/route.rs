@@ -155,6 +155,108 @@ struct Output<'a> {
     /// `explain` only: the second opinion.
     #[serde(skip_serializing_if = "Option::is_none")]
     second_opinion: Option<&'a OpinionReport>,
+    /// `explain` only: terms a negation or a hypothetical frame set aside
+    /// or was seen near (offsets only, no text).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    frames: Vec<FrameReport>,
+}
+
+/// One [`tandem_router::lexicon::TermNote`] for `explain --json`.
+#[derive(Serialize)]
+struct FrameReport {
+    category: String,
+    start: usize,
+    end: usize,
+    cue: Option<(usize, usize)>,
+    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`.
+    frame: &'static str,
+    /// The marker phrase's bytes ("don't have", "if someone", "假如").
+    marker: (usize, usize),
+    /// Hypotheticals: a conditional about nobody in particular.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generic: Option<bool>,
+    /// Whether the term still counts.
+    counted: bool,
+    /// Why a denial still counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kept_because: Option<&'static str>,
+}
+
+fn frame_report(n: &tandem_router::lexicon::TermNote) -> FrameReport {
+    use tandem_router::lexicon::FrameNote;
+    let (frame, marker, generic, kept_because) = match n.frame {
+        FrameNote::Negated { marker } => ("negated", marker, None, None),
+        FrameNote::NegationKept { marker, why } => {
+            ("negation_kept", marker, None, Some(why.reason()))
+        }
+        FrameNote::Hypothetical { marker, generic } => {
+            ("hypothetical", marker, Some(generic), None)
+        }
+        FrameNote::HypotheticalKept { marker, generic } => {
+            ("hypothetical_kept", marker, Some(generic), None)
+        }
+    };
+    FrameReport {
+        category: n.category.clone(),
+        start: n.start,
+        end: n.end,
+        cue: n.cue,
+        frame,
+        marker,
+        generic,
+        counted: n.counted(),
+        kept_because,
+    }
+}
+
+/// One line of `explain` for a term a negation or a hypothetical frame set
+/// aside or was seen near: the term, the marker, the frame, the cue.
+fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
+    use tandem_router::lexicon::FrameNote;
+    let span =
+        |(s, e): (usize, usize)| format!("{:?} (bytes {s}..{e})", text.get(s..e).unwrap_or(""));
+    let term = span((n.start, n.end));
+    let cue = n
+        .cue
+        .map_or_else(|| "no cue".to_string(), |c| format!("cue {}", span(c)));
+    let kind = |generic: bool| {
+        if generic {
+            "generic conditional"
+        } else {
+            "hypothetical"
+        }
+    };
+    let what = match n.frame {
+        FrameNote::Negated { marker } => {
+            format!(
+                "set aside: denied by {} ({cue}); a denial is not a disclosure",
+                span(marker)
+            )
+        }
+        FrameNote::NegationKept { marker, why } => format!(
+            "counted: denied by {} ({cue}), kept: {}",
+            span(marker),
+            why.reason()
+        ),
+        FrameNote::Hypothetical { marker, generic } => match n.cue {
+            Some(_) => format!(
+                "set aside: {} {}, its {cue} is the supposition's subject or outside the clause",
+                kind(generic),
+                span(marker)
+            ),
+            None => format!(
+                "set aside: {} {}, no cue of its own in the clause",
+                kind(generic),
+                span(marker)
+            ),
+        },
+        FrameNote::HypotheticalKept { marker, generic } => format!(
+            "counted: {} {}, but {cue} in the clause is not its subject",
+            kind(generic),
+            span(marker)
+        ),
+    };
+    format!("  {:<10} term {term} {what}", n.category)
 }
 
 fn output<'a>(id: &'a Value, d: &'a Decision) -> Output<'a> {
@@ -165,6 +267,7 @@ fn output<'a>(id: &'a Value, d: &'a Decision) -> Output<'a> {
         entities: &d.entities,
         categories: &d.categories,
         second_opinion: None,
+        frames: Vec::new(),
     }
 }
 
@@ -353,9 +456,11 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let (decision, opinion) = decide_explained(&policy, &text, &ctx, model.as_ref());
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    let frame_notes = policy.frame_notes(&text);
     if args.json {
         let o = Output {
             second_opinion: Some(&opinion),
+            frames: frame_notes.iter().map(frame_report).collect(),
             ..output(&Value::Null, &decision)
         };
         serde_json::to_writer(&mut out, &o)?;
@@ -435,6 +540,14 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             out,
             "frame:      fiction (its first person is a character: no term counts)"
         )?,
+    }
+    // Negation and hypothetical frames: the term, the marker, the frame and
+    // the cue, whether it changed the decision or not.
+    if !frame_notes.is_empty() {
+        writeln!(out, "frames:")?;
+        for n in &frame_notes {
+            writeln!(out, "{}", frame_line(&text, n))?;
+        }
     }
     write_opinion(&mut out, &opinion, &decision)?;
     if decision.entities.is_empty() {

@@ -267,6 +267,71 @@ fn explain_shows_the_disclosure_cue_and_the_topic_frame() {
 }
 
 #[test]
+fn explain_shows_negation_and_hypothetical_frames() {
+    let policy = example_policy();
+    let p = policy.to_str().unwrap();
+    let explain = |text: &str| {
+        let o = tandem(&["route", "explain", "--policy", p, text], "");
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    // A denial in health: set aside, and explain says by what.
+    let out = explain("I don't have diabetes. What is a normal fasting glucose level?");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(out.contains("frames:"), "{out}");
+    assert!(
+        out.contains("term \"diabetes\" (bytes 13..21) set aside: denied by \"don't have\""),
+        "{out}"
+    );
+    // A denial that still counts, and why.
+    let out = explain("I'm not gay, but my coworkers keep asking");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(out.contains("denied by \"I'm not\""), "{out}");
+    assert!(
+        out.contains("kept: a denial still discusses this category"),
+        "{out}"
+    );
+    // A generic conditional, and the same with a cue of its own.
+    let out = explain("What happens if someone is arrested for a DUI?");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(
+        out.contains("set aside: generic conditional \"if someone\""),
+        "{out}"
+    );
+    let out = explain("假如我得了癌症，保险能赔多少？");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(out.contains("set aside: hypothetical \"假如\""), "{out}");
+    assert!(
+        out.contains("its cue \"我\" (bytes 6..9) is the supposition's subject"),
+        "{out}"
+    );
+    let out = explain("What happens if someone finds out about my HIV?");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(out.contains("cue \"my\""), "{out}");
+    assert!(out.contains("is not its subject"), "{out}");
+    // JSON: offsets only.
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--json",
+            "--policy",
+            p,
+            "I was never arrested.",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["decision"], "speculative");
+    assert_eq!(v["frames"][0]["frame"], "negated");
+    assert_eq!(v["frames"][0]["category"], "legal");
+    assert_eq!(v["frames"][0]["marker"][0], 2);
+    assert_eq!(v["frames"][0]["counted"], false);
+    assert!(!stdout(&o).contains("arrested"), "{}", stdout(&o));
+}
+
+#[test]
 fn explain_colour_always_and_stdin_and_json() {
     let o = tandem(
         &["route", "explain", "--color", "always", "-"],

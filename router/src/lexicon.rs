@@ -20,6 +20,21 @@
 //!   `工资`, `lawyer`);
 //! * `! phrase`: a benign sense, mostly technical ("smart contract", "load
 //!   balancer"); never counts, and hides any term it overlaps.
+//!
+//! A term that would count is then read in its sentence (issue 32, "tense
+//! and negation"; docs/privacy.md "Negation and hypotheticals"):
+//!
+//! * in a hypothetical or a generic conditional ("if someone is arrested",
+//!   "suppose my father were diagnosed", "假如我得了癌症";
+//!   `data/context/hypotheticals.txt`) it counts only with a disclosure cue
+//!   of its own in the clause, not the supposition's subject;
+//! * denied ("I don't have diabetes", "我没有抑郁症", "借金はありません";
+//!   `data/context/negations.txt`) it is set aside in health, finance and
+//!   legal ([`NEGATION_CLEARS`]) unless it is a status term (HIV,
+//!   pregnancy) or a contrast or change word follows
+//!   (`data/context/negation_limits.txt`).
+//!
+//! [`Lexicon::scan_explained`] says which terms these frames touched.
 
 use std::sync::OnceLock;
 
@@ -203,48 +218,114 @@ impl Lexicon {
     /// Every term occurrence in `text` that counts under the context rules
     /// (see the module docs).
     pub fn scan(&self, text: &str) -> Vec<CategoryHit> {
+        self.scan_explained(text).0
+    }
+
+    /// [`Self::scan`], and a note for every term that a negation or a
+    /// hypothetical frame set aside, or was seen near and did not set aside
+    /// (see [`FrameNote`]): what `tandem route explain` shows.
+    pub fn scan_explained(&self, text: &str) -> (Vec<CategoryHit>, Vec<TermNote>) {
         let mut hits = Vec::new();
+        let mut notes = Vec::new();
         let terms = self.standing_terms(text);
         if terms.is_empty() {
-            return hits;
+            return (hits, notes);
         }
         let frame = frame_of(text);
         if frame == Frame::Fiction {
-            return hits;
+            return (hits, notes);
         }
         for (pattern, start, end) in terms {
-            let cue =
-                || nearest_in_window(text, start, end, &first_person().around(text, start, end));
-            let counted: Option<Option<(usize, usize)>> = match self.pattern_kind[pattern] {
-                TermKind::Benign => None,
-                TermKind::Plain => {
-                    if followed_by(text, end, &software_words().around(text, end, end)) {
-                        None
-                    } else {
-                        match (frame, cue()) {
-                            (Frame::Topic, None) => None,
-                            (_, c) => Some(c),
-                        }
-                    }
-                }
+            let kind = self.pattern_kind[pattern];
+            let suppressed = match kind {
+                TermKind::Benign => true,
+                TermKind::Plain => followed_by(text, end, &software_words().around(text, end, end)),
                 TermKind::Personal => {
-                    if within_window(text, start, end, &software_words().around(text, start, end)) {
-                        None
-                    } else {
-                        cue().map(Some)
-                    }
+                    within_window(text, start, end, &software_words().around(text, start, end))
                 }
             };
-            if let Some(cue) = counted {
-                hits.push(CategoryHit {
-                    category: self.categories[self.pattern_category[pattern]].clone(),
-                    start,
-                    end,
-                    cue,
-                });
+            if suppressed {
+                continue;
             }
+            let cues = first_person().around(text, start, end);
+            let cue = nearest_in_window(text, start, end, &cues);
+            let counted: Option<Option<(usize, usize)>> = match (kind, frame, cue) {
+                (TermKind::Personal, _, None) | (_, Frame::Topic, None) => None,
+                (_, _, c) => Some(c),
+            };
+            let Some(mut cue) = counted else {
+                continue;
+            };
+            let category = &self.categories[self.pattern_category[pattern]];
+            let note = |cue, frame| TermNote {
+                category: category.clone(),
+                start,
+                end,
+                cue,
+                frame,
+            };
+            // A hypothetical or generic conditional: the term counts only
+            // with a cue of its own in the clause.
+            if let Some(h) = hypothetical_of(text, start, &cues) {
+                let own: Vec<(usize, usize)> = cues
+                    .iter()
+                    .copied()
+                    .filter(|&(s, e)| {
+                        s >= h.marker.0 && e <= h.scope_end && Some((s, e)) != h.subject
+                    })
+                    .filter(|&(s, e)| !(s >= h.marker.0 && e <= h.marker.1))
+                    .collect();
+                match nearest_in_window(text, start, end, &own) {
+                    Some(c) => {
+                        cue = Some(c);
+                        notes.push(note(
+                            cue,
+                            FrameNote::HypotheticalKept {
+                                marker: h.marker,
+                                generic: h.generic,
+                            },
+                        ));
+                    }
+                    None => {
+                        notes.push(note(
+                            cue,
+                            FrameNote::Hypothetical {
+                                marker: h.marker,
+                                generic: h.generic,
+                            },
+                        ));
+                        continue;
+                    }
+                }
+            }
+            // A denial: set aside only in the categories where a denial
+            // says nothing, and not for a status term or a partial denial.
+            if let Some(marker) = negation_marker(text, start, end) {
+                let kept = if !NEGATION_CLEARS.contains(&category.as_str()) {
+                    Some(NegationKept::Category)
+                } else if is_status_term(&text[start..end]) {
+                    Some(NegationKept::Status)
+                } else if negation_limited(text, end.max(marker.1)) {
+                    Some(NegationKept::Limited)
+                } else {
+                    None
+                };
+                match kept {
+                    Some(why) => notes.push(note(cue, FrameNote::NegationKept { marker, why })),
+                    None => {
+                        notes.push(note(cue, FrameNote::Negated { marker }));
+                        continue;
+                    }
+                }
+            }
+            hits.push(CategoryHit {
+                category: category.clone(),
+                start,
+                end,
+                cue,
+            });
         }
-        hits
+        (hits, notes)
     }
 
     /// The term occurrences that stand alone (see [`stands_alone`]), as
@@ -373,6 +454,15 @@ impl ContextWords {
         text: &'t str,
         range: std::ops::Range<usize>,
     ) -> impl Iterator<Item = (usize, usize)> + 't {
+        self.matches_with_word(text, range).map(|(_, s, e)| (s, e))
+    }
+
+    /// [`Self::matches`] with the index of the word found (into `words`).
+    fn matches_with_word<'t>(
+        &'t self,
+        text: &'t str,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + 't {
         let ac = self
             .ac
             .as_ref()
@@ -394,7 +484,7 @@ impl ContextWords {
                 let case_ok = w.text != "I" || b.get(m.start()) == Some(&b'I');
                 w.kind != TermKind::Benign && alone && case_ok
             })
-            .map(|m| (m.start(), m.end()))
+            .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
     }
 }
 
@@ -457,6 +547,409 @@ fn followed_by(text: &str, end: usize, spans: &[(usize, usize)]) -> bool {
     spans.iter().any(|&(s, _)| {
         s == end || (s == end.saturating_add(1) && text.as_bytes().get(end) == Some(&b' '))
     })
+}
+
+/// The built-in categories in which a denial is not a disclosure: "I don't
+/// have diabetes", "no tengo deudas", "I was never arrested". In the others
+/// a denial still discusses the person ("I'm not gay", "I'm no longer a
+/// Muslim", "I don't live at …", "my son isn't in kindergarten"), and
+/// operator-defined categories are the operator's. Entities (IDs, cards,
+/// e-mails) are never affected: they are recognizers, not categories.
+pub const NEGATION_CLEARS: [&str; 3] = ["health", "finance", "legal"];
+
+/// How far (bytes) before a term a negation marker, and after it a
+/// postposed one (`借金はありません`), is looked for.
+const NEGATION_REACH: usize = 48;
+
+/// How far (bytes) before a term a hypothetical phrase is looked for, and
+/// after a denied term a contrast word.
+const FRAME_REACH: usize = 160;
+
+/// At least the length in bytes of the longest phrase of
+/// `hypotheticals.txt` (checked by a test).
+const HYPOTHETICAL_PHRASE_MAX: usize = 32;
+
+/// Words that may stand between a negation marker and the term it denies
+/// (at most [`NEGATION_MAX_FILLERS`] of them): "I don't have *any* debt",
+/// "never *been diagnosed with* diabetes", "nunca *he sido* detenido",
+/// "从来没有*被*逮捕过". Anything else (a verb, a cue, a comma) ends the
+/// denial's reach: "I'm not able to pay my mortgage" denies nothing.
+const NEGATION_FILLERS: &[&str] = &[
+    "any",
+    "a",
+    "an",
+    "ever",
+    "been",
+    "diagnosed",
+    "with",
+    "really",
+    "actually",
+    "he",
+    "ha",
+    "han",
+    "sido",
+    "tenido",
+    "me",
+    "ido",
+    "de",
+    "d'",
+    "un",
+    "une",
+    "eu",
+    "été",
+    "任何",
+    "过",
+    "得过",
+    "患过",
+    "被",
+    "得",
+    "患",
+];
+
+/// See [`NEGATION_FILLERS`].
+const NEGATION_MAX_FILLERS: usize = 3;
+
+/// Negation markers (`data/context/negations.txt`): plain lines before the
+/// term, `~` lines after it, `!` phrases that deny nothing.
+const NEGATIONS: &str = include_str!("../data/context/negations.txt");
+
+/// What keeps a denial counting (`data/context/negation_limits.txt`):
+/// contrast and change words after the term, `~` status terms.
+const NEGATION_LIMITS: &str = include_str!("../data/context/negation_limits.txt");
+
+/// Hypothetical and generic-conditional phrases
+/// (`data/context/hypotheticals.txt`).
+const HYPOTHETICALS: &str = include_str!("../data/context/hypotheticals.txt");
+
+/// A term that a negation or a hypothetical frame set aside, or that was
+/// seen in one and still counts, and why: `tandem route explain` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TermNote {
+    pub category: String,
+    /// The term's byte span.
+    pub start: usize,
+    pub end: usize,
+    /// The disclosure cue it counted with (or would have), if any.
+    pub cue: Option<(usize, usize)>,
+    pub frame: FrameNote,
+}
+
+impl TermNote {
+    /// Whether the term still counts.
+    pub fn counted(&self) -> bool {
+        matches!(
+            self.frame,
+            FrameNote::NegationKept { .. } | FrameNote::HypotheticalKept { .. }
+        )
+    }
+}
+
+/// The negation or hypothetical frame a term was read in (spans are the
+/// marker phrase's bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameNote {
+    /// Denied ("I don't have diabetes", "借金はありません"): set aside.
+    Negated { marker: (usize, usize) },
+    /// Denied, and counted all the same (see [`NegationKept`]).
+    NegationKept {
+        marker: (usize, usize),
+        why: NegationKept,
+    },
+    /// In a hypothetical ("if I had cancer, would …", "suppose my father
+    /// were diagnosed") or, `generic`, a conditional about nobody in
+    /// particular ("if someone is arrested"), with no cue of its own in the
+    /// clause: set aside.
+    Hypothetical {
+        marker: (usize, usize),
+        generic: bool,
+    },
+    /// In a hypothetical, but a cue in the clause that is not the
+    /// hypothetical's subject makes it count ("if someone finds my HIV
+    /// results").
+    HypotheticalKept {
+        marker: (usize, usize),
+        generic: bool,
+    },
+}
+
+/// Why a denied term still counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NegationKept {
+    /// Not one of [`NEGATION_CLEARS`]: a denial still discusses it.
+    Category,
+    /// A status term: its denial is itself a status (HIV, pregnancy).
+    Status,
+    /// A contrast or a change follows in the sentence ("but", "anymore",
+    /// "yet", "了", "けど").
+    Limited,
+}
+
+impl NegationKept {
+    /// A short reason for `tandem route explain`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            NegationKept::Category => "a denial still discusses this category",
+            NegationKept::Status => "the denial of this condition is itself a status",
+            NegationKept::Limited => "a contrast or a change of state follows",
+        }
+    }
+}
+
+fn negations() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(NEGATIONS))
+}
+
+fn negation_limits() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| {
+        let plain: String = NEGATION_LIMITS
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('~'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        ContextWords::new(&plain)
+    })
+}
+
+fn status_terms() -> &'static [String] {
+    static TERMS: OnceLock<Vec<String>> = OnceLock::new();
+    TERMS.get_or_init(|| {
+        parse_terms(NEGATION_LIMITS)
+            .filter(|t| t.kind == TermKind::Personal)
+            .map(|t| t.text.to_lowercase())
+            .collect()
+    })
+}
+
+/// Whether `term` (its text) is one whose denial is itself a status.
+fn is_status_term(term: &str) -> bool {
+    let t = term.to_lowercase();
+    status_terms().iter().any(|s| t.contains(s.as_str()))
+}
+
+/// Bytes that end a sentence: a contrast word or a hypothetical reaches no
+/// further.
+fn is_sentence_break(c: char) -> bool {
+    matches!(c, '.' | '?' | '!' | ';' | '\n' | '。' | '？' | '！' | '；')
+}
+
+/// Bytes that end a clause: a hypothetical's scope.
+fn is_clause_break(c: char) -> bool {
+    is_sentence_break(c) || matches!(c, ',' | ':' | '，' | '、' | '：')
+}
+
+/// The largest char boundary of `text` at or below `i`.
+fn floor_char(text: &str, i: usize) -> usize {
+    let mut i = i.min(text.len());
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The marker that denies the term at `start..end`, if any: a plain marker
+/// of `negations.txt` ending right before it (fillers allowed), or a `~`
+/// marker right after it.
+fn negation_marker(text: &str, start: usize, end: usize) -> Option<(usize, usize)> {
+    let words = negations();
+    let from = floor_char(text, start.saturating_sub(NEGATION_REACH));
+    let before = words
+        .matches_with_word(text, from..start)
+        .filter(|&(w, _, e)| words.words[w].kind == TermKind::Plain && e <= start)
+        .filter(|&(_, _, e)| text.get(e..start).is_some_and(only_fillers))
+        .last()
+        .map(|(_, s, e)| (s, e));
+    if before.is_some() {
+        return before;
+    }
+    let to = floor_char(text, end.saturating_add(NEGATION_REACH));
+    // Every postposed marker is Japanese or Korean.
+    if text.as_bytes().get(end..to).is_none_or(<[u8]>::is_ascii) {
+        return None;
+    }
+    words
+        .matches_with_word(text, end..to)
+        .take(1)
+        .filter(|&(w, s, _)| {
+            words.words[w].kind == TermKind::Personal
+                && text.get(end..s).is_some_and(|g| g.trim().is_empty())
+        })
+        .map(|(_, s, e)| (s, e))
+        .next()
+}
+
+/// Whether `gap` holds nothing but up to [`NEGATION_MAX_FILLERS`] filler
+/// words (spaces between them; Han fillers may touch).
+fn only_fillers(gap: &str) -> bool {
+    let mut rest = gap.trim();
+    for _ in 0..NEGATION_MAX_FILLERS {
+        if rest.is_empty() {
+            return true;
+        }
+        let next = NEGATION_FILLERS.iter().find_map(|f| {
+            let head = rest.get(..f.len())?;
+            if !head.eq_ignore_ascii_case(f) {
+                return None;
+            }
+            let tail = &rest[f.len()..];
+            // An ASCII filler is a whole word.
+            let whole = !f.is_ascii()
+                || f.ends_with('\'')
+                || tail.is_empty()
+                || tail.starts_with(char::is_whitespace);
+            whole.then_some(tail)
+        });
+        match next {
+            Some(tail) => rest = tail.trim_start(),
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// Whether a contrast or change word (`negation_limits.txt`) follows `from`
+/// in the same sentence.
+fn negation_limited(text: &str, from: usize) -> bool {
+    let to = floor_char(text, from.saturating_add(FRAME_REACH));
+    let end = text
+        .get(from..to)
+        .and_then(|t| t.find(is_sentence_break))
+        .map_or(to, |i| from + i);
+    // A sentence that ends in 了 tells a change of state ("我没有抑郁症了":
+    // no longer); 了 elsewhere is a word's part (了解).
+    let sentence = text.get(from..end).unwrap_or("");
+    sentence.trim_end().ends_with('了')
+        || negation_limits().matches(text, from..end).next().is_some()
+}
+
+/// A hypothetical phrase whose clause holds a term.
+struct Hypothetical {
+    /// The phrase.
+    marker: (usize, usize),
+    /// A conditional about nobody in particular ("if someone").
+    generic: bool,
+    /// Where the phrase's clause ends.
+    scope_end: usize,
+    /// The cue that is the supposition's own subject ("suppose *my*",
+    /// "假如*我*"), if any.
+    subject: Option<(usize, usize)>,
+}
+
+/// Per phrase of `hypotheticals.txt`: whether it is generic, and its mood
+/// words (empty: none needed).
+type PhraseInfo = Vec<(bool, Vec<String>)>;
+
+/// The phrases of `hypotheticals.txt`: the words, and [`PhraseInfo`].
+fn hypotheticals() -> &'static (ContextWords, PhraseInfo) {
+    static WORDS: OnceLock<(ContextWords, PhraseInfo)> = OnceLock::new();
+    WORDS.get_or_init(|| {
+        let mut phrases = String::new();
+        let mut info = Vec::new();
+        for line in HYPOTHETICALS.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            let (generic, rest) = if let Some(r) = line.strip_prefix("generic:") {
+                (true, r)
+            } else if let Some(r) = line.strip_prefix("counterfactual:") {
+                (false, r)
+            } else {
+                continue;
+            };
+            let (phrase, moods) = rest.split_once('|').unwrap_or((rest, ""));
+            let phrase = phrase.trim();
+            if phrase.is_empty() {
+                continue;
+            }
+            phrases.push_str(phrase);
+            phrases.push('\n');
+            let moods = moods
+                .split(',')
+                .map(|m| m.trim().to_lowercase())
+                .filter(|m| !m.is_empty())
+                .collect();
+            info.push((generic, moods));
+        }
+        (ContextWords::new(&phrases), info)
+    })
+}
+
+/// The hypothetical frame of the term starting at `start`, if it is in
+/// one: the last phrase of `hypotheticals.txt` before it in its sentence
+/// whose clause holds it. A counterfactual phrase must open its clause and
+/// find its mood word, if it has one, later in the sentence. `cues` are the
+/// disclosure cues near the term (to find the supposition's subject).
+fn hypothetical_of(text: &str, start: usize, cues: &[(usize, usize)]) -> Option<Hypothetical> {
+    let reach = floor_char(text, start.saturating_sub(FRAME_REACH));
+    let from = text
+        .get(reach..start)?
+        .rfind(is_sentence_break)
+        .map_or(reach, |i| {
+            reach + i + text[reach + i..].chars().next().map_or(1, char::len_utf8)
+        });
+    // Only a phrase in the term's clause, or one right before the comma
+    // that opens it ("Hypothetically, …", "Angenommen, …"), can hold it:
+    // search from a phrase's length before the last clause break.
+    let search_from = text[from..start].rfind(is_clause_break).map_or(from, |i| {
+        floor_char(text, (from + i).saturating_sub(HYPOTHETICAL_PHRASE_MAX)).max(from)
+    });
+    let (words, info) = hypotheticals();
+    let found: Vec<(usize, usize, usize)> =
+        words.matches_with_word(text, search_from..start).collect();
+    for &(w, s, e) in found.iter().rev() {
+        let (generic, moods) = info.get(w)?;
+        // The clause: after the phrase (and a comma right after it) to the
+        // next clause break.
+        let after = e + text[e..]
+            .find(|c: char| !(c.is_whitespace() || matches!(c, ',' | '，' | '、')))
+            .unwrap_or(text.len() - e);
+        let scope_end = text[after..]
+            .find(is_clause_break)
+            .map_or(text.len(), |i| after + i);
+        if start >= scope_end {
+            continue;
+        }
+        if !generic {
+            // Opens its clause: only spaces and punctuation before it.
+            let opens = text[from..s]
+                .rsplit(is_clause_break)
+                .next()
+                .is_none_or(|h| h.chars().all(|c| !c.is_alphanumeric()));
+            if !opens {
+                continue;
+            }
+            if !moods.is_empty() {
+                let to = floor_char(text, e.saturating_add(FRAME_REACH));
+                let sentence = &text[e..to];
+                let sentence =
+                    &sentence[..sentence.find(is_sentence_break).unwrap_or(sentence.len())];
+                let lower = sentence.to_lowercase();
+                if !moods.iter().any(|m| lower.contains(m.as_str())) {
+                    continue;
+                }
+            }
+        }
+        let subject = if *generic {
+            None
+        } else {
+            cues.iter().copied().find(|&(cs, ce)| {
+                (cs >= s && ce <= e)
+                    || (cs >= e
+                        && text.get(e..cs).is_some_and(|g| {
+                            let g = g.trim_matches(|c: char| {
+                                c.is_whitespace() || matches!(c, ',' | '，' | '、')
+                            });
+                            g.is_empty() || ["if", "that", "que", "dass"].contains(&g)
+                        }))
+            })
+        };
+        return Some(Hypothetical {
+            marker: (s, e),
+            generic: *generic,
+            scope_end,
+            subject,
+        });
+    }
+    None
 }
 
 /// An English street line (`350 W 42nd St`, `221B Baker Street`).
@@ -865,6 +1358,196 @@ mod tests {
         }
         assert!(address_hits("Rue de Rivoli is long; the rue has 3 parts").is_empty());
         assert!(address_hits("東京都の人口は1400万人").is_empty());
+    }
+
+    /// The category names of the hits, sorted and deduplicated.
+    fn cats(lx: &Lexicon, text: &str) -> Vec<String> {
+        let mut c: Vec<String> = lx.scan(text).into_iter().map(|h| h.category).collect();
+        c.sort();
+        c.dedup();
+        c
+    }
+
+    /// (term, marker, frame kind) of each note, as text.
+    fn notes(lx: &Lexicon, text: &str) -> Vec<(String, String, &'static str)> {
+        lx.scan_explained(text)
+            .1
+            .into_iter()
+            .map(|n| {
+                let (marker, kind) = match n.frame {
+                    FrameNote::Negated { marker } => (marker, "negated"),
+                    FrameNote::NegationKept { marker, .. } => (marker, "negation-kept"),
+                    FrameNote::Hypothetical { marker, .. } => (marker, "hypothetical"),
+                    FrameNote::HypotheticalKept { marker, .. } => (marker, "hypothetical-kept"),
+                };
+                (
+                    text[n.start..n.end].to_string(),
+                    text[marker.0..marker.1].to_string(),
+                    kind,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn denials_in_health_finance_and_legal_are_set_aside() {
+        let lx = builtin();
+        for text in [
+            "I don't have diabetes.",
+            "I was never arrested.",
+            "I have never been diagnosed with depression.",
+            "I'm not in debt.",
+            "no tengo deudas",
+            "Nunca he sido detenido.",
+            "ich habe keine Schulden",
+            "je n'ai pas de dettes",
+            "我没有抑郁症",
+            "我从来没有被逮捕过",
+            "借金はありません",
+            "逮捕されたことはありません",
+            "저는 우울증이 없어요",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            assert!(
+                notes(&lx, text).iter().all(|n| n.2 == "negated"),
+                "{text}: {:?}",
+                notes(&lx, text)
+            );
+            assert!(!notes(&lx, text).is_empty(), "{text}: no note");
+        }
+        assert_eq!(
+            notes(&lx, "I don't have diabetes."),
+            [("diabetes".into(), "don't have".into(), "negated")]
+        );
+        assert_eq!(
+            notes(&lx, "借金はありません"),
+            [("借金".into(), "はありません".into(), "negated")]
+        );
+    }
+
+    #[test]
+    fn denials_that_still_count() {
+        let lx = builtin();
+        for (text, cat) in [
+            // Other categories: a denial still discusses them.
+            ("I'm not gay.", "sexual"),
+            ("I'm not a Christian.", "religion"),
+            // Status terms.
+            ("I don't have HIV.", "health"),
+            ("I'm not pregnant.", "health"),
+            ("我没有怀孕", "health"),
+            // A contrast or a change of state after the term.
+            ("I don't have diabetes, but my mother does.", "health"),
+            ("I'm not in debt anymore.", "finance"),
+            ("我没有抑郁症了", "health"),
+            ("借金はありませんが、", "finance"),
+            // Phrases that deny nothing.
+            ("I'm not sure if my HIV test came back.", "health"),
+            ("I no longer take sertraline.", "health"),
+            ("ya no tengo cáncer", "health"),
+            ("我还没确诊抑郁症", "health"),
+            ("癌ではないかと心配です", "health"),
+            // The marker does not reach the term.
+            ("I'm not able to pay my mortgage.", "finance"),
+            ("I never told my boss about my arrest.", "legal"),
+            ("我没有钱还房贷", "finance"),
+            ("No, I have diabetes.", "health"),
+        ] {
+            assert!(
+                cats(&lx, text).iter().any(|c| c == cat),
+                "{text}: {:?} {:?}",
+                cats(&lx, text),
+                notes(&lx, text)
+            );
+        }
+        assert_eq!(
+            notes(&lx, "I'm not gay."),
+            [("gay".into(), "I'm not".into(), "negation-kept")]
+        );
+    }
+
+    #[test]
+    fn hypotheticals_are_topics() {
+        let lx = builtin();
+        for text in [
+            "If I had cancer, would insurance pay for it?",
+            "What happens if someone is arrested?",
+            "Suppose my father were diagnosed with Alzheimer's.",
+            "Hypothetically, if my father were diagnosed with cancer",
+            "Si alguien es detenido",
+            "Supongamos que tuviera cáncer",
+            "Angenommen, ich hätte Krebs",
+            "Si quelqu'un a des dettes",
+            "假如我得了癌症，保险能赔多少",
+            "如果有人被逮捕，家属能做什么",
+            "仮に私が癌になったら",
+            "誰かが逮捕されたら",
+            "만약 제가 암 진단을 받는다면",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            assert!(
+                notes(&lx, text).iter().all(|n| n.2 == "hypothetical"),
+                "{text}: {:?}",
+                notes(&lx, text)
+            );
+        }
+        assert_eq!(
+            notes(&lx, "What happens if someone is arrested?"),
+            [("arrested".into(), "if someone".into(), "hypothetical")]
+        );
+    }
+
+    #[test]
+    fn statements_of_fact_and_own_cues_in_a_hypothetical_still_count() {
+        let lx = builtin();
+        for (text, cat) in [
+            (
+                "My father was diagnosed with Alzheimer's last year.",
+                "health",
+            ),
+            ("If I had surgery last month, can I fly?", "health"),
+            ("What happens if someone finds out about my HIV?", "health"),
+            ("I suppose my diabetes is getting worse.", "health"),
+            (
+                "If I had cancer, would insurance pay? I have leukemia.",
+                "health",
+            ),
+            ("假如我爸知道我欠了网贷", "finance"),
+            ("要是我得了癌症怎么办", "health"),
+            ("もし癌だったらどうしよう", "health"),
+        ] {
+            assert!(
+                cats(&lx, text).iter().any(|c| c == cat),
+                "{text}: {:?} {:?}",
+                cats(&lx, text),
+                notes(&lx, text)
+            );
+        }
+        assert_eq!(
+            notes(&lx, "What happens if someone finds out about my HIV?"),
+            [("HIV".into(), "if someone".into(), "hypothetical-kept")]
+        );
+    }
+
+    #[test]
+    fn hypothetical_phrases_fit_the_search_window() {
+        let (words, _) = hypotheticals();
+        assert!(words.words.len() > 50);
+        for w in &words.words {
+            assert!(w.text.len() <= HYPOTHETICAL_PHRASE_MAX, "{}", w.text);
+        }
+    }
+
+    #[test]
+    fn negation_fillers() {
+        assert!(only_fillers(""));
+        assert!(only_fillers(" any "));
+        assert!(only_fillers(" been diagnosed with "));
+        assert!(only_fillers("被"));
+        assert!(!only_fillers(" able to pay my "));
+        assert!(!only_fillers(" anywhere "));
+        assert!(!only_fillers(", I have "));
+        assert!(!only_fillers(" a a a a "));
     }
 
     #[test]

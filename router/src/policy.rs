@@ -422,6 +422,14 @@ impl Policy {
         self.classifier.classify(text)
     }
 
+    /// The category terms a negation ("I don't have diabetes") or a
+    /// hypothetical frame ("if someone is arrested") set aside, or was seen
+    /// near and did not set aside, with the marker and the reason: what
+    /// `tandem route explain` shows (see [`crate::lexicon::FrameNote`]).
+    pub fn frame_notes(&self, text: &str) -> Vec<crate::lexicon::TermNote> {
+        self.classifier.lexicon.scan_explained(text).1
+    }
+
     /// Entities at or above their thresholds (overlaps resolved, sorted by
     /// offset) and the lexicon hits.
     pub fn classify(&self, text: &str) -> (Vec<EntityHit>, Vec<CategoryHit>) {
