@@ -830,7 +830,7 @@ impl<'a> Job<'a> {
                     if w.format == QuantFormat::Q4K {
                         x86_amx::q4k_groups(w.data, rows, j0, ng, act, amx, out)
                     } else {
-                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, out)
+                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, amx, out)
                     }
                 };
                 j0 + ng * x86_amx::GROUP
