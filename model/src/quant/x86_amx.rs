@@ -6,26 +6,38 @@
 //! `tdpbsud`/`tdpbssd`, `tilestored`, `tilerelease`); everything around them
 //! is AVX-512.
 //!
-//! One tile step = 16 weight rows × `tn` ≤ 16 activation rows × one
-//! sub-block (Q4_K: 32 values, Q6_K: 16):
-//! - **A** (`tn` rows × K bytes) = the quantized activations, loaded straight
-//!   from `Act::qs` with the row stride `cols` (signed).
-//! - **B** (K/4 rows × 64 bytes) = the weights in AMX's "VNNI" layout: row
-//!   `r` holds bytes `4r..4r+4` of the sub-block for each of the 16 weight
-//!   rows side by side. Each group of 16 weight rows is unpacked once per
-//!   call into that layout by a 16 × 8 dword transpose in registers
-//!   ([`transpose16x8`]) of the packed bytes, then nibble/bit extraction on
-//!   the transposed vectors (byte-wise operations commute with moving whole
-//!   dwords). Nothing of the weights is kept beyond the call.
-//! - **C** (`tn` × 16 i32) row `t` = the exact dot products of activation
-//!   row `t` with the 16 weight rows for that sub-block.
+//! One tile step = 16 weight rows × 16 activation rows × one super-block
+//! (256 values, four tile products of K = 64 per plane):
+//! - **A** (16 rows × 64 bytes) = the quantized activations, signed, loaded
+//!   from [`AmxAct`]'s copy of `Act::qs` padded with zero rows to a multiple
+//!   of 16 (one tile configuration for the whole call; padded rows are
+//!   computed and dropped).
+//! - **B** (16 rows × 64 bytes) = the weights in AMX's "VNNI" layout (row
+//!   `r` holds values `4r..4r+4` of each of the 16 weight rows side by side),
+//!   **with each sub-block's scale folded in**: `sc·q` (Q4_K, ≤ 945) or
+//!   `sc·(q − 32)` (Q6_K, |·| ≤ 4096) split into a lo plane (u8) and a hi
+//!   plane (u8 for Q4_K, i8 for Q6_K), `value = lo + 256·hi`. Unpacked per
+//!   super-block of a group of 16 weight rows: a 16 × 8 dword transpose in
+//!   registers ([`transpose16x8`]) of the packed bytes, nibble/bit
+//!   extraction on the transposed vectors (byte-wise operations commute with
+//!   moving whole dwords), then the products by `vpmaddubsw` on even and
+//!   odd bytes ([`times_scale`]). Nothing of the weights is kept beyond the
+//!   call.
+//! - **C** (16 × 16 i32), two accumulators: `C_lo = A·B_lo`, `C_hi = A·B_hi`,
+//!   so `S = C_lo + 256·C_hi = Σ_c sc_c · dot_c` exactly.
 //!
-//! Then, per activation row and super-block, with the 16 weight rows as the
-//! lanes of one vector: `S = Σ_c sc_c · C_c` (exact `vpmulld`), for Q4_K
-//! `M = Σ_c m_c · bsum_c` (`vpdpwssd` on pairs of 16-bit values), and the
-//! shared float step of `combine::q4k_step` / `q6k_step`. Results are
-//! therefore bit-identical to every other path, and the work after the tiles
-//! grows with `tn`, not with the tile width.
+//! Then, per activation row, with the 16 weight rows as the lanes of one
+//! vector: `S` from the two tiles, for Q4_K `M = Σ_c m_c · bsum_c`
+//! (`vpdpwssd` on pairs of 16-bit values), and the shared float step of
+//! `combine::q4k_step` / `q6k_step`. Results are therefore bit-identical to
+//! every other path.
+//!
+//! Loop order: per group of 16 weight rows, per super-block, every row tile.
+//! The unpacked super-block (8.5 KB) stays in L1 for all row tiles, and the
+//! next one is unpacked before this one's tile steps (two buffers). Row tiles
+//! alternate their accumulator tiles (tmm0/1, tmm2/3) so one's `tilestored`
+//! overlaps the next one's products. Why, with the costs measured on a
+//! Sapphire Rapids VM: docs/model-core.md, "AMX, round two".
 //!
 //! Before any tile instruction the process must ask the kernel for the AMX
 //! state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), or the first
