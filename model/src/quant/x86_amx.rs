@@ -9,8 +9,9 @@
 //! One tile step = 16 weight rows × 16 activation rows × one super-block
 //! (256 values, four tile products of K = 64 per plane):
 //! - **A** (16 rows × 64 bytes) = the quantized activations, signed, loaded
-//!   from [`AmxAct`]'s copy of `Act::qs` padded with zero rows to a multiple
-//!   of 16 (one tile configuration for the whole call; padded rows are
+//!   from [`AmxAct`]'s copy of `Act::qs` as contiguous 1 KB tiles, padded
+//!   with zero rows to a multiple of 16 (one tile configuration for the
+//!   whole call; padded rows are
 //!   computed and dropped).
 //! - **B** (16 rows × 64 bytes) = the weights in AMX's "VNNI" layout (row
 //!   `r` holds values `4r..4r+4` of each of the 16 weight rows side by side),
@@ -49,7 +50,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K, QK_K};
+use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K};
 use super::{prefetch_ahead, OutPtr};
 
 /// Weight rows per tile step (the columns of B and C).
@@ -138,23 +139,41 @@ impl Drop for Release {
 }
 
 /// What the tile kernels need of the activations, built once per matmul:
-/// the quantized rows padded with zero rows to a multiple of 16, so every
+/// the quantized rows as contiguous tiles ([`tiles_of`]), padded with zero
+/// rows to a multiple of 16, so every
 /// tile step runs with the same 16-row configuration (rows past `m` are
 /// computed and dropped), and for Q4_K weights the min sums in pairs:
 /// `bsp[(t·nb + sb)·4 + p]` = 32-element sums of chunks `2p` (low 16 bits)
 /// and `2p + 1` (high 16 bits); |sum| ≤ 32·128 = 4096 fits i16.
 pub(super) struct AmxAct {
-    qs_pad: Vec<i8>,
+    a_tiles: Vec<i8>,
     bsp: Vec<i32>,
+}
+
+/// The activations as A tiles, each contiguous: tile `(rt, kc)` (rows
+/// `16·rt..16·rt + 16`, columns `64·kc..64·kc + 64`, rows past `m` zero) at
+/// `(rt · cols/64 + kc) · 1024`, its rows 64 bytes apart. A tile step then
+/// loads 1 KB in a row instead of 16 rows `cols` apart.
+fn tiles_of(act: &Act) -> Vec<i8> {
+    let (m, cols) = (act.m, act.cols);
+    let steps = cols / 64;
+    let mut t = vec![0i8; m.div_ceil(TN) * TN * cols];
+    for (row, x) in act.qs.chunks_exact(cols).enumerate().take(m) {
+        let (rt, r) = (row / TN, row % TN);
+        for (kc, v) in x.chunks_exact(64).enumerate() {
+            let at = (rt * steps + kc) * 1024 + r * 64;
+            t[at..at + 64].copy_from_slice(v);
+        }
+    }
+    t
 }
 
 impl AmxAct {
     pub(super) fn new(act: &Act, format: super::QuantFormat) -> Self {
-        let mut qs_pad = act.qs.clone();
-        qs_pad.resize(act.m.div_ceil(TN) * TN * act.cols, 0);
+        let a_tiles = tiles_of(act);
         if format != super::QuantFormat::Q4K {
             return AmxAct {
-                qs_pad,
+                a_tiles,
                 bsp: Vec::new(),
             };
         }
@@ -171,7 +190,7 @@ impl AmxAct {
                 }
             }
         }
-        AmxAct { qs_pad, bsp }
+        AmxAct { a_tiles, bsp }
     }
 }
 
@@ -235,7 +254,7 @@ unsafe fn load_t(base: *const u8, stride: usize) -> [__m512i; 8] {
 
 /// Tile products over one super-block (K = 256 in four steps of 64):
 /// `C_lo = A · B_lo` stored to `c`, `C_hi = A · B_hi` to `c + 1024` bytes.
-/// A at `a` (stride `cols`), `B_lo` at `b`, `B_hi` at `b + 4096` (16 rows of
+/// A at `a` + 1024 bytes per step ([`tiles_of`]), `B_lo` at `b`, `B_hi` at `b + 4096` (16 rows of
 /// 64 bytes per step, stride 64). `HI_SIGNED`: `B_hi` is signed
 /// (`tdpbssd`), else unsigned (`tdpbsud`); `B_lo` is always unsigned.
 /// `ODD`: accumulate in tmm2/tmm3 instead of tmm0/tmm1, so that consecutive
@@ -247,12 +266,7 @@ unsafe fn load_t(base: *const u8, stride: usize) -> [__m512i; 8] {
 /// Tiles configured for A = `tn` × 64 B, B = 16 × 64 B, C = `tn` × 64 B;
 /// every tile inside its buffer.
 #[inline(always)]
-unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(
-    a: *const i8,
-    cols: usize,
-    b: *const u8,
-    c: *mut i32,
-) {
+unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(a: *const i8, b: *const u8, c: *mut i32) {
     macro_rules! body {
         ($hi:literal, $lo_acc:literal, $hi_acc:literal) => {
             // SAFETY: caller.
@@ -260,22 +274,22 @@ unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(
                 asm!(
                     concat!("tilezero ", $lo_acc),
                     concat!("tilezero ", $hi_acc),
-                    "tileloadd tmm4, [{a}+{sa}*1]",
+                    "tileloadd tmm4, [{a}+{s64}*1]",
                     "tileloadd tmm6, [{b}+{s64}*1]",
                     concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
                     "tileloadd tmm7, [{b}+{s64}*1+4096]",
                     concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
-                    "tileloadd tmm5, [{a}+{sa}*1+64]",
+                    "tileloadd tmm5, [{a}+{s64}*1+1024]",
                     "tileloadd tmm6, [{b}+{s64}*1+1024]",
                     concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
                     "tileloadd tmm7, [{b}+{s64}*1+5120]",
                     concat!($hi, " ", $hi_acc, ", tmm5, tmm7"),
-                    "tileloadd tmm4, [{a}+{sa}*1+128]",
+                    "tileloadd tmm4, [{a}+{s64}*1+2048]",
                     "tileloadd tmm6, [{b}+{s64}*1+2048]",
                     concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
                     "tileloadd tmm7, [{b}+{s64}*1+6144]",
                     concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
-                    "tileloadd tmm5, [{a}+{sa}*1+192]",
+                    "tileloadd tmm5, [{a}+{s64}*1+3072]",
                     "tileloadd tmm6, [{b}+{s64}*1+3072]",
                     concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
                     "tileloadd tmm7, [{b}+{s64}*1+7168]",
@@ -285,7 +299,6 @@ unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(
                     a = in(reg) a,
                     b = in(reg) b,
                     c = in(reg) c,
-                    sa = in(reg) cols,
                     s64 = in(reg) 64usize,
                     options(nostack),
                 )
@@ -476,15 +489,15 @@ pub(super) unsafe fn q4k_groups(
             let w = wbuf[sb & 1].0.as_ptr();
             // Row tile rt + 1's products are issued before row tile rt's
             // vector work (two C buffers, alternate accumulator tiles).
-            // SAFETY: A: 16 rows of 64 bytes at stride `cols` from row
-            // 16·rt, column 256·sb + 64i, inside `qs_pad`; B: 16 rows of 64
+            // SAFETY: A: the four 1 KB tiles (rt, 4·sb + i) inside `a_tiles`
+            // (`tiles_of`); B: 16 rows of 64
             // bytes at 1024·i (+ 4096) inside `w`; C: 2 KB inside `cbuf`.
             let issue = |rt: usize, c: *mut i32| unsafe {
-                let a = amx.qs_pad.as_ptr().add(rt * TN * cols + sb * QK_K);
+                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
                 if rt & 1 == 0 {
-                    planes::<false, false>(a, cols, w, c);
+                    planes::<false, false>(a, w, c);
                 } else {
-                    planes::<false, true>(a, cols, w, c);
+                    planes::<false, true>(a, w, c);
                 }
             };
             issue(0, cbuf.0.as_mut_ptr());
@@ -665,11 +678,11 @@ pub(super) unsafe fn q6k_groups(
             let w = wbuf[sb & 1].0.as_ptr();
             // SAFETY: as in `q4k_groups`.
             let issue = |rt: usize, c: *mut i32| unsafe {
-                let a = amx.qs_pad.as_ptr().add(rt * TN * cols + sb * QK_K);
+                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
                 if rt & 1 == 0 {
-                    planes::<true, false>(a, cols, w, c);
+                    planes::<true, false>(a, w, c);
                 } else {
-                    planes::<true, true>(a, cols, w, c);
+                    planes::<true, true>(a, w, c);
                 }
             };
             issue(0, cbuf.0.as_mut_ptr());
