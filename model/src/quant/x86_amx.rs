@@ -335,25 +335,34 @@ unsafe fn plane_sum(cb: *const i32, t: usize) -> __m512i {
 /// dword lane `j` = 4 bytes of row `j`, each 0..63 as u8) times that row's
 /// scale, given as `se` (dword lane `j` = bytes `[sc, 0, sc, 0]`, `sc` an
 /// i8) and `so = se << 8` (`[0, sc, 0, sc]`), minus `sub` (16-bit lanes,
-/// subtracted from each product; zero for Q4_K). Returns `(lo, hi)` with
+/// subtracted from each product) when `SIGNED`. Returns `(lo, hi)` with
 /// `q·sc − sub = lo + 256·hi`: `lo` the low byte (u8), `hi` the high byte
-/// (u8 for a non-negative product, i8 in general: an arithmetic shift).
-/// Exact: |q·sc| ≤ 63·128 fits the 16-bit lanes of `vpmaddubsw` without
-/// saturating.
+/// (`SIGNED`: i8, by an arithmetic shift; else the product is known
+/// non-negative and below 2^15, and `hi` is u8). Exact: |q·sc| ≤ 63·128
+/// fits the 16-bit lanes of `vpmaddubsw` without saturating.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn times_scale(q: __m512i, se: __m512i, so: __m512i, sub: __m512i) -> (__m512i, __m512i) {
-    let even = _mm512_sub_epi16(_mm512_maddubs_epi16(q, se), sub);
-    let odd = _mm512_sub_epi16(_mm512_maddubs_epi16(q, so), sub);
+fn times_scale<const SIGNED: bool>(
+    q: __m512i,
+    se: __m512i,
+    so: __m512i,
+    sub: __m512i,
+) -> (__m512i, __m512i) {
+    let (mut even, mut odd) = (_mm512_maddubs_epi16(q, se), _mm512_maddubs_epi16(q, so));
+    if SIGNED {
+        even = _mm512_sub_epi16(even, sub);
+        odd = _mm512_sub_epi16(odd, sub);
+    }
     let low_bytes = _mm512_set1_epi16(0x00FF);
     // lo: even's low byte, odd's low byte above it.
     let lo = _mm512_ternarylogic_epi32::<0xEA>(even, low_bytes, _mm512_slli_epi16::<8>(odd));
-    // hi: even's high byte (arithmetic: its sign), odd's high byte.
-    let hi = _mm512_ternarylogic_epi32::<0xEA>(
-        odd,
-        _mm512_set1_epi16(0xFF00u16 as i16),
-        _mm512_and_si512(_mm512_srai_epi16::<8>(even), low_bytes),
-    );
+    // hi: even's high byte (SIGNED: with its sign), odd's high byte.
+    let even_hi = if SIGNED {
+        _mm512_and_si512(_mm512_srai_epi16::<8>(even), low_bytes)
+    } else {
+        _mm512_srli_epi16::<8>(even)
+    };
+    let hi = _mm512_ternarylogic_epi32::<0xEA>(odd, _mm512_set1_epi16(0xFF00u16 as i16), even_hi);
     (lo, hi)
 }
 
@@ -408,7 +417,7 @@ unsafe fn unpack_q4k(blk: *const u8, row_bytes: usize, o: *mut u8) {
                 let l = _mm512_and_si512(*v, lo4);
                 let h = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), lo4);
                 for (half, q, se, so) in [(0, l, sel, sol), (1, h, seh, soh)] {
-                    let (plo, phi) = times_scale(q, se, so, zero);
+                    let (plo, phi) = times_scale::<false>(q, se, so, zero);
                     let at = (2 * cc + half) * 512 + 64 * r;
                     _mm512_store_si512(o.add(at).cast(), plo);
                     _mm512_store_si512(o.add(4096 + at).cast(), phi);
@@ -581,17 +590,18 @@ unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
         }
         // Scale group c (16 values) as i32 lanes: c < 8 in `lt`, else `ht`.
         let (lt, ht) = (transpose16x8(&lo), transpose16x8(&hi));
-        let scale = |c: usize| {
+        // Per scale group c (16 values, 4 B rows): `times_scale`'s se, so
+        // and 32·sc in both 16-bit halves (|32·sc| ≤ 4096).
+        let scales: [(__m512i, __m512i, __m512i); 16] = std::array::from_fn(|c| {
             let sc = if c < 8 { lt[c] } else { ht[c - 8] };
             let (se, so) = scale_bytes(sc);
-            // 32·sc in both 16-bit halves (|32·sc| ≤ 4096).
             let t = _mm512_slli_epi32::<5>(sc);
             let sub = _mm512_or_si512(
                 _mm512_and_si512(t, _mm512_set1_epi32(0xFFFF)),
                 _mm512_slli_epi32::<16>(t),
             );
             (se, so, sub)
-        };
+        });
         for h in 0..2 {
             let ql0 = load_t(blk.add(64 * h), row_bytes);
             let ql1 = load_t(blk.add(64 * h + 32), row_bytes);
@@ -618,8 +628,8 @@ unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
                 ];
                 for (qq, e) in e.iter().enumerate() {
                     let row = 32 * h + 8 * qq + r;
-                    let (se, so, sub) = scale(row / 4);
-                    let (plo, phi) = times_scale(*e, se, so, sub);
+                    let (se, so, sub) = scales[row / 4];
+                    let (plo, phi) = times_scale::<true>(*e, se, so, sub);
                     _mm512_store_si512(o.add(64 * row).cast(), plo);
                     _mm512_store_si512(o.add(4096 + 64 * row).cast(), phi);
                 }
