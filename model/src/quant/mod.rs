@@ -584,8 +584,10 @@ impl OutPtr {
 /// way, so the thresholds are a speed choice only). Measured in
 /// docs/model-core.md ("AMX").
 pub const AMX_MIN_ROWS_Q4K: usize = 6;
-/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (16-element scale groups make
-/// twice as many, half-size tile products, so AMX pays later).
+/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (their unpack into the tile
+/// layout costs more, so the tiles pay later). Both measured on the
+/// 2-thread forward, where below these the VNNI kernels wait on memory and
+/// the unpack is extra work (docs/model-core.md, "AMX, round two").
 pub const AMX_MIN_ROWS_Q6K: usize = 10;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
@@ -830,7 +832,7 @@ impl<'a> Job<'a> {
                     if w.format == QuantFormat::Q4K {
                         x86_amx::q4k_groups(w.data, rows, j0, ng, act, amx, out)
                     } else {
-                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, out)
+                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, amx, out)
                     }
                 };
                 j0 + ng * x86_amx::GROUP

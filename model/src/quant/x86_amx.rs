@@ -6,26 +6,39 @@
 //! `tdpbsud`/`tdpbssd`, `tilestored`, `tilerelease`); everything around them
 //! is AVX-512.
 //!
-//! One tile step = 16 weight rows × `tn` ≤ 16 activation rows × one
-//! sub-block (Q4_K: 32 values, Q6_K: 16):
-//! - **A** (`tn` rows × K bytes) = the quantized activations, loaded straight
-//!   from `Act::qs` with the row stride `cols` (signed).
-//! - **B** (K/4 rows × 64 bytes) = the weights in AMX's "VNNI" layout: row
-//!   `r` holds bytes `4r..4r+4` of the sub-block for each of the 16 weight
-//!   rows side by side. Each group of 16 weight rows is unpacked once per
-//!   call into that layout by a 16 × 8 dword transpose in registers
-//!   ([`transpose16x8`]) of the packed bytes, then nibble/bit extraction on
-//!   the transposed vectors (byte-wise operations commute with moving whole
-//!   dwords). Nothing of the weights is kept beyond the call.
-//! - **C** (`tn` × 16 i32) row `t` = the exact dot products of activation
-//!   row `t` with the 16 weight rows for that sub-block.
+//! One tile step = 16 weight rows × 16 activation rows × one super-block
+//! (256 values, four tile products of K = 64 per plane):
+//! - **A** (16 rows × 64 bytes) = the quantized activations, signed, loaded
+//!   from [`AmxAct`]'s copy of `Act::qs` as contiguous 1 KB tiles, padded
+//!   with zero rows to a multiple of 16 (one tile configuration for the
+//!   whole call; padded rows are
+//!   computed and dropped).
+//! - **B** (16 rows × 64 bytes) = the weights in AMX's "VNNI" layout (row
+//!   `r` holds values `4r..4r+4` of each of the 16 weight rows side by side),
+//!   **with each sub-block's scale folded in**: `sc·q` (Q4_K, ≤ 945) or
+//!   `sc·(q − 32)` (Q6_K, |·| ≤ 4096) split into a lo plane (u8) and a hi
+//!   plane (u8 for Q4_K, i8 for Q6_K), `value = lo + 256·hi`. Unpacked per
+//!   super-block of a group of 16 weight rows: a 16 × 8 dword transpose in
+//!   registers ([`transpose16x8`]) of the packed bytes, nibble/bit
+//!   extraction on the transposed vectors (byte-wise operations commute with
+//!   moving whole dwords), then the products by `vpmaddubsw` on even and
+//!   odd bytes ([`times_scale`]). Nothing of the weights is kept beyond the
+//!   call.
+//! - **C** (16 × 16 i32), two accumulators: `C_lo = A·B_lo`, `C_hi = A·B_hi`,
+//!   so `S = C_lo + 256·C_hi = Σ_c sc_c · dot_c` exactly.
 //!
-//! Then, per activation row and super-block, with the 16 weight rows as the
-//! lanes of one vector: `S = Σ_c sc_c · C_c` (exact `vpmulld`), for Q4_K
-//! `M = Σ_c m_c · bsum_c` (`vpdpwssd` on pairs of 16-bit values), and the
-//! shared float step of `combine::q4k_step` / `q6k_step`. Results are
-//! therefore bit-identical to every other path, and the work after the tiles
-//! grows with `tn`, not with the tile width.
+//! Then, per activation row, with the 16 weight rows as the lanes of one
+//! vector: `S` from the two tiles, for Q4_K `M = Σ_c m_c · bsum_c`
+//! (`vpdpwssd` on pairs of 16-bit values), and the shared float step of
+//! `combine::q4k_step` / `q6k_step`. Results are therefore bit-identical to
+//! every other path.
+//!
+//! Loop order: per group of 16 weight rows, per super-block, every row tile.
+//! The unpacked super-block (8.5 KB) stays in L1 for all row tiles, and the
+//! next one is unpacked before this one's tile steps (two buffers). Row tiles
+//! alternate their accumulator tiles (tmm0/1, tmm2/3) so one's `tilestored`
+//! overlaps the next one's products. Why, with the costs measured on a
+//! Sapphire Rapids VM: docs/model-core.md, "AMX, round two".
 //!
 //! Before any tile instruction the process must ask the kernel for the AMX
 //! state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), or the first
@@ -37,7 +50,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K, QK_K};
+use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K};
 use super::{prefetch_ahead, OutPtr};
 
 /// Weight rows per tile step (the columns of B and C).
@@ -125,18 +138,44 @@ impl Drop for Release {
     }
 }
 
-/// Per activation row and super-block, the Q4_K min sums in pairs:
+/// What the tile kernels need of the activations, built once per matmul:
+/// the quantized rows as contiguous tiles ([`tiles_of`]), padded with zero
+/// rows to a multiple of 16, so every
+/// tile step runs with the same 16-row configuration (rows past `m` are
+/// computed and dropped), and for Q4_K weights the min sums in pairs:
 /// `bsp[(t·nb + sb)·4 + p]` = 32-element sums of chunks `2p` (low 16 bits)
 /// and `2p + 1` (high 16 bits); |sum| ≤ 32·128 = 4096 fits i16.
 pub(super) struct AmxAct {
+    a_tiles: Vec<i8>,
     bsp: Vec<i32>,
 }
 
+/// The activations as A tiles, each contiguous: tile `(rt, kc)` (rows
+/// `16·rt..16·rt + 16`, columns `64·kc..64·kc + 64`, rows past `m` zero) at
+/// `(rt · cols/64 + kc) · 1024`, its rows 64 bytes apart. A tile step then
+/// loads 1 KB in a row instead of 16 rows `cols` apart.
+fn tiles_of(act: &Act) -> Vec<i8> {
+    let (m, cols) = (act.m, act.cols);
+    let steps = cols / 64;
+    let mut t = vec![0i8; m.div_ceil(TN) * TN * cols];
+    for (row, x) in act.qs.chunks_exact(cols).enumerate().take(m) {
+        let (rt, r) = (row / TN, row % TN);
+        for (kc, v) in x.chunks_exact(64).enumerate() {
+            let at = (rt * steps + kc) * 1024 + r * 64;
+            t[at..at + 64].copy_from_slice(v);
+        }
+    }
+    t
+}
+
 impl AmxAct {
-    /// The pairs for Q4_K weights; nothing for other formats.
     pub(super) fn new(act: &Act, format: super::QuantFormat) -> Self {
+        let a_tiles = tiles_of(act);
         if format != super::QuantFormat::Q4K {
-            return AmxAct { bsp: Vec::new() };
+            return AmxAct {
+                a_tiles,
+                bsp: Vec::new(),
+            };
         }
         let nb = act.nb;
         let mut bsp = vec![0i32; act.m * nb * 4];
@@ -151,7 +190,7 @@ impl AmxAct {
                 }
             }
         }
-        AmxAct { bsp }
+        AmxAct { a_tiles, bsp }
     }
 }
 
@@ -213,97 +252,207 @@ unsafe fn load_t(base: *const u8, stride: usize) -> [__m512i; 8] {
     transpose16x8(&rows)
 }
 
-/// Write `acc[t]` (16 weight rows) to `out[(t0 + t)·rows + j0 ..][..16]`.
+/// Tile products over one super-block (K = 256 in four steps of 64):
+/// `C_lo = A · B_lo` stored to `c`, `C_hi = A · B_hi` to `c + 1024` bytes.
+/// A at `a` + 1024 bytes per step ([`tiles_of`]), `B_lo` at `b`, `B_hi` at `b + 4096` (16 rows of
+/// 64 bytes per step, stride 64). `HI_SIGNED`: `B_hi` is signed
+/// (`tdpbssd`), else unsigned (`tdpbsud`); `B_lo` is always unsigned.
+/// `ODD`: accumulate in tmm2/tmm3 instead of tmm0/tmm1, so that consecutive
+/// super-blocks alternate and one's stores overlap the next one's products
+/// (a `tilestored` costs about two tile products here, and must wait for
+/// its accumulator's last product).
 ///
 /// # Safety
-/// Those elements are inside the output and written by this task only.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn write_out(acc: &[__m512; TN], out: OutPtr, rows: usize, j0: usize, t0: usize, tn: usize) {
-    for (t, a) in acc.iter().enumerate().take(tn) {
-        // SAFETY: the caller's contract.
-        unsafe { _mm512_storeu_ps(out.get().add((t0 + t) * rows + j0), *a) };
-    }
-}
-
-/// Four tile products `C_i = A_i · B_i` (i < 4) stored to `c + 1024·i`:
-/// A_i at `a + a_step·i` (stride `cols`), B_i at `b + b_step·i` (stride 64).
-/// `SIGNED_B`: `tdpbssd` (signed weights), else `tdpbsud` (unsigned).
-///
-/// # Safety
-/// Tiles configured; every tile inside its buffer.
+/// Tiles configured for A = `tn` × 64 B, B = 16 × 64 B, C = `tn` × 64 B;
+/// every tile inside its buffer.
 #[inline(always)]
-unsafe fn tiles4<const A_STEP: usize, const B_STEP: usize, const SIGNED_B: bool>(
-    a: *const i8,
-    cols: usize,
-    b: *const u8,
-    c: *mut i32,
-) {
+unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(a: *const i8, b: *const u8, c: *mut i32) {
     macro_rules! body {
-        ($op:literal) => {
+        ($hi:literal, $lo_acc:literal, $hi_acc:literal) => {
             // SAFETY: caller.
             unsafe {
                 asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    "tileloadd tmm4, [{a}+{sa}*1]",
+                    concat!("tilezero ", $lo_acc),
+                    concat!("tilezero ", $hi_acc),
+                    "tileloadd tmm4, [{a}+{s64}*1]",
                     "tileloadd tmm6, [{b}+{s64}*1]",
-                    concat!($op, " tmm0, tmm4, tmm6"),
-                    "tileloadd tmm5, [{a}+{sa}*1+{a1}]",
-                    "tileloadd tmm7, [{b}+{s64}*1+{b1}]",
-                    concat!($op, " tmm1, tmm5, tmm7"),
-                    "tileloadd tmm4, [{a}+{sa}*1+{a2}]",
-                    "tileloadd tmm6, [{b}+{s64}*1+{b2}]",
-                    concat!($op, " tmm2, tmm4, tmm6"),
-                    "tileloadd tmm5, [{a}+{sa}*1+{a3}]",
-                    "tileloadd tmm7, [{b}+{s64}*1+{b3}]",
-                    concat!($op, " tmm3, tmm5, tmm7"),
-                    "tilestored [{c}+{s64}*1], tmm0",
-                    "tilestored [{c}+{s64}*1+1024], tmm1",
-                    "tilestored [{c}+{s64}*1+2048], tmm2",
-                    "tilestored [{c}+{s64}*1+3072], tmm3",
+                    concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
+                    "tileloadd tmm7, [{b}+{s64}*1+4096]",
+                    concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
+                    "tileloadd tmm5, [{a}+{s64}*1+1024]",
+                    "tileloadd tmm6, [{b}+{s64}*1+1024]",
+                    concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
+                    "tileloadd tmm7, [{b}+{s64}*1+5120]",
+                    concat!($hi, " ", $hi_acc, ", tmm5, tmm7"),
+                    "tileloadd tmm4, [{a}+{s64}*1+2048]",
+                    "tileloadd tmm6, [{b}+{s64}*1+2048]",
+                    concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
+                    "tileloadd tmm7, [{b}+{s64}*1+6144]",
+                    concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
+                    "tileloadd tmm5, [{a}+{s64}*1+3072]",
+                    "tileloadd tmm6, [{b}+{s64}*1+3072]",
+                    concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
+                    "tileloadd tmm7, [{b}+{s64}*1+7168]",
+                    concat!($hi, " ", $hi_acc, ", tmm5, tmm7"),
+                    concat!("tilestored [{c}+{s64}*1], ", $lo_acc),
+                    concat!("tilestored [{c}+{s64}*1+1024], ", $hi_acc),
                     a = in(reg) a,
                     b = in(reg) b,
                     c = in(reg) c,
-                    sa = in(reg) cols,
                     s64 = in(reg) 64usize,
-                    a1 = const A_STEP,
-                    a2 = const 2 * A_STEP,
-                    a3 = const 3 * A_STEP,
-                    b1 = const B_STEP,
-                    b2 = const 2 * B_STEP,
-                    b3 = const 3 * B_STEP,
                     options(nostack),
                 )
             }
         };
     }
-    if SIGNED_B {
-        body!("tdpbssd")
-    } else {
-        body!("tdpbsud")
+    match (HI_SIGNED, ODD) {
+        (false, false) => body!("tdpbsud", "tmm0", "tmm1"),
+        (false, true) => body!("tdpbsud", "tmm2", "tmm3"),
+        (true, false) => body!("tdpbssd", "tmm0", "tmm1"),
+        (true, true) => body!("tdpbssd", "tmm2", "tmm3"),
     }
 }
 
-/// Run `tiles` over the activation rows in groups of at most 16 with the
-/// tile configuration for that group's size.
-macro_rules! row_groups {
-    ($m:expr, $a_colsb:expr, $b_rows:expr, |$t0:ident, $tn:ident| $body:block) => {{
-        let _release = Release;
-        let mut $t0 = 0;
-        while $t0 < $m {
-            let $tn = TN.min($m - $t0);
-            // SAFETY: the caller of the kernel checked `available`.
-            unsafe { TileCfg::new($tn as u8, $a_colsb, $b_rows).load() };
-            $body
-            $t0 += $tn;
-        }
-    }};
+/// `S` of activation row `t` (16 weight rows as lanes) from the two C tiles
+/// [`planes`] stored at `cb`: `C_lo + 256·C_hi` (exact).
+///
+/// # Safety
+/// `cb` holds the two tiles (2 × 256 i32), `t < 16`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn plane_sum(cb: *const i32, t: usize) -> __m512i {
+    // SAFETY: caller.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_load_si512(cb.add(16 * t).cast()),
+            _mm512_load_si512(cb.add(256 + 16 * t).cast()),
+        )
+    };
+    _mm512_add_epi32(lo, _mm512_slli_epi32::<8>(hi))
 }
 
+/// The two planes of `q · sc` per byte: `q` (16 weight rows side by side,
+/// dword lane `j` = 4 bytes of row `j`, each 0..63 as u8) times that row's
+/// scale, given as `se` (dword lane `j` = bytes `[sc, 0, sc, 0]`, `sc` an
+/// i8) and `so = se << 8` (`[0, sc, 0, sc]`), minus `sub` (16-bit lanes,
+/// subtracted from each product) when `SIGNED`. Returns `(lo, hi)` with
+/// `q·sc − sub = lo + 256·hi`: `lo` the low byte (u8), `hi` the high byte
+/// (`SIGNED`: i8, by an arithmetic shift; else the product is known
+/// non-negative and below 2^15, and `hi` is u8). Exact: |q·sc| ≤ 63·128
+/// fits the 16-bit lanes of `vpmaddubsw` without saturating.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn times_scale<const SIGNED: bool>(
+    q: __m512i,
+    se: __m512i,
+    so: __m512i,
+    sub: __m512i,
+) -> (__m512i, __m512i) {
+    let (mut even, mut odd) = (_mm512_maddubs_epi16(q, se), _mm512_maddubs_epi16(q, so));
+    if SIGNED {
+        even = _mm512_sub_epi16(even, sub);
+        odd = _mm512_sub_epi16(odd, sub);
+    }
+    let low_bytes = _mm512_set1_epi16(0x00FF);
+    // lo: even's low byte, odd's low byte above it.
+    let lo = _mm512_ternarylogic_epi32::<0xEA>(even, low_bytes, _mm512_slli_epi16::<8>(odd));
+    // hi: even's high byte (SIGNED: with its sign), odd's high byte.
+    let even_hi = if SIGNED {
+        _mm512_and_si512(_mm512_srai_epi16::<8>(even), low_bytes)
+    } else {
+        _mm512_srli_epi16::<8>(even)
+    };
+    let hi = _mm512_ternarylogic_epi32::<0xEA>(odd, _mm512_set1_epi16(0xFF00u16 as i16), even_hi);
+    (lo, hi)
+}
+
+/// `se` and `so` of [`times_scale`] from scales as i32 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn scale_bytes(sc: __m512i) -> (__m512i, __m512i) {
+    let b = _mm512_and_si512(sc, _mm512_set1_epi32(0xFF));
+    let se = _mm512_or_si512(b, _mm512_slli_epi32::<16>(b));
+    (se, _mm512_slli_epi32::<8>(se))
+}
+
+/// One super-block of 16 Q4_K weight rows (`blk`: row `j` at
+/// `blk + j·row_bytes`) unpacked into `o` ([`Q4K_UNPACKED`] bytes): the lo
+/// and hi planes of `sc·q` in the tile layout (4096 bytes each: 64 rows of
+/// 4 values × 16 weight rows), then the min pairs (4 × 16 i32), d and dmin
+/// (16 f32 each).
+///
+/// # Safety
+/// AVX-512 (F/BW); 16 readable blocks at `blk + j·row_bytes`; `o` 64-byte
+/// aligned with [`Q4K_UNPACKED`] writable bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_q4k(blk: *const u8, row_bytes: usize, o: *mut u8) {
+    let lo4 = _mm512_set1_epi8(0xF);
+    let zero = _mm512_setzero_si512();
+    // SAFETY: every read is inside block sb of rows jg..jg+16 (qs at offset
+    // 16, 128 bytes); every write inside `o` (caller).
+    unsafe {
+        for j in 0..GROUP {
+            prefetch_ahead::<3>(blk.add(j * row_bytes));
+        }
+        let mut scr = [_mm256_setzero_si256(); 16];
+        let mut mnr = [_mm256_setzero_si256(); 16];
+        let mut d = [0f32; 32];
+        for j in 0..GROUP {
+            let b = &*blk.add(j * row_bytes).cast::<BlockQ4K>();
+            let (sc, mn) = q4k_scales_mins(&b.scales);
+            scr[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr().cast()));
+            // [m0 | m1 << 16, m2 | m3 << 16, ...] as 4 dwords
+            mnr[j] = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast())));
+            d[j] = f16_le(b.d);
+            d[16 + j] = f16_le(b.dmin);
+        }
+        let sct = transpose16x8(&scr);
+        let mnt = transpose16x8(&mnr);
+        for cc in 0..4 {
+            let (sel, sol) = scale_bytes(sct[2 * cc]);
+            let (seh, soh) = scale_bytes(sct[2 * cc + 1]);
+            let v = load_t(blk.add(16 + 32 * cc), row_bytes);
+            for (r, v) in v.iter().enumerate() {
+                let l = _mm512_and_si512(*v, lo4);
+                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), lo4);
+                for (half, q, se, so) in [(0, l, sel, sol), (1, h, seh, soh)] {
+                    let (plo, phi) = times_scale::<false>(q, se, so, zero);
+                    let at = (2 * cc + half) * 512 + 64 * r;
+                    _mm512_store_si512(o.add(at).cast(), plo);
+                    _mm512_store_si512(o.add(4096 + at).cast(), phi);
+                }
+            }
+        }
+        for p in 0..4 {
+            _mm512_store_si512(o.add(PLANES + 64 * p).cast(), mnt[p]);
+        }
+        _mm512_store_ps(o.add(PLANES + 256).cast(), _mm512_loadu_ps(d.as_ptr()));
+        _mm512_store_ps(
+            o.add(PLANES + 320).cast(),
+            _mm512_loadu_ps(d.as_ptr().add(16)),
+        );
+    }
+}
+
+/// Bytes of the two planes of one unpacked super-block.
+const PLANES: usize = 8192;
+/// Bytes of one unpacked Q4_K super-block ([`unpack_q4k`]).
+const Q4K_UNPACKED: usize = PLANES + 4 * 64 + 2 * 64;
+
 /// Q4_K: weight rows `j0..j0 + 16·ng` (groups of 16) × all activation rows.
+///
+/// Each sub-block's scale is folded into the weights when they are unpacked
+/// (`sc·q ≤ 945 = lo + 256·hi`, two u8 planes), so a super-block is two
+/// tile products over all 256 values and `S = C_lo + 256·C_hi` exactly, the
+/// same integer the scalar path forms as `Σ_c sc_c · dot_c`.
+///
+/// Loop order: per group of 16 weight rows, per super-block, every tile of
+/// 16 activation rows. So an unpacked super-block (8.5 KB) is read from L1
+/// by every row tile: streamed from L2 per row tile instead, loading the
+/// planes bound the tile steps. The next super-block is unpacked before the
+/// tile steps of this one (two buffers), so no tile load reads data just
+/// stored.
 ///
 /// # Safety
 /// [`available`] and AVX-512 (F/BW/VL/VNNI); `wdata` is the matrix
@@ -320,105 +469,71 @@ pub(super) unsafe fn q4k_groups(
     out: OutPtr,
 ) {
     let (m, nb, cols) = (act.m, act.nb, act.cols);
+    let tiles = m.div_ceil(TN);
     let bsz = std::mem::size_of::<BlockQ4K>();
     let row_bytes = nb * bsz;
-    // Per super-block: B tiles (8 sub-blocks × 8 rows × 64 B), then the
-    // scales (8 × 16 i32), min pairs (4 × 16 i32), d and dmin (16 f32 each).
-    const SB: usize = 4096 + 8 * 64 + 4 * 64 + 2 * 64;
-    let mut wbuf = vec![Aligned([0u8; SB]); nb];
-    let mut cbuf = Aligned([0i32; 2 * 8 * 256]);
-    let lo4 = _mm512_set1_epi8(0xF);
+    let mut wbuf = [Aligned([0u8; Q4K_UNPACKED]); 2];
+    let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
+    let mut acc = vec![_mm512_setzero_ps(); m];
+    let _release = Release;
+    // SAFETY: the caller checked `available`.
+    unsafe { TileCfg::new(TN as u8, 64, 16).load() };
     for g in 0..ng {
         let jg = j0 + g * GROUP;
         let wg = wdata[jg * row_bytes..(jg + GROUP) * row_bytes].as_ptr();
-        for (sb, wb) in wbuf.iter_mut().enumerate() {
-            let blk = wg.wrapping_add(sb * bsz);
-            let o = wb.0.as_mut_ptr();
-            // SAFETY: every read is inside block sb of rows jg..jg+16
-            // (qs at offset 16, 128 bytes); every write inside `wb`.
-            unsafe {
-                for j in 0..GROUP {
-                    prefetch_ahead::<3>(blk.add(j * row_bytes));
-                }
-                for cc in 0..4 {
-                    let v = load_t(blk.add(16 + 32 * cc), row_bytes);
-                    for (r, v) in v.iter().enumerate() {
-                        let l = _mm512_and_si512(*v, lo4);
-                        let h = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), lo4);
-                        _mm512_store_si512(o.add((2 * cc) * 512 + 64 * r).cast(), l);
-                        _mm512_store_si512(o.add((2 * cc + 1) * 512 + 64 * r).cast(), h);
-                    }
-                }
-                let mut scr = [_mm256_setzero_si256(); 16];
-                let mut mnr = [_mm256_setzero_si256(); 16];
-                let mut d = [0f32; 32];
-                for j in 0..GROUP {
-                    let b = &*blk.add(j * row_bytes).cast::<BlockQ4K>();
-                    let (sc, mn) = q4k_scales_mins(&b.scales);
-                    scr[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr().cast()));
-                    // [m0 | m1 << 16, m2 | m3 << 16, ...] as 4 dwords
-                    mnr[j] = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
-                        mn.as_ptr().cast(),
-                    )));
-                    d[j] = f16_le(b.d);
-                    d[16 + j] = f16_le(b.dmin);
-                }
-                let sct = transpose16x8(&scr);
-                let mnt = transpose16x8(&mnr);
-                for c in 0..8 {
-                    _mm512_store_si512(o.add(4096 + 64 * c).cast(), sct[c]);
-                }
-                for p in 0..4 {
-                    _mm512_store_si512(o.add(4096 + 512 + 64 * p).cast(), mnt[p]);
-                }
-                _mm512_store_ps(o.add(4096 + 768).cast(), _mm512_loadu_ps(d.as_ptr()));
-                _mm512_store_ps(
-                    o.add(4096 + 832).cast(),
-                    _mm512_loadu_ps(d.as_ptr().add(16)),
-                );
+        acc.fill(_mm512_setzero_ps());
+        // SAFETY: block 0 of rows jg..jg+16 is inside `wdata`.
+        unsafe { unpack_q4k(wg, row_bytes, wbuf[0].0.as_mut_ptr()) };
+        for sb in 0..nb {
+            if sb + 1 < nb {
+                // SAFETY: block sb + 1 of rows jg..jg+16 is inside `wdata`.
+                unsafe {
+                    unpack_q4k(
+                        wg.add((sb + 1) * bsz),
+                        row_bytes,
+                        wbuf[(sb + 1) & 1].0.as_mut_ptr(),
+                    )
+                };
             }
-        }
-        row_groups!(m, 32, 8, |t0, tn| {
-            let mut acc = [_mm512_setzero_ps(); TN];
-            // The tile products of super-block sb + 1 are issued before the
-            // vector work of sb (two C buffers), so the two overlap.
-            // SAFETY: A: `tn` rows of 32 bytes at stride `cols` from row t0,
-            // column 256·sb + 128h + 32i, inside `act.qs`; B: 8 rows of 64
-            // bytes at 512·(4h + i) inside `wbuf[sb]`; C: 8 KB inside `cbuf`.
-            let issue = |sb: usize, c: *mut i32| unsafe {
-                let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K);
-                let b = wbuf[sb].0.as_ptr();
-                tiles4::<32, 512, false>(a, cols, b, c);
-                tiles4::<32, 512, false>(a.add(128), cols, b.add(2048), c.add(1024));
+            let w = wbuf[sb & 1].0.as_ptr();
+            // Row tile rt + 1's products are issued before row tile rt's
+            // vector work (two C buffers, alternate accumulator tiles).
+            // SAFETY: A: the four 1 KB tiles (rt, 4·sb + i) inside `a_tiles`
+            // (`tiles_of`); B: 16 rows of 64
+            // bytes at 1024·i (+ 4096) inside `w`; C: 2 KB inside `cbuf`.
+            let issue = |rt: usize, c: *mut i32| unsafe {
+                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
+                if rt & 1 == 0 {
+                    planes::<false, false>(a, w, c);
+                } else {
+                    planes::<false, true>(a, w, c);
+                }
             };
             issue(0, cbuf.0.as_mut_ptr());
-            for (sb, wb) in wbuf.iter().enumerate() {
-                let w = wb.0.as_ptr();
-                if sb + 1 < nb {
+            // SAFETY: min pairs and d/dmin inside `w`.
+            let (mp, dv, dmv) = unsafe {
+                let mp: [__m512i; 4] =
+                    std::array::from_fn(|p| _mm512_load_si512(w.add(PLANES + 64 * p).cast()));
+                (
+                    mp,
+                    _mm512_load_ps(w.add(PLANES + 256).cast()),
+                    _mm512_load_ps(w.add(PLANES + 320).cast()),
+                )
+            };
+            for rt in 0..tiles {
+                if rt + 1 < tiles {
                     issue(
-                        sb + 1,
-                        cbuf.0.as_mut_ptr().wrapping_add(2048 * ((sb + 1) & 1)),
+                        rt + 1,
+                        cbuf.0.as_mut_ptr().wrapping_add(512 * ((rt + 1) & 1)),
                     );
                 }
-                let cb = cbuf.0.as_ptr().wrapping_add(2048 * (sb & 1));
-                // SAFETY: scales, min pairs and d/dmin inside `wb`; C rows
-                // t < tn inside `cbuf`; row t0 + t < m.
-                unsafe {
-                    let sc: [__m512i; 8] =
-                        std::array::from_fn(|c| _mm512_load_si512(w.add(4096 + 64 * c).cast()));
-                    let mp: [__m512i; 4] = std::array::from_fn(|p| {
-                        _mm512_load_si512(w.add(4096 + 512 + 64 * p).cast())
-                    });
-                    let dv = _mm512_load_ps(w.add(4096 + 768).cast());
-                    let dmv = _mm512_load_ps(w.add(4096 + 832).cast());
-                    for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                        let cp = cb.add(16 * t);
-                        let mut s = _mm512_setzero_si512();
-                        for (c, sc) in sc.iter().enumerate() {
-                            let cv = _mm512_load_si512(cp.add(256 * c).cast());
-                            s = _mm512_add_epi32(s, _mm512_mullo_epi32(cv, *sc));
-                        }
-                        let row = t0 + t;
+                let cb = cbuf.0.as_ptr().wrapping_add(512 * (rt & 1));
+                let t0 = rt * TN;
+                for (t, acc) in acc[t0..].iter_mut().enumerate().take(TN) {
+                    let row = t0 + t;
+                    // SAFETY: C row t < 16 inside `cbuf`; row < m.
+                    unsafe {
+                        let s = plane_sum(cb, t);
                         let bp = amx.bsp.as_ptr().add((row * nb + sb) * 4);
                         let mut mm = _mm512_setzero_si512();
                         for (p, mp) in mp.iter().enumerate() {
@@ -436,13 +551,100 @@ pub(super) unsafe fn q4k_groups(
                     }
                 }
             }
-            // SAFETY: columns jg..jg+16 are this task's; rows t0..t0+tn < m.
-            unsafe { write_out(&acc, out, rows, jg, t0, tn) };
-        });
+        }
+        for (row, a) in acc.iter().enumerate() {
+            // SAFETY: columns jg..jg+16 are this task's; row < m.
+            unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
+        }
     }
 }
 
-/// Q6_K: as [`q4k_groups`] (16-element groups, signed `q − 32`, `tdpbssd`).
+/// One super-block of 16 Q6_K weight rows unpacked into `o`
+/// ([`Q6K_UNPACKED`] bytes): the lo and hi planes of `sc·(q − 32)` (the lo
+/// plane u8, the hi plane i8) in the tile layout, then d (16 f32).
+///
+/// # Safety
+/// AVX-512 (F/BW); 16 readable blocks at `blk + j·row_bytes`; `o` 64-byte
+/// aligned with [`Q6K_UNPACKED`] writable bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
+    let lo4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm512_set1_epi8(3);
+    let m30 = _mm512_set1_epi8(0x30);
+    // SAFETY: every read is inside the block of rows j (ql at 0, qh at 128,
+    // scales at 192, d at 208); every write inside `o` (caller).
+    unsafe {
+        for j in 0..GROUP {
+            prefetch_ahead::<4>(blk.add(j * row_bytes));
+        }
+        let mut lo = [_mm256_setzero_si256(); 16];
+        let mut hi = [_mm256_setzero_si256(); 16];
+        let mut d = [0f32; 16];
+        for j in 0..GROUP {
+            let b = &*blk.add(j * row_bytes).cast::<BlockQ6K>();
+            let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.scales.as_ptr().cast()));
+            lo[j] = _mm512_castsi512_si256(v);
+            hi[j] = _mm512_extracti64x4_epi64::<1>(v);
+            d[j] = f16_le(b.d);
+        }
+        // Scale group c (16 values) as i32 lanes: c < 8 in `lt`, else `ht`.
+        let (lt, ht) = (transpose16x8(&lo), transpose16x8(&hi));
+        // Per scale group c (16 values, 4 B rows): `times_scale`'s se, so
+        // and 32·sc in both 16-bit halves (|32·sc| ≤ 4096).
+        let scales: [(__m512i, __m512i, __m512i); 16] = std::array::from_fn(|c| {
+            let sc = if c < 8 { lt[c] } else { ht[c - 8] };
+            let (se, so) = scale_bytes(sc);
+            let t = _mm512_slli_epi32::<5>(sc);
+            let sub = _mm512_or_si512(
+                _mm512_and_si512(t, _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32::<16>(t),
+            );
+            (se, so, sub)
+        });
+        for h in 0..2 {
+            let ql0 = load_t(blk.add(64 * h), row_bytes);
+            let ql1 = load_t(blk.add(64 * h + 32), row_bytes);
+            let qh = load_t(blk.add(128 + 32 * h), row_bytes);
+            for r in 0..8 {
+                let (l0, l1, q) = (ql0[r], ql1[r], qh[r]);
+                let e = [
+                    _mm512_or_si512(
+                        _mm512_and_si512(l0, lo4),
+                        _mm512_slli_epi16::<4>(_mm512_and_si512(q, m3)),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(l1, lo4),
+                        _mm512_and_si512(_mm512_slli_epi16::<2>(q), m30),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(l0), lo4),
+                        _mm512_and_si512(q, m30),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(l1), lo4),
+                        _mm512_and_si512(_mm512_srli_epi16::<2>(q), m30),
+                    ),
+                ];
+                for (qq, e) in e.iter().enumerate() {
+                    let row = 32 * h + 8 * qq + r;
+                    let (se, so, sub) = scales[row / 4];
+                    let (plo, phi) = times_scale::<true>(*e, se, so, sub);
+                    _mm512_store_si512(o.add(64 * row).cast(), plo);
+                    _mm512_store_si512(o.add(4096 + 64 * row).cast(), phi);
+                }
+            }
+        }
+        _mm512_store_ps(o.add(PLANES).cast(), _mm512_loadu_ps(d.as_ptr()));
+    }
+}
+
+/// Bytes of one unpacked Q6_K super-block ([`unpack_q6k`]).
+const Q6K_UNPACKED: usize = PLANES + 64;
+
+/// Q6_K: as [`q4k_groups`] (the scale of each 16-value group folded into
+/// `q − 32`, `|sc·(q − 32)| ≤ 4096 = lo + 256·hi` with a signed hi plane:
+/// `tdpbssd`).
 ///
 /// # Safety
 /// As [`q4k_groups`].
@@ -453,125 +655,74 @@ pub(super) unsafe fn q6k_groups(
     j0: usize,
     ng: usize,
     act: &Act,
+    amx: &AmxAct,
     out: OutPtr,
 ) {
     let (m, nb, cols) = (act.m, act.nb, act.cols);
+    let tiles = m.div_ceil(TN);
     let bsz = std::mem::size_of::<BlockQ6K>();
     let row_bytes = nb * bsz;
-    // Per super-block: B tiles (64 dword rows × 64 B), the 16 group scales
-    // (16 × 16 i32), d (16 f32).
-    const SB: usize = 4096 + 1024 + 64;
-    let mut wbuf = vec![Aligned([0u8; SB]); nb];
-    let mut cbuf = Aligned([0i32; 2 * 16 * 256]);
-    let lo4 = _mm512_set1_epi8(0xF);
-    let m3 = _mm512_set1_epi8(3);
-    let m30 = _mm512_set1_epi8(0x30);
-    let m32 = _mm512_set1_epi8(32);
+    let mut wbuf = [Aligned([0u8; Q6K_UNPACKED]); 2];
+    let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
+    let mut acc = vec![_mm512_setzero_ps(); m];
+    let _release = Release;
+    // SAFETY: the caller checked `available`.
+    unsafe { TileCfg::new(TN as u8, 64, 16).load() };
     for g in 0..ng {
         let jg = j0 + g * GROUP;
         let wg = wdata[jg * row_bytes..(jg + GROUP) * row_bytes].as_ptr();
-        for (sb, wb) in wbuf.iter_mut().enumerate() {
-            let blk = wg.wrapping_add(sb * bsz);
-            let o = wb.0.as_mut_ptr();
-            // SAFETY: every read is inside block sb of rows jg..jg+16 (ql at
-            // 0, qh at 128, scales at 192, d at 208); every write inside `wb`.
-            unsafe {
-                for j in 0..GROUP {
-                    prefetch_ahead::<4>(blk.add(j * row_bytes));
-                }
-                for h in 0..2 {
-                    let ql0 = load_t(blk.add(64 * h), row_bytes);
-                    let ql1 = load_t(blk.add(64 * h + 32), row_bytes);
-                    let qh = load_t(blk.add(128 + 32 * h), row_bytes);
-                    for r in 0..8 {
-                        let (l0, l1, q) = (ql0[r], ql1[r], qh[r]);
-                        let e = [
-                            _mm512_or_si512(
-                                _mm512_and_si512(l0, lo4),
-                                _mm512_slli_epi16::<4>(_mm512_and_si512(q, m3)),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(l1, lo4),
-                                _mm512_and_si512(_mm512_slli_epi16::<2>(q), m30),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(_mm512_srli_epi16::<4>(l0), lo4),
-                                _mm512_and_si512(q, m30),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(_mm512_srli_epi16::<4>(l1), lo4),
-                                _mm512_and_si512(_mm512_srli_epi16::<2>(q), m30),
-                            ),
-                        ];
-                        for (qq, e) in e.iter().enumerate() {
-                            let row = 32 * h + 8 * qq + r;
-                            _mm512_store_si512(o.add(64 * row).cast(), _mm512_sub_epi8(*e, m32));
-                        }
-                    }
-                }
-                let mut lo = [_mm256_setzero_si256(); 16];
-                let mut hi = [_mm256_setzero_si256(); 16];
-                let mut d = [0f32; 16];
-                for j in 0..GROUP {
-                    let b = &*blk.add(j * row_bytes).cast::<BlockQ6K>();
-                    let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.scales.as_ptr().cast()));
-                    lo[j] = _mm512_castsi512_si256(v);
-                    hi[j] = _mm512_extracti64x4_epi64::<1>(v);
-                    d[j] = f16_le(b.d);
-                }
-                let (lt, ht) = (transpose16x8(&lo), transpose16x8(&hi));
-                for k in 0..8 {
-                    _mm512_store_si512(o.add(4096 + 64 * k).cast(), lt[k]);
-                    _mm512_store_si512(o.add(4096 + 512 + 64 * k).cast(), ht[k]);
-                }
-                _mm512_store_ps(o.add(4096 + 1024).cast(), _mm512_loadu_ps(d.as_ptr()));
+        acc.fill(_mm512_setzero_ps());
+        // SAFETY: block 0 of rows jg..jg+16 is inside `wdata`.
+        unsafe { unpack_q6k(wg, row_bytes, wbuf[0].0.as_mut_ptr()) };
+        for sb in 0..nb {
+            if sb + 1 < nb {
+                // SAFETY: block sb + 1 of rows jg..jg+16 is inside `wdata`.
+                unsafe {
+                    unpack_q6k(
+                        wg.add((sb + 1) * bsz),
+                        row_bytes,
+                        wbuf[(sb + 1) & 1].0.as_mut_ptr(),
+                    )
+                };
             }
-        }
-        row_groups!(m, 16, 4, |t0, tn| {
-            let mut acc = [_mm512_setzero_ps(); TN];
-            // As in `q4k_groups`, one super-block ahead.
-            // SAFETY: A: `tn` rows of 16 bytes at stride `cols` from row t0,
-            // column 256·sb + 16g, inside `act.qs`; B: 4 rows of 64 bytes at
-            // 256g inside `wbuf[sb]`; C: 16 KB inside `cbuf`.
-            let issue = |sb: usize, c: *mut i32| unsafe {
-                let a = act.qs.as_ptr().add(t0 * cols + sb * QK_K);
-                let b = wbuf[sb].0.as_ptr();
-                for i in 0..4 {
-                    tiles4::<16, 256, true>(a.add(64 * i), cols, b.add(1024 * i), c.add(1024 * i));
+            let w = wbuf[sb & 1].0.as_ptr();
+            // SAFETY: as in `q4k_groups`.
+            let issue = |rt: usize, c: *mut i32| unsafe {
+                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
+                if rt & 1 == 0 {
+                    planes::<true, false>(a, w, c);
+                } else {
+                    planes::<true, true>(a, w, c);
                 }
             };
             issue(0, cbuf.0.as_mut_ptr());
-            for (sb, wb) in wbuf.iter().enumerate() {
-                let w = wb.0.as_ptr();
-                if sb + 1 < nb {
+            // SAFETY: d inside `w`.
+            let dv = unsafe { _mm512_load_ps(w.add(PLANES).cast()) };
+            for rt in 0..tiles {
+                if rt + 1 < tiles {
                     issue(
-                        sb + 1,
-                        cbuf.0.as_mut_ptr().wrapping_add(4096 * ((sb + 1) & 1)),
+                        rt + 1,
+                        cbuf.0.as_mut_ptr().wrapping_add(512 * ((rt + 1) & 1)),
                     );
                 }
-                let cb = cbuf.0.as_ptr().wrapping_add(4096 * (sb & 1));
-                // SAFETY: scales and d inside `wb`; C rows t < tn inside
-                // `cbuf`; row t0 + t < m.
-                unsafe {
-                    let sc: [__m512i; 16] =
-                        std::array::from_fn(|k| _mm512_load_si512(w.add(4096 + 64 * k).cast()));
-                    let dv = _mm512_load_ps(w.add(4096 + 1024).cast());
-                    for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                        let cp = cb.add(16 * t);
-                        let mut s = _mm512_setzero_si512();
-                        for (k, sc) in sc.iter().enumerate() {
-                            let cv = _mm512_load_si512(cp.add(256 * k).cast());
-                            s = _mm512_add_epi32(s, _mm512_mullo_epi32(cv, *sc));
-                        }
-                        let dx = _mm512_set1_ps(*act.d.as_ptr().add((t0 + t) * nb + sb));
+                let cb = cbuf.0.as_ptr().wrapping_add(512 * (rt & 1));
+                let t0 = rt * TN;
+                for (t, acc) in acc[t0..].iter_mut().enumerate().take(TN) {
+                    let row = t0 + t;
+                    // SAFETY: C row t < 16 inside `cbuf`; row < m.
+                    unsafe {
+                        let s = plane_sum(cb, t);
+                        let dx = _mm512_set1_ps(*act.d.as_ptr().add(row * nb + sb));
                         // combine::q6k_step, lanes = weight rows.
                         let dd = _mm512_mul_ps(dv, dx);
                         *acc = _mm512_add_ps(*acc, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)));
                     }
                 }
             }
-            // SAFETY: as in `q4k_groups`.
-            unsafe { write_out(&acc, out, rows, jg, t0, tn) };
-        });
+        }
+        for (row, a) in acc.iter().enumerate() {
+            // SAFETY: columns jg..jg+16 are this task's; row < m.
+            unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
+        }
     }
 }
