@@ -13,6 +13,8 @@
 #                             (default: the tiny test vocabulary)
 #      CARGO_TARGET_DIR       (default fuzz/target)
 #      TANDEM_FUZZ_SANITIZER  address (default) or none (stable-compatible flags)
+#      TANDEM_FUZZ_JOBS       targets run at once (default: the CPUs; each run
+#                             is one thread, so each still gets SECONDS of a core)
 # Each target starts from its committed seeds (fuzz/seeds/<target>) plus the
 # working corpus fuzz/corpus/<target> (gitignored, kept between runs). A crash
 # stops the run with libFuzzer's report; the input is in fuzz/artifacts/<target>.
@@ -46,22 +48,40 @@ RUSTFLAGS="$flags" RUSTDOCFLAGS="$flags" \
 echo "== fuzz build: $(( $(date +%s) - t0 ))s" >&2
 if [ -n "$BUILD_ONLY" ]; then exit 0; fi
 bin="$CARGO_TARGET_DIR/$HOST/release"
-for t in "${TARGETS[@]}"; do
+# One target's run; a crash prints libFuzzer's report and returns non-zero.
+run_target() {
+  local t=$1 log="corpus/$1.log" status=0
   mkdir -p "corpus/$t" "artifacts/$t"
   echo "== fuzz $t for ${SECS}s" >&2
   # -timeout: one input taking over 10 s is a hang; -rss_limit_mb: an input
   # that allocates beyond what any sane file backs is a finding.
-  log="corpus/$t.log"
-  status=0
   "$bin/$t" "corpus/$t" "seeds/$t" \
     -artifact_prefix="artifacts/$t/" \
     -max_total_time="$SECS" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
     >"$log" 2>&1 || status=$?
-  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)' "$log" >&2 || true
+  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)' "$log" | sed "s/^/$t: /" >&2 || true
   if [ "$status" -ne 0 ]; then
     tail -n 60 "$log" >&2
     echo "fuzz target $t failed (exit $status); the input is in fuzz/artifacts/$t" >&2
-    exit 1
+    return 1
   fi
+}
+# Each libFuzzer run is one thread: TANDEM_FUZZ_JOBS targets at a time (default:
+# the CPUs), so every target still gets its SECS of one core.
+jobs=${TANDEM_FUZZ_JOBS:-$(nproc)}
+pids=()
+failed=0
+for t in "${TARGETS[@]}"; do
+  if [ ${#pids[@]} -ge "$jobs" ]; then
+    wait "${pids[0]}" || failed=1
+    pids=("${pids[@]:1}")
+  fi
+  run_target "$t" &
+  pids+=($!)
 done
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+if [ "$failed" -ne 0 ]; then
+  echo "a fuzz target failed (its report is above)" >&2
+  exit 1
+fi
 echo "== fuzz total: $(( $(date +%s) - t0 ))s" >&2

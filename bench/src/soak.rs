@@ -461,6 +461,8 @@ fn sample(at_s: f64, v: &Verifier) -> RssSample {
             .zip(metric("tandem_verifier_kv_page_bytes"))
             .map(|(pages, page)| (pages * page) as u64),
         sessions_opened: metric("tandem_verifier_sessions_opened_total"),
+        heap_in_use_bytes: metric("tandem_verifier_heap_in_use_bytes").map(|b| b as u64),
+        heap_free_bytes: metric("tandem_verifier_heap_free_bytes").map(|b| b as u64),
     }
 }
 

@@ -17,6 +17,7 @@
 //!   in-flight prefill budget.
 //! - [`state`]: the shared state struct; [`handlers`]: one per message kind;
 //!   [`service`]: the stream loop; [`auth`]: the bearer-token interceptor.
+//! - [`heap`]: the allocator's live and free bytes, for `/metrics`.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` as an axum router;
 //!   [`connections`]: the connection cap; [`server`]: putting it together
 //!   (TLS, keepalive, stream caps, drain).
@@ -31,6 +32,7 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod handlers;
+pub mod heap;
 mod lock;
 pub mod metrics;
 pub mod scheduler;

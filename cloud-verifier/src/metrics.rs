@@ -174,6 +174,10 @@ impl Metrics {
             scalar(o, "tandem_verifier_kv_pages_free", "gauge", "KV pages left in the pool.", g.pages_free);
             scalar(o, "tandem_verifier_kv_page_bytes", "gauge", "Bytes of one KV page.", g.page_bytes);
             scalar(o, "tandem_verifier_kv_pages_allocated", "gauge", "KV page buffers allocated (held, or free in the pool for reuse): resident KV memory in pages.", g.pages_allocated);
+            if let Some(h) = crate::heap::heap_stats() {
+                scalar(o, "tandem_verifier_heap_in_use_bytes", "gauge", "Bytes the allocator has handed out and not had back (glibc mallinfo2: arenas plus mapped blocks); includes the KV pool's page buffers.", h.in_use);
+                scalar(o, "tandem_verifier_heap_free_bytes", "gauge", "Free bytes the allocator's arenas hold and have not returned to the system.", h.free_held);
+            }
             let _ = writeln!(o, "# HELP tandem_verifier_identity_sessions Sessions held per device identity.\n# TYPE tandem_verifier_identity_sessions gauge");
             for (id, n) in &g.per_identity {
                 let _ = writeln!(o, "tandem_verifier_identity_sessions{{identity=\"{}\"}} {n}", label_value(id));

@@ -70,6 +70,11 @@ pub struct RssSample {
     pub kv_pool_bytes: Option<u64>,
     /// `tandem_verifier_sessions_opened_total` of this verifier process.
     pub sessions_opened: Option<f64>,
+    /// `tandem_verifier_heap_in_use_bytes`: what the verifier's allocator has
+    /// handed out and not had back (the KV pool's buffers included).
+    pub heap_in_use_bytes: Option<u64>,
+    /// `tandem_verifier_heap_free_bytes`: free bytes its allocator holds.
+    pub heap_free_bytes: Option<u64>,
 }
 
 /// Whether one RSS series grows. The first third of its samples is warm-up
@@ -346,6 +351,10 @@ pub struct Invariants {
 pub struct Rss {
     /// One per verifier process (a kill starts a new one).
     pub verifier: Vec<RssTrend>,
+    /// One per verifier process whose `/metrics` gave its heap at every
+    /// sample: reported beside the judgement, to tell live growth from
+    /// memory the allocator keeps.
+    pub verifier_heap: Vec<HeapTrend>,
     pub edge: RssTrend,
     pub samples: Vec<RssSample>,
 }
@@ -585,9 +594,68 @@ impl Report {
     }
 }
 
+/// A verifier process's heap over the soak, as its allocator counts it.
+/// Where VmRSS minus the KV pool grows and `live_slope_mib_per_min` does not,
+/// the growth is memory the allocator holds (fragmentation, arenas), not
+/// live data.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeapTrend {
+    pub series: String,
+    pub samples: usize,
+    /// Heap in use minus the KV pool's buffers: live memory outside the pool.
+    pub live_first_bytes: u64,
+    pub live_last_bytes: u64,
+    /// Its least-squares slope after warm-up (the first third), as for VmRSS.
+    pub live_slope_mib_per_min: f64,
+    /// Free bytes the allocator holds, first and last sample, and the slope.
+    pub free_first_bytes: u64,
+    pub free_last_bytes: u64,
+    pub free_slope_mib_per_min: f64,
+}
+
+fn heap_trend(series: &str, samples: &[&RssSample]) -> Option<HeapTrend> {
+    let points: Vec<(f64, u64, u64)> = samples
+        .iter()
+        .map(|s| {
+            let live = s.heap_in_use_bytes?.saturating_sub(s.kv_pool_bytes?);
+            Some((s.at_s, live, s.heap_free_bytes?))
+        })
+        .collect::<Option<_>>()?;
+    let (first, last) = (points.first()?, points.last()?);
+    let after_warm_up = &points[points.len() / 3..];
+    let live: Vec<(f64, u64)> = after_warm_up.iter().map(|p| (p.0, p.1)).collect();
+    let free: Vec<(f64, u64)> = after_warm_up.iter().map(|p| (p.0, p.2)).collect();
+    Some(HeapTrend {
+        series: series.to_owned(),
+        samples: points.len(),
+        live_first_bytes: first.1,
+        live_last_bytes: last.1,
+        live_slope_mib_per_min: slope(&live) * 60.0 / MIB,
+        free_first_bytes: first.2,
+        free_last_bytes: last.2,
+        free_slope_mib_per_min: slope(&free) * 60.0 / MIB,
+    })
+}
+
+fn heap_line(h: &HeapTrend) -> String {
+    format!(
+        "{}: {} samples; live outside the KV pool {:.0} -> {:.0} MiB, {:+.2} MiB/min after \
+         warm-up; free held by the allocator {:.0} -> {:.0} MiB, {:+.2} MiB/min",
+        h.series,
+        h.samples,
+        mib(h.live_first_bytes),
+        mib(h.live_last_bytes),
+        h.live_slope_mib_per_min,
+        mib(h.free_first_bytes),
+        mib(h.free_last_bytes),
+        h.free_slope_mib_per_min
+    )
+}
+
 /// The trends of the verifier (per process) and of this process.
 fn rss_figures(samples: Vec<RssSample>) -> Rss {
     let mut verifier = Vec::new();
+    let mut verifier_heap = Vec::new();
     let incarnations: Vec<usize> = {
         let mut v: Vec<usize> = samples.iter().map(|s| s.verifier_incarnation).collect();
         v.dedup();
@@ -603,6 +671,7 @@ fn rss_figures(samples: Vec<RssSample>) -> Rss {
             .filter_map(|s| Some((s.at_s, s.verifier_rss_bytes?)))
             .collect();
         let pool: Option<Vec<u64>> = ours.iter().map(|s| s.kv_pool_bytes).collect();
+        verifier_heap.extend(heap_trend(&format!("verifier process {inc} heap"), &ours));
         verifier.push(rss_trend_net(
             &format!("verifier process {inc}"),
             &points,
@@ -615,6 +684,7 @@ fn rss_figures(samples: Vec<RssSample>) -> Rss {
         .collect();
     Rss {
         verifier,
+        verifier_heap,
         edge: rss_trend("edge (devices' process)", &edge),
         samples,
     }
@@ -798,6 +868,9 @@ pub fn render(r: &Report) -> String {
     for tr in r.rss.verifier.iter().chain(std::iter::once(&r.rss.edge)) {
         let _ = writeln!(o, "{}", trend_line(tr));
     }
+    for h in &r.rss.verifier_heap {
+        let _ = writeln!(o, "{}", heap_line(h));
+    }
     let _ = writeln!(
         o,
         "tokens: {} ({} verified, {} provisional: {} checked after the verifier came back, {} \
@@ -834,7 +907,7 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:>7} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "{:>7} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
         "t s",
         "proc",
         "verifier MiB",
@@ -843,12 +916,14 @@ pub fn render(r: &Report) -> String {
         "KV pages",
         "in store",
         "allocated",
-        "opened"
+        "opened",
+        "heap MiB",
+        "free MiB"
     );
     for x in &r.rss.samples {
         let _ = writeln!(
             o,
-            "{:>7.0} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "{:>7.0} {:>4} {:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
             x.at_s,
             x.verifier_incarnation,
             opt_mib(x.verifier_rss_bytes),
@@ -857,7 +932,9 @@ pub fn render(r: &Report) -> String {
             opt_count(x.kv_pages_used),
             opt_count(x.kv_pages_in_store),
             opt_count(x.kv_pages_allocated),
-            opt_count(x.sessions_opened)
+            opt_count(x.sessions_opened),
+            opt_mib(x.heap_in_use_bytes),
+            opt_mib(x.heap_free_bytes)
         );
     }
     let _ = writeln!(
@@ -984,6 +1061,45 @@ mod tests {
         assert!(rss_trend_net("v", &raw, None).upward);
         let flat = vec![64 << 20; 30];
         assert!(rss_trend_net("v", &raw, Some(&flat)).upward);
+    }
+
+    #[test]
+    fn the_heap_is_reported_live_outside_the_pool_and_free_held() {
+        // 30 samples, 10 s apart: the pool grows 8 MiB a sample, the live
+        // heap outside it 1 MiB a minute, the allocator's free bytes none.
+        let mib = 1u64 << 20;
+        let samples: Vec<RssSample> = (0..30u64)
+            .map(|i| {
+                let pool = i * 8 * mib;
+                RssSample {
+                    at_s: i as f64 * 10.0,
+                    verifier_incarnation: 1,
+                    verifier_pid: Some(1),
+                    verifier_rss_bytes: Some(1 << 30),
+                    edge_rss_bytes: None,
+                    verifier_sessions: None,
+                    kv_pages_used: None,
+                    kv_pages_in_store: None,
+                    kv_pages_allocated: None,
+                    kv_pool_bytes: Some(pool),
+                    sessions_opened: None,
+                    heap_in_use_bytes: Some(pool + 500 * mib + i * mib / 6),
+                    heap_free_bytes: Some(40 * mib),
+                }
+            })
+            .collect();
+        let refs: Vec<&RssSample> = samples.iter().collect();
+        let h = heap_trend("v", &refs).unwrap();
+        assert_eq!(h.samples, 30);
+        assert_eq!(h.live_first_bytes, 500 * mib);
+        assert!((h.live_slope_mib_per_min - 1.0).abs() < 0.01, "{h:?}");
+        assert_eq!(h.free_slope_mib_per_min, 0.0);
+        assert!(heap_line(&h).contains("+1.00 MiB/min"), "{}", heap_line(&h));
+        // A sample without the heap gauges (another allocator): no trend.
+        let mut partial = samples.clone();
+        partial[3].heap_in_use_bytes = None;
+        let refs: Vec<&RssSample> = partial.iter().collect();
+        assert!(heap_trend("v", &refs).is_none());
     }
 
     #[test]
