@@ -714,9 +714,9 @@ impl EdgeRuntime {
 }
 
 /// Rows per forward of the idle catch-up ([`EdgeRuntime::catch_up`]): a
-/// request arriving meanwhile waits for at most one such forward (about
-/// 0.3–0.9 s for the 0.5B draft at a context of ~400 on a loaded 2-core
-/// machine, where the draft ran ~37 rows/s; far less when quiet).
+/// request arriving meanwhile waits for at most one such forward (for the
+/// 0.5B draft at a context of ~400, about 0.4 s at the 37 rows/s measured on
+/// a loaded 2-core machine; far less when quiet).
 pub const CATCH_UP_CHUNK: usize = 16;
 
 /// What one [`EdgeRuntime::catch_up`] did.
