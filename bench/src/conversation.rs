@@ -56,6 +56,13 @@ pub struct Args {
     /// Skip the target-only greedy check of every turn.
     #[arg(long)]
     no_target_check: bool,
+    /// A user's pause between an answer and the next turn, in ms (the caches-on
+    /// run; serve-edge's idle catch-up runs the reply through the draft then).
+    #[arg(long, default_value_t = 0)]
+    think_ms: u64,
+    /// Turn serve-edge's idle catch-up off (`[conversations] catch_up = false`).
+    #[arg(long)]
+    no_catch_up: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -68,6 +75,8 @@ struct TurnRun {
     ttft_ms: f64,
     total_ms: f64,
     draft_prefill_tokens: u64,
+    /// Reused draft rows the idle catch-up computed before this turn.
+    draft_caught_up_tokens: u64,
     verifier_prefill_tokens: u64,
     bytes_up: u64,
     bytes_down: u64,
@@ -104,6 +113,8 @@ struct Report {
     max_tokens: usize,
     proposer: &'static str,
     k: usize,
+    think_ms: u64,
+    catch_up: bool,
     turns: Vec<Turn>,
     /// TTFT of turn 6 and of the last turn over turn 1's, caches off and on.
     ttft_growth_turn6_off: Option<f64>,
@@ -181,6 +192,7 @@ fn turn_run(j: &serde_json::Value, total_ms: f64) -> Result<TurnRun> {
         ttft_ms: st["ttft_ms"].as_f64().unwrap_or(0.0),
         total_ms,
         draft_prefill_tokens: u(&st["draft_prefill_tokens"]),
+        draft_caught_up_tokens: u(&st["draft_caught_up_tokens"]),
         verifier_prefill_tokens: u(&st["verifier_prefill_tokens"]),
         bytes_up: u(&st["bytes_sent"]),
         bytes_down: u(&st["bytes_received"]),
@@ -215,6 +227,7 @@ fn run_once(
         ..EdgeConfig::default()
     };
     cfg.conversations.enabled = on;
+    cfg.conversations.catch_up = !args.no_catch_up;
     let routed = assemble(AssemblyConfig {
         max_seq_len: MAX_SEQ_LEN,
         edge: cfg,
@@ -234,6 +247,9 @@ fn run_once(
         .collect();
     let (mut out, mut fresh) = (Vec::new(), Vec::new());
     for (i, u) in users.iter().enumerate() {
+        if on && i > 0 && args.think_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(args.think_ms));
+        }
         history.push(serde_json::json!({"role": "user", "content": u}));
         let body = serde_json::json!({"model": "tandem", "messages": history,
             "max_tokens": args.max_tokens, "temperature": 0})
@@ -356,7 +372,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let last = turns.last().context("no turn ran")?;
     let report = Report {
-        schema: 2,
+        schema: 3,
         utc: utc_now(),
         cpu: cpu_model(),
         loadavg_before,
@@ -364,6 +380,8 @@ pub fn run(args: Args) -> Result<()> {
         max_tokens: args.max_tokens,
         proposer: args.proposer.name(),
         k: args.k,
+        think_ms: args.think_ms,
+        catch_up: !args.no_catch_up,
         ttft_growth_turn6_off: turns.get(5).map(|t| growth(t, false)),
         ttft_growth_turn6_on: turns.get(5).map(|t| growth(t, true)),
         ttft_growth_last_off: growth(last, false),
@@ -396,17 +414,19 @@ fn table(r: &Report) -> String {
     let _ = writeln!(
         s,
         "conversation through serve-edge + loopback verifier, greedy, {} proposer, k = {}, {} reply tokens per turn\n\
+         idle catch-up {}, {} ms between turns (caches on)\n\
          cpu: {}; load average before {:?}, after {:?}\n",
-        r.proposer, r.k, r.max_tokens, r.cpu, r.loadavg_before, r.loadavg_after
+        r.proposer, r.k, r.max_tokens, if r.catch_up { "on" } else { "off" }, r.think_ms,
+        r.cpu, r.loadavg_before, r.loadavg_after
     );
     let _ = writeln!(
         s,
-        "turn  prompt  TTFT ms off/on      fresh: prompt  TTFT  on/fresh  device prefill off/on  verifier prefill off/on  bytes up off/on     bytes down off/on  same  target"
+        "turn  prompt  TTFT ms off/on      fresh: prompt  TTFT  on/fresh  device prefill off/on (caught up)  verifier prefill off/on  bytes up off/on     bytes down off/on  same  target"
     );
     for t in &r.turns {
         let _ = writeln!(
             s,
-            "{:>4}  {:>6}  {:>8.0} / {:<8.0}  {:>13} {:>5.0}  {:>7.2}x  {:>8} / {:<8}      {:>8} / {:<8}        {:>8} / {:<8}  {:>7} / {:<7}  {:>4}  {}",
+            "{:>4}  {:>6}  {:>8.0} / {:<8.0}  {:>13} {:>5.0}  {:>7.2}x  {:>8} / {:<8} ({:>4})      {:>8} / {:<8}        {:>8} / {:<8}  {:>7} / {:<7}  {:>4}  {}",
             t.turn,
             t.on.prompt_tokens,
             t.off.ttft_ms,
@@ -416,6 +436,7 @@ fn table(r: &Report) -> String {
             t.on_over_fresh,
             t.off.draft_prefill_tokens,
             t.on.draft_prefill_tokens,
+            t.on.draft_caught_up_tokens,
             t.off.verifier_prefill_tokens,
             t.on.verifier_prefill_tokens,
             t.off.bytes_up,

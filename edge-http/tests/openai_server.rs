@@ -2766,3 +2766,67 @@ fn response_formats_are_the_targets_masked_output_locally_too_and_bad_ones_are_4
     let st = j["tandem"]["token_status"].as_array().unwrap();
     assert!(st.iter().all(|x| x == "local"), "{st:?}");
 }
+
+#[test]
+fn an_idle_slot_catches_the_draft_up_between_turns_and_the_output_stays_the_targets() {
+    let f = fixture();
+    let v = f.verifier();
+    // Prompt lookup answers every turn, so the draft never runs a reply: the
+    // next turn's draft KV is behind by it unless an idle slot catches up.
+    let server = |catch_up: bool| {
+        let mut cfg = f.edge_config_for(&v);
+        cfg.proposer = tandem_model::proposer::ProposerKind::Lookup;
+        cfg.conversations.catch_up = catch_up;
+        f.server(cfg, ServeConfig::default())
+    };
+    let (with, without) = (server(true), server(false));
+    let caught_up = |s: &RunningServer| {
+        let m = http(s.addr, "GET", "/metrics", None, "");
+        sample(&m.body, "tandem_edge_draft_caught_up_rows_total")
+    };
+    let mut history =
+        vec![json!({"role": "user", "content": "tell me about the weather in a few words"})];
+    let mut messages = vec![ChatMessage::user(
+        "tell me about the weather in a few words",
+    )];
+    for (turn, next) in ["and tomorrow?", "thanks, and the day after?"]
+        .into_iter()
+        .enumerate()
+    {
+        let body = json!({"model": "tandem", "messages": history, "max_tokens": 10,
+            "ignore_eos": true, "temperature": 0});
+        let (a, b) = (
+            post(with.addr, "/v1/chat/completions", &body).json(),
+            post(without.addr, "/v1/chat/completions", &body).json(),
+        );
+        let prompt = f.tok.encode_chat(&messages, true).unwrap();
+        let ids = ids_of(&a["tandem"]["token_ids"]);
+        assert_eq!(ids, target_greedy(&f, &prompt, 10), "turn {turn}");
+        assert_eq!(ids_of(&b["tandem"]["token_ids"]), ids, "turn {turn}");
+        let (sa, sb) = (&a["tandem"]["stats"], &b["tandem"]["stats"]);
+        assert_eq!(sb["draft_caught_up_tokens"], 0);
+        if turn > 0 {
+            // The rows the idle slot ran are reused: the draft lacks fewer
+            // tokens than without the catch-up.
+            let n = |s: &Value, k: &str| s[k].as_u64().unwrap();
+            assert!(n(sa, "draft_caught_up_tokens") > 0, "{sa}");
+            assert!(
+                n(sa, "draft_prefill_tokens") < n(sb, "draft_prefill_tokens"),
+                "{sa} vs {sb}"
+            );
+        }
+        // The idle slot catches the conversation up (and counts it); the
+        // other server never does.
+        wait_for("the idle catch-up", Duration::from_secs(30), || {
+            caught_up(&with) >= (prompt.len() + ids.len()) as f64
+        });
+        assert_eq!(caught_up(&without), 0.0);
+        let text = a["choices"][0]["message"]["content"].as_str().unwrap();
+        history.push(json!({"role": "assistant", "content": text}));
+        history.push(json!({"role": "user", "content": next}));
+        messages.push(ChatMessage::assistant(text));
+        messages.push(ChatMessage::user(next));
+    }
+    drop((with, without));
+    let _ = f.rt.block_on(v.shutdown());
+}

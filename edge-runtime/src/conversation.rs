@@ -28,9 +28,23 @@
 //!    ever held, since RSS does not shrink when a cache is truncated. At most
 //!    [`MAX_ENTRIES`] entries are kept whatever their size (each holds a cache's
 //!    allocations: many tiny conversations must not add up unseen).
+//! 4. **Caught up between turns.** A turn whose rounds lookup served leaves the
+//!    draft's KV behind its context (the draft runs lazily). While the device is
+//!    idle the host may run those rows through the draft
+//!    (`EdgeRuntime::catch_up`): an entry is checked out
+//!    ([`ConversationCache::check_out_behind`]), fed in small chunks and checked
+//!    back in ([`ConversationCache::check_in`]). A request that wants a checked-out
+//!    entry waits for it ([`SharedConversations::lock_when_free`]); a generation
+//!    starting on any sibling runtime makes the catch-up yield after its current
+//!    chunk ([`SharedConversations::running`]). The rows are the ones the next
+//!    turn would have computed (same tokens, same positions; a row's result does
+//!    not depend on the other rows of its forward), so nothing a turn proposes
+//!    changes.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use tandem_model::kv_cache::KvCache;
 
 /// `[conversations]` of the edge config.
@@ -48,6 +62,10 @@ pub struct ConversationConfig {
     /// What a chat front end does with a conversation that no longer fits the
     /// context (`crate::context_policy`).
     pub context_policy: crate::context_policy::ContextPolicy,
+    /// Let `EdgeRuntime::catch_up` run kept conversations' lagging context
+    /// through the draft while the device is idle (serve-edge calls it when
+    /// a generation slot has nothing queued; see the module doc, 4).
+    pub catch_up: bool,
 }
 
 impl Default for ConversationConfig {
@@ -57,6 +75,7 @@ impl Default for ConversationConfig {
             budget_mib: 64,
             keep_verifier_sessions: true,
             context_policy: Default::default(),
+            catch_up: true,
         }
     }
 }
@@ -98,6 +117,9 @@ pub struct Kept {
     pub session: Option<KeptSession>,
     /// Most positions `cache` has held (what its RSS covers).
     pub high_water: usize,
+    /// The last rows of `cache` that the idle catch-up computed since the
+    /// turn ended (the next turn reports how many it reused).
+    pub caught_up: usize,
 }
 
 impl Kept {
@@ -135,6 +157,28 @@ enum Key {
 struct Entry {
     kept: Kept,
     last_used: u64,
+    /// Checked out for the catch-up ([`ConversationCache::check_out_behind`]):
+    /// `kept.cache` is a placeholder, and this is the real one's bytes per
+    /// position (the budget still counts it).
+    out: Option<u64>,
+}
+
+impl Entry {
+    fn bytes(&self) -> u64 {
+        match self.out {
+            Some(per) => per.saturating_mul(self.kept.high_water as u64),
+            None => self.kept.bytes(),
+        }
+    }
+}
+
+/// A kept entry's draft KV checked out for the catch-up, with its context:
+/// the rows `tokens[cache.len()..]` are missing. Goes back with
+/// [`ConversationCache::check_in`].
+pub struct CheckedOut {
+    key: Key,
+    pub cache: KvCache,
+    pub tokens: Vec<u32>,
 }
 
 /// Counters of the cache since the runtime started.
@@ -148,6 +192,12 @@ pub struct ConversationStats {
     /// Entries held now, and their bytes.
     pub entries: usize,
     pub bytes: u64,
+    /// Draft rows the idle catch-up computed, and the times it yielded to a
+    /// request before it was done.
+    #[serde(default)]
+    pub caught_up_rows: u64,
+    #[serde(default)]
+    pub catch_up_yields: u64,
 }
 
 /// The kept conversations, bounded by a byte budget (LRU).
@@ -185,7 +235,10 @@ impl ConversationCache {
         if !self.keeps(who) {
             return None;
         }
-        match self.find(who, prompt).and_then(|k| self.entries.remove(&k)) {
+        let found = self
+            .find(who, prompt)
+            .filter(|k| self.entries.get(k).is_some_and(|e| e.out.is_none()));
+        match found.and_then(|k| self.entries.remove(&k)) {
             Some(e) => {
                 self.stats.hits += 1;
                 Some(e.kept)
@@ -201,6 +254,73 @@ impl ConversationCache {
     /// `prompt` (counts nothing).
     pub fn holds_state_for(&self, who: Who<'_>, prompt: &[u32]) -> bool {
         self.find(who, prompt).is_some()
+    }
+
+    /// Whether the entry a request of `who` with `prompt` would take is
+    /// checked out for the catch-up (the request waits for it).
+    pub fn busy_for(&self, who: Who<'_>, prompt: &[u32]) -> bool {
+        self.find(who, prompt)
+            .and_then(|k| self.entries.get(&k))
+            .is_some_and(|e| e.out.is_some())
+    }
+
+    /// Checks out the most recently used entry whose draft KV lags its
+    /// context (at most `capacity` positions), if the rows it lacks fit the
+    /// budget without dropping another entry (the catch-up is idle work; it
+    /// never evicts). The entry stays findable and counted; a request that
+    /// wants it waits until it is checked back in.
+    pub fn check_out_behind(&mut self, capacity: usize) -> Option<CheckedOut> {
+        let (budget, used) = (self.budget_bytes, self.bytes());
+        let key = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.out.is_none())
+            .filter(|(_, e)| e.kept.cache.len() < e.kept.tokens.len().min(capacity))
+            .filter(|(_, e)| {
+                let grow = e
+                    .kept
+                    .tokens
+                    .len()
+                    .min(capacity)
+                    .saturating_sub(e.kept.high_water);
+                let extra = (e.kept.cache.bytes_per_token() as u64).saturating_mul(grow as u64);
+                used.saturating_add(extra) <= budget
+            })
+            .max_by_key(|(_, e)| e.last_used)
+            .map(|(k, _)| k.clone())?;
+        let e = self.entries.get_mut(&key)?;
+        e.out = Some(e.kept.cache.bytes_per_token() as u64);
+        let cache = std::mem::replace(&mut e.kept.cache, KvCache::new(0, 0, 0, 0));
+        let mut tokens = e.kept.tokens.clone();
+        tokens.truncate(capacity);
+        Some(CheckedOut { key, cache, tokens })
+    }
+
+    /// Puts a checked-out cache back with the `rows` the catch-up added
+    /// (`None`: the catch-up failed and the cache may be half-written; the
+    /// entry is dropped). An entry dropped meanwhile (forgotten, evicted)
+    /// stays dropped. `yielded`: the catch-up stopped for a request.
+    pub fn check_in(
+        &mut self,
+        out: CheckedOut,
+        cache: Option<KvCache>,
+        rows: usize,
+        yielded: bool,
+    ) {
+        self.stats.caught_up_rows += rows as u64;
+        self.stats.catch_up_yields += u64::from(yielded);
+        let Some(e) = self.entries.get_mut(&out.key).filter(|e| e.out.is_some()) else {
+            return;
+        };
+        let Some(cache) = cache else {
+            self.entries.remove(&out.key);
+            return;
+        };
+        e.out = None;
+        e.kept.high_water = e.kept.high_water.max(cache.len());
+        e.kept.cache = cache;
+        e.kept.caught_up += rows;
+        self.shrink();
     }
 
     /// The entry a request of `who` with `prompt` continues (see the module
@@ -254,8 +374,15 @@ impl ConversationCache {
             Entry {
                 kept,
                 last_used: self.clock,
+                out: None,
             },
         );
+        self.shrink();
+    }
+
+    /// Drops least recently used entries until the budget and the entry
+    /// count hold.
+    fn shrink(&mut self) {
         while self.bytes() > self.budget_bytes || self.entries.len() > MAX_ENTRIES {
             let Some(lru) = self
                 .entries
@@ -278,7 +405,7 @@ impl ConversationCache {
     fn bytes(&self) -> u64 {
         self.entries
             .values()
-            .fold(0u64, |s, e| s.saturating_add(e.kept.bytes()))
+            .fold(0u64, |s, e| s.saturating_add(e.bytes()))
     }
 
     pub fn stats(&self) -> ConversationStats {
@@ -287,6 +414,79 @@ impl ConversationCache {
             bytes: self.bytes(),
             ..self.stats
         }
+    }
+}
+
+/// The kept conversations of a runtime and its siblings, with what the idle
+/// catch-up needs to stay out of a request's way (see the module doc, 4).
+pub struct SharedConversations {
+    cache: Mutex<ConversationCache>,
+    /// Signalled when a checked-out entry comes back.
+    returned: Condvar,
+    /// Generations running now on the runtimes that share this cache.
+    running: AtomicUsize,
+}
+
+/// Counts a running generation until dropped ([`SharedConversations::enter`]).
+pub struct Running<'a>(&'a SharedConversations);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl SharedConversations {
+    pub fn new(cfg: &ConversationConfig) -> Self {
+        Self {
+            cache: Mutex::new(ConversationCache::new(cfg)),
+            returned: Condvar::new(),
+            running: AtomicUsize::new(0),
+        }
+    }
+
+    /// The cache (locked while the guard lives: take it only to take, put or
+    /// check out an entry). A panic while holding it cannot leave the cache
+    /// inconsistent (its methods complete their updates): a poisoned lock is
+    /// taken as it is.
+    pub fn lock(&self) -> MutexGuard<'_, ConversationCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cache, once the entry a request of `who` with `prompt` would take
+    /// is not checked out (the catch-up yields after its current chunk,
+    /// since the caller counts as running: [`Self::enter`]).
+    pub fn lock_when_free(
+        &self,
+        who: Who<'_>,
+        prompt: &[u32],
+    ) -> MutexGuard<'_, ConversationCache> {
+        let mut g = self.lock();
+        while g.busy_for(who, prompt) {
+            g = self
+                .returned
+                .wait(g)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        g
+    }
+
+    /// Checks a cache back in ([`ConversationCache::check_in`]) and wakes the
+    /// requests waiting for it.
+    pub fn check_in(&self, out: CheckedOut, cache: Option<KvCache>, rows: usize, yielded: bool) {
+        self.lock().check_in(out, cache, rows, yielded);
+        self.returned.notify_all();
+    }
+
+    /// Counts a generation as running until the guard is dropped.
+    pub fn enter(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Running(self)
+    }
+
+    /// Generations running now on the runtimes sharing this cache.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
     }
 }
 
@@ -302,6 +502,7 @@ mod tests {
             tokens: tokens.to_vec(),
             session: None,
             high_water: positions,
+            caught_up: 0,
         }
     }
 
@@ -405,6 +606,46 @@ mod tests {
         assert!(c
             .take(Who::Named(&format!("c{}", MAX_ENTRIES + 4)), &[1])
             .is_some());
+    }
+
+    #[test]
+    fn a_checked_out_entry_is_waited_for_counted_and_never_grown_past_the_budget() {
+        // 64 B per position: room for 10 positions.
+        let mut c = cache(640);
+        c.put(Who::Named("a"), kept(&[1, 2, 3, 4, 5, 6], 0));
+        let out = c.check_out_behind(64).expect("behind by 6 rows");
+        assert_eq!(out.tokens, vec![1, 2, 3, 4, 5, 6]);
+        // Findable (a request waits for it), not taken, not offered twice.
+        assert!(c.busy_for(Who::Named("a"), &[1]));
+        assert!(c.holds_state_for(Who::Named("a"), &[1]));
+        assert!(c.take(Who::Named("a"), &[1]).is_none());
+        assert!(c.check_out_behind(64).is_none());
+        // Back with 6 rows: no longer behind, counted at its new size.
+        let cache6 = {
+            let mut k = KvCache::new(1, 1, 8, 64);
+            tandem_model::kv_cache::KvStore::append(&mut k, 0, 0, &[0.0; 48], &[0.0; 48]);
+            k
+        };
+        c.check_in(out, Some(cache6), 6, false);
+        assert!(!c.busy_for(Who::Named("a"), &[1]));
+        assert!(c.check_out_behind(64).is_none());
+        let s = c.stats();
+        assert_eq!((s.caught_up_rows, s.bytes), (6, 6 * 64));
+        let k = c
+            .take(Who::Named("a"), &[1, 2, 3, 4, 5, 6, 7])
+            .expect("back");
+        assert_eq!((k.cache.len(), k.caught_up, k.high_water), (6, 6, 6));
+        c.put(Who::Named("a"), k);
+        // 6 + 5 positions would pass the budget: never checked out.
+        c.put(Who::Named("b"), kept(&[1, 2, 3, 4, 5], 0));
+        assert!(c.check_out_behind(64).is_none());
+        // Forgotten while out: stays forgotten.
+        c.forget("a");
+        let out = c.check_out_behind(64).expect("b fits now");
+        assert!(c.forget("b"));
+        c.check_in(out, Some(KvCache::new(1, 1, 8, 64)), 0, true);
+        assert_eq!(c.stats().entries, 0);
+        assert_eq!(c.stats().catch_up_yields, 1);
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub use device::{DeviceAdjustments, DeviceState, SharedDeviceState, ThermalState
 pub use error::EdgeError;
 pub use privacy::{RoutedDecision, RoutedGeneration, RoutedRuntime, RoutedTurn, Routing, Turn};
 pub use runtime::{
-    EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck, ProvisionalReport,
-    TokenStatus,
+    CatchUp, EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, ProvisionalCheck,
+    ProvisionalReport, TokenStatus, CATCH_UP_CHUNK,
 };
 pub use second_opinion::{DraftOpinion, DraftOpinionError, JudgedPromptKv, Judgement};

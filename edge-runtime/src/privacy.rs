@@ -348,6 +348,12 @@ impl RoutedRuntime {
         &self.runtime
     }
 
+    /// Catches kept conversations' draft up while the device is idle
+    /// ([`EdgeRuntime::catch_up`]; yields to a request at once).
+    pub fn catch_up(&mut self, stop: &dyn Fn() -> bool) -> Result<crate::CatchUp, EdgeError> {
+        self.runtime.catch_up(stop)
+    }
+
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }

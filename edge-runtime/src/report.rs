@@ -122,6 +122,10 @@ pub struct EdgeStats {
     /// prompt tokens the draft prefilled (the rest).
     pub draft_reused_tokens: usize,
     pub draft_prefill_tokens: usize,
+    /// Of `draft_reused_tokens`, the rows the idle catch-up between turns
+    /// computed (`EdgeRuntime::catch_up`: the earlier turn's reply that
+    /// prompt lookup served without the draft).
+    pub draft_caught_up_tokens: usize,
     /// Context positions the verifier reused from a kept or resumed session,
     /// and the positions it prefilled, summed over this generation's opens.
     pub verifier_reused_tokens: u64,
@@ -194,6 +198,8 @@ struct EdgeStatsJson {
     #[serde(default)]
     draft_prefill_tokens: usize,
     #[serde(default)]
+    draft_caught_up_tokens: usize,
+    #[serde(default)]
     verifier_reused_tokens: u64,
     #[serde(default)]
     verifier_prefill_tokens: u64,
@@ -245,6 +251,7 @@ impl From<EdgeStatsJson> for EdgeStats {
             breaker_opens,
             draft_reused_tokens,
             draft_prefill_tokens,
+            draft_caught_up_tokens,
             verifier_reused_tokens,
             verifier_prefill_tokens,
             continued_session,
@@ -294,6 +301,7 @@ impl From<EdgeStatsJson> for EdgeStats {
             breaker_opens,
             draft_reused_tokens,
             draft_prefill_tokens,
+            draft_caught_up_tokens,
             verifier_reused_tokens,
             verifier_prefill_tokens,
             continued_session,
@@ -347,6 +355,7 @@ impl From<EdgeStats> for EdgeStatsJson {
             breaker_opens,
             draft_reused_tokens,
             draft_prefill_tokens,
+            draft_caught_up_tokens,
             verifier_reused_tokens,
             verifier_prefill_tokens,
             continued_session,
@@ -385,6 +394,7 @@ impl From<EdgeStats> for EdgeStatsJson {
             breaker_opens,
             draft_reused_tokens,
             draft_prefill_tokens,
+            draft_caught_up_tokens,
             verifier_reused_tokens,
             verifier_prefill_tokens,
             continued_session,

@@ -28,7 +28,8 @@ use crate::client::{Connector, Counters};
 use crate::codec::{BlockCodec, TokenCodec};
 use crate::config::EdgeConfig;
 use crate::conversation::{
-    common_prefix, ConversationCache, ConversationStats, Kept, KeptSession, Who,
+    common_prefix, ConversationCache, ConversationStats, Kept, KeptSession, SharedConversations,
+    Who,
 };
 use crate::error::EdgeError;
 use crate::open_load::OpenLoad;
@@ -42,6 +43,7 @@ use round::{RoundKind, Rounds};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_model::kv_cache::KvCache;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::GenerateConfig;
 use tandem_model::tokenizer::Tokenizer;
@@ -80,7 +82,7 @@ pub struct EdgeRuntime {
     split: Option<crate::device_layers::SplitExec>,
     /// Kept conversations, shared with this runtime's siblings
     /// ([`EdgeRuntime::sibling`]); locked only to take or put an entry.
-    conversations: Arc<Mutex<ConversationCache>>,
+    conversations: Arc<SharedConversations>,
     /// The client scope of this runtime's anonymous requests (None: they
     /// neither find nor leave kept state); [`Self::set_anonymous_scope`].
     anonymous_scope: Option<String>,
@@ -175,7 +177,7 @@ impl EdgeRuntime {
             breaker: Arc::new(Mutex::new(CircuitBreaker::new(cfg.breaker_failures))),
             spec,
             split,
-            conversations: Arc::new(Mutex::new(ConversationCache::new(&cfg.conversations))),
+            conversations: Arc::new(SharedConversations::new(&cfg.conversations)),
             anonymous_scope: Some(String::new()),
             draft,
             cfg,
@@ -355,16 +357,23 @@ impl EdgeRuntime {
         gen: &GenerateConfig,
         on_event: &mut dyn FnMut(&EdgeEvent) -> bool,
     ) -> Result<EdgeGeneration, EdgeError> {
+        let started = Instant::now();
+        let conversations = Arc::clone(&self.conversations);
+        let _running = conversations.enter();
         let (device, _threads) = self.device_begin()?;
         let gen = &gen.for_prompt(prompt.len());
+        let who_ = who(&self.anonymous_scope, conversation);
         let mut run = Generation::begin(
             &self.draft,
-            &mut kept(&self.conversations),
-            who(&self.anonymous_scope, conversation),
+            &mut conversations.lock_when_free(who_, prompt),
+            who_,
             prompt,
             gen,
             on_event,
         )?;
+        // A wait for the idle catch-up to hand the conversation back counts
+        // in the time to first token.
+        run.start = started;
         run.cancel = self.cancel.clone();
         let mut res = Ok(());
         while run.stop.is_none() && res.is_ok() {
@@ -454,9 +463,83 @@ impl EdgeRuntime {
                 tokens: prompt[..shared].to_vec(),
                 session: None,
                 high_water,
+                caught_up: 0,
             },
         );
         shared
+    }
+
+    /// Runs the context that kept conversations' draft KV lacks through the
+    /// draft, while the device is idle (docs/edge.md "Catching the draft up
+    /// between turns"): a turn that prompt lookup served leaves the draft
+    /// behind by its reply, which the next turn would otherwise prefill
+    /// before its first token. Entries go most recently used first, in
+    /// forwards of [`CATCH_UP_CHUNK`] rows; before each chunk it asks
+    /// `stop` (the host has a request for this runtime) and whether a
+    /// generation runs on this runtime's siblings, and yields at once if so:
+    /// a request waits for at most one chunk. The rows are those the next
+    /// turn would compute (same tokens and positions; the kernel contract
+    /// makes a row's result independent of its forward's other rows), so
+    /// no output changes. Nothing runs with `[conversations] catch_up`
+    /// (or the cache) off, and an entry whose rows would not fit the
+    /// budget is left as it is.
+    pub fn catch_up(&mut self, stop: &dyn Fn() -> bool) -> Result<CatchUp, EdgeError> {
+        let mut done = CatchUp::default();
+        if !(self.cfg.conversations.enabled && self.cfg.conversations.catch_up) {
+            return Ok(done);
+        }
+        let conversations = Arc::clone(&self.conversations);
+        let busy = || stop() || conversations.running() > 0;
+        if busy() {
+            done.yielded = true;
+            return Ok(done);
+        }
+        // The draft's threads as a generation started now would have them.
+        let (_device, _threads) = self.device_begin()?;
+        let capacity = self.draft.max_seq_len();
+        while !done.yielded {
+            let Some(mut out) = kept(&conversations).check_out_behind(capacity) else {
+                break;
+            };
+            let cache = std::mem::replace(&mut out.cache, KvCache::new(0, 0, 0, 0));
+            let mut pending = out.tokens[cache.len()..].to_vec();
+            let mut draft = tandem_model::engine::DraftModel {
+                model: &self.draft,
+                cache,
+                guide: None,
+            };
+            let fed = generation::feed_chunks(
+                &mut draft,
+                &mut pending,
+                generation::Feed {
+                    while_more_than: 0,
+                    leave: 0,
+                    chunk: CATCH_UP_CHUNK,
+                },
+                &mut || busy(),
+            );
+            match fed {
+                Ok(f) => {
+                    done.rows += f.rows;
+                    done.entries += 1;
+                    done.yielded = f.stopped;
+                    conversations.check_in(out, Some(draft.cache), f.rows, f.stopped);
+                }
+                Err(e) => {
+                    conversations.check_in(out, None, 0, false);
+                    return Err(e);
+                }
+            }
+        }
+        if done.rows > 0 {
+            tracing::debug!(
+                rows = done.rows,
+                entries = done.entries,
+                yielded = done.yielded,
+                "draft caught up between turns"
+            );
+        }
+        Ok(done)
     }
 
     /// Drops a named conversation's kept state (its verifier session expires
@@ -480,6 +563,10 @@ impl EdgeRuntime {
         let Some(connector) = self.connector.clone() else {
             return self.generate_local_in(conversation, prompt, gen, on_event);
         };
+        let started = Instant::now();
+        // Counted as running from here: an idle catch-up on a sibling yields.
+        let conversations = Arc::clone(&self.conversations);
+        let _running = conversations.enter();
         // The device state, read once: fewer draft threads, a k cap.
         let (device, _threads) = self.device_begin()?;
         let gen = &gen.for_prompt(prompt.len());
@@ -512,14 +599,18 @@ impl EdgeRuntime {
             // the device's, not a share of the link's latency.
             time_draft_forwards(&self.draft)?.feed(&mut self.spec.auto);
         }
+        let who_ = who(&self.anonymous_scope, conversation);
         let mut run = Generation::begin(
             &self.draft,
-            &mut kept(&self.conversations),
-            who(&self.anonymous_scope, conversation),
+            &mut conversations.lock_when_free(who_, prompt),
+            who_,
             prompt,
             gen,
             on_event,
         )?;
+        // A wait for the idle catch-up to hand the conversation back counts
+        // in the time to first token.
+        run.start = started;
         run.cancel = self.cancel.clone();
         let mut token_codec = TokenCodec {
             vocab: u32::try_from(self.draft.config().vocab).unwrap_or(u32::MAX),
@@ -622,6 +713,23 @@ impl EdgeRuntime {
     }
 }
 
+/// Rows per forward of the idle catch-up ([`EdgeRuntime::catch_up`]): a
+/// request arriving meanwhile waits for at most one such forward (for the
+/// 0.5B draft at a context of ~400, about 0.4 s at the 37 rows/s measured on
+/// a loaded 2-core machine; far less when quiet).
+pub const CATCH_UP_CHUNK: usize = 16;
+
+/// What one [`EdgeRuntime::catch_up`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatchUp {
+    /// Draft rows computed, over how many kept conversations.
+    pub rows: usize,
+    pub entries: usize,
+    /// It stopped for a request (or found one waiting) before every kept
+    /// conversation was caught up.
+    pub yielded: bool,
+}
+
 /// Which kept state a request of `conversation` (None: anonymous, of the
 /// runtime's `anonymous_scope`) takes.
 fn who<'s>(anonymous_scope: &'s Option<String>, conversation: Option<&'s str>) -> Who<'s> {
@@ -633,11 +741,9 @@ fn who<'s>(anonymous_scope: &'s Option<String>, conversation: Option<&'s str>) -
 }
 
 /// The kept conversations (locked while the guard lives: take it only to
-/// take or put an entry). A panic while holding it cannot leave the cache
-/// inconsistent (its methods complete their updates): a poisoned lock is
-/// taken as it is.
-fn kept(c: &Mutex<ConversationCache>) -> std::sync::MutexGuard<'_, ConversationCache> {
-    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// take or put an entry).
+fn kept(c: &SharedConversations) -> std::sync::MutexGuard<'_, ConversationCache> {
+    c.lock()
 }
 
 /// Tokens of the warm-up forward (`EdgeConfig::warmup`): a short prefill and

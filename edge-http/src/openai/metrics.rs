@@ -31,6 +31,10 @@ pub struct ServeCounters {
     /// Generation slots (generations that may run at once).
     pub parallel: usize,
     pub queue_depth: usize,
+    /// Draft rows the idle slots ran for kept conversations between turns
+    /// (`EdgeRuntime::catch_up`), and how often a request made it yield.
+    pub draft_caught_up_rows: u64,
+    pub catch_up_yields: u64,
 }
 
 /// Upper bounds (seconds) of the time-to-first-token buckets.
@@ -102,6 +106,20 @@ impl ServeMetrics {
             "counter",
             "Generation requests admitted to the queue.",
             c.admitted,
+        );
+        scalar(
+            o,
+            "tandem_edge_draft_caught_up_rows_total",
+            "counter",
+            "Draft rows idle slots ran between turns for kept conversations (a turn then prefills its new tokens only).",
+            c.draft_caught_up_rows,
+        );
+        scalar(
+            o,
+            "tandem_edge_catch_up_yields_total",
+            "counter",
+            "Times the idle catch-up stopped for an arriving request before it was done.",
+            c.catch_up_yields,
         );
         scalar(
             o,

@@ -150,6 +150,9 @@ struct Shared {
     /// The last job number handed out.
     seq: AtomicU64,
     routed: bool,
+    /// Admitted requests not yet ended (the worker's `pending`): an idle
+    /// slot's catch-up yields as soon as one arrives.
+    pending: Arc<AtomicUsize>,
     /// The tokenizer's grammar vocabulary (structured output), built on the
     /// first request that asks for a format (about half a second for a
     /// 151k-token vocabulary) and shared by the slots (one model).
@@ -182,6 +185,7 @@ impl Worker {
             shutdown: shutdown.clone(),
             metrics: metrics.clone(),
             seq: AtomicU64::new(0),
+            pending: pending.clone(),
             routed,
             grammar_vocab: std::sync::OnceLock::new(),
         });
@@ -320,8 +324,40 @@ fn run_slot(mut rt: RoutedRuntime, slot: usize, shared: &Shared) {
         if let Some(ev) = last {
             let _ = job.events.send(ev);
         }
+        catch_up(&mut rt, slot, shared);
     }
     tracing::debug!(slot, "generation slot stopped");
+}
+
+/// Between requests: with nothing admitted (queued or running on any slot),
+/// runs what kept conversations' draft KV lacks through the draft (a turn
+/// that prompt lookup served leaves its reply behind: docs/edge.md
+/// "Catching the draft up between turns"), so the next turn's first token
+/// waits for its new tokens only. Background work: it yields, after at most
+/// one chunk of rows, as soon as a request is admitted or a generation runs
+/// on a sibling slot.
+fn catch_up(rt: &mut RoutedRuntime, slot: usize, shared: &Shared) {
+    let busy =
+        || shared.pending.load(Ordering::SeqCst) > 0 || shared.shutdown.load(Ordering::SeqCst);
+    if busy() {
+        return;
+    }
+    match rt.catch_up(&busy) {
+        Ok(c) => {
+            if c.rows > 0 {
+                tracing::debug!(
+                    slot,
+                    rows = c.rows,
+                    yielded = c.yielded,
+                    "draft caught up while idle"
+                );
+            }
+            let mut n = lock(&shared.counters);
+            n.draft_caught_up_rows += c.rows as u64;
+            n.catch_up_yields += u64::from(c.yielded && c.rows > 0);
+        }
+        Err(e) => tracing::warn!(slot, error = %e, "catching the draft up failed"),
+    }
 }
 
 /// What [`run_job`] needs of its slot.

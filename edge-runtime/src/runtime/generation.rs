@@ -106,6 +106,60 @@ const MAX_NOTED: usize = 4 * tandem_model::speculative::MAX_K;
 /// so chunks leave the same KV as one forward.
 pub(super) const PREFILL_CHUNK: usize = 256;
 
+/// How [`feed_chunks`] cuts `pending` into forwards.
+pub(super) struct Feed {
+    /// Feed while more than this many tokens are pending.
+    pub(super) while_more_than: usize,
+    /// Tokens a chunk never takes from the end (1: the last one, which the
+    /// draft's next step runs for its logits).
+    pub(super) leave: usize,
+    /// Most rows per forward.
+    pub(super) chunk: usize,
+}
+
+/// What [`feed_chunks`] did.
+pub(super) struct Fed {
+    pub(super) rows: usize,
+    pub(super) forwards: u64,
+    /// `stop` answered true before the work was done.
+    pub(super) stopped: bool,
+}
+
+/// The one chunked prefill of the draft: runs the front of `pending` into
+/// its cache, `feed.chunk` rows per forward, asking `stop` before each
+/// forward. A generation's prompt and backlog prefill (`Generation`) and the
+/// idle catch-up between turns (`EdgeRuntime::catch_up`) both go through it.
+/// A row's result does not depend on the other rows of its forward (the
+/// kernel contract, model/src/quant/mod.rs), so the chunks leave the same KV
+/// as one forward, or as the draft step that would have run them.
+pub(super) fn feed_chunks(
+    draft: &mut DraftModel<'_>,
+    pending: &mut Vec<u32>,
+    feed: Feed,
+    stop: &mut dyn FnMut() -> bool,
+) -> Result<Fed, EdgeError> {
+    let mut fed = Fed {
+        rows: 0,
+        forwards: 0,
+        stopped: false,
+    };
+    while pending.len() > feed.while_more_than {
+        if stop() {
+            fed.stopped = true;
+            break;
+        }
+        let n = (pending.len() - feed.leave).min(feed.chunk.max(1));
+        if n == 0 {
+            break;
+        }
+        let chunk: Vec<u32> = pending.drain(..n).collect();
+        draft.feed(&chunk)?;
+        fed.rows += n;
+        fed.forwards += 1;
+    }
+    Ok(fed)
+}
+
 impl<'a, 'b> Generation<'a, 'b> {
     /// A generation of `prompt` as a turn of `conversation`: takes its kept
     /// state from `conversations` (which gives none when disabled) and puts
@@ -155,7 +209,7 @@ impl<'a, 'b> Generation<'a, 'b> {
         // The draft's KV in the generation's precision (`draft_kv`, f16 by
         // default: it changes acceptance only, never a verified token).
         let fresh = draft.new_cache_with(gen.draft_kv);
-        let (mut cache, reuse, continuation, high_water) = match kept.take() {
+        let (mut cache, reuse, continuation, high_water, caught_up) = match kept.take() {
             Some(k)
                 if k.cache.capacity() == fresh.capacity()
                     && k.cache.precision() == fresh.precision() =>
@@ -164,10 +218,14 @@ impl<'a, 'b> Generation<'a, 'b> {
                 let reuse = common_prefix(&k.tokens, prompt)
                     .min(k.cache.len())
                     .min(prompt.len().saturating_sub(1));
-                (k.cache, reuse, k.session, k.high_water)
+                // Of those, the rows the idle catch-up computed (the cache's
+                // last `caught_up`).
+                let caught_up =
+                    reuse.saturating_sub(k.cache.len() - k.caught_up.min(k.cache.len()));
+                (k.cache, reuse, k.session, k.high_water, caught_up)
             }
-            Some(k) => (fresh, 0, k.session, 0),
-            None => (fresh, 0, None, 0),
+            Some(k) => (fresh, 0, k.session, 0, 0),
+            None => (fresh, 0, None, 0, 0),
         };
         cache.truncate(reuse);
         let stop = Emitter::new(prompt.len(), gen.max_tokens, capacity).stop;
@@ -195,6 +253,7 @@ impl<'a, 'b> Generation<'a, 'b> {
                 },
                 draft_reused_tokens: reuse,
                 draft_prefill_tokens: prompt.len() - reuse,
+                draft_caught_up_tokens: caught_up,
                 ..EdgeStats::default()
             },
             report: ProvisionalReport::default(),
@@ -224,6 +283,7 @@ impl<'a, 'b> Generation<'a, 'b> {
             tokens: self.ctx.clone(),
             session,
             high_water,
+            caught_up: 0,
         }
     }
 
@@ -329,17 +389,23 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// (never its last token) while more than `keep` (≥ 1) are left,
     /// asking the cancel flag first.
     fn feed_chunks(&mut self, keep: usize) -> Result<bool, EdgeError> {
-        while self.pending.len() > keep.max(1) {
-            if self.cancel_requested() {
-                return Ok(false);
-            }
-            let n = (self.pending.len() - 1).min(PREFILL_CHUNK);
-            let chunk: Vec<u32> = self.pending.drain(..n).collect();
-            self.draft.feed(&chunk)?;
-            self.stats.gen.draft_forwards += 1;
-            self.high_water = self.high_water.max(self.draft.cache.len());
-        }
-        Ok(!self.cancel_requested())
+        let cancel = self.cancel.clone();
+        let fed = feed_chunks(
+            &mut self.draft,
+            &mut self.pending,
+            Feed {
+                while_more_than: keep.max(1),
+                leave: 1,
+                chunk: PREFILL_CHUNK,
+            },
+            &mut || cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)),
+        );
+        self.high_water = self.high_water.max(self.draft.cache.len());
+        let fed = fed?;
+        self.stats.gen.draft_forwards += fed.forwards;
+        // (Sets `stop` when cancelled.)
+        let cancelled = self.cancel_requested();
+        Ok(!fed.stopped && !cancelled)
     }
 
     /// Runs the draft over `pending` (the core's draft step,
