@@ -468,11 +468,85 @@ pub(super) unsafe fn q4k_groups(
     amx: &AmxAct,
     out: OutPtr,
 ) {
+    let nb = act.nb;
+    let unpack = |blk: *const u8, row_bytes: usize, o: *mut u8| {
+        // SAFETY: `tile_groups` passes 16 blocks inside `wdata` and a
+        // buffer of `Q4K_UNPACKED` bytes.
+        unsafe { unpack_q4k(blk, row_bytes, o) }
+    };
+    let post = |w: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
+        // SAFETY: min pairs and d/dmin inside `w`; C rows t < 16 inside
+        // `cb`; rows t0 + t < m (`acc` holds only those).
+        unsafe {
+            let mp: [__m512i; 4] =
+                std::array::from_fn(|p| _mm512_load_si512(w.add(PLANES + 64 * p).cast()));
+            let dv = _mm512_load_ps(w.add(PLANES + 256).cast());
+            let dmv = _mm512_load_ps(w.add(PLANES + 320).cast());
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let row = t0 + t;
+                let s = plane_sum(cb, t);
+                let bp = amx.bsp.as_ptr().add((row * nb + sb) * 4);
+                let mut mm = _mm512_setzero_si512();
+                for (p, mp) in mp.iter().enumerate() {
+                    mm = _mm512_dpwssd_epi32(mm, *mp, _mm512_set1_epi32(*bp.add(p)));
+                }
+                let dx = _mm512_set1_ps(*act.d.as_ptr().add(row * nb + sb));
+                // combine::q4k_step, lanes = weight rows.
+                let dd = _mm512_mul_ps(dv, dx);
+                let dm = _mm512_mul_ps(dmv, dx);
+                let p = _mm512_sub_ps(
+                    _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)),
+                    _mm512_mul_ps(dm, _mm512_cvtepi32_ps(mm)),
+                );
+                *acc = _mm512_add_ps(*acc, p);
+            }
+        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        tile_groups::<false, Q4K_UNPACKED>(
+            wdata,
+            rows,
+            j0,
+            ng,
+            act,
+            amx,
+            out,
+            std::mem::size_of::<BlockQ4K>(),
+            unpack,
+            post,
+        )
+    }
+}
+
+/// The loop shared by [`q4k_groups`] and [`q6k_groups`] (see the first's
+/// doc for the order): per group of 16 weight rows, per super-block
+/// (`unpack` writes the next one into the other `UNPACKED`-byte buffer
+/// first), every tile of 16 activation rows: the plane products
+/// ([`planes`], hi plane signed when `SIGNED`) of row tile `rt + 1` issued
+/// before `post(w, C, sb, t0, acc rows)` of row tile `rt`; then the group's
+/// 16 columns written to `out`. `bsz`: bytes of one block.
+///
+/// # Safety
+/// As [`q4k_groups`]; `unpack` and `post` as those two pass them.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_groups<const SIGNED: bool, const UNPACKED: usize>(
+    wdata: &[u8],
+    rows: usize,
+    j0: usize,
+    ng: usize,
+    act: &Act,
+    amx: &AmxAct,
+    out: OutPtr,
+    bsz: usize,
+    unpack: impl Fn(*const u8, usize, *mut u8),
+    post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
+) {
     let (m, nb, cols) = (act.m, act.nb, act.cols);
     let tiles = m.div_ceil(TN);
-    let bsz = std::mem::size_of::<BlockQ4K>();
     let row_bytes = nb * bsz;
-    let mut wbuf = [Aligned([0u8; Q4K_UNPACKED]); 2];
+    let mut wbuf = [Aligned([0u8; UNPACKED]); 2];
     let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
     let mut acc = vec![_mm512_setzero_ps(); m];
     let _release = Release;
@@ -482,44 +556,31 @@ pub(super) unsafe fn q4k_groups(
         let jg = j0 + g * GROUP;
         let wg = wdata[jg * row_bytes..(jg + GROUP) * row_bytes].as_ptr();
         acc.fill(_mm512_setzero_ps());
-        // SAFETY: block 0 of rows jg..jg+16 is inside `wdata`.
-        unsafe { unpack_q4k(wg, row_bytes, wbuf[0].0.as_mut_ptr()) };
+        unpack(wg, row_bytes, wbuf[0].0.as_mut_ptr());
         for sb in 0..nb {
             if sb + 1 < nb {
-                // SAFETY: block sb + 1 of rows jg..jg+16 is inside `wdata`.
-                unsafe {
-                    unpack_q4k(
-                        wg.add((sb + 1) * bsz),
-                        row_bytes,
-                        wbuf[(sb + 1) & 1].0.as_mut_ptr(),
-                    )
-                };
+                // Block sb + 1 of rows jg..jg+16 is inside `wdata`.
+                unpack(
+                    wg.wrapping_add((sb + 1) * bsz),
+                    row_bytes,
+                    wbuf[(sb + 1) & 1].0.as_mut_ptr(),
+                );
             }
             let w = wbuf[sb & 1].0.as_ptr();
             // Row tile rt + 1's products are issued before row tile rt's
             // vector work (two C buffers, alternate accumulator tiles).
             // SAFETY: A: the four 1 KB tiles (rt, 4·sb + i) inside `a_tiles`
-            // (`tiles_of`); B: 16 rows of 64
-            // bytes at 1024·i (+ 4096) inside `w`; C: 2 KB inside `cbuf`.
+            // (`tiles_of`); B: 16 rows of 64 bytes at 1024·i (+ 4096)
+            // inside `w`; C: 2 KB inside `cbuf`.
             let issue = |rt: usize, c: *mut i32| unsafe {
                 let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
                 if rt & 1 == 0 {
-                    planes::<false, false>(a, w, c);
+                    planes::<SIGNED, false>(a, w, c);
                 } else {
-                    planes::<false, true>(a, w, c);
+                    planes::<SIGNED, true>(a, w, c);
                 }
             };
             issue(0, cbuf.0.as_mut_ptr());
-            // SAFETY: min pairs and d/dmin inside `w`.
-            let (mp, dv, dmv) = unsafe {
-                let mp: [__m512i; 4] =
-                    std::array::from_fn(|p| _mm512_load_si512(w.add(PLANES + 64 * p).cast()));
-                (
-                    mp,
-                    _mm512_load_ps(w.add(PLANES + 256).cast()),
-                    _mm512_load_ps(w.add(PLANES + 320).cast()),
-                )
-            };
             for rt in 0..tiles {
                 if rt + 1 < tiles {
                     issue(
@@ -529,27 +590,8 @@ pub(super) unsafe fn q4k_groups(
                 }
                 let cb = cbuf.0.as_ptr().wrapping_add(512 * (rt & 1));
                 let t0 = rt * TN;
-                for (t, acc) in acc[t0..].iter_mut().enumerate().take(TN) {
-                    let row = t0 + t;
-                    // SAFETY: C row t < 16 inside `cbuf`; row < m.
-                    unsafe {
-                        let s = plane_sum(cb, t);
-                        let bp = amx.bsp.as_ptr().add((row * nb + sb) * 4);
-                        let mut mm = _mm512_setzero_si512();
-                        for (p, mp) in mp.iter().enumerate() {
-                            mm = _mm512_dpwssd_epi32(mm, *mp, _mm512_set1_epi32(*bp.add(p)));
-                        }
-                        let dx = _mm512_set1_ps(*act.d.as_ptr().add(row * nb + sb));
-                        // combine::q4k_step, lanes = weight rows.
-                        let dd = _mm512_mul_ps(dv, dx);
-                        let dm = _mm512_mul_ps(dmv, dx);
-                        let p = _mm512_sub_ps(
-                            _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)),
-                            _mm512_mul_ps(dm, _mm512_cvtepi32_ps(mm)),
-                        );
-                        *acc = _mm512_add_ps(*acc, p);
-                    }
-                }
+                let end = (t0 + TN).min(m);
+                post(w, cb, sb, t0, &mut acc[t0..end]);
             }
         }
         for (row, a) in acc.iter().enumerate() {
@@ -658,71 +700,38 @@ pub(super) unsafe fn q6k_groups(
     amx: &AmxAct,
     out: OutPtr,
 ) {
-    let (m, nb, cols) = (act.m, act.nb, act.cols);
-    let tiles = m.div_ceil(TN);
-    let bsz = std::mem::size_of::<BlockQ6K>();
-    let row_bytes = nb * bsz;
-    let mut wbuf = [Aligned([0u8; Q6K_UNPACKED]); 2];
-    let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
-    let mut acc = vec![_mm512_setzero_ps(); m];
-    let _release = Release;
-    // SAFETY: the caller checked `available`.
-    unsafe { TileCfg::new(TN as u8, 64, 16).load() };
-    for g in 0..ng {
-        let jg = j0 + g * GROUP;
-        let wg = wdata[jg * row_bytes..(jg + GROUP) * row_bytes].as_ptr();
-        acc.fill(_mm512_setzero_ps());
-        // SAFETY: block 0 of rows jg..jg+16 is inside `wdata`.
-        unsafe { unpack_q6k(wg, row_bytes, wbuf[0].0.as_mut_ptr()) };
-        for sb in 0..nb {
-            if sb + 1 < nb {
-                // SAFETY: block sb + 1 of rows jg..jg+16 is inside `wdata`.
-                unsafe {
-                    unpack_q6k(
-                        wg.add((sb + 1) * bsz),
-                        row_bytes,
-                        wbuf[(sb + 1) & 1].0.as_mut_ptr(),
-                    )
-                };
-            }
-            let w = wbuf[sb & 1].0.as_ptr();
-            // SAFETY: as in `q4k_groups`.
-            let issue = |rt: usize, c: *mut i32| unsafe {
-                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
-                if rt & 1 == 0 {
-                    planes::<true, false>(a, w, c);
-                } else {
-                    planes::<true, true>(a, w, c);
-                }
-            };
-            issue(0, cbuf.0.as_mut_ptr());
-            // SAFETY: d inside `w`.
-            let dv = unsafe { _mm512_load_ps(w.add(PLANES).cast()) };
-            for rt in 0..tiles {
-                if rt + 1 < tiles {
-                    issue(
-                        rt + 1,
-                        cbuf.0.as_mut_ptr().wrapping_add(512 * ((rt + 1) & 1)),
-                    );
-                }
-                let cb = cbuf.0.as_ptr().wrapping_add(512 * (rt & 1));
-                let t0 = rt * TN;
-                for (t, acc) in acc[t0..].iter_mut().enumerate().take(TN) {
-                    let row = t0 + t;
-                    // SAFETY: C row t < 16 inside `cbuf`; row < m.
-                    unsafe {
-                        let s = plane_sum(cb, t);
-                        let dx = _mm512_set1_ps(*act.d.as_ptr().add(row * nb + sb));
-                        // combine::q6k_step, lanes = weight rows.
-                        let dd = _mm512_mul_ps(dv, dx);
-                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)));
-                    }
-                }
+    let nb = act.nb;
+    let unpack = |blk: *const u8, row_bytes: usize, o: *mut u8| {
+        // SAFETY: `tile_groups` passes 16 blocks inside `wdata` and a
+        // buffer of `Q6K_UNPACKED` bytes.
+        unsafe { unpack_q6k(blk, row_bytes, o) }
+    };
+    let post = |w: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
+        // SAFETY: d inside `w`; C rows t < 16 inside `cb`; rows t0 + t < m.
+        unsafe {
+            let dv = _mm512_load_ps(w.add(PLANES).cast());
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let s = plane_sum(cb, t);
+                let dx = _mm512_set1_ps(*act.d.as_ptr().add((t0 + t) * nb + sb));
+                // combine::q6k_step, lanes = weight rows.
+                let dd = _mm512_mul_ps(dv, dx);
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(s)));
             }
         }
-        for (row, a) in acc.iter().enumerate() {
-            // SAFETY: columns jg..jg+16 are this task's; row < m.
-            unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
-        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        tile_groups::<true, Q6K_UNPACKED>(
+            wdata,
+            rows,
+            j0,
+            ng,
+            act,
+            amx,
+            out,
+            std::mem::size_of::<BlockQ6K>(),
+            unpack,
+            post,
+        )
     }
 }
