@@ -54,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
         let opts = LoadOptions {
             max_seq_len: 8,
             repack,
+            tiles: repack,
         };
         let Ok(model) = Model::from_gguf(gguf, opts) else {
             return;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use tandem_model::gguf::GgufFile;
-use tandem_model::quant::{matmul_with_isa, Isa, QMatrix, QuantFormat};
+use tandem_model::quant::{matmul_with_isa, tile_layout, tiles_pay, Isa, QMatrix, QuantFormat};
 
 const MS: [usize; 6] = [1, 2, 3, 5, 9, 17];
 
@@ -162,6 +162,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let qmm = QMatMul::from_qtensor(qt)?;
             let short = file.split('-').nth(2).unwrap_or(file);
             for isa in &isas {
+                // As the model loader does: the tile layout where it pays.
+                let tiles = tiles_pay(*isa).then(|| tile_layout::build(&w)).flatten();
+                let w = match &tiles {
+                    Some(t) => w.with_tiles(t)?,
+                    None => w,
+                };
                 let mut base = (0f64, 0f64);
                 for &m in &ms {
                     let x: Vec<f32> = (0..m * w.cols)
@@ -259,6 +265,11 @@ fn synthetic(
         let w = QMatrix::new(f, rows, cols, &bytes)?;
         let qmm = QMatMul::from_qtensor(qt)?;
         for &isa in isas {
+            let tiles = tiles_pay(isa).then(|| tile_layout::build(&w)).flatten();
+            let w = match &tiles {
+                Some(t) => w.with_tiles(t)?,
+                None => w,
+            };
             for &m in ms {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|k| ((k * 7919 % 1000) as f32 - 500.0) / 300.0)

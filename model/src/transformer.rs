@@ -40,6 +40,9 @@ struct Weight {
     rows: usize,
     cols: usize,
     bytes: WeightBytes,
+    /// The tile layout for the AMX kernels ([`LoadOptions::tiles`]), beside
+    /// the bytes (which the row kernels read below the AMX thresholds).
+    tiles: Option<Arc<Vec<u8>>>,
 }
 
 impl Weight {
@@ -58,6 +61,7 @@ impl Weight {
                 offset: e.offset,
                 len: e.len,
             },
+            tiles: None,
         })
     }
 
@@ -102,7 +106,17 @@ impl Weight {
             rows: self.rows,
             cols: self.cols,
             data,
+            tiles: self.tiles.as_deref().map(Vec::as_slice),
         }
+    }
+
+    /// This weight with its tile layout when `on` and its format has one
+    /// (built from the mapped bytes, which stay mapped).
+    fn with_tiles(mut self, on: bool, mapped: &[u8]) -> Self {
+        if on {
+            self.tiles = quant::tile_layout::build(&self.view(mapped)).map(Arc::new);
+        }
+        self
     }
 }
 
@@ -140,6 +154,11 @@ pub struct LoadOptions {
     /// bit-identical results). Default: where it is faster
     /// ([`quant::repack_pays`] for the selected instruction set).
     pub repack: bool,
+    /// Also hold the Q4_K/Q6_K matrices in the tile layout
+    /// ([`quant::tile_layout`]) for the AMX kernels: about as many bytes
+    /// again as those matrices, in memory, beside the mapped file. Default:
+    /// when the selected instruction set is AMX ([`quant::tiles_pay`]).
+    pub tiles: bool,
 }
 
 impl LoadOptions {
@@ -157,6 +176,7 @@ impl Default for LoadOptions {
         Self {
             max_seq_len: 4096,
             repack: quant::repack_pays(quant::Isa::selected()),
+            tiles: quant::tiles_pay(quant::Isa::selected()),
         }
     }
 }
@@ -209,13 +229,14 @@ impl Model {
             Weight::from_entry(name, gguf.entry(name)?, rows, cols)
         };
         let lw = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
-            Weight::layer_matrix(&gguf, name, rows, cols, opts.repack)
+            Ok(Weight::layer_matrix(&gguf, name, rows, cols, opts.repack)?
+                .with_tiles(opts.tiles, gguf.bytes()))
         };
         let has = |name: &str| gguf.tensors.contains_key(name);
         // The table keeps all its rows (padding included); the logits cover
         // the model's vocabulary only (`cfg.vocab` ≤ `cfg.embd_rows`).
         let embd = w("token_embd.weight", cfg.embd_rows, d)?;
-        let output = if has("output.weight") {
+        let output = (if has("output.weight") {
             let out = gguf.entry("output.weight")?;
             let rows = out.dims.get(1).copied().unwrap_or(0);
             if rows < cfg.vocab {
@@ -227,7 +248,8 @@ impl Model {
             w("output.weight", rows, d)?
         } else {
             embd.clone() // tied embeddings
-        };
+        })
+        .with_tiles(opts.tiles, gguf.bytes());
         let output_norm = gguf.vector_f32("output_norm.weight", d)?;
         // Layers load in parallel (regrouping reads and converts ~7 MB per
         // draft layer); the first error in layer order is the one reported.
@@ -299,6 +321,13 @@ impl Model {
         if n > 0 {
             tracing::debug!(matrices = n, bytes, "regrouped Q5_0 matrices into Q5_0x4");
         }
+        let tile_bytes = model.tile_bytes();
+        if tile_bytes > 0 {
+            tracing::debug!(
+                bytes = tile_bytes,
+                "Q4_K/Q6_K matrices held in the tile layout"
+            );
+        }
         Ok(model)
     }
 
@@ -325,6 +354,16 @@ impl Model {
                 WeightBytes::Mapped { .. } => None,
             })
             .fold((0, 0), |(n, bytes), len| (n + 1, bytes + len))
+    }
+
+    /// Bytes held in the tile layout ([`LoadOptions::tiles`]).
+    pub fn tile_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain([&self.output])
+            .filter_map(|w| w.tiles.as_ref().map(|t| t.len()))
+            .sum()
     }
 
     /// A fresh f32 KV cache of the configured capacity (the target's: its
@@ -460,6 +499,12 @@ impl Model {
         let output = QMatrix {
             rows: self.cfg.vocab,
             data: &output.data[..output.data.len() / output.rows.max(1) * self.cfg.vocab],
+            // Units are in row order: the first groups' are a prefix.
+            tiles: output.tiles.map(|t| {
+                let len =
+                    quant::tile_layout::layout_bytes(output.format, self.cfg.vocab, output.cols);
+                &t[..len.unwrap_or(0).min(t.len())]
+            }),
             ..output
         };
         crate::forward_threads::run(|| quant::matmul(&output, normed, n, logits));

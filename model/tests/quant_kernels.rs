@@ -576,6 +576,72 @@ fn q5_0x4_regrouping_keeps_every_value_and_every_result_bit_for_bit() {
     }
 }
 
+/// Q4_K/Q6_K matrices with their tile layout attached (what the model
+/// loader does where the AMX kernels run): on every ISA, for k = 1..=24
+/// rows, 1–3 threads and row counts that leave a partial group of 16, the
+/// scalar results of the plain matrix bit for bit; also at the AMX
+/// thresholds' neighbours up to a prefill's 128 rows, with the widest
+/// sums; and a layout of the wrong size is refused.
+#[test]
+fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
+    use tandem_model::quant::{tile_layout, AMX_MIN_ROWS_Q4K, AMX_MIN_ROWS_Q6K};
+    for f in [QuantFormat::Q4K, QuantFormat::Q6K] {
+        for (rows, cols, seed) in [(53, 512, 71), (32, 768, 72)] {
+            for data in [
+                random_bytes_matrix(f, rows, cols, seed),
+                candle_matrix(f, rows, cols, seed + 1),
+            ] {
+                let w = QMatrix::new(f, rows, cols, &data).unwrap();
+                let tiles = tile_layout::build(&w).unwrap();
+                assert_eq!(Some(tiles.len()), tile_layout::layout_bytes(f, rows, cols));
+                let wt = w.with_tiles(&tiles).unwrap();
+                for x in [gauss_x(24, cols, seed + 2), exact_x(24, cols, seed + 3)] {
+                    assert_every_k_and_thread_count(
+                        &wt,
+                        &w,
+                        &x,
+                        &format!("{f:?} tiles {rows}x{cols}"),
+                    );
+                }
+                let t = if f == QuantFormat::Q4K {
+                    AMX_MIN_ROWS_Q4K
+                } else {
+                    AMX_MIN_ROWS_Q6K
+                };
+                let x = gauss_x(128, cols, seed + 4);
+                for m in [t - 1, t, t + 1, 33, 64, 128] {
+                    let x = &x[..m * cols];
+                    let expect = run(Isa::Scalar, &w, x, m);
+                    for isa in Isa::available() {
+                        assert_bits_eq(
+                            &run(isa, &wt, x, m),
+                            &expect,
+                            &format!("{isa} {f:?} m={m}"),
+                        );
+                    }
+                }
+                let x: Vec<f32> = (0..16 * cols)
+                    .map(|k| if k % 3 == 0 { -1.0 } else { 1.0 })
+                    .collect();
+                let expect = run(Isa::Scalar, &w, &x, 16);
+                for isa in Isa::available() {
+                    assert_bits_eq(
+                        &run(isa, &wt, &x, 16),
+                        &expect,
+                        &format!("{isa} {f:?} extreme"),
+                    );
+                }
+                let err = w.with_tiles(&tiles[1..]).unwrap_err().to_string();
+                assert!(err.contains("tile layout"), "{err}");
+            }
+        }
+    }
+    let q8 = random_bytes_matrix(QuantFormat::Q8_0, 16, 256, 73);
+    let q8 = QMatrix::new(QuantFormat::Q8_0, 16, 256, &q8).unwrap();
+    assert!(tile_layout::build(&q8).is_none());
+    assert!(q8.with_tiles(&[]).is_err(), "no tile layout for Q8_0");
+}
+
 #[test]
 fn q5_0x4_regrouping_rejects_rows_that_are_not_whole_groups() {
     use tandem_model::quant::repack_q5_0x4;
@@ -673,6 +739,7 @@ fn models_in_the_new_formats_load_and_run() {
         let opts = LoadOptions {
             max_seq_len: 8,
             repack: false,
+            tiles: true,
         };
         let model = Model::from_gguf(g, opts).unwrap();
         let mut cache = model.new_cache();

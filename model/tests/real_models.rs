@@ -85,6 +85,34 @@ fn regrouped_q5_0_matrices_give_the_mapped_logits_bit_for_bit() {
     }
 }
 
+/// The target with its Q4_K/Q6_K matrices also in the tile layout (the
+/// default where the AMX kernels run) gives the logits of the file's layout
+/// alone, bit for bit, in blocks of 2 and 16 rows (both AMX thresholds'
+/// sides on an AMX machine; elsewhere the layout is held and unused).
+#[test]
+fn the_tile_layout_gives_the_mapped_logits_bit_for_bit() {
+    let tok = tokenizer();
+    let toks = &prompt_64(&tok)[..32];
+    let path = model_file(ModelRole::Target);
+    let opts = |tiles| LoadOptions {
+        tiles,
+        ..LoadOptions::with_max_seq_len(64)
+    };
+    let mapped = Model::load(&path, opts(false)).unwrap();
+    let tiled = Model::load(&path, opts(true)).unwrap();
+    assert_eq!(mapped.tile_bytes(), 0);
+    assert!(tiled.tile_bytes() > 0, "no matrix in the tile layout");
+    for block in [2, 16] {
+        let a = logits_in_blocks(&mapped, toks, block);
+        let b = logits_in_blocks(&tiled, toks, block);
+        let diff = a
+            .iter()
+            .zip(&b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(diff, None, "block {block}: first differing logit");
+    }
+}
+
 /// The real target in mixed-session batches of 24, 40 and 64 rows (the sizes
 /// the verifier's scheduler produces: verify blocks of several sessions and
 /// prefill chunks, each session at its own position over paged KV): every

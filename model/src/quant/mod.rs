@@ -197,6 +197,10 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// The same matrix in the tile layout ([`tile_layout`]), built at load
+    /// time for the AMX kernels ([`QMatrix::with_tiles`]); without it they
+    /// rearrange each super-block as they go. Never changes a result.
+    pub tiles: Option<&'a [u8]>,
 }
 
 impl<'a> QMatrix<'a> {
@@ -214,6 +218,27 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            tiles: None,
+        })
+    }
+
+    /// This matrix with its tile layout ([`tile_layout::build`] of it):
+    /// refused when `tiles` is not that layout's size, or the format has
+    /// none.
+    pub fn with_tiles(self, tiles: &'a [u8]) -> Result<Self> {
+        let want = tile_layout::layout_bytes(self.format, self.rows, self.cols);
+        if want != Some(tiles.len()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "tile layout of a {:?} {}x{} matrix: {want:?} bytes expected, got {}",
+                self.format,
+                self.rows,
+                self.cols,
+                tiles.len()
+            )));
+        }
+        Ok(Self {
+            tiles: Some(tiles),
+            ..self
         })
     }
 
@@ -235,6 +260,13 @@ impl<'a> QMatrix<'a> {
 /// GGUF layout for their VNNI kernels (not measured there).
 pub fn repack_pays(isa: Isa) -> bool {
     isa == Isa::Avx2
+}
+
+/// Whether holding Q4_K/Q6_K matrices in the tile layout as well
+/// ([`tile_layout`], [`QMatrix::with_tiles`]) makes `isa` faster: only the
+/// AMX kernels read it (docs/model-core.md, "AMX, round three").
+pub fn tiles_pay(isa: Isa) -> bool {
+    isa == Isa::Amx
 }
 
 /// Whether a matrix of this format and width can be regrouped by
@@ -350,6 +382,7 @@ mod act;
 mod blocks;
 mod combine;
 mod scalar;
+pub mod tile_layout;
 #[cfg(target_arch = "x86_64")]
 mod x86_amx;
 #[cfg(target_arch = "x86_64")]
@@ -583,12 +616,12 @@ impl OutPtr {
 /// tiles (below, the AVX-512 VNNI kernels; results are identical either
 /// way, so the thresholds are a speed choice only). Measured in
 /// docs/model-core.md ("AMX").
-pub const AMX_MIN_ROWS_Q4K: usize = 6;
+pub const AMX_MIN_ROWS_Q4K: usize = 2;
 /// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (their unpack into the tile
 /// layout costs more, so the tiles pay later). Both measured on the
 /// 2-thread forward, where below these the VNNI kernels wait on memory and
 /// the unpack is extra work (docs/model-core.md, "AMX, round two").
-pub const AMX_MIN_ROWS_Q6K: usize = 10;
+pub const AMX_MIN_ROWS_Q6K: usize = 5;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
 /// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot
@@ -825,17 +858,17 @@ impl<'a> Job<'a> {
         #[cfg(target_arch = "x86_64")]
         let j0 = match &self.amx {
             Some(amx) => {
-                let ng = (j1 - j0) / x86_amx::GROUP;
+                let ng = (j1 - j0) / tile_layout::GROUP;
                 // SAFETY: `Isa::Amx` is available (checked by the caller);
                 // rows j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
                 unsafe {
                     if w.format == QuantFormat::Q4K {
-                        x86_amx::q4k_groups(w.data, rows, j0, ng, act, amx, out)
+                        x86_amx::q4k_groups(w, j0, ng, act, amx, out)
                     } else {
-                        x86_amx::q6k_groups(w.data, rows, j0, ng, act, amx, out)
+                        x86_amx::q6k_groups(w, j0, ng, act, amx, out)
                     }
                 };
-                j0 + ng * x86_amx::GROUP
+                j0 + ng * tile_layout::GROUP
             }
             None => j0,
         };

@@ -18,12 +18,12 @@
 //!   **with each sub-block's scale folded in**: `sc·q` (Q4_K, ≤ 945) or
 //!   `sc·(q − 32)` (Q6_K, |·| ≤ 4096) split into a lo plane (u8) and a hi
 //!   plane (u8 for Q4_K, i8 for Q6_K), `value = lo + 256·hi`. Unpacked per
-//!   super-block of a group of 16 weight rows: a 16 × 8 dword transpose in
-//!   registers ([`transpose16x8`]) of the packed bytes, nibble/bit
-//!   extraction on the transposed vectors (byte-wise operations commute with
-//!   moving whole dwords), then the products by `vpmaddubsw` on even and
-//!   odd bytes ([`times_scale`]). Nothing of the weights is kept beyond the
-//!   call.
+//!   super-block of a group of 16 weight rows from its unit of the tile
+//!   layout ([`tile_layout`]: the packed bytes already transposed into that
+//!   order, the scales as bytes, at load time), so the unpack is nibble/bit
+//!   extraction and the products by `vpmaddubsw` on even and odd bytes
+//!   ([`times_scale`]). A matrix without a tile layout gets each unit
+//!   written as it goes ([`tile_layout::write_unit`]), same bits.
 //! - **C** (16 × 16 i32), two accumulators: `C_lo = A·B_lo`, `C_hi = A·B_hi`,
 //!   so `S = C_lo + 256·C_hi = Σ_c sc_c · dot_c` exactly.
 //!
@@ -34,11 +34,13 @@
 //! every other path.
 //!
 //! Loop order: per group of 16 weight rows, per super-block, every row tile.
-//! The unpacked super-block (8.5 KB) stays in L1 for all row tiles, and the
-//! next one is unpacked before this one's tile steps (two buffers). Row tiles
-//! alternate their accumulator tiles (tmm0/1, tmm2/3) so one's `tilestored`
-//! overlaps the next one's products. Why, with the costs measured on a
-//! Sapphire Rapids VM: docs/model-core.md, "AMX, round two".
+//! The unpacked super-block (8 KB) stays in L1 for all row tiles, and the
+//! next one is unpacked before this one's tile steps (two buffers). The
+//! steps (super-block, row tile) alternate their accumulator tiles (tmm0/1,
+//! tmm2/3), and step `i + 1`'s products are issued before step `i`'s vector
+//! work, so the tile unit and the vector units overlap even with one row
+//! tile. Why, with the costs measured on a Sapphire Rapids VM:
+//! docs/model-core.md, "AMX, round two" and "round three".
 //!
 //! Before any tile instruction the process must ask the kernel for the AMX
 //! state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), or the first
@@ -50,11 +52,9 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K};
-use super::{prefetch_ahead, OutPtr};
+use super::tile_layout::{self, GROUP};
+use super::{OutPtr, QMatrix};
 
-/// Weight rows per tile step (the columns of B and C).
-pub(super) const GROUP: usize = 16;
 /// Activation rows per tile step at most (the rows of A and C).
 const TN: usize = 16;
 
@@ -199,59 +199,6 @@ impl AmxAct {
 #[repr(C, align(64))]
 struct Aligned<T>(T);
 
-/// 16 rows of 8 dwords → 8 vectors of 16 dwords: `out[r]` lane `j` =
-/// dword `r` of row `j`.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-fn transpose16x8(rows: &[__m256i; 16]) -> [__m512i; 8] {
-    // z[i] = row i | row i + 8: two independent 8 × 8 transposes, one per
-    // 256-bit half, within 128-bit lanes first.
-    let z: [__m512i; 8] = std::array::from_fn(|i| {
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(rows[i]), rows[i + 8])
-    });
-    let t: [__m512i; 8] = std::array::from_fn(|i| {
-        let (a, b) = (z[i & !1], z[i | 1]);
-        if i & 1 == 0 {
-            _mm512_unpacklo_epi32(a, b)
-        } else {
-            _mm512_unpackhi_epi32(a, b)
-        }
-    });
-    // u[q + 4h]: per 128-bit lane, dword q (lane 0) / q + 4 (lane 1) of rows
-    // 4h..4h+4 (first half) and 8 + 4h.. (second half).
-    let u: [__m512i; 8] = std::array::from_fn(|i| {
-        let (h, q) = (i / 4, i % 4);
-        let (a, b) = (t[4 * h + (q >> 1)], t[4 * h + 2 + (q >> 1)]);
-        if q & 1 == 0 {
-            _mm512_unpacklo_epi64(a, b)
-        } else {
-            _mm512_unpackhi_epi64(a, b)
-        }
-    });
-    let lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
-    let hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-    std::array::from_fn(|r| {
-        let (a, b) = (u[r % 4], u[4 + r % 4]);
-        if r < 4 {
-            _mm512_permutex2var_epi64(a, lo, b)
-        } else {
-            _mm512_permutex2var_epi64(a, hi, b)
-        }
-    })
-}
-
-/// 32 bytes at `base + j·stride` for the 16 rows `j`, transposed.
-///
-/// # Safety
-/// 32 readable bytes at each address.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn load_t(base: *const u8, stride: usize) -> [__m512i; 8] {
-    // SAFETY: caller.
-    let rows = std::array::from_fn(|j| unsafe { _mm256_loadu_si256(base.add(j * stride).cast()) });
-    transpose16x8(&rows)
-}
-
 /// Tile products over one super-block (K = 256 in four steps of 64):
 /// `C_lo = A · B_lo` stored to `c`, `C_hi = A · B_hi` to `c + 1024` bytes.
 /// A at `a` + 1024 bytes per step ([`tiles_of`]), `B_lo` at `b`, `B_hi` at `b + 4096` (16 rows of
@@ -375,47 +322,33 @@ fn scale_bytes(sc: __m512i) -> (__m512i, __m512i) {
     (se, _mm512_slli_epi32::<8>(se))
 }
 
-/// One super-block of 16 Q4_K weight rows (`blk`: row `j` at
-/// `blk + j·row_bytes`) unpacked into `o` ([`Q4K_UNPACKED`] bytes): the lo
-/// and hi planes of `sc·q` in the tile layout (4096 bytes each: 64 rows of
-/// 4 values × 16 weight rows), then the min pairs (4 × 16 i32), d and dmin
-/// (16 f32 each).
+/// The lo and hi planes of one Q4_K unit ([`tile_layout`]) into `o`
+/// ([`PLANES`] bytes, the B tiles of [`planes`]): per transposed `qs`
+/// vector, its two nibbles times their sub-blocks' scales.
 ///
 /// # Safety
-/// AVX-512 (F/BW); 16 readable blocks at `blk + j·row_bytes`; `o` 64-byte
-/// aligned with [`Q4K_UNPACKED`] writable bytes.
+/// AVX-512 (F/BW); [`tile_layout::Q4K_UNIT`] readable bytes at `unit`; `o`
+/// 64-byte aligned with [`PLANES`] writable bytes.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_q4k(blk: *const u8, row_bytes: usize, o: *mut u8) {
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_q4k(unit: *const u8, o: *mut u8) {
     let lo4 = _mm512_set1_epi8(0xF);
     let zero = _mm512_setzero_si512();
-    // SAFETY: every read is inside block sb of rows jg..jg+16 (qs at offset
-    // 16, 128 bytes); every write inside `o` (caller).
+    // SAFETY: reads inside the unit (qs 0..2048, scales 2048..2176), writes
+    // inside `o` (caller).
     unsafe {
-        for j in 0..GROUP {
-            prefetch_ahead::<3>(blk.add(j * row_bytes));
-        }
-        let mut scr = [_mm256_setzero_si256(); 16];
-        let mut mnr = [_mm256_setzero_si256(); 16];
-        let mut d = [0f32; 32];
-        for j in 0..GROUP {
-            let b = &*blk.add(j * row_bytes).cast::<BlockQ4K>();
-            let (sc, mn) = q4k_scales_mins(&b.scales);
-            scr[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.as_ptr().cast()));
-            // [m0 | m1 << 16, m2 | m3 << 16, ...] as 4 dwords
-            mnr[j] = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast())));
-            d[j] = f16_le(b.d);
-            d[16 + j] = f16_le(b.dmin);
-        }
-        let sct = transpose16x8(&scr);
-        let mnt = transpose16x8(&mnr);
+        let scale = |c: usize| {
+            scale_bytes(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                unit.add(2048 + 16 * c).cast(),
+            )))
+        };
         for cc in 0..4 {
-            let (sel, sol) = scale_bytes(sct[2 * cc]);
-            let (seh, soh) = scale_bytes(sct[2 * cc + 1]);
-            let v = load_t(blk.add(16 + 32 * cc), row_bytes);
-            for (r, v) in v.iter().enumerate() {
-                let l = _mm512_and_si512(*v, lo4);
-                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(*v), lo4);
+            let (sel, sol) = scale(2 * cc);
+            let (seh, soh) = scale(2 * cc + 1);
+            for r in 0..8 {
+                let v = _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast());
+                let l = _mm512_and_si512(v, lo4);
+                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
                 for (half, q, se, so) in [(0, l, sel, sol), (1, h, seh, soh)] {
                     let (plo, phi) = times_scale::<false>(q, se, so, zero);
                     let at = (2 * cc + half) * 512 + 64 * r;
@@ -424,44 +357,27 @@ unsafe fn unpack_q4k(blk: *const u8, row_bytes: usize, o: *mut u8) {
                 }
             }
         }
-        for p in 0..4 {
-            _mm512_store_si512(o.add(PLANES + 64 * p).cast(), mnt[p]);
-        }
-        _mm512_store_ps(o.add(PLANES + 256).cast(), _mm512_loadu_ps(d.as_ptr()));
-        _mm512_store_ps(
-            o.add(PLANES + 320).cast(),
-            _mm512_loadu_ps(d.as_ptr().add(16)),
-        );
     }
 }
 
 /// Bytes of the two planes of one unpacked super-block.
 const PLANES: usize = 8192;
-/// Bytes of one unpacked Q4_K super-block ([`unpack_q4k`]).
-const Q4K_UNPACKED: usize = PLANES + 4 * 64 + 2 * 64;
 
 /// Q4_K: weight rows `j0..j0 + 16·ng` (groups of 16) × all activation rows.
 ///
 /// Each sub-block's scale is folded into the weights when they are unpacked
 /// (`sc·q ≤ 945 = lo + 256·hi`, two u8 planes), so a super-block is two
 /// tile products over all 256 values and `S = C_lo + 256·C_hi` exactly, the
-/// same integer the scalar path forms as `Σ_c sc_c · dot_c`.
-///
-/// Loop order: per group of 16 weight rows, per super-block, every tile of
-/// 16 activation rows. So an unpacked super-block (8.5 KB) is read from L1
-/// by every row tile: streamed from L2 per row tile instead, loading the
-/// planes bound the tile steps. The next super-block is unpacked before the
-/// tile steps of this one (two buffers), so no tile load reads data just
-/// stored.
+/// same integer the scalar path forms as `Σ_c sc_c · dot_c`. The mins,
+/// `d` and `dmin` are read from the unit as they are.
 ///
 /// # Safety
-/// [`available`] and AVX-512 (F/BW/VL/VNNI); `wdata` is the matrix
-/// (`rows` rows of `act.nb` blocks), `j0 + 16·ng ≤ rows`; `out` as in
-/// `matmul`, columns `j0..j0 + 16·ng` owned by this task.
+/// [`available`] and AVX-512 (F/BW/VL/VNNI); `w` a Q4_K matrix of
+/// `act.nb` blocks per row, `j0` a multiple of 16, `j0 + 16·ng ≤ w.rows`;
+/// `out` as in `matmul`, columns `j0..j0 + 16·ng` owned by this task.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4k_groups(
-    wdata: &[u8],
-    rows: usize,
+    w: &QMatrix,
     j0: usize,
     ng: usize,
     act: &Act,
@@ -469,19 +385,18 @@ pub(super) unsafe fn q4k_groups(
     out: OutPtr,
 ) {
     let nb = act.nb;
-    let unpack = |blk: *const u8, row_bytes: usize, o: *mut u8| {
-        // SAFETY: `tile_groups` passes 16 blocks inside `wdata` and a
-        // buffer of `Q4K_UNPACKED` bytes.
-        unsafe { unpack_q4k(blk, row_bytes, o) }
+    let unpack = |unit: *const u8, o: *mut u8| {
+        // SAFETY: `tile_groups` passes a whole unit and a plane buffer.
+        unsafe { unpack_q4k(unit, o) }
     };
-    let post = |w: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
-        // SAFETY: min pairs and d/dmin inside `w`; C rows t < 16 inside
-        // `cb`; rows t0 + t < m (`acc` holds only those).
+    let post = |u: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
+        // SAFETY: min pairs and d/dmin inside the unit `u`; C rows t < 16
+        // inside `cb`; rows t0 + t < m (`acc` holds only those).
         unsafe {
             let mp: [__m512i; 4] =
-                std::array::from_fn(|p| _mm512_load_si512(w.add(PLANES + 64 * p).cast()));
-            let dv = _mm512_load_ps(w.add(PLANES + 256).cast());
-            let dmv = _mm512_load_ps(w.add(PLANES + 320).cast());
+                std::array::from_fn(|p| _mm512_loadu_si512(u.add(2176 + 64 * p).cast()));
+            let dv = _mm512_loadu_ps(u.add(2432).cast());
+            let dmv = _mm512_loadu_ps(u.add(2496).cast());
             for (t, acc) in acc.iter_mut().enumerate() {
                 let row = t0 + t;
                 let s = plane_sum(cb, t);
@@ -504,96 +419,110 @@ pub(super) unsafe fn q4k_groups(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        tile_groups::<false, Q4K_UNPACKED>(
-            wdata,
-            rows,
-            j0,
-            ng,
-            act,
-            amx,
-            out,
-            std::mem::size_of::<BlockQ4K>(),
-            unpack,
-            post,
-        )
+        tile_groups::<false, { tile_layout::Q4K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
     }
 }
 
-/// The loop shared by [`q4k_groups`] and [`q6k_groups`] (see the first's
-/// doc for the order): per group of 16 weight rows, per super-block
-/// (`unpack` writes the next one into the other `UNPACKED`-byte buffer
-/// first), every tile of 16 activation rows: the plane products
-/// ([`planes`], hi plane signed when `SIGNED`) of row tile `rt + 1` issued
-/// before `post(w, C, sb, t0, acc rows)` of row tile `rt`; then the group's
-/// 16 columns written to `out`. `bsz`: bytes of one block.
+/// The loop shared by [`q4k_groups`] and [`q6k_groups`]: per group of 16
+/// weight rows, per super-block, every tile of 16 activation rows.
+///
+/// - The super-block's unit comes from the matrix's tile layout
+///   (`w.tiles`), or is written into one of two scratch units
+///   ([`tile_layout::write_unit`]) when the matrix has none.
+/// - `unpack` turns a unit into the B planes, the next super-block's into
+///   the other of two buffers first, so no tile load reads data just
+///   stored; the unpacked super-block (8 KB) stays in L1 for every row
+///   tile (streamed from L2 per row tile instead, loading the planes bound
+///   the tile steps).
+/// - The plane products ([`planes`], hi plane signed when `SIGNED`) of row
+///   tile `rt + 1` are issued before `post(unit, C, sb, t0, acc rows)` of
+///   row tile `rt`; then the group's 16 columns are written to `out`.
 ///
 /// # Safety
-/// As [`q4k_groups`]; `unpack` and `post` as those two pass them.
+/// As [`q4k_groups`]; `unpack` and `post` as those two pass them; `UNIT` is
+/// `w.format`'s unit size.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_groups<const SIGNED: bool, const UNPACKED: usize>(
-    wdata: &[u8],
-    rows: usize,
+unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
+    w: &QMatrix,
     j0: usize,
     ng: usize,
     act: &Act,
     amx: &AmxAct,
     out: OutPtr,
-    bsz: usize,
-    unpack: impl Fn(*const u8, usize, *mut u8),
+    unpack: impl Fn(*const u8, *mut u8),
     post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
 ) {
-    let (m, nb, cols) = (act.m, act.nb, act.cols);
+    let (m, nb, cols, rows) = (act.m, act.nb, act.cols, w.rows);
     let tiles = m.div_ceil(TN);
-    let row_bytes = nb * bsz;
-    let mut wbuf = [Aligned([0u8; UNPACKED]); 2];
+    let mut wbuf = [Aligned([0u8; PLANES]); 2];
+    let mut scratch = [Aligned([0u8; UNIT]); 2];
     let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
+    // Written by the tile stores, read by `post`: one raw pointer for both.
+    let cbp = cbuf.0.as_mut_ptr();
     let mut acc = vec![_mm512_setzero_ps(); m];
+    // Unit (group g, super-block sb), in scratch slot `slot` when the
+    // matrix has no tile layout.
+    let mut unit = |g: usize, sb: usize, slot: usize| -> *const u8 {
+        match w.tiles {
+            // Inside the layout: g < rows / 16, sb < nb (`with_tiles`
+            // checked its size).
+            Some(t) => t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr(),
+            None => {
+                let s = &mut scratch[slot].0;
+                tile_layout::write_unit(w, g, sb, s);
+                s.as_ptr()
+            }
+        }
+    };
     let _release = Release;
     // SAFETY: the caller checked `available`.
     unsafe { TileCfg::new(TN as u8, 64, 16).load() };
-    for g in 0..ng {
-        let jg = j0 + g * GROUP;
-        let wg = wdata[jg * row_bytes..(jg + GROUP) * row_bytes].as_ptr();
+    // Steps (super-block sb, row tile rt) in order i = sb·tiles + rt; the
+    // products of step i + 1 are issued before the vector work of step i
+    // (alternate accumulator tiles and C buffers by the parity of i), so
+    // the tile unit works while the vector units do, also when there is
+    // one row tile.
+    let steps = nb * tiles;
+    for g in j0 / GROUP..j0 / GROUP + ng {
         acc.fill(_mm512_setzero_ps());
-        unpack(wg, row_bytes, wbuf[0].0.as_mut_ptr());
-        for sb in 0..nb {
-            if sb + 1 < nb {
-                // Block sb + 1 of rows jg..jg+16 is inside `wdata`.
-                unpack(
-                    wg.wrapping_add((sb + 1) * bsz),
-                    row_bytes,
-                    wbuf[(sb + 1) & 1].0.as_mut_ptr(),
-                );
-            }
-            let w = wbuf[sb & 1].0.as_ptr();
-            // Row tile rt + 1's products are issued before row tile rt's
-            // vector work (two C buffers, alternate accumulator tiles).
-            // SAFETY: A: the four 1 KB tiles (rt, 4·sb + i) inside `a_tiles`
-            // (`tiles_of`); B: 16 rows of 64 bytes at 1024·i (+ 4096)
-            // inside `w`; C: 2 KB inside `cbuf`.
-            let issue = |rt: usize, c: *mut i32| unsafe {
+        let mut units = [unit(g, 0, 0), std::ptr::null()];
+        unpack(units[0], wbuf[0].0.as_mut_ptr());
+        let issue = |i: usize, wbuf: &[Aligned<[u8; PLANES]>; 2]| {
+            let (sb, rt) = (i / tiles, i % tiles);
+            let wp = wbuf[sb & 1].0.as_ptr();
+            let c = cbp.wrapping_add(512 * (i & 1));
+            // SAFETY: A: the four 1 KB tiles (rt, 4·sb + k) inside
+            // `a_tiles` (`tiles_of`); B: 16 rows of 64 bytes at 1024·k
+            // (+ 4096) inside `wp`; C: 2 KB inside `cbuf`.
+            unsafe {
                 let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
-                if rt & 1 == 0 {
-                    planes::<SIGNED, false>(a, w, c);
+                if i & 1 == 0 {
+                    planes::<SIGNED, false>(a, wp, c);
                 } else {
-                    planes::<SIGNED, true>(a, w, c);
+                    planes::<SIGNED, true>(a, wp, c);
                 }
-            };
-            issue(0, cbuf.0.as_mut_ptr());
-            for rt in 0..tiles {
-                if rt + 1 < tiles {
-                    issue(
-                        rt + 1,
-                        cbuf.0.as_mut_ptr().wrapping_add(512 * ((rt + 1) & 1)),
-                    );
-                }
-                let cb = cbuf.0.as_ptr().wrapping_add(512 * (rt & 1));
-                let t0 = rt * TN;
-                let end = (t0 + TN).min(m);
-                post(w, cb, sb, t0, &mut acc[t0..end]);
             }
+        };
+        issue(0, &wbuf);
+        for i in 0..steps {
+            let (sb, rt) = (i / tiles, i % tiles);
+            if rt == 0 && sb + 1 < nb {
+                // Before step (sb + 1, 0) is issued; the other buffer's
+                // last reader, step (sb − 1, tiles − 1), was issued before.
+                let next = (sb + 1) & 1;
+                units[next] = unit(g, sb + 1, next);
+                unpack(units[next], wbuf[next].0.as_mut_ptr());
+            }
+            if i + 1 < steps {
+                issue(i + 1, &wbuf);
+            }
+            let cb = cbp.wrapping_add(512 * (i & 1)).cast_const();
+            let t0 = rt * TN;
+            let end = (t0 + TN).min(m);
+            post(units[sb & 1], cb, sb, t0, &mut acc[t0..end]);
         }
+        let jg = g * GROUP;
         for (row, a) in acc.iter().enumerate() {
             // SAFETY: columns jg..jg+16 are this task's; row < m.
             unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
@@ -601,41 +530,26 @@ unsafe fn tile_groups<const SIGNED: bool, const UNPACKED: usize>(
     }
 }
 
-/// One super-block of 16 Q6_K weight rows unpacked into `o`
-/// ([`Q6K_UNPACKED`] bytes): the lo and hi planes of `sc·(q − 32)` (the lo
-/// plane u8, the hi plane i8) in the tile layout, then d (16 f32).
+/// The lo and hi planes of one Q6_K unit ([`tile_layout`]) into `o`
+/// ([`PLANES`] bytes): per value `sc·(q − 32)`, the lo plane u8, the hi
+/// plane i8.
 ///
 /// # Safety
-/// AVX-512 (F/BW); 16 readable blocks at `blk + j·row_bytes`; `o` 64-byte
-/// aligned with [`Q6K_UNPACKED`] writable bytes.
+/// AVX-512 (F/BW); [`tile_layout::Q6K_UNIT`] readable bytes at `unit`; `o`
+/// 64-byte aligned with [`PLANES`] writable bytes.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_q6k(unit: *const u8, o: *mut u8) {
     let lo4 = _mm512_set1_epi8(0xF);
     let m3 = _mm512_set1_epi8(3);
     let m30 = _mm512_set1_epi8(0x30);
-    // SAFETY: every read is inside the block of rows j (ql at 0, qh at 128,
-    // scales at 192, d at 208); every write inside `o` (caller).
+    // SAFETY: reads inside the unit (ql/qh 0..3072, scales 3072..3328),
+    // writes inside `o` (caller).
     unsafe {
-        for j in 0..GROUP {
-            prefetch_ahead::<4>(blk.add(j * row_bytes));
-        }
-        let mut lo = [_mm256_setzero_si256(); 16];
-        let mut hi = [_mm256_setzero_si256(); 16];
-        let mut d = [0f32; 16];
-        for j in 0..GROUP {
-            let b = &*blk.add(j * row_bytes).cast::<BlockQ6K>();
-            let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.scales.as_ptr().cast()));
-            lo[j] = _mm512_castsi512_si256(v);
-            hi[j] = _mm512_extracti64x4_epi64::<1>(v);
-            d[j] = f16_le(b.d);
-        }
-        // Scale group c (16 values) as i32 lanes: c < 8 in `lt`, else `ht`.
-        let (lt, ht) = (transpose16x8(&lo), transpose16x8(&hi));
         // Per scale group c (16 values, 4 B rows): `times_scale`'s se, so
         // and 32·sc in both 16-bit halves (|32·sc| ≤ 4096).
         let scales: [(__m512i, __m512i, __m512i); 16] = std::array::from_fn(|c| {
-            let sc = if c < 8 { lt[c] } else { ht[c - 8] };
+            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(unit.add(3072 + 16 * c).cast()));
             let (se, so) = scale_bytes(sc);
             let t = _mm512_slli_epi32::<5>(sc);
             let sub = _mm512_or_si512(
@@ -645,11 +559,11 @@ unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
             (se, so, sub)
         });
         for h in 0..2 {
-            let ql0 = load_t(blk.add(64 * h), row_bytes);
-            let ql1 = load_t(blk.add(64 * h + 32), row_bytes);
-            let qh = load_t(blk.add(128 + 32 * h), row_bytes);
+            let at = |part: usize, r: usize| {
+                _mm512_loadu_si512(unit.add(1536 * h + 512 * part + 64 * r).cast())
+            };
             for r in 0..8 {
-                let (l0, l1, q) = (ql0[r], ql1[r], qh[r]);
+                let (l0, l1, q) = (at(0, r), at(1, r), at(2, r));
                 let e = [
                     _mm512_or_si512(
                         _mm512_and_si512(l0, lo4),
@@ -677,23 +591,18 @@ unsafe fn unpack_q6k(blk: *const u8, row_bytes: usize, o: *mut u8) {
                 }
             }
         }
-        _mm512_store_ps(o.add(PLANES).cast(), _mm512_loadu_ps(d.as_ptr()));
     }
 }
-
-/// Bytes of one unpacked Q6_K super-block ([`unpack_q6k`]).
-const Q6K_UNPACKED: usize = PLANES + 64;
 
 /// Q6_K: as [`q4k_groups`] (the scale of each 16-value group folded into
 /// `q − 32`, `|sc·(q − 32)| ≤ 4096 = lo + 256·hi` with a signed hi plane:
 /// `tdpbssd`).
 ///
 /// # Safety
-/// As [`q4k_groups`].
+/// As [`q4k_groups`], for a Q6_K matrix.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q6k_groups(
-    wdata: &[u8],
-    rows: usize,
+    w: &QMatrix,
     j0: usize,
     ng: usize,
     act: &Act,
@@ -701,15 +610,15 @@ pub(super) unsafe fn q6k_groups(
     out: OutPtr,
 ) {
     let nb = act.nb;
-    let unpack = |blk: *const u8, row_bytes: usize, o: *mut u8| {
-        // SAFETY: `tile_groups` passes 16 blocks inside `wdata` and a
-        // buffer of `Q6K_UNPACKED` bytes.
-        unsafe { unpack_q6k(blk, row_bytes, o) }
+    let unpack = |unit: *const u8, o: *mut u8| {
+        // SAFETY: `tile_groups` passes a whole unit and a plane buffer.
+        unsafe { unpack_q6k(unit, o) }
     };
-    let post = |w: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
-        // SAFETY: d inside `w`; C rows t < 16 inside `cb`; rows t0 + t < m.
+    let post = |u: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
+        // SAFETY: d inside the unit `u`; C rows t < 16 inside `cb`; rows
+        // t0 + t < m.
         unsafe {
-            let dv = _mm512_load_ps(w.add(PLANES).cast());
+            let dv = _mm512_loadu_ps(u.add(3328).cast());
             for (t, acc) in acc.iter_mut().enumerate() {
                 let s = plane_sum(cb, t);
                 let dx = _mm512_set1_ps(*act.d.as_ptr().add((t0 + t) * nb + sb));
@@ -721,17 +630,6 @@ pub(super) unsafe fn q6k_groups(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        tile_groups::<true, Q6K_UNPACKED>(
-            wdata,
-            rows,
-            j0,
-            ng,
-            act,
-            amx,
-            out,
-            std::mem::size_of::<BlockQ6K>(),
-            unpack,
-            post,
-        )
+        tile_groups::<true, { tile_layout::Q6K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
     }
 }

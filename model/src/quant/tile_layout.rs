@@ -1,0 +1,197 @@
+//! The tile layout: Q4_K and Q6_K matrices rearranged at load time for the
+//! AMX kernels (`x86_amx`), so that a tile step's unpack is nibble
+//! extraction and the scale products only, with no transpose and no scale
+//! decoding (docs/model-core.md, "AMX, round three").
+//!
+//! Portable byte rearrangement (no intrinsics): built once per matrix by
+//! whoever owns the weights ([`QMatrix::with_tiles`]), or per super-block
+//! by the kernel when a matrix comes without one. The values, scales and
+//! sums are the file's; only their order changes, so results are the same
+//! bits with or without it.
+//!
+//! Unit: one super-block of a group of 16 weight rows ([`GROUP`]), `nb`
+//! units per group, groups in row order; rows past the last whole group
+//! have no unit (the kernels' row path runs them from the file's bytes).
+//! "Lane `j`" below is the `j`-th dword of a 64-byte vector, holding weight
+//! row `16g + j`; a "transposed chunk" of bytes `o..o + 32` of each row's
+//! block is 8 vectors, vector `r` lane `j` = bytes `o + 4r..o + 4r + 4` of
+//! row `j` (AMX's B layout: four values of each of 16 weight rows).
+//!
+//! Q4_K ([`Q4K_UNIT`] bytes):
+//! - `0..2048`: `qs` as four transposed chunks (`cc` = 0..4, bytes
+//!   `32cc..32cc + 32`), vector `(cc, r)` at `64·(8cc + r)`;
+//! - `2048..2176`: the eight 6-bit scales, sub-block `c` at `2048 + 16c`,
+//!   byte `j` = row `j`'s;
+//! - `2176..2432`: the mins in pairs, `p` = 0..4 at `2176 + 64p`, lane `j` =
+//!   `m_2p | m_(2p+1) << 16` of row `j`;
+//! - `2432..2496`: `d` of the 16 rows as f32, then `2496..2560` `dmin`.
+//!
+//! Q6_K ([`Q6K_UNIT`] bytes):
+//! - `0..3072`: per half `h` = 0..2 at `1536h`: `ql[64h..64h + 32]`,
+//!   `ql[64h + 32..64h + 64]`, `qh[32h..32h + 32]`, each transposed (512
+//!   bytes);
+//! - `3072..3328`: the 16 scales (i8), group `c` at `3072 + 16c`, byte `j` =
+//!   row `j`'s;
+//! - `3328..3392`: `d` of the 16 rows as f32.
+
+use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K};
+use super::{QMatrix, QuantFormat};
+
+/// Weight rows per unit.
+pub(super) const GROUP: usize = 16;
+/// Bytes of one Q4_K unit.
+pub(super) const Q4K_UNIT: usize = 2560;
+/// Bytes of one Q6_K unit.
+pub(super) const Q6K_UNIT: usize = 3392;
+
+/// Bytes of one unit of `format` (`None`: no tile layout).
+pub(super) fn unit_bytes(format: QuantFormat) -> Option<usize> {
+    match format {
+        QuantFormat::Q4K => Some(Q4K_UNIT),
+        QuantFormat::Q6K => Some(Q6K_UNIT),
+        _ => None,
+    }
+}
+
+/// Bytes of the tile layout of a `rows × cols` matrix of `format` (`None`:
+/// no tile layout for the format).
+pub fn layout_bytes(format: QuantFormat, rows: usize, cols: usize) -> Option<usize> {
+    Some((rows / GROUP) * (cols / 256) * unit_bytes(format)?)
+}
+
+/// `w` in the tile layout (`None`: no tile layout for its format).
+pub fn build(w: &QMatrix) -> Option<Vec<u8>> {
+    let unit = unit_bytes(w.format)?;
+    let nb = w.cols / 256;
+    let groups = w.rows / GROUP;
+    let mut out = vec![0u8; groups * nb * unit];
+    for g in 0..groups {
+        for sb in 0..nb {
+            let at = (g * nb + sb) * unit;
+            write_unit(w, g, sb, &mut out[at..at + unit]);
+        }
+    }
+    Some(out)
+}
+
+/// Unit `(g, sb)` of `w` into `out` (`unit_bytes(w.format)` bytes; formats
+/// without a layout leave it untouched).
+pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
+    let block = |j: usize, bytes: usize| {
+        let row = w.row_data(GROUP * g + j);
+        &row[sb * bytes..(sb + 1) * bytes]
+    };
+    match w.format {
+        QuantFormat::Q4K => {
+            let bsz = std::mem::size_of::<BlockQ4K>();
+            for j in 0..GROUP {
+                let b = block(j, bsz);
+                // d, dmin, 12 scale bytes, then qs (blocks::BlockQ4K).
+                let (d, dmin) = ([b[0], b[1]], [b[2], b[3]]);
+                let mut scales = [0u8; 12];
+                scales.copy_from_slice(&b[4..16]);
+                transpose_into(&b[16..16 + 128], j, &mut out[..2048]);
+                let (sc, mn) = q4k_scales_mins(&scales);
+                for c in 0..8 {
+                    out[2048 + 16 * c + j] = sc[c];
+                }
+                for p in 0..4 {
+                    let at = 2176 + 64 * p + 4 * j;
+                    out[at..at + 2].copy_from_slice(&(mn[2 * p] as u16).to_le_bytes());
+                    out[at + 2..at + 4].copy_from_slice(&(mn[2 * p + 1] as u16).to_le_bytes());
+                }
+                out[2432 + 4 * j..2436 + 4 * j].copy_from_slice(&f16_le(d).to_le_bytes());
+                out[2496 + 4 * j..2500 + 4 * j].copy_from_slice(&f16_le(dmin).to_le_bytes());
+            }
+        }
+        QuantFormat::Q6K => {
+            let bsz = std::mem::size_of::<BlockQ6K>();
+            for j in 0..GROUP {
+                let b = block(j, bsz);
+                // ql (128), qh (64), 16 scales, d (blocks::BlockQ6K).
+                let (ql, qh) = (&b[..128], &b[128..192]);
+                for h in 0..2 {
+                    let o = &mut out[1536 * h..1536 * (h + 1)];
+                    transpose_into(&ql[64 * h..64 * h + 32], j, &mut o[..512]);
+                    transpose_into(&ql[64 * h + 32..64 * h + 64], j, &mut o[512..1024]);
+                    transpose_into(&qh[32 * h..32 * h + 32], j, &mut o[1024..1536]);
+                }
+                for c in 0..16 {
+                    out[3072 + 16 * c + j] = b[192 + c];
+                }
+                let d = f16_le([b[208], b[209]]);
+                out[3328 + 4 * j..3332 + 4 * j].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Row `j`'s bytes `src` (a multiple of 32) as lane `j` of consecutive
+/// transposed chunks in `out` (512 bytes per 32 source bytes).
+fn transpose_into(src: &[u8], j: usize, out: &mut [u8]) {
+    for (k, four) in src.chunks_exact(4).enumerate() {
+        // Chunk k / 8, vector k % 8, lane j.
+        let at = 512 * (k / 8) + 64 * (k % 8) + 4 * j;
+        out[at..at + 4].copy_from_slice(four);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte of a unit comes from the rows' blocks where the layout
+    /// says: checked by building from blocks whose bytes name their row.
+    #[test]
+    fn q4k_unit_places_each_rows_bytes_in_its_lane() {
+        let (rows, cols) = (16, 256);
+        let bsz = std::mem::size_of::<BlockQ4K>();
+        let mut data = vec![0u8; rows * bsz];
+        for (j, b) in data.chunks_exact_mut(bsz).enumerate() {
+            for (i, v) in b.iter_mut().enumerate().skip(16) {
+                *v = (j * 7 + i) as u8;
+            }
+            // d = 1.0, dmin = 2.0 (f16), scale bytes as in ggml.
+            b[..4].copy_from_slice(&[0x00, 0x3C, 0x00, 0x40]);
+            b[4..16].copy_from_slice(&[j as u8 & 63, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        }
+        let w = QMatrix::new(QuantFormat::Q4K, rows, cols, &data).unwrap_or_else(|e| panic!("{e}"));
+        let t = build(&w).unwrap_or_default();
+        assert_eq!(t.len(), Q4K_UNIT);
+        for j in 0..16 {
+            let qs = &data[j * bsz + 16..j * bsz + 144];
+            // qs byte 32cc + 4r + k at 64(8cc + r) + 4j + k.
+            for (i, &q) in qs.iter().enumerate() {
+                let (cc, r, k) = (i / 32, (i % 32) / 4, i % 4);
+                assert_eq!(t[64 * (8 * cc + r) + 4 * j + k], q, "row {j} byte {i}");
+            }
+            let mut scales = [0u8; 12];
+            scales.copy_from_slice(&data[j * bsz + 4..j * bsz + 16]);
+            let (sc, mn) = q4k_scales_mins(&scales);
+            for c in 0..8 {
+                assert_eq!(t[2048 + 16 * c + j], sc[c]);
+            }
+            for p in 0..4 {
+                let at = 2176 + 64 * p + 4 * j;
+                assert_eq!(u16::from_le_bytes([t[at], t[at + 1]]), mn[2 * p] as u16);
+                assert_eq!(
+                    u16::from_le_bytes([t[at + 2], t[at + 3]]),
+                    mn[2 * p + 1] as u16
+                );
+            }
+            let f = |at: usize| f32::from_le_bytes([t[at], t[at + 1], t[at + 2], t[at + 3]]);
+            assert_eq!(f(2432 + 4 * j), 1.0);
+            assert_eq!(f(2496 + 4 * j), 2.0);
+        }
+    }
+
+    #[test]
+    fn rows_past_the_last_whole_group_have_no_unit() {
+        let data = vec![0u8; 17 * 2 * std::mem::size_of::<BlockQ6K>()];
+        let w = QMatrix::new(QuantFormat::Q6K, 17, 512, &data).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(build(&w).map(|t| t.len()), Some(2 * Q6K_UNIT));
+        assert_eq!(layout_bytes(QuantFormat::Q6K, 17, 512), Some(2 * Q6K_UNIT));
+        assert_eq!(layout_bytes(QuantFormat::Q8_0, 17, 512), None);
+    }
+}
