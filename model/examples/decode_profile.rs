@@ -216,6 +216,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => (kind, w),
         })
         .collect();
+    // And in the tile layout, as the loader holds them (LoadOptions::tiles).
+    let tiles: Vec<Option<Vec<u8>>> = mats
+        .iter()
+        .map(|(_, w)| {
+            LoadOptions::default()
+                .tiles
+                .then(|| quant::tile_layout::build(w))
+                .flatten()
+        })
+        .collect();
+    let mats: Vec<(usize, QMatrix)> = mats
+        .into_iter()
+        .zip(&tiles)
+        .map(|((kind, w), t)| match t {
+            Some(t) => w.with_tiles(t).map(|w| (kind, w)),
+            None => Ok((kind, w)),
+        })
+        .collect::<Result<_, _>>()?;
     let xs: Vec<Vec<f32>> = mats
         .iter()
         .map(|(_, w)| {

@@ -616,12 +616,12 @@ impl OutPtr {
 /// tiles (below, the AVX-512 VNNI kernels; results are identical either
 /// way, so the thresholds are a speed choice only). Measured in
 /// docs/model-core.md ("AMX").
-pub const AMX_MIN_ROWS_Q4K: usize = 2;
+pub const AMX_MIN_ROWS_Q4K: usize = 7;
 /// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (their unpack into the tile
 /// layout costs more, so the tiles pay later). Both measured on the
 /// 2-thread forward, where below these the VNNI kernels wait on memory and
 /// the unpack is extra work (docs/model-core.md, "AMX, round two").
-pub const AMX_MIN_ROWS_Q6K: usize = 5;
+pub const AMX_MIN_ROWS_Q6K: usize = 7;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
 /// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot

@@ -22,9 +22,13 @@
 //!   `32cc..32cc + 32`), vector `(cc, r)` at `64·(8cc + r)`;
 //! - `2048..2176`: the eight 6-bit scales, sub-block `c` at `2048 + 16c`,
 //!   byte `j` = row `j`'s;
-//! - `2176..2432`: the mins in pairs, `p` = 0..4 at `2176 + 64p`, lane `j` =
-//!   `m_2p | m_(2p+1) << 16` of row `j`;
-//! - `2432..2496`: `d` of the 16 rows as f32, then `2496..2560` `dmin`.
+//! - `2176..2304`: the eight 6-bit mins, sub-block `c` at `2176 + 16c`,
+//!   byte `j` = row `j`'s;
+//! - `2304..2336`: `d` of the 16 rows (f16, as in the file), then
+//!   `2336..2368` `dmin`.
+//!
+//! The same 2,304 bytes as the file's 16 blocks, plus 64: a unit streams
+//! from memory as fast as the file's blocks.
 //!
 //! Q6_K ([`Q6K_UNIT`] bytes):
 //! - `0..3072`: per half `h` = 0..2 at `1536h`: `ql[64h..64h + 32]`,
@@ -32,17 +36,19 @@
 //!   bytes);
 //! - `3072..3328`: the 16 scales (i8), group `c` at `3072 + 16c`, byte `j` =
 //!   row `j`'s;
-//! - `3328..3392`: `d` of the 16 rows as f32.
+//! - `3328..3360`: `d` of the 16 rows (f16).
+//!
+//! Exactly the file's 3,360 bytes of 16 blocks.
 
-use super::blocks::{f16_le, q4k_scales_mins, BlockQ4K, BlockQ6K};
+use super::blocks::{q4k_scales_mins, BlockQ4K, BlockQ6K};
 use super::{QMatrix, QuantFormat};
 
 /// Weight rows per unit.
 pub(super) const GROUP: usize = 16;
 /// Bytes of one Q4_K unit.
-pub(super) const Q4K_UNIT: usize = 2560;
+pub(super) const Q4K_UNIT: usize = 2368;
 /// Bytes of one Q6_K unit.
-pub(super) const Q6K_UNIT: usize = 3392;
+pub(super) const Q6K_UNIT: usize = 3360;
 
 /// Bytes of one unit of `format` (`None`: no tile layout).
 pub(super) fn unit_bytes(format: QuantFormat) -> Option<usize> {
@@ -94,14 +100,10 @@ pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
                 let (sc, mn) = q4k_scales_mins(&scales);
                 for c in 0..8 {
                     out[2048 + 16 * c + j] = sc[c];
+                    out[2176 + 16 * c + j] = mn[c];
                 }
-                for p in 0..4 {
-                    let at = 2176 + 64 * p + 4 * j;
-                    out[at..at + 2].copy_from_slice(&(mn[2 * p] as u16).to_le_bytes());
-                    out[at + 2..at + 4].copy_from_slice(&(mn[2 * p + 1] as u16).to_le_bytes());
-                }
-                out[2432 + 4 * j..2436 + 4 * j].copy_from_slice(&f16_le(d).to_le_bytes());
-                out[2496 + 4 * j..2500 + 4 * j].copy_from_slice(&f16_le(dmin).to_le_bytes());
+                out[2304 + 2 * j..2306 + 2 * j].copy_from_slice(&d);
+                out[2336 + 2 * j..2338 + 2 * j].copy_from_slice(&dmin);
             }
         }
         QuantFormat::Q6K => {
@@ -119,8 +121,7 @@ pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
                 for c in 0..16 {
                     out[3072 + 16 * c + j] = b[192 + c];
                 }
-                let d = f16_le([b[208], b[209]]);
-                out[3328 + 4 * j..3332 + 4 * j].copy_from_slice(&d.to_le_bytes());
+                out[3328 + 2 * j..3330 + 2 * j].copy_from_slice(&b[208..210]);
             }
         }
         _ => {}
@@ -140,6 +141,7 @@ fn transpose_into(src: &[u8], j: usize, out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::blocks::f16_le;
 
     /// Every byte of a unit comes from the rows' blocks where the layout
     /// says: checked by building from blocks whose bytes name their row.
@@ -171,18 +173,11 @@ mod tests {
             let (sc, mn) = q4k_scales_mins(&scales);
             for c in 0..8 {
                 assert_eq!(t[2048 + 16 * c + j], sc[c]);
+                assert_eq!(t[2176 + 16 * c + j], mn[c]);
             }
-            for p in 0..4 {
-                let at = 2176 + 64 * p + 4 * j;
-                assert_eq!(u16::from_le_bytes([t[at], t[at + 1]]), mn[2 * p] as u16);
-                assert_eq!(
-                    u16::from_le_bytes([t[at + 2], t[at + 3]]),
-                    mn[2 * p + 1] as u16
-                );
-            }
-            let f = |at: usize| f32::from_le_bytes([t[at], t[at + 1], t[at + 2], t[at + 3]]);
-            assert_eq!(f(2432 + 4 * j), 1.0);
-            assert_eq!(f(2496 + 4 * j), 2.0);
+            let f = |at: usize| f16_le([t[at], t[at + 1]]);
+            assert_eq!(f(2304 + 2 * j), 1.0);
+            assert_eq!(f(2336 + 2 * j), 2.0);
         }
     }
 

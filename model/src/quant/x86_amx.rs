@@ -57,6 +57,17 @@ use super::{OutPtr, QMatrix};
 
 /// Activation rows per tile step at most (the rows of A and C).
 const TN: usize = 16;
+/// How many units ahead of the one being unpacked the unpack prefetches
+/// (a line per line it loads: a burst of a whole unit's prefetches stalls
+/// on the line fill buffers).
+const UNIT_AHEAD: usize = 1;
+
+/// Prefetch line `l` of the unit at `ahead` (a hint: never faults).
+#[inline(always)]
+fn prefetch_line(ahead: *const u8, l: usize) {
+    // SAFETY: a prefetch does not access memory architecturally.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast()) };
+}
 
 /// Whether the CPU has AMX-TILE and AMX-INT8, the OS enables the tile state
 /// (XCR0 bits 17, 18), and the kernel granted this process the tile data
@@ -214,35 +225,36 @@ struct Aligned<T>(T);
 /// every tile inside its buffer.
 #[inline(always)]
 unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(a: *const i8, b: *const u8, c: *mut i32) {
+    let _ = ODD;
     macro_rules! body {
-        ($hi:literal, $lo_acc:literal, $hi_acc:literal) => {
+        ($hi:literal) => {
             // SAFETY: caller.
             unsafe {
                 asm!(
-                    concat!("tilezero ", $lo_acc),
-                    concat!("tilezero ", $hi_acc),
-                    "tileloadd tmm4, [{a}+{s64}*1]",
-                    "tileloadd tmm6, [{b}+{s64}*1]",
-                    concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
-                    "tileloadd tmm7, [{b}+{s64}*1+4096]",
-                    concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
-                    "tileloadd tmm5, [{a}+{s64}*1+1024]",
-                    "tileloadd tmm6, [{b}+{s64}*1+1024]",
-                    concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tileloadd tmm2, [{a}+{s64}*1]",
+                    "tileloadd tmm4, [{b}+{s64}*1]",
+                    "tileloadd tmm6, [{b}+{s64}*1+4096]",
+                    "tileloadd tmm3, [{a}+{s64}*1+1024]",
+                    "tileloadd tmm5, [{b}+{s64}*1+1024]",
                     "tileloadd tmm7, [{b}+{s64}*1+5120]",
-                    concat!($hi, " ", $hi_acc, ", tmm5, tmm7"),
-                    "tileloadd tmm4, [{a}+{s64}*1+2048]",
-                    "tileloadd tmm6, [{b}+{s64}*1+2048]",
-                    concat!("tdpbsud ", $lo_acc, ", tmm4, tmm6"),
-                    "tileloadd tmm7, [{b}+{s64}*1+6144]",
-                    concat!($hi, " ", $hi_acc, ", tmm4, tmm7"),
-                    "tileloadd tmm5, [{a}+{s64}*1+3072]",
-                    "tileloadd tmm6, [{b}+{s64}*1+3072]",
-                    concat!("tdpbsud ", $lo_acc, ", tmm5, tmm6"),
+                    "tdpbsud tmm0, tmm2, tmm4",
+                    concat!($hi, " tmm1, tmm2, tmm6"),
+                    "tileloadd tmm2, [{a}+{s64}*1+2048]",
+                    "tileloadd tmm4, [{b}+{s64}*1+2048]",
+                    "tileloadd tmm6, [{b}+{s64}*1+6144]",
+                    "tdpbsud tmm0, tmm3, tmm5",
+                    concat!($hi, " tmm1, tmm3, tmm7"),
+                    "tileloadd tmm3, [{a}+{s64}*1+3072]",
+                    "tileloadd tmm5, [{b}+{s64}*1+3072]",
                     "tileloadd tmm7, [{b}+{s64}*1+7168]",
-                    concat!($hi, " ", $hi_acc, ", tmm5, tmm7"),
-                    concat!("tilestored [{c}+{s64}*1], ", $lo_acc),
-                    concat!("tilestored [{c}+{s64}*1+1024], ", $hi_acc),
+                    "tdpbsud tmm0, tmm2, tmm4",
+                    concat!($hi, " tmm1, tmm2, tmm6"),
+                    "tdpbsud tmm0, tmm3, tmm5",
+                    concat!($hi, " tmm1, tmm3, tmm7"),
+                    "tilestored [{c}+{s64}*1], tmm0",
+                    "tilestored [{c}+{s64}*1+1024], tmm1",
                     a = in(reg) a,
                     b = in(reg) b,
                     c = in(reg) c,
@@ -252,11 +264,9 @@ unsafe fn planes<const HI_SIGNED: bool, const ODD: bool>(a: *const i8, b: *const
             }
         };
     }
-    match (HI_SIGNED, ODD) {
-        (false, false) => body!("tdpbsud", "tmm0", "tmm1"),
-        (false, true) => body!("tdpbsud", "tmm2", "tmm3"),
-        (true, false) => body!("tdpbssd", "tmm0", "tmm1"),
-        (true, true) => body!("tdpbssd", "tmm2", "tmm3"),
+    match HI_SIGNED {
+        false => body!("tdpbsud"),
+        true => body!("tdpbssd"),
     }
 }
 
@@ -331,7 +341,7 @@ fn scale_bytes(sc: __m512i) -> (__m512i, __m512i) {
 /// 64-byte aligned with [`PLANES`] writable bytes.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_q4k(unit: *const u8, o: *mut u8) {
+unsafe fn unpack_q4k(unit: *const u8, o: *mut u8, ahead: *const u8) {
     let lo4 = _mm512_set1_epi8(0xF);
     let zero = _mm512_setzero_si512();
     // SAFETY: reads inside the unit (qs 0..2048, scales 2048..2176), writes
@@ -342,10 +352,14 @@ unsafe fn unpack_q4k(unit: *const u8, o: *mut u8) {
                 unit.add(2048 + 16 * c).cast(),
             )))
         };
+        // The unit's 37 lines at `ahead`, one per load here.
+        prefetch_line(ahead, 36);
         for cc in 0..4 {
+            prefetch_line(ahead, 32 + cc);
             let (sel, sol) = scale(2 * cc);
             let (seh, soh) = scale(2 * cc + 1);
             for r in 0..8 {
+                prefetch_line(ahead, 8 * cc + r);
                 let v = _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast());
                 let l = _mm512_and_si512(v, lo4);
                 let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
@@ -385,18 +399,22 @@ pub(super) unsafe fn q4k_groups(
     out: OutPtr,
 ) {
     let nb = act.nb;
-    let unpack = |unit: *const u8, o: *mut u8| {
+    let unpack = |unit: *const u8, o: *mut u8, ahead: *const u8| {
         // SAFETY: `tile_groups` passes a whole unit and a plane buffer.
-        unsafe { unpack_q4k(unit, o) }
+        unsafe { unpack_q4k(unit, o, ahead) }
     };
     let post = |u: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
         // SAFETY: min pairs and d/dmin inside the unit `u`; C rows t < 16
         // inside `cb`; rows t0 + t < m (`acc` holds only those).
         unsafe {
-            let mp: [__m512i; 4] =
-                std::array::from_fn(|p| _mm512_loadu_si512(u.add(2176 + 64 * p).cast()));
-            let dv = _mm512_loadu_ps(u.add(2432).cast());
-            let dmv = _mm512_loadu_ps(u.add(2496).cast());
+            // Lane j of pair p: m_2p | m_(2p+1) << 16 of row j.
+            let mins =
+                |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(2176 + 16 * c).cast()));
+            let mp: [__m512i; 4] = std::array::from_fn(|p| {
+                _mm512_or_si512(mins(2 * p), _mm512_slli_epi32::<16>(mins(2 * p + 1)))
+            });
+            let dv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(2304).cast()));
+            let dmv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(2336).cast()));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let row = t0 + t;
                 let s = plane_sum(cb, t);
@@ -450,82 +468,101 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
     act: &Act,
     amx: &AmxAct,
     out: OutPtr,
-    unpack: impl Fn(*const u8, *mut u8),
+    unpack: impl Fn(*const u8, *mut u8, *const u8),
     post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
 ) {
     let (m, nb, cols, rows) = (act.m, act.nb, act.cols, w.rows);
     let tiles = m.div_ceil(TN);
-    let mut wbuf = [Aligned([0u8; PLANES]); 2];
-    let mut scratch = [Aligned([0u8; UNIT]); 2];
+    let mut wbuf = [Aligned([0u8; PLANES]); 3];
+    let mut scratch = [Aligned([0u8; UNIT]); 3];
     let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
     // Written by the tile stores, read by `post`: one raw pointer for both.
     let cbp = cbuf.0.as_mut_ptr();
     let mut acc = vec![_mm512_setzero_ps(); m];
-    // Unit (group g, super-block sb), in scratch slot `slot` when the
+    // This call's units in order: u = (g − g0)·nb + sb.
+    let (g0, units_n) = (j0 / GROUP, ng * nb);
+    // Unit u, and where to prefetch from while unpacking it (the unit
+    // `UNIT_AHEAD` further in the layout); in scratch slot u % 3 when the
     // matrix has no tile layout.
-    let mut unit = |g: usize, sb: usize, slot: usize| -> *const u8 {
+    let mut unit = |u: usize| -> (*const u8, *const u8) {
+        let (g, sb) = (g0 + u / nb, u % nb);
         match w.tiles {
             // Inside the layout: g < rows / 16, sb < nb (`with_tiles`
             // checked its size).
-            Some(t) => t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr(),
+            Some(t) => {
+                let p = t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr();
+                (p, p.wrapping_add(UNIT_AHEAD * UNIT))
+            }
             None => {
-                let s = &mut scratch[slot].0;
+                let s = &mut scratch[u % 3].0;
                 tile_layout::write_unit(w, g, sb, s);
-                s.as_ptr()
+                (s.as_ptr(), s.as_ptr())
             }
         }
     };
     let _release = Release;
     // SAFETY: the caller checked `available`.
     unsafe { TileCfg::new(TN as u8, 64, 16).load() };
-    // Steps (super-block sb, row tile rt) in order i = sb·tiles + rt; the
-    // products of step i + 1 are issued before the vector work of step i
-    // (alternate accumulator tiles and C buffers by the parity of i), so
-    // the tile unit works while the vector units do, also when there is
-    // one row tile.
-    let steps = nb * tiles;
-    for g in j0 / GROUP..j0 / GROUP + ng {
-        acc.fill(_mm512_setzero_ps());
-        let mut units = [unit(g, 0, 0), std::ptr::null()];
-        unpack(units[0], wbuf[0].0.as_mut_ptr());
-        let issue = |i: usize, wbuf: &[Aligned<[u8; PLANES]>; 2]| {
-            let (sb, rt) = (i / tiles, i % tiles);
-            let wp = wbuf[sb & 1].0.as_ptr();
-            let c = cbp.wrapping_add(512 * (i & 1));
-            // SAFETY: A: the four 1 KB tiles (rt, 4·sb + k) inside
-            // `a_tiles` (`tiles_of`); B: 16 rows of 64 bytes at 1024·k
-            // (+ 4096) inside `wp`; C: 2 KB inside `cbuf`.
-            unsafe {
-                let a = amx.a_tiles.as_ptr().add((rt * (cols / 64) + sb * 4) * 1024);
-                if i & 1 == 0 {
-                    planes::<SIGNED, false>(a, wp, c);
-                } else {
-                    planes::<SIGNED, true>(a, wp, c);
-                }
+    // Steps (unit u, row tile rt) in order i = u·tiles + rt, across the
+    // groups of the call. The products of step i + 1 are issued before the
+    // vector work of step i (alternate accumulator tiles and C buffers by
+    // the parity of i), so the tile unit works while the vector units do,
+    // also with one row tile. Unit u + 2 is unpacked at step (u, 0) into
+    // the third buffer: no tile load reads planes stored in the same step
+    // (they would wait for the stores to drain).
+    let steps = units_n * tiles;
+    let mut units = [std::ptr::null(); 3];
+    for u in 0..units_n.min(2) {
+        let (p, ahead) = unit(u);
+        units[u] = p;
+        unpack(p, wbuf[u].0.as_mut_ptr(), ahead);
+    }
+    let issue = |i: usize, wbuf: &[Aligned<[u8; PLANES]>; 3]| {
+        let (u, rt) = (i / tiles, i % tiles);
+        let wp = wbuf[u % 3].0.as_ptr();
+        let c = cbp.wrapping_add(512 * (i & 1));
+        // SAFETY: A: the four 1 KB tiles (rt, 4·sb + k) inside `a_tiles`
+        // (`tiles_of`); B: 16 rows of 64 bytes at 1024·k (+ 4096) inside
+        // `wp`; C: 2 KB inside `cbuf`.
+        unsafe {
+            let a = amx
+                .a_tiles
+                .as_ptr()
+                .add((rt * (cols / 64) + (u % nb) * 4) * 1024);
+            if i & 1 == 0 {
+                planes::<SIGNED, false>(a, wp, c);
+            } else {
+                planes::<SIGNED, true>(a, wp, c);
             }
-        };
-        issue(0, &wbuf);
-        for i in 0..steps {
-            let (sb, rt) = (i / tiles, i % tiles);
-            if rt == 0 && sb + 1 < nb {
-                // Before step (sb + 1, 0) is issued; the other buffer's
-                // last reader, step (sb − 1, tiles − 1), was issued before.
-                let next = (sb + 1) & 1;
-                units[next] = unit(g, sb + 1, next);
-                unpack(units[next], wbuf[next].0.as_mut_ptr());
-            }
-            if i + 1 < steps {
-                issue(i + 1, &wbuf);
-            }
-            let cb = cbp.wrapping_add(512 * (i & 1)).cast_const();
-            let t0 = rt * TN;
-            let end = (t0 + TN).min(m);
-            post(units[sb & 1], cb, sb, t0, &mut acc[t0..end]);
         }
-        let jg = g * GROUP;
-        for (row, a) in acc.iter().enumerate() {
-            // SAFETY: columns jg..jg+16 are this task's; row < m.
-            unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
+    };
+    if steps > 0 {
+        issue(0, &wbuf);
+    }
+    for i in 0..steps {
+        let (u, rt) = (i / tiles, i % tiles);
+        if rt == 0 && u + 2 < units_n {
+            // Its buffer's last reader, step (u − 1, tiles − 1), was issued
+            // before this step.
+            let (p, ahead) = unit(u + 2);
+            units[(u + 2) % 3] = p;
+            unpack(p, wbuf[(u + 2) % 3].0.as_mut_ptr(), ahead);
+        }
+        if i + 1 < steps {
+            issue(i + 1, &wbuf);
+        }
+        let cb = cbp.wrapping_add(512 * (i & 1)).cast_const();
+        let t0 = rt * TN;
+        let end = (t0 + TN).min(m);
+        let sb = u % nb;
+        post(units[u % 3], cb, sb, t0, &mut acc[t0..end]);
+        if rt + 1 == tiles && sb + 1 == nb {
+            let jg = (g0 + u / nb) * GROUP;
+            for (row, a) in acc.iter_mut().enumerate() {
+                // SAFETY: columns jg..jg+16 are this task's; row < m.
+                unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
+                *a = _mm512_setzero_ps();
+            }
         }
     }
 }
@@ -539,7 +576,7 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
 /// 64-byte aligned with [`PLANES`] writable bytes.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_q6k(unit: *const u8, o: *mut u8) {
+unsafe fn unpack_q6k(unit: *const u8, o: *mut u8, ahead: *const u8) {
     let lo4 = _mm512_set1_epi8(0xF);
     let m3 = _mm512_set1_epi8(3);
     let m30 = _mm512_set1_epi8(0x30);
@@ -563,6 +600,13 @@ unsafe fn unpack_q6k(unit: *const u8, o: *mut u8) {
                 _mm512_loadu_si512(unit.add(1536 * h + 512 * part + 64 * r).cast())
             };
             for r in 0..8 {
+                // The unit's 53 lines at `ahead`, one per load here.
+                for part in 0..3 {
+                    prefetch_line(ahead, 24 * h + 8 * part + r);
+                }
+                if h == 0 && r < 5 {
+                    prefetch_line(ahead, 48 + r);
+                }
                 let (l0, l1, q) = (at(0, r), at(1, r), at(2, r));
                 let e = [
                     _mm512_or_si512(
@@ -610,15 +654,15 @@ pub(super) unsafe fn q6k_groups(
     out: OutPtr,
 ) {
     let nb = act.nb;
-    let unpack = |unit: *const u8, o: *mut u8| {
+    let unpack = |unit: *const u8, o: *mut u8, ahead: *const u8| {
         // SAFETY: `tile_groups` passes a whole unit and a plane buffer.
-        unsafe { unpack_q6k(unit, o) }
+        unsafe { unpack_q6k(unit, o, ahead) }
     };
     let post = |u: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
         // SAFETY: d inside the unit `u`; C rows t < 16 inside `cb`; rows
         // t0 + t < m.
         unsafe {
-            let dv = _mm512_loadu_ps(u.add(3328).cast());
+            let dv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(3328).cast()));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let s = plane_sum(cb, t);
                 let dx = _mm512_set1_ps(*act.d.as_ptr().add((t0 + t) * nb + sb));
