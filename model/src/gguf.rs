@@ -342,6 +342,35 @@ impl GgufFile {
         &self.map
     }
 
+    /// Let the kernel drop the pages of bytes `offset..offset + len` of the
+    /// mapping from this process (the whole pages inside the range; a
+    /// no-op off Unix or on error). For tensors held in another form in
+    /// memory (the tile layout): loading them read every page, and without
+    /// this the resident size would count them twice. The bytes stay
+    /// readable: a later read faults its page back in from the file.
+    pub fn release(&self, offset: usize, len: usize) {
+        #[cfg(unix)]
+        {
+            const PAGE: usize = 4096;
+            let start = offset.next_multiple_of(PAGE);
+            let end = offset.saturating_add(len).min(self.map.len()) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: a read-only file mapping: dropping its pages loses
+                // nothing (they are re-read from the file on access), and
+                // the mapping stays valid for every borrow of it.
+                let _ = unsafe {
+                    self.map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (offset, len);
+    }
+
     pub fn file_size(&self) -> usize {
         self.map.len()
     }

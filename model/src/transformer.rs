@@ -110,11 +110,16 @@ impl Weight {
         }
     }
 
-    /// This weight with its tile layout when `on` and its format has one
-    /// (built from the mapped bytes, which stay mapped).
-    fn with_tiles(mut self, on: bool, mapped: &[u8]) -> Self {
+    /// This weight with its tile layout when `on` and its format has one.
+    /// Built from the mapped bytes, whose pages are then released: the
+    /// kernels read the layout only ([`quant::tile_layout`]; rows past the
+    /// last group of 16 fault their pages back in).
+    fn with_tiles(mut self, on: bool, gguf: &GgufFile) -> Self {
         if on {
-            self.tiles = quant::tile_layout::build(&self.view(mapped)).map(Arc::new);
+            self.tiles = quant::tile_layout::build(&self.view(gguf.bytes())).map(Arc::new);
+            if let (Some(_), WeightBytes::Mapped { offset, len }) = (&self.tiles, &self.bytes) {
+                gguf.release(*offset, *len);
+            }
         }
         self
     }
@@ -230,7 +235,7 @@ impl Model {
         };
         let lw = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             Ok(Weight::layer_matrix(&gguf, name, rows, cols, opts.repack)?
-                .with_tiles(opts.tiles, gguf.bytes()))
+                .with_tiles(opts.tiles, &gguf))
         };
         let has = |name: &str| gguf.tensors.contains_key(name);
         // The table keeps all its rows (padding included); the logits cover
@@ -249,7 +254,7 @@ impl Model {
         } else {
             embd.clone() // tied embeddings
         })
-        .with_tiles(opts.tiles, gguf.bytes());
+        .with_tiles(opts.tiles, &gguf);
         let output_norm = gguf.vector_f32("output_norm.weight", d)?;
         // Layers load in parallel (regrouping reads and converts ~7 MB per
         // draft layer); the first error in layer order is the one reported.

@@ -642,6 +642,19 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     Some(env.unwrap_or(default))
 }
 
+/// What a Q4_K/Q6_K job runs on the `x86_amx` kernels, if anything: the
+/// tile steps on [`Isa::Amx`] from its threshold ([`amx_min_rows`]); and
+/// for a matrix in the tile layout ([`QMatrix::tiles`]) on AVX-512 VNNI or
+/// AMX, every other row count as VNNI sums over the same units (so the
+/// file's bytes are never read; same bits either way).
+#[cfg(target_arch = "x86_64")]
+fn x86_amx_job(isa: Isa, w: &QMatrix, act: &act::Act, m: usize) -> Option<x86_amx::AmxAct> {
+    let min = amx_min_rows(w.format)?;
+    let tiles = isa == Isa::Amx && m >= min;
+    let units = w.tiles.is_some() && matches!(isa, Isa::Amx | Isa::Avx512Vnni);
+    (tiles || units).then(|| x86_amx::AmxAct::new(act, w.format, tiles))
+}
+
 /// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`],
 /// which delegates these formats) runs Q4_0/Q5_0/Q8_0 weights on the GEMM
 /// path (each panel of weight rows unpacked once for all rows;
@@ -811,8 +824,7 @@ impl<'a> Job<'a> {
         threads: usize,
     ) -> Self {
         #[cfg(target_arch = "x86_64")]
-        let amx = (isa == Isa::Amx && amx_min_rows(w.format).is_some_and(|n| m >= n))
-            .then(|| x86_amx::AmxAct::new(act, w.format));
+        let amx = x86_amx_job(isa, w, act, m);
         // Rows per parallel chunk are a multiple of this (AMX takes 16 weight
         // rows per tile step; the rest of a chunk goes through `f`).
         #[cfg(target_arch = "x86_64")]

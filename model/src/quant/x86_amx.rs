@@ -151,8 +151,11 @@ impl Drop for Release {
 /// computed and dropped), and for Q4_K weights the min sums in pairs:
 /// `bsp[(t·nb + sb)·4 + p]` = 32-element sums of chunks `2p` (low 16 bits)
 /// and `2p + 1` (high 16 bits); |sum| ≤ 32·128 = 4096 fits i16.
+/// Without tile steps (the VNNI side of the tile layout, [`unit_groups`])
+/// only the min sums.
 pub(super) struct AmxAct {
-    a_tiles: Vec<i8>,
+    /// `None`: `S` by VNNI ([`unit_groups`]), not by tile steps.
+    a_tiles: Option<Vec<i8>>,
     bsp: Vec<i32>,
 }
 
@@ -175,8 +178,10 @@ fn tiles_of(act: &Act) -> Vec<i8> {
 }
 
 impl AmxAct {
-    pub(super) fn new(act: &Act, format: super::QuantFormat) -> Self {
-        let a_tiles = tiles_of(act);
+    /// `tiles`: run the tile steps ([`available`] must hold), else the
+    /// VNNI sums over the same units.
+    pub(super) fn new(act: &Act, format: super::QuantFormat, tiles: bool) -> Self {
+        let a_tiles = tiles.then(|| tiles_of(act));
         if format != super::QuantFormat::Q4K {
             return AmxAct {
                 a_tiles,
@@ -197,6 +202,11 @@ impl AmxAct {
             }
         }
         AmxAct { a_tiles, bsp }
+    }
+
+    /// Whether this call runs the tile steps.
+    pub(super) fn tiles(&self) -> bool {
+        self.a_tiles.is_some()
     }
 }
 
@@ -432,7 +442,27 @@ pub(super) unsafe fn q4k_groups(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        tile_groups::<false, { tile_layout::Q4K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+        if amx.tiles() {
+            tile_groups::<false, { tile_layout::Q4K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+        } else {
+            let sums =
+                |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
+                    // `unit_groups` passes a whole unit, rows t..t + n < m and
+                    // n rows of C at `c`.
+                    let store = |v: &[__m512i]| {
+                        for (i, v) in v.iter().enumerate() {
+                            _mm512_store_si512(c.add(16 * i).cast(), *v);
+                        }
+                    };
+                    match n {
+                        1 => store(&sums_q4k::<1>(u, ahead, act, sb, t)),
+                        2 => store(&sums_q4k::<2>(u, ahead, act, sb, t)),
+                        3 => store(&sums_q4k::<3>(u, ahead, act, sb, t)),
+                        _ => store(&sums_q4k::<4>(u, ahead, act, sb, t)),
+                    }
+                };
+            unit_groups::<{ tile_layout::Q4K_UNIT }>(w, j0, ng, act, out, sums, post)
+        }
     }
 }
 
@@ -468,6 +498,9 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
 ) {
     let (m, nb, cols, rows) = (act.m, act.nb, act.cols, w.rows);
     let tiles = m.div_ceil(TN);
+    let Some(a_tiles) = &amx.a_tiles else {
+        return;
+    };
     let mut wbuf = [Aligned([0u8; PLANES]); 3];
     let mut scratch = [Aligned([0u8; UNIT]); 3];
     let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
@@ -520,8 +553,7 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
         // (`tiles_of`); B: 16 rows of 64 bytes at 1024·k (+ 4096) inside
         // `wp`; C: 2 KB inside `cbuf`.
         unsafe {
-            let a = amx
-                .a_tiles
+            let a = a_tiles
                 .as_ptr()
                 .add((rt * (cols / 64) + (u % nb) * 4) * 1024);
             planes::<SIGNED>(a, wp, c);
@@ -558,6 +590,44 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
     }
 }
 
+/// The 6-bit values (u8, 0..63) of B rows `32h + 8qq + r` (`qq` = 0..4,
+/// the array index) of a Q6_K unit: K positions `4·(32h + 8qq + r)..+4`
+/// of each of the 16 weight rows, from its transposed `ql`/`qh` vectors.
+///
+/// # Safety
+/// AVX-512 (F/BW); [`tile_layout::Q6K_UNIT`] readable bytes at `unit`;
+/// `h < 2`, `r < 8`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn q6_values(unit: *const u8, h: usize, r: usize) -> [__m512i; 4] {
+    let lo4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm512_set1_epi8(3);
+    let m30 = _mm512_set1_epi8(0x30);
+    // SAFETY: inside the unit's ql/qh part (caller).
+    let at = |part: usize| unsafe {
+        _mm512_loadu_si512(unit.add(1536 * h + 512 * part + 64 * r).cast())
+    };
+    let (l0, l1, q) = (at(0), at(1), at(2));
+    [
+        _mm512_or_si512(
+            _mm512_and_si512(l0, lo4),
+            _mm512_slli_epi16::<4>(_mm512_and_si512(q, m3)),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(l1, lo4),
+            _mm512_and_si512(_mm512_slli_epi16::<2>(q), m30),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(l0), lo4),
+            _mm512_and_si512(q, m30),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(l1), lo4),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(q), m30),
+        ),
+    ]
+}
+
 /// The lo and hi planes of one Q6_K unit ([`tile_layout`]) into `o`
 /// ([`PLANES`] bytes): per value `sc·(q − 32)`, the lo plane u8, the hi
 /// plane i8.
@@ -568,9 +638,6 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
 unsafe fn unpack_q6k(unit: *const u8, o: *mut u8, ahead: *const u8) {
-    let lo4 = _mm512_set1_epi8(0xF);
-    let m3 = _mm512_set1_epi8(3);
-    let m30 = _mm512_set1_epi8(0x30);
     // SAFETY: reads inside the unit (ql/qh 0..3072, scales 3072..3328),
     // writes inside `o` (caller).
     unsafe {
@@ -587,9 +654,6 @@ unsafe fn unpack_q6k(unit: *const u8, o: *mut u8, ahead: *const u8) {
             (se, so, sub)
         });
         for h in 0..2 {
-            let at = |part: usize, r: usize| {
-                _mm512_loadu_si512(unit.add(1536 * h + 512 * part + 64 * r).cast())
-            };
             for r in 0..8 {
                 // The unit's 53 lines at `ahead`, one per load here.
                 for part in 0..3 {
@@ -598,25 +662,7 @@ unsafe fn unpack_q6k(unit: *const u8, o: *mut u8, ahead: *const u8) {
                 if h == 0 && r < 5 {
                     prefetch_line(ahead, 48 + r);
                 }
-                let (l0, l1, q) = (at(0, r), at(1, r), at(2, r));
-                let e = [
-                    _mm512_or_si512(
-                        _mm512_and_si512(l0, lo4),
-                        _mm512_slli_epi16::<4>(_mm512_and_si512(q, m3)),
-                    ),
-                    _mm512_or_si512(
-                        _mm512_and_si512(l1, lo4),
-                        _mm512_and_si512(_mm512_slli_epi16::<2>(q), m30),
-                    ),
-                    _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(l0), lo4),
-                        _mm512_and_si512(q, m30),
-                    ),
-                    _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(l1), lo4),
-                        _mm512_and_si512(_mm512_srli_epi16::<2>(q), m30),
-                    ),
-                ];
+                let e = q6_values(unit, h, r);
                 for (qq, e) in e.iter().enumerate() {
                     let row = 32 * h + 8 * qq + r;
                     let (se, so, sub) = scales[row / 4];
@@ -665,6 +711,220 @@ pub(super) unsafe fn q6k_groups(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        tile_groups::<true, { tile_layout::Q6K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+        if amx.tiles() {
+            tile_groups::<true, { tile_layout::Q6K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+        } else {
+            let sums =
+                |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
+                    // `unit_groups` passes a whole unit, rows t..t + n < m and
+                    // n rows of C at `c`.
+                    let store = |v: &[__m512i]| {
+                        for (i, v) in v.iter().enumerate() {
+                            _mm512_store_si512(c.add(16 * i).cast(), *v);
+                        }
+                    };
+                    match n {
+                        1 => store(&sums_q6k::<1>(u, ahead, act, sb, t)),
+                        2 => store(&sums_q6k::<2>(u, ahead, act, sb, t)),
+                        3 => store(&sums_q6k::<3>(u, ahead, act, sb, t)),
+                        _ => store(&sums_q6k::<4>(u, ahead, act, sb, t)),
+                    }
+                };
+            unit_groups::<{ tile_layout::Q6K_UNIT }>(w, j0, ng, act, out, sums, post)
+        }
     }
+}
+
+/// The VNNI side of the tile layout: below the AMX thresholds, the same
+/// units give `S` by `vpdpbusd` (16 weight rows as lanes, four activation
+/// bytes broadcast), one activation row at a time, into the `C_lo` rows of
+/// a C buffer whose `C_hi` stays zero; then the same `post` as the tile
+/// steps. So a matrix held in the tile layout never reads the file's
+/// bytes (rows past the last whole group of 16 aside), and the two paths
+/// share every float step.
+///
+/// `sums(unit, ahead, sb, t, n, c)` stores the `S` of rows `t..t + n`
+/// (`n ≤ SUM_ROWS`) for the unit's 16 weight rows at `c` (16 i32 a row),
+/// prefetching from `ahead` as it loads.
+///
+/// # Safety
+/// As [`q4k_groups`]; `sums` and `post` as those of [`q4k_groups`] /
+/// [`q6k_groups`]; `UNIT` is `w.format`'s unit size.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unit_groups<const UNIT: usize>(
+    w: &QMatrix,
+    j0: usize,
+    ng: usize,
+    act: &Act,
+    out: OutPtr,
+    sums: impl Fn(*const u8, *const u8, usize, usize, usize, *mut i32),
+    post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
+) {
+    let (m, nb, rows) = (act.m, act.nb, w.rows);
+    let mut scratch = Aligned([0u8; UNIT]);
+    // C_lo rows hold S; C_hi stays zero (`plane_sum` = S).
+    let mut cbuf = Aligned([0i32; 2 * 256]);
+    let cbp = cbuf.0.as_mut_ptr();
+    let mut acc = vec![_mm512_setzero_ps(); m];
+    for g in j0 / GROUP..j0 / GROUP + ng {
+        for sb in 0..nb {
+            let (u, ahead) = match w.tiles {
+                // Inside the layout (`with_tiles` checked its size).
+                Some(t) => {
+                    let p = t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr();
+                    (p, p.wrapping_add(UNIT_AHEAD * UNIT))
+                }
+                None => {
+                    tile_layout::write_unit(w, g, sb, &mut scratch.0);
+                    (scratch.0.as_ptr(), scratch.0.as_ptr())
+                }
+            };
+            for t0 in (0..m).step_by(TN) {
+                let tn = TN.min(m - t0);
+                for t in (0..tn).step_by(SUM_ROWS) {
+                    // Prefetch with the first rows only.
+                    let ahead = if t == 0 { ahead } else { u };
+                    // SAFETY: rows t..t + n < 16 of C_lo, inside `cbuf`.
+                    unsafe {
+                        sums(
+                            u,
+                            ahead,
+                            sb,
+                            t0 + t,
+                            (tn - t).min(SUM_ROWS),
+                            cbp.add(16 * t),
+                        )
+                    };
+                }
+                post(u, cbp.cast_const(), sb, t0, &mut acc[t0..t0 + tn]);
+            }
+        }
+        let jg = g * GROUP;
+        for (row, a) in acc.iter_mut().enumerate() {
+            // SAFETY: columns jg..jg+16 are this task's; row < m.
+            unsafe { _mm512_storeu_ps(out.get().add(row * rows + jg), *a) };
+            *a = _mm512_setzero_ps();
+        }
+    }
+}
+
+/// Four activation bytes at `p` broadcast to every dword lane.
+///
+/// # Safety
+/// Four readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn bcast4(p: *const i8) -> __m512i {
+    // SAFETY: caller.
+    _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+/// Activation rows per [`sums_q4k`] / [`sums_q6k`] call: each weight
+/// vector is unpacked once for them (two accumulators a row).
+const SUM_ROWS: usize = 4;
+
+/// `S = Σ_c sc_c · dot_c` of activation rows `t0..t0 + N` × a Q4_K unit
+/// (lanes = its 16 weight rows), by `vpdpbusd` on the nibbles (u8 weights
+/// × i8 activations, exact: |dot_c| ≤ 32·15·128, |S| < 2^25).
+///
+/// # Safety
+/// AVX-512 (F/BW/VNNI); a whole unit at `unit`; `t0 + N ≤ act.m`,
+/// `sb < act.nb` (Q8_K activations).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sums_q4k<const N: usize>(
+    unit: *const u8,
+    ahead: *const u8,
+    act: &Act,
+    sb: usize,
+    t0: usize,
+) -> [__m512i; N] {
+    let lo4 = _mm512_set1_epi8(0xF);
+    let mut s = [_mm512_setzero_si512(); N];
+    // SAFETY: the unit's qs and scales; activation bytes
+    // t·cols + 256·sb + 0..256 of rows t < t0 + N inside `act.qs`.
+    unsafe {
+        let a: [*const i8; N] =
+            std::array::from_fn(|i| act.qs.as_ptr().add((t0 + i) * act.cols + 256 * sb));
+        let scale =
+            |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(unit.add(2048 + 16 * c).cast()));
+        prefetch_line(ahead, 36);
+        for cc in 0..4 {
+            prefetch_line(ahead, 32 + cc);
+            let mut dl = [_mm512_setzero_si512(); N];
+            let mut dh = [_mm512_setzero_si512(); N];
+            for r in 0..8 {
+                prefetch_line(ahead, 8 * cc + r);
+                let v = _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast());
+                let l = _mm512_and_si512(v, lo4);
+                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
+                for i in 0..N {
+                    dl[i] = _mm512_dpbusd_epi32(dl[i], l, bcast4(a[i].add(64 * cc + 4 * r)));
+                    dh[i] = _mm512_dpbusd_epi32(dh[i], h, bcast4(a[i].add(64 * cc + 32 + 4 * r)));
+                }
+            }
+            let (sl, sh) = (scale(2 * cc), scale(2 * cc + 1));
+            for i in 0..N {
+                s[i] = _mm512_add_epi32(s[i], _mm512_mullo_epi32(sl, dl[i]));
+                s[i] = _mm512_add_epi32(s[i], _mm512_mullo_epi32(sh, dh[i]));
+            }
+        }
+    }
+    s
+}
+
+/// `S = Σ_c sc_c · Σ (q − 32)·a` of activation rows `t0..t0 + N` × a Q6_K
+/// unit (lanes = its 16 weight rows): per 16-value group `vpdpbusd` on the
+/// 6-bit values, minus 32 × the group's activation sum (Q8_K's `bsums`),
+/// times the scale (exact: a group's sum is below 2^18, `S` below 2^29).
+///
+/// # Safety
+/// As [`sums_q4k`], for a Q6_K unit.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sums_q6k<const N: usize>(
+    unit: *const u8,
+    ahead: *const u8,
+    act: &Act,
+    sb: usize,
+    t0: usize,
+) -> [__m512i; N] {
+    let mut s = [_mm512_setzero_si512(); N];
+    let bs: [&[i16]; N] = std::array::from_fn(|i| &act.row_bsums(t0 + i)[16 * sb..16 * sb + 16]);
+    // SAFETY: the unit's ql/qh and scales; activation bytes
+    // t·cols + 256·sb + 0..256 of rows t < t0 + N inside `act.qs`.
+    unsafe {
+        let a: [*const i8; N] =
+            std::array::from_fn(|i| act.qs.as_ptr().add((t0 + i) * act.cols + 256 * sb));
+        // The unit's 53 lines at `ahead`, one per inner step.
+        let mut line = 0;
+        // Group c = B rows 4c..4c + 4 (K = 16c..16c + 16): rr = 32h + 8qq + r
+        // with r = 4·half..4·half + 4.
+        for h in 0..2 {
+            for qq in 0..4 {
+                for half in 0..2 {
+                    let c = 8 * h + 2 * qq + half;
+                    let mut dot = [_mm512_setzero_si512(); N];
+                    for r in 4 * half..4 * half + 4 {
+                        if line < 53 {
+                            prefetch_line(ahead, line);
+                            line += 1;
+                        }
+                        let e = q6_values(unit, h, r)[qq];
+                        let rr = 32 * h + 8 * qq + r;
+                        for i in 0..N {
+                            dot[i] = _mm512_dpbusd_epi32(dot[i], e, bcast4(a[i].add(4 * rr)));
+                        }
+                    }
+                    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(unit.add(3072 + 16 * c).cast()));
+                    for i in 0..N {
+                        let centred =
+                            _mm512_sub_epi32(dot[i], _mm512_set1_epi32(32 * bs[i][c] as i32));
+                        s[i] = _mm512_add_epi32(s[i], _mm512_mullo_epi32(sc, centred));
+                    }
+                }
+            }
+        }
+    }
+    s
 }
