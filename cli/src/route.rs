@@ -192,9 +192,11 @@ fn frame_report(n: &tandem_router::lexicon::TermNote) -> FrameReport {
         FrameNote::Hypothetical { marker, generic } => {
             ("hypothetical", marker, Some(generic), None)
         }
-        FrameNote::HypotheticalKept { marker, generic } => {
-            ("hypothetical_kept", marker, Some(generic), None)
-        }
+        FrameNote::HypotheticalKept {
+            marker,
+            generic,
+            why,
+        } => ("hypothetical_kept", marker, Some(generic), Some(why.reason())),
     };
     FrameReport {
         category: n.category.clone(),
@@ -212,7 +214,7 @@ fn frame_report(n: &tandem_router::lexicon::TermNote) -> FrameReport {
 /// One line of `explain` for a term a negation or a hypothetical frame set
 /// aside or was seen near: the term, the marker, the frame, the cue.
 fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
-    use tandem_router::lexicon::FrameNote;
+    use tandem_router::lexicon::{FrameNote, HypotheticalKept};
     let span =
         |(s, e): (usize, usize)| format!("{:?} (bytes {s}..{e})", text.get(s..e).unwrap_or(""));
     let term = span((n.start, n.end));
@@ -250,10 +252,24 @@ fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
                 span(marker)
             ),
         },
-        FrameNote::HypotheticalKept { marker, generic } => format!(
+        FrameNote::HypotheticalKept {
+            marker,
+            generic,
+            why: HypotheticalKept::OwnCue,
+        } => format!(
             "counted: {} {}, but {cue} in the clause is not its subject",
             kind(generic),
             span(marker)
+        ),
+        FrameNote::HypotheticalKept {
+            marker,
+            generic,
+            why: HypotheticalKept::Past,
+        } => format!(
+            "counted: {} {} ({cue}), kept: {}",
+            kind(generic),
+            span(marker),
+            HypotheticalKept::Past.reason()
         ),
     };
     format!("  {:<10} term {term} {what}", n.category)
