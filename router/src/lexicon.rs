@@ -283,7 +283,9 @@ impl Lexicon {
                     .iter()
                     .copied()
                     .filter(|&(s, e)| {
-                        s >= h.clause_start && e <= h.scope_end && Some((s, e)) != h.subject
+                        s >= h.clause_start
+                            && e <= h.scope_end
+                            && (Some((s, e)) != h.subject || possessive_of(text, (s, e), start))
                     })
                     .filter(|&(s, e)| !(s >= h.marker.0 && e <= h.marker.1))
                     .collect();
@@ -1073,6 +1075,23 @@ fn subject_of(
         (cs >= marker.0 && ce <= marker.1)
             || (cs >= marker.1 && only_connectives(text, marker.1, cs))
     })
+}
+
+/// Whether `cue` stands right before the term starting at `start` as its
+/// possessive ("my depression", "mi depresión", "我的抑郁症", "私の借金"):
+/// then the term is the writer's, even as a supposition's subject ("Si
+/// algún día mi depresión vuelve", "如果以后我的抑郁症复发").
+fn possessive_of(text: &str, cue: (usize, usize), start: usize) -> bool {
+    const POSSESSIVES: [&str; 18] = [
+        "my", "our", "mi", "mis", "nuestro", "nuestra", "mein", "meine", "meinem", "meinen",
+        "meiner", "meines", "unser", "unsere", "mon", "ma", "mes", "notre",
+    ];
+    let (Some(word), Some(gap)) = (text.get(cue.0..cue.1), text.get(cue.1..start)) else {
+        return false;
+    };
+    let word = word.to_lowercase();
+    (POSSESSIVES.contains(&word.as_str()) && !gap.is_empty() && gap.trim().is_empty())
+        || matches!(gap, "的" | "の")
 }
 
 /// The frame a phrase of `hypotheticals.txt` found at `s..e` (phrase `w`)
@@ -1981,8 +2000,11 @@ mod tests {
             );
         }
         // No eventuality, or not a clause's opening conditional: a
-        // statement; a plan in the future is a fact.
+        // statement; a plan in the future is a fact; the term's own
+        // possessive as the subject: the writer's.
         for (text, cat) in [
+            ("Si algún día mi depresión vuelve, ¿puedo pedir la baja?", "health"),
+            ("如果以后我的抑郁症复发了怎么办", "health"),
             ("If I have diabetes, can I eat mangoes?", "health"),
             ("I wonder if I will ever beat this cancer.", "health"),
             ("I will start chemotherapy next week.", "health"),
