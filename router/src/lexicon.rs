@@ -658,6 +658,67 @@ impl TermNote {
     }
 }
 
+/// A [`TermNote`] as the explains serve it (`tandem route explain --json`
+/// `frames`, the edge admin API's `POST /v1/route/explain` `frames`):
+/// byte offsets only, never the text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FrameReport {
+    pub category: String,
+    /// The term's byte span.
+    pub start: usize,
+    pub end: usize,
+    /// The disclosure cue it counted with (or would have), if any.
+    pub cue: Option<(usize, usize)>,
+    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`.
+    pub frame: &'static str,
+    /// The marker's bytes: the phrase ("don't have", "if someone", "假如")
+    /// or a conditional ending ("になったら").
+    pub marker: (usize, usize),
+    /// Hypotheticals: a conditional about nobody in particular.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generic: Option<bool>,
+    /// Whether the term still counts.
+    pub counted: bool,
+    /// Why a term a frame touched still counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_because: Option<&'static str>,
+}
+
+impl From<&TermNote> for FrameReport {
+    fn from(n: &TermNote) -> FrameReport {
+        let (frame, marker, generic, kept_because) = match n.frame {
+            FrameNote::Negated { marker } => ("negated", marker, None, None),
+            FrameNote::NegationKept { marker, why } => {
+                ("negation_kept", marker, None, Some(why.reason()))
+            }
+            FrameNote::Hypothetical { marker, generic } => {
+                ("hypothetical", marker, Some(generic), None)
+            }
+            FrameNote::HypotheticalKept {
+                marker,
+                generic,
+                why,
+            } => (
+                "hypothetical_kept",
+                marker,
+                Some(generic),
+                Some(why.reason()),
+            ),
+        };
+        FrameReport {
+            category: n.category.clone(),
+            start: n.start,
+            end: n.end,
+            cue: n.cue,
+            frame,
+            marker,
+            generic,
+            counted: n.counted(),
+            kept_because,
+        }
+    }
+}
+
 /// The negation or hypothetical frame a term was read in (spans are the
 /// marker phrase's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -693,7 +754,8 @@ pub enum FrameNote {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HypotheticalKept {
     /// A cue in the clause that is not the supposition's subject ("if
-    /// someone finds *my* HIV results").
+    /// someone finds *my* HIV results"), or the subject as the term's own
+    /// possessive ("si algún día *mi* depresión vuelve").
     OwnCue,
     /// The clause tells of the past ("If I had cancer *as a child*, would
     /// …", "in 2015"): a statement of fact in a hypothetical's shape.
@@ -704,7 +766,9 @@ impl HypotheticalKept {
     /// A short reason for `tandem route explain`.
     pub fn reason(self) -> &'static str {
         match self {
-            HypotheticalKept::OwnCue => "a cue in the clause is not the supposition's subject",
+            HypotheticalKept::OwnCue => {
+                "a cue in the clause is not the supposition's subject, or is the term's possessive"
+            }
             HypotheticalKept::Past => "the clause tells of the past: a statement of fact",
         }
     }
@@ -2003,7 +2067,10 @@ mod tests {
         // statement; a plan in the future is a fact; the term's own
         // possessive as the subject: the writer's.
         for (text, cat) in [
-            ("Si algún día mi depresión vuelve, ¿puedo pedir la baja?", "health"),
+            (
+                "Si algún día mi depresión vuelve, ¿puedo pedir la baja?",
+                "health",
+            ),
             ("如果以后我的抑郁症复发了怎么办", "health"),
             ("If I have diabetes, can I eat mangoes?", "health"),
             ("I wonder if I will ever beat this cancer.", "health"),
