@@ -2096,6 +2096,13 @@ mod tests {
                 "legal",
             ),
             ("假如我去年被起诉过，现在还能考公务员吗", "legal"),
+            // Again, a relapse: it happened before.
+            ("If I ever get arrested again, will I lose my job?", "legal"),
+            (
+                "Si algún día tengo cáncer otra vez, ¿me cubre el seguro?",
+                "health",
+            ),
+            ("如果以后抑郁症又复发了，能请病假吗", "health"),
         ] {
             assert_fires(&lx, text, cat);
             let kept: Vec<_> = lx
