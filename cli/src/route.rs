@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde::Serialize;
 use serde_json::Value;
+use tandem_router::lexicon::FrameReport;
 use tandem_router::{
     Conversation, Decision, EntityHit, Opinion, OpinionError, OpinionMode, Policy, RouteContext,
     SecondOpinion, Unsure,
@@ -156,63 +157,16 @@ struct Output<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     second_opinion: Option<&'a OpinionReport>,
     /// `explain` only: terms a negation or a hypothetical frame set aside
-    /// or was seen near (offsets only, no text).
+    /// or was seen near (offsets only, no text; the admin API's explain
+    /// serves the same).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     frames: Vec<FrameReport>,
-}
-
-/// One [`tandem_router::lexicon::TermNote`] for `explain --json`.
-#[derive(Serialize)]
-struct FrameReport {
-    category: String,
-    start: usize,
-    end: usize,
-    cue: Option<(usize, usize)>,
-    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`.
-    frame: &'static str,
-    /// The marker phrase's bytes ("don't have", "if someone", "假如").
-    marker: (usize, usize),
-    /// Hypotheticals: a conditional about nobody in particular.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    generic: Option<bool>,
-    /// Whether the term still counts.
-    counted: bool,
-    /// Why a denial still counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kept_because: Option<&'static str>,
-}
-
-fn frame_report(n: &tandem_router::lexicon::TermNote) -> FrameReport {
-    use tandem_router::lexicon::FrameNote;
-    let (frame, marker, generic, kept_because) = match n.frame {
-        FrameNote::Negated { marker } => ("negated", marker, None, None),
-        FrameNote::NegationKept { marker, why } => {
-            ("negation_kept", marker, None, Some(why.reason()))
-        }
-        FrameNote::Hypothetical { marker, generic } => {
-            ("hypothetical", marker, Some(generic), None)
-        }
-        FrameNote::HypotheticalKept { marker, generic } => {
-            ("hypothetical_kept", marker, Some(generic), None)
-        }
-    };
-    FrameReport {
-        category: n.category.clone(),
-        start: n.start,
-        end: n.end,
-        cue: n.cue,
-        frame,
-        marker,
-        generic,
-        counted: n.counted(),
-        kept_because,
-    }
 }
 
 /// One line of `explain` for a term a negation or a hypothetical frame set
 /// aside or was seen near: the term, the marker, the frame, the cue.
 fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
-    use tandem_router::lexicon::FrameNote;
+    use tandem_router::lexicon::{FrameNote, HypotheticalKept};
     let span =
         |(s, e): (usize, usize)| format!("{:?} (bytes {s}..{e})", text.get(s..e).unwrap_or(""));
     let term = span((n.start, n.end));
@@ -250,10 +204,24 @@ fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
                 span(marker)
             ),
         },
-        FrameNote::HypotheticalKept { marker, generic } => format!(
+        FrameNote::HypotheticalKept {
+            marker,
+            generic,
+            why: HypotheticalKept::OwnCue,
+        } => format!(
             "counted: {} {}, but {cue} in the clause is not its subject",
             kind(generic),
             span(marker)
+        ),
+        FrameNote::HypotheticalKept {
+            marker,
+            generic,
+            why: HypotheticalKept::Past,
+        } => format!(
+            "counted: {} {} ({cue}), kept: {}",
+            kind(generic),
+            span(marker),
+            HypotheticalKept::Past.reason()
         ),
     };
     format!("  {:<10} term {term} {what}", n.category)
@@ -460,7 +428,7 @@ fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     if args.json {
         let o = Output {
             second_opinion: Some(&opinion),
-            frames: frame_notes.iter().map(frame_report).collect(),
+            frames: frame_notes.iter().map(FrameReport::from).collect(),
             ..output(&Value::Null, &decision)
         };
         serde_json::to_writer(&mut out, &o)?;

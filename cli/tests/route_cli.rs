@@ -331,6 +331,56 @@ fn explain_shows_negation_and_hypothetical_frames() {
     assert!(!stdout(&o).contains("arrested"), "{}", stdout(&o));
 }
 
+/// The frames block for the clause scope, a past statement in a
+/// hypothetical's shape, and a list item's cue (docs/privacy.md "Clauses,
+/// lists and tense").
+#[test]
+fn explain_shows_clause_scope_past_and_list_cues() {
+    let policy = example_policy();
+    let p = policy.to_str().unwrap();
+    let explain = |text: &str| {
+        let o = tandem(&["route", "explain", "--policy", p, text], "");
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    // The supposition's subject is no cue for the main clause's "律师".
+    let out = explain("假设我被公司起诉了，需要请律师吗？");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(out.contains("set aside: hypothetical \"假设\""), "{out}");
+    // A past statement in a hypothetical's shape counts, and says why.
+    let out = explain("If I had leukemia as a kid, would insurers still cover me?");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(
+        out.contains("kept: the clause tells of the past: a statement of fact"),
+        "{out}"
+    );
+    // A list item takes its header's cue.
+    let out = explain("My debts:\n- mortgage\n- car loan");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(
+        out.contains("term \"car loan\" (bytes 23..31), cue \"My\" (bytes 0..2)"),
+        "{out}"
+    );
+    let o = tandem(
+        &[
+            "route",
+            "explain",
+            "--json",
+            "--policy",
+            p,
+            "If I had leukemia as a kid, would insurers still cover me?",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["frames"][0]["frame"], "hypothetical_kept");
+    assert_eq!(
+        v["frames"][0]["kept_because"],
+        "the clause tells of the past: a statement of fact"
+    );
+}
+
 #[test]
 fn explain_colour_always_and_stdin_and_json() {
     let o = tandem(

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `GET /v1/policy` | – | `{generation, sha256, source, file}`: the TOML serving now |
 //! | `PUT /v1/policy` | policy TOML | validate, write the policy file durably (when one is configured), then swap atomically: `{generation, sha256}`; invalid: 400 `{error, line, field}`, unwritable file: 500; either way the old policy keeps serving |
-//! | `POST /v1/route/explain` | `{"text": .., "context": {..}?}` | the decision (action, rule, entities with byte spans and scores, categories, category term spans); not counted in stats |
+//! | `POST /v1/route/explain` | `{"text": .., "context": {..}?}` | the decision (action, rule, entities with byte spans and scores, categories, category term spans with their cues, and the negation and hypothetical `frames` of `tandem route explain --json`); not counted in stats |
 //! | `GET /v1/route/stats` | – | decisions by action and by rule, policy generation, reload counters |
 //! | `GET /v1/device` | – | `{state, adjustments}`: the device state the app reported and what a generation started now runs with (draft threads, k cap, reasons; `tandem_edge::device`) |
 //! | `PUT /v1/device` | `{"thermal": "nominal"\|"fair"\|"serious"\|"critical", "battery_pct": 0..=100, "charging", "power_save", "user_opt_out"}` (every field optional) | replaces the state (from the next generation on; the router's context at once), answers as `GET`; invalid: 400 `{error}` and the old state stays |
@@ -53,6 +53,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tandem_edge::device::{DeviceAdjustments, DeviceState, SharedDeviceState};
+use tandem_router::lexicon::FrameReport;
 use tandem_router::{CategoryHit, Decision, Policy, PolicyError, RouteContext, RouteStats, Router};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -165,12 +166,15 @@ impl From<ContextJson> for RouteContext {
 }
 
 /// `POST /v1/route/explain` answer: the decision plus where the category
-/// terms are (byte spans), never the text.
+/// terms are (byte spans) and which terms a negation or a hypothetical
+/// frame set aside or kept (the `frames` of `tandem route explain --json`),
+/// never the text.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExplainResponse {
     #[serde(flatten)]
     pub decision: Decision,
     pub category_hits: Vec<CategoryHit>,
+    pub frames: Vec<FrameReport>,
     pub policy_generation: u64,
 }
 
@@ -680,6 +684,7 @@ async fn explain(
     Json(ExplainResponse {
         decision,
         category_hits,
+        frames: policy.frame_reports(&req.text),
         policy_generation: generation,
     })
     .into_response()

@@ -353,6 +353,67 @@ async fn explain_shows_rule_spans_scores_and_categories_but_not_the_text() {
     a.shutdown().await;
 }
 
+/// The explain's `frames` are those of `tandem route explain --json`
+/// (`Policy::frame_reports`, the one conversion both serve): a denial set
+/// aside, a hypothetical kept because its clause tells of the past, and
+/// none at all; offsets only, never the text.
+#[tokio::test]
+async fn explain_shows_the_frames_of_route_explain() {
+    let router = Arc::new(Router::with_default_policy());
+    let a = start(router.clone(), None).await;
+    let explain = |text: &'static str| {
+        let addr = a.addr;
+        async move {
+            let req = json!({ "text": text }).to_string();
+            let (st, _, body) =
+                http(addr, "POST", "/v1/route/explain", Some(BEARER), Some(&req)).await;
+            assert_eq!(st, 200, "{body}");
+            body
+        }
+    };
+    let denial = "I don't have diabetes. What is a normal fasting glucose level?";
+    let past = "If I had leukemia as a kid, would insurers still cover me?";
+    for (text, action, frame, counted) in [
+        (denial, "speculative", "negated", false),
+        (past, "local", "hypothetical_kept", true),
+    ] {
+        let body = explain(text).await;
+        println!("POST /v1/route/explain {text:?}\n{body}");
+        for word in ["diabetes", "leukemia", "don't have", "If I had"] {
+            assert!(!body.contains(word), "explain echoed {word}");
+        }
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["action"], action, "{body}");
+        let want = serde_json::to_value(router.policy().frame_reports(text)).unwrap();
+        assert_eq!(v["frames"], want);
+        let f = &v["frames"][0];
+        assert_eq!(f["frame"], frame, "{body}");
+        assert_eq!(f["counted"], counted, "{body}");
+        let span = |k: &str| {
+            let s = f[k][0].as_u64().unwrap() as usize;
+            let e = f[k][1].as_u64().unwrap() as usize;
+            &text[s..e]
+        };
+        let term =
+            &text[f["start"].as_u64().unwrap() as usize..f["end"].as_u64().unwrap() as usize];
+        match frame {
+            "negated" => {
+                assert_eq!((term, span("marker")), ("diabetes", "don't have"));
+            }
+            _ => {
+                assert_eq!((term, span("marker")), ("leukemia", "If I had"));
+                assert_eq!(
+                    f["kept_because"],
+                    "the clause tells of the past: a statement of fact"
+                );
+            }
+        }
+    }
+    let v: Value = serde_json::from_str(&explain("sort a list").await).unwrap();
+    assert_eq!(v["frames"], json!([]));
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn stats_count_decisions_by_rule_and_action() {
     let router = Arc::new(Router::with_default_policy());

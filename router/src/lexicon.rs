@@ -21,13 +21,24 @@
 //! * `! phrase`: a benign sense, mostly technical ("smart contract", "load
 //!   balancer"); never counts, and hides any term it overlaps.
 //!
-//! A term that would count is then read in its sentence (issue 32, "tense
-//! and negation"; docs/privacy.md "Negation and hypotheticals"):
+//! A term's disclosure cue is the nearest first-person or relative marker
+//! within [`CONTEXT_WINDOW`] bytes on its line, or else the cue of the
+//! header of a list that holds it ("My conditions: diabetes, asthma, …",
+//! "my diagnoses:" over bullet lines; [`list_header_cue`]).
 //!
-//! * in a hypothetical or a generic conditional ("if someone is arrested",
-//!   "suppose my father were diagnosed", "假如我得了癌症";
+//! A term that would count is then read in its sentence (issue 32, "tense
+//! and negation"; docs/privacy.md "Negation and hypotheticals" and
+//! "Clauses, lists and tense"):
+//!
+//! * in a hypothetical, a future conditional or a generic conditional ("if
+//!   someone is arrested", "suppose my father were diagnosed", "假如我得了癌症",
+//!   "if I ever get sued", "将来もし認知症になったら";
 //!   `data/context/hypotheticals.txt`) it counts only with a disclosure cue
-//!   of its own in the clause, not the supposition's subject;
+//!   of its own in the clause, not the supposition's subject, or when the
+//!   clause tells of the past ("as a child", "去年", a year). The frame
+//!   covers the conditional clause only: it ends at a clause break or at a
+//!   word that ends it ("then", "的话", "たら"), and its subject is no cue
+//!   for the main clause;
 //! * denied ("I don't have diabetes", "我没有抑郁症", "借金はありません";
 //!   `data/context/negations.txt`) it is set aside in health, finance and
 //!   legal ([`NEGATION_CLEARS`]) unless it is a status term (HIV,
@@ -248,7 +259,7 @@ impl Lexicon {
                 continue;
             }
             let cues = first_person().around(text, start, end);
-            let cue = nearest_in_window(text, start, end, &cues);
+            let cue = disclosure_cue(text, start, end, &cues);
             let counted: Option<Option<(usize, usize)>> = match (kind, frame, cue) {
                 (TermKind::Personal, _, None) | (_, Frame::Topic, None) => None,
                 (_, _, c) => Some(c),
@@ -264,36 +275,39 @@ impl Lexicon {
                 cue,
                 frame,
             };
-            // A hypothetical or generic conditional: the term counts only
-            // with a cue of its own in the clause.
-            if let Some(h) = hypothetical_of(text, start, &cues) {
+            // A hypothetical, a future conditional or a generic
+            // conditional: the term counts only with a cue of its own in
+            // the clause, or when the clause tells of the past.
+            if let Some(h) = hypothetical_of(text, start, end, &cues) {
                 let own: Vec<(usize, usize)> = cues
                     .iter()
                     .copied()
                     .filter(|&(s, e)| {
-                        s >= h.marker.0 && e <= h.scope_end && Some((s, e)) != h.subject
+                        s >= h.clause_start
+                            && e <= h.scope_end
+                            && (Some((s, e)) != h.subject || possessive_of(text, (s, e), start))
                     })
                     .filter(|&(s, e)| !(s >= h.marker.0 && e <= h.marker.1))
                     .collect();
-                match nearest_in_window(text, start, end, &own) {
+                let kept = match nearest_in_window(text, start, end, &own) {
                     Some(c) => {
                         cue = Some(c);
-                        notes.push(note(
-                            cue,
-                            FrameNote::HypotheticalKept {
-                                marker: h.marker,
-                                generic: h.generic,
-                            },
-                        ));
+                        Some(HypotheticalKept::OwnCue)
                     }
+                    None => h.past.then_some(HypotheticalKept::Past),
+                };
+                let (marker, generic) = (h.marker, h.generic);
+                match kept {
+                    Some(why) => notes.push(note(
+                        cue,
+                        FrameNote::HypotheticalKept {
+                            marker,
+                            generic,
+                            why,
+                        },
+                    )),
                     None => {
-                        notes.push(note(
-                            cue,
-                            FrameNote::Hypothetical {
-                                marker: h.marker,
-                                generic: h.generic,
-                            },
-                        ));
+                        notes.push(note(cue, FrameNote::Hypothetical { marker, generic }));
                         continue;
                     }
                 }
@@ -644,6 +658,67 @@ impl TermNote {
     }
 }
 
+/// A [`TermNote`] as the explains serve it (`tandem route explain --json`
+/// `frames`, the edge admin API's `POST /v1/route/explain` `frames`):
+/// byte offsets only, never the text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FrameReport {
+    pub category: String,
+    /// The term's byte span.
+    pub start: usize,
+    pub end: usize,
+    /// The disclosure cue it counted with (or would have), if any.
+    pub cue: Option<(usize, usize)>,
+    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`.
+    pub frame: &'static str,
+    /// The marker's bytes: the phrase ("don't have", "if someone", "假如")
+    /// or a conditional ending ("になったら").
+    pub marker: (usize, usize),
+    /// Hypotheticals: a conditional about nobody in particular.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generic: Option<bool>,
+    /// Whether the term still counts.
+    pub counted: bool,
+    /// Why a term a frame touched still counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_because: Option<&'static str>,
+}
+
+impl From<&TermNote> for FrameReport {
+    fn from(n: &TermNote) -> FrameReport {
+        let (frame, marker, generic, kept_because) = match n.frame {
+            FrameNote::Negated { marker } => ("negated", marker, None, None),
+            FrameNote::NegationKept { marker, why } => {
+                ("negation_kept", marker, None, Some(why.reason()))
+            }
+            FrameNote::Hypothetical { marker, generic } => {
+                ("hypothetical", marker, Some(generic), None)
+            }
+            FrameNote::HypotheticalKept {
+                marker,
+                generic,
+                why,
+            } => (
+                "hypothetical_kept",
+                marker,
+                Some(generic),
+                Some(why.reason()),
+            ),
+        };
+        FrameReport {
+            category: n.category.clone(),
+            start: n.start,
+            end: n.end,
+            cue: n.cue,
+            frame,
+            marker,
+            generic,
+            counted: n.counted(),
+            kept_because,
+        }
+    }
+}
+
 /// The negation or hypothetical frame a term was read in (spans are the
 /// marker phrase's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -656,20 +731,47 @@ pub enum FrameNote {
         why: NegationKept,
     },
     /// In a hypothetical ("if I had cancer, would …", "suppose my father
-    /// were diagnosed") or, `generic`, a conditional about nobody in
+    /// were diagnosed"), a future conditional ("if I ever get arrested",
+    /// "将来もし認知症になったら") or, `generic`, a conditional about nobody in
     /// particular ("if someone is arrested"), with no cue of its own in the
-    /// clause: set aside.
+    /// clause and no past: set aside. The frame covers its conditional
+    /// clause only, up to its clause break or a word that ends it ("then",
+    /// "的话", "たら").
     Hypothetical {
         marker: (usize, usize),
         generic: bool,
     },
-    /// In a hypothetical, but a cue in the clause that is not the
-    /// hypothetical's subject makes it count ("if someone finds my HIV
-    /// results").
+    /// In a hypothetical, and counted all the same (see
+    /// [`HypotheticalKept`]).
     HypotheticalKept {
         marker: (usize, usize),
         generic: bool,
+        why: HypotheticalKept,
     },
+}
+
+/// Why a term in a hypothetical frame still counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HypotheticalKept {
+    /// A cue in the clause that is not the supposition's subject ("if
+    /// someone finds *my* HIV results"), or the subject as the term's own
+    /// possessive ("si algún día *mi* depresión vuelve").
+    OwnCue,
+    /// The clause tells of the past ("If I had cancer *as a child*, would
+    /// …", "in 2015"): a statement of fact in a hypothetical's shape.
+    Past,
+}
+
+impl HypotheticalKept {
+    /// A short reason for `tandem route explain`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            HypotheticalKept::OwnCue => {
+                "a cue in the clause is not the supposition's subject, or is the term's possessive"
+            }
+            HypotheticalKept::Past => "the clause tells of the past: a statement of fact",
+        }
+    }
 }
 
 /// Why a denied term still counts.
@@ -823,133 +925,481 @@ fn negation_limited(text: &str, from: usize) -> bool {
         || negation_limits().matches(text, from..end).next().is_some()
 }
 
-/// A hypothetical phrase whose clause holds a term.
+/// A hypothetical frame whose clause holds a term.
 struct Hypothetical {
-    /// The phrase.
+    /// The phrase ("if someone", "假如"), or for a frame made by a
+    /// conditional ending after the term ("になったら", "걸리면"), the ending.
     marker: (usize, usize),
     /// A conditional about nobody in particular ("if someone").
     generic: bool,
-    /// Where the phrase's clause ends.
+    /// Where the frame's clause starts: the phrase, or for an ending the
+    /// clause's first byte.
+    clause_start: usize,
+    /// Where the frame's clause ends: the next clause break, or the end of
+    /// a word that ends a conditional clause ("then", "的话", "たら").
     scope_end: usize,
     /// The cue that is the supposition's own subject ("suppose *my*",
-    /// "假如*我*"), if any.
+    /// "假如*我*", "*제가* … 걸리면"), if any.
     subject: Option<(usize, usize)>,
+    /// A past-time marker in the clause ("as a child", "last year", "去年",
+    /// a year): a fact about the past in a hypothetical's shape ("If I had
+    /// cancer as a child, would I …"). Never set for generic frames.
+    past: bool,
 }
 
-/// Per phrase of `hypotheticals.txt`: whether it is generic, and its mood
-/// words (empty: none needed).
-type PhraseInfo = Vec<(bool, Vec<String>)>;
+/// How a phrase of `hypotheticals.txt` frames its clause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PhraseKind {
+    /// About nobody in particular ("if someone"), anywhere in the sentence.
+    Generic,
+    /// A supposition ("suppose", "if I had … would"), opening its clause.
+    Counterfactual,
+    /// A plain conditional ("if I", "si", "wenn ich", "如果"), opening its
+    /// clause: a frame only when its clause holds an eventuality marker
+    /// ("ever", "one day", "algún día", "irgendwann", "以后"): a future
+    /// conditional. "If I have diabetes, can I …" stays a statement.
+    Conditional,
+}
 
-/// The phrases of `hypotheticals.txt`: the words, and [`PhraseInfo`].
-fn hypotheticals() -> &'static (ContextWords, PhraseInfo) {
-    static WORDS: OnceLock<(ContextWords, PhraseInfo)> = OnceLock::new();
+/// One phrase of `hypotheticals.txt`: its kind and its mood words (a
+/// counterfactual needs one later in the sentence, or an eventuality
+/// marker in its clause; none listed: none needed).
+struct PhraseInfo {
+    kind: PhraseKind,
+    moods: Vec<String>,
+}
+
+/// The word lists of `hypotheticals.txt`.
+struct HypotheticalWords {
+    /// `generic:`, `counterfactual:` and `conditional:` phrases.
+    phrases: ContextWords,
+    /// Per phrase (same index).
+    info: Vec<PhraseInfo>,
+    /// `end:` words that end a conditional clause without punctuation
+    /// ("then", "entonces", "的话", "たら", "다면"); `~` ones are also
+    /// conditional endings that frame their clause by themselves
+    /// ("になったら", "걸리면": if … becomes, if … catches).
+    ends: ContextWords,
+    /// `eventual:` markers of a future eventuality ("ever", "one day",
+    /// "get diagnosed", "algún día", "irgendwann", "un jour", "以后",
+    /// "将来", "나중에").
+    eventual: ContextWords,
+    /// `past:` markers of a past time ("last year", "as a child", "el año
+    /// pasado", "letztes Jahr", "l'an dernier", "去年", "昨年", "작년").
+    past: ContextWords,
+}
+
+/// The lists of `hypotheticals.txt` (see [`HypotheticalWords`]).
+fn hypotheticals() -> &'static HypotheticalWords {
+    static WORDS: OnceLock<HypotheticalWords> = OnceLock::new();
     WORDS.get_or_init(|| {
-        let mut phrases = String::new();
+        let (mut phrases, mut ends, mut eventual, mut past) =
+            (String::new(), String::new(), String::new(), String::new());
         let mut info = Vec::new();
         for line in HYPOTHETICALS.lines() {
             let line = line.split('#').next().unwrap_or("").trim();
-            let (generic, rest) = if let Some(r) = line.strip_prefix("generic:") {
-                (true, r)
-            } else if let Some(r) = line.strip_prefix("counterfactual:") {
-                (false, r)
-            } else {
+            let Some((label, rest)) = line.split_once(':') else {
                 continue;
             };
-            let (phrase, moods) = rest.split_once('|').unwrap_or((rest, ""));
-            let phrase = phrase.trim();
-            if phrase.is_empty() {
-                continue;
-            }
-            phrases.push_str(phrase);
-            phrases.push('\n');
-            let moods = moods
-                .split(',')
-                .map(|m| m.trim().to_lowercase())
-                .filter(|m| !m.is_empty())
-                .collect();
-            info.push((generic, moods));
+            let list = match label {
+                "end" => &mut ends,
+                "eventual" => &mut eventual,
+                "past" => &mut past,
+                _ => {
+                    let kind = match label {
+                        "generic" => PhraseKind::Generic,
+                        "counterfactual" => PhraseKind::Counterfactual,
+                        "conditional" => PhraseKind::Conditional,
+                        _ => continue,
+                    };
+                    let (phrase, moods) = rest.split_once('|').unwrap_or((rest, ""));
+                    let phrase = phrase.trim();
+                    if phrase.is_empty() {
+                        continue;
+                    }
+                    phrases.push_str(phrase);
+                    phrases.push('\n');
+                    let moods = moods
+                        .split(',')
+                        .map(|m| m.trim().to_lowercase())
+                        .filter(|m| !m.is_empty())
+                        .collect();
+                    info.push(PhraseInfo { kind, moods });
+                    continue;
+                }
+            };
+            list.push_str(rest.trim());
+            list.push('\n');
         }
-        (ContextWords::new(&phrases), info)
+        HypotheticalWords {
+            phrases: ContextWords::new(&phrases),
+            info,
+            ends: ContextWords::new(&ends),
+            eventual: ContextWords::new(&eventual),
+            past: ContextWords::new(&past),
+        }
     })
 }
 
-/// The hypothetical frame of the term starting at `start`, if it is in
-/// one: the last phrase of `hypotheticals.txt` before it in its sentence
-/// whose clause holds it. A counterfactual phrase must open its clause and
-/// find its mood word, if it has one, later in the sentence. `cues` are the
-/// disclosure cues near the term (to find the supposition's subject).
-fn hypothetical_of(text: &str, start: usize, cues: &[(usize, usize)]) -> Option<Hypothetical> {
+/// The first byte after the last sentence break before `start`, at most
+/// [`FRAME_REACH`] bytes back.
+fn sentence_start(text: &str, start: usize) -> usize {
     let reach = floor_char(text, start.saturating_sub(FRAME_REACH));
-    let from = text
-        .get(reach..start)?
-        .rfind(is_sentence_break)
-        .map_or(reach, |i| {
-            reach + i + text[reach + i..].chars().next().map_or(1, char::len_utf8)
-        });
+    after_last_break(text, reach, start, is_sentence_break)
+}
+
+/// The first byte after the last clause break in `text[from..to]` (`from`
+/// when there is none).
+fn clause_start(text: &str, from: usize, to: usize) -> usize {
+    after_last_break(text, from, to, is_clause_break)
+}
+
+/// The first byte after the last character of `text[from..to]` that
+/// `is_break` accepts (`from` when there is none).
+fn after_last_break(text: &str, from: usize, to: usize, is_break: fn(char) -> bool) -> usize {
+    text.get(from..to)
+        .and_then(|t| t.rfind(is_break))
+        .map_or(from, |i| {
+            from + i + text[from + i..].chars().next().map_or(1, char::len_utf8)
+        })
+}
+
+/// Where the clause running from `from` ends: at its next clause break,
+/// or at the end of a word that ends a conditional clause without
+/// punctuation ("then", "的话", "たら", "다면"; `end:` lines), whichever
+/// comes first, at most [`FRAME_REACH`] bytes on. Also the span of that
+/// word when it is a conditional ending that frames its clause by itself
+/// (`~`: "になったら", "걸리면").
+fn clause_end(text: &str, from: usize) -> (usize, Option<(usize, usize)>) {
+    let to = floor_char(text, from.saturating_add(FRAME_REACH));
+    let brk = text
+        .get(from..to)
+        .and_then(|t| t.find(is_clause_break))
+        .map_or(to, |i| from + i);
+    let ends = &hypotheticals().ends;
+    match ends.matches_with_word(text, from..brk).next() {
+        Some((w, s, e)) => (
+            e,
+            (ends.words[w].kind == TermKind::Personal).then_some((s, e)),
+        ),
+        None => (brk, None),
+    }
+}
+
+/// Whether `text[from..to]` tells of the past: a `past:` marker, or a year
+/// (1900–2099, a number of four digits alone).
+fn tells_past(text: &str, from: usize, to: usize) -> bool {
+    if hypotheticals()
+        .past
+        .matches(text, from..to)
+        .next()
+        .is_some()
+    {
+        return true;
+    }
+    let b = text.as_bytes();
+    let digit = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
+    (from..to.saturating_sub(3)).any(|i| {
+        matches!(b.get(i..i + 2), Some(b"19" | b"20"))
+            && digit(i + 2)
+            && digit(i + 3)
+            && !(i > 0 && digit(i - 1))
+            && !digit(i + 4)
+    })
+}
+
+/// Whether `text[from..to]` holds only what may stand between a
+/// supposition and its subject: spaces, commas, a connective ("if",
+/// "that", "que", "dass", "もし", "만약", "혹시") and eventuality markers
+/// ("Si algún día me …", "将来もし私が …", "나중에 제가 …").
+fn only_connectives(text: &str, from: usize, to: usize) -> bool {
+    const CONNECTIVES: [&str; 7] = ["if", "that", "que", "dass", "もし", "만약", "혹시"];
+    let mut pos = from;
+    let mut rest = String::new();
+    for (s, e) in hypotheticals().eventual.matches(text, from..to) {
+        rest.push_str(text.get(pos..s).unwrap_or(""));
+        rest.push(' ');
+        pos = e;
+    }
+    rest.push_str(text.get(pos..to).unwrap_or(""));
+    rest.split(|c: char| c.is_whitespace() || matches!(c, ',' | '，' | '、'))
+        .all(|w| w.is_empty() || CONNECTIVES.contains(&w.to_lowercase().as_str()))
+}
+
+/// The cue that is the subject of a supposition whose phrase (or, for an
+/// ending, whose clause's start) is `marker`: a cue inside the phrase ("if
+/// *I* had"), or the first one after it with only connectives in between
+/// (see [`only_connectives`]).
+fn subject_of(
+    text: &str,
+    marker: (usize, usize),
+    cues: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    cues.iter().copied().find(|&(cs, ce)| {
+        (cs >= marker.0 && ce <= marker.1)
+            || (cs >= marker.1 && only_connectives(text, marker.1, cs))
+    })
+}
+
+/// Whether `cue` stands right before the term starting at `start` as its
+/// possessive ("my depression", "mi depresión", "我的抑郁症", "私の借金"):
+/// then the term is the writer's, even as a supposition's subject ("Si
+/// algún día mi depresión vuelve", "如果以后我的抑郁症复发").
+fn possessive_of(text: &str, cue: (usize, usize), start: usize) -> bool {
+    const POSSESSIVES: [&str; 18] = [
+        "my", "our", "mi", "mis", "nuestro", "nuestra", "mein", "meine", "meinem", "meinen",
+        "meiner", "meines", "unser", "unsere", "mon", "ma", "mes", "notre",
+    ];
+    let (Some(word), Some(gap)) = (text.get(cue.0..cue.1), text.get(cue.1..start)) else {
+        return false;
+    };
+    let word = word.to_lowercase();
+    (POSSESSIVES.contains(&word.as_str()) && !gap.is_empty() && gap.trim().is_empty())
+        || matches!(gap, "的" | "の")
+}
+
+/// The frame a phrase of `hypotheticals.txt` found at `s..e` (phrase `w`)
+/// in the sentence starting at `from` makes, if its conditions hold: a
+/// counterfactual or a conditional opens its clause (only eventuality
+/// markers before it); a counterfactual with mood words finds one later in
+/// the sentence or an eventuality marker in its clause; a conditional
+/// finds an eventuality marker in its clause.
+fn frame_of_phrase(
+    text: &str,
+    from: usize,
+    (w, s, e): (usize, usize, usize),
+    cues: &[(usize, usize)],
+) -> Option<Hypothetical> {
+    let words = hypotheticals();
+    let info = words.info.get(w)?;
+    // The clause: after the phrase (and a comma right after it) to its end.
+    let after = e + text[e..]
+        .find(|c: char| !(c.is_whitespace() || matches!(c, ',' | '，' | '、')))
+        .unwrap_or(text.len() - e);
+    let (scope_end, _) = clause_end(text, after);
+    let generic = info.kind == PhraseKind::Generic;
+    if !generic {
+        let opened = clause_start(text, from, s);
+        if !only_connectives(text, opened, s) {
+            return None;
+        }
+        let eventual = || {
+            words
+                .eventual
+                .matches(text, opened..scope_end)
+                .next()
+                .is_some()
+        };
+        let holds = match info.kind {
+            PhraseKind::Conditional => eventual(),
+            _ if info.moods.is_empty() => true,
+            _ => {
+                let to = floor_char(text, e.saturating_add(FRAME_REACH));
+                let sentence = &text[e..to];
+                let sentence =
+                    &sentence[..sentence.find(is_sentence_break).unwrap_or(sentence.len())];
+                let lower = sentence.to_lowercase();
+                info.moods.iter().any(|m| lower.contains(m.as_str())) || eventual()
+            }
+        };
+        if !holds {
+            return None;
+        }
+    }
+    Some(Hypothetical {
+        marker: (s, e),
+        generic,
+        clause_start: s,
+        scope_end,
+        subject: (!generic).then(|| subject_of(text, (s, e), cues)).flatten(),
+        past: !generic && tells_past(text, clause_start(text, from, s), scope_end),
+    })
+}
+
+/// The hypothetical frame of the term at `start..end`, if it is in one:
+/// the last phrase of `hypotheticals.txt` before it in its sentence whose
+/// clause holds it (see [`frame_of_phrase`]), or else a conditional ending
+/// right after it in its clause ("認知症になったら", "치매에 걸리면"). `cues` are
+/// the disclosure cues near the term (to find the supposition's subject).
+fn hypothetical_of(
+    text: &str,
+    start: usize,
+    end: usize,
+    cues: &[(usize, usize)],
+) -> Option<Hypothetical> {
+    let from = sentence_start(text, start);
     // Only a phrase in the term's clause, or one right before the comma
     // that opens it ("Hypothetically, …", "Angenommen, …"), can hold it:
     // search from a phrase's length before the last clause break.
     let search_from = text[from..start].rfind(is_clause_break).map_or(from, |i| {
         floor_char(text, (from + i).saturating_sub(HYPOTHETICAL_PHRASE_MAX)).max(from)
     });
-    let (words, info) = hypotheticals();
-    let found: Vec<(usize, usize, usize)> =
-        words.matches_with_word(text, search_from..start).collect();
-    for &(w, s, e) in found.iter().rev() {
-        let (generic, moods) = info.get(w)?;
-        // The clause: after the phrase (and a comma right after it) to the
-        // next clause break.
-        let after = e + text[e..]
-            .find(|c: char| !(c.is_whitespace() || matches!(c, ',' | '，' | '、')))
-            .unwrap_or(text.len() - e);
-        let scope_end = text[after..]
-            .find(is_clause_break)
-            .map_or(text.len(), |i| after + i);
-        if start >= scope_end {
-            continue;
-        }
-        if !generic {
-            // Opens its clause: only spaces and punctuation before it.
-            let opens = text[from..s]
-                .rsplit(is_clause_break)
-                .next()
-                .is_none_or(|h| h.chars().all(|c| !c.is_alphanumeric()));
-            if !opens {
-                continue;
-            }
-            if !moods.is_empty() {
-                let to = floor_char(text, e.saturating_add(FRAME_REACH));
-                let sentence = &text[e..to];
-                let sentence =
-                    &sentence[..sentence.find(is_sentence_break).unwrap_or(sentence.len())];
-                let lower = sentence.to_lowercase();
-                if !moods.iter().any(|m| lower.contains(m.as_str())) {
-                    continue;
-                }
-            }
-        }
-        let subject = if *generic {
-            None
-        } else {
-            cues.iter().copied().find(|&(cs, ce)| {
-                (cs >= s && ce <= e)
-                    || (cs >= e
-                        && text.get(e..cs).is_some_and(|g| {
-                            let g = g.trim_matches(|c: char| {
-                                c.is_whitespace() || matches!(c, ',' | '，' | '、')
-                            });
-                            g.is_empty() || ["if", "that", "que", "dass"].contains(&g)
-                        }))
-            })
-        };
-        return Some(Hypothetical {
-            marker: (s, e),
-            generic: *generic,
-            scope_end,
-            subject,
-        });
+    let words = hypotheticals();
+    let found: Vec<(usize, usize, usize)> = words
+        .phrases
+        .matches_with_word(text, search_from..start)
+        .collect();
+    let framed = found
+        .into_iter()
+        .rev()
+        .filter_map(|m| frame_of_phrase(text, from, m, cues))
+        .find(|h| start < h.scope_end);
+    framed.or_else(|| conditional_ending(text, from, start, end, cues))
+}
+
+/// The frame of a conditional ending after the term at `start..end` in
+/// its clause ("将来もし認知症*になったら*", "제가 치매에 *걸리면*"); every such
+/// ending is Japanese or Korean, so an ASCII rest of the clause is skipped.
+fn conditional_ending(
+    text: &str,
+    from: usize,
+    start: usize,
+    end: usize,
+    cues: &[(usize, usize)],
+) -> Option<Hypothetical> {
+    let to = floor_char(text, end.saturating_add(FRAME_REACH));
+    if text.as_bytes().get(end..to).is_none_or(<[u8]>::is_ascii) {
+        return None;
     }
-    None
+    let (scope_end, ending) = clause_end(text, end);
+    let marker = ending?;
+    let opened = clause_start(text, from, start);
+    Some(Hypothetical {
+        marker,
+        generic: false,
+        clause_start: opened,
+        scope_end,
+        subject: subject_of(text, (opened, opened), cues),
+        past: tells_past(text, opened, scope_end),
+    })
+}
+
+/// Whether `cue`, before the term starting at `start`, is the subject of a
+/// supposition whose clause ended before the term ("假设*我*被起诉了，需要请律师吗":
+/// the supposition's subject is no disclosure cue for the main clause).
+fn subject_of_an_earlier_clause(
+    text: &str,
+    start: usize,
+    cue: (usize, usize),
+    cues: &[(usize, usize)],
+) -> bool {
+    // Only a cue whose clause ends before the term.
+    if cue.1 > start || clause_end(text, cue.1).0 > start {
+        return false;
+    }
+    let from = sentence_start(text, cue.0);
+    let words = hypotheticals();
+    let found: Vec<(usize, usize, usize)> = words
+        .phrases
+        .matches_with_word(text, from..start)
+        .filter(|&(_, s, _)| s <= cue.0)
+        .collect();
+    found
+        .into_iter()
+        .rev()
+        .filter_map(|m| frame_of_phrase(text, from, m, cues))
+        .any(|h| {
+            h.scope_end <= start
+                && ((cue.0 >= h.marker.0 && cue.1 <= h.marker.1) || h.subject == Some(cue))
+        })
+}
+
+/// The disclosure cue of the term at `start..end`: the nearest of `cues`
+/// in [`CONTEXT_WINDOW`] that is not the subject of a supposition whose
+/// clause ended before the term (see [`subject_of_an_earlier_clause`]), or
+/// else the cue of the header of a list that holds the term (see
+/// [`list_header_cue`]).
+fn disclosure_cue(
+    text: &str,
+    start: usize,
+    end: usize,
+    cues: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    let mut cue = nearest_in_window(text, start, end, cues);
+    if let Some(c) = cue.filter(|&c| subject_of_an_earlier_clause(text, start, c, cues)) {
+        let rest: Vec<(usize, usize)> = cues.iter().copied().filter(|&x| x != c).collect();
+        cue = nearest_in_window(text, start, end, &rest);
+    }
+    cue.or_else(|| list_header_cue(text, start))
+}
+
+/// How many lines above a list item its header is looked for.
+const LIST_MAX_LINES: usize = 40;
+
+/// How far (bytes) back a list's line start or header is looked for.
+const LIST_REACH: usize = 400;
+
+/// Whether `line` is a list item: it starts (after spaces) with a bullet
+/// (`-`, `*`, `+`, `•`, `·`, `・`, `–`) or a number and `.`, `)` or `、`.
+fn is_list_item(line: &str) -> bool {
+    let t = line.trim_start();
+    if t.starts_with(['-', '*', '+', '•', '·', '・', '–']) {
+        return true;
+    }
+    let digits = t.len() - t.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    digits > 0 && digits <= 3 && t[digits..].starts_with(['.', ')', '、'])
+}
+
+/// The start of the line that holds byte `i - 1` (the line `i` ends or is
+/// in), if it is within [`LIST_REACH`] bytes: after the last `\n` before
+/// `i`, or the text's start.
+fn line_start_before(text: &str, i: usize) -> Option<usize> {
+    let from = floor_char(text, i.saturating_sub(LIST_REACH));
+    match text.get(from..i)?.rfind('\n') {
+        Some(n) => Some(from + n + 1),
+        None => (from == 0).then_some(0),
+    }
+}
+
+/// The disclosure cue of the header of a list that holds the term at
+/// `start`, if any: every item of "My conditions: diabetes, asthma,
+/// depression" or of "my diagnoses:" followed by bullet lines ("- asthma")
+/// is about the writer, however far from "My" it is. The list is
+/// * bulleted: the term's line is a list item (see [`is_list_item`]), and
+///   the header is the first line above the run of items, ending in a
+///   colon (`:`, `：`); or
+/// * inline: the term follows a colon on its line with no sentence break
+///   in between, and the header is the text from the sentence's start to
+///   the colon.
+///
+/// The header's last cue counts.
+fn list_header_cue(text: &str, start: usize) -> Option<(usize, usize)> {
+    let line_start = line_start_before(text, start)
+        .unwrap_or_else(|| floor_char(text, start.saturating_sub(LIST_REACH)));
+    let header = if is_list_item(&text[line_start..start]) {
+        // Walk up over the items to the header line.
+        let mut end = line_start;
+        let mut header = None;
+        for _ in 0..LIST_MAX_LINES {
+            let prev_end = end.checked_sub(1)?;
+            let prev_start = line_start_before(text, prev_end)?;
+            let line = &text[prev_start..prev_end];
+            if !is_list_item(line) {
+                header = line
+                    .trim_end()
+                    .ends_with([':', '：'])
+                    .then_some((prev_start, prev_end));
+                break;
+            }
+            end = prev_start;
+        }
+        header?
+    } else {
+        let line = &text[line_start..start];
+        let colon = line.rfind([':', '：'])?;
+        if line[colon..].contains(is_sentence_break) {
+            return None;
+        }
+        let colon = line_start + colon;
+        (
+            after_last_break(text, line_start, colon, is_sentence_break),
+            colon,
+        )
+    };
+    first_person()
+        .find(text, header.0..header.1)
+        .last()
+        .copied()
 }
 
 /// An English street line (`350 W 42nd St`, `221B Baker Street`).
@@ -1530,9 +1980,260 @@ mod tests {
         );
     }
 
+    /// The categories of `text` that a frame note says were set aside.
+    fn set_aside(lx: &Lexicon, text: &str) -> Vec<&'static str> {
+        notes(lx, text)
+            .into_iter()
+            .filter(|n| n.2 == "hypothetical")
+            .map(|n| n.2)
+            .collect()
+    }
+
+    #[test]
+    fn a_hypothetical_covers_its_conditional_clause_only() {
+        let lx = builtin();
+        // The clause ends at a word as well as at a comma: a cue in the
+        // main clause is not the conditional's own.
+        for text in [
+            "Imagine if I had cancer then my wife would have to sell the house",
+            "Si tuviera cáncer entonces mi esposa tendría que vender la casa",
+            "Wenn ich Krebs hätte dann müsste meine Frau das Haus verkaufen",
+            "Si j'avais un cancer alors ma femme devrait vendre la maison",
+            "假如我有癌症的话我老婆要卖房子",
+            "仮に私が癌になったら母が悲しむ",
+            "만약 제가 우울증에 걸린다면 아내가 집을 팔아야 하나요",
+            // The supposition's subject is no cue for the main clause.
+            "假设我被公司起诉了，需要请律师吗",
+            "Suppose I were sued, would a lawyer be expensive?",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            assert!(
+                !set_aside(&lx, text).is_empty(),
+                "{text}: {:?}",
+                notes(&lx, text)
+            );
+        }
+        // A disclosure in the main clause counts.
+        for (text, cat) in [
+            ("If you ask, I have cancer.", "health"),
+            ("假如你问的话，我有乙肝", "health"),
+            ("Suppose I were sued, then my lawyer would call.", "legal"),
+        ] {
+            assert_fires(&lx, text, cat);
+        }
+    }
+
+    #[test]
+    fn future_conditionals_are_hypotheticals() {
+        let lx = builtin();
+        for (text, cat) in [
+            (
+                "If I ever get sued by a client, does my insurance cover it?",
+                "legal",
+            ),
+            (
+                "If I develop diabetes later, will I lose my licence?",
+                "health",
+            ),
+            (
+                "Si algún día tengo deudas, ¿me pueden embargar la casa?",
+                "finance",
+            ),
+            (
+                "Wenn ich irgendwann Schulden habe, was passiert mit dem Haus?",
+                "finance",
+            ),
+            (
+                "Si jamais j'ai des dettes, la banque peut-elle saisir ma maison ?",
+                "finance",
+            ),
+            ("如果将来我欠了网贷，会影响孩子吗", "finance"),
+            ("いつか私が逮捕されたら家族に連絡が行きますか", "legal"),
+            ("언젠가 제가 체포되면 가족에게 연락이 가나요", "legal"),
+        ] {
+            assert!(
+                !cats(&lx, text).iter().any(|c| c == cat),
+                "{text}: {:?} {:?}",
+                cats(&lx, text),
+                notes(&lx, text)
+            );
+            assert!(
+                !set_aside(&lx, text).is_empty(),
+                "{text}: {:?}",
+                notes(&lx, text)
+            );
+        }
+        // No eventuality, or not a clause's opening conditional: a
+        // statement; a plan in the future is a fact; the term's own
+        // possessive as the subject: the writer's.
+        for (text, cat) in [
+            (
+                "Si algún día mi depresión vuelve, ¿puedo pedir la baja?",
+                "health",
+            ),
+            ("如果以后我的抑郁症复发了怎么办", "health"),
+            ("If I have diabetes, can I eat mangoes?", "health"),
+            ("I wonder if I will ever beat this cancer.", "health"),
+            ("I will start chemotherapy next week.", "health"),
+            ("下周我要开始化疗了。", "health"),
+            ("要是我得了癌症怎么办", "health"),
+            ("もし癌だったらどうしよう", "health"),
+        ] {
+            assert_fires(&lx, text, cat);
+        }
+    }
+
+    #[test]
+    fn past_statements_in_a_hypothetical_shape_count() {
+        let lx = builtin();
+        for (text, cat) in [
+            (
+                "If I had leukemia as a kid, would insurers still cover me?",
+                "health",
+            ),
+            (
+                "Suppose I was arrested in 2015, would it still show up?",
+                "legal",
+            ),
+            ("假如我去年被起诉过，现在还能考公务员吗", "legal"),
+            // Again, a relapse: it happened before.
+            ("If I ever get arrested again, will I lose my job?", "legal"),
+            (
+                "Si algún día tengo cáncer otra vez, ¿me cubre el seguro?",
+                "health",
+            ),
+            ("如果以后抑郁症又复发了，能请病假吗", "health"),
+        ] {
+            assert_fires(&lx, text, cat);
+            let kept: Vec<_> = lx
+                .scan_explained(text)
+                .1
+                .into_iter()
+                .filter(|n| {
+                    matches!(
+                        n.frame,
+                        FrameNote::HypotheticalKept {
+                            why: HypotheticalKept::Past,
+                            ..
+                        }
+                    )
+                })
+                .collect();
+            assert!(!kept.is_empty(), "{text}: {:?}", notes(&lx, text));
+        }
+        // A generic conditional stays about nobody.
+        assert!(cats(&lx, "What if someone was arrested last year?").is_empty());
+    }
+
+    #[test]
+    fn years_and_past_markers() {
+        let past = |t: &str| tells_past(t, 0, t.len());
+        assert!(past("in 2015"));
+        assert!(past("as a child"));
+        assert!(past("去年"));
+        assert!(!past("port 20155"));
+        assert!(!past("v12019"));
+        assert!(!past("next week"));
+    }
+
+    #[test]
+    fn past_disclosures_fire_in_every_language() {
+        let lx = builtin();
+        for (text, cat) in [
+            ("I was diagnosed with lupus in 2021.", "health"),
+            ("Mi padre fue arrestado el martes.", "legal"),
+            ("Mein Vater wurde verhaftet.", "legal"),
+            ("Bei mir wurde Diabetes diagnostiziert.", "health"),
+            ("Mon père a été arrêté mardi.", "legal"),
+            ("J'ai fait faillite.", "finance"),
+            ("我去年被诊断出糖尿病。", "health"),
+            ("我爸上周被抓了。", "legal"),
+            ("私は去年破産しました。", "finance"),
+            ("夫が有罪判決を受けました。", "legal"),
+            ("저는 작년에 파산했어요.", "finance"),
+            ("남편이 유죄 판결을 받았어요.", "legal"),
+        ] {
+            assert_fires(&lx, text, cat);
+        }
+    }
+
+    /// The cue of each hit of `cat` in `text`, as text (`-` for none).
+    fn cues(lx: &Lexicon, text: &str, cat: &str) -> Vec<(String, String)> {
+        lx.scan(text)
+            .into_iter()
+            .filter(|h| h.category == cat)
+            .map(|h| {
+                let cue = h.cue.map_or("-", |(s, e)| &text[s..e]);
+                (text[h.start..h.end].to_string(), cue.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lists_carry_their_header_cue() {
+        let lx = builtin();
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            cues(
+                &lx,
+                "My debts:\n- mortgage\n- car loan\n- student loan",
+                "finance"
+            ),
+            [
+                pair("My debts", "-"),
+                pair("mortgage", "My"),
+                pair("car loan", "My"),
+                pair("student loan", "My")
+            ]
+        );
+        // Inline, further than the context window from "My".
+        let inline = "My monthly outgoings: rent, groceries, phone, gym, streaming, the car loan and the mortgage";
+        assert!(inline.find("mortgage").unwrap() > CONTEXT_WINDOW + 2);
+        assert_eq!(
+            cues(&lx, inline, "finance"),
+            [pair("car loan", "My"), pair("mortgage", "My")]
+        );
+        // A topic frame: the items count by the header's cue.
+        assert_eq!(
+            cues(
+                &lx,
+                "Explain the difference between these for my own records. My diagnoses:\n- asthma\n- depression",
+                "health"
+            ),
+            [pair("asthma", "My"), pair("depression", "My")]
+        );
+        assert_eq!(
+            cues(&lx, "我的负债情况：\n- 房贷\n- 车贷", "finance"),
+            [pair("负债", "我"), pair("房贷", "我"), pair("车贷", "我")]
+        );
+        assert_eq!(
+            cues(
+                &lx,
+                "Meine Schulden:\n1. Kredit fürs Auto\n2. Dispo",
+                "finance"
+            ),
+            [pair("Schulden", "Meine"), pair("Kredit", "Meine")]
+        );
+        // No cue in the header, no colon, or the list has ended.
+        for text in [
+            "Loan types:\n- mortgage\n- car loan",
+            "My notes.\n- mortgage\n- car loan",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+        }
+        assert_eq!(
+            cues(
+                &lx,
+                "My debts:\n- car loan\nUnrelated: what is a mortgage?",
+                "finance"
+            ),
+            [pair("My debts", "-"), pair("car loan", "My")]
+        );
+    }
+
     #[test]
     fn hypothetical_phrases_fit_the_search_window() {
-        let (words, _) = hypotheticals();
+        let words = &hypotheticals().phrases;
         assert!(words.words.len() > 50);
         for w in &words.words {
             assert!(w.text.len() <= HYPOTHETICAL_PHRASE_MAX, "{}", w.text);

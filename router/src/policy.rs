@@ -430,6 +430,12 @@ impl Policy {
         self.classifier.lexicon.scan_explained(text).1
     }
 
+    /// [`Self::frame_notes`] as the explains serve them (offsets only; see
+    /// [`crate::lexicon::FrameReport`]).
+    pub fn frame_reports(&self, text: &str) -> Vec<crate::lexicon::FrameReport> {
+        self.frame_notes(text).iter().map(Into::into).collect()
+    }
+
     /// Entities at or above their thresholds (overlaps resolved, sorted by
     /// offset) and the lexicon hits.
     pub fn classify(&self, text: &str) -> (Vec<EntityHit>, Vec<CategoryHit>) {

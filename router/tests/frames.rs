@@ -32,23 +32,26 @@ fn negation_and_hypothetical_cases() {
     // (kind, lang) -> (right, total)
     let mut table: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
     let mut total = 0;
-    // Held-out cases (`"heldout": true`): decisions only, reported, not
-    // asserted (written after the rules, never tuned on).
-    let (mut tp, mut fp, mut fn_, mut tn) = (0, 0, 0, 0);
+    // Held-out cases (`"heldout": true`): decisions only, reported per
+    // file, not asserted (written before the rules they measure, never
+    // tuned on). File name -> (TP, FP, FN, TN).
+    let mut heldout: BTreeMap<String, [usize; 4]> = BTreeMap::new();
     let mut heldout_wrong = Vec::new();
     for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
         for line in std::fs::read_to_string(f).unwrap().lines() {
             let c: serde_json::Value = serde_json::from_str(line).unwrap();
             let text = c["text"].as_str().unwrap();
             let want_local = c["decision"] == "local";
             if c["heldout"] == true {
                 let local = policy.decide(text, &RouteContext::default()).action == Action::Local;
-                match (want_local, local) {
-                    (true, true) => tp += 1,
-                    (false, true) => fp += 1,
-                    (true, false) => fn_ += 1,
-                    (false, false) => tn += 1,
-                }
+                let counts = heldout.entry(name.clone()).or_default();
+                counts[match (want_local, local) {
+                    (true, true) => 0,
+                    (false, true) => 1,
+                    (true, false) => 2,
+                    (false, false) => 3,
+                }] += 1;
                 if want_local != local {
                     heldout_wrong.push(format!(
                         "{} ({}, {}): want {}: {}",
@@ -107,12 +110,14 @@ fn negation_and_hypothetical_cases() {
         println!("wrong: {w}");
     }
     let ratio = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
-    println!(
-        "## held-out: {} cases; decisions: recall {:.3}, precision {:.3} (TP {tp} FP {fp} FN {fn_} TN {tn})",
-        tp + fp + fn_ + tn,
-        ratio(tp, tp + fn_),
-        ratio(tp, tp + fp)
-    );
+    for (name, [tp, fp, fn_, tn]) in &heldout {
+        println!(
+            "## held-out {name}: {} cases; decisions: recall {:.3}, precision {:.3} (TP {tp} FP {fp} FN {fn_} TN {tn})",
+            tp + fp + fn_ + tn,
+            ratio(*tp, tp + fn_),
+            ratio(*tp, tp + fp)
+        );
+    }
     for w in &heldout_wrong {
         println!("held-out wrong: {w}");
     }
