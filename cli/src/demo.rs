@@ -360,9 +360,14 @@ struct Case<'a> {
     proposer: ProposerKind,
 }
 
+/// Runs of each side behind a speculative case's speeds (the median is
+/// shown: one run's time on a shared 2-core machine moves by ±10 %).
+const SPEED_RUNS: usize = 3;
+
 /// A speculative case, checked token for token against the target alone on
 /// the same prompt, with both speeds (wall time of the whole call, prefill
-/// included, in this process) and their ratio. Returns the summary line.
+/// included, in this process; medians of [`SPEED_RUNS`] runs each,
+/// alternating) and their ratio. Returns the summary line.
 fn speculative_case(
     edge: &mut RoutedRuntime,
     tok: &Tokenizer,
@@ -430,16 +435,33 @@ fn speculative_case(
         if same { "yes" } else { "NO" },
         reference.tokens.len().max(out.len()),
     );
+    // Two more runs of each, alternating (a fresh session each, so no
+    // run reuses another's cache): the speeds are the medians of three.
+    let (mut spec_times, mut target_times) = (vec![spec_s], vec![target_s]);
+    for run in 1..SPEED_RUNS {
+        let t = Instant::now();
+        edge.chat(
+            &format!("{}-run{run}", case.session),
+            &messages,
+            &gen,
+            &mut |_| true,
+        )?;
+        spec_times.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        generate_single(&verifier.state.model, &ids, &gen, &mut |_| true)?;
+        target_times.push(t.elapsed().as_secs_f64());
+    }
+    let median = |v: &[f64]| tandem_stats::median(v).unwrap_or(0.0);
     let per_s = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-    let spec_tps = per_s(out.len(), spec_s);
-    let target_tps = per_s(reference.tokens.len(), target_s);
+    let spec_tps = per_s(out.len(), median(&spec_times));
+    let target_tps = per_s(reference.tokens.len(), median(&target_times));
     let ratio = if target_tps > 0.0 {
         spec_tps / target_tps
     } else {
         0.0
     };
     println!(
-        "   speed: {spec_tps:.2} tok/s speculative vs {target_tps:.2} tok/s for the target alone: {ratio:.2}x (wall time of each whole call, prefill included, same prompt and machine)\n"
+        "   speed: {spec_tps:.2} tok/s speculative vs {target_tps:.2} tok/s for the target alone: {ratio:.2}x (wall time of each whole call, prefill included, same prompt and machine; median of {SPEED_RUNS} runs each)\n"
     );
     if !same && s.provisional_tokens == 0 {
         summary.problems.push(format!(

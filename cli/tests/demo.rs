@@ -66,6 +66,10 @@ fn demo_shows_speculative_privacy_and_outage_with_sane_numbers() {
         .filter(|l| l.starts_with("   speed: ") && l.contains("x (wall time"))
         .collect();
     assert_eq!(speeds.len(), 2, "{stdout}");
+    assert!(
+        speeds.iter().all(|l| l.contains("median of 3 runs each")),
+        "{stdout}"
+    );
     assert_eq!(
         stdout
             .matches("identical to the target model's own greedy output: yes")
