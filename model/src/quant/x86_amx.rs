@@ -896,26 +896,30 @@ unsafe fn sums_q6k<const N: usize>(
     unsafe {
         let a: [*const i8; N] =
             std::array::from_fn(|i| act.qs.as_ptr().add((t0 + i) * act.cols + 256 * sb));
-        // The unit's 53 lines at `ahead`, one per inner step.
-        let mut line = 0;
-        // Group c = B rows 4c..4c + 4 (K = 16c..16c + 16): rr = 32h + 8qq + r
-        // with r = 4·half..4·half + 4.
+        // B row rr = 32h + 8qq + r (K = 4·rr) is in group c = rr / 4 =
+        // 8h + 2qq + r / 4: per (h, half of r), the four groups of qq = 0..4
+        // accumulate side by side, each row's values built once.
         for h in 0..2 {
-            for qq in 0..4 {
-                for half in 0..2 {
-                    let c = 8 * h + 2 * qq + half;
-                    let mut dot = [_mm512_setzero_si512(); N];
-                    for r in 4 * half..4 * half + 4 {
-                        if line < 53 {
-                            prefetch_line(ahead, line);
-                            line += 1;
-                        }
-                        let e = q6_values(unit, h, r)[qq];
+            for half in 0..2 {
+                let mut dot = [[_mm512_setzero_si512(); N]; 4];
+                for r in 4 * half..4 * half + 4 {
+                    for part in 0..3 {
+                        prefetch_line(ahead, 24 * h + 8 * part + r);
+                    }
+                    if h == 0 && half == 0 {
+                        prefetch_line(ahead, 48 + r);
+                    }
+                    let e = q6_values(unit, h, r);
+                    for qq in 0..4 {
                         let rr = 32 * h + 8 * qq + r;
                         for i in 0..N {
-                            dot[i] = _mm512_dpbusd_epi32(dot[i], e, bcast4(a[i].add(4 * rr)));
+                            dot[qq][i] =
+                                _mm512_dpbusd_epi32(dot[qq][i], e[qq], bcast4(a[i].add(4 * rr)));
                         }
                     }
+                }
+                for (qq, dot) in dot.iter().enumerate() {
+                    let c = 8 * h + 2 * qq + half;
                     let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(unit.add(3072 + 16 * c).cast()));
                     for i in 0..N {
                         let centred =
@@ -925,6 +929,7 @@ unsafe fn sums_q6k<const N: usize>(
                 }
             }
         }
+        prefetch_line(ahead, 52);
     }
     s
 }
