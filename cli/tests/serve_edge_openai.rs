@@ -562,6 +562,34 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
         served, want,
         "the call differs from the target's own: {call}"
     );
+    // The unforced (`auto`) call: the target's own greedy output under the
+    // lazy grammar serve-edge gives `auto` (free until the call starts; the
+    // 1.5B target writes it as bare JSON, which triggers it at its start).
+    let auto = &report["auto"];
+    let auto_ids: Vec<u32> = serde_json::from_value(auto["token_ids"].clone()).unwrap();
+    let text = tok.decode(&auto_ids, false).unwrap();
+    assert!(
+        text.trim_start().starts_with("{\"name\": \"get_weather\"") || text.contains("<tool_call>"),
+        "the auto call is not one the lazy grammar triggers on: {text:?}"
+    );
+    let lazy = serde_json::json!({"tools": tools});
+    let lazy = tandem_edge_http::openai::tools::parse_tools(lazy.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    let lazy = tandem_edge_http::openai::format::lazy_call(
+        tandem_edge_http::openai::tools::CallFormat::Hermes,
+        &lazy,
+    )
+    .unwrap()
+    .spec;
+    let plain = tok
+        .encode_chat_with_tools(std::slice::from_ref(&question), &tools, true)
+        .unwrap();
+    let want = target_greedy_as(tok, target, &plain, auto_ids.len(), Some(lazy));
+    assert_eq!(
+        auto_ids, want,
+        "the auto call differs from the target's own under the lazy grammar: {auto}"
+    );
     // The final answer: the target's greedy output for the whole exchange.
     let mut assistant = ChatMessage::assistant("");
     assistant

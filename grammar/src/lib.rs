@@ -809,14 +809,16 @@ impl Lazy {
             n => self.ends[n - 2],
         };
         let mut starts = Vec::new();
+        // Where the output's text starts after its leading whitespace.
+        let first = self
+            .text
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(hi);
         for t in &self.triggers {
             let w = t.word.as_bytes();
             if t.at_start {
-                let p = self
-                    .text
-                    .iter()
-                    .position(|b| !b.is_ascii_whitespace())
-                    .unwrap_or(hi);
+                let p = first;
                 let end = p.saturating_add(w.len());
                 if end > lo && end <= hi && self.text[p..end] == *w {
                     starts.push(p);
