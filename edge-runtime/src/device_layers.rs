@@ -564,9 +564,8 @@ impl SplitExec {
         let h = hidden::decode(h, k + 1, self.d_model(), self.format)
             .map_err(|e| EdgeError::Protocol(format!("verdict hidden: {e}")))?;
         let t = Instant::now();
-        let logits = self.target.head(&h);
+        let mut logits = self.target.head(&h);
         self.device_s += t.elapsed().as_secs_f64();
-        let mut logits = logits;
         let verdict = match self.guide.as_deref_mut() {
             None => verdict_from_logits(sampling, ctx, &self.pending, &logits)?,
             Some(g) => {

@@ -904,7 +904,7 @@ impl Step for Lazy {
 /// A [`Guide`]'s grammar state: a grammar over the whole output, or a lazy
 /// one.
 enum Inner {
-    Eager(Constraint),
+    Eager(Box<Constraint>),
     Lazy(Box<Lazy>),
 }
 
@@ -957,7 +957,7 @@ impl Guide {
     pub fn new(vocab: &GrammarVocab, spec: &GrammarSpec, start: usize) -> Result<Self> {
         let c = match spec {
             GrammarSpec::Lazy { .. } => Inner::Lazy(Box::new(Lazy::new(vocab, spec)?)),
-            _ => Inner::Eager(Constraint::new(vocab, spec)?),
+            _ => Inner::Eager(Box::new(Constraint::new(vocab, spec)?)),
         };
         Ok(Self {
             c,
