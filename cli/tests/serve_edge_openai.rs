@@ -495,9 +495,18 @@ fn real_target() -> (Tokenizer, Model) {
 /// declared tool called by name (non-streamed) and by the model's own choice
 /// (`auto`, streamed), then answered with a `tool` message; the named call
 /// and the final answer are the target's own greedy output for the prompts
-/// the chat template renders.
+/// the chat template renders, the unforced call its own greedy output under
+/// the lazy grammar of `auto`.
 fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
     let t0 = std::time::Instant::now();
+    // serve-edge renders prompts with the device's tokenizer, the draft's:
+    // its GGUF's chat template is not the target's byte for byte (the
+    // target's writes the tool-call example with doubled braces, `{{"name":
+    // …}}`: two more tokens), so the references render with the draft's.
+    let draft_path = tandem_fetch::model_path(tandem_fetch::ModelRole::Draft);
+    let draft_tok =
+        Tokenizer::from_gguf(&tandem_model::gguf::GgufFile::open(&draft_path).unwrap()).unwrap();
+    assert_eq!(draft_tok.fingerprint(), tok.fingerprint());
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai/test_tools.py");
     let out = std::process::Command::new(py)
         .arg(&script)
@@ -533,7 +542,7 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
     // stops once the call is closed (one call was asked for), so its tokens
     // are the start of the target's run.
     let question = ChatMessage::user(report["question"].as_str().unwrap());
-    let mut prompt = tok
+    let mut prompt = draft_tok
         .encode_chat_with_tools(std::slice::from_ref(&question), &tools, true)
         .unwrap();
     prompt.extend(
@@ -562,6 +571,34 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
         served, want,
         "the call differs from the target's own: {call}"
     );
+    // The unforced (`auto`) call: the target's own greedy output under the
+    // lazy grammar serve-edge gives `auto` (free until the call starts; the
+    // 1.5B target writes it as bare JSON, which triggers it at its start).
+    let auto = &report["auto"];
+    let auto_ids: Vec<u32> = serde_json::from_value(auto["token_ids"].clone()).unwrap();
+    let text = tok.decode(&auto_ids, false).unwrap();
+    assert!(
+        text.trim_start().starts_with("{\"name\": \"get_weather\"") || text.contains("<tool_call>"),
+        "the auto call is not one the lazy grammar triggers on: {text:?}"
+    );
+    let lazy = serde_json::json!({"tools": tools});
+    let lazy = tandem_edge_http::openai::tools::parse_tools(lazy.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    let lazy = tandem_edge_http::openai::format::lazy_call(
+        tandem_edge_http::openai::tools::CallFormat::Hermes,
+        &lazy,
+    )
+    .unwrap()
+    .spec;
+    let plain = draft_tok
+        .encode_chat_with_tools(std::slice::from_ref(&question), &tools, true)
+        .unwrap();
+    let want = target_greedy_as(tok, target, &plain, auto_ids.len(), Some(lazy));
+    assert_eq!(
+        auto_ids, want,
+        "the auto call differs from the target's own under the lazy grammar: {auto}"
+    );
     // The final answer: the target's greedy output for the whole exchange.
     let mut assistant = ChatMessage::assistant("");
     assistant
@@ -580,7 +617,7 @@ fn tools_round_trip(py: &PathBuf, addr: &str, tok: &Tokenizer, target: &Model) {
         ),
     ];
     // Asked with `tool_choice: "none"`: the tools are not offered.
-    let prompt = tok.encode_chat(&history, true).unwrap();
+    let prompt = draft_tok.encode_chat(&history, true).unwrap();
     let want = target_greedy(tok, target, &prompt, 10);
     assert_eq!(
         fin["token_ids"],

@@ -388,7 +388,13 @@ async fn penalties_and_logit_bias_are_announced_applied_and_range_checked() {
         let top: Vec<(u32, f32)> = got.top.iter().map(|t| (t.token, t.logprob)).collect();
         assert_eq!(top, w.top);
     }
-    for (top, split) in [(21, None), (2, Some(tandem_proto::v1::Split::default()))] {
+    // (A U-shape session's device computes its own; split sessions with the
+    // head here get them: edge-http/tests/openai_server.rs, split_sessions_….)
+    let u_shape = tandem_proto::v1::Split {
+        pin_head: true,
+        ..tandem_proto::v1::Split::default()
+    };
+    for (top, split) in [(21, None), (2, Some(u_shape))] {
         let mut o = open_msg(&fp, &p);
         o.top_logprobs = Some(top);
         o.split = split;

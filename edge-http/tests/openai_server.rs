@@ -53,6 +53,33 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(Vec::new())
+}
+
+/// A fixture whose vocabulary also has Qwen2.5's `<tool_call>` and
+/// `</tool_call>` as user-defined tokens (text, one token each, as in the
+/// real vocabulary), in two of the padding slots.
+fn fixture_with_tool_tokens() -> Fixture {
+    let mut meta =
+        tandem_model::testing::tiny_tokenizer_metadata(TinyConfig::default().vocab).unwrap();
+    for (k, v) in meta.iter_mut() {
+        match (k.as_str(), v) {
+            ("tokenizer.ggml.tokens", GgufValue::Array(a)) => {
+                a[359] = GgufValue::String("<tool_call>".into());
+                a[360] = GgufValue::String("</tool_call>".into());
+            }
+            ("tokenizer.ggml.token_type", GgufValue::Array(a)) => {
+                a[359] = GgufValue::I32(4);
+                a[360] = GgufValue::I32(4);
+            }
+            _ => {}
+        }
+    }
+    meta.retain(|(k, _)| k == "tokenizer.ggml.tokens" || k == "tokenizer.ggml.token_type");
+    fixture_with(meta)
+}
+
+fn fixture_with(tokens: Vec<(String, GgufValue)>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let (target, draft) = (
         dir.path().join("target.gguf"),
@@ -68,9 +95,11 @@ fn fixture() -> Fixture {
             GgufValue::U32(id),
         )
     };
+    let mut extra = vec![fim("pre", 300), fim("suf", 301), fim("mid", 302)];
+    extra.extend(tokens.iter().cloned());
     let with_tokenizer = TinyConfig {
         tokenizer: true,
-        extra_metadata: vec![fim("pre", 300), fim("suf", 301), fim("mid", 302)],
+        extra_metadata: extra,
         ..TinyConfig::default()
     };
     write_tiny_qwen2(&target, &with_tokenizer).unwrap();
@@ -78,6 +107,7 @@ fn fixture() -> Fixture {
     // without the padding rows) must be the target's.
     let draft_cfg = TinyConfig {
         tokenizer: true,
+        extra_metadata: tokens,
         ..TinyConfig::draft_like()
     };
     write_tiny_qwen2(&draft, &draft_cfg).unwrap();
@@ -2634,6 +2664,7 @@ fn response_formats_are_the_targets_masked_output_locally_too_and_bad_ones_are_4
                     let c = content.replace(' ', "");
                     assert!(["yes", "no", "abcd"].contains(&c.as_str()), "{content}");
                 }
+                GrammarSpec::Lazy { .. } => unreachable!("not among the formats here"),
             }
         }
         // Streamed: the same tokens.
@@ -2828,5 +2859,316 @@ fn an_idle_slot_catches_the_draft_up_between_turns_and_the_output_stays_the_targ
         messages.push(ChatMessage::user(next));
     }
     drop((with, without));
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+// ---- tool_choice "auto" (lazy grammar) and split sessions ---------------------------
+
+/// A function whose one argument has two possible values (a tiny random
+/// model completes its call in a few dozen tokens).
+fn city_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},
+                       "required": ["city"], "additionalProperties": false}}})
+}
+
+/// The grammar serve-edge gives `tool_choice: "auto"` for `body`'s tools.
+fn lazy_spec(body: &Value) -> tandem_grammar::GrammarSpec {
+    let tools = openai::tools::parse_tools(body.as_object().unwrap())
+        .unwrap()
+        .unwrap();
+    openai::format::lazy_call(openai::tools::CallFormat::Hermes, &tools)
+        .unwrap()
+        .spec
+}
+
+/// The target alone (f32 KV) under `sampling` and, when given, `spec`; the
+/// chat stop tokens end it.
+fn target_under(
+    f: &Fixture,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+    spec: Option<tandem_grammar::GrammarSpec>,
+) -> Vec<u32> {
+    let vocab = tandem_grammar::GrammarVocab::new(&f.tok).unwrap();
+    let cfg = GenerateConfig {
+        max_tokens,
+        sampling,
+        stop_tokens: f.tok.chat_stop_tokens(),
+        grammar: spec.map(|s| {
+            tandem_grammar::Grammar::new(&vocab, s)
+                .unwrap()
+                .into_config()
+        }),
+        ..GenerateConfig::default()
+    };
+    let f32_kv = tandem_model::kv_cache::KvPrecision::F32;
+    generate_single_with(&f.target, f32_kv, prompt, &cfg, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+/// A streamed chat answer: its token ids, content, tool-call deltas
+/// (name, concatenated arguments) and finish reason.
+fn streamed(addr: SocketAddr, body: &Value) -> (Vec<u32>, String, Vec<(String, String)>, Value) {
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    let a = post(addr, "/v1/chat/completions", &b);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let (mut ids, mut text, mut calls, mut finish) = (
+        Vec::new(),
+        String::new(),
+        Vec::<(String, String)>::new(),
+        Value::Null,
+    );
+    for e in a.events().iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let ch = &c["choices"][0];
+        text.push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+        for d in ch["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if calls.len() <= i {
+                calls.push((String::new(), String::new()));
+            }
+            if let Some(n) = d["function"]["name"].as_str() {
+                calls[i].0.push_str(n);
+            }
+            if let Some(x) = d["function"]["arguments"].as_str() {
+                calls[i].1.push_str(x);
+            }
+        }
+        if let Some(i) = c["tandem"].get("token_ids") {
+            ids.extend(ids_of(i));
+        }
+        if !ch["finish_reason"].is_null() {
+            finish = ch["finish_reason"].clone();
+        }
+    }
+    (ids, text, calls, finish)
+}
+
+/// Checks an `auto` request's two cases on the server at `addr`: without a
+/// call the answer is the target's free greedy output; once the model starts
+/// a call (`logit_bias` makes `<tool_call>` its first token) the call is the
+/// target's greedy output under the lazy grammar, parsed into `tool_calls`.
+fn check_auto_calls(f: &Fixture, addr: SocketAddr) {
+    let tc = f.tok.token_to_id("<tool_call>").unwrap();
+    let msgs = [ChatMessage::user("weather in Oslo?")];
+    let base = json!({"model": "tandem", "messages": [{"role": "user", "content": "weather in Oslo?"}],
+        "tools": [city_tool()], "tool_choice": "auto", "parallel_tool_calls": false});
+    let spec = lazy_spec(&base);
+    let prompt = f
+        .tok
+        .encode_chat_with_tools(&msgs, &[city_tool()], true)
+        .unwrap();
+
+    // Free text: the grammar never triggers and changes nothing.
+    let mut free = base.clone();
+    free["max_tokens"] = json!(8);
+    free["ignore_eos"] = json!(true);
+    let a = post(addr, "/v1/chat/completions", &free);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let j = a.json();
+    assert_eq!(j["usage"]["prompt_tokens"], prompt.len(), "{j}");
+    let want_free = target_greedy(f, &prompt, 8);
+    assert!(!want_free.contains(&tc));
+    assert_eq!(ids_of(&j["tandem"]["token_ids"]), want_free, "{j}");
+
+    // A call: the first token opens it, the lazy grammar does the rest.
+    let n = 160;
+    let mut call = base.clone();
+    call["max_tokens"] = json!(n);
+    call["logit_bias"] = json!({tc.to_string(): 100});
+    let sampling = SamplingParams {
+        logit_bias: LogitBias::new([(tc, 100.0)]).unwrap(),
+        ..SamplingParams::default()
+    };
+    let want = target_under(f, &prompt, n, sampling, Some(spec.clone()));
+    let unconstrained = target_under(f, &prompt, n, sampling, None);
+    assert_eq!(want[0], tc);
+    assert_ne!(want, unconstrained, "the grammar constrains the call");
+    let a = post(addr, "/v1/chat/completions", &call);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let j = a.json();
+    assert_eq!(ids_of(&j["tandem"]["token_ids"]), want, "{j}");
+    let st = j["tandem"]["token_status"].as_array().unwrap();
+    assert!(st.iter().all(|x| x == "verified"), "{st:?}");
+    let ch = &j["choices"][0];
+    assert_eq!(ch["finish_reason"], "tool_calls", "{j}");
+    let calls = ch["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{j}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args == json!({"city": "Oslo"}) || args == json!({"city": "Paris"}),
+        "{args}"
+    );
+    // Streamed: the same tokens, the call as OpenAI streams it.
+    let (ids, text, scalls, finish) = streamed(addr, &call);
+    assert_eq!(ids, want);
+    assert!(text.trim().is_empty(), "{text:?}");
+    assert_eq!(
+        scalls,
+        [(
+            "get_weather".to_string(),
+            calls[0]["function"]["arguments"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        )]
+    );
+    assert_eq!(finish, "tool_calls");
+}
+
+#[test]
+fn auto_tool_calls_are_free_until_a_call_starts_then_the_targets_constrained_call() {
+    let f = fixture_with_tool_tokens();
+    let tc = f.tok.token_to_id("<tool_call>").unwrap();
+    assert_eq!(f.tok.encode("<tool_call>", false).unwrap(), [tc]);
+    let v = f.verifier();
+    let s = f.server(
+        f.edge_config_for(&v),
+        ServeConfig {
+            routed: false,
+            ..ServeConfig::default()
+        },
+    );
+    check_auto_calls(&f, s.addr);
+    // With `response_format`, the format holds for the whole answer (no
+    // lazy grammar): unchanged.
+    drop(s);
+    let _ = f.rt.block_on(v.shutdown());
+}
+
+impl Fixture {
+    /// A server whose device runs the target's first `layer` layers
+    /// (`pin_head`: and the head: U-shape).
+    fn split_server(&self, v: &RunningVerifier, layer: usize, pin_head: bool) -> RunningServer {
+        use tandem_edge::device_layers::{SplitConfig, SplitLayer};
+        let edge = EdgeConfig {
+            split: Some(SplitConfig {
+                layer: SplitLayer::Fixed(layer),
+                pin_head,
+                ..SplitConfig::default()
+            }),
+            ..self.edge_config_for(v)
+        };
+        let routed = EdgeRuntime::builder(self.draft.clone(), edge)
+            .split_target(self.target.clone())
+            .router(Arc::new(Router::with_default_policy()), self.tok.clone())
+            .build()
+            .unwrap();
+        let cfg = ServeConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            routed: false,
+            ..ServeConfig::default()
+        };
+        self.rt.block_on(openai::start(routed, cfg)).unwrap()
+    }
+}
+
+#[test]
+fn split_sessions_give_the_targets_logprobs_structured_output_and_auto_calls() {
+    let f = fixture_with_tool_tokens();
+    let v = f.verifier();
+    let prompt = f
+        .tok
+        .encode_chat(&[ChatMessage::user("write a haiku")], true)
+        .unwrap();
+    for pin_head in [false, true] {
+        let s = f.split_server(&v, 1, pin_head);
+        let what = if pin_head {
+            "U-shape"
+        } else {
+            "head on the verifier"
+        };
+        // logprobs: the target's, bit for bit, under a penalty.
+        let n = 8;
+        let body = chat_body(
+            "write a haiku",
+            json!({"max_tokens": n, "ignore_eos": true, "logprobs": true, "top_logprobs": 3,
+                   "presence_penalty": 0.5}),
+        );
+        let a = post(s.addr, "/v1/chat/completions", &body);
+        assert_eq!(a.status, 200, "{what}: {}", a.body);
+        let a = a.json();
+        assert_eq!(a["tandem"]["stats"]["split"]["layer"], 1, "{a}");
+        let ids = ids_of(&a["tandem"]["token_ids"]);
+        let sampling = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        };
+        assert_eq!(ids, target_with(&f, &prompt, n, sampling), "{what}");
+        let want = target_logprobs(&f, &prompt, &ids, sampling, 3);
+        let content = content_entries(&[&a["choices"][0]]);
+        assert_eq!(content.len(), n, "{what}: {a}");
+        for (i, (e, w)) in content.iter().zip(&want).enumerate() {
+            assert_eq!(
+                e["logprob"].as_f64().unwrap() as f32,
+                w.logprob,
+                "{what}: token {i}: {e}"
+            );
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            for (t, (_, lp)) in top.iter().zip(&w.top) {
+                assert_eq!(t["logprob"].as_f64().unwrap() as f32, *lp, "{what}");
+            }
+        }
+        let from = a["tandem"]["logprobs_from"].as_array().unwrap();
+        assert!(from.iter().all(|x| x == "target"), "{what}: {from:?}");
+        let st = a["tandem"]["token_status"].as_array().unwrap();
+        assert!(st.iter().all(|x| x == "verified"), "{what}: {st:?}");
+        // Streamed: the same entries.
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let chunks: Vec<Value> = post(s.addr, "/v1/chat/completions", &sb)
+            .events()
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let choices: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).collect();
+        assert_eq!(content_entries(&choices), content, "{what}");
+
+        // Structured output: the target's masked greedy output.
+        let schema = json!({"type": "object",
+            "properties": {"ab": {"enum": ["cd", "ef"]}, "n": {"type": "boolean"}},
+            "required": ["ab", "n"], "additionalProperties": false});
+        let fbody = chat_body(
+            "the weather as JSON",
+            json!({"max_tokens": 24, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "w", "schema": schema, "strict": true}}}),
+        );
+        let fprompt = f
+            .tok
+            .encode_chat(&[ChatMessage::user("the weather as JSON")], true)
+            .unwrap();
+        let fwant = target_under(
+            &f,
+            &fprompt,
+            24,
+            SamplingParams::default(),
+            Some(tandem_grammar::GrammarSpec::JsonSchema(schema.clone())),
+        );
+        let j = post(s.addr, "/v1/chat/completions", &fbody).json();
+        assert_eq!(ids_of(&j["tandem"]["token_ids"]), fwant, "{what}: {j}");
+        // Logprobs under the format: the masked distribution's (the
+        // chosen token is the most likely allowed one).
+        let mut lbody = fbody.clone();
+        lbody["logprobs"] = json!(true);
+        lbody["top_logprobs"] = json!(2);
+        let l = post(s.addr, "/v1/chat/completions", &lbody).json();
+        assert_eq!(ids_of(&l["tandem"]["token_ids"]), fwant, "{what}: {l}");
+        for e in content_entries(&[&l["choices"][0]]) {
+            assert_eq!(e["top_logprobs"][0]["token"], e["token"], "{what}: {e}");
+            assert_eq!(e["top_logprobs"][0]["logprob"], e["logprob"], "{what}: {e}");
+        }
+
+        // tool_choice "auto": free, then the constrained call.
+        check_auto_calls(&f, s.addr);
+        drop(s);
+    }
     let _ = f.rt.block_on(v.shutdown());
 }

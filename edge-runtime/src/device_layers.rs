@@ -24,10 +24,11 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use tandem_model::engine::{masked_verdict, OutputConstraint};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::transformer::Model;
-use tandem_model::verify::verdict_from_logits;
+use tandem_model::verify::{verdict_from_logits, verdict_logprobs};
 use tandem_proto::hidden;
 use tandem_proto::v1::{self as pb, server_message::Msg as ServerMsg, HiddenFormat};
 use tandem_shard::two_node::{best_split, evaluate_split, two_node_problem, TwoNodeLink};
@@ -371,6 +372,13 @@ pub struct SplitExec {
     local_rounds: u32,
     /// Device compute of the round in flight, seconds.
     device_s: f64,
+    /// U-shape sessions asked for logprobs (the Open's `top_logprobs`, kept
+    /// here instead of sent: the device runs the head, so it computes the
+    /// target's logprobs of each verdict itself).
+    top_logprobs: Option<usize>,
+    /// U-shape sessions under a grammar: the generation's constraint, which
+    /// the device's verdicts choose through (the verifier gets no grammar).
+    guide: Option<Box<dyn OutputConstraint>>,
     pub report: SplitReport,
 }
 
@@ -423,6 +431,8 @@ impl SplitExec {
             local_hidden: None,
             local_rounds: 0,
             device_s: 0.0,
+            top_logprobs: None,
+            guide: None,
             report,
             cfg,
         })
@@ -470,6 +480,10 @@ impl SplitExec {
         if self.cfg.pin_head {
             open.prompt_tokens.clear();
             open.resume_session_id = None;
+            // The verifier makes no verdicts here: the logprobs and the
+            // grammar are the device's ([`Self::local_verdict`]).
+            self.top_logprobs = open.top_logprobs.take().map(|n| n as usize);
+            open.grammar = None;
         }
         self.report.layer = self.layer;
         Ok(open)
@@ -519,6 +533,12 @@ impl SplitExec {
         Ok(draft)
     }
 
+    /// U-shape sessions: the constraint of the generation about to run
+    /// (`None`: unconstrained). Its verdicts choose among what it allows.
+    pub fn set_guide(&mut self, guide: Option<Box<dyn OutputConstraint>>) {
+        self.guide = guide;
+    }
+
     /// U-shape: the verdict from the verifier's final hidden states, computed here
     /// exactly as the verifier would (head, then the prefix equal to the target's tokens).
     /// `ctx` is the context before the block.
@@ -544,16 +564,48 @@ impl SplitExec {
         let h = hidden::decode(h, k + 1, self.d_model(), self.format)
             .map_err(|e| EdgeError::Protocol(format!("verdict hidden: {e}")))?;
         let t = Instant::now();
-        let logits = self.target.head(&h);
+        let mut logits = self.target.head(&h);
         self.device_s += t.elapsed().as_secs_f64();
-        let verdict = verdict_from_logits(sampling, ctx, &self.pending, &logits)?;
+        let verdict = match self.guide.as_deref_mut() {
+            None => verdict_from_logits(sampling, ctx, &self.pending, &logits)?,
+            Some(g) => {
+                let v = masked_verdict(sampling, ctx, &self.pending, &logits, g)?;
+                if self.top_logprobs.is_some() {
+                    // The logprobs of the distribution that chose: each
+                    // emitted position's row masked as the verdict saw it.
+                    let vocab = logits.len() / (self.pending.len() + 1);
+                    let mut hist = ctx.to_vec();
+                    for (i, t) in v.emitted(&self.pending).into_iter().enumerate() {
+                        g.mask(&hist, &mut logits[i * vocab..(i + 1) * vocab])?;
+                        hist.push(t);
+                    }
+                }
+                v
+            }
+        };
+        // The target's logprobs, from the same rows the verifier would have
+        // read them from (its head is this one).
+        let logprobs = match self.top_logprobs {
+            Some(top) => verdict_logprobs(sampling, ctx, &self.pending, &logits, &verdict, top)?
+                .into_iter()
+                .map(|t| pb::TokenLogprobs {
+                    logprob: t.logprob,
+                    top: t
+                        .top
+                        .into_iter()
+                        .map(|(token, logprob)| pb::TopLogprob { token, logprob })
+                        .collect(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(pb::Verdict {
             round: v.round,
             accepted: verdict.accepted as u32,
             next_token: verdict.next_token,
             context_len: (ctx.len() + verdict.accepted + 1) as u64,
             hidden: None,
-            logprobs: Vec::new(),
+            logprobs,
         })
     }
 

@@ -584,13 +584,15 @@ impl EdgeRuntime {
         } else {
             gen
         };
-        if gen.grammar.is_some() && self.split.is_some() {
-            // (Refused before the conversation's kept state is taken.)
-            return Err(EdgeError::Config(
-                "structured output (a grammar) is not available with split execution ([split]): \
-                 the verifier's choices there are not made from token logits"
-                    .into(),
-            ));
+        if let Some(split) = self.split.as_mut() {
+            // Split execution under a grammar: with the head on the verifier
+            // it masks its verdicts (Open.grammar); in U-shape sessions the
+            // device makes them, through its own constraint.
+            let guide = match &gen.grammar {
+                Some(g) if split.pin_head() => Some(g.constraint(prompt.len())?),
+                _ => None,
+            };
+            split.set_guide(guide);
         }
         if gen.proposer == ProposerKind::Auto && !self.spec.auto.draft_measured() {
             // auto weighs the draft by its measured forward time, and the

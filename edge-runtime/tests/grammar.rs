@@ -13,6 +13,7 @@
 mod common;
 use common::{
     io_runtime, load, outage_edge_config, start_switchable_proxy, start_tiny_verifier, tiny_edge,
+    FP,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use tandem_edge::adaptive::SpeculationConfig;
 use tandem_edge::config::GateConfig;
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeRuntime, TokenStatus};
-use tandem_grammar::{Grammar, GrammarSpec, GrammarVocab, Guide};
+use tandem_grammar::{Grammar, GrammarSpec, GrammarVocab, Guide, Trigger};
 use tandem_model::engine::{choose, OutputGrammar};
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
@@ -458,4 +459,112 @@ fn without_a_verifier_the_drafts_own_constraint_masks_every_token() {
     guide.sync(&ended).unwrap();
     guide.sync(&more).unwrap();
     assert_eq!(guide.held().len(), a.len() + 1);
+}
+
+/// A lazy grammar whose trigger word the target's free output writes (the
+/// text of two of its whole tokens), then a run of letters.
+fn lazy_spec(p: &Pair, free: &[u32]) -> GrammarSpec {
+    let word = (3..free.len() - 1)
+        .find_map(|i| {
+            let bytes: Vec<u8> = free[i..i + 2]
+                .iter()
+                .flat_map(|&t| p.tok.id_to_piece(t).unwrap().to_vec())
+                .collect();
+            String::from_utf8(bytes).ok().filter(|w| {
+                w.bytes().any(|b| b != b' ')
+                    && w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b' ')
+            })
+        })
+        .expect("two printable tokens in the free output");
+    GrammarSpec::Lazy {
+        triggers: vec![Trigger {
+            word: word.clone(),
+            at_start: false,
+        }],
+        lark: format!(
+            "start: {} /[a-e ]{{400,}}/\n",
+            serde_json::Value::String(word)
+        ),
+    }
+}
+
+/// An edge whose device runs the target's first layer (`pin_head`: and
+/// its head: U-shape) against the verifier at `url`.
+fn split_edge(p: &Pair, url: &str, pin_head: bool) -> EdgeRuntime {
+    use tandem_edge::device_layers::{SplitConfig, SplitLayer};
+    let cfg = EdgeConfig {
+        verifier_url: Some(url.into()),
+        token: Some(TOKEN.into()),
+        tokenizer_fingerprint: Some(FP.into()),
+        connect_timeout_ms: 2000,
+        split: Some(SplitConfig {
+            layer: SplitLayer::Fixed(1),
+            pin_head,
+            ..SplitConfig::default()
+        }),
+        ..EdgeConfig::default()
+    };
+    EdgeRuntime::builder(p.draft.clone(), cfg)
+        .split_target(p.target.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_lazy_grammar_and_split_execution_keep_the_targets_own_output() {
+    let p = pair();
+    let t0 = Instant::now();
+    let prompt = p.prompt();
+    let greedy = SamplingParams::default();
+    let free = p.target_own(&prompt, &p.cfg(1, ProposerKind::Draft, None, greedy));
+    let lazy = lazy_spec(&p, &free);
+    let g = p.grammar(lazy.clone());
+    let want = p.target_own(
+        &prompt,
+        &p.cfg(1, ProposerKind::Draft, Some(g.clone()), greedy),
+    );
+    assert_ne!(want, free, "the trigger activates the grammar");
+    let same = want.iter().zip(&free).take_while(|(a, b)| a == b).count();
+    assert!(same >= 2, "free until the trigger word: {same}");
+    obeys(&*g, &prompt, &want);
+    let rt = io_runtime();
+    let v = start_tiny_verifier(&rt, &p.target_p, TOKEN);
+    let url = format!("http://{}", v.grpc_addr);
+    let mut edge = tiny_edge(&p.draft_p, &url, TOKEN, |_| {});
+    for proposer in ProposerKind::ALL {
+        for k in [1, 3, 4] {
+            let cfg = p.cfg(k, proposer, Some(g.clone()), greedy);
+            let local =
+                generate_speculative(&p.draft, &p.target, &prompt, &cfg, &mut |_| true).unwrap();
+            assert_eq!(local.tokens, want, "local {proposer} k={k}");
+            let e = edge.generate(&prompt, &cfg, &mut |_| true).unwrap();
+            assert_eq!(e.tokens, want, "edge {proposer} k={k}");
+            assert!(e.statuses.iter().all(|s| *s == TokenStatus::Verified));
+        }
+    }
+    // Split execution, with the head on the verifier (which masks its
+    // verdicts) and U-shape (the device masks its own), under every kind
+    // of grammar.
+    let mut all = specs();
+    all.push(lazy);
+    for spec in all {
+        let g = p.grammar(spec.clone());
+        let cfg1 = p.cfg(1, ProposerKind::Draft, Some(g.clone()), greedy);
+        let want = p.target_own(&prompt, &cfg1);
+        for pin_head in [false, true] {
+            let mut e = split_edge(&p, &url, pin_head);
+            for k in [1, 4] {
+                let cfg = p.cfg(k, ProposerKind::Draft, Some(g.clone()), greedy);
+                let out = e.generate(&prompt, &cfg, &mut |_| true).unwrap();
+                assert_eq!(out.tokens, want, "split pin_head={pin_head} k={k} {spec:?}");
+                assert!(out.statuses.iter().all(|s| *s == TokenStatus::Verified));
+                assert_eq!(out.stats.split.as_ref().map(|s| s.layer), Some(1));
+            }
+        }
+    }
+    rt.block_on(v.shutdown()).unwrap();
+    eprintln!(
+        "lazy grammar and split identity: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }

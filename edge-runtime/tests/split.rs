@@ -2,12 +2,12 @@
 //! 127.0.0.1 runs [s, N)) on tiny random models: greedy and sampled output equal
 //! the unsplit target's for every s including 0 and N, with and without the head
 //! pinned on the device (U-shape); f16 runs and reports itself lossy; `auto` picks
-//! a split from a profile and still matches; a grammar (structured output) is
-//! refused.
+//! a split from a profile and still matches. Structured output with split
+//! execution (both kinds): `tests/grammar.rs`.
 
 #![allow(clippy::unwrap_used)]
 mod common;
-use common::{load, tiny_json_object_grammar};
+use common::load;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -378,34 +378,4 @@ fn auto_u_shape_starts_all_local_on_a_slow_link_and_moves_to_the_server_when_the
     assert!(g.stats.gen.rounds > r.local_rounds + 2, "{r:?}");
     assert!(g.stats.opens >= 2, "re-planning opens a new session");
     assert!(r.rtt_estimate_ms.unwrap() < 36.0, "{r:?}");
-}
-
-#[test]
-fn structured_output_is_refused_with_split_execution() {
-    // Split verdicts are not made from token logits: a grammar is refused
-    // before anything runs (no verifier is needed to see it).
-    let m = setup();
-    let dir = tempfile::tempdir().unwrap();
-    let g = tiny_json_object_grammar(dir.path());
-    let mut e = edge(
-        "http://127.0.0.1:9",
-        fixed(2, false),
-        m.draft.clone(),
-        m.target.clone(),
-    );
-    let cfg = GenerateConfig {
-        grammar: Some(g),
-        ..gen_cfg(SamplingParams::default())
-    };
-    let mut streamed = 0;
-    match e.generate(PROMPT, &cfg, &mut |_| {
-        streamed += 1;
-        true
-    }) {
-        Err(tandem_edge::EdgeError::Config(msg)) => {
-            assert!(msg.contains("split execution"), "{msg}")
-        }
-        other => panic!("expected a config error, got {other:?}"),
-    }
-    assert_eq!(streamed, 0);
 }

@@ -43,6 +43,18 @@
 //!    `OutputConstraint` ([`Grammar`] is the `OutputGrammar` a
 //!    `GenerateConfig` carries); the verifier's sessions hold one, so a
 //!    `Resume` to another context is followed too.
+//! 8. **Lazy grammars.** A [`GrammarSpec::Lazy`] leaves the output free
+//!    until one of its trigger words appears in the output's text (as
+//!    llama.cpp's lazy grammars do: serve-edge's `tool_choice: "auto"`
+//!    triggers on `<tool_call>`). Until then nothing is masked (the output
+//!    is the unconstrained one, and no mask is computed); the token that
+//!    completes a trigger word activates the grammar, which then holds the
+//!    output's text from the word's first byte to that token's end (fed to
+//!    it byte by byte) and masks every token after. An occurrence whose
+//!    text the grammar refuses (the completing token carried more text
+//!    than the grammar allows) does not activate it. Activation depends on
+//!    the output's tokens only, so device and verifier agree; a rollback
+//!    to before the activating token makes the output free again.
 
 use std::sync::Arc;
 
@@ -61,7 +73,7 @@ pub const MAX_GRAMMAR_BYTES: usize = 64 * 1024;
 pub enum GrammarError {
     #[error("grammar of {bytes} bytes is larger than the {max}-byte limit")]
     TooLarge { bytes: usize, max: usize },
-    #[error("unknown grammar kind {0:?} (json_object, json_schema, lark, regex)")]
+    #[error("unknown grammar kind {0:?} (json_object, json_schema, lark, regex, lazy)")]
     UnknownKind(String),
     #[error("invalid grammar: {0}")]
     Invalid(String),
@@ -86,7 +98,31 @@ pub enum GrammarSpec {
     Lark(String),
     /// A regular expression the whole output matches (an extension).
     Regex(String),
+    /// Free output until a trigger word appears; from that word on, the
+    /// Lark grammar `lark` (whose text starts with the word). Contract 8.
+    Lazy {
+        triggers: Vec<Trigger>,
+        lark: String,
+    },
 }
+
+/// Where a lazy grammar ([`GrammarSpec::Lazy`]) starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    /// The text that starts the constrained part (non-empty, at most
+    /// [`MAX_TRIGGER_BYTES`]).
+    pub word: String,
+    /// Only at the start of the output, after any leading ASCII whitespace;
+    /// otherwise anywhere in it.
+    pub at_start: bool,
+}
+
+/// Most triggers one lazy grammar may have (serve-edge's: one per
+/// declared tool, at most 128, and one more).
+pub const MAX_TRIGGERS: usize = 256;
+
+/// The longest trigger word (bytes).
+pub const MAX_TRIGGER_BYTES: usize = 128;
 
 impl GrammarSpec {
     /// The wire form: (kind, text).
@@ -96,7 +132,59 @@ impl GrammarSpec {
             Self::JsonSchema(s) => ("json_schema", s.to_string()),
             Self::Lark(g) => ("lark", g.clone()),
             Self::Regex(r) => ("regex", r.clone()),
+            Self::Lazy { triggers, lark } => {
+                let triggers: Vec<serde_json::Value> = triggers
+                    .iter()
+                    .map(|t| serde_json::json!({"word": t.word, "at_start": t.at_start}))
+                    .collect();
+                let text = serde_json::json!({"triggers": triggers, "lark": lark});
+                ("lazy", text.to_string())
+            }
         }
+    }
+
+    /// The wire text of a lazy grammar: `{"triggers": [{"word", "at_start"}],
+    /// "lark"}`, each field checked.
+    fn lazy_from_wire(text: &str) -> Result<Self> {
+        let bad = |m: &str| GrammarError::Invalid(format!("lazy grammar: {m}"));
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| GrammarError::Invalid(format!("lazy grammar: not JSON: {e}")))?;
+        let lark = v
+            .get("lark")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| bad("`lark` must be a string"))?;
+        let list = v
+            .get("triggers")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| bad("`triggers` must be an array"))?;
+        if list.is_empty() || list.len() > MAX_TRIGGERS {
+            return Err(bad(&format!("1 to {MAX_TRIGGERS} triggers")));
+        }
+        let mut triggers = Vec::with_capacity(list.len());
+        for t in list {
+            let word = t
+                .get("word")
+                .and_then(serde_json::Value::as_str)
+                .filter(|w| !w.is_empty() && w.len() <= MAX_TRIGGER_BYTES)
+                .ok_or_else(|| {
+                    bad(&format!(
+                        "a trigger's `word` must be a string of 1 to {MAX_TRIGGER_BYTES} bytes"
+                    ))
+                })?;
+            let at_start = match t.get("at_start") {
+                None | Some(serde_json::Value::Null) => false,
+                Some(serde_json::Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("a trigger's `at_start` must be a boolean")),
+            };
+            triggers.push(Trigger {
+                word: word.to_string(),
+                at_start,
+            });
+        }
+        Ok(Self::Lazy {
+            triggers,
+            lark: lark.to_string(),
+        })
     }
 
     /// Parses the wire form; the size limit and JSON syntax are checked here,
@@ -115,6 +203,7 @@ impl GrammarSpec {
                 .map_err(|e| GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))),
             "lark" => Ok(Self::Lark(text.to_string())),
             "regex" => Ok(Self::Regex(text.to_string())),
+            "lazy" => Self::lazy_from_wire(text),
             other => Err(GrammarError::UnknownKind(other.to_string())),
         }
     }
@@ -127,6 +216,8 @@ impl GrammarSpec {
             Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_options(s.clone())),
             Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Self::Regex(r) => TopLevelGrammar::from_regex(r),
+            // What applies from a trigger on.
+            Self::Lazy { lark, .. } => TopLevelGrammar::from_lark(lark.clone()),
         }
     }
 }
@@ -289,6 +380,12 @@ pub struct GrammarVocab {
     eos: u32,
     /// Ids below this are the shared vocabulary; the rest are never allowed.
     vocab: usize,
+    /// Each id's text as a lazy grammar's triggers are looked for in it: a
+    /// text token's bytes, a special token's own text.
+    texts: Arc<[Box<[u8]>]>,
+    /// A token of each single byte (text tokens only), to feed a lazy
+    /// grammar the text of a trigger byte by byte.
+    byte_tokens: Arc<[Option<u32>]>,
 }
 
 impl std::fmt::Debug for GrammarVocab {
@@ -336,6 +433,7 @@ impl GrammarVocab {
             .ok_or_else(|| {
                 GrammarError::Engine("the tokenizer names no end-of-generation token".into())
             })?;
+        let mut texts: Vec<Box<[u8]>> = Vec::with_capacity(vocab);
         let words: Vec<Vec<u8>> = (0..vocab)
             .map(|i| {
                 let id = u32::try_from(i).unwrap_or(u32::MAX);
@@ -344,17 +442,34 @@ impl GrammarVocab {
                     w.extend_from_slice(tok.id_to_token(id).unwrap_or("").as_bytes());
                     w
                 };
-                match tok.token_kind(id) {
+                let piece = match tok.token_kind(id) {
                     Some(TokenKind::Normal | TokenKind::Byte | TokenKind::UserDefined) => {
-                        match tok.id_to_piece(id) {
-                            Some(p) if !p.is_empty() => p.to_vec(),
-                            _ => special(),
-                        }
+                        tok.id_to_piece(id).filter(|p| !p.is_empty())
                     }
-                    _ => special(),
+                    _ => None,
+                };
+                match piece {
+                    Some(p) => {
+                        texts.push(p.into());
+                        p.to_vec()
+                    }
+                    None => {
+                        let w = special();
+                        texts.push(w[1..].into());
+                        w
+                    }
                 }
             })
             .collect();
+        let mut byte_tokens = vec![None; 256];
+        for (i, w) in texts.iter().enumerate() {
+            if let ([b], [_]) = (&w[..], words[i].as_slice()) {
+                let slot = &mut byte_tokens[usize::from(*b)];
+                if slot.is_none() {
+                    *slot = u32::try_from(i).ok();
+                }
+            }
+        }
         let n = u32::try_from(vocab)
             .map_err(|_| GrammarError::Engine(format!("vocabulary of {vocab} tokens")))?;
         let trie = TokTrie::from(&TokRxInfo::new(n, eos), &words);
@@ -372,6 +487,8 @@ impl GrammarVocab {
             stops,
             eos,
             vocab,
+            texts: texts.into(),
+            byte_tokens: byte_tokens.into(),
         })
     }
 
@@ -541,6 +658,16 @@ impl Constraint {
     pub fn accepted(&self) -> usize {
         self.accepted
     }
+
+    /// An independent copy in the same state.
+    fn deep_clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            vocab: self.vocab.clone(),
+            accepted: self.accepted,
+            stops_after_complete: self.stops_after_complete,
+        }
+    }
 }
 
 /// The verdict on a block `draft` (the tokens after `history`, whose last
@@ -558,6 +685,42 @@ pub fn masked_verdict(
     logits: &[f32],
     c: &mut Constraint,
 ) -> Result<(tandem_model::verify::Verdict, Vec<f32>)> {
+    walk_verdict(params, history, draft, logits, c)
+}
+
+/// What a verdict walks: a grammar state that masks (or, a lazy grammar
+/// before its trigger, masks nothing), accepts and takes back tokens.
+trait Step {
+    /// The ids allowed next; `None`: every id (nothing to mask).
+    fn step_mask(&mut self) -> Result<Option<TokenMask>>;
+    fn step_accept(&mut self, t: u32) -> Result<()>;
+    fn step_rollback(&mut self, n: usize) -> Result<()>;
+    fn step_accepted(&self) -> usize;
+}
+
+impl Step for Constraint {
+    fn step_mask(&mut self) -> Result<Option<TokenMask>> {
+        self.mask().map(Some)
+    }
+    fn step_accept(&mut self, t: u32) -> Result<()> {
+        self.accept(t)
+    }
+    fn step_rollback(&mut self, n: usize) -> Result<()> {
+        self.rollback(n)
+    }
+    fn step_accepted(&self) -> usize {
+        self.accepted()
+    }
+}
+
+/// [`masked_verdict`] over any [`Step`].
+fn walk_verdict<S: Step + ?Sized>(
+    params: &tandem_model::sampling::SamplingParams,
+    history: &[u32],
+    draft: &[u32],
+    logits: &[f32],
+    c: &mut S,
+) -> Result<(tandem_model::verify::Verdict, Vec<f32>)> {
     let k = draft.len();
     let vocab = logits.len() / (k + 1);
     if vocab == 0 || logits.len() != (k + 1) * vocab {
@@ -569,17 +732,18 @@ pub fn masked_verdict(
     }
     let mut masked = logits.to_vec();
     let mut hist = history.to_vec();
-    let before = c.accepted();
+    let before = c.step_accepted();
     let mut walk = || -> Result<tandem_model::verify::Verdict> {
         for i in 0..=k {
             let row = &mut masked[i * vocab..(i + 1) * vocab];
-            let mask = c.mask()?;
-            if mask.count() == 0 {
-                return Err(GrammarError::Engine("the grammar allows no token".into()));
+            if let Some(mask) = c.step_mask()? {
+                if mask.count() == 0 {
+                    return Err(GrammarError::Engine("the grammar allows no token".into()));
+                }
+                mask.apply(row);
             }
-            mask.apply(row);
             let t = tandem_model::sampling::next_token(params, row, &hist);
-            c.accept(t)?;
+            c.step_accept(t)?;
             match draft.get(i) {
                 Some(&d) if d == t => hist.push(t),
                 _ => {
@@ -596,9 +760,177 @@ pub fn masked_verdict(
     match walk() {
         Ok(v) => Ok((v, masked)),
         Err(e) => {
-            let n = c.accepted().saturating_sub(before);
-            c.rollback(n)?;
+            let n = c.step_accepted().saturating_sub(before);
+            c.step_rollback(n)?;
             Err(e)
+        }
+    }
+}
+
+/// A lazy grammar's state (contract 8): the output's text so far, and the
+/// grammar once a trigger has activated it.
+struct Lazy {
+    vocab: GrammarVocab,
+    triggers: Vec<Trigger>,
+    /// The grammar from a trigger on, compiled and untouched: each
+    /// activation starts from a copy.
+    pristine: Constraint,
+    /// The accepted output's text ([`GrammarVocab::texts`]) and where each
+    /// accepted token's text ends in it.
+    text: Vec<u8>,
+    ends: Vec<usize>,
+    /// Active from the token at this index on: the constraint holds the
+    /// text from the trigger word to that token's end, then every token
+    /// after it.
+    active: Option<(usize, Constraint)>,
+}
+
+impl Lazy {
+    fn new(vocab: &GrammarVocab, spec: &GrammarSpec) -> Result<Self> {
+        let GrammarSpec::Lazy { triggers, .. } = spec else {
+            return Err(GrammarError::Engine("not a lazy grammar".into()));
+        };
+        Ok(Self {
+            vocab: vocab.clone(),
+            triggers: triggers.clone(),
+            pristine: Constraint::new(vocab, spec)?,
+            text: Vec::new(),
+            ends: Vec::new(),
+            active: None,
+        })
+    }
+
+    /// Where trigger words complete inside the last accepted token's text:
+    /// their first bytes, in order.
+    fn completed_in_last(&self) -> Vec<usize> {
+        let hi = self.text.len();
+        let lo = match self.ends.len() {
+            0 | 1 => 0,
+            n => self.ends[n - 2],
+        };
+        let mut starts = Vec::new();
+        // Where the output's text starts after its leading whitespace.
+        let first = self
+            .text
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(hi);
+        for t in &self.triggers {
+            let w = t.word.as_bytes();
+            if t.at_start {
+                let p = first;
+                let end = p.saturating_add(w.len());
+                if end > lo && end <= hi && self.text[p..end] == *w {
+                    starts.push(p);
+                }
+            } else if hi >= w.len() {
+                for p in (lo + 1).saturating_sub(w.len())..=hi - w.len() {
+                    if self.text[p..p + w.len()] == *w {
+                        starts.push(p);
+                    }
+                }
+            }
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        starts
+    }
+
+    /// After a token was accepted while free: activates the grammar at the
+    /// first trigger the token completed whose text the grammar accepts.
+    fn try_activate(&mut self) {
+        let j = self.ends.len().saturating_sub(1);
+        for p in self.completed_in_last() {
+            let mut c = self.pristine.deep_clone();
+            let fed = self.text[p..].iter().all(|&b| {
+                self.vocab
+                    .byte_tokens
+                    .get(usize::from(b))
+                    .copied()
+                    .flatten()
+                    .is_some_and(|id| c.accept(id).is_ok())
+            });
+            if fed {
+                self.active = Some((j, c));
+                return;
+            }
+        }
+    }
+}
+
+impl Step for Lazy {
+    fn step_mask(&mut self) -> Result<Option<TokenMask>> {
+        match self.active.as_mut() {
+            Some((_, c)) => c.mask().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn step_accept(&mut self, t: u32) -> Result<()> {
+        if let Some((_, c)) = self.active.as_mut() {
+            c.accept(t)?;
+        }
+        let text = self.vocab.texts.get(t as usize).map_or(&[][..], |b| &b[..]);
+        self.text.extend_from_slice(text);
+        self.ends.push(self.text.len());
+        if self.active.is_none() {
+            self.try_activate();
+        }
+        Ok(())
+    }
+
+    fn step_rollback(&mut self, n: usize) -> Result<()> {
+        let Some(keep) = self.ends.len().checked_sub(n) else {
+            return Err(GrammarError::Engine(format!(
+                "rollback of {n} tokens after {} accepted",
+                self.ends.len()
+            )));
+        };
+        match self.active.as_mut() {
+            Some((j, c)) if keep > *j => c.rollback(n)?,
+            Some(_) => self.active = None,
+            None => {}
+        }
+        self.ends.truncate(keep);
+        self.text.truncate(self.ends.last().copied().unwrap_or(0));
+        Ok(())
+    }
+
+    fn step_accepted(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+/// A [`Guide`]'s grammar state: a grammar over the whole output, or a lazy
+/// one.
+enum Inner {
+    Eager(Box<Constraint>),
+    Lazy(Box<Lazy>),
+}
+
+impl Step for Inner {
+    fn step_mask(&mut self) -> Result<Option<TokenMask>> {
+        match self {
+            Self::Eager(c) => c.step_mask(),
+            Self::Lazy(l) => l.step_mask(),
+        }
+    }
+    fn step_accept(&mut self, t: u32) -> Result<()> {
+        match self {
+            Self::Eager(c) => c.step_accept(t),
+            Self::Lazy(l) => l.step_accept(t),
+        }
+    }
+    fn step_rollback(&mut self, n: usize) -> Result<()> {
+        match self {
+            Self::Eager(c) => c.step_rollback(n),
+            Self::Lazy(l) => l.step_rollback(n),
+        }
+    }
+    fn step_accepted(&self) -> usize {
+        match self {
+            Self::Eager(c) => c.step_accepted(),
+            Self::Lazy(l) => l.step_accepted(),
         }
     }
 }
@@ -606,7 +938,7 @@ pub fn masked_verdict(
 /// A constraint that follows a context (contract 7): the output starts at
 /// context position `start`, and the constraint holds exactly `held`.
 pub struct Guide {
-    c: Constraint,
+    c: Inner,
     start: usize,
     held: Vec<u32>,
 }
@@ -623,8 +955,12 @@ impl std::fmt::Debug for Guide {
 impl Guide {
     /// Compiles `spec` for an output starting at context position `start`.
     pub fn new(vocab: &GrammarVocab, spec: &GrammarSpec, start: usize) -> Result<Self> {
+        let c = match spec {
+            GrammarSpec::Lazy { .. } => Inner::Lazy(Box::new(Lazy::new(vocab, spec)?)),
+            _ => Inner::Eager(Box::new(Constraint::new(vocab, spec)?)),
+        };
         Ok(Self {
-            c: Constraint::new(vocab, spec)?,
+            c,
             start,
             held: Vec::new(),
         })
@@ -655,13 +991,13 @@ impl Guide {
             return Ok(());
         }
         let undone = self.held.split_off(common);
-        self.c.rollback(undone.len())?;
+        self.c.step_rollback(undone.len())?;
         for (i, &t) in want[common..].iter().enumerate() {
-            if let Err(e) = self.c.accept(t) {
+            if let Err(e) = self.c.step_accept(t) {
                 // Back to where it was.
-                self.c.rollback(i)?;
+                self.c.step_rollback(i)?;
                 for &u in &undone {
-                    self.c.accept(u)?;
+                    self.c.step_accept(u)?;
                 }
                 self.held.extend_from_slice(&undone);
                 return Err(match e {
@@ -677,10 +1013,20 @@ impl Guide {
         Ok(())
     }
 
-    /// The ids allowed after `context`.
-    pub fn mask_after(&mut self, context: &[u32]) -> Result<TokenMask> {
+    /// The ids allowed after `context`; `None`: every id (a lazy grammar
+    /// before its trigger: nothing to mask).
+    pub fn mask_after(&mut self, context: &[u32]) -> Result<Option<TokenMask>> {
         self.sync(context)?;
-        self.c.mask()
+        self.c.step_mask()
+    }
+
+    /// Whether the grammar applies after the tokens it holds: always for
+    /// an eager grammar, from its trigger on for a lazy one.
+    pub fn is_active(&self) -> bool {
+        match &self.c {
+            Inner::Eager(_) => true,
+            Inner::Lazy(l) => l.active.is_some(),
+        }
     }
 
     /// How many leading `tokens` are allowed after `context` (the constraint
@@ -689,12 +1035,12 @@ impl Guide {
         self.sync(context)?;
         let mut n = 0;
         for &t in tokens {
-            if self.c.accept(t).is_err() {
+            if self.c.step_accept(t).is_err() {
                 break;
             }
             n += 1;
         }
-        self.c.rollback(n)?;
+        self.c.step_rollback(n)?;
         Ok(n)
     }
 
@@ -709,7 +1055,7 @@ impl Guide {
         logits: &[f32],
     ) -> Result<(tandem_model::verify::Verdict, Vec<f32>)> {
         self.sync(context)?;
-        let (v, masked) = masked_verdict(params, context, draft, logits, &mut self.c)?;
+        let (v, masked) = walk_verdict(params, context, draft, logits, &mut self.c)?;
         let n = v.accepted.min(draft.len());
         self.held.extend_from_slice(&draft[..n]);
         self.held.push(v.next_token);
@@ -720,7 +1066,7 @@ impl Guide {
     /// that could not be applied).
     pub fn undo(&mut self, n: usize) -> Result<()> {
         let n = n.min(self.held.len());
-        self.c.rollback(n)?;
+        self.c.step_rollback(n)?;
         self.held.truncate(self.held.len() - n);
         Ok(())
     }
@@ -732,7 +1078,9 @@ fn model_err(e: GrammarError) -> tandem_model::ModelError {
 
 impl tandem_model::engine::OutputConstraint for Guide {
     fn mask(&mut self, context: &[u32], logits: &mut [f32]) -> tandem_model::Result<()> {
-        let m = self.mask_after(context).map_err(model_err)?;
+        let Some(m) = self.mask_after(context).map_err(model_err)? else {
+            return Ok(());
+        };
         if m.count() == 0 {
             return Err(model_err(GrammarError::Engine(
                 "the grammar allows no token".into(),

@@ -280,3 +280,79 @@ fn mask_cost_per_token_on_the_device_and_the_verifier() {
         plain_s * 1e6 / committed as f64,
     );
 }
+
+/// What a lazy grammar (serve-edge's `tool_choice: "auto"`) costs per token
+/// on the device over the real tokenizer: before its trigger (following the
+/// output, no mask) and after it (the call's masks), over a free sentence
+/// followed by a Hermes call (docs/grammar.md, "Lazy grammars"). Run with
+/// `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn lazy_mask_cost_before_and_after_the_trigger() {
+    use tandem_grammar::{Grammar, Trigger};
+    use tandem_model::engine::OutputGrammar;
+    let (_model, tok) = draft();
+    let vocab = GrammarVocab::new(&tok).unwrap();
+    let call = tandem_grammar::json_options(serde_json::json!({"anyOf": [{
+        "type": "object",
+        "properties": {"name": {"const": "get_weather"},
+                       "arguments": {"type": "object", "properties": {"city": {"type": "string"}},
+                                     "required": ["city"]}},
+        "required": ["name", "arguments"], "additionalProperties": false}]}));
+    let lark = format!(
+        "start: tagged | call\ntagged: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {call}\n"
+    );
+    let spec = GrammarSpec::Lazy {
+        triggers: vec![
+            Trigger {
+                word: "<tool_call>".into(),
+                at_start: false,
+            },
+            Trigger {
+                word: "{\"name\": \"get_weather\"".into(),
+                at_start: true,
+            },
+        ],
+        lark,
+    };
+    let t = Instant::now();
+    let g = Grammar::new(&vocab, spec).unwrap();
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let prompt = tok.encode("x", false).unwrap();
+    let free = tok
+        .encode(
+            "Sure, let me check the current weather in Paris for you before we plan the trip. ",
+            false,
+        )
+        .unwrap();
+    let tagged = tok
+        .encode(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            false,
+        )
+        .unwrap();
+    let mut all = prompt.clone();
+    all.extend_from_slice(&free);
+    all.extend_from_slice(&tagged);
+    let v = tok.vocab_size();
+    let mut c = g.constraint(prompt.len()).unwrap();
+    let mut l = vec![0.0f32; v];
+    let mut per = |from: usize, to: usize| {
+        let t = Instant::now();
+        for i in from..to {
+            l.fill(0.0);
+            c.mask(&all[..i], &mut l).unwrap();
+        }
+        t.elapsed().as_secs_f64() * 1e6 / (to - from) as f64
+    };
+    let p = prompt.len();
+    let before = per(p, p + free.len() + 1);
+    let after = per(p + free.len() + 1, all.len() + 1);
+    eprintln!(
+        "lazy grammar: compile {compile_ms:.1} ms; per token (refilling the logits vector \
+         included) before the trigger {before:.0} µs ({} free tokens), after it {after:.0} µs \
+         ({} call tokens)",
+        free.len() + 1,
+        tagged.len()
+    );
+}

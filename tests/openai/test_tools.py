@@ -120,6 +120,8 @@ def main():
                          "arguments": call.function.arguments,
                          "token_ids": call_ext["token_ids"],
                          "token_status": call_ext["token_status"]},
+                "auto": {"content": content, "arguments": "".join(fragments),
+                         "token_ids": stream_ids},
                 "result": RESULT,
                 "final": {"content": text, "finish_reason": final.finish_reason,
                           "token_ids": f.model_extra["tandem"]["token_ids"],

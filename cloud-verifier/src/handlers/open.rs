@@ -75,13 +75,15 @@ struct Asked {
     constraint: Option<tandem_grammar::Guide>,
 }
 
-/// `Open.grammar`: not with split sessions (their verdicts are not computed
-/// from token logits here).
+/// `Open.grammar`: split sessions with the head here mask their verdicts
+/// like any other; U-shape sessions (`pin_head`) are refused: the device
+/// makes their verdicts, under its own constraint.
 fn grammar_from_wire(o: &Open) -> Result<Option<tandem_proto::v1::Grammar>, Refusal> {
     match &o.grammar {
-        Some(_) if o.split.is_some() => Err(Refusal::new(
+        Some(_) if o.split.as_ref().is_some_and(|s| s.pin_head) => Err(Refusal::new(
             Reason::BadRequest,
-            "grammar: not available in split sessions",
+            "grammar: a U-shape split session (pin_head) makes no verdicts here: \
+             the device applies the grammar to its own",
         )),
         g => Ok(g.clone()),
     }
@@ -133,14 +135,18 @@ async fn grammar_for(
 }
 
 /// `Open.top_logprobs`: absent is none; else at most
-/// [`MAX_TOP_LOGPROBS`] alternatives (BAD_REQUEST beyond), and not in split
-/// sessions (their verdicts are not computed from token logits here).
+/// [`MAX_TOP_LOGPROBS`] alternatives (BAD_REQUEST beyond). Split sessions
+/// with the head here get them like any other (the verdict's rows are the
+/// head's logits); U-shape sessions (`pin_head`) are refused: the device
+/// runs the head and decides, so it computes its own logprobs and sends
+/// none.
 fn top_logprobs_from_wire(o: &Open) -> Result<Option<usize>, Refusal> {
     match o.top_logprobs {
         None => Ok(None),
-        Some(_) if o.split.is_some() => Err(Refusal::new(
+        Some(_) if o.split.as_ref().is_some_and(|s| s.pin_head) => Err(Refusal::new(
             Reason::BadRequest,
-            "top_logprobs: logprobs are not available in split sessions",
+            "top_logprobs: a U-shape split session (pin_head) makes no verdicts here: \
+             the device computes the logprobs from its own head",
         )),
         Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
         Some(n) => Err(Refusal::new(
@@ -240,7 +246,7 @@ async fn open_checked(
         constraint: None,
     };
     if let Some(spec) = split {
-        return open_split(s, who, o, spec, asked.sampling).await;
+        return open_split(s, who, o, spec, asked).await;
     }
     let ctx = o.prompt_tokens;
     let mut asked = asked;
@@ -414,7 +420,7 @@ async fn open_split(
     who: &Arc<str>,
     o: Open,
     spec: SplitSpec,
-    sampling: SamplingParams,
+    asked: Asked,
 ) -> Result<(Bound, Opened), Refusal> {
     let context = split_session::open_context(
         spec,
@@ -428,19 +434,8 @@ async fn open_split(
         layer: spec.layer,
         hidden,
     };
-    open_new(
-        s,
-        who,
-        context,
-        Asked {
-            sampling,
-            top_logprobs: None,
-            grammar: None,
-            constraint: None,
-        },
-        o.first_round,
-        Some(spec),
-        prefill,
-    )
-    .await
+    // (Head here: the context is token ids, which the grammar replays.)
+    let mut asked = asked;
+    asked.constraint = grammar_for(s, &asked, &context).await?;
+    open_new(s, who, context, asked, o.first_round, Some(spec), prefill).await
 }

@@ -2,13 +2,15 @@
 //! `response_format` asks the output to be ([`response_format`]: a JSON
 //! object, a JSON schema, or, as an extension, a Lark or regex grammar), and
 //! the grammar of a forced tool call's arguments ([`forced_call`]: the
-//! called function's parameter schema). Each becomes a
+//! called function's parameter schema), and the lazy grammar of the calls
+//! a model may make under `tool_choice: "auto"` ([`lazy_call`]). Each
+//! becomes a
 //! `tandem_grammar::GrammarSpec`, compiled against the tokenizer by the
 //! worker (a grammar that does not compile is a 400 naming its parameter,
 //! before anything is generated).
 
 use serde_json::{Map, Value};
-use tandem_grammar::GrammarSpec;
+use tandem_grammar::{GrammarSpec, Trigger};
 
 use super::error::ApiError;
 use super::tools::{CallFormat, ToolChoice, Tools};
@@ -55,6 +57,78 @@ fn lit(s: &str) -> String {
     Value::String(s.to_string()).to_string()
 }
 
+/// `%json` of one call of any declared tool: `{"name": <a declared name>,
+/// "<args>": <that function's parameters>}`, the name first.
+fn any_call(tools: &Tools, args: &str) -> String {
+    let calls: Vec<Value> = tools
+        .defs
+        .iter()
+        .filter_map(|d| {
+            let name = d["function"]["name"].as_str()?;
+            let mut properties = Map::new();
+            properties.insert("name".into(), serde_json::json!({"const": name}));
+            properties.insert(args.into(), parameters(d));
+            Some(serde_json::json!({
+                "type": "object",
+                "properties": properties,
+                "required": ["name", args],
+                "additionalProperties": false,
+            }))
+        })
+        .collect();
+    json_rule(&serde_json::json!({"anyOf": calls}))
+}
+
+/// The lazy grammar of `tool_choice: "auto"` (docs/api.md "Tools"): the
+/// model writes freely until it starts a call, and the call is then
+/// constrained as a forced one is (the name one of the declared tools, the
+/// arguments valid against its parameter schema, then the call's close,
+/// further calls when parallel calls are allowed, and the end). A call
+/// starts at `<tool_call>` anywhere (Hermes), or at an answer that opens
+/// with `{"name": "NAME"` for a declared NAME (the bare JSON call Hermes
+/// models also write, and Llama 3.x's only form), as llama.cpp's lazy
+/// grammars trigger. `None` unless the choice is `auto`.
+pub fn lazy_call(format: CallFormat, tools: &Tools) -> Option<OutputFormat> {
+    if tools.choice != ToolChoice::Auto {
+        return None;
+    }
+    let mut triggers: Vec<Trigger> = tools
+        .names()
+        .iter()
+        .map(|n| Trigger {
+            word: format!("{{\"name\": {}", lit(n)),
+            at_start: true,
+        })
+        .collect();
+    let lark = match format {
+        CallFormat::Hermes => {
+            triggers.insert(
+                0,
+                Trigger {
+                    word: "<tool_call>".into(),
+                    at_start: false,
+                },
+            );
+            let (open, close) = (lit("<tool_call>\n"), lit("\n</tool_call>"));
+            let tagged = if tools.allows_several_calls() {
+                let between = lit("\n</tool_call>\n<tool_call>\n");
+                format!("{open} call ({between} call)* {close}")
+            } else {
+                format!("{open} call {close}")
+            };
+            format!(
+                "start: tagged | call\ntagged: {tagged}\ncall: {}\n",
+                any_call(tools, "arguments")
+            )
+        }
+        CallFormat::LlamaJson => format!("start: {}\n", any_call(tools, "parameters")),
+    };
+    Some(OutputFormat {
+        spec: GrammarSpec::Lazy { triggers, lark },
+        param: "tools",
+    })
+}
+
 /// The grammar of what the model writes after a forced call's prefix
 /// ([`CallFormat::forced_prefix`]): the rest of the call, its arguments
 /// valid against the called function's parameter schema. Under Hermes
@@ -75,23 +149,7 @@ pub fn forced_call(format: CallFormat, tools: &Tools) -> Option<OutputFormat> {
             format!("start: {} {}\n", json_rule(&args), lit("}\n</tool_call>"))
         }
         (CallFormat::Hermes, ToolChoice::Required) => {
-            let calls: Vec<Value> = tools
-                .defs
-                .iter()
-                .filter_map(|d| {
-                    let name = d["function"]["name"].as_str()?;
-                    Some(serde_json::json!({
-                        "type": "object",
-                        "properties": {
-                            "name": {"const": name},
-                            "arguments": parameters(d),
-                        },
-                        "required": ["name", "arguments"],
-                        "additionalProperties": false,
-                    }))
-                })
-                .collect();
-            let call = json_rule(&serde_json::json!({"anyOf": calls}));
+            let call = any_call(tools, "arguments");
             let close = lit("\n</tool_call>");
             if tools.allows_several_calls() {
                 let between = lit("\n</tool_call>\n<tool_call>\n");

@@ -27,7 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::call_scan::{CallScan, Piece};
 use super::error::ApiError;
-use super::format::{forced_call, OutputFormat};
+use super::format::{forced_call, lazy_call, OutputFormat};
 use super::metrics::{ServeCounters, ServeMetrics};
 use super::request::{GenRequest, Input};
 use super::tools::CallFormat;
@@ -721,9 +721,12 @@ fn run_job(
         }
         calls = Some(scan);
     }
-    // Structured output: the response_format, or a forced call's arguments.
+    // Structured output: a forced call's arguments, else the response_format,
+    // else (`auto`) the lazy grammar of a call the model starts.
     let format = match (req.tools.as_ref().filter(|t| t.parses_calls()), format) {
-        (Some(t), Some(f)) => forced_call(f, t).or_else(|| req.format.clone()),
+        (Some(t), Some(f)) => forced_call(f, t)
+            .or_else(|| req.format.clone())
+            .or_else(|| lazy_call(f, t)),
         _ => req.format.clone(),
     };
     let grammar = match output_grammar(tok, ctx.grammar_vocab, format) {

@@ -97,7 +97,7 @@ pub fn tiny_edge(
 /// A small I/O runtime for the in-process verifier.
 /// A JSON-object grammar over the vocabulary of a tiny model with a
 /// tokenizer (written to `dir`): the structured output that the refusal tests
-/// (no `grammar` feature, split execution) ask for.
+/// (a verifier without the `grammar` feature) ask for.
 pub fn tiny_json_object_grammar(dir: &Path) -> Arc<dyn tandem_model::engine::OutputGrammar> {
     let with_tok = dir.join("tok.gguf");
     let tiny = TinyConfig {
