@@ -222,7 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(_, w)| {
             LoadOptions::default()
                 .tiles
-                .then(|| quant::tile_layout::build(w))
+                .then(|| quant::build_tile_layout(w))
                 .flatten()
         })
         .collect();

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use tandem_model::gguf::GgufFile;
-use tandem_model::quant::{matmul_with_isa, tile_layout, tiles_pay, Isa, QMatrix, QuantFormat};
+use tandem_model::quant::{
+    build_tile_layout, matmul_with_isa, tiles_pay, Isa, QMatrix, QuantFormat,
+};
 
 const MS: [usize; 6] = [1, 2, 3, 5, 9, 17];
 
@@ -163,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let short = file.split('-').nth(2).unwrap_or(file);
             for isa in &isas {
                 // As the model loader does: the tile layout where it pays.
-                let tiles = tiles_pay(*isa).then(|| tile_layout::build(&w)).flatten();
+                let tiles = tiles_pay(*isa).then(|| build_tile_layout(&w)).flatten();
                 let w = match &tiles {
                     Some(t) => w.with_tiles(t)?,
                     None => w,
@@ -265,7 +267,7 @@ fn synthetic(
         let w = QMatrix::new(f, rows, cols, &bytes)?;
         let qmm = QMatMul::from_qtensor(qt)?;
         for &isa in isas {
-            let tiles = tiles_pay(isa).then(|| tile_layout::build(&w)).flatten();
+            let tiles = tiles_pay(isa).then(|| build_tile_layout(&w)).flatten();
             let w = match &tiles {
                 Some(t) => w.with_tiles(t)?,
                 None => w,

@@ -116,7 +116,7 @@ impl Weight {
     /// last group of 16 fault their pages back in).
     fn with_tiles(mut self, on: bool, gguf: &GgufFile) -> Self {
         if on {
-            self.tiles = quant::tile_layout::build(&self.view(gguf.bytes())).map(Arc::new);
+            self.tiles = quant::build_tile_layout(&self.view(gguf.bytes())).map(Arc::new);
             if let (Some(_), WeightBytes::Mapped { offset, len }) = (&self.tiles, &self.bytes) {
                 gguf.release(*offset, *len);
             }
@@ -506,8 +506,7 @@ impl Model {
             data: &output.data[..output.data.len() / output.rows.max(1) * self.cfg.vocab],
             // Units are in row order: the first groups' are a prefix.
             tiles: output.tiles.map(|t| {
-                let len =
-                    quant::tile_layout::layout_bytes(output.format, self.cfg.vocab, output.cols);
+                let len = quant::tile_layout_bytes(output.format, self.cfg.vocab, output.cols);
                 &t[..len.unwrap_or(0).min(t.len())]
             }),
             ..output

@@ -584,7 +584,9 @@ fn q5_0x4_regrouping_keeps_every_value_and_every_result_bit_for_bit() {
 /// sums; and a layout of the wrong size is refused.
 #[test]
 fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
-    use tandem_model::quant::{tile_layout, AMX_MIN_ROWS_Q4K, AMX_MIN_ROWS_Q6K};
+    use tandem_model::quant::{
+        build_tile_layout, tile_layout_bytes, AMX_MIN_ROWS_Q4K, AMX_MIN_ROWS_Q6K,
+    };
     for f in [QuantFormat::Q4K, QuantFormat::Q6K] {
         for (rows, cols, seed) in [(53, 512, 71), (32, 768, 72)] {
             for data in [
@@ -592,8 +594,8 @@ fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
                 candle_matrix(f, rows, cols, seed + 1),
             ] {
                 let w = QMatrix::new(f, rows, cols, &data).unwrap();
-                let tiles = tile_layout::build(&w).unwrap();
-                assert_eq!(Some(tiles.len()), tile_layout::layout_bytes(f, rows, cols));
+                let tiles = build_tile_layout(&w).unwrap();
+                assert_eq!(Some(tiles.len()), tile_layout_bytes(f, rows, cols));
                 let wt = w.with_tiles(&tiles).unwrap();
                 for x in [gauss_x(24, cols, seed + 2), exact_x(24, cols, seed + 3)] {
                     assert_every_k_and_thread_count(
@@ -638,7 +640,7 @@ fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
     }
     let q8 = random_bytes_matrix(QuantFormat::Q8_0, 16, 256, 73);
     let q8 = QMatrix::new(QuantFormat::Q8_0, 16, 256, &q8).unwrap();
-    assert!(tile_layout::build(&q8).is_none());
+    assert!(build_tile_layout(&q8).is_none());
     assert!(q8.with_tiles(&[]).is_err(), "no tile layout for Q8_0");
 }
 

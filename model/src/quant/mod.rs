@@ -197,9 +197,9 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
-    /// The same matrix in the tile layout ([`tile_layout`]), built at load
-    /// time for the AMX kernels ([`QMatrix::with_tiles`]); without it they
-    /// rearrange each super-block as they go. Never changes a result.
+    /// The same matrix in the tile layout ([`build_tile_layout`]), built at
+    /// load time for the AMX kernels ([`QMatrix::with_tiles`]); without it
+    /// they rearrange each super-block as they go. Never changes a result.
     pub tiles: Option<&'a [u8]>,
 }
 
@@ -222,11 +222,11 @@ impl<'a> QMatrix<'a> {
         })
     }
 
-    /// This matrix with its tile layout ([`tile_layout::build`] of it):
+    /// This matrix with its tile layout ([`build_tile_layout`] of it):
     /// refused when `tiles` is not that layout's size, or the format has
     /// none.
     pub fn with_tiles(self, tiles: &'a [u8]) -> Result<Self> {
-        let want = tile_layout::layout_bytes(self.format, self.rows, self.cols);
+        let want = tile_layout_bytes(self.format, self.rows, self.cols);
         if want != Some(tiles.len()) {
             return Err(ModelError::InvalidArgument(format!(
                 "tile layout of a {:?} {}x{} matrix: {want:?} bytes expected, got {}",
@@ -262,8 +262,33 @@ pub fn repack_pays(isa: Isa) -> bool {
     isa == Isa::Avx2
 }
 
+/// The tile layout's format kind for `format` (`None`: no tile layout).
+fn tile_kind(format: QuantFormat) -> Option<tile_layout::Kind> {
+    match format {
+        QuantFormat::Q4K => Some(tile_layout::Kind::Q4K),
+        QuantFormat::Q6K => Some(tile_layout::Kind::Q6K),
+        _ => None,
+    }
+}
+
+/// `w` in the tile layout for the AMX kernels ([`QMatrix::with_tiles`];
+/// `None`: its format has none). Q4_K and Q6_K: per group of 16 weight rows
+/// and super-block a unit of the packed quants transposed into AMX's order
+/// and the scales as bytes, about the file's size (docs/model-core.md,
+/// "AMX, round three"). Rows past the last whole group of 16 have none.
+pub fn build_tile_layout(w: &QMatrix) -> Option<Vec<u8>> {
+    let kind = tile_kind(w.format)?;
+    Some(tile_layout::build(kind, w.rows, w.cols, w.data))
+}
+
+/// Bytes of [`build_tile_layout`] of a `rows × cols` matrix of `format`
+/// (`None`: no tile layout).
+pub fn tile_layout_bytes(format: QuantFormat, rows: usize, cols: usize) -> Option<usize> {
+    Some(tile_layout::layout_bytes(tile_kind(format)?, rows, cols))
+}
+
 /// Whether holding Q4_K/Q6_K matrices in the tile layout as well
-/// ([`tile_layout`], [`QMatrix::with_tiles`]) makes `isa` faster: only the
+/// ([`build_tile_layout`], [`QMatrix::with_tiles`]) makes `isa` faster: only the
 /// AMX kernels read it (docs/model-core.md, "AMX, round three").
 pub fn tiles_pay(isa: Isa) -> bool {
     isa == Isa::Amx
@@ -382,7 +407,7 @@ mod act;
 mod blocks;
 mod combine;
 mod scalar;
-pub mod tile_layout;
+mod tile_layout;
 #[cfg(target_arch = "x86_64")]
 mod x86_amx;
 #[cfg(target_arch = "x86_64")]

@@ -3,8 +3,9 @@
 //! extraction and the scale products only, with no transpose and no scale
 //! decoding (docs/model-core.md, "AMX, round three").
 //!
-//! Portable byte rearrangement (no intrinsics): built once per matrix by
-//! whoever owns the weights ([`QMatrix::with_tiles`]), or per super-block
+//! Portable byte rearrangement (no intrinsics), a leaf module (formats as
+//! its own [`Kind`]): built once per matrix by whoever owns the weights
+//! (`quant::build_tile_layout`, `QMatrix::with_tiles`), or per super-block
 //! by the kernel when a matrix comes without one. The values, scales and
 //! sums are the file's; only their order changes, so results are the same
 //! bits with or without it.
@@ -41,7 +42,13 @@
 //! Exactly the file's 3,360 bytes of 16 blocks.
 
 use super::blocks::{q4k_scales_mins, BlockQ4K, BlockQ6K};
-use super::{QMatrix, QuantFormat};
+
+/// The formats with a tile layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Q4K,
+    Q6K,
+}
 
 /// Weight rows per unit.
 pub(super) const GROUP: usize = 16;
@@ -50,48 +57,55 @@ pub(super) const Q4K_UNIT: usize = 2368;
 /// Bytes of one Q6_K unit.
 pub(super) const Q6K_UNIT: usize = 3360;
 
-/// Bytes of one unit of `format` (`None`: no tile layout).
-pub(super) fn unit_bytes(format: QuantFormat) -> Option<usize> {
-    match format {
-        QuantFormat::Q4K => Some(Q4K_UNIT),
-        QuantFormat::Q6K => Some(Q6K_UNIT),
-        _ => None,
-    }
-}
-
-/// Bytes of the tile layout of a `rows × cols` matrix of `format` (`None`:
-/// no tile layout for the format).
-pub fn layout_bytes(format: QuantFormat, rows: usize, cols: usize) -> Option<usize> {
-    Some((rows / GROUP) * (cols / 256) * unit_bytes(format)?)
-}
-
-/// `w` in the tile layout (`None`: no tile layout for its format).
-pub fn build(w: &QMatrix) -> Option<Vec<u8>> {
-    let unit = unit_bytes(w.format)?;
-    let nb = w.cols / 256;
-    let groups = w.rows / GROUP;
-    let mut out = vec![0u8; groups * nb * unit];
-    for g in 0..groups {
-        for sb in 0..nb {
-            let at = (g * nb + sb) * unit;
-            write_unit(w, g, sb, &mut out[at..at + unit]);
+impl Kind {
+    /// Bytes of one unit.
+    pub(super) fn unit_bytes(self) -> usize {
+        match self {
+            Kind::Q4K => Q4K_UNIT,
+            Kind::Q6K => Q6K_UNIT,
         }
     }
-    Some(out)
+
+    /// Bytes of one block of 256 values in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            Kind::Q4K => std::mem::size_of::<BlockQ4K>(),
+            Kind::Q6K => std::mem::size_of::<BlockQ6K>(),
+        }
+    }
 }
 
-/// Unit `(g, sb)` of `w` into `out` (`unit_bytes(w.format)` bytes; formats
-/// without a layout leave it untouched).
-pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
-    let block = |j: usize, bytes: usize| {
-        let row = w.row_data(GROUP * g + j);
-        &row[sb * bytes..(sb + 1) * bytes]
+/// Bytes of the tile layout of a `rows × cols` matrix.
+pub(super) fn layout_bytes(kind: Kind, rows: usize, cols: usize) -> usize {
+    (rows / GROUP) * (cols / 256) * kind.unit_bytes()
+}
+
+/// The tile layout of the matrix `data` (`rows × cols`, the file's layout,
+/// `data.len() == rows · cols / 256 · block bytes`).
+pub(super) fn build(kind: Kind, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
+    let (unit, nb) = (kind.unit_bytes(), cols / 256);
+    let mut out = vec![0u8; layout_bytes(kind, rows, cols)];
+    for g in 0..rows / GROUP {
+        for sb in 0..nb {
+            let at = (g * nb + sb) * unit;
+            write_unit(kind, nb, data, g, sb, &mut out[at..at + unit]);
+        }
+    }
+    out
+}
+
+/// Unit `(g, sb)` of the matrix `data` (`nb` blocks a row, the file's
+/// layout) into `out` (`kind.unit_bytes()` bytes).
+pub(super) fn write_unit(kind: Kind, nb: usize, data: &[u8], g: usize, sb: usize, out: &mut [u8]) {
+    let bsz = kind.block_bytes();
+    let block = |j: usize| {
+        let at = ((GROUP * g + j) * nb + sb) * bsz;
+        &data[at..at + bsz]
     };
-    match w.format {
-        QuantFormat::Q4K => {
-            let bsz = std::mem::size_of::<BlockQ4K>();
+    match kind {
+        Kind::Q4K => {
             for j in 0..GROUP {
-                let b = block(j, bsz);
+                let b = block(j);
                 // d, dmin, 12 scale bytes, then qs (blocks::BlockQ4K).
                 let (d, dmin) = ([b[0], b[1]], [b[2], b[3]]);
                 let mut scales = [0u8; 12];
@@ -106,10 +120,9 @@ pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
                 out[2336 + 2 * j..2338 + 2 * j].copy_from_slice(&dmin);
             }
         }
-        QuantFormat::Q6K => {
-            let bsz = std::mem::size_of::<BlockQ6K>();
+        Kind::Q6K => {
             for j in 0..GROUP {
-                let b = block(j, bsz);
+                let b = block(j);
                 // ql (128), qh (64), 16 scales, d (blocks::BlockQ6K).
                 let (ql, qh) = (&b[..128], &b[128..192]);
                 for h in 0..2 {
@@ -124,7 +137,6 @@ pub(super) fn write_unit(w: &QMatrix, g: usize, sb: usize, out: &mut [u8]) {
                 out[3328 + 2 * j..3330 + 2 * j].copy_from_slice(&b[208..210]);
             }
         }
-        _ => {}
     }
 }
 
@@ -158,8 +170,7 @@ mod tests {
             b[..4].copy_from_slice(&[0x00, 0x3C, 0x00, 0x40]);
             b[4..16].copy_from_slice(&[j as u8 & 63, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
         }
-        let w = QMatrix::new(QuantFormat::Q4K, rows, cols, &data).unwrap_or_else(|e| panic!("{e}"));
-        let t = build(&w).unwrap_or_default();
+        let t = build(Kind::Q4K, rows, cols, &data);
         assert_eq!(t.len(), Q4K_UNIT);
         for j in 0..16 {
             let qs = &data[j * bsz + 16..j * bsz + 144];
@@ -184,9 +195,7 @@ mod tests {
     #[test]
     fn rows_past_the_last_whole_group_have_no_unit() {
         let data = vec![0u8; 17 * 2 * std::mem::size_of::<BlockQ6K>()];
-        let w = QMatrix::new(QuantFormat::Q6K, 17, 512, &data).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(build(&w).map(|t| t.len()), Some(2 * Q6K_UNIT));
-        assert_eq!(layout_bytes(QuantFormat::Q6K, 17, 512), Some(2 * Q6K_UNIT));
-        assert_eq!(layout_bytes(QuantFormat::Q8_0, 17, 512), None);
+        assert_eq!(build(Kind::Q6K, 17, 512, &data).len(), 2 * Q6K_UNIT);
+        assert_eq!(layout_bytes(Kind::Q6K, 17, 512), 2 * Q6K_UNIT);
     }
 }

@@ -443,7 +443,17 @@ pub(super) unsafe fn q4k_groups(
     // SAFETY: the caller's contract.
     unsafe {
         if amx.tiles() {
-            tile_groups::<false, { tile_layout::Q4K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+            tile_groups::<false, { tile_layout::Q4K_UNIT }>(
+                w,
+                tile_layout::Kind::Q4K,
+                j0,
+                ng,
+                act,
+                amx,
+                out,
+                unpack,
+                post,
+            )
         } else {
             let sums =
                 |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
@@ -461,7 +471,16 @@ pub(super) unsafe fn q4k_groups(
                         _ => store(&sums_q4k::<4>(u, ahead, act, sb, t)),
                     }
                 };
-            unit_groups::<{ tile_layout::Q4K_UNIT }>(w, j0, ng, act, out, sums, post)
+            unit_groups::<{ tile_layout::Q4K_UNIT }>(
+                w,
+                tile_layout::Kind::Q4K,
+                j0,
+                ng,
+                act,
+                out,
+                sums,
+                post,
+            )
         }
     }
 }
@@ -483,11 +502,12 @@ pub(super) unsafe fn q4k_groups(
 ///
 /// # Safety
 /// As [`q4k_groups`]; `unpack` and `post` as those two pass them; `UNIT` is
-/// `w.format`'s unit size.
+/// `kind`'s unit size (`w.format`'s).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
     w: &QMatrix,
+    kind: tile_layout::Kind,
     j0: usize,
     ng: usize,
     act: &Act,
@@ -523,7 +543,7 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
             }
             None => {
                 let s = &mut scratch[u % 3].0;
-                tile_layout::write_unit(w, g, sb, s);
+                tile_layout::write_unit(kind, nb, w.data, g, sb, s);
                 (s.as_ptr(), s.as_ptr())
             }
         }
@@ -712,7 +732,17 @@ pub(super) unsafe fn q6k_groups(
     // SAFETY: the caller's contract.
     unsafe {
         if amx.tiles() {
-            tile_groups::<true, { tile_layout::Q6K_UNIT }>(w, j0, ng, act, amx, out, unpack, post)
+            tile_groups::<true, { tile_layout::Q6K_UNIT }>(
+                w,
+                tile_layout::Kind::Q6K,
+                j0,
+                ng,
+                act,
+                amx,
+                out,
+                unpack,
+                post,
+            )
         } else {
             let sums =
                 |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
@@ -730,7 +760,16 @@ pub(super) unsafe fn q6k_groups(
                         _ => store(&sums_q6k::<4>(u, ahead, act, sb, t)),
                     }
                 };
-            unit_groups::<{ tile_layout::Q6K_UNIT }>(w, j0, ng, act, out, sums, post)
+            unit_groups::<{ tile_layout::Q6K_UNIT }>(
+                w,
+                tile_layout::Kind::Q6K,
+                j0,
+                ng,
+                act,
+                out,
+                sums,
+                post,
+            )
         }
     }
 }
@@ -749,10 +788,12 @@ pub(super) unsafe fn q6k_groups(
 ///
 /// # Safety
 /// As [`q4k_groups`]; `sums` and `post` as those of [`q4k_groups`] /
-/// [`q6k_groups`]; `UNIT` is `w.format`'s unit size.
+/// [`q6k_groups`]; `UNIT` is `kind`'s unit size (`w.format`'s).
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn unit_groups<const UNIT: usize>(
     w: &QMatrix,
+    kind: tile_layout::Kind,
     j0: usize,
     ng: usize,
     act: &Act,
@@ -775,7 +816,7 @@ unsafe fn unit_groups<const UNIT: usize>(
                     (p, p.wrapping_add(UNIT_AHEAD * UNIT))
                 }
                 None => {
-                    tile_layout::write_unit(w, g, sb, &mut scratch.0);
+                    tile_layout::write_unit(kind, nb, w.data, g, sb, &mut scratch.0);
                     (scratch.0.as_ptr(), scratch.0.as_ptr())
                 }
             };
