@@ -71,6 +71,7 @@ pub struct Batching {
     pub max_batch_rows: usize,
     /// Most prompt rows one session's prefill puts into one forward, so a long
     /// Open or resume never stalls other sessions' verifies for long.
+    /// Default: [`default_prefill_chunk`] of the kernel path this process runs.
     pub prefill_chunk: usize,
     /// When the queue is empty, how long the scheduler waits after the first
     /// arrival for more work to share the forward (microseconds).
@@ -82,9 +83,22 @@ impl Default for Batching {
         Self {
             enabled: true,
             max_batch_rows: 64,
-            prefill_chunk: 32,
+            prefill_chunk: default_prefill_chunk(tandem_model::quant::Isa::selected()),
             gather_window_us: 200,
         }
+    }
+}
+
+/// The default `[batching] prefill_chunk` for a kernel path, from the
+/// target's measured cost per row (docs/model-core.md, "AMX, round three":
+/// the cost curve per ISA). On AMX a row keeps getting cheaper up to ~64
+/// rows in a forward, so 32-row chunks; on the other paths a row costs the
+/// same from ~8 rows on, so 16-row chunks cost no throughput and halve the
+/// wait of a verify queued behind a chunk.
+pub fn default_prefill_chunk(isa: tandem_model::quant::Isa) -> usize {
+    match isa {
+        tandem_model::quant::Isa::Amx => 32,
+        _ => 16,
     }
 }
 
@@ -493,4 +507,36 @@ fn resolve_secret(
         )));
     }
     Ok(Some(secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_model::quant::Isa;
+
+    #[test]
+    fn the_default_prefill_chunk_follows_the_kernel_path() {
+        assert_eq!(default_prefill_chunk(Isa::Amx), 32);
+        for isa in [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::Avx512Vnni,
+            Isa::Neon,
+            Isa::NeonDotprod,
+        ] {
+            assert_eq!(default_prefill_chunk(isa), 16, "{isa}");
+        }
+        assert_eq!(
+            Batching::default().prefill_chunk,
+            default_prefill_chunk(Isa::selected())
+        );
+        // A [batching] table without the key takes the default; the key wins.
+        let parsed: Batching = toml::from_str("max_batch_rows = 48").unwrap_or_default();
+        assert_eq!(
+            (parsed.max_batch_rows, parsed.prefill_chunk),
+            (48, default_prefill_chunk(Isa::selected()))
+        );
+        let parsed: Batching = toml::from_str("prefill_chunk = 8").unwrap_or_default();
+        assert_eq!(parsed.prefill_chunk, 8);
+    }
 }

@@ -40,8 +40,9 @@ struct Weight {
     rows: usize,
     cols: usize,
     bytes: WeightBytes,
-    /// The tile layout for the AMX kernels ([`LoadOptions::tiles`]), beside
-    /// the bytes (which the row kernels read below the AMX thresholds).
+    /// The tile layout ([`LoadOptions::tiles`]): with it the kernels read
+    /// only the layout (AMX tiles, or VNNI sums below the AMX thresholds),
+    /// and the file's bytes only for rows past the last group of 16.
     tiles: Option<Arc<Vec<u8>>>,
 }
 
@@ -112,8 +113,8 @@ impl Weight {
 
     /// This weight with its tile layout when `on` and its format has one.
     /// Built from the mapped bytes, whose pages are then released: the
-    /// kernels read the layout only ([`quant::tile_layout`]; rows past the
-    /// last group of 16 fault their pages back in).
+    /// kernels read the layout only ([`quant::build_tile_layout`]; rows
+    /// past the last group of 16 fault their pages back in).
     fn with_tiles(mut self, on: bool, gguf: &GgufFile) -> Self {
         if on {
             self.tiles = quant::build_tile_layout(&self.view(gguf.bytes())).map(Arc::new);
@@ -159,10 +160,11 @@ pub struct LoadOptions {
     /// bit-identical results). Default: where it is faster
     /// ([`quant::repack_pays`] for the selected instruction set).
     pub repack: bool,
-    /// Also hold the Q4_K/Q6_K matrices in the tile layout
-    /// ([`quant::tile_layout`]) for the AMX kernels: about as many bytes
-    /// again as those matrices, in memory, beside the mapped file. Default:
-    /// when the selected instruction set is AMX ([`quant::tiles_pay`]).
+    /// Hold the Q4_K/Q6_K matrices in the tile layout
+    /// ([`quant::build_tile_layout`]) for the AMX kernels and their VNNI
+    /// side: read into memory at load (about the file's bytes; the file's
+    /// pages are released, [`GgufFile::release`]). Default: when the
+    /// selected instruction set is AMX ([`quant::tiles_pay`]).
     pub tiles: bool,
 }
 

@@ -54,15 +54,18 @@
 //! (`x86_avx512_gemm`, docs/model-core.md "GEMM path"); AMX — tiles for
 //! Q4_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every
 //! other format and row count delegates to the AVX-512 VNNI kernels (GEMM
-//! path included); NEON and NEON dotprod — every quantized format and
+//! path included), for Q4_K/Q6_K matrices in the tile layout
+//! ([`build_tile_layout`], built at load on AMX) VNNI sums over its units; NEON and NEON dotprod — every quantized format and
 //! F16/BF16 (F32 on the scalar dot).
 //!
-//! Formats are GGUF's, plus one in-memory layout: [`QuantFormat::Q5_0x4`],
-//! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`].
+//! Formats are GGUF's, plus two in-memory layouts: [`QuantFormat::Q5_0x4`],
+//! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`];
+//! and the tile layout of Q4_K/Q6_K ([`build_tile_layout`], held beside a
+//! matrix as [`QMatrix::tiles`]) where [`tiles_pay`].
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
-//! available), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
+//! available), `tile_layout` (the Q4_K/Q6_K tile layout's bytes, portable), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
 //! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
@@ -638,14 +641,14 @@ impl OutPtr {
 }
 
 /// From this many activation rows on, [`Isa::Amx`] runs Q4_K weights on AMX
-/// tiles (below, the AVX-512 VNNI kernels; results are identical either
-/// way, so the thresholds are a speed choice only). Measured in
-/// docs/model-core.md ("AMX").
+/// tiles (below, AVX-512 VNNI: over the tile layout when the matrix has
+/// one, else the row kernels; results are identical either way, so the
+/// thresholds are a speed choice only). Measured on the 2-thread forward
+/// in docs/model-core.md ("AMX, round three").
 pub const AMX_MIN_ROWS_Q4K: usize = 7;
-/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (their unpack into the tile
-/// layout costs more, so the tiles pay later). Both measured on the
-/// 2-thread forward, where below these the VNNI kernels wait on memory and
-/// the unpack is extra work (docs/model-core.md, "AMX, round two").
+/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights. Below 7 rows both paths
+/// wait on memory in the forward and the tile steps' fixed cost shows
+/// (docs/model-core.md, "AMX, round three").
 pub const AMX_MIN_ROWS_Q6K: usize = 7;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
@@ -896,8 +899,10 @@ impl<'a> Job<'a> {
         let j0 = match &self.amx {
             Some(amx) => {
                 let ng = (j1 - j0) / tile_layout::GROUP;
-                // SAFETY: `Isa::Amx` is available (checked by the caller);
-                // rows j0..j0 + 16·ng ≤ j1 ≤ rows are this task's columns.
+                // SAFETY: `x86_amx_job` built `amx` for an available ISA
+                // (tile steps only on `Isa::Amx`, VNNI sums on AVX-512
+                // VNNI or AMX); rows j0..j0 + 16·ng ≤ j1 ≤ rows are this
+                // task's columns.
                 unsafe {
                     if w.format == QuantFormat::Q4K {
                         x86_amx::q4k_groups(w, j0, ng, act, amx, out)

@@ -1,5 +1,8 @@
 //! AMX-INT8 kernels for Q4_K/Q6_K weights × blocks of activation rows
-//! (x86-64 Sapphire Rapids and later, detected at run time).
+//! (x86-64 Sapphire Rapids and later, detected at run time), and their
+//! AVX-512 VNNI side for the row counts below the AMX thresholds over the
+//! same tile layout ([`unit_groups`]: a matrix in the layout never reads
+//! the file's bytes).
 //!
 //! AMX intrinsics are not stable in Rust, so the tile instructions are
 //! written as inline assembly (`ldtilecfg`, `tilezero`, `tileloadd`,
