@@ -576,7 +576,7 @@ fn q5_0x4_regrouping_keeps_every_value_and_every_result_bit_for_bit() {
     }
 }
 
-/// Q4_K/Q6_K matrices with their tile layout attached (what the model
+/// Q4_K/Q5_K/Q6_K matrices with their tile layout attached (what the model
 /// loader does where the AMX kernels run): on every ISA, for k = 1..=24
 /// rows, 1–3 threads and row counts that leave a partial group of 16, the
 /// scalar results of the plain matrix bit for bit; also at the AMX
@@ -587,7 +587,7 @@ fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
     use tandem_model::quant::{
         build_tile_layout, tile_layout_bytes, AMX_MIN_ROWS_Q4K, AMX_MIN_ROWS_Q6K,
     };
-    for f in [QuantFormat::Q4K, QuantFormat::Q6K] {
+    for f in [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Q6K] {
         for (rows, cols, seed) in [(53, 512, 71), (32, 768, 72)] {
             for data in [
                 random_bytes_matrix(f, rows, cols, seed),
@@ -605,10 +605,10 @@ fn the_tile_layout_gives_the_scalar_results_bit_for_bit() {
                         &format!("{f:?} tiles {rows}x{cols}"),
                     );
                 }
-                let t = if f == QuantFormat::Q4K {
-                    AMX_MIN_ROWS_Q4K
-                } else {
+                let t = if f == QuantFormat::Q6K {
                     AMX_MIN_ROWS_Q6K
+                } else {
+                    AMX_MIN_ROWS_Q4K
                 };
                 let x = gauss_x(128, cols, seed + 4);
                 for m in [t - 1, t, t + 1, 33, 64, 128] {

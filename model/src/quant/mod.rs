@@ -269,6 +269,7 @@ pub fn repack_pays(isa: Isa) -> bool {
 fn tile_kind(format: QuantFormat) -> Option<tile_layout::Kind> {
     match format {
         QuantFormat::Q4K => Some(tile_layout::Kind::Q4K),
+        QuantFormat::Q5K => Some(tile_layout::Kind::Q5K),
         QuantFormat::Q6K => Some(tile_layout::Kind::Q6K),
         _ => None,
     }
@@ -663,7 +664,7 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
             .and_then(|v| v.trim().parse().ok())
     });
     let default = match format {
-        QuantFormat::Q4K => AMX_MIN_ROWS_Q4K,
+        QuantFormat::Q4K | QuantFormat::Q5K => AMX_MIN_ROWS_Q4K,
         QuantFormat::Q6K => AMX_MIN_ROWS_Q6K,
         _ => return None,
     };
@@ -904,10 +905,10 @@ impl<'a> Job<'a> {
                 // VNNI or AMX); rows j0..j0 + 16·ng ≤ j1 ≤ rows are this
                 // task's columns.
                 unsafe {
-                    if w.format == QuantFormat::Q4K {
-                        x86_amx::q4k_groups(w, j0, ng, act, amx, out)
-                    } else {
-                        x86_amx::q6k_groups(w, j0, ng, act, amx, out)
+                    match w.format {
+                        QuantFormat::Q4K => x86_amx::q4k_groups::<false>(w, j0, ng, act, amx, out),
+                        QuantFormat::Q5K => x86_amx::q4k_groups::<true>(w, j0, ng, act, amx, out),
+                        _ => x86_amx::q6k_groups(w, j0, ng, act, amx, out),
                     }
                 };
                 j0 + ng * tile_layout::GROUP

@@ -31,6 +31,13 @@
 //! The same 2,304 bytes as the file's 16 blocks, plus 64: a unit streams
 //! from memory as fast as the file's blocks.
 //!
+//! Q5_K ([`Q5K_UNIT`] bytes): as Q4_K, with `qh` (the fifth bits) as one
+//! transposed chunk at `2048..2560` (vector `r` lane `j` = `qh[4r..4r + 4]`
+//! of row `j`: bits `2cc` and `2cc + 1` of each byte are the fifth bits of
+//! the low and high nibbles of `qs` vector `(cc, r)`), then the scales at
+//! `2560`, the mins at `2688`, `d` at `2816`, `dmin` at `2848`: 2,880 bytes
+//! (the file's 2,816 plus 64).
+//!
 //! Q6_K ([`Q6K_UNIT`] bytes):
 //! - `0..3072`: per half `h` = 0..2 at `1536h`: `ql[64h..64h + 32]`,
 //!   `ql[64h + 32..64h + 64]`, `qh[32h..32h + 32]`, each transposed (512
@@ -41,19 +48,41 @@
 //!
 //! Exactly the file's 3,360 bytes of 16 blocks.
 
-use super::blocks::{q4k_scales_mins, BlockQ4K, BlockQ6K};
+use super::blocks::{q4k_scales_mins, BlockQ4K, BlockQ5K, BlockQ6K};
 
 /// The formats with a tile layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
     Q4K,
+    Q5K,
     Q6K,
+}
+
+/// Where a Q4_K / Q5_K unit keeps its scales, mins, `d` and `dmin`.
+pub(super) struct K4Offsets {
+    pub(super) sc: usize,
+    pub(super) mn: usize,
+    pub(super) d: usize,
+    pub(super) dmin: usize,
+}
+
+/// [`K4Offsets`] of Q4_K (`q5` false) or Q5_K units.
+pub(super) const fn k4_offsets(q5: bool) -> K4Offsets {
+    let base = if q5 { 2560 } else { 2048 };
+    K4Offsets {
+        sc: base,
+        mn: base + 128,
+        d: base + 256,
+        dmin: base + 288,
+    }
 }
 
 /// Weight rows per unit.
 pub(super) const GROUP: usize = 16;
 /// Bytes of one Q4_K unit.
 pub(super) const Q4K_UNIT: usize = 2368;
+/// Bytes of one Q5_K unit.
+pub(super) const Q5K_UNIT: usize = 2880;
 /// Bytes of one Q6_K unit.
 pub(super) const Q6K_UNIT: usize = 3360;
 
@@ -62,6 +91,7 @@ impl Kind {
     pub(super) fn unit_bytes(self) -> usize {
         match self {
             Kind::Q4K => Q4K_UNIT,
+            Kind::Q5K => Q5K_UNIT,
             Kind::Q6K => Q6K_UNIT,
         }
     }
@@ -70,6 +100,7 @@ impl Kind {
     fn block_bytes(self) -> usize {
         match self {
             Kind::Q4K => std::mem::size_of::<BlockQ4K>(),
+            Kind::Q5K => std::mem::size_of::<BlockQ5K>(),
             Kind::Q6K => std::mem::size_of::<BlockQ6K>(),
         }
     }
@@ -103,21 +134,27 @@ pub(super) fn write_unit(kind: Kind, nb: usize, data: &[u8], g: usize, sb: usize
         &data[at..at + bsz]
     };
     match kind {
-        Kind::Q4K => {
+        Kind::Q4K | Kind::Q5K => {
+            let q5 = kind == Kind::Q5K;
+            let o = k4_offsets(q5);
+            // qs after d, dmin, 12 scale bytes (and Q5_K's 32 qh bytes).
+            let qs_at = if q5 { 48 } else { 16 };
             for j in 0..GROUP {
                 let b = block(j);
-                // d, dmin, 12 scale bytes, then qs (blocks::BlockQ4K).
                 let (d, dmin) = ([b[0], b[1]], [b[2], b[3]]);
                 let mut scales = [0u8; 12];
                 scales.copy_from_slice(&b[4..16]);
-                transpose_into(&b[16..16 + 128], j, &mut out[..2048]);
+                transpose_into(&b[qs_at..qs_at + 128], j, &mut out[..2048]);
+                if q5 {
+                    transpose_into(&b[16..48], j, &mut out[2048..2560]);
+                }
                 let (sc, mn) = q4k_scales_mins(&scales);
                 for c in 0..8 {
-                    out[2048 + 16 * c + j] = sc[c];
-                    out[2176 + 16 * c + j] = mn[c];
+                    out[o.sc + 16 * c + j] = sc[c];
+                    out[o.mn + 16 * c + j] = mn[c];
                 }
-                out[2304 + 2 * j..2306 + 2 * j].copy_from_slice(&d);
-                out[2336 + 2 * j..2338 + 2 * j].copy_from_slice(&dmin);
+                out[o.d + 2 * j..o.d + 2 * j + 2].copy_from_slice(&d);
+                out[o.dmin + 2 * j..o.dmin + 2 * j + 2].copy_from_slice(&dmin);
             }
         }
         Kind::Q6K => {

@@ -1,4 +1,4 @@
-//! AMX-INT8 kernels for Q4_K/Q6_K weights × blocks of activation rows
+//! AMX-INT8 kernels for Q4_K/Q5_K/Q6_K weights × blocks of activation rows
 //! (x86-64 Sapphire Rapids and later, detected at run time), and their
 //! AVX-512 VNNI side for the row counts below the AMX thresholds over the
 //! same tile layout ([`unit_groups`]: a matrix in the layout never reads
@@ -185,7 +185,7 @@ impl AmxAct {
     /// VNNI sums over the same units.
     pub(super) fn new(act: &Act, format: super::QuantFormat, tiles: bool) -> Self {
         let a_tiles = tiles.then(|| tiles_of(act));
-        if format != super::QuantFormat::Q4K {
+        if !matches!(format, super::QuantFormat::Q4K | super::QuantFormat::Q5K) {
             return AmxAct {
                 a_tiles,
                 bsp: Vec::new(),
@@ -340,37 +340,44 @@ fn scale_bytes(sc: __m512i) -> (__m512i, __m512i) {
     (se, _mm512_slli_epi32::<8>(se))
 }
 
-/// The lo and hi planes of one Q4_K unit ([`tile_layout`]) into `o`
-/// ([`PLANES`] bytes, the B tiles of [`planes`]): per transposed `qs`
-/// vector, its two nibbles times their sub-blocks' scales.
+/// The lo and hi planes of one Q4_K unit (`Q5`: Q5_K; [`tile_layout`])
+/// into `o` ([`PLANES`] bytes, the B tiles of [`planes`]): per transposed
+/// `qs` vector, its two nibbles (with Q5_K's fifth bits) times their
+/// sub-blocks' scales (`sc·q ≤ 63·31`: the hi plane u8).
 ///
 /// # Safety
-/// AVX-512 (F/BW); [`tile_layout::Q4K_UNIT`] readable bytes at `unit`; `o`
-/// 64-byte aligned with [`PLANES`] writable bytes.
+/// AVX-512 (F/BW); a whole unit readable at `unit`; `o` 64-byte aligned
+/// with [`PLANES`] writable bytes.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_q4k(unit: *const u8, o: *mut u8, ahead: *const u8) {
+unsafe fn unpack_q4k<const Q5: bool>(unit: *const u8, o: *mut u8, ahead: *const u8) {
     let lo4 = _mm512_set1_epi8(0xF);
     let zero = _mm512_setzero_si512();
-    // SAFETY: reads inside the unit (qs 0..2048, scales 2048..2176), writes
-    // inside `o` (caller).
+    let off = tile_layout::k4_offsets(Q5);
+    let lines = if Q5 {
+        tile_layout::Q5K_UNIT
+    } else {
+        tile_layout::Q4K_UNIT
+    }
+    .div_ceil(64);
+    // SAFETY: reads inside the unit (qs, qh, scales), writes inside `o`
+    // (caller).
     unsafe {
         let scale = |c: usize| {
             scale_bytes(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                unit.add(2048 + 16 * c).cast(),
+                unit.add(off.sc + 16 * c).cast(),
             )))
         };
-        // The unit's 37 lines at `ahead`, one per load here.
-        prefetch_line(ahead, 36);
         for cc in 0..4 {
-            prefetch_line(ahead, 32 + cc);
             let (sel, sol) = scale(2 * cc);
             let (seh, soh) = scale(2 * cc + 1);
             for r in 0..8 {
-                prefetch_line(ahead, 8 * cc + r);
-                let v = _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast());
-                let l = _mm512_and_si512(v, lo4);
-                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
+                // The unit's lines at `ahead`, spread over the 32 loads.
+                let i = 8 * cc + r;
+                for l in i * lines / 32..(i + 1) * lines / 32 {
+                    prefetch_line(ahead, l);
+                }
+                let (l, h) = q4k_nibbles::<Q5>(unit, cc, r, lo4);
                 for (half, q, se, so) in [(0, l, sel, sol), (1, h, seh, soh)] {
                     let (plo, phi) = times_scale::<false>(q, se, so, zero);
                     let at = (2 * cc + half) * 512 + 64 * r;
@@ -382,8 +389,44 @@ unsafe fn unpack_q4k(unit: *const u8, o: *mut u8, ahead: *const u8) {
     }
 }
 
+/// The values of `qs` vector `(cc, r)` of a Q4_K unit (`Q5`: Q5_K, the
+/// fifth bits from its `qh` vector `r`): the low nibbles (sub-block
+/// `2cc`) and the high ones (`2cc + 1`), u8 bytes.
+///
+/// # Safety
+/// AVX-512 (F/BW); a whole unit readable at `unit`; `cc < 4`, `r < 8`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn q4k_nibbles<const Q5: bool>(
+    unit: *const u8,
+    cc: usize,
+    r: usize,
+    lo4: __m512i,
+) -> (__m512i, __m512i) {
+    // SAFETY: inside the unit (caller).
+    let v = unsafe { _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast()) };
+    let l = _mm512_and_si512(v, lo4);
+    let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
+    if !Q5 {
+        return (l, h);
+    }
+    // SAFETY: the qh chunk at 2048..2560 of a Q5_K unit (caller).
+    let qh = unsafe { _mm512_loadu_si512(unit.add(2048 + 64 * r).cast()) };
+    let sixteen = _mm512_set1_epi8(16);
+    let bit = |b: usize| {
+        let m = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(1i8 << b));
+        _mm512_maskz_mov_epi8(m, sixteen)
+    };
+    (
+        _mm512_or_si512(l, bit(2 * cc)),
+        _mm512_or_si512(h, bit(2 * cc + 1)),
+    )
+}
+
 /// Bytes of the two planes of one unpacked super-block.
 const PLANES: usize = 8192;
+/// Bytes of the largest unit (scratch for matrices without a layout).
+const MAX_UNIT: usize = tile_layout::Q6K_UNIT;
 
 /// Q4_K: weight rows `j0..j0 + 16·ng` (groups of 16) × all activation rows.
 ///
@@ -398,7 +441,7 @@ const PLANES: usize = 8192;
 /// `act.nb` blocks per row, `j0` a multiple of 16, `j0 + 16·ng ≤ w.rows`;
 /// `out` as in `matmul`, columns `j0..j0 + 16·ng` owned by this task.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4k_groups(
+pub(super) unsafe fn q4k_groups<const Q5: bool>(
     w: &QMatrix,
     j0: usize,
     ng: usize,
@@ -407,22 +450,28 @@ pub(super) unsafe fn q4k_groups(
     out: OutPtr,
 ) {
     let nb = act.nb;
+    let kind = if Q5 {
+        tile_layout::Kind::Q5K
+    } else {
+        tile_layout::Kind::Q4K
+    };
     let unpack = |unit: *const u8, o: *mut u8, ahead: *const u8| {
         // SAFETY: `tile_groups` passes a whole unit and a plane buffer.
-        unsafe { unpack_q4k(unit, o, ahead) }
+        unsafe { unpack_q4k::<Q5>(unit, o, ahead) }
     };
     let post = |u: *const u8, cb: *const i32, sb: usize, t0: usize, acc: &mut [__m512]| {
         // SAFETY: min pairs and d/dmin inside the unit `u`; C rows t < 16
         // inside `cb`; rows t0 + t < m (`acc` holds only those).
         unsafe {
             // Lane j of pair p: m_2p | m_(2p+1) << 16 of row j.
+            let off = tile_layout::k4_offsets(Q5);
             let mins =
-                |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(2176 + 16 * c).cast()));
+                |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(off.mn + 16 * c).cast()));
             let mp: [__m512i; 4] = std::array::from_fn(|p| {
                 _mm512_or_si512(mins(2 * p), _mm512_slli_epi32::<16>(mins(2 * p + 1)))
             });
-            let dv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(2304).cast()));
-            let dmv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(2336).cast()));
+            let dv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(off.d).cast()));
+            let dmv = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(off.dmin).cast()));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let row = t0 + t;
                 let s = plane_sum(cb, t);
@@ -446,17 +495,7 @@ pub(super) unsafe fn q4k_groups(
     // SAFETY: the caller's contract.
     unsafe {
         if amx.tiles() {
-            tile_groups::<false, { tile_layout::Q4K_UNIT }>(
-                w,
-                tile_layout::Kind::Q4K,
-                j0,
-                ng,
-                act,
-                amx,
-                out,
-                unpack,
-                post,
-            )
+            tile_groups::<false>(w, kind, j0, ng, act, amx, out, unpack, post)
         } else {
             let sums =
                 |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
@@ -468,22 +507,13 @@ pub(super) unsafe fn q4k_groups(
                         }
                     };
                     match n {
-                        1 => store(&sums_q4k::<1>(u, ahead, act, sb, t)),
-                        2 => store(&sums_q4k::<2>(u, ahead, act, sb, t)),
-                        3 => store(&sums_q4k::<3>(u, ahead, act, sb, t)),
-                        _ => store(&sums_q4k::<4>(u, ahead, act, sb, t)),
+                        1 => store(&sums_q4k::<1, Q5>(u, ahead, act, sb, t)),
+                        2 => store(&sums_q4k::<2, Q5>(u, ahead, act, sb, t)),
+                        3 => store(&sums_q4k::<3, Q5>(u, ahead, act, sb, t)),
+                        _ => store(&sums_q4k::<4, Q5>(u, ahead, act, sb, t)),
                     }
                 };
-            unit_groups::<{ tile_layout::Q4K_UNIT }>(
-                w,
-                tile_layout::Kind::Q4K,
-                j0,
-                ng,
-                act,
-                out,
-                sums,
-                post,
-            )
+            unit_groups(w, kind, j0, ng, act, out, sums, post)
         }
     }
 }
@@ -504,11 +534,11 @@ pub(super) unsafe fn q4k_groups(
 ///   row tile `rt`; then the group's 16 columns are written to `out`.
 ///
 /// # Safety
-/// As [`q4k_groups`]; `unpack` and `post` as those two pass them; `UNIT` is
-/// `kind`'s unit size (`w.format`'s).
+/// As [`q4k_groups`]; `unpack` and `post` as those two pass them; `kind`
+/// is `w.format`'s.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
+unsafe fn tile_groups<const SIGNED: bool>(
     w: &QMatrix,
     kind: tile_layout::Kind,
     j0: usize,
@@ -525,7 +555,8 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
         return;
     };
     let mut wbuf = [Aligned([0u8; PLANES]); 3];
-    let mut scratch = [Aligned([0u8; UNIT]); 3];
+    let mut scratch = [Aligned([0u8; MAX_UNIT]); 3];
+    let unit_len = kind.unit_bytes();
     let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
     // Written by the tile stores, read by `post`: one raw pointer for both.
     let cbp = cbuf.0.as_mut_ptr();
@@ -541,11 +572,11 @@ unsafe fn tile_groups<const SIGNED: bool, const UNIT: usize>(
             // Inside the layout: g < rows / 16, sb < nb (`with_tiles`
             // checked its size).
             Some(t) => {
-                let p = t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr();
-                (p, p.wrapping_add(UNIT_AHEAD * UNIT))
+                let p = t[(g * nb + sb) * unit_len..(g * nb + sb + 1) * unit_len].as_ptr();
+                (p, p.wrapping_add(UNIT_AHEAD * unit_len))
             }
             None => {
-                let s = &mut scratch[u % 3].0;
+                let s = &mut scratch[u % 3].0[..unit_len];
                 tile_layout::write_unit(kind, nb, w.data, g, sb, s);
                 (s.as_ptr(), s.as_ptr())
             }
@@ -735,7 +766,7 @@ pub(super) unsafe fn q6k_groups(
     // SAFETY: the caller's contract.
     unsafe {
         if amx.tiles() {
-            tile_groups::<true, { tile_layout::Q6K_UNIT }>(
+            tile_groups::<true>(
                 w,
                 tile_layout::Kind::Q6K,
                 j0,
@@ -763,16 +794,7 @@ pub(super) unsafe fn q6k_groups(
                         _ => store(&sums_q6k::<4>(u, ahead, act, sb, t)),
                     }
                 };
-            unit_groups::<{ tile_layout::Q6K_UNIT }>(
-                w,
-                tile_layout::Kind::Q6K,
-                j0,
-                ng,
-                act,
-                out,
-                sums,
-                post,
-            )
+            unit_groups(w, tile_layout::Kind::Q6K, j0, ng, act, out, sums, post)
         }
     }
 }
@@ -791,10 +813,10 @@ pub(super) unsafe fn q6k_groups(
 ///
 /// # Safety
 /// As [`q4k_groups`]; `sums` and `post` as those of [`q4k_groups`] /
-/// [`q6k_groups`]; `UNIT` is `kind`'s unit size (`w.format`'s).
+/// [`q6k_groups`]; `kind` is `w.format`'s.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn unit_groups<const UNIT: usize>(
+unsafe fn unit_groups(
     w: &QMatrix,
     kind: tile_layout::Kind,
     j0: usize,
@@ -805,7 +827,8 @@ unsafe fn unit_groups<const UNIT: usize>(
     post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
 ) {
     let (m, nb, rows) = (act.m, act.nb, w.rows);
-    let mut scratch = Aligned([0u8; UNIT]);
+    let mut scratch = Aligned([0u8; MAX_UNIT]);
+    let unit_len = kind.unit_bytes();
     // C_lo rows hold S; C_hi stays zero (`plane_sum` = S).
     let mut cbuf = Aligned([0i32; 2 * 256]);
     let cbp = cbuf.0.as_mut_ptr();
@@ -815,11 +838,11 @@ unsafe fn unit_groups<const UNIT: usize>(
             let (u, ahead) = match w.tiles {
                 // Inside the layout (`with_tiles` checked its size).
                 Some(t) => {
-                    let p = t[(g * nb + sb) * UNIT..(g * nb + sb + 1) * UNIT].as_ptr();
-                    (p, p.wrapping_add(UNIT_AHEAD * UNIT))
+                    let p = t[(g * nb + sb) * unit_len..(g * nb + sb + 1) * unit_len].as_ptr();
+                    (p, p.wrapping_add(UNIT_AHEAD * unit_len))
                 }
                 None => {
-                    tile_layout::write_unit(kind, nb, w.data, g, sb, &mut scratch.0);
+                    tile_layout::write_unit(kind, nb, w.data, g, sb, &mut scratch.0[..unit_len]);
                     (scratch.0.as_ptr(), scratch.0.as_ptr())
                 }
             };
@@ -868,15 +891,15 @@ unsafe fn bcast4(p: *const i8) -> __m512i {
 const SUM_ROWS: usize = 4;
 
 /// `S = Σ_c sc_c · dot_c` of activation rows `t0..t0 + N` × a Q4_K unit
-/// (lanes = its 16 weight rows), by `vpdpbusd` on the nibbles (u8 weights
-/// × i8 activations, exact: |dot_c| ≤ 32·15·128, |S| < 2^25).
+/// (`Q5`: Q5_K) (lanes = its 16 weight rows), by `vpdpbusd` on the values
+/// (u8 weights × i8 activations, exact: |dot_c| ≤ 32·31·128, |S| < 2^26).
 ///
 /// # Safety
 /// AVX-512 (F/BW/VNNI); a whole unit at `unit`; `t0 + N ≤ act.m`,
 /// `sb < act.nb` (Q8_K activations).
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sums_q4k<const N: usize>(
+unsafe fn sums_q4k<const N: usize, const Q5: bool>(
     unit: *const u8,
     ahead: *const u8,
     act: &Act,
@@ -884,24 +907,30 @@ unsafe fn sums_q4k<const N: usize>(
     t0: usize,
 ) -> [__m512i; N] {
     let lo4 = _mm512_set1_epi8(0xF);
+    let off = tile_layout::k4_offsets(Q5);
+    let lines = if Q5 {
+        tile_layout::Q5K_UNIT
+    } else {
+        tile_layout::Q4K_UNIT
+    }
+    .div_ceil(64);
     let mut s = [_mm512_setzero_si512(); N];
-    // SAFETY: the unit's qs and scales; activation bytes
+    // SAFETY: the unit's qs, qh and scales; activation bytes
     // t·cols + 256·sb + 0..256 of rows t < t0 + N inside `act.qs`.
     unsafe {
         let a: [*const i8; N] =
             std::array::from_fn(|i| act.qs.as_ptr().add((t0 + i) * act.cols + 256 * sb));
         let scale =
-            |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(unit.add(2048 + 16 * c).cast()));
-        prefetch_line(ahead, 36);
+            |c: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(unit.add(off.sc + 16 * c).cast()));
         for cc in 0..4 {
-            prefetch_line(ahead, 32 + cc);
             let mut dl = [_mm512_setzero_si512(); N];
             let mut dh = [_mm512_setzero_si512(); N];
             for r in 0..8 {
-                prefetch_line(ahead, 8 * cc + r);
-                let v = _mm512_loadu_si512(unit.add(64 * (8 * cc + r)).cast());
-                let l = _mm512_and_si512(v, lo4);
-                let h = _mm512_and_si512(_mm512_srli_epi16::<4>(v), lo4);
+                let i = 8 * cc + r;
+                for l in i * lines / 32..(i + 1) * lines / 32 {
+                    prefetch_line(ahead, l);
+                }
+                let (l, h) = q4k_nibbles::<Q5>(unit, cc, r, lo4);
                 for i in 0..N {
                     dl[i] = _mm512_dpbusd_epi32(dl[i], l, bcast4(a[i].add(64 * cc + 4 * r)));
                     dh[i] = _mm512_dpbusd_epi32(dh[i], h, bcast4(a[i].add(64 * cc + 32 + 4 * r)));
