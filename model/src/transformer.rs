@@ -160,7 +160,7 @@ pub struct LoadOptions {
     /// bit-identical results). Default: where it is faster
     /// ([`quant::repack_pays`] for the selected instruction set).
     pub repack: bool,
-    /// Hold the Q4_K/Q6_K matrices in the tile layout
+    /// Hold the Q4_K/Q5_K/Q6_K matrices in the tile layout
     /// ([`quant::build_tile_layout`]) for the AMX kernels and their VNNI
     /// side: read into memory at load (about the file's bytes; the file's
     /// pages are released, [`GgufFile::release`]). Default: when the
@@ -332,7 +332,7 @@ impl Model {
         if tile_bytes > 0 {
             tracing::debug!(
                 bytes = tile_bytes,
-                "Q4_K/Q6_K matrices held in the tile layout"
+                "Q4_K/Q5_K/Q6_K matrices held in the tile layout"
             );
         }
         Ok(model)

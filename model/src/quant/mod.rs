@@ -52,21 +52,21 @@
 //! unpacked once and used for every activation row of the call, same
 //! integer sums per the units above and the same float steps
 //! (`x86_avx512_gemm`, docs/model-core.md "GEMM path"); AMX — tiles for
-//! Q4_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] rows, every
+//! Q4_K/Q5_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] (Q4_K, Q5_K) / [`AMX_MIN_ROWS_Q6K`] rows, every
 //! other format and row count delegates to the AVX-512 VNNI kernels (GEMM
-//! path included), for Q4_K/Q6_K matrices in the tile layout
+//! path included), for Q4_K/Q5_K/Q6_K matrices in the tile layout
 //! ([`build_tile_layout`], built at load on AMX) VNNI sums over its units; NEON and NEON dotprod — every quantized format and
 //! F16/BF16 (F32 on the scalar dot).
 //!
 //! Formats are GGUF's, plus two in-memory layouts: [`QuantFormat::Q5_0x4`],
 //! Q5_0 regrouped at load time ([`repack_q5_0x4`]) where [`repack_pays`];
-//! and the tile layout of Q4_K/Q6_K ([`build_tile_layout`], held beside a
+//! and the tile layout of Q4_K/Q5_K/Q6_K ([`build_tile_layout`], held beside a
 //! matrix as [`QMatrix::tiles`]) where [`tiles_pay`].
 //!
 //! Layout: `blocks` (ggml block structs), `act` (activation quantization),
 //! `combine` (shared float math), `scalar` (reference kernels, always
-//! available), `tile_layout` (the Q4_K/Q6_K tile layout's bytes, portable), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
-//! tiles for Q4_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
+//! available), `tile_layout` (the Q4_K/Q5_K/Q6_K tile layout's bytes, portable), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
+//! tiles for Q4_K/Q5_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
 //! `x86_avx512_formats` hold the Q4_1/Q5_1 and F16/BF16 kernels (issue 28,
@@ -291,7 +291,7 @@ pub fn tile_layout_bytes(format: QuantFormat, rows: usize, cols: usize) -> Optio
     Some(tile_layout::layout_bytes(tile_kind(format)?, rows, cols))
 }
 
-/// Whether holding Q4_K/Q6_K matrices in the tile layout as well
+/// Whether holding Q4_K/Q5_K/Q6_K matrices in the tile layout as well
 /// ([`build_tile_layout`], [`QMatrix::with_tiles`]) makes `isa` faster: only the
 /// AMX kernels read it (docs/model-core.md, "AMX, round three").
 pub fn tiles_pay(isa: Isa) -> bool {
@@ -463,7 +463,7 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL with VNNI.
     Avx512Vnni,
-    /// [`Isa::Avx512Vnni`] plus AMX-INT8 tiles for Q4_K/Q6_K weights times
+    /// [`Isa::Avx512Vnni`] plus AMX-INT8 tiles for Q4_K/Q5_K/Q6_K weights times
     /// at least [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] activation rows.
     Amx,
     /// aarch64 baseline NEON (every ARMv8-A CPU).
@@ -671,7 +671,7 @@ fn amx_min_rows(format: QuantFormat) -> Option<usize> {
     Some(env.unwrap_or(default))
 }
 
-/// What a Q4_K/Q6_K job runs on the `x86_amx` kernels, if anything: the
+/// What a Q4_K/Q5_K/Q6_K job runs on the `x86_amx` kernels, if anything: the
 /// tile steps on [`Isa::Amx`] from its threshold ([`amx_min_rows`]); and
 /// for a matrix in the tile layout ([`QMatrix::tiles`]) on AVX-512 VNNI or
 /// AMX, every other row count as VNNI sums over the same units (so the
