@@ -497,23 +497,7 @@ pub(super) unsafe fn q4k_groups<const Q5: bool>(
         if amx.tiles() {
             tile_groups::<false>(w, kind, j0, ng, act, amx, out, unpack, post)
         } else {
-            let sums =
-                |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
-                    // `unit_groups` passes a whole unit, rows t..t + n < m and
-                    // n rows of C at `c`.
-                    let store = |v: &[__m512i]| {
-                        for (i, v) in v.iter().enumerate() {
-                            _mm512_store_si512(c.add(16 * i).cast(), *v);
-                        }
-                    };
-                    match n {
-                        1 => store(&sums_q4k::<1, Q5>(u, ahead, act, sb, t)),
-                        2 => store(&sums_q4k::<2, Q5>(u, ahead, act, sb, t)),
-                        3 => store(&sums_q4k::<3, Q5>(u, ahead, act, sb, t)),
-                        _ => store(&sums_q4k::<4, Q5>(u, ahead, act, sb, t)),
-                    }
-                };
-            unit_groups(w, kind, j0, ng, act, out, sums, post)
+            unit_groups(w, kind, j0, ng, act, out, Q4kSums::<Q5>, post)
         }
     }
 }
@@ -778,23 +762,7 @@ pub(super) unsafe fn q6k_groups(
                 post,
             )
         } else {
-            let sums =
-                |u: *const u8, ahead: *const u8, sb: usize, t: usize, n: usize, c: *mut i32| {
-                    // `unit_groups` passes a whole unit, rows t..t + n < m and
-                    // n rows of C at `c`.
-                    let store = |v: &[__m512i]| {
-                        for (i, v) in v.iter().enumerate() {
-                            _mm512_store_si512(c.add(16 * i).cast(), *v);
-                        }
-                    };
-                    match n {
-                        1 => store(&sums_q6k::<1>(u, ahead, act, sb, t)),
-                        2 => store(&sums_q6k::<2>(u, ahead, act, sb, t)),
-                        3 => store(&sums_q6k::<3>(u, ahead, act, sb, t)),
-                        _ => store(&sums_q6k::<4>(u, ahead, act, sb, t)),
-                    }
-                };
-            unit_groups(w, tile_layout::Kind::Q6K, j0, ng, act, out, sums, post)
+            unit_groups(w, tile_layout::Kind::Q6K, j0, ng, act, out, Q6kSums, post)
         }
     }
 }
@@ -807,9 +775,8 @@ pub(super) unsafe fn q6k_groups(
 /// bytes (rows past the last whole group of 16 aside), and the two paths
 /// share every float step.
 ///
-/// `sums(unit, ahead, sb, t, n, c)` stores the `S` of rows `t..t + n`
-/// (`n ≤ SUM_ROWS`) for the unit's 16 weight rows at `c` (16 i32 a row),
-/// prefetching from `ahead` as it loads.
+/// `sums` gives the `S` of up to [`SUM_ROWS`] rows for the unit's 16
+/// weight rows ([`UnitSums`]), stored as rows of `C_lo`.
 ///
 /// # Safety
 /// As [`q4k_groups`]; `sums` and `post` as those of [`q4k_groups`] /
@@ -823,7 +790,7 @@ unsafe fn unit_groups(
     ng: usize,
     act: &Act,
     out: OutPtr,
-    sums: impl Fn(*const u8, *const u8, usize, usize, usize, *mut i32),
+    sums: impl UnitSums,
     post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
 ) {
     let (m, nb, rows) = (act.m, act.nb, w.rows);
@@ -851,17 +818,23 @@ unsafe fn unit_groups(
                 for t in (0..tn).step_by(SUM_ROWS) {
                     // Prefetch with the first rows only.
                     let ahead = if t == 0 { ahead } else { u };
-                    // SAFETY: rows t..t + n < 16 of C_lo, inside `cbuf`.
-                    unsafe {
-                        sums(
-                            u,
-                            ahead,
-                            sb,
-                            t0 + t,
-                            (tn - t).min(SUM_ROWS),
-                            cbp.add(16 * t),
-                        )
+                    let (t1, c) = (t0 + t, cbp.wrapping_add(16 * t));
+                    // Rows t..t + n < 16 of C_lo, inside `cbuf`.
+                    let store = |v: &[__m512i]| {
+                        for (i, v) in v.iter().enumerate() {
+                            // SAFETY: as above.
+                            unsafe { _mm512_store_si512(c.add(16 * i).cast(), *v) };
+                        }
                     };
+                    // SAFETY: a whole unit at `u`; rows t1..t1 + n < m.
+                    unsafe {
+                        match (tn - t).min(SUM_ROWS) {
+                            1 => store(&sums.sums::<1>(u, ahead, act, sb, t1)),
+                            2 => store(&sums.sums::<2>(u, ahead, act, sb, t1)),
+                            3 => store(&sums.sums::<3>(u, ahead, act, sb, t1)),
+                            _ => store(&sums.sums::<4>(u, ahead, act, sb, t1)),
+                        }
+                    }
                 }
                 post(u, cbp.cast_const(), sb, t0, &mut acc[t0..t0 + tn]);
             }
@@ -884,6 +857,55 @@ unsafe fn unit_groups(
 unsafe fn bcast4(p: *const i8) -> __m512i {
     // SAFETY: caller.
     _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+/// The VNNI sums of one format for [`unit_groups`]: `S` of activation rows
+/// `t0..t0 + N` × one unit (lanes = its 16 weight rows).
+trait UnitSums {
+    /// # Safety
+    /// As [`sums_q4k`], for a unit of this format.
+    unsafe fn sums<const N: usize>(
+        &self,
+        unit: *const u8,
+        ahead: *const u8,
+        act: &Act,
+        sb: usize,
+        t0: usize,
+    ) -> [__m512i; N];
+}
+
+/// [`sums_q4k`] (`Q5`: of Q5_K units).
+struct Q4kSums<const Q5: bool>;
+
+impl<const Q5: bool> UnitSums for Q4kSums<Q5> {
+    unsafe fn sums<const N: usize>(
+        &self,
+        unit: *const u8,
+        ahead: *const u8,
+        act: &Act,
+        sb: usize,
+        t0: usize,
+    ) -> [__m512i; N] {
+        // SAFETY: the caller's; `unit_groups` runs on AVX-512 VNNI.
+        unsafe { sums_q4k::<N, Q5>(unit, ahead, act, sb, t0) }
+    }
+}
+
+/// [`sums_q6k`].
+struct Q6kSums;
+
+impl UnitSums for Q6kSums {
+    unsafe fn sums<const N: usize>(
+        &self,
+        unit: *const u8,
+        ahead: *const u8,
+        act: &Act,
+        sb: usize,
+        t0: usize,
+    ) -> [__m512i; N] {
+        // SAFETY: the caller's; `unit_groups` runs on AVX-512 VNNI.
+        unsafe { sums_q6k::<N>(unit, ahead, act, sb, t0) }
+    }
 }
 
 /// Activation rows per [`sums_q4k`] / [`sums_q6k`] call: each weight
