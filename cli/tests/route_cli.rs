@@ -29,6 +29,23 @@ fn tandem(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `tandem route explain [flags] --policy <example> text`, which must
+/// succeed.
+fn explain_with(flags: &[&str], text: &str) -> Output {
+    let policy = example_policy();
+    let mut args = vec!["route", "explain"];
+    args.extend_from_slice(flags);
+    args.extend(["--policy", policy.to_str().unwrap(), text]);
+    let o = tandem(&args, "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    o
+}
+
+/// [`explain_with`] without flags: its stdout.
+fn explain(text: &str) -> String {
+    stdout(&explain_with(&[], text))
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()
 }
@@ -268,13 +285,6 @@ fn explain_shows_the_disclosure_cue_and_the_topic_frame() {
 
 #[test]
 fn explain_shows_negation_and_hypothetical_frames() {
-    let policy = example_policy();
-    let p = policy.to_str().unwrap();
-    let explain = |text: &str| {
-        let o = tandem(&["route", "explain", "--policy", p, text], "");
-        assert!(o.status.success(), "{}", stderr(&o));
-        stdout(&o)
-    };
     // A denial in health: set aside, and explain says by what.
     let out = explain("I don't have diabetes. What is a normal fasting glucose level?");
     assert!(out.contains("decision:   speculative"), "{out}");
@@ -310,18 +320,7 @@ fn explain_shows_negation_and_hypothetical_frames() {
     assert!(out.contains("cue \"my\""), "{out}");
     assert!(out.contains("is not its subject"), "{out}");
     // JSON: offsets only.
-    let o = tandem(
-        &[
-            "route",
-            "explain",
-            "--json",
-            "--policy",
-            p,
-            "I was never arrested.",
-        ],
-        "",
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = explain_with(&["--json"], "I was never arrested.");
     let v = &json_lines(&o)[0];
     assert_eq!(v["decision"], "speculative");
     assert_eq!(v["frames"][0]["frame"], "negated");
@@ -336,13 +335,6 @@ fn explain_shows_negation_and_hypothetical_frames() {
 /// lists and tense").
 #[test]
 fn explain_shows_clause_scope_past_and_list_cues() {
-    let policy = example_policy();
-    let p = policy.to_str().unwrap();
-    let explain = |text: &str| {
-        let o = tandem(&["route", "explain", "--policy", p, text], "");
-        assert!(o.status.success(), "{}", stderr(&o));
-        stdout(&o)
-    };
     // The supposition's subject is no cue for the main clause's "律师".
     let out = explain("假设我被公司起诉了，需要请律师吗？");
     assert!(out.contains("decision:   speculative"), "{out}");
@@ -361,18 +353,10 @@ fn explain_shows_clause_scope_past_and_list_cues() {
         out.contains("term \"car loan\" (bytes 23..31), cue \"My\" (bytes 0..2)"),
         "{out}"
     );
-    let o = tandem(
-        &[
-            "route",
-            "explain",
-            "--json",
-            "--policy",
-            p,
-            "If I had leukemia as a kid, would insurers still cover me?",
-        ],
-        "",
+    let o = explain_with(
+        &["--json"],
+        "If I had leukemia as a kid, would insurers still cover me?",
     );
-    assert!(o.status.success(), "{}", stderr(&o));
     let v = &json_lines(&o)[0];
     assert_eq!(v["frames"][0]["frame"], "hypothetical_kept");
     assert_eq!(
