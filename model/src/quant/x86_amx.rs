@@ -503,19 +503,20 @@ pub(super) unsafe fn q4k_groups<const Q5: bool>(
 }
 
 /// The loop shared by [`q4k_groups`] and [`q6k_groups`]: per group of 16
-/// weight rows, per super-block, every tile of 16 activation rows.
+/// weight rows, per super-block, every tile of 16 activation rows, as one
+/// pipeline of steps across the call's groups (the order is explained in
+/// the loop).
 ///
 /// - The super-block's unit comes from the matrix's tile layout
-///   (`w.tiles`), or is written into one of two scratch units
+///   (`w.tiles`), or is written into one of three scratch units
 ///   ([`tile_layout::write_unit`]) when the matrix has none.
-/// - `unpack` turns a unit into the B planes, the next super-block's into
-///   the other of two buffers first, so no tile load reads data just
-///   stored; the unpacked super-block (8 KB) stays in L1 for every row
-///   tile (streamed from L2 per row tile instead, loading the planes bound
-///   the tile steps).
-/// - The plane products ([`planes`], hi plane signed when `SIGNED`) of row
-///   tile `rt + 1` are issued before `post(unit, C, sb, t0, acc rows)` of
-///   row tile `rt`; then the group's 16 columns are written to `out`.
+/// - `unpack` turns a unit into the B planes, two units ahead into the
+///   third of three buffers, so no tile load reads planes just stored; the
+///   unpacked super-block (8 KB) stays in L1 for every row tile.
+/// - The plane products ([`planes`], hi plane signed when `SIGNED`) of
+///   step `i + 1` are issued before `post(unit, C, sb, t0, acc rows)` of
+///   step `i`; after a group's last step its 16 columns are written to
+///   `out`.
 ///
 /// # Safety
 /// As [`q4k_groups`]; `unpack` and `post` as those two pass them; `kind`
