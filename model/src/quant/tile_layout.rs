@@ -49,6 +49,7 @@
 //! Exactly the file's 3,360 bytes of 16 blocks.
 
 use super::blocks::{q4k_scales_mins, BlockQ4K, BlockQ5K, BlockQ6K};
+use rayon::prelude::*;
 
 /// The formats with a tile layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,12 +117,15 @@ pub(super) fn layout_bytes(kind: Kind, rows: usize, cols: usize) -> usize {
 pub(super) fn build(kind: Kind, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
     let (unit, nb) = (kind.unit_bytes(), cols / 256);
     let mut out = vec![0u8; layout_bytes(kind, rows, cols)];
-    for g in 0..rows / GROUP {
-        for sb in 0..nb {
-            let at = (g * nb + sb) * unit;
-            write_unit(kind, nb, data, g, sb, &mut out[at..at + unit]);
-        }
-    }
+    // Groups in parallel: the output head (~150k rows) is built outside the
+    // loader's parallel loop over layers.
+    out.par_chunks_mut((nb * unit).max(1))
+        .enumerate()
+        .for_each(|(g, units)| {
+            for (sb, u) in units.chunks_exact_mut(unit).enumerate() {
+                write_unit(kind, nb, data, g, sb, u);
+            }
+        });
     out
 }
 
