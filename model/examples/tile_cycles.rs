@@ -12,7 +12,7 @@
 //!   target/release/examples/tile_cycles q4k|q6k|q8_0|q5_0|q5_0x4 M [CALLS [ROWS]]`
 //! (with 8 rows the time is mostly activation quantization.)
 
-use tandem_model::quant::{matmul, repack_q5_0x4, QMatrix, QuantFormat};
+use tandem_model::quant::{self, matmul, repack_q5_0x4, QMatrix, QuantFormat};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +49,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (format, data)
     };
     let w = QMatrix::new(format, rows, cols, &data)?;
+    // The tile layout, as the loader builds it where it pays (AMX).
+    let layout = quant::build_tile_layout(&w).filter(|_| quant::tiles_pay(quant::Isa::selected()));
+    let w = match &layout {
+        Some(t) => w.with_tiles(t)?,
+        None => w,
+    };
     let x: Vec<f32> = (0..m * cols)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0)
         .collect();

@@ -792,18 +792,20 @@ impl Model {
         }
         let caches: Vec<&C> = seqs.iter().map(|s| &*s.cache).collect();
         let group = cfg.n_head / cfg.n_kv_head;
-        // One task per (row, head): each output is computed by exactly one
-        // task with a fixed loop order over its own sequence's positions
+        // One task per (row, KV head): each output is computed by exactly
+        // one task with a fixed loop order over its own sequence's positions
         // (all of them, or a local layer's window), independent of the other
-        // rows.
-        attn.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
-            let (i, h) = (idx / cfg.n_head, idx % cfg.n_head);
-            let (seq, pos) = rows[i];
-            let g = h / group;
-            let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-            let span = cfg.attention_span(l, pos);
-            attend(qh, caches[seq], l, span, g * hd, hd, cfg.attn_scale, out);
-        });
+        // rows; the query heads of one KV head share its K/V reads.
+        let kv_heads = cfg.n_head / group;
+        attn.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(idx, out)| {
+                let (i, g) = (idx / kv_heads, idx % kv_heads);
+                let (seq, pos) = rows[i];
+                let qg = &q[i * qd + g * group * hd..i * qd + (g + 1) * group * hd];
+                let span = cfg.attention_span(l, pos);
+                attend(qg, caches[seq], l, span, g * hd, hd, cfg.attn_scale, out);
+            });
         quant::matmul(&layer.wo.view(bytes), attn, n, o);
         if let Some(w) = &layer.post_attn_norm {
             rms_norm_in_place(o, w, cfg.rms_eps);

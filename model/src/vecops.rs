@@ -32,6 +32,35 @@ pub fn axpy(y: &mut [f32], w: f32, x: &[f32]) {
     axpy_portable(y, w, x)
 }
 
+/// [`dot`] of `a` with four vectors at once (attention scores over four
+/// keys): result `i` has the bits of `dot(a, b[i])` (the same lanes in the
+/// same order); the four independent sums only hide each other's add
+/// latency. Every `b[i]` has `a`'s length.
+pub fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    debug_assert!(b.iter().all(|b| b.len() == a.len()));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is available (checked just above).
+        return unsafe { x86::dot4(a, b) };
+    }
+    b.map(|b| dot_portable(a, b))
+}
+
+/// `axpy(y, w[i], x[i])` for `i` = 0..4 in that order, with the bits of
+/// the four calls (per element: multiply, add, in order of `i`), `y` read
+/// and written once. Every `x[i]` has `y`'s length.
+pub fn axpy4(y: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
+    debug_assert!(x.iter().all(|x| x.len() == y.len()));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is available (checked just above).
+        return unsafe { x86::axpy4(y, w, x) };
+    }
+    for (w, x) in w.into_iter().zip(x) {
+        axpy_portable(y, w, x);
+    }
+}
+
 fn reduce8(acc: &[f32; 8]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
@@ -89,6 +118,65 @@ mod x86 {
         super::reduce8(&lanes) + tail
     }
 
+    /// [`super::dot4`]: four [`dot`]s, the chunk loop shared.
+    ///
+    /// # Safety
+    /// AVX must be available.
+    #[target_feature(enable = "avx")]
+    pub unsafe fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+        let n = b.iter().fold(a.len(), |n, b| n.min(b.len()));
+        let chunks = n / 8;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in 0..chunks {
+            // SAFETY: 8 floats at 8c < n in every slice.
+            unsafe {
+                let x = _mm256_loadu_ps(a.as_ptr().add(8 * c));
+                for (acc, b) in acc.iter_mut().zip(b) {
+                    let y = _mm256_loadu_ps(b.as_ptr().add(8 * c));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
+                }
+            }
+        }
+        std::array::from_fn(|i| {
+            let mut lanes = [0f32; 8];
+            // SAFETY: 8 floats into an [f32; 8].
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+            let mut tail = 0f32;
+            for j in chunks * 8..n {
+                tail += a[j] * b[i][j];
+            }
+            super::reduce8(&lanes) + tail
+        })
+    }
+
+    /// [`super::axpy4`]: per chunk of `y`, the four products added in order.
+    ///
+    /// # Safety
+    /// AVX must be available.
+    #[target_feature(enable = "avx")]
+    pub unsafe fn axpy4(y: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
+        let n = x.iter().fold(y.len(), |n, x| n.min(x.len()));
+        let chunks = n / 8;
+        let wv = w.map(|w| _mm256_set1_ps(w));
+        for c in 0..chunks {
+            // SAFETY: 8 floats at 8c < n in every slice.
+            unsafe {
+                let p = y.as_mut_ptr().add(8 * c);
+                let mut acc = _mm256_loadu_ps(p);
+                for (wv, x) in wv.iter().zip(x) {
+                    let v = _mm256_loadu_ps(x.as_ptr().add(8 * c));
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(*wv, v));
+                }
+                _mm256_storeu_ps(p, acc);
+            }
+        }
+        for j in chunks * 8..n {
+            for (w, x) in w.iter().zip(x) {
+                y[j] += w * x[j];
+            }
+        }
+    }
+
     /// # Safety
     /// AVX must be available.
     #[target_feature(enable = "avx")]
@@ -142,6 +230,25 @@ mod tests {
             axpy_portable(&mut y2, 0.37, &a);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&y1), bits(&y2), "axpy n={n}");
+            // Four at once: the bits of four single calls.
+            let bs: Vec<Vec<f32>> = (0..4).map(|i| data(n, 50 + 9 * i + n as u32)).collect();
+            let b4 = [&bs[0][..], &bs[1][..], &bs[2][..], &bs[3][..]];
+            let d4 = dot4(&a, b4);
+            for (i, b) in b4.iter().enumerate() {
+                assert_eq!(
+                    d4[i].to_bits(),
+                    dot_portable(&a, b).to_bits(),
+                    "dot4 n={n} i={i}"
+                );
+            }
+            let ws = [0.37, -1.5e-3, 2.25, -0.71];
+            let mut y4 = data(n, 11 + n as u32);
+            let mut y1 = y4.clone();
+            axpy4(&mut y4, ws, b4);
+            for (w, b) in ws.iter().zip(b4) {
+                axpy_portable(&mut y1, *w, b);
+            }
+            assert_eq!(bits(&y4), bits(&y1), "axpy4 n={n}");
         }
     }
 
