@@ -14,7 +14,8 @@
 //! - **A** (16 rows × 64 bytes) = the quantized activations, signed, loaded
 //!   from [`AmxAct`]'s copy of `Act::qs` as contiguous 1 KB tiles, padded
 //!   with zero rows to a multiple of 16 (one tile configuration for the
-//!   whole call; padded rows are
+//!   whole call: a call of fewer than 16 rows configures exactly its rows,
+//!   [`TileCfg::with_rows`]; with more, the last tile's padded rows are
 //!   computed and dropped).
 //! - **B** (16 rows × 64 bytes) = the weights in AMX's "VNNI" layout (row
 //!   `r` holds values `4r..4r+4` of each of the 16 weight rows side by side),
@@ -110,18 +111,27 @@ pub(super) fn available() -> bool {
     })
 }
 
-/// Palette-1 tile configuration: all eight tiles 16 rows × 64 bytes (A, B
-/// and C tiles alike; which register plays which part is [`planes`]'s).
+/// Palette-1 tile configuration: all eight tiles 64 bytes wide; the B
+/// tiles (tmm4–tmm7, [`planes`]) 16 rows, the A and C tiles (tmm0–tmm3)
+/// `rows` rows.
 #[repr(C, align(64))]
 struct TileCfg([u8; 64]);
 
 impl TileCfg {
-    fn all_16x64() -> Self {
+    /// `rows` (1..=16): the activation rows of every tile step. A tile
+    /// product costs about its A rows (AMX VM, 8 products: 106 TSC cycles
+    /// at 16 rows, 86 at 9, 60–66 at 8 and fewer), so a call of fewer than
+    /// 16 rows configures exactly its rows instead of computing padding.
+    fn with_rows(rows: usize) -> Self {
         let mut c = [0u8; 64];
         c[0] = 1;
         for t in 0..8 {
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&64u16.to_le_bytes());
-            c[48 + t] = TN as u8;
+            c[48 + t] = if t < 4 {
+                rows.clamp(1, TN) as u8
+            } else {
+                TN as u8
+            };
         }
         TileCfg(c)
     }
@@ -230,7 +240,7 @@ struct Aligned<T>(T);
 /// with four operand tiles: 1–3 % faster at 3–16 rows.
 ///
 /// # Safety
-/// Tiles configured by [`TileCfg::all_16x64`];
+/// Tiles configured by [`TileCfg::with_rows`];
 /// every tile inside its buffer.
 #[inline(always)]
 unsafe fn planes<const HI_SIGNED: bool>(a: *const i8, b: *const u8, c: *mut i32) {
@@ -569,7 +579,10 @@ unsafe fn tile_groups<const SIGNED: bool>(
     };
     let _release = Release;
     // SAFETY: the caller checked `available`.
-    unsafe { TileCfg::all_16x64().load() };
+    // One row tile: exactly its rows (the padding rows are neither loaded
+    // nor computed); more: every tile 16 rows, the last one's padding
+    // computed and dropped.
+    unsafe { TileCfg::with_rows(if tiles == 1 { m } else { TN }).load() };
     // Steps (unit u, row tile rt) in order i = u·tiles + rt, across the
     // groups of the call. The products of step i + 1 are issued before the
     // vector work of step i (alternate C buffers by the parity of i), so
