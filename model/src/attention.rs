@@ -3,6 +3,7 @@
 //! architecture, every KV format), in a fixed loop order so that a row's
 //! result never depends on the other rows of a forward.
 
+use crate::expf::exp_in_place;
 use crate::kv_cache::{widen_f16, widen_i8, KvRow, KvStore};
 use crate::vecops::{axpy, axpy4, dot, dot4};
 use std::ops::Range;
@@ -64,12 +65,11 @@ pub(crate) fn attend<C: KvStore>(
         .chunks_exact_mut(len)
         .map(|sh| {
             let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut sum = 0f32;
             for s in sh.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
+                *s -= max;
             }
-            1.0 / sum
+            exp_in_place(sh);
+            1.0 / sh.iter().fold(0f32, |sum, &e| sum + e)
         })
         .collect();
     out.fill(0.0);

@@ -40,6 +40,7 @@ pub mod arch;
 mod attention;
 pub mod engine;
 pub mod error;
+mod expf;
 pub mod forward_threads;
 mod gelu;
 pub mod gguf;

@@ -12,6 +12,7 @@
 pub use crate::arch::{Arch, ModelConfig, MAX_LAYERS};
 use crate::arch::{Bias, FfnAct, RopeParams, RopeStyle};
 use crate::attention::attend;
+use crate::expf::exp_in_place;
 use crate::gelu;
 use crate::gguf::{GgufFile, TensorEntry};
 use crate::kv_cache::{KvCache, KvPrecision, KvStore};
@@ -1054,8 +1055,21 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// `g = silu(g) · u = (g / (1 + exp(−g))) · u`, element by element (the
+/// exponentials a chunk at a time through [`exp_in_place`], same bits as
+/// `f32::exp`).
+fn silu_gated(g: &mut [f32], u: &[f32]) {
+    let mut e = [0f32; 64];
+    for (g, u) in g.chunks_mut(e.len()).zip(u.chunks(e.len())) {
+        let e = &mut e[..g.len()];
+        for (e, g) in e.iter_mut().zip(g.iter()) {
+            *e = -*g;
+        }
+        exp_in_place(e);
+        for ((g, u), e) in g.iter_mut().zip(u).zip(e.iter()) {
+            *g = (*g / (1.0 + e)) * u;
+        }
+    }
 }
 
 /// Elements per task of [`gated`]; a one-token step (4,864 or 8,960 values)
@@ -1067,7 +1081,7 @@ const GATED_CHUNK: usize = 16 * 1024;
 /// was ~1.3 % of that forward's samples when done on one thread.
 fn gated(gate: &mut [f32], up: &[f32], act: FfnAct) {
     let f = |(g, u): (&mut [f32], &[f32])| match act {
-        FfnAct::Silu => g.iter_mut().zip(u).for_each(|(g, u)| *g = silu(*g) * u),
+        FfnAct::Silu => silu_gated(g, u),
         // llama.cpp's f16-table GELU (crate::gelu, issue 28).
         FfnAct::GeluTanh => gelu::geglu_in_place(g, u),
     };
