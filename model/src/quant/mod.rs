@@ -645,12 +645,11 @@ impl OutPtr {
 /// tiles (below, AVX-512 VNNI: over the tile layout when the matrix has
 /// one, else the row kernels; results are identical either way, so the
 /// thresholds are a speed choice only). Measured on the 2-thread forward
-/// in docs/model-core.md ("AMX, round three").
-pub const AMX_MIN_ROWS_Q4K: usize = 7;
-/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights. Below 7 rows both paths
-/// wait on memory in the forward and the tile steps' fixed cost shows
-/// (docs/model-core.md, "AMX, round three").
-pub const AMX_MIN_ROWS_Q6K: usize = 7;
+/// in docs/model-core.md ("AMX, round four": 7 and 8 rows are faster on
+/// the VNNI side since it takes 8 rows a pass).
+pub const AMX_MIN_ROWS_Q4K: usize = 9;
+/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (6 rows a VNNI pass).
+pub const AMX_MIN_ROWS_Q6K: usize = 9;
 
 /// The AMX threshold for `format` (`None`: no AMX kernel), or
 /// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot

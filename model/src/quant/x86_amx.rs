@@ -789,7 +789,7 @@ pub(super) unsafe fn q6k_groups(
 /// bytes (rows past the last whole group of 16 aside), and the two paths
 /// share every float step.
 ///
-/// `sums` gives the `S` of up to [`SUM_ROWS`] rows for the unit's 16
+/// `sums` gives the `S` of up to [`UnitSums::MAX_ROWS`] rows for the unit's 16
 /// weight rows ([`UnitSums`]), stored as rows of `C_lo`.
 ///
 /// # Safety
@@ -797,14 +797,14 @@ pub(super) unsafe fn q6k_groups(
 /// [`q6k_groups`]; `kind` is `w.format`'s.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn unit_groups(
+unsafe fn unit_groups<S: UnitSums>(
     w: &QMatrix,
     kind: tile_layout::Kind,
     j0: usize,
     ng: usize,
     act: &Act,
     out: OutPtr,
-    sums: impl UnitSums,
+    sums: S,
     post: impl Fn(*const u8, *const i32, usize, usize, &mut [__m512]),
 ) {
     let (m, nb, rows) = (act.m, act.nb, w.rows);
@@ -829,7 +829,7 @@ unsafe fn unit_groups(
             };
             for t0 in (0..m).step_by(TN) {
                 let tn = TN.min(m - t0);
-                for t in (0..tn).step_by(SUM_ROWS) {
+                for t in (0..tn).step_by(S::MAX_ROWS) {
                     // Prefetch with the first rows only.
                     let ahead = if t == 0 { ahead } else { u };
                     let (t1, c) = (t0 + t, cbp.wrapping_add(16 * t));
@@ -842,11 +842,15 @@ unsafe fn unit_groups(
                     };
                     // SAFETY: a whole unit at `u`; rows t1..t1 + n < m.
                     unsafe {
-                        match (tn - t).min(SUM_ROWS) {
+                        match (tn - t).min(S::MAX_ROWS) {
                             1 => store(&sums.sums::<1>(u, ahead, act, sb, t1)),
                             2 => store(&sums.sums::<2>(u, ahead, act, sb, t1)),
                             3 => store(&sums.sums::<3>(u, ahead, act, sb, t1)),
-                            _ => store(&sums.sums::<4>(u, ahead, act, sb, t1)),
+                            4 => store(&sums.sums::<4>(u, ahead, act, sb, t1)),
+                            5 => store(&sums.sums::<5>(u, ahead, act, sb, t1)),
+                            6 => store(&sums.sums::<6>(u, ahead, act, sb, t1)),
+                            7 => store(&sums.sums::<7>(u, ahead, act, sb, t1)),
+                            _ => store(&sums.sums::<8>(u, ahead, act, sb, t1)),
                         }
                     }
                 }
@@ -876,6 +880,11 @@ unsafe fn bcast4(p: *const i8) -> __m512i {
 /// The VNNI sums of one format for [`unit_groups`]: `S` of activation rows
 /// `t0..t0 + N` × one unit (lanes = its 16 weight rows).
 trait UnitSums {
+    /// Activation rows per [`UnitSums::sums`] call at most (1..=8): each
+    /// weight vector is unpacked once for them, so as many as the
+    /// registers hold without spilling.
+    const MAX_ROWS: usize;
+
     /// # Safety
     /// As [`sums_q4k`], for a unit of this format.
     unsafe fn sums<const N: usize>(
@@ -892,6 +901,8 @@ trait UnitSums {
 struct Q4kSums<const Q5: bool>;
 
 impl<const Q5: bool> UnitSums for Q4kSums<Q5> {
+    const MAX_ROWS: usize = Q4K_SUM_ROWS;
+
     unsafe fn sums<const N: usize>(
         &self,
         unit: *const u8,
@@ -909,6 +920,8 @@ impl<const Q5: bool> UnitSums for Q4kSums<Q5> {
 struct Q6kSums;
 
 impl UnitSums for Q6kSums {
+    const MAX_ROWS: usize = Q6K_SUM_ROWS;
+
     unsafe fn sums<const N: usize>(
         &self,
         unit: *const u8,
@@ -923,8 +936,12 @@ impl UnitSums for Q6kSums {
 }
 
 /// Activation rows per [`sums_q4k`] / [`sums_q6k`] call: each weight
-/// vector is unpacked once for them (two accumulators a row).
-const SUM_ROWS: usize = 4;
+/// vector is unpacked once for them (two accumulators a row for Q4_K, four
+/// for Q6_K). Measured on the 2-thread forward of the 1.5B (AMX VM, issue
+/// 33): 4 rows a pass → 8 (Q4_K) and 6 (Q6_K) took a 5-row forward from
+/// 76.5 to 68.4 ms and moved the AMX thresholds from 7 to 9 rows.
+const Q4K_SUM_ROWS: usize = 8;
+const Q6K_SUM_ROWS: usize = 6;
 
 /// `S = Σ_c sc_c · dot_c` of activation rows `t0..t0 + N` × a Q4_K unit
 /// (`Q5`: Q5_K) (lanes = its 16 weight rows), by `vpdpbusd` on the values
