@@ -54,6 +54,7 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::act::Act;
 use super::tile_layout::{self, GROUP};
@@ -549,12 +550,20 @@ unsafe fn tile_groups<const SIGNED: bool>(
     let Some(a_tiles) = &amx.a_tiles else {
         return;
     };
-    let mut wbuf = [Aligned([0u8; PLANES]); 3];
-    let mut scratch = [Aligned([0u8; MAX_UNIT]); 3];
+    // The plane buffers are written by `unpack` before any tile load reads
+    // them, and a C buffer's rows by the tile stores before `post` reads
+    // them: never read uninitialized, so not zeroed (38 KB a call, ~200
+    // calls a layer).
+    let mut wbuf: [MaybeUninit<Aligned<[u8; PLANES]>>; 3] = [const { MaybeUninit::uninit() }; 3];
     let unit_len = kind.unit_bytes();
-    let mut cbuf = Aligned([0i32; 2 * 2 * 256]);
+    // Only for a matrix without a tile layout.
+    let mut scratch = match w.tiles {
+        Some(_) => Vec::new(),
+        None => vec![Aligned([0u8; MAX_UNIT]); 3],
+    };
+    let mut cbuf = MaybeUninit::<Aligned<[i32; 2 * 2 * 256]>>::uninit();
     // Written by the tile stores, read by `post`: one raw pointer for both.
-    let cbp = cbuf.0.as_mut_ptr();
+    let cbp = cbuf.as_mut_ptr().cast::<i32>();
     let mut acc = vec![_mm512_setzero_ps(); m];
     // This call's units in order: u = (g − g0)·nb + sb.
     let (g0, units_n) = (j0 / GROUP, ng * nb);
@@ -595,11 +604,11 @@ unsafe fn tile_groups<const SIGNED: bool>(
     for u in 0..units_n.min(2) {
         let (p, ahead) = unit(u);
         units[u] = p;
-        unpack(p, wbuf[u].0.as_mut_ptr(), ahead);
+        unpack(p, wbuf[u].as_mut_ptr().cast(), ahead);
     }
-    let issue = |i: usize, wbuf: &[Aligned<[u8; PLANES]>; 3]| {
+    let issue = |i: usize, wbuf: &[MaybeUninit<Aligned<[u8; PLANES]>>; 3]| {
         let (u, rt) = (i / tiles, i % tiles);
-        let wp = wbuf[u % 3].0.as_ptr();
+        let wp = wbuf[u % 3].as_ptr().cast::<u8>();
         let c = cbp.wrapping_add(512 * (i & 1));
         // SAFETY: A: the four 1 KB tiles (rt, 4·sb + k) inside `a_tiles`
         // (`tiles_of`); B: 16 rows of 64 bytes at 1024·k (+ 4096) inside
@@ -621,7 +630,7 @@ unsafe fn tile_groups<const SIGNED: bool>(
             // before this step.
             let (p, ahead) = unit(u + 2);
             units[(u + 2) % 3] = p;
-            unpack(p, wbuf[(u + 2) % 3].0.as_mut_ptr(), ahead);
+            unpack(p, wbuf[(u + 2) % 3].as_mut_ptr().cast(), ahead);
         }
         if i + 1 < steps {
             issue(i + 1, &wbuf);
