@@ -216,12 +216,40 @@ fn frame_line(text: &str, n: &tandem_router::lexicon::TermNote) -> String {
         FrameNote::HypotheticalKept {
             marker,
             generic,
-            why: HypotheticalKept::Past,
+            why,
         } => format!(
             "counted: {} {} ({cue}), kept: {}",
             kind(generic),
             span(marker),
-            HypotheticalKept::Past.reason()
+            why.reason()
+        ),
+        FrameNote::Consequent {
+            marker,
+            generic,
+            supposed,
+            why,
+        } => format!(
+            "set aside: main clause of {} {}{} ({cue}): {}",
+            kind(generic),
+            span(marker),
+            supposed.map_or_else(String::new, |t| format!(" about {}", span(t))),
+            why.reason()
+        ),
+        FrameNote::ConsequentKept {
+            marker,
+            generic,
+            supposed,
+            why,
+        } => format!(
+            "counted: main clause of {} {}{} ({cue}), kept: {}",
+            kind(generic),
+            span(marker),
+            supposed.map_or_else(String::new, |t| format!(" about {}", span(t))),
+            why.reason()
+        ),
+        FrameNote::QuestionHeader { word } => format!(
+            "not counted: its list header names questions ({}), so the header's {cue} is not the items'",
+            span(word)
         ),
     };
     format!("  {:<10} term {term} {what}", n.category)

@@ -365,6 +365,66 @@ fn explain_shows_clause_scope_past_and_list_cues() {
     );
 }
 
+/// The frames block for a supposition's and a generic conditional's main
+/// clause, Korean "제" as a cue, and a list header that names questions
+/// (docs/privacy.md "Main clauses, Korean 제, question headers").
+#[test]
+fn explain_shows_main_clauses_korean_cues_and_question_headers() {
+    let text = "If I had cancer, would my insurer pay for chemotherapy?";
+    let out = explain(text);
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(
+        out.contains(
+            "term \"chemotherapy\" (bytes 42..54) set aside: main clause of hypothetical \"If I had\" (bytes 0..8) about \"cancer\" (bytes 9..15) (cue \"my\" (bytes 23..25)): its cue is an institution's possessive"
+        ),
+        "{out}"
+    );
+    let v = &json_lines(&explain_with(&["--json"], text))[0];
+    let f = v["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["frame"] == "consequent")
+        .unwrap();
+    assert_eq!(f["supposed"], serde_json::json!([9, 15]));
+    assert_eq!(f["cue"], serde_json::json!([23, 25]));
+    assert_eq!(f["counted"], false);
+    // A real person's condition in the main clause counts, and says why.
+    let out = explain("If I had cancer, would it matter that my mother has leukemia?");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(
+        out.contains("term \"leukemia\" (bytes 52..60), cue \"my\" (bytes 38..40)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("counted: main clause of hypothetical \"If I had\""),
+        "{out}"
+    );
+    // A generic conditional's main clause.
+    let out = explain("如果有人酒驾被抓了，会被判刑吗？");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(
+        out.contains("set aside: main clause of generic conditional \"如果有人\""),
+        "{out}"
+    );
+    // Korean "제" (my) is a cue of its own.
+    let out = explain("제 빚은 3천만 원이에요");
+    assert!(out.contains("decision:   local"), "{out}");
+    assert!(
+        out.contains("term \"빚\" (bytes 4..7), cue \"제\" (bytes 0..3)"),
+        "{out}"
+    );
+    // A header that names questions lends its items no cue.
+    let out = explain("My questions:\n- How does a mortgage work?");
+    assert!(out.contains("decision:   speculative"), "{out}");
+    assert!(
+        out.contains(
+            "term \"mortgage\" (bytes 27..35) not counted: its list header names questions (\"questions\" (bytes 3..12)), so the header's cue \"My\" (bytes 0..2) is not the items'"
+        ),
+        "{out}"
+    );
+}
+
 #[test]
 fn explain_colour_always_and_stdin_and_json() {
     let o = tandem(

@@ -24,7 +24,10 @@
 //! A term's disclosure cue is the nearest first-person or relative marker
 //! within [`CONTEXT_WINDOW`] bytes on its line, or else the cue of the
 //! header of a list that holds it ("My conditions: diabetes, asthma, …",
-//! "my diagnoses:" over bullet lines; [`list_header_cue`]).
+//! "my diagnoses:" over bullet lines; [`list_header_cue`]), unless the
+//! header names questions ("My questions:", "我的疑问：";
+//! `data/context/question_headers.txt`). Korean "제" and "내" (my) count
+//! only as words of their own ("제 빚", not "문제").
 //!
 //! A term that would count is then read in its sentence (issue 32, "tense
 //! and negation"; docs/privacy.md "Negation and hypotheticals" and
@@ -39,6 +42,15 @@
 //!   covers the conditional clause only: it ends at a clause break or at a
 //!   word that ends it ("then", "的话", "たら"), and its subject is no cue
 //!   for the main clause;
+//! * in the main clause of a supposition or a generic conditional ("If I
+//!   had cancer, would my insurer pay for chemotherapy?", "如果有人酒驾被抓了，
+//!   会被判刑吗？"; [`Consequent`]): when the clause asks or is in the
+//!   conditional mood and the conditional clause holds a term (of the same
+//!   category, for a supposition), it counts only with a cue of its own
+//!   there; for a supposition, not the possessive of an institution ("my
+//!   insurer", "我的保险") nor a cue bound to the mood ("would my wife",
+//!   "I'd"); the term's own possessive ("my chemotherapy", "my sister's
+//!   diabetes") and the past still count;
 //! * denied ("I don't have diabetes", "我没有抑郁症", "借金はありません";
 //!   `data/context/negations.txt`) it is set aside in health, finance and
 //!   legal ([`NEGATION_CLEARS`]) unless it is a status term (HIV,
@@ -246,7 +258,9 @@ impl Lexicon {
         if frame == Frame::Fiction {
             return (hits, notes);
         }
-        for (pattern, start, end) in terms {
+        // Each term's hypothetical frame, as `consequent_of` needs it.
+        let mut frames: Vec<Option<Option<Hypothetical>>> = vec![None; terms.len()];
+        for (idx, &(pattern, start, end)) in terms.iter().enumerate() {
             let kind = self.pattern_kind[pattern];
             let suppressed = match kind {
                 TermKind::Benign => true,
@@ -259,14 +273,7 @@ impl Lexicon {
                 continue;
             }
             let cues = first_person().around(text, start, end);
-            let cue = disclosure_cue(text, start, end, &cues);
-            let counted: Option<Option<(usize, usize)>> = match (kind, frame, cue) {
-                (TermKind::Personal, _, None) | (_, Frame::Topic, None) => None,
-                (_, _, c) => Some(c),
-            };
-            let Some(mut cue) = counted else {
-                continue;
-            };
+            let (cue, question_header) = disclosure_cue(text, start, end, &cues);
             let category = &self.categories[self.pattern_category[pattern]];
             let note = |cue, frame| TermNote {
                 category: category.clone(),
@@ -275,10 +282,24 @@ impl Lexicon {
                 cue,
                 frame,
             };
+            let counted: Option<Option<(usize, usize)>> = match (kind, frame, cue) {
+                (TermKind::Personal, _, None) | (_, Frame::Topic, None) => None,
+                (_, _, c) => Some(c),
+            };
+            let Some(mut cue) = counted else {
+                // A list header that names questions lends its items no
+                // cue ("My questions:\n- How does a mortgage work?").
+                if let Some((header_cue, word)) = question_header {
+                    notes.push(note(Some(header_cue), FrameNote::QuestionHeader { word }));
+                }
+                continue;
+            };
             // A hypothetical, a future conditional or a generic
             // conditional: the term counts only with a cue of its own in
             // the clause, or when the clause tells of the past.
-            if let Some(h) = hypothetical_of(text, start, end, &cues) {
+            let own_frame = hypothetical_of(text, start, end, &cues);
+            frames[idx] = Some(own_frame);
+            if let Some(h) = own_frame {
                 let own: Vec<(usize, usize)> = cues
                     .iter()
                     .copied()
@@ -311,6 +332,67 @@ impl Lexicon {
                         continue;
                     }
                 }
+            } else if let Some(c) = self.consequent_of(text, &terms, idx, &mut frames) {
+                // The main clause of a supposition or a generic
+                // conditional: the term counts only with a cue of its own
+                // there (for a supposition, not an institution's
+                // possessive nor bound to the mood), or when the clause
+                // tells of the past (a supposition only).
+                let generic = c.frame.generic;
+                let in_clause = cues
+                    .iter()
+                    .copied()
+                    .filter(|&(s, e)| s >= c.clause.0 && e <= c.clause.1);
+                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+                for x in in_clause {
+                    match (!generic)
+                        .then(|| consequent_cue_refusal(text, x, start))
+                        .flatten()
+                    {
+                        Some(why) => refused.push((x, why)),
+                        None => accepted.push(x),
+                    }
+                }
+                let (marker, supposed) = (c.frame.marker, c.supposed);
+                // A cue inside the term is its own ("my lawyer").
+                let inside = cues.iter().copied().find(|&(s, e)| s >= start && e <= end);
+                let kept = match inside.or_else(|| nearest_in_window(text, start, end, &accepted)) {
+                    Some(own) => {
+                        cue = Some(own);
+                        Some(HypotheticalKept::MainClauseCue)
+                    }
+                    None => (!generic && tells_past(text, c.clause.0, c.clause.1))
+                        .then_some(HypotheticalKept::Past),
+                };
+                match kept {
+                    Some(why) => notes.push(note(
+                        cue,
+                        FrameNote::ConsequentKept {
+                            marker,
+                            generic,
+                            supposed,
+                            why,
+                        },
+                    )),
+                    None => {
+                        let spans: Vec<(usize, usize)> = refused.iter().map(|r| r.0).collect();
+                        let nearest = nearest_in_window(text, start, end, &spans);
+                        let why = refused
+                            .iter()
+                            .find(|r| Some(r.0) == nearest)
+                            .map_or(ConsequentAside::NoCue, |r| r.1);
+                        notes.push(note(
+                            nearest,
+                            FrameNote::Consequent {
+                                marker,
+                                generic,
+                                supposed,
+                                why,
+                            },
+                        ));
+                        continue;
+                    }
+                }
             }
             // A denial: set aside only in the categories where a denial
             // says nothing, and not for a status term or a partial denial.
@@ -340,6 +422,88 @@ impl Lexicon {
             });
         }
         (hits, notes)
+    }
+
+    /// The main clause of a supposition or a generic conditional that holds
+    /// `terms[idx]`, if any (see [`Consequent`]): the nearest earlier term
+    /// of the sentence in a hypothetical frame (`frames` caches each term's
+    /// frame) whose conditional clause ends right before the term's clause,
+    /// not in the past, of the same category unless the frame is generic,
+    /// and a main clause that asks or supposes.
+    fn consequent_of(
+        &self,
+        text: &str,
+        terms: &[(usize, usize, usize)],
+        idx: usize,
+        frames: &mut [Option<Option<Hypothetical>>],
+    ) -> Option<Consequent> {
+        let (pattern, start, end) = *terms.get(idx)?;
+        let from = sentence_start(text, start);
+        // No clause break and no word ending a clause before the term: no
+        // earlier clause in its sentence.
+        if !text[from..start].contains(is_clause_break)
+            && hypotheticals()
+                .ends
+                .matches(text, from..start)
+                .next()
+                .is_none()
+        {
+            return None;
+        }
+        for j in (0..idx).rev() {
+            let (pj, sj, ej) = terms[j];
+            if sj < from {
+                break;
+            }
+            if self.pattern_kind[pj] == TermKind::Benign || ej > start {
+                continue;
+            }
+            let frame = *frames.get_mut(j)?.get_or_insert_with(|| {
+                hypothetical_of(text, sj, ej, &first_person().around(text, sj, ej))
+            });
+            let Some(h) = frame else {
+                continue;
+            };
+            // A supposition that tells of the past is a fact: its main
+            // clause is read as before.
+            if h.past {
+                return None;
+            }
+            if h.scope_end > start {
+                continue;
+            }
+            if !h.generic && self.pattern_category[pj] != self.pattern_category[pattern] {
+                continue;
+            }
+            return consequent_clause(text, start, end, h).map(|clause| Consequent {
+                frame: h,
+                supposed: Some((sj, ej)),
+                clause,
+            });
+        }
+        // A generic conditional without a term ("If someone steals a bike,
+        // can they go to jail?").
+        let words = hypotheticals();
+        let found: Vec<(usize, usize, usize)> =
+            words.phrases.matches_with_word(text, from..start).collect();
+        found
+            .into_iter()
+            .rev()
+            .filter(|&(w, _, _)| {
+                words
+                    .info
+                    .get(w)
+                    .is_some_and(|i| i.kind == PhraseKind::Generic)
+            })
+            .filter_map(|m| frame_of_phrase(text, from, m, &[]))
+            .find(|h| h.scope_end <= start)
+            .and_then(|h| {
+                consequent_clause(text, start, end, h).map(|clause| Consequent {
+                    frame: h,
+                    supposed: None,
+                    clause,
+                })
+            })
     }
 
     /// The term occurrences that stand alone (see [`stands_alone`]), as
@@ -496,10 +660,38 @@ impl ContextWords {
                         && !b.get(m.end()).is_some_and(|&c| word(c))
                         && !latin_letter_touches(text, m.start(), m.end()));
                 let case_ok = w.text != "I" || b.get(m.start()) == Some(&b'I');
-                w.kind != TermKind::Benign && alone && case_ok
+                let syllable_ok =
+                    !is_one_hangul_syllable(&w.text) || hangul_word_alone(text, m.start(), m.end());
+                w.kind != TermKind::Benign && alone && case_ok && syllable_ok
             })
             .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
     }
+}
+
+/// Whether `word` is one Hangul syllable ("제", "내").
+fn is_one_hangul_syllable(word: &str) -> bool {
+    let mut chars = word.chars();
+    matches!((chars.next(), chars.next()), (Some(c), None) if is_hangul_syllable(c))
+}
+
+fn is_hangul_syllable(c: char) -> bool {
+    ('\u{AC00}'..='\u{D7A3}').contains(&c)
+}
+
+/// Whether the one-syllable word at `start..end` is a word of its own: no
+/// Hangul syllable right before it, a space after it and no digit after
+/// that ("제 빚" is "my debt"; "문제", "제품" are other words, "제 3조" an
+/// ordinal).
+fn hangul_word_alone(text: &str, start: usize, end: usize) -> bool {
+    let before_ok = text
+        .get(..start)
+        .and_then(|h| h.chars().next_back())
+        .is_none_or(|c| !is_hangul_syllable(c));
+    let after = text.get(end..).unwrap_or("");
+    let rest = after.trim_start();
+    before_ok
+        && after.starts_with(char::is_whitespace)
+        && !rest.starts_with(|c: char| c.is_ascii_digit())
 }
 
 fn first_person() -> &'static ContextWords {
@@ -653,7 +845,9 @@ impl TermNote {
     pub fn counted(&self) -> bool {
         matches!(
             self.frame,
-            FrameNote::NegationKept { .. } | FrameNote::HypotheticalKept { .. }
+            FrameNote::NegationKept { .. }
+                | FrameNote::HypotheticalKept { .. }
+                | FrameNote::ConsequentKept { .. }
         )
     }
 }
@@ -669,11 +863,20 @@ pub struct FrameReport {
     pub end: usize,
     /// The disclosure cue it counted with (or would have), if any.
     pub cue: Option<(usize, usize)>,
-    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`.
+    /// `negated`, `negation_kept`, `hypothetical`, `hypothetical_kept`,
+    /// `consequent`, `consequent_kept`, `question_header`.
     pub frame: &'static str,
     /// The marker's bytes: the phrase ("don't have", "if someone", "假如")
-    /// or a conditional ending ("になったら").
+    /// or a conditional ending ("になったら"); for `question_header`, the
+    /// header's word ("questions", "疑问").
     pub marker: (usize, usize),
+    /// Consequents: the term of the conditional clause the supposition is
+    /// about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub supposed: Option<(usize, usize)>,
+    /// Why a consequent's term was set aside.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aside_because: Option<&'static str>,
     /// Hypotheticals: a conditional about nobody in particular.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generic: Option<bool>,
@@ -686,6 +889,7 @@ pub struct FrameReport {
 
 impl From<&TermNote> for FrameReport {
     fn from(n: &TermNote) -> FrameReport {
+        let (mut supposed, mut aside_because) = (None, None);
         let (frame, marker, generic, kept_because) = match n.frame {
             FrameNote::Negated { marker } => ("negated", marker, None, None),
             FrameNote::NegationKept { marker, why } => {
@@ -704,6 +908,26 @@ impl From<&TermNote> for FrameReport {
                 Some(generic),
                 Some(why.reason()),
             ),
+            FrameNote::Consequent {
+                marker,
+                generic,
+                supposed: term,
+                why,
+            } => {
+                supposed = term;
+                aside_because = Some(why.reason());
+                ("consequent", marker, Some(generic), None)
+            }
+            FrameNote::ConsequentKept {
+                marker,
+                generic,
+                supposed: term,
+                why,
+            } => {
+                supposed = term;
+                ("consequent_kept", marker, Some(generic), Some(why.reason()))
+            }
+            FrameNote::QuestionHeader { word } => ("question_header", word, None, None),
         };
         FrameReport {
             category: n.category.clone(),
@@ -712,6 +936,8 @@ impl From<&TermNote> for FrameReport {
             cue: n.cue,
             frame,
             marker,
+            supposed,
+            aside_because,
             generic,
             counted: n.counted(),
             kept_because,
@@ -748,6 +974,29 @@ pub enum FrameNote {
         generic: bool,
         why: HypotheticalKept,
     },
+    /// In the main clause of a supposition ("If I had cancer, would my
+    /// insurer pay for chemotherapy?") or of a generic conditional ("如果有人
+    /// 酒驾被抓了，会被判刑吗？") whose conditional clause holds `supposed`,
+    /// with no cue there that counts (see [`ConsequentAside`]; the note's
+    /// cue is the refused one): set aside.
+    Consequent {
+        marker: (usize, usize),
+        generic: bool,
+        supposed: Option<(usize, usize)>,
+        why: ConsequentAside,
+    },
+    /// In such a main clause, and counted all the same: a cue of its own
+    /// there ([`HypotheticalKept::MainClauseCue`]) or the past.
+    ConsequentKept {
+        marker: (usize, usize),
+        generic: bool,
+        supposed: Option<(usize, usize)>,
+        why: HypotheticalKept,
+    },
+    /// A list item that would have counted by its header's cue (the
+    /// note's cue), but the header names questions (`word`: "My
+    /// questions:", "Mis preguntas:", "我的疑问："): not counted.
+    QuestionHeader { word: (usize, usize) },
 }
 
 /// Why a term in a hypothetical frame still counts.
@@ -760,6 +1009,11 @@ pub enum HypotheticalKept {
     /// The clause tells of the past ("If I had cancer *as a child*, would
     /// …", "in 2015"): a statement of fact in a hypothetical's shape.
     Past,
+    /// In a supposition's or a generic conditional's main clause: a cue
+    /// there that is not an institution's possessive nor bound to the mood
+    /// ("would it matter that *my* mother has leukemia", "*我*妈的高血压",
+    /// "my chemotherapy").
+    MainClauseCue,
 }
 
 impl HypotheticalKept {
@@ -770,6 +1024,9 @@ impl HypotheticalKept {
                 "a cue in the clause is not the supposition's subject, or is the term's possessive"
             }
             HypotheticalKept::Past => "the clause tells of the past: a statement of fact",
+            HypotheticalKept::MainClauseCue => {
+                "a cue in the main clause is neither an institution's possessive nor bound to the mood"
+            }
         }
     }
 }
@@ -926,6 +1183,7 @@ fn negation_limited(text: &str, from: usize) -> bool {
 }
 
 /// A hypothetical frame whose clause holds a term.
+#[derive(Clone, Copy)]
 struct Hypothetical {
     /// The phrase ("if someone", "假如"), or for a frame made by a
     /// conditional ending after the term ("になったら", "걸리면"), the ending.
@@ -987,6 +1245,15 @@ struct HypotheticalWords {
     /// `past:` markers of a past time ("last year", "as a child", "el año
     /// pasado", "letztes Jahr", "l'an dernier", "去年", "昨年", "작년").
     past: ContextWords,
+    /// `mood:` words that make a main clause a supposition's consequent
+    /// ("would", "würde", "会", "ますか"); see [`Consequent`].
+    moods: ContextWords,
+    /// `mood: -ending` lines: word endings of the conditional ("ría",
+    /// "rait"), lower case.
+    mood_endings: Vec<String>,
+    /// `institution:` nouns whose possessive in a consequent is no cue
+    /// ("my insurer", "meine Krankenkasse", "我的保险").
+    institutions: ContextWords,
 }
 
 /// The lists of `hypotheticals.txt` (see [`HypotheticalWords`]).
@@ -995,6 +1262,8 @@ fn hypotheticals() -> &'static HypotheticalWords {
     WORDS.get_or_init(|| {
         let (mut phrases, mut ends, mut eventual, mut past) =
             (String::new(), String::new(), String::new(), String::new());
+        let (mut moods, mut institutions) = (String::new(), String::new());
+        let mut mood_endings = Vec::new();
         let mut info = Vec::new();
         for line in HYPOTHETICALS.lines() {
             let line = line.split('#').next().unwrap_or("").trim();
@@ -1005,6 +1274,14 @@ fn hypotheticals() -> &'static HypotheticalWords {
                 "end" => &mut ends,
                 "eventual" => &mut eventual,
                 "past" => &mut past,
+                "institution" => &mut institutions,
+                "mood" => match rest.trim().strip_prefix('-') {
+                    Some(ending) => {
+                        mood_endings.push(ending.trim().to_lowercase());
+                        continue;
+                    }
+                    None => &mut moods,
+                },
                 _ => {
                     let kind = match label {
                         "generic" => PhraseKind::Generic,
@@ -1037,6 +1314,9 @@ fn hypotheticals() -> &'static HypotheticalWords {
             ends: ContextWords::new(&ends),
             eventual: ContextWords::new(&eventual),
             past: ContextWords::new(&past),
+            moods: ContextWords::new(&moods),
+            mood_endings,
+            institutions: ContextWords::new(&institutions),
         }
     })
 }
@@ -1142,20 +1422,39 @@ fn subject_of(
 }
 
 /// Whether `cue` stands right before the term starting at `start` as its
-/// possessive ("my depression", "mi depresión", "我的抑郁症", "私の借金"):
-/// then the term is the writer's, even as a supposition's subject ("Si
-/// algún día mi depresión vuelve", "如果以后我的抑郁症复发").
+/// possessive ("my depression", "mi depresión", "我的抑郁症", "私の借金",
+/// "제 빚"), or as the possessive of the person whose term it is ("my
+/// sister's lupus", "我妈的高血压", "私の母の糖尿病"): then the term is the
+/// writer's or a real person's, even as a supposition's subject ("Si
+/// algún día mi depresión vuelve", "如果以后我的抑郁症复发") or in its main
+/// clause.
 fn possessive_of(text: &str, cue: (usize, usize), start: usize) -> bool {
-    const POSSESSIVES: [&str; 18] = [
+    const POSSESSIVES: [&str; 20] = [
         "my", "our", "mi", "mis", "nuestro", "nuestra", "mein", "meine", "meinem", "meinen",
-        "meiner", "meines", "unser", "unsere", "mon", "ma", "mes", "notre",
+        "meiner", "meines", "unser", "unsere", "mon", "ma", "mes", "notre", "제", "내",
     ];
     let (Some(word), Some(gap)) = (text.get(cue.0..cue.1), text.get(cue.1..start)) else {
         return false;
     };
     let word = word.to_lowercase();
-    (POSSESSIVES.contains(&word.as_str()) && !gap.is_empty() && gap.trim().is_empty())
-        || matches!(gap, "的" | "の")
+    let possessive = POSSESSIVES.contains(&word.as_str());
+    // "my sister's": one word with 's between the possessive and the term.
+    let genitive = |g: &str| {
+        let g = g.trim();
+        !g.contains(char::is_whitespace)
+            && g.len() > 2
+            && (g.ends_with("'s") || g.ends_with("’s"))
+            && g.chars().next().is_some_and(char::is_alphabetic)
+    };
+    // "妈的", "の母の": at most three characters ending in 的 or の.
+    let cjk_genitive = |g: &str| {
+        (g.ends_with('的') || g.ends_with('の'))
+            && g.chars().count() <= 4
+            && !g.contains(|c: char| c.is_whitespace() || is_clause_break(c) || c.is_ascii())
+    };
+    (possessive && !gap.is_empty() && gap.trim().is_empty())
+        || (possessive && gap.starts_with(char::is_whitespace) && genitive(gap))
+        || cjk_genitive(gap)
 }
 
 /// The frame a phrase of `hypotheticals.txt` found at `s..e` (phrase `w`)
@@ -1304,23 +1603,232 @@ fn subject_of_an_earlier_clause(
         })
 }
 
+/// The main clause of a supposition or a generic conditional, holding a
+/// term (issue 32: "If I had cancer, would my insurer pay for
+/// chemotherapy?", "如果有人酒驾被抓了，会被判刑吗？"): the clause right after
+/// the frame's conditional clause, when it asks or is in the conditional
+/// mood (see [`asks_or_supposes`]) and the conditional clause holds a
+/// term (`supposed`) of the same category (a supposition) or of any
+/// category (a generic conditional). See `hypotheticals.txt`.
+#[derive(Clone, Copy)]
+struct Consequent {
+    frame: Hypothetical,
+    /// The term of the conditional clause (none for a generic conditional
+    /// without one: "If someone steals a bike, can they go to jail?").
+    supposed: Option<(usize, usize)>,
+    /// The main clause's bytes: from the end of the conditional clause (and
+    /// the comma after it) to its next clause break.
+    clause: (usize, usize),
+}
+
+/// The bytes of the main clause after frame `h` that holds the term at
+/// `start..end`, if it is one (see [`Consequent`]): the term's clause
+/// follows the conditional clause (past its comma, no other clause break
+/// before the term), and it asks or supposes.
+fn consequent_clause(
+    text: &str,
+    start: usize,
+    end: usize,
+    h: Hypothetical,
+) -> Option<(usize, usize)> {
+    let rest = text.get(h.scope_end..start)?;
+    let trimmed = rest.trim_start();
+    let trimmed = trimmed
+        .strip_prefix([',', '，', '、'])
+        .unwrap_or(trimmed)
+        .trim_start();
+    if trimmed.contains(is_clause_break) {
+        return None;
+    }
+    let clause_from = start - trimmed.len();
+    let to = floor_char(text, end.saturating_add(FRAME_REACH));
+    let clause_to = text[end..to].find(is_clause_break).map_or(to, |i| end + i);
+    asks_or_supposes(text, clause_from, clause_to).then_some((clause_from, clause_to))
+}
+
+/// Whether the clause `text[from..to]` asks (`?`, `？` or `¿`) or holds a
+/// `mood:` word or ending: a consequent ("would my insurer pay", "会被判刑吗",
+/// "¿mi seguro pagaría", "逮捕されますか").
+fn asks_or_supposes(text: &str, from: usize, to: usize) -> bool {
+    let Some(clause) = text.get(from..to) else {
+        return false;
+    };
+    let words = hypotheticals();
+    text.get(to..).is_some_and(|t| t.starts_with(['?', '？']))
+        || clause.contains(['¿', '?', '？'])
+        || words.moods.matches(text, from..to).next().is_some()
+        || clause
+            .split(|c: char| !c.is_alphanumeric())
+            .any(|w| has_mood_ending(&w.to_lowercase()))
+}
+
+/// Whether `word` (lower case) ends in a `mood: -ending` of
+/// `hypotheticals.txt` and is more than that ending ("pagaría", "paierait").
+fn has_mood_ending(word: &str) -> bool {
+    hypotheticals()
+        .mood_endings
+        .iter()
+        .any(|e| word.len() > e.len() + 1 && word.ends_with(e.as_str()))
+}
+
+/// Why a cue in a supposition's main clause is no disclosure cue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsequentAside {
+    /// The main clause has no cue near the term.
+    NoCue,
+    /// The cue is the possessive of an institution ("my insurer", "meine
+    /// Krankenkasse", "我的保险"): the writer's dealings with it, in the
+    /// supposed world.
+    Institution,
+    /// The cue is bound to the mood ("would my wife", "I'd", "will I",
+    /// "me cubriría", "我会"): the supposition's subject in its consequence.
+    Mood,
+}
+
+impl ConsequentAside {
+    /// A short reason for `tandem route explain`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ConsequentAside::NoCue => "no cue of its own in the main clause",
+            ConsequentAside::Institution => {
+                "its cue is an institution's possessive, in the supposed world"
+            }
+            ConsequentAside::Mood => {
+                "its cue is bound to the conditional mood, in the supposed world"
+            }
+        }
+    }
+}
+
+/// Why `cue`, in a supposition's main clause, is no disclosure cue for the
+/// term starting at `start`, if it is none: the term's own possessive (or
+/// a person's: "my sister's lupus") always counts; the possessive of an
+/// `institution:` word and a cue next to a `mood:` word do not.
+fn consequent_cue_refusal(
+    text: &str,
+    cue: (usize, usize),
+    start: usize,
+) -> Option<ConsequentAside> {
+    if possessive_of(text, cue, start) {
+        return None;
+    }
+    let words = hypotheticals();
+    // The word after the cue (a particle 的/の/의 skipped), and before it.
+    let after = text.get(cue.1..).unwrap_or("");
+    let after_trim = after.trim_start();
+    let next = cue.1 + (after.len() - after_trim.len());
+    let noun = ["的", "の", "의"]
+        .iter()
+        .find_map(|p| after_trim.strip_prefix(p).map(|_| next + p.len()))
+        .unwrap_or(next);
+    let starts_at = |list: &ContextWords, at: usize| {
+        let to = floor_char(text, at.saturating_add(40));
+        list.matches(text, at..to)
+            .next()
+            .is_some_and(|(s, _)| s == at)
+    };
+    if starts_at(&words.institutions, noun) {
+        return Some(ConsequentAside::Institution);
+    }
+    let cue_word = text.get(cue.0..cue.1).unwrap_or("").to_lowercase();
+    let next_word = after_trim
+        .split(|c: char| c.is_whitespace() || (c.is_ascii_punctuation() && c != '\''))
+        .next()
+        .unwrap_or("")
+        .to_lowercase();
+    let before = text.get(..cue.0).unwrap_or("").trim_end();
+    let before_from = floor_char(text, before.len().saturating_sub(24));
+    let mood_before = words
+        .moods
+        .matches(text, before_from..before.len())
+        .last()
+        .is_some_and(|(_, e)| e == before.len());
+    let bound = matches!(cue_word.as_str(), "i'd" | "i’d" | "i'll" | "i’ll")
+        || starts_at(&words.moods, next)
+        || has_mood_ending(&next_word)
+        || mood_before;
+    bound.then_some(ConsequentAside::Mood)
+}
+
 /// The disclosure cue of the term at `start..end`: the nearest of `cues`
 /// in [`CONTEXT_WINDOW`] that is not the subject of a supposition whose
 /// clause ended before the term (see [`subject_of_an_earlier_clause`]), or
 /// else the cue of the header of a list that holds the term (see
-/// [`list_header_cue`]).
+/// [`list_header_cue`]). Also, when the term has no cue of its own and
+/// the header of its list names questions, (the header's cue, the word):
+/// the cue it did not lend.
+#[allow(clippy::type_complexity)]
 fn disclosure_cue(
     text: &str,
     start: usize,
     end: usize,
     cues: &[(usize, usize)],
-) -> Option<(usize, usize)> {
+) -> (
+    Option<(usize, usize)>,
+    Option<((usize, usize), (usize, usize))>,
+) {
     let mut cue = nearest_in_window(text, start, end, cues);
     if let Some(c) = cue.filter(|&c| subject_of_an_earlier_clause(text, start, c, cues)) {
         let rest: Vec<(usize, usize)> = cues.iter().copied().filter(|&x| x != c).collect();
         cue = nearest_in_window(text, start, end, &rest);
     }
-    cue.or_else(|| list_header_cue(text, start))
+    if let Some(c) = cue {
+        // A cue in an inline header that names questions ("My homework
+        // questions: what is a mortgage …") is no closer to the items for
+        // being near.
+        let inline = c.1 <= start
+            && text
+                .get(c.1..start)
+                .is_some_and(|g| g.contains([':', '：']) && !g.contains('\n'));
+        if !inline {
+            return (cue, None);
+        }
+        return match list_header_cue(text, start) {
+            Some(HeaderCue::Questions { word, header, .. })
+                if c.0 >= header.0 && c.1 <= header.1 =>
+            {
+                let rest: Vec<(usize, usize)> = cues
+                    .iter()
+                    .copied()
+                    .filter(|&(s, e)| !(s >= header.0 && e <= header.1))
+                    .collect();
+                match nearest_in_window(text, start, end, &rest) {
+                    Some(other) => (Some(other), None),
+                    None => (None, Some((c, word))),
+                }
+            }
+            _ => (cue, None),
+        };
+    }
+    match list_header_cue(text, start) {
+        Some(HeaderCue::Cue(c)) => (Some(c), None),
+        Some(HeaderCue::Questions { cue, word, .. }) => (None, Some((cue, word))),
+        None => (None, None),
+    }
+}
+
+/// The cue a list header lends its items (see [`list_header_cue`]).
+enum HeaderCue {
+    Cue((usize, usize)),
+    /// The header names questions or schoolwork (`word`; "My questions:",
+    /// "Mis preguntas:", "我的疑问：", `question_headers.txt`): the
+    /// questions are the writer's, what they ask about is not, so the
+    /// header's `cue` is not lent.
+    Questions {
+        cue: (usize, usize),
+        word: (usize, usize),
+        /// The header's bytes.
+        header: (usize, usize),
+    },
+}
+
+/// Words that make a list header a header of questions
+/// (`data/context/question_headers.txt`).
+const QUESTION_HEADERS: &str = include_str!("../data/context/question_headers.txt");
+
+fn question_headers() -> &'static ContextWords {
+    static WORDS: OnceLock<ContextWords> = OnceLock::new();
+    WORDS.get_or_init(|| ContextWords::new(QUESTION_HEADERS))
 }
 
 /// How many lines above a list item its header is looked for.
@@ -1362,8 +1870,9 @@ fn line_start_before(text: &str, i: usize) -> Option<usize> {
 ///   in between, and the header is the text from the sentence's start to
 ///   the colon.
 ///
-/// The header's last cue counts.
-fn list_header_cue(text: &str, start: usize) -> Option<(usize, usize)> {
+/// The header's last cue counts, unless the header names questions
+/// ([`HeaderCue::Questions`]).
+fn list_header_cue(text: &str, start: usize) -> Option<HeaderCue> {
     let line_start = line_start_before(text, start)
         .unwrap_or_else(|| floor_char(text, start.saturating_sub(LIST_REACH)));
     let header = if is_list_item(&text[line_start..start]) {
@@ -1396,10 +1905,16 @@ fn list_header_cue(text: &str, start: usize) -> Option<(usize, usize)> {
             colon,
         )
     };
-    first_person()
+    let cue = first_person()
         .find(text, header.0..header.1)
         .last()
-        .copied()
+        .copied()?;
+    Some(
+        match question_headers().matches(text, header.0..header.1).next() {
+            Some(word) => HeaderCue::Questions { cue, word, header },
+            None => HeaderCue::Cue(cue),
+        },
+    )
 }
 
 /// An English street line (`350 W 42nd St`, `221B Baker Street`).
@@ -1840,6 +2355,9 @@ mod tests {
                     FrameNote::NegationKept { marker, .. } => (marker, "negation-kept"),
                     FrameNote::Hypothetical { marker, .. } => (marker, "hypothetical"),
                     FrameNote::HypotheticalKept { marker, .. } => (marker, "hypothetical-kept"),
+                    FrameNote::Consequent { marker, .. } => (marker, "consequent"),
+                    FrameNote::ConsequentKept { marker, .. } => (marker, "consequent-kept"),
+                    FrameNote::QuestionHeader { word } => (word, "question-header"),
                 };
                 (
                     text[n.start..n.end].to_string(),
@@ -2228,6 +2746,186 @@ mod tests {
                 "finance"
             ),
             [pair("My debts", "-"), pair("car loan", "My")]
+        );
+    }
+
+    /// (term, cue, frame kind, reason) of each consequent or question
+    /// header note, as text.
+    fn main_clause_notes(lx: &Lexicon, text: &str) -> Vec<(String, String, &'static str)> {
+        lx.scan_explained(text)
+            .1
+            .into_iter()
+            .filter_map(|n| {
+                let kind = match n.frame {
+                    FrameNote::Consequent { why, .. } => why.reason(),
+                    FrameNote::ConsequentKept { why, .. } => why.reason(),
+                    FrameNote::QuestionHeader { .. } => "question header",
+                    _ => return None,
+                };
+                let cue = n.cue.map_or("-", |(s, e)| &text[s..e]);
+                Some((text[n.start..n.end].to_string(), cue.to_string(), kind))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_suppositions_main_clause_is_in_the_supposition() {
+        let lx = builtin();
+        let inst = ConsequentAside::Institution.reason();
+        let mood = ConsequentAside::Mood.reason();
+        let none = ConsequentAside::NoCue.reason();
+        let own = HypotheticalKept::MainClauseCue.reason();
+        let t = |a: &str, b: &str, c| (a.to_string(), b.to_string(), c);
+        for (text, want) in [
+            (
+                "If I had cancer, would my insurer pay for chemotherapy?",
+                t("chemotherapy", "my", inst),
+            ),
+            (
+                "Si tuviera cáncer, ¿me cubriría el seguro la quimioterapia?",
+                t("quimioterapia", "me", mood),
+            ),
+            (
+                "Wenn ich Krebs hätte, würde meine Versicherung die Chemo zahlen?",
+                t("Chemo", "meine", inst),
+            ),
+            (
+                "Si j'avais un cancer, est-ce que mon assurance paierait la chimio ?",
+                t("chimio", "mon", inst),
+            ),
+            (
+                "假如我得了癌症，我的保险能报销化疗吗？",
+                t("化疗", "我", inst),
+            ),
+            (
+                "If I had cancer, would my wife get depression?",
+                t("depression", "my", mood),
+            ),
+            (
+                "If I ever get diagnosed with cancer, will I need chemotherapy?",
+                t("chemotherapy", "I", mood),
+            ),
+            // A generic conditional's main clause, with or without a term
+            // in the condition.
+            ("如果有人酒驾被抓了，会被判刑吗？", t("被判", "-", none)),
+            (
+                "If someone defaults on a payday loan, can they be sued?",
+                t("sued", "-", none),
+            ),
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            assert_eq!(main_clause_notes(&lx, text), [want], "{text}");
+        }
+        for (text, cat, want) in [
+            (
+                "If I had cancer, would it matter that my mother has leukemia?",
+                "health",
+                t("leukemia", "my", own),
+            ),
+            (
+                "If I had cancer, would my sister's diabetes make her a bad donor?",
+                "health",
+                t("diabetes", "my", own),
+            ),
+            (
+                "If I had cancer, would my chemotherapy be covered?",
+                "health",
+                t("chemotherapy", "my", own),
+            ),
+            (
+                "假如我得了癌症，我妈的高血压会不会加重？",
+                "health",
+                t("高血压", "我", own),
+            ),
+            (
+                "If I had cancer, would my insurer still pay for the chemotherapy I had last year?",
+                "health",
+                t("chemotherapy", "I", own),
+            ),
+            (
+                "If I had cancer, would my insurer cover chemotherapy again like last year?",
+                "health",
+                t("chemotherapy", "my", HypotheticalKept::Past.reason()),
+            ),
+            (
+                "如果有人欠钱不还，我老公会被起诉吗？",
+                "legal",
+                t("被起诉", "老公", own),
+            ),
+        ] {
+            assert_fires(&lx, text, cat);
+            assert_eq!(main_clause_notes(&lx, text), [want], "{text}");
+        }
+        // Not a consequent: another category, a statement, a later clause.
+        for (text, cat) in [
+            (
+                "If I ever get sued, will they find out I have depression?",
+                "health",
+            ),
+            (
+                "If I ever get arrested, my brother already has a criminal record.",
+                "legal",
+            ),
+            (
+                "If I had cancer, would it hurt, and is my chemo schedule too tight?",
+                "health",
+            ),
+        ] {
+            assert_fires(&lx, text, cat);
+            assert!(main_clause_notes(&lx, text).is_empty(), "{text}");
+        }
+    }
+
+    #[test]
+    fn one_syllable_korean_markers_stand_alone() {
+        let lx = builtin();
+        assert_eq!(
+            cues(&lx, "제 빚은 3천만 원이에요", "finance"),
+            [("빚".to_string(), "제".to_string())]
+        );
+        assert_eq!(
+            cues(&lx, "내 대출이 너무 많아요", "finance"),
+            [("대출".to_string(), "내".to_string())]
+        );
+        for text in [
+            "대출 금리 문제 좀 설명해 주세요",
+            "제품 대출 조건을 비교해 주세요",
+            "제 3조 대출 한도에 대해 설명해 주세요",
+            "국내 대출 금리를 알려 주세요",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+        }
+    }
+
+    #[test]
+    fn headers_that_name_questions_lend_no_cue() {
+        let lx = builtin();
+        for text in [
+            "My questions:\n- How does a mortgage work?\n- What does a lawyer charge?",
+            "My homework questions: what is a mortgage and how is a student loan repaid?",
+            "Meine Fragen:\n- Wie funktioniert ein Kredit?",
+            "我的疑问：\n- 房贷是怎么计算的？",
+            "제 질문:\n- 대출 금리는 어떻게 정해지나요?",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            let notes = main_clause_notes(&lx, text);
+            assert!(
+                !notes.is_empty() && notes.iter().all(|n| n.2 == "question header"),
+                "{text}: {notes:?}"
+            );
+        }
+        // The header of the writer's affairs, and an item's own cue.
+        assert_eq!(
+            cues(&lx, "My money worries:\n- the mortgage", "finance"),
+            [("mortgage".to_string(), "My".to_string())]
+        );
+        assert_eq!(
+            cues(
+                &lx,
+                "My questions:\n- can I deduct my mortgage interest?",
+                "finance"
+            ),
+            [("my mortgage".to_string(), "-".to_string())]
         );
     }
 

@@ -4,7 +4,11 @@
 //! finance or legal ("I don't have diabetes", "借金はありません") and a
 //! hypothetical or generic conditional ("if someone is arrested", "假如我得了
 //! 癌症") are topics; denials in the other categories, status terms, partial
-//! denials, identifiers and statements of fact stay local.
+//! denials, identifiers and statements of fact stay local. The main clause
+//! of a supposition or a generic conditional ("If I had cancer, would my
+//! insurer pay for chemotherapy?", "如果有人酒驾被抓了，会被判刑吗？"), lists
+//! headed by "제" and list headers that name questions ("My questions:")
+//! are in consequents_headers.jsonl.
 //!
 //! `cargo test -p tandem-router --test frames -- --nocapture` prints the
 //! table; `FRAMES_REPORT_ONLY=1` prints without asserting (to measure an
