@@ -662,6 +662,9 @@ impl EdgeRuntime {
             k_cap,
             resends_in_a_row: 0,
             codec,
+            cancel: run.cancel.clone(),
+            capacity: usize::MAX,
+            counts: connection::SessionCounts::default(),
         };
         let mut rounds = Rounds { conn, spec, kind };
         if let Some(op) = self.reopening.take() {
@@ -700,6 +703,7 @@ impl EdgeRuntime {
                 });
             }
         }
+        net.counts.add_to(&mut run.stats);
         let split = net.codec.report();
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
         // (After an error the draft KV may be half-written: not kept.)

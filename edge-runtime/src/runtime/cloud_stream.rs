@@ -40,7 +40,7 @@ pub(super) fn round(
             .block_on(s.send(ClientMsg::Draft(draft), &mut r.conn.counters));
         if let Err(e) = res {
             r.conn.in_flight.clear();
-            r.conn.fail(run, e)?;
+            r.fail(run, e)?;
             return Ok(None);
         }
         r.conn.in_flight.push_back(std::time::Instant::now());
@@ -66,7 +66,7 @@ pub(super) fn round(
         Ok(a) => a,
         Err(e) => {
             r.conn.in_flight.clear();
-            r.conn.fail(run, e)?;
+            r.fail(run, e)?;
             return Ok(None);
         }
     };

@@ -6,12 +6,18 @@
 //! a block, a lost block, and the check of provisional spans. The kinds
 //! (`super::plain`, `super::pipelined`, `super::cloud_stream`,
 //! `super::gated`) use it; the loop that runs them is `super::drive`.
+//!
+//! It is also where what the connection reports ([`Step`], the session's
+//! capacity) is applied to the generation ([`Rounds::settle`],
+//! [`Rounds::open`], [`Rounds::after_open`]): the connection never touches
+//! the generation itself.
 
-use super::connection::{draft_positions, Connection, Step};
+use super::connection::{draft_positions, Connection, Step, OPEN_BESIDE_MIN_ROWS};
 use super::generation::{Check, Generation};
 use crate::adaptive::{RoundRecord, SpecState};
 use crate::client::NetError;
 use crate::codec::check_verdict;
+use crate::conversation::common_prefix;
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::{Duration, Instant};
@@ -222,8 +228,152 @@ impl Rounds<'_> {
     ) -> Result<(), EdgeError> {
         run.rollback_unverified();
         self.conn.codec.rollback(run.ctx.len());
-        self.conn.fail(run, e)?;
+        self.fail(run, e)?;
         Ok(())
+    }
+
+    /// Applies what the connection reported to the generation: an end
+    /// ([`Step::Ended`]) stops it (unless it has stopped already) and is a
+    /// lost session from here on.
+    pub(super) fn settle(run: &mut Generation<'_, '_>, step: Step) -> Step {
+        match step {
+            Step::Ended(reason) => {
+                run.stop.get_or_insert(reason);
+                Step::Lost
+            }
+            s => s,
+        }
+    }
+
+    /// A failed exchange: the connection reacts, the generation takes the
+    /// outcome.
+    pub(super) fn fail(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        e: NetError,
+    ) -> Result<Step, EdgeError> {
+        let step = self.conn.fail(e)?;
+        Ok(Self::settle(run, step))
+    }
+
+    /// How much of the context the next open gives the verifier: up to where
+    /// the provisional span starts (it is checked next), or all of it (split
+    /// sessions do not check provisional spans: the span is reported
+    /// unchecked).
+    fn open_upto(&mut self, run: &mut Generation<'_, '_>) -> usize {
+        if !self.conn.codec.tokens_only() {
+            if let Some(c) = run.check.take() {
+                run.complete_check(c, false);
+            }
+        }
+        match &run.check {
+            Some(c) => run.prompt_len + c.next,
+            None => run.ctx.len(),
+        }
+    }
+
+    /// Opens (or resumes) the session in the foreground and waits for it.
+    /// With `drafts` (the rounds run the draft) and a backlog of at least
+    /// [`OPEN_BESIDE_MIN_ROWS`], the draft's backlog is prefilled while the
+    /// verifier prefills.
+    pub(super) fn open(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        drafts: bool,
+    ) -> Result<Step, EdgeError> {
+        let upto = self.open_upto(run);
+        let gen = run.gen;
+        let msg = self
+            .conn
+            .open_message(&run.ctx, upto, gen, run.prompt_len)?;
+        let beside = drafts
+            && self.conn.codec.tokens_only()
+            && run.backlog_rows() >= OPEN_BESIDE_MIN_ROWS;
+        let step = if beside {
+            let mut prefill = || {
+                let rows = run.backlog_rows();
+                let prefilled = run.prefill_backlog();
+                run.stats.draft_rows_beside_open += (rows - run.backlog_rows()) as u64;
+                prefilled
+            };
+            self.conn.open(msg, upto, gen, Some(&mut prefill))?
+        } else {
+            self.conn.open(msg, upto, gen, None)?
+        };
+        self.after_open(run, step, upto, None)
+    }
+
+    /// Starts opening the session in the background (`super::drive` drafts
+    /// alone meanwhile).
+    pub(super) fn spawn_open(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+        let upto = self.open_upto(run);
+        let msg = self
+            .conn
+            .open_message(&run.ctx, upto, run.gen, run.prompt_len)?;
+        self.conn.spawn_open(msg, run.ctx[..upto].to_vec(), run.gen);
+        Ok(())
+    }
+
+    /// After an open of `ctx[..upto]` (or, with `other`, of a context
+    /// `other` of `upto` tokens that is not a prefix of this generation's:
+    /// an adopted open of an earlier generation): the generation takes the
+    /// session's capacity, and the session is moved to where this
+    /// generation needs it.
+    pub(super) fn after_open(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        step: Step,
+        upto: usize,
+        other: Option<&[u32]>,
+    ) -> Result<Step, EdgeError> {
+        if Self::settle(run, step) != Step::Ok {
+            return Ok(Step::Lost);
+        }
+        run.capacity = run.capacity.min(self.conn.capacity);
+        if let Some(held) = other {
+            return self.resume_adopted(run, held);
+        }
+        if upto < run.ctx.len() {
+            // Opened in the background while the device drafted alone.
+            // `check_provisional` verifies those tokens from `upto` on
+            // (greedy or keyed draws alike). Otherwise they are not
+            // checked: give the verifier the rest of the context.
+            let checks = self.conn.codec.tokens_only()
+                && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
+            if !checks {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, false);
+                }
+                let fresh = run.ctx.len().saturating_sub(upto);
+                let step = self.conn.resume_at(&run.ctx, fresh)?;
+                return Ok(Self::settle(run, step));
+            }
+        }
+        Ok(Step::Ok)
+    }
+
+    /// An adopted session holds another generation's context `held`: move it
+    /// to this one's. Token sessions: to where the provisional span starts (it
+    /// is checked next); split sessions leave the span unchecked and the
+    /// session gets the whole context.
+    fn resume_adopted(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        held: &[u32],
+    ) -> Result<Step, EdgeError> {
+        let checks = self.conn.codec.tokens_only();
+        let upto = match run.check.as_ref() {
+            Some(c) if checks => run.prompt_len + c.next,
+            _ => {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, false);
+                }
+                run.ctx.len()
+            }
+        };
+        let fresh = upto.saturating_sub(common_prefix(held, &run.ctx[..upto]));
+        let step = self.conn.resume_at(&run.ctx[..upto], fresh.max(1))?;
+        Ok(Self::settle(run, step))
     }
 
     /// The one place a round's outcome is accounted and applied.
@@ -312,7 +462,7 @@ impl Rounds<'_> {
                 .exchange(ClientMsg::Draft(draft), draft_positions(k))
             {
                 Ok(a) => a,
-                Err(e) => return self.conn.fail(run, e),
+                Err(e) => return self.fail(run, e),
             };
             let vocab = self.conn.codec.vocab();
             let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p, vocab)?;
@@ -358,7 +508,8 @@ impl Rounds<'_> {
         run: &mut Generation<'_, '_>,
         upto: usize,
     ) -> Result<Step, EdgeError> {
-        let step = self.conn.resume_at(run, upto, 1)?;
+        let step = self.conn.resume_at(&run.ctx[..upto], 1)?;
+        let step = Self::settle(run, step);
         if let Step::Ok = step {
             // Part of checking provisional tokens.
             run.stats.check_rounds += 1;
