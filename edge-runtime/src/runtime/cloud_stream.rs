@@ -8,7 +8,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, Apply, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
@@ -89,6 +89,6 @@ pub(super) fn round(
         reused: 0,
         source: Source::Nothing,
         lookup_match: None,
-        apply: true,
+        apply: Apply::Commit,
     }))
 }

@@ -21,6 +21,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_model::engine::{BlockVerdict, BlockVerifier, VerifyError};
+use tandem_model::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_proto::v1::{
@@ -721,10 +723,7 @@ pub(super) fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
 /// Refuses a verifier that does not list a feature this generation's
 /// sampling needs (an older verifier would ignore the fields and break the
 /// output's identity with the target's).
-pub(super) fn check_features(
-    gen: &GenerateConfig,
-    o: &pb::Opened,
-) -> Result<(), EdgeError> {
+pub(super) fn check_features(gen: &GenerateConfig, o: &pb::Opened) -> Result<(), EdgeError> {
     let has = |f: &str| o.features.iter().any(|g| g == f);
     if gen.sampling.has_openai_penalties() && !has(tandem_proto::FEATURE_PENALTIES) {
         return Err(EdgeError::Protocol(
@@ -746,10 +745,7 @@ pub(super) fn check_features(
 
 /// `Open.grammar` of a generation whose output starts at context position
 /// `output_start` (the verifier replays what follows it).
-pub(super) fn wire_grammar(
-    gen: &GenerateConfig,
-    output_start: usize,
-) -> Option<pb::Grammar> {
+pub(super) fn wire_grammar(gen: &GenerateConfig, output_start: usize) -> Option<pb::Grammar> {
     gen.grammar.as_ref().map(|g| {
         let (kind, text) = g.wire();
         pb::Grammar {
@@ -763,4 +759,109 @@ pub(super) fn wire_grammar(
 /// `Open.top_logprobs` of a generation asking for `top` alternatives.
 pub(super) fn wire_top_logprobs(top: Option<usize>) -> Option<u32> {
     top.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// The target's logprobs a verdict carries for the tokens it emits on
+/// `block` (the accepted drafts, then its token). A verdict without one per
+/// emitted token is a protocol error (alternatives past
+/// [`MAX_TOP_LOGPROBS`] are dropped).
+pub(super) fn verdict_logprobs(
+    block: &[u32],
+    v: &pb::Verdict,
+) -> Result<(Vec<u32>, Vec<TokenLogprobs>), EdgeError> {
+    let n = usize::try_from(v.accepted).map_or(block.len(), |n| n.min(block.len()));
+    let mut emitted = block[..n].to_vec();
+    emitted.push(v.next_token);
+    if v.logprobs.len() != emitted.len() {
+        return Err(EdgeError::Protocol(format!(
+            "the verdict carries {} logprobs for {} emitted tokens (Verdict.logprobs)",
+            v.logprobs.len(),
+            emitted.len()
+        )));
+    }
+    let lps = v
+        .logprobs
+        .iter()
+        .zip(&emitted)
+        .map(|(l, &token)| TokenLogprobs {
+            token,
+            logprob: l.logprob,
+            top: l
+                .top
+                .iter()
+                .take(MAX_TOP_LOGPROBS)
+                .map(|x| (x.token, x.logprob))
+                .collect(),
+        })
+        .collect();
+    Ok((emitted, lps))
+}
+
+/// The remote verifier as the generation core's [`BlockVerifier`]: one
+/// `Draft` through the session's codec (or answered by the codec on the
+/// device: an all-local split round), the verdict decoded and checked. It
+/// reports the outcome and changes nothing of the generation: a verdict
+/// (with the target's logprobs when asked), a broken exchange
+/// ([`VerifyError::Broken`] with the [`NetError`], for [`Connection::fail`]),
+/// or a refusal ([`VerifyError::Refused`]: a protocol violation, fatal).
+pub(super) struct RemoteVerifier<'c, 'a> {
+    pub(super) conn: &'c mut Connection<'a>,
+    pub(super) sampling: &'c SamplingParams,
+    /// The generation asks for logprobs.
+    pub(super) logprobs: bool,
+    /// The last verify's round trip (`None`: the device answered it).
+    pub(super) rtt: Option<Duration>,
+}
+
+impl BlockVerifier for RemoteVerifier<'_, '_> {
+    type Broken = NetError;
+    type Refusal = EdgeError;
+
+    fn verify(
+        &mut self,
+        ctx: &[u32],
+        block: &[u32],
+    ) -> Result<BlockVerdict, VerifyError<NetError, EdgeError>> {
+        let conn = &mut *self.conn;
+        let (k, round) = (block.len(), conn.round);
+        let draft = pb::Draft {
+            round,
+            tokens: block.to_vec(),
+            ..pb::Draft::default()
+        };
+        let draft = conn
+            .codec
+            .encode(ctx, draft)
+            .map_err(VerifyError::Refused)?;
+        let (answer, rtt) = match conn.codec.answer_locally(round, ctx.len()) {
+            Some(v) => (ServerMsg::Verdict(v), None),
+            None => match conn.exchange(ClientMsg::Draft(draft), draft_positions(k)) {
+                Ok((a, rtt)) => (a, Some(rtt)),
+                Err(e) => return Err(VerifyError::Broken(e)),
+            },
+        };
+        self.rtt = rtt;
+        let v = conn
+            .codec
+            .decode(answer, round, k, ctx, self.sampling)
+            .map_err(VerifyError::Refused)?;
+        // (A block the device answered itself, an all-local split round,
+        // has no target logprobs.)
+        let logprobs = match self.logprobs && rtt.is_some() {
+            true => Some(verdict_logprobs(block, &v).map_err(VerifyError::Refused)?.1),
+            false => None,
+        };
+        let accepted = v.accepted as usize;
+        let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
+        if conn.codec.accepted(ctx.len(), accepted, exchange_ms, k) {
+            // The codec changed its wire form (split `auto` chose another s):
+            // the next round opens a new session.
+            conn.close_for_reopen();
+        }
+        Ok(BlockVerdict {
+            accepted,
+            next_token: v.next_token,
+            logprobs,
+        })
+    }
 }
