@@ -5,7 +5,10 @@
 //! * [`generation`]: one generation's device side (context, draft cache,
 //!   emitting, applying a verdict, final stats); knows nothing of the network.
 //! * [`connection`]: the session's lifecycle (open, background re-open,
-//!   resume, failures, breaker and probe, deadlines).
+//!   resume, failures, breaker and probe, deadlines); it reports outcomes
+//!   and never changes the generation. Its `RemoteVerifier` is the
+//!   verifier of the generation core's round (`tandem_model::engine::round`),
+//!   which the plain rounds ([`plain`]) are.
 //! * [`drive`]: the loop. A round kind is chosen once per generation
 //!   ([`plain`], [`pipelined`], [`cloud_stream`], [`gated`]); every round
 //!   returns an outcome and one `commit` ([`round`]: what the kinds share)
@@ -662,6 +665,9 @@ impl EdgeRuntime {
             k_cap,
             resends_in_a_row: 0,
             codec,
+            cancel: run.cancel.clone(),
+            capacity: usize::MAX,
+            counts: connection::SessionCounts::default(),
         };
         let mut rounds = Rounds { conn, spec, kind };
         if let Some(op) = self.reopening.take() {
@@ -700,6 +706,7 @@ impl EdgeRuntime {
                 });
             }
         }
+        net.counts.add_to(&mut run.stats);
         let split = net.codec.report();
         let (gen_rtt, counters, sid) = (net.gen_rtt, net.counters, net.session_id);
         // (After an error the draft KV may be half-written: not kept.)

@@ -480,8 +480,9 @@ impl<'m> DraftModel<'m> {
     }
 
     /// Drafts `k` tokens after `history` (which ends with a token the draft
-    /// has not seen), one [`Self::step`] each; counts and times the forwards.
-    /// The last drafted token is not fed: it may be rejected.
+    /// has not seen), one [`Self::step`] each; counts and times the forwards
+    /// (each one's rows and time also go to `forwards`). The last drafted
+    /// token is not fed: it may be rejected.
     pub fn propose(
         &mut self,
         history: &[u32],
@@ -489,6 +490,7 @@ impl<'m> DraftModel<'m> {
         params: &SamplingParams,
         stats: &mut GenStats,
         chooser: &mut AutoChooser,
+        forwards: &mut Vec<DraftForward>,
     ) -> Result<Vec<u32>> {
         let mut pending = history[self.cache.len().min(history.len())..].to_vec();
         let mut block = Vec::with_capacity(k);
@@ -498,7 +500,12 @@ impl<'m> DraftModel<'m> {
             let d = self
                 .step(&pending, &dhist, params, DraftAsk::default())?
                 .token;
-            chooser.draft_forward(pending.len(), t.elapsed());
+            let time = t.elapsed();
+            chooser.draft_forward(pending.len(), time);
+            forwards.push(DraftForward {
+                rows: pending.len(),
+                time,
+            });
             stats.draft_forwards += 1;
             block.push(d);
             dhist.push(d);
@@ -517,6 +524,14 @@ impl<'m> DraftModel<'m> {
     }
 }
 
+/// One forward of the draft while it proposed a block: the rows it ran
+/// (the tokens it had not seen, then 1) and how long it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftForward {
+    pub rows: usize,
+    pub time: std::time::Duration,
+}
+
 /// A verifier's judgement of one block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockVerdict {
@@ -529,12 +544,56 @@ pub struct BlockVerdict {
     pub logprobs: Option<Vec<TokenLogprobs>>,
 }
 
+/// Why a [`BlockVerifier`] gave no verdict on a block: the three outcomes of
+/// a verify besides the verdict itself.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError<B, R>
+where
+    B: std::fmt::Display + std::fmt::Debug,
+    R: std::fmt::Display + std::fmt::Debug,
+{
+    /// The exchange broke (a stream reset or ended, a timeout, a busy or
+    /// lost session): no verdict came and the block is lost. The engine has
+    /// rolled the draft back to the context; the generation can go on once
+    /// the caller has reacted (re-open, back off, draft alone).
+    #[error("no verdict on the block: {0}")]
+    Broken(B),
+    /// The verifier answered with something the generation cannot take (a
+    /// protocol violation, a refused session): it cannot go on against it.
+    #[error("{0}")]
+    Refused(R),
+    /// This process's own model failed (or the verdict was impossible).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// A verifier that always answers (the local target): its only failures
+/// are the model's.
+impl From<VerifyError<std::convert::Infallible, std::convert::Infallible>> for ModelError {
+    fn from(e: VerifyError<std::convert::Infallible, std::convert::Infallible>) -> Self {
+        match e {
+            VerifyError::Model(e) => e,
+            VerifyError::Broken(never) | VerifyError::Refused(never) => match never {},
+        }
+    }
+}
+
 /// What judges a proposed block: given the context (which ends with the
 /// last emitted token, the one the verifier has not run yet) and a block of
-/// proposed tokens after it, how many the target accepts and its next token.
-/// After the call the verifier holds the context and the accepted tokens.
+/// proposed tokens after it, how many the target accepts and its next token
+/// (a verdict), or why there is none ([`VerifyError`]: a broken exchange, a
+/// refusal, a model error). After a verdict the verifier holds the context
+/// and the accepted tokens.
 pub trait BlockVerifier {
-    fn verify(&mut self, ctx: &[u32], block: &[u32]) -> Result<BlockVerdict>;
+    /// What a broken exchange reports ([`VerifyError::Broken`]).
+    type Broken: std::fmt::Display + std::fmt::Debug;
+    /// What a refusal reports ([`VerifyError::Refused`]).
+    type Refusal: std::fmt::Display + std::fmt::Debug;
+    fn verify(
+        &mut self,
+        ctx: &[u32],
+        block: &[u32],
+    ) -> std::result::Result<BlockVerdict, VerifyError<Self::Broken, Self::Refusal>>;
 }
 
 /// The target model in this process as the verifier: one forward over
@@ -585,13 +644,20 @@ impl<'m> TargetVerifier<'m> {
 }
 
 impl BlockVerifier for TargetVerifier<'_> {
-    fn verify(&mut self, ctx: &[u32], block: &[u32]) -> Result<BlockVerdict> {
+    type Broken = std::convert::Infallible;
+    type Refusal = std::convert::Infallible;
+    fn verify(
+        &mut self,
+        ctx: &[u32],
+        block: &[u32],
+    ) -> std::result::Result<BlockVerdict, VerifyError<Self::Broken, Self::Refusal>> {
         let base = self.cache.len();
         let Some(&last) = ctx.last().filter(|_| base + 1 == ctx.len()) else {
             return Err(ModelError::InvalidArgument(format!(
                 "the target holds {base} positions, not the context's {} less its last",
                 ctx.len()
-            )));
+            ))
+            .into());
         };
         let mut input = Vec::with_capacity(block.len() + 1);
         input.push(last);
@@ -611,15 +677,180 @@ impl BlockVerifier for TargetVerifier<'_> {
     }
 }
 
-/// What one [`SpecEngine::round`] did.
+/// What one round ([`round`], [`SpecEngine::round`]) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineRound {
     /// What proposed the block, and the block.
     pub source: Source,
     pub block: Vec<u32>,
+    /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
+    pub lookup_match: Option<usize>,
     /// Of it, accepted; then the verifier's token.
     pub accepted: usize,
     pub next_token: u32,
+    /// The draft's forwards while it proposed (empty unless the draft
+    /// proposed), and the most positions its cache held meanwhile.
+    pub draft_forwards: Vec<DraftForward>,
+    pub draft_peak: usize,
+    /// How long the verifier took to judge the block.
+    pub verify_time: std::time::Duration,
+}
+
+/// The state one round works on, borrowed from its generation: a
+/// [`SpecEngine`]'s own, or the edge runtime's (whose generation adds
+/// token statuses, provisional spans and a connection around the same
+/// round).
+pub struct RoundState<'r, 'm> {
+    pub cfg: &'r GenerateConfig,
+    pub draft: &'r mut DraftModel<'m>,
+    /// Prompt lookup's n-gram index over the context (extended here before
+    /// a proposer that reads it plans).
+    pub index: &'r mut NgramIndex,
+    /// `auto`'s estimates (what each proposer's tokens cost and earn).
+    pub chooser: &'r mut AutoChooser,
+    pub stats: &'r mut GenStats,
+}
+
+/// Where a round's tokens go: the generation's context and whoever listens.
+pub trait RoundOutput {
+    /// The prompt and the output so far (ends with the last emitted token,
+    /// the one the verifier has not run yet).
+    fn context(&self) -> &[u32];
+    /// Emits `t`, a token the verifier judged (an accepted proposal or its
+    /// own), with the logprobs its verdict gave for it; false when the
+    /// generation has ended (the emit rule, [`Emitter::emit`]).
+    fn emit_verified(&mut self, t: u32, logprobs: Option<TokenLogprobs>) -> bool;
+}
+
+/// The one speculative round, over borrowed state: plan (the proposers of
+/// [`crate::proposer`]), propose a block of at most `k` (≥ 1) tokens
+/// (`room_out`: output tokens left, for `auto`), have `verifier` judge it,
+/// roll the draft back to what was accepted, emit the accepted tokens and
+/// the verifier's, count. Without a verdict (a broken exchange, a refusal)
+/// the draft is rolled back to the context and nothing is emitted or
+/// counted; the error says which.
+pub fn round<V: BlockVerifier + ?Sized>(
+    st: RoundState<'_, '_>,
+    k: usize,
+    room_out: usize,
+    out: &mut dyn RoundOutput,
+    verifier: &mut V,
+) -> std::result::Result<EngineRound, VerifyError<V::Broken, V::Refusal>> {
+    let RoundState {
+        cfg,
+        draft,
+        index,
+        chooser,
+        stats,
+    } = st;
+    let ctx = out.context();
+    let ctx_len = ctx.len();
+    if cfg.proposer != ProposerKind::Draft {
+        index.extend(ctx);
+    }
+    let plan = {
+        let draft = &*draft;
+        plan_round(cfg.proposer, index, ctx, k, room_out, chooser, || {
+            draft.backlog(ctx)
+        })
+    };
+    let mut draft_forwards = Vec::new();
+    let block = match plan.source {
+        Source::Draft => draft.propose(
+            ctx,
+            plan.len,
+            &cfg.sampling,
+            stats,
+            chooser,
+            &mut draft_forwards,
+        )?,
+        Source::Lookup => {
+            // The draft model does not run (it catches up when it is
+            // needed). Cut at the first token the grammar refuses.
+            let mut block = plan.lookup;
+            let n = draft.allowed(ctx, &block)?;
+            block.truncate(n);
+            block
+        }
+        // No proposal: the verifier's next token (k = 0).
+        Source::Nothing => Vec::new(),
+    };
+    let draft_peak = draft.cache.len();
+    let t = Instant::now();
+    let v = match verifier.verify(ctx, &block) {
+        Ok(v) => v,
+        Err(e) => {
+            // The block is lost: the draft goes back to the context (its
+            // last token stays unseen, for the next step's logits).
+            draft.rollback(ctx_len.saturating_sub(1));
+            return Err(e);
+        }
+    };
+    let verify_time = t.elapsed();
+    chooser.target_forward(block.len() + 1, verify_time);
+    stats.target_forwards += 1;
+    let n = v.accepted;
+    if n > block.len() {
+        draft.rollback(ctx_len.saturating_sub(1));
+        return Err(ModelError::InvalidArgument(format!(
+            "the verifier accepted {n} of {} tokens",
+            block.len()
+        ))
+        .into());
+    }
+    stats.record_round(block.len(), n);
+    stats.proposers.record(plan.source, block.len(), n);
+    chooser.observe(plan.source, plan.lookup_match, block.len(), n);
+    // The context's last token and block[..n] are final.
+    draft.rollback(ctx_len + n);
+    let mut logprobs = v.logprobs.map(Vec::into_iter);
+    let mut lp = || logprobs.as_mut().and_then(Iterator::next);
+    let mut going = true;
+    for &d in &block[..n] {
+        if !out.emit_verified(d, lp()) {
+            going = false;
+            break;
+        }
+    }
+    if going {
+        out.emit_verified(v.next_token, lp());
+    }
+    Ok(EngineRound {
+        source: plan.source,
+        block,
+        lookup_match: plan.lookup_match,
+        accepted: n,
+        next_token: v.next_token,
+        draft_forwards,
+        draft_peak,
+        verify_time,
+    })
+}
+
+/// A [`SpecEngine`]'s context, emitter and caller as a [`RoundOutput`].
+struct LocalOutput<'x, 'b> {
+    ctx: &'x mut Vec<u32>,
+    em: &'x mut Emitter,
+    stop_tokens: &'x [u32],
+    index: Option<&'x mut NgramIndex>,
+    on_token: &'x mut OnToken<'b>,
+}
+
+impl RoundOutput for LocalOutput<'_, '_> {
+    fn context(&self) -> &[u32] {
+        self.ctx
+    }
+
+    fn emit_verified(&mut self, t: u32, _logprobs: Option<TokenLogprobs>) -> bool {
+        let on_token = &mut self.on_token;
+        let going = self.em.emit(self.stop_tokens, self.ctx, t, |_| on_token(t));
+        if going {
+            if let Some(index) = self.index.as_mut() {
+                index.extend(self.ctx);
+            }
+        }
+        going
+    }
 }
 
 /// One speculative generation, round by round, against any
@@ -694,29 +925,27 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
         &mut self.stats
     }
 
-    fn emit(&mut self, t: u32) -> bool {
-        let on_token = &mut self.on_token;
-        self.em
-            .emit(&self.cfg.stop_tokens, &mut self.ctx, t, |_| on_token(t))
-    }
-
     /// Emits a token the verifier produced without a block (the local
     /// target's first token, from its prefill).
     pub fn emit_verified(&mut self, t: u32) {
-        if self.emit(t) {
-            self.index.extend(&self.ctx);
+        LocalOutput {
+            ctx: &mut self.ctx,
+            em: &mut self.em,
+            stop_tokens: &self.cfg.stop_tokens,
+            index: Some(&mut self.index),
+            on_token: &mut *self.on_token,
         }
+        .emit_verified(t, None);
     }
 
     /// One round of at most `k` proposed tokens (fewer near the end of the
-    /// output or the cache): plan, propose, verify, roll the draft back,
-    /// emit the accepted tokens and the verifier's, count. `None` when the
+    /// output or the cache): the core's [`round`]. `None` when the
     /// generation has ended (the context is full: `stop` says so).
-    pub fn round(
+    pub fn round<V: BlockVerifier + ?Sized>(
         &mut self,
         k: usize,
-        verifier: &mut dyn BlockVerifier,
-    ) -> Result<Option<EngineRound>> {
+        verifier: &mut V,
+    ) -> std::result::Result<Option<EngineRound>, VerifyError<V::Broken, V::Refusal>> {
         if self.em.stop.is_some() {
             return Ok(None);
         }
@@ -729,66 +958,21 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
             self.em.stop = Some(StopReason::ContextFull);
             return Ok(None);
         }
-        let draft = &self.draft;
-        let plan = plan_round(
-            self.cfg.proposer,
-            &self.index,
-            &self.ctx,
-            k,
-            room_out,
-            &self.chooser,
-            || draft.backlog(&self.ctx),
-        );
-        let block = match plan.source {
-            Source::Draft => self.draft.propose(
-                &self.ctx,
-                plan.len,
-                &self.cfg.sampling,
-                &mut self.stats,
-                &mut self.chooser,
-            )?,
-            Source::Lookup => {
-                // Cut at the first token the grammar refuses.
-                let mut block = plan.lookup;
-                let n = self.draft.allowed(&self.ctx, &block)?;
-                block.truncate(n);
-                block
-            }
-            Source::Nothing => Vec::new(),
+        let st = RoundState {
+            cfg: &self.cfg,
+            draft: &mut self.draft,
+            index: &mut self.index,
+            chooser: &mut self.chooser,
+            stats: &mut self.stats,
         };
-        let t = Instant::now();
-        let v = verifier.verify(&self.ctx, &block)?;
-        self.chooser.target_forward(block.len() + 1, t.elapsed());
-        self.stats.target_forwards += 1;
-        let n = v.accepted;
-        if n > block.len() {
-            return Err(ModelError::InvalidArgument(format!(
-                "the verifier accepted {n} of {} tokens",
-                block.len()
-            )));
-        }
-        self.stats.record_round(block.len(), n);
-        self.stats.proposers.record(plan.source, block.len(), n);
-        self.chooser
-            .observe(plan.source, plan.lookup_match, block.len(), n);
-        // The context's last token and block[..n] are final.
-        self.draft.rollback(self.ctx.len() + n);
-        let mut going = true;
-        for &d in &block[..n] {
-            if !self.emit(d) {
-                going = false;
-                break;
-            }
-        }
-        if going {
-            self.emit_verified(v.next_token);
-        }
-        Ok(Some(EngineRound {
-            source: plan.source,
-            block,
-            accepted: n,
-            next_token: v.next_token,
-        }))
+        let mut out = LocalOutput {
+            ctx: &mut self.ctx,
+            em: &mut self.em,
+            stop_tokens: &self.cfg.stop_tokens,
+            index: None,
+            on_token: &mut *self.on_token,
+        };
+        round(st, k, room_out, &mut out, verifier).map(Some)
     }
 
     /// The result: the output, why it ended, the statistics.

@@ -364,10 +364,16 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
 /// error, and nothing of its answer is emitted.
 #[test]
 fn the_core_refuses_a_verdict_past_the_block() {
-    use tandem_model::engine::{BlockVerdict, BlockVerifier, SpecEngine};
+    use tandem_model::engine::{BlockVerdict, BlockVerifier, SpecEngine, VerifyError};
     struct Liar;
     impl BlockVerifier for Liar {
-        fn verify(&mut self, _ctx: &[u32], block: &[u32]) -> tandem_model::Result<BlockVerdict> {
+        type Broken = std::convert::Infallible;
+        type Refusal = std::convert::Infallible;
+        fn verify(
+            &mut self,
+            _ctx: &[u32],
+            block: &[u32],
+        ) -> Result<BlockVerdict, VerifyError<Self::Broken, Self::Refusal>> {
             Ok(BlockVerdict {
                 accepted: block.len() + 1,
                 next_token: 1,
@@ -394,4 +400,84 @@ fn the_core_refuses_a_verdict_past_the_block() {
     assert!(engine.output().is_empty());
     drop(engine);
     assert_eq!(emitted, 0);
+}
+
+/// A verifier whose exchange breaks every other block (no verdict: the
+/// block is lost, `VerifyError::Broken`) and which refuses once: the
+/// engine rolls the draft back to the context and emits nothing for those
+/// blocks, and the rounds that follow still give the target's greedy
+/// output, as a remote verifier's re-opened session would.
+#[test]
+fn the_core_survives_broken_exchanges_and_reports_refusals() {
+    use tandem_model::engine::{
+        BlockVerdict, BlockVerifier, SpecEngine, TargetVerifier, VerifyError,
+    };
+    struct Flaky<'m> {
+        target: TargetVerifier<'m>,
+        calls: usize,
+    }
+    impl BlockVerifier for Flaky<'_> {
+        type Broken = String;
+        type Refusal = String;
+        fn verify(
+            &mut self,
+            ctx: &[u32],
+            block: &[u32],
+        ) -> Result<BlockVerdict, VerifyError<String, String>> {
+            self.calls += 1;
+            match self.calls {
+                3 => Err(VerifyError::Refused("no".into())),
+                c if c % 2 == 0 => Err(VerifyError::Broken("stream reset".into())),
+                _ => self
+                    .target
+                    .verify(ctx, block)
+                    .map_err(|e| VerifyError::Model(e.into())),
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = pair(dir.path(), 256);
+    let prompt = [100u32, 7, 42, 42, 9];
+    let cfg = GenerateConfig {
+        max_tokens: 30,
+        ..GenerateConfig::default()
+    };
+    let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
+    let mut verifier = Flaky {
+        target: TargetVerifier::new(&target, cfg.sampling),
+        calls: 0,
+    };
+    verifier
+        .target
+        .prefill(&prompt[..prompt.len() - 1])
+        .unwrap();
+    let mut on_token = |_| true;
+    let mut engine = SpecEngine::new(
+        &draft,
+        &prompt,
+        &cfg,
+        verifier.target.capacity(),
+        &mut on_token,
+    )
+    .unwrap();
+    let (mut broken, mut refused) = (0, 0);
+    while engine.stop().is_none() {
+        let before = engine.output().len();
+        match engine.round(4, &mut verifier) {
+            Ok(_) => {}
+            Err(VerifyError::Broken(_)) => {
+                broken += 1;
+                assert_eq!(engine.output().len(), before);
+            }
+            Err(VerifyError::Refused(r)) => {
+                refused += 1;
+                assert_eq!(r, "no");
+                assert_eq!(engine.output().len(), before);
+            }
+            Err(VerifyError::Model(e)) => panic!("{e}"),
+        }
+    }
+    assert!(broken > 0);
+    assert_eq!(refused, 1);
+    assert_eq!(engine.finish().tokens, reference.tokens);
 }

@@ -8,7 +8,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, Apply, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
@@ -40,7 +40,7 @@ pub(super) fn round(
             .block_on(s.send(ClientMsg::Draft(draft), &mut r.conn.counters));
         if let Err(e) = res {
             r.conn.in_flight.clear();
-            r.conn.fail(run, e)?;
+            r.fail(run, e)?;
             return Ok(None);
         }
         r.conn.in_flight.push_back(std::time::Instant::now());
@@ -66,7 +66,7 @@ pub(super) fn round(
         Ok(a) => a,
         Err(e) => {
             r.conn.in_flight.clear();
-            r.conn.fail(run, e)?;
+            r.fail(run, e)?;
             return Ok(None);
         }
     };
@@ -89,6 +89,6 @@ pub(super) fn round(
         reused: 0,
         source: Source::Nothing,
         lookup_match: None,
-        apply: true,
+        apply: Apply::Commit,
     }))
 }

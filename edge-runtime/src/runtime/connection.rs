@@ -3,8 +3,12 @@
 //! drafts alone), resuming it, reacting to failures (retries, the circuit
 //! breaker and its health probe), and the deadlines of every exchange. A round
 //! (`super::round`, `super::drive`) only asks it to exchange a message.
+//!
+//! It never touches the generation: it is given the context it sends, and
+//! reports what happened ([`Step`]: the session is there, it is gone, or the
+//! generation has to end) and what it counted ([`SessionCounts`]); the
+//! rounds apply that to the generation.
 
-use super::generation::Generation;
 use crate::breaker::{lock, BreakerState, CircuitBreaker, OpenCost, RttTracker};
 use crate::client::{Connector, Counters, NetError, OpenDeadlines, Stream};
 use crate::codec::BlockCodec;
@@ -12,11 +16,15 @@ use crate::config::EdgeConfig;
 use crate::conversation::{common_prefix, KeptSession};
 use crate::error::EdgeError;
 use crate::open_load::{OpenLoad, PrefillHold};
+use crate::report::EdgeStats;
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_model::engine::{BlockVerdict, BlockVerifier, VerifyError};
+use tandem_model::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_model::sampling::SamplingParams;
-use tandem_model::speculative::StopReason;
+use tandem_model::speculative::{GenerateConfig, StopReason};
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg, ClientMessage,
 };
@@ -72,6 +80,54 @@ pub(super) struct Connection<'a> {
     pub(super) resends_in_a_row: u32,
     /// The wire form of blocks (token ids, or split hidden states).
     pub(super) codec: &'a mut dyn BlockCodec,
+    /// The caller's cancel flag (an open waiting for the verifier gives up
+    /// when it is set: [`Step::Ended`]).
+    pub(super) cancel: Option<Arc<AtomicBool>>,
+    /// Most context positions the session holds (`Opened.max_prompt_tokens`;
+    /// `usize::MAX`: no limit said). The rounds cap the generation by it.
+    pub(super) capacity: usize,
+    /// What happened to the session, for the generation's report.
+    pub(super) counts: SessionCounts,
+}
+
+/// What a [`Connection`] counts for its generation's statistics
+/// ([`EdgeStats`]; added by [`SessionCounts::add_to`] at the end).
+#[derive(Clone, Debug, Default)]
+pub(super) struct SessionCounts {
+    pub(super) opens: u64,
+    pub(super) background_opens: u64,
+    pub(super) immediate_reopens: u64,
+    pub(super) resends: u64,
+    pub(super) timeouts: u64,
+    pub(super) failures: u64,
+    pub(super) breaker_opens: u64,
+    /// The verifier's prefills for opens and resumes (the rounds count the
+    /// verify passes).
+    pub(super) prefill_passes: u64,
+    pub(super) verifier_reused_tokens: u64,
+    pub(super) verifier_prefill_tokens: u64,
+    pub(super) continued_session: bool,
+}
+
+impl SessionCounts {
+    /// Adds these counts to a generation's statistics.
+    pub(super) fn add_to(&self, s: &mut EdgeStats) {
+        s.opens += self.opens;
+        s.background_opens += self.background_opens;
+        s.immediate_reopens += self.immediate_reopens;
+        s.resends += self.resends;
+        s.timeouts += self.timeouts;
+        s.failures += self.failures;
+        s.breaker_opens += self.breaker_opens;
+        s.verifier_passes += self.prefill_passes;
+        s.verifier_reused_tokens = s
+            .verifier_reused_tokens
+            .saturating_add(self.verifier_reused_tokens);
+        s.verifier_prefill_tokens = s
+            .verifier_prefill_tokens
+            .saturating_add(self.verifier_prefill_tokens);
+        s.continued_session |= self.continued_session;
+    }
 }
 
 /// How long a Close may take before the session is left to the verifier's
@@ -130,11 +186,15 @@ pub(super) const IMMEDIATE_REOPENS: u32 = 2;
 /// same as one row.
 pub(super) const OPEN_BESIDE_MIN_ROWS: usize = 16;
 
-/// Outcome of a network step.
+/// Outcome of a network step, as the connection reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Step {
     Ok,
     /// The stream is gone; the loop decides what next.
     Lost,
+    /// The stream is gone and the generation has to end (the verifier's
+    /// context is full, or the caller cancelled while an open waited).
+    Ended(StopReason),
 }
 
 impl Connection<'_> {
@@ -189,11 +249,7 @@ impl Connection<'_> {
     }
 
     /// Reacts to a failed exchange; Err only for fatal conditions.
-    pub(super) fn fail(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        e: NetError,
-    ) -> Result<Step, EdgeError> {
+    pub(super) fn fail(&mut self, e: NetError) -> Result<Step, EdgeError> {
         // The failure came from an opened stream (not from an open); pipelined
         // exchanges hold the stream elsewhere, so this is tracked on its own.
         let was_live = std::mem::take(&mut self.live);
@@ -218,7 +274,7 @@ impl Connection<'_> {
             }
             self.reopens_left -= 1;
             self.outage = false;
-            run.stats.immediate_reopens += 1;
+            self.counts.immediate_reopens += 1;
             tracing::info!(error = %e, session = ?self.session_id, "verifier unavailable (stream broke or open refused): re-opening at once");
             return Ok(Step::Lost);
         }
@@ -227,27 +283,24 @@ impl Connection<'_> {
         let outage = matches!(e, NetError::Timeout | NetError::Unavailable(_));
         match e {
             NetError::Fatal(e) => return Err(e),
-            NetError::ContextFull => {
-                run.stop.get_or_insert(StopReason::ContextFull);
-                return Ok(Step::Lost);
-            }
+            NetError::ContextFull => return Ok(Step::Ended(StopReason::ContextFull)),
             NetError::Resend(_) if self.resends_in_a_row < 3 => {
                 self.resends_in_a_row += 1;
-                run.stats.resends += 1;
+                self.counts.resends += 1;
                 return Ok(Step::Lost);
             }
-            NetError::Timeout => run.stats.timeouts += 1,
+            NetError::Timeout => self.counts.timeouts += 1,
             NetError::Resend(_) | NetError::Unavailable(_) | NetError::Busy(_) => {}
         }
 
-        run.stats.failures += 1;
+        self.counts.failures += 1;
         self.outage = outage;
         let (opened, attempt) = {
             let mut b = lock(self.breaker);
             (b.on_failure(), b.consecutive_failures())
         };
         if opened {
-            run.stats.breaker_opens += 1;
+            self.counts.breaker_opens += 1;
             tracing::warn!(session = ?self.session_id, "verifier unreachable: circuit breaker open, drafting alone");
             self.start_probe();
         } else if lock(self.breaker).state() == BreakerState::Closed {
@@ -286,30 +339,24 @@ impl Connection<'_> {
         self.resends_in_a_row = 0;
     }
 
-    /// The Open (or resume) carrying the context the verifier must hold, and that
-    /// context's length.
+    /// The Open (or resume) carrying `ctx[..upto]`, the context the
+    /// verifier must hold, of a generation of `gen` whose output starts at
+    /// `prompt_len`.
     pub(super) fn open_message(
         &mut self,
-        run: &mut Generation<'_, '_>,
-    ) -> Result<(ClientMessage, usize), EdgeError> {
+        ctx: &[u32],
+        upto: usize,
+        gen: &GenerateConfig,
+        prompt_len: usize,
+    ) -> Result<ClientMessage, EdgeError> {
         let tokens_only = self.codec.tokens_only();
-        if !tokens_only {
-            // Split sessions: provisional spans are not checked; send everything.
-            if let Some(c) = run.check.take() {
-                run.complete_check(c, false);
-            }
-        }
-        let upto = match &run.check {
-            Some(c) => run.prompt_len + c.next,
-            None => run.ctx.len(),
-        };
         let mut open = pb::Open {
             model_id: self.cfg.model_id.clone(),
             tokenizer_fingerprint: self.fingerprint.to_owned(),
-            prompt_tokens: run.ctx[..upto].to_vec(),
-            sampling: Some(to_pb_sampling(&run.gen.sampling)),
-            top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
-            grammar: wire_grammar(run.gen, run.prompt_len),
+            prompt_tokens: ctx[..upto].to_vec(),
+            sampling: Some(to_pb_sampling(&gen.sampling)),
+            top_logprobs: wire_top_logprobs(gen.top_logprobs),
+            grammar: wire_grammar(gen, prompt_len),
             resume_session_id: self.session_id.clone(),
             first_round: self.round,
             ..pb::Open::default()
@@ -318,7 +365,7 @@ impl Connection<'_> {
         // both sides hold (at least the last token). Taken here, so a refusal
         // (CONTEXT_NOT_HELD) is followed by an open of the whole context.
         if let Some(kept) = self.continuation.take().filter(|_| tokens_only) {
-            let ctx = &run.ctx[..upto];
+            let ctx = &ctx[..upto];
             let prefix = common_prefix(&kept.context, ctx).min(upto.saturating_sub(1));
             if prefix > 0 {
                 open.prompt_tokens = ctx[prefix..].to_vec();
@@ -331,26 +378,26 @@ impl Connection<'_> {
                 self.session_id = Some(kept.id);
             }
         }
-        let open = self.codec.open(&run.ctx[..upto], open)?;
-        let msg = ClientMessage {
+        let open = self.codec.open(&ctx[..upto], open)?;
+        Ok(ClientMessage {
             msg: Some(ClientMsg::Open(open)),
-        };
-        Ok((msg, upto))
+        })
     }
 
-    /// Opens (or resumes) the session and waits for it. With `drafts` (the
-    /// rounds run the draft) and a backlog of at least
-    /// [`OPEN_BESIDE_MIN_ROWS`], the draft's backlog is prefilled while the
-    /// verifier prefills ([`Self::open_beside_prefill`]).
+    /// Sends `msg`, the Open of a context of `upto` tokens, and waits for
+    /// the session. With `beside` (the caller's prefill of the draft's
+    /// backlog: false when cancelled) it runs while the verifier prefills
+    /// ([`Self::open_beside_prefill`]).
     pub(super) fn open(
         &mut self,
-        run: &mut Generation<'_, '_>,
-        drafts: bool,
+        msg: ClientMessage,
+        upto: usize,
+        gen: &GenerateConfig,
+        beside: Option<&mut dyn FnMut() -> Result<bool, EdgeError>>,
     ) -> Result<Step, EdgeError> {
-        let (msg, upto) = self.open_message(run)?;
         let d = self.open_deadlines(upto);
-        if drafts && self.codec.tokens_only() && run.backlog_rows() >= OPEN_BESIDE_MIN_ROWS {
-            return self.open_beside_prefill(run, msg, upto, d);
+        if let Some(prefill) = beside {
+            return self.open_beside_prefill(msg, upto, gen, d, prefill);
         }
         let open = self.connector.open(
             msg,
@@ -360,7 +407,7 @@ impl Connection<'_> {
             None,
             &mut self.counters,
         );
-        let r = match run.cancel.clone() {
+        let r = match self.cancel.clone() {
             None => self.rt.block_on(open),
             Some(flag) => {
                 let r = self.rt.block_on(async {
@@ -374,13 +421,12 @@ impl Connection<'_> {
                     None => {
                         // The caller went away while the verifier prefilled:
                         // the dropped stream closes the session.
-                        run.cancel_requested();
-                        return Ok(Step::Lost);
+                        return Ok(Step::Ended(StopReason::Cancelled));
                     }
                 }
             }
         };
-        self.opened(run, r, upto, None)
+        self.opened(r, upto, gen)
     }
 
     /// Sends the Open, prefills the draft's backlog while the verifier
@@ -393,10 +439,11 @@ impl Connection<'_> {
     /// dropped stream closes the verifier's half.
     fn open_beside_prefill(
         &mut self,
-        run: &mut Generation<'_, '_>,
         msg: ClientMessage,
         upto: usize,
+        gen: &GenerateConfig,
         d: OpenDeadlines,
+        prefill: &mut dyn FnMut() -> Result<bool, EdgeError>,
     ) -> Result<Step, EdgeError> {
         let hold = Arc::new(PrefillHold::default());
         let task = {
@@ -412,29 +459,27 @@ impl Connection<'_> {
             })
         };
         let abort = task.abort_handle();
-        let rows = run.backlog_rows();
         let started = Instant::now();
-        let prefilled = run.prefill_backlog();
+        let prefilled = prefill();
         hold.release();
-        run.stats.draft_rows_beside_open += (rows - run.backlog_rows()) as u64;
         tracing::debug!(
             session = ?self.session_id,
-            rows,
             ms = started.elapsed().as_secs_f64() * 1000.0,
             "draft backlog prefilled beside the verifier's open"
         );
         match prefilled {
             Ok(true) => {}
             Ok(false) => {
+                // Cancelled during the prefill.
                 abort.abort();
-                return Ok(Step::Lost);
+                return Ok(Step::Ended(StopReason::Cancelled));
             }
             Err(e) => {
                 abort.abort();
                 return Err(e);
             }
         }
-        let joined = match run.cancel.clone() {
+        let joined = match self.cancel.clone() {
             None => Some(self.rt.block_on(task)),
             Some(flag) => self.rt.block_on(async {
                 tokio::select! {
@@ -445,8 +490,7 @@ impl Connection<'_> {
         };
         let Some(joined) = joined else {
             abort.abort();
-            run.cancel_requested();
-            return Ok(Step::Lost);
+            return Ok(Step::Ended(StopReason::Cancelled));
         };
         let (r, c) = joined.unwrap_or_else(|e| {
             (
@@ -455,14 +499,14 @@ impl Connection<'_> {
             )
         });
         self.counters.add(c);
-        self.opened(run, r, upto, None)
+        self.opened(r, upto, gen)
     }
 
     /// Takes over an open an earlier generation left in flight when it is
     /// usable (same sampling: the Open fixed it; a token-id session); else
     /// abandons it. A taken one continues the earlier session's rounds and
     /// affinity; the kept conversation session (if any) is not continued.
-    pub(super) fn adopt(&mut self, op: Opening, gen: &tandem_model::speculative::GenerateConfig) {
+    pub(super) fn adopt(&mut self, op: Opening, gen: &GenerateConfig) {
         let same = op.sampling == to_pb_sampling(&gen.sampling)
             && op.top_logprobs == wire_top_logprobs(gen.top_logprobs)
             && !op.grammar
@@ -482,10 +526,15 @@ impl Connection<'_> {
         self.opening = Some(op);
     }
 
-    /// Starts opening the session on the I/O runtime; `drive` drafts alone until
-    /// it completes.
-    pub(super) fn spawn_open(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
-        let (msg, upto) = self.open_message(run)?;
+    /// Starts opening the session with `msg`, the Open of `context`, on the
+    /// I/O runtime; `drive` drafts alone until it completes.
+    pub(super) fn spawn_open(
+        &mut self,
+        msg: ClientMessage,
+        context: Vec<u32>,
+        gen: &GenerateConfig,
+    ) {
+        let upto = context.len();
         let d = self.open_deadlines(upto);
         let load = Arc::clone(self.open_load);
         let connector = self.connector.clone();
@@ -497,29 +546,28 @@ impl Connection<'_> {
                 .await;
             (r, c)
         });
-        run.stats.background_opens += 1;
+        self.counts.background_opens += 1;
         tracing::debug!(session = ?self.session_id, context = upto, ?d, "re-opening in the background");
         self.opening = Some(Opening {
             task,
-            context: run.ctx[..upto].to_vec(),
-            sampling: to_pb_sampling(&run.gen.sampling),
-            top_logprobs: wire_top_logprobs(run.gen.top_logprobs),
-            grammar: run.gen.grammar.is_some(),
+            context,
+            sampling: to_pb_sampling(&gen.sampling),
+            top_logprobs: wire_top_logprobs(gen.top_logprobs),
+            grammar: gen.grammar.is_some(),
             session_key: self.session_key.clone(),
             first_round: self.round,
         });
-        Ok(())
     }
 
-    /// Applies the answer to an Open of `ctx[..upto]`, or, with `other`, of a
-    /// context `other` of `upto` tokens that is not a prefix of this
-    /// generation's (an adopted open of an earlier generation).
+    /// Takes the answer to an Open of a context of `upto` tokens for a
+    /// generation of `gen`: the session is there ([`Step::Ok`]; the
+    /// verifier holds those `upto` tokens, and [`Self::capacity`] says how
+    /// many it takes), or the failure is handled.
     pub(super) fn opened(
         &mut self,
-        run: &mut Generation<'_, '_>,
         r: OpenResult,
         upto: usize,
-        other: Option<&[u32]>,
+        gen: &GenerateConfig,
     ) -> Result<Step, EdgeError> {
         match r {
             Ok((
@@ -542,22 +590,21 @@ impl Connection<'_> {
                     )));
                 }
                 self.codec.check_opened(&o)?;
-                check_features(run.gen, &o)?;
+                check_features(gen, &o)?;
                 // Not a success for the breaker yet: a verifier that opens sessions
                 // but never answers a verify must still trip it. The first verdict
                 // closes it.
-                run.stats.opens += 1;
-                run.stats.verifier_passes += 1;
+                let n = &mut self.counts;
+                n.opens += 1;
+                n.prefill_passes += 1;
                 let positions = (upto as u64).saturating_sub(1);
                 let reused = o.reused_tokens.min(positions);
                 let prefilled = positions - reused;
-                run.stats.verifier_reused_tokens =
-                    run.stats.verifier_reused_tokens.saturating_add(reused);
-                run.stats.verifier_prefill_tokens =
-                    run.stats.verifier_prefill_tokens.saturating_add(prefilled);
-                if run.stats.opens == 1 && o.resumed {
+                n.verifier_reused_tokens = n.verifier_reused_tokens.saturating_add(reused);
+                n.verifier_prefill_tokens = n.verifier_prefill_tokens.saturating_add(prefilled);
+                if n.opens == 1 && o.resumed {
                     // The first open of a turn resumed: a kept session.
-                    run.stats.continued_session = true;
+                    n.continued_session = true;
                 }
                 // The open's cost per position it prefilled (a continued
                 // session's cheap open must not shorten a later full open's
@@ -569,80 +616,26 @@ impl Connection<'_> {
                     .clamp(1, tandem_model::speculative::MAX_K)
                     .min(self.k_cap);
                 if o.max_prompt_tokens > 0 {
-                    run.capacity = run.capacity.min(o.max_prompt_tokens as usize);
+                    let most = usize::try_from(o.max_prompt_tokens).unwrap_or(usize::MAX);
+                    self.capacity = self.capacity.min(most);
                 }
                 tracing::debug!(session = %o.session_id, resumed = o.resumed, "session open");
                 self.session_id = Some(o.session_id);
                 self.stream = Some(stream);
                 self.live = true;
-                if let Some(held) = other {
-                    return self.resume_adopted(run, held);
-                }
-                if upto < run.ctx.len() {
-                    // Opened in the background while the device drafted alone.
-                    // `check_provisional` verifies those tokens from `upto` on
-                    // (greedy or keyed draws alike). Otherwise they are not
-                    // checked: give the verifier the rest of the context.
-                    let checks = self.codec.tokens_only()
-                        && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
-                    if !checks {
-                        if let Some(c) = run.check.take() {
-                            run.complete_check(c, false);
-                        }
-                        return self.resume_to_end(run, upto);
-                    }
-                }
                 Ok(Step::Ok)
             }
             Ok(_) => Err(EdgeError::Protocol("first answer was not Opened".into())),
-            Err(e) => self.fail(run, e),
+            Err(e) => self.fail(e),
         }
     }
 
-    /// An adopted session holds another generation's context `held`: move it
-    /// to this one's. Token sessions: to where the provisional span starts (it
-    /// is checked next); split sessions leave the span unchecked and the
-    /// session gets the whole context.
-    fn resume_adopted(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        held: &[u32],
-    ) -> Result<Step, EdgeError> {
-        let checks = self.codec.tokens_only();
-        let upto = match run.check.as_ref() {
-            Some(c) if checks => run.prompt_len + c.next,
-            _ => {
-                if let Some(c) = run.check.take() {
-                    run.complete_check(c, false);
-                }
-                run.ctx.len()
-            }
-        };
-        let fresh = upto.saturating_sub(common_prefix(held, &run.ctx[..upto]));
-        self.resume_at(run, upto, fresh.max(1))
-    }
-
-    /// Sends the whole context (`Resume`) to a session that holds a prefix of it.
-    /// `held`: the context length the session holds now.
-    pub(super) fn resume_to_end(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        held: usize,
-    ) -> Result<Step, EdgeError> {
-        let fresh = run.ctx.len().saturating_sub(held);
-        self.resume_at(run, run.ctx.len(), fresh)
-    }
-
-    /// Moves the session to the context `ctx[..upto]` (`Resume`); the verifier
+    /// Moves the session to the context `context` (`Resume`); the verifier
     /// prefills `fresh` tokens for it (sets the deadline).
-    pub(super) fn resume_at(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        upto: usize,
-        fresh: usize,
-    ) -> Result<Step, EdgeError> {
+    pub(super) fn resume_at(&mut self, context: &[u32], fresh: usize) -> Result<Step, EdgeError> {
+        let upto = context.len();
         let resume = pb::Resume {
-            context_tokens: run.ctx[..upto].to_vec(),
+            context_tokens: context.to_vec(),
             next_round: self.round,
         };
         match self.exchange(ClientMsg::Resume(resume), fresh) {
@@ -650,11 +643,11 @@ impl Connection<'_> {
                 if r.context_len != upto as u64 {
                     return Err(EdgeError::Protocol("Resumed.context_len differs".into()));
                 }
-                run.stats.verifier_passes += 1;
+                self.counts.prefill_passes += 1;
                 Ok(Step::Ok)
             }
             Ok(_) => Err(EdgeError::Protocol("expected Resumed".into())),
-            Err(e) => self.fail(run, e),
+            Err(e) => self.fail(e),
         }
     }
 
@@ -730,10 +723,7 @@ pub(super) fn to_pb_sampling(p: &SamplingParams) -> pb::SamplingParams {
 /// Refuses a verifier that does not list a feature this generation's
 /// sampling needs (an older verifier would ignore the fields and break the
 /// output's identity with the target's).
-pub(super) fn check_features(
-    gen: &tandem_model::speculative::GenerateConfig,
-    o: &pb::Opened,
-) -> Result<(), EdgeError> {
+pub(super) fn check_features(gen: &GenerateConfig, o: &pb::Opened) -> Result<(), EdgeError> {
     let has = |f: &str| o.features.iter().any(|g| g == f);
     if gen.sampling.has_openai_penalties() && !has(tandem_proto::FEATURE_PENALTIES) {
         return Err(EdgeError::Protocol(
@@ -755,10 +745,7 @@ pub(super) fn check_features(
 
 /// `Open.grammar` of a generation whose output starts at context position
 /// `output_start` (the verifier replays what follows it).
-pub(super) fn wire_grammar(
-    gen: &tandem_model::speculative::GenerateConfig,
-    output_start: usize,
-) -> Option<pb::Grammar> {
+pub(super) fn wire_grammar(gen: &GenerateConfig, output_start: usize) -> Option<pb::Grammar> {
     gen.grammar.as_ref().map(|g| {
         let (kind, text) = g.wire();
         pb::Grammar {
@@ -772,4 +759,109 @@ pub(super) fn wire_grammar(
 /// `Open.top_logprobs` of a generation asking for `top` alternatives.
 pub(super) fn wire_top_logprobs(top: Option<usize>) -> Option<u32> {
     top.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// The target's logprobs a verdict carries for the tokens it emits on
+/// `block` (the accepted drafts, then its token). A verdict without one per
+/// emitted token is a protocol error (alternatives past
+/// [`MAX_TOP_LOGPROBS`] are dropped).
+pub(super) fn verdict_logprobs(
+    block: &[u32],
+    v: &pb::Verdict,
+) -> Result<(Vec<u32>, Vec<TokenLogprobs>), EdgeError> {
+    let n = usize::try_from(v.accepted).map_or(block.len(), |n| n.min(block.len()));
+    let mut emitted = block[..n].to_vec();
+    emitted.push(v.next_token);
+    if v.logprobs.len() != emitted.len() {
+        return Err(EdgeError::Protocol(format!(
+            "the verdict carries {} logprobs for {} emitted tokens (Verdict.logprobs)",
+            v.logprobs.len(),
+            emitted.len()
+        )));
+    }
+    let lps = v
+        .logprobs
+        .iter()
+        .zip(&emitted)
+        .map(|(l, &token)| TokenLogprobs {
+            token,
+            logprob: l.logprob,
+            top: l
+                .top
+                .iter()
+                .take(MAX_TOP_LOGPROBS)
+                .map(|x| (x.token, x.logprob))
+                .collect(),
+        })
+        .collect();
+    Ok((emitted, lps))
+}
+
+/// The remote verifier as the generation core's [`BlockVerifier`]: one
+/// `Draft` through the session's codec (or answered by the codec on the
+/// device: an all-local split round), the verdict decoded and checked. It
+/// reports the outcome and changes nothing of the generation: a verdict
+/// (with the target's logprobs when asked), a broken exchange
+/// ([`VerifyError::Broken`] with the [`NetError`], for [`Connection::fail`]),
+/// or a refusal ([`VerifyError::Refused`]: a protocol violation, fatal).
+pub(super) struct RemoteVerifier<'c, 'a> {
+    pub(super) conn: &'c mut Connection<'a>,
+    pub(super) sampling: &'c SamplingParams,
+    /// The generation asks for logprobs.
+    pub(super) logprobs: bool,
+    /// The last verify's round trip (`None`: the device answered it).
+    pub(super) rtt: Option<Duration>,
+}
+
+impl BlockVerifier for RemoteVerifier<'_, '_> {
+    type Broken = NetError;
+    type Refusal = EdgeError;
+
+    fn verify(
+        &mut self,
+        ctx: &[u32],
+        block: &[u32],
+    ) -> Result<BlockVerdict, VerifyError<NetError, EdgeError>> {
+        let conn = &mut *self.conn;
+        let (k, round) = (block.len(), conn.round);
+        let draft = pb::Draft {
+            round,
+            tokens: block.to_vec(),
+            ..pb::Draft::default()
+        };
+        let draft = conn
+            .codec
+            .encode(ctx, draft)
+            .map_err(VerifyError::Refused)?;
+        let (answer, rtt) = match conn.codec.answer_locally(round, ctx.len()) {
+            Some(v) => (ServerMsg::Verdict(v), None),
+            None => match conn.exchange(ClientMsg::Draft(draft), draft_positions(k)) {
+                Ok((a, rtt)) => (a, Some(rtt)),
+                Err(e) => return Err(VerifyError::Broken(e)),
+            },
+        };
+        self.rtt = rtt;
+        let v = conn
+            .codec
+            .decode(answer, round, k, ctx, self.sampling)
+            .map_err(VerifyError::Refused)?;
+        // (A block the device answered itself, an all-local split round,
+        // has no target logprobs.)
+        let logprobs = match self.logprobs && rtt.is_some() {
+            true => Some(verdict_logprobs(block, &v).map_err(VerifyError::Refused)?.1),
+            false => None,
+        };
+        let accepted = v.accepted as usize;
+        let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
+        if conn.codec.accepted(ctx.len(), accepted, exchange_ms, k) {
+            // The codec changed its wire form (split `auto` chose another s):
+            // the next round opens a new session.
+            conn.close_for_reopen();
+        }
+        Ok(BlockVerdict {
+            accepted,
+            next_token: v.next_token,
+            logprobs,
+        })
+    }
 }

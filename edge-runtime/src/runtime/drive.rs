@@ -49,7 +49,8 @@ pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<
             r.conn.counters.add(c);
             let upto = op.context.len();
             let other = (!run.ctx.starts_with(&op.context)).then_some(&op.context[..]);
-            if let Step::Lost = r.conn.opened(run, opened, upto, other)? {
+            let step = r.conn.opened(opened, upto, run.gen)?;
+            if let Step::Lost = r.after_open(run, step, upto, other)? {
                 continue;
             }
             r.check_provisional(run)?;
@@ -66,11 +67,11 @@ pub(super) fn drive(r: &mut Rounds<'_>, run: &mut Generation<'_, '_>) -> Result<
                     run.draft_alone(TokenStatus::Provisional)?;
                 } else {
                     r.conn.retry_at = None;
-                    r.conn.spawn_open(run)?;
+                    r.spawn_open(run)?;
                 }
                 continue;
             }
-            if let Step::Lost = r.conn.open(run, drafts)? {
+            if let Step::Lost = r.open(run, drafts)? {
                 continue;
             }
             r.check_provisional(run)?;

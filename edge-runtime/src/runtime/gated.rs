@@ -25,7 +25,7 @@
 
 use super::connection::{draft_positions, Step};
 use super::generation::Generation;
-use super::round::{ms, note_verdict_logprobs, RoundOutcome, Rounds};
+use super::round::{ms, note_verdict_logprobs, Apply, RoundOutcome, Rounds};
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::Instant;
@@ -130,7 +130,7 @@ pub(super) fn round(
         reused: 0,
         source: Source::Draft,
         lookup_match: None,
-        apply: n >= g,
+        apply: if n >= g { Apply::Commit } else { Apply::Nobody },
     };
     if n < g {
         // The shown token out[p + n] is not the target's: report it, drop

@@ -3,7 +3,9 @@
 //! the final statistics. Knows nothing of the network. Emitting and drafting
 //! are the generation core's (`tandem_model::engine`: [`Emitter::emit`],
 //! [`DraftModel::step`]); this adds token statuses, provisional spans and
-//! logprobs notes on top.
+//! logprobs notes on top. [`Generation::core`] lends it to the core's round
+//! (`tandem_model::engine::round`, the plain rounds): its draft side and its
+//! [`Sink`], the one emit of the edge.
 
 use crate::breaker::RttTracker;
 use crate::client::Counters;
@@ -15,10 +17,10 @@ use crate::report::{
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tandem_model::engine::{DraftAsk, DraftModel, Emitter};
+use tandem_model::engine::{DraftAsk, DraftModel, Emitter, RoundOutput, RoundState};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::logprobs::TokenLogprobs;
-use tandem_model::proposer::NgramIndex;
+use tandem_model::proposer::{AutoChooser, NgramIndex};
 use tandem_model::speculative::{GenStats, GenerateConfig, StopReason};
 use tandem_model::transformer::Model;
 
@@ -94,6 +96,106 @@ fn take_noted(
         .map(|i| Box::new(noted.swap_remove(i).lp));
     noted.retain(|n| n.pos > pos);
     found
+}
+
+/// Keeps `n` until its token is emitted or passed (the oldest go first
+/// past [`MAX_NOTED`]).
+fn note(noted: &mut Vec<Noted>, n: Noted) {
+    if noted.len() >= MAX_NOTED {
+        noted.remove(0);
+    }
+    noted.push(n);
+}
+
+/// The draft side of a [`Generation`] (borrowed apart from its [`Sink`]):
+/// with `auto`'s estimates, the state of the core's round.
+pub(super) struct DraftParts<'s, 'a> {
+    gen: &'s GenerateConfig,
+    draft: &'s mut DraftModel<'a>,
+    lookup: &'s mut NgramIndex,
+    stats: &'s mut GenStats,
+}
+
+impl<'s, 'a> DraftParts<'s, 'a> {
+    /// The core round's state, with `auto` (`auto`'s estimates, kept by the
+    /// runtime across generations).
+    pub(super) fn with(self, auto: &'s mut AutoChooser) -> RoundState<'s, 'a> {
+        RoundState {
+            cfg: self.gen,
+            draft: self.draft,
+            index: self.lookup,
+            chooser: auto,
+            stats: self.stats,
+        }
+    }
+}
+
+/// Where a [`Generation`]'s tokens go: its context, their statuses and
+/// noted logprobs, and the caller's `on_event`, under the core's emit rule.
+pub(super) struct Sink<'s, 'b> {
+    gen: &'s GenerateConfig,
+    prompt_len: usize,
+    capacity: usize,
+    ctx: &'s mut Vec<u32>,
+    statuses: &'s mut Vec<TokenStatus>,
+    noted: &'s mut Vec<Noted>,
+    on_event: &'s mut (dyn FnMut(&EdgeEvent) -> bool + 'b),
+    stop: &'s mut Option<StopReason>,
+    first: &'s mut Option<Instant>,
+}
+
+impl Sink<'_, '_> {
+    /// The one emit of the edge: the core's rule ([`Emitter::emit`]), the
+    /// token as `status`, with the logprobs noted for it.
+    fn emit(&mut self, t: u32, status: TokenStatus) -> bool {
+        let mut em = Emitter {
+            prompt_len: self.prompt_len,
+            max_tokens: self.gen.max_tokens,
+            capacity: self.capacity,
+            stop: *self.stop,
+            first: *self.first,
+        };
+        let prompt_len = self.prompt_len;
+        let (noted, statuses, on_event) =
+            (&mut *self.noted, &mut *self.statuses, &mut *self.on_event);
+        let going = em.emit(&self.gen.stop_tokens, self.ctx, t, |index| {
+            let target = status == TokenStatus::Verified;
+            let logprobs = take_noted(noted, prompt_len + index, t, target);
+            statuses.push(status);
+            on_event(&EdgeEvent::Token {
+                index,
+                id: t,
+                status,
+                logprobs,
+            })
+        });
+        *self.stop = em.stop;
+        *self.first = em.first;
+        going
+    }
+}
+
+/// The core's round emits verified tokens, with the target's logprobs
+/// when its verdict carried them.
+impl RoundOutput for Sink<'_, '_> {
+    fn context(&self) -> &[u32] {
+        self.ctx
+    }
+
+    fn emit_verified(&mut self, t: u32, logprobs: Option<TokenLogprobs>) -> bool {
+        if let Some(lp) = logprobs.filter(|lp| lp.token == t) {
+            let pos = self.ctx.len();
+            note(
+                self.noted,
+                Noted {
+                    pos,
+                    target: true,
+                    lp,
+                },
+            );
+        }
+        self.emit(t, TokenStatus::Verified)
+    }
 }
 
 /// Most logprobs [`Generation::noted`] keeps (the oldest go first): more than
@@ -299,38 +401,55 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// caller) with the core's emit rule ([`Emitter::emit`]), as `status`,
     /// with the logprobs noted for it; false when generation must end.
     pub(super) fn emit(&mut self, t: u32, status: TokenStatus) -> bool {
-        let mut em = Emitter {
-            prompt_len: self.prompt_len,
-            max_tokens: self.gen.max_tokens,
-            capacity: self.capacity,
-            stop: self.stop,
-            first: self.first,
-        };
-        let prompt_len = self.prompt_len;
-        let (noted, statuses, on_event) = (&mut self.noted, &mut self.statuses, &mut self.on_event);
-        let going = em.emit(&self.gen.stop_tokens, &mut self.ctx, t, |index| {
-            let target = status == TokenStatus::Verified;
-            let logprobs = take_noted(noted, prompt_len + index, t, target);
-            statuses.push(status);
-            on_event(&EdgeEvent::Token {
-                index,
-                id: t,
-                status,
-                logprobs,
-            })
-        });
-        self.stop = em.stop;
-        self.first = em.first;
-        going
+        self.core().1.emit(t, status)
+    }
+
+    /// The generation as the core's round sees it
+    /// (`tandem_model::engine::round`): the state a round works on (the
+    /// draft, lookup's index, `auto`'s estimates in `auto`, the core's
+    /// statistics) and where its tokens go ([`Sink`]), borrowed apart.
+    pub(super) fn core<'s>(&'s mut self) -> (DraftParts<'s, 'a>, Sink<'s, 'b>) {
+        let Generation {
+            draft,
+            gen,
+            prompt_len,
+            ctx,
+            statuses,
+            capacity,
+            stop,
+            on_event,
+            stats,
+            first,
+            lookup,
+            noted,
+            ..
+        } = self;
+        let gen: &'a GenerateConfig = gen;
+        (
+            DraftParts {
+                gen,
+                draft,
+                lookup,
+                stats: &mut stats.gen,
+            },
+            Sink {
+                gen,
+                prompt_len: *prompt_len,
+                capacity: *capacity,
+                ctx,
+                statuses,
+                noted,
+                on_event: &mut **on_event,
+                stop,
+                first,
+            },
+        )
     }
 
     /// Notes logprobs for the token at context position `pos` (kept until
     /// it is emitted or passed).
     fn note(&mut self, pos: usize, target: bool, lp: TokenLogprobs) {
-        if self.noted.len() >= MAX_NOTED {
-            self.noted.remove(0);
-        }
-        self.noted.push(Noted { pos, target, lp });
+        note(&mut self.noted, Noted { pos, target, lp });
     }
 
     /// Notes the target's logprobs of a verdict's emitted tokens: `lps[i]`
@@ -479,6 +598,13 @@ impl<'a, 'b> Generation<'a, 'b> {
             }
         }
         self.emit(t, TokenStatus::Verified);
+    }
+
+    /// After the core's round (which rolled the draft back to what it
+    /// keeps): `pending` is the context the draft's cache does not hold.
+    pub(super) fn sync_pending(&mut self) {
+        let held = self.draft.cache.len().min(self.ctx.len());
+        self.pending = self.ctx[held..].to_vec();
     }
 
     /// Undo a drafted block whose verdict never came: the draft holds `ctx`.

@@ -10,7 +10,7 @@
 
 use super::connection::draft_positions;
 use super::generation::Generation;
-use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
+use super::round::{note_verdict_logprobs, Apply, RoundOutcome, Rounds};
 use crate::client::{Counters, NetError};
 use crate::error::EdgeError;
 use std::time::Duration;
@@ -79,7 +79,7 @@ pub(super) fn round(
         reused,
         source: Source::Draft,
         lookup_match: None,
-        apply: true,
+        apply: Apply::Commit,
     }))
 }
 

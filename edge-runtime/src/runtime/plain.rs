@@ -1,17 +1,19 @@
-//! The plain round: propose a block of up to k (fixed, or the chooser's with
-//! adaptive k) with the generation's proposer (the draft model, prompt lookup,
-//! or `auto`'s choice; `tandem_model::proposer`), encode it with the session's codec, exchange it (or let the codec answer
-//! on the device: an all-local split round) and decode the verdict.
+//! The plain round: the generation core's round
+//! (`tandem_model::engine::round`: plan with the generation's proposer, the
+//! draft model, prompt lookup or `auto`'s choice; propose a block of up to
+//! k, fixed or the chooser's with adaptive k; roll back, emit, count)
+//! against the remote verifier ([`RemoteVerifier`]: the block encoded with
+//! the session's codec, exchanged, or answered by the codec on the device in
+//! an all-local split round, and the verdict decoded). What it returns is
+//! what the network and adaptive k add (`super::round::Rounds::commit`).
 
-use super::connection::draft_positions;
+use super::connection::{draft_positions, RemoteVerifier};
 use super::generation::Generation;
-use super::round::{note_verdict_logprobs, RoundOutcome, Rounds};
+use super::round::{ms, Apply, RoundOutcome, Rounds};
 use crate::error::EdgeError;
-use tandem_model::proposer::{plan_round, ProposerKind, Source};
+use tandem_model::engine::{self, VerifyError};
+use tandem_model::proposer::Source;
 use tandem_model::speculative::StopReason;
-use tandem_proto::v1::{
-    self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
-};
 
 /// One plain round; `None` when it ended without a verdict (the failure is
 /// handled) or the context is full.
@@ -26,83 +28,55 @@ pub(super) fn round(
     }
     let k_max = r.block_len(run, limit);
     let ctx_before = run.ctx.len();
-    // What proposes the block (tandem_model::proposer, as in the local loop).
-    if run.gen.proposer != ProposerKind::Draft {
-        run.lookup.extend(&run.ctx);
-    }
-    let backlog = run.pending.len();
-    let plan = plan_round(
-        run.gen.proposer,
-        &run.lookup,
-        &run.ctx,
+    let gen = run.gen;
+    let room_out = gen.max_tokens.saturating_sub(run.out_len());
+    let mut verifier = RemoteVerifier {
+        conn: &mut r.conn,
+        sampling: &gen.sampling,
+        logprobs: gen.top_logprobs.is_some(),
+        rtt: None,
+    };
+    let (draft, mut sink) = run.core();
+    let res = engine::round(
+        draft.with(&mut r.spec.auto),
         k_max,
-        run.gen.max_tokens.saturating_sub(run.out_len()),
-        &r.spec.auto,
-        || backlog,
+        room_out,
+        &mut sink,
+        &mut verifier,
     );
-    let k = plan.len;
-    let (block, draft_ms) = match plan.source {
-        Source::Draft => {
-            let mut block = Vec::with_capacity(k);
-            let draft_ms = r.draft_block(run, &mut block, k)?;
-            (block, draft_ms)
+    // (`auto`'s target cost in this round is the verify call's time, which
+    // the core measures: the round trip plus the codec's work.)
+    let rtt = verifier.rtt;
+    let done = match res {
+        Ok(done) => done,
+        Err(VerifyError::Broken(e)) => {
+            // The core has rolled the draft back to the context.
+            run.sync_pending();
+            r.conn.codec.rollback(run.ctx.len());
+            r.fail(run, e)?;
+            return Ok(None);
         }
-        // The draft model does not run (it catches up when it is needed).
-        // Under a grammar, cut at the first token it refuses.
-        Source::Lookup => {
-            let mut block = plan.lookup;
-            let n = run.draft.allowed(&run.ctx, &block)?;
-            block.truncate(n);
-            (block, 0.0)
-        }
-        // No proposal: the verifier's next token (k = 0).
-        Source::Nothing => (Vec::new(), 0.0),
+        Err(VerifyError::Refused(e)) => return Err(e),
+        Err(VerifyError::Model(e)) => return Err(e.into()),
     };
-    let round = r.conn.round;
-    let draft = pb::Draft {
-        round,
-        tokens: block.clone(),
-        ..pb::Draft::default()
-    };
-    let draft = r.conn.codec.encode(&run.ctx, draft)?;
-    let (answer, rtt) = match r.conn.codec.answer_locally(round, ctx_before) {
-        Some(v) => (ServerMsg::Verdict(v), None),
-        None => match r.conn.exchange(ClientMsg::Draft(draft), draft_positions(k)) {
-            Ok((a, rtt)) => (a, Some(rtt)),
-            Err(e) => {
-                r.lost_block(run, e)?;
-                return Ok(None);
-            }
-        },
-    };
-    let v = r
-        .conn
-        .codec
-        .decode(answer, round, k, &run.ctx, &run.gen.sampling)?;
-    if rtt.is_some() {
-        // (A block the device answered itself, an all-local split round,
-        // has no target logprobs.)
-        note_verdict_logprobs(run, ctx_before, &block, &v)?;
+    run.sync_pending();
+    run.high_water = run.high_water.max(done.draft_peak);
+    if done.source == Source::Draft {
+        r.observe_draft_forwards(&done.draft_forwards, true);
     }
-    let accepted = v.accepted as usize;
-    let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
-    if r.conn.codec.accepted(ctx_before, accepted, exchange_ms, k) {
-        // The codec changed its wire form (split `auto` chose another s): the
-        // next round opens a new session.
-        r.conn.close_for_reopen();
-    }
+    let k = done.block.len();
     Ok(Some(RoundOutcome {
         ctx_before,
-        drafted: block,
         k,
-        accepted,
-        next_token: v.next_token,
+        accepted: done.accepted,
+        next_token: done.next_token,
         rtt,
         positions: draft_positions(k),
-        draft_ms,
+        draft_ms: done.draft_forwards.iter().map(|f| ms(f.time)).sum(),
         reused: 0,
-        source: plan.source,
-        lookup_match: plan.lookup_match,
-        apply: true,
+        source: done.source,
+        lookup_match: done.lookup_match,
+        drafted: done.block,
+        apply: Apply::Core,
     }))
 }

@@ -6,16 +6,24 @@
 //! a block, a lost block, and the check of provisional spans. The kinds
 //! (`super::plain`, `super::pipelined`, `super::cloud_stream`,
 //! `super::gated`) use it; the loop that runs them is `super::drive`.
+//!
+//! It is also where what the connection reports ([`Step`], the session's
+//! capacity) is applied to the generation ([`Rounds::settle`],
+//! [`Rounds::open`], [`Rounds::after_open`]): the connection never touches
+//! the generation itself.
 
-use super::connection::{draft_positions, Connection, Step};
+use super::connection::{
+    draft_positions, verdict_logprobs, Connection, Step, OPEN_BESIDE_MIN_ROWS,
+};
 use super::generation::{Check, Generation};
 use crate::adaptive::{RoundRecord, SpecState};
 use crate::client::NetError;
 use crate::codec::check_verdict;
+use crate::conversation::common_prefix;
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
 use std::time::{Duration, Instant};
-use tandem_model::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
+use tandem_model::engine::DraftForward;
 use tandem_model::proposer::Source;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
@@ -79,16 +87,29 @@ pub(super) struct RoundOutcome {
     pub source: Source,
     /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
     pub lookup_match: Option<usize>,
-    /// Apply the verdict to the draft and emit (false: the caller handles the
-    /// tokens, e.g. a gated span the verifier disagreed with).
-    pub apply: bool,
+    /// Who applies the verdict to the draft and emits.
+    pub apply: Apply,
+}
+
+/// Who applies a round's verdict ([`RoundOutcome::apply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Apply {
+    /// [`Rounds::commit`]: it counts the round, rolls the draft back and
+    /// emits.
+    Commit,
+    /// The generation core's round (`tandem_model::engine::round`) has
+    /// counted it, rolled the draft back and emitted: `commit` accounts only
+    /// what the network and adaptive k add.
+    Core,
+    /// Nobody: the caller handles the tokens (a gated span the verifier
+    /// disagreed with).
+    Nobody,
 }
 
 /// Notes the target's logprobs a verdict carries for the tokens it emits on
 /// `block` (the accepted drafts, then its token) at context positions
-/// `start..`, when the generation asks for logprobs. A verdict without
-/// one per emitted token is a protocol error (alternatives past
-/// [`MAX_TOP_LOGPROBS`] are dropped).
+/// `start..`, when the generation asks for logprobs
+/// ([`verdict_logprobs`]: one per emitted token, or a protocol error).
 pub(super) fn note_verdict_logprobs(
     run: &mut Generation<'_, '_>,
     start: usize,
@@ -98,31 +119,7 @@ pub(super) fn note_verdict_logprobs(
     if run.gen.top_logprobs.is_none() {
         return Ok(());
     }
-    let n = (v.accepted as usize).min(block.len());
-    let mut emitted = block[..n].to_vec();
-    emitted.push(v.next_token);
-    if v.logprobs.len() != emitted.len() {
-        return Err(EdgeError::Protocol(format!(
-            "the verdict carries {} logprobs for {} emitted tokens (Verdict.logprobs)",
-            v.logprobs.len(),
-            emitted.len()
-        )));
-    }
-    let lps = v
-        .logprobs
-        .iter()
-        .zip(&emitted)
-        .map(|(l, &token)| TokenLogprobs {
-            token,
-            logprob: l.logprob,
-            top: l
-                .top
-                .iter()
-                .take(MAX_TOP_LOGPROBS)
-                .map(|x| (x.token, x.logprob))
-                .collect(),
-        })
-        .collect();
+    let (emitted, lps) = verdict_logprobs(block, v)?;
     run.note_target_logprobs(start, &emitted, lps);
     Ok(())
 }
@@ -180,37 +177,46 @@ impl Rounds<'_> {
         let mut hist = run.ctx.clone();
         hist.extend_from_slice(held);
         let t0 = Instant::now();
-        // Draft times for the chooser: the block's first forward (it also runs
-        // the verifier's token) apart from the later ones, without forwards that
-        // also (pre)filled more than a couple of pending tokens (the prompt's
-        // prefill in the first round, a catch-up after target streaming).
-        let (mut first, mut timed, mut timed_ms) = (None, 0usize, 0.0f64);
+        let starts_block = held.is_empty();
+        let mut forwards = Vec::with_capacity(k.saturating_sub(held.len()));
         while held.len() < k {
-            let fed = run.pending.len();
-            let catch_up = fed > 2;
-            let is_first = held.is_empty();
+            let rows = run.pending.len();
             let t = Instant::now();
             let d = run.draft_next(&hist)?;
-            let elapsed = t.elapsed();
-            self.spec.auto.draft_forward(fed, elapsed);
-            let took = ms(elapsed);
-            if !catch_up {
-                if is_first {
-                    first = Some(took);
-                } else {
-                    timed += 1;
-                    timed_ms += took;
-                }
-            }
+            let time = t.elapsed();
+            self.spec.auto.draft_forward(rows, time);
+            forwards.push(DraftForward { rows, time });
             hist.push(d);
             held.push(d);
         }
-        if self.tuned() {
-            self.spec
-                .chooser
-                .observe_draft_forwards(first, timed, timed_ms);
-        }
+        self.observe_draft_forwards(&forwards, starts_block);
         Ok(ms(t0.elapsed()))
+    }
+
+    /// Feeds the adaptive-k chooser (when on) the draft forwards of a block:
+    /// the block's first forward (when `starts_block`: it also runs the
+    /// verifier's token) apart from the later ones, without forwards that
+    /// also (pre)filled more than a couple of pending tokens (the prompt's
+    /// prefill in the first round, a catch-up after target streaming).
+    pub(super) fn observe_draft_forwards(&mut self, forwards: &[DraftForward], starts_block: bool) {
+        if !self.tuned() {
+            return;
+        }
+        let (mut first, mut timed, mut timed_ms) = (None, 0usize, 0.0f64);
+        for (i, f) in forwards.iter().enumerate() {
+            if f.rows > 2 {
+                continue;
+            }
+            if i == 0 && starts_block {
+                first = Some(ms(f.time));
+            } else {
+                timed += 1;
+                timed_ms += ms(f.time);
+            }
+        }
+        self.spec
+            .chooser
+            .observe_draft_forwards(first, timed, timed_ms);
     }
 
     /// A block whose verdict never came: the draft and the codec go back to
@@ -222,15 +228,162 @@ impl Rounds<'_> {
     ) -> Result<(), EdgeError> {
         run.rollback_unverified();
         self.conn.codec.rollback(run.ctx.len());
-        self.conn.fail(run, e)?;
+        self.fail(run, e)?;
         Ok(())
+    }
+
+    /// Applies what the connection reported to the generation: an end
+    /// ([`Step::Ended`]) stops it (unless it has stopped already) and is a
+    /// lost session from here on.
+    pub(super) fn settle(run: &mut Generation<'_, '_>, step: Step) -> Step {
+        match step {
+            Step::Ended(reason) => {
+                run.stop.get_or_insert(reason);
+                Step::Lost
+            }
+            s => s,
+        }
+    }
+
+    /// A failed exchange: the connection reacts, the generation takes the
+    /// outcome.
+    pub(super) fn fail(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        e: NetError,
+    ) -> Result<Step, EdgeError> {
+        let step = self.conn.fail(e)?;
+        Ok(Self::settle(run, step))
+    }
+
+    /// How much of the context the next open gives the verifier: up to where
+    /// the provisional span starts (it is checked next), or all of it (split
+    /// sessions do not check provisional spans: the span is reported
+    /// unchecked).
+    fn open_upto(&mut self, run: &mut Generation<'_, '_>) -> usize {
+        if !self.conn.codec.tokens_only() {
+            if let Some(c) = run.check.take() {
+                run.complete_check(c, false);
+            }
+        }
+        match &run.check {
+            Some(c) => run.prompt_len + c.next,
+            None => run.ctx.len(),
+        }
+    }
+
+    /// Opens (or resumes) the session in the foreground and waits for it.
+    /// With `drafts` (the rounds run the draft) and a backlog of at least
+    /// [`OPEN_BESIDE_MIN_ROWS`], the draft's backlog is prefilled while the
+    /// verifier prefills.
+    pub(super) fn open(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        drafts: bool,
+    ) -> Result<Step, EdgeError> {
+        let upto = self.open_upto(run);
+        let gen = run.gen;
+        let msg = self
+            .conn
+            .open_message(&run.ctx, upto, gen, run.prompt_len)?;
+        let beside =
+            drafts && self.conn.codec.tokens_only() && run.backlog_rows() >= OPEN_BESIDE_MIN_ROWS;
+        let step = if beside {
+            let mut prefill = || {
+                let rows = run.backlog_rows();
+                let prefilled = run.prefill_backlog();
+                run.stats.draft_rows_beside_open += (rows - run.backlog_rows()) as u64;
+                prefilled
+            };
+            self.conn.open(msg, upto, gen, Some(&mut prefill))?
+        } else {
+            self.conn.open(msg, upto, gen, None)?
+        };
+        self.after_open(run, step, upto, None)
+    }
+
+    /// Starts opening the session in the background (`super::drive` drafts
+    /// alone meanwhile).
+    pub(super) fn spawn_open(&mut self, run: &mut Generation<'_, '_>) -> Result<(), EdgeError> {
+        let upto = self.open_upto(run);
+        let msg = self
+            .conn
+            .open_message(&run.ctx, upto, run.gen, run.prompt_len)?;
+        self.conn.spawn_open(msg, run.ctx[..upto].to_vec(), run.gen);
+        Ok(())
+    }
+
+    /// After an open of `ctx[..upto]` (or, with `other`, of a context
+    /// `other` of `upto` tokens that is not a prefix of this generation's:
+    /// an adopted open of an earlier generation): the generation takes the
+    /// session's capacity, and the session is moved to where this
+    /// generation needs it.
+    pub(super) fn after_open(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        step: Step,
+        upto: usize,
+        other: Option<&[u32]>,
+    ) -> Result<Step, EdgeError> {
+        if Self::settle(run, step) != Step::Ok {
+            return Ok(Step::Lost);
+        }
+        run.capacity = run.capacity.min(self.conn.capacity);
+        if let Some(held) = other {
+            return self.resume_adopted(run, held);
+        }
+        if upto < run.ctx.len() {
+            // Opened in the background while the device drafted alone.
+            // `check_provisional` verifies those tokens from `upto` on
+            // (greedy or keyed draws alike). Otherwise they are not
+            // checked: give the verifier the rest of the context.
+            let checks = self.conn.codec.tokens_only()
+                && run.check.as_ref().map(|c| run.prompt_len + c.next) == Some(upto);
+            if !checks {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, false);
+                }
+                let fresh = run.ctx.len().saturating_sub(upto);
+                let step = self.conn.resume_at(&run.ctx, fresh)?;
+                return Ok(Self::settle(run, step));
+            }
+        }
+        Ok(Step::Ok)
+    }
+
+    /// An adopted session holds another generation's context `held`: move it
+    /// to this one's. Token sessions: to where the provisional span starts (it
+    /// is checked next); split sessions leave the span unchecked and the
+    /// session gets the whole context.
+    fn resume_adopted(
+        &mut self,
+        run: &mut Generation<'_, '_>,
+        held: &[u32],
+    ) -> Result<Step, EdgeError> {
+        let checks = self.conn.codec.tokens_only();
+        let upto = match run.check.as_ref() {
+            Some(c) if checks => run.prompt_len + c.next,
+            _ => {
+                if let Some(c) = run.check.take() {
+                    run.complete_check(c, false);
+                }
+                run.ctx.len()
+            }
+        };
+        let fresh = upto.saturating_sub(common_prefix(held, &run.ctx[..upto]));
+        let step = self.conn.resume_at(&run.ctx[..upto], fresh.max(1))?;
+        Ok(Self::settle(run, step))
     }
 
     /// The one place a round's outcome is accounted and applied.
     pub(super) fn commit(&mut self, run: &mut Generation<'_, '_>, o: RoundOutcome) {
+        let by_core = o.apply == Apply::Core;
         if let Some(rtt) = o.rtt {
-            // The round trip is what a verify of these rows costs the device.
-            self.spec.auto.target_forward(o.positions, rtt);
+            // The round trip is what a verify of these rows costs the device
+            // (the core's round has told `auto` already).
+            if !by_core {
+                self.spec.auto.target_forward(o.positions, rtt);
+            }
             self.conn.record_rtt(rtt, o.positions);
             self.conn.success();
             // Round numbers and passes count the verifier's rounds (an
@@ -238,13 +391,17 @@ impl Rounds<'_> {
             self.conn.round += 1;
             run.stats.verifier_passes += 1;
         }
-        run.stats.gen.rounds += 1;
-        run.stats.gen.drafted += o.k as u64;
-        if !o.apply {
+        if !by_core {
+            run.stats.gen.rounds += 1;
+            run.stats.gen.drafted += o.k as u64;
+        }
+        if o.apply == Apply::Nobody {
             return;
         }
-        run.stats.gen.accepted += o.accepted as u64;
-        if self.kind != RoundKind::CloudStreamed {
+        if !by_core {
+            run.stats.gen.accepted += o.accepted as u64;
+        }
+        if self.kind != RoundKind::CloudStreamed && !by_core {
             run.stats.gen.proposers.record(o.source, o.k, o.accepted);
             self.spec
                 .auto
@@ -263,6 +420,9 @@ impl Rounds<'_> {
                 draft_ms: o.draft_ms,
                 reused: o.reused,
             });
+        }
+        if by_core {
+            return;
         }
         let (k, n, t) = (o.k, o.accepted, o.next_token);
         if n == k && o.drafted.len() > k && o.drafted[k] == t {
@@ -312,7 +472,7 @@ impl Rounds<'_> {
                 .exchange(ClientMsg::Draft(draft), draft_positions(k))
             {
                 Ok(a) => a,
-                Err(e) => return self.conn.fail(run, e),
+                Err(e) => return self.fail(run, e),
             };
             let vocab = self.conn.codec.vocab();
             let v = check_verdict(answer, self.conn.round, k, run.prompt_len + p, vocab)?;
@@ -358,7 +518,8 @@ impl Rounds<'_> {
         run: &mut Generation<'_, '_>,
         upto: usize,
     ) -> Result<Step, EdgeError> {
-        let step = self.conn.resume_at(run, upto, 1)?;
+        let step = self.conn.resume_at(&run.ctx[..upto], 1)?;
+        let step = Self::settle(run, step);
         if let Step::Ok = step {
             // Part of checking provisional tokens.
             run.stats.check_rounds += 1;
