@@ -32,6 +32,10 @@ pub(crate) fn attend<C: KvStore>(
 ) {
     let head = off / hd;
     let (heads, len, first) = (q.len() / hd, span.len(), span.start);
+    if len == 0 {
+        out.fill(0.0);
+        return;
+    }
     // f16 or INT8 heads widened (unused for f32 rows), one per key of a
     // group of four.
     let mut wide: [Vec<f32>; 4] = Default::default();
@@ -40,13 +44,7 @@ pub(crate) fn attend<C: KvStore>(
     let quads = len / 4;
     for g in 0..quads {
         let t = first + 4 * g;
-        let [w0, w1, w2, w3] = &mut wide;
-        let rows = [
-            head_row(cache.key(layer, t), off, hd, head, w0),
-            head_row(cache.key(layer, t + 1), off, hd, head, w1),
-            head_row(cache.key(layer, t + 2), off, hd, head, w2),
-            head_row(cache.key(layer, t + 3), off, hd, head, w3),
-        ];
+        let rows = head_rows4(|t| cache.key(layer, t), t, off, hd, head, &mut wide);
         for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(len)) {
             let d = dot4(qh, rows.map(|r| r.0));
             for i in 0..4 {
@@ -75,13 +73,7 @@ pub(crate) fn attend<C: KvStore>(
     out.fill(0.0);
     for g in 0..quads {
         let t = first + 4 * g;
-        let [w0, w1, w2, w3] = &mut wide;
-        let rows = [
-            head_row(cache.value(layer, t), off, hd, head, w0),
-            head_row(cache.value(layer, t + 1), off, hd, head, w1),
-            head_row(cache.value(layer, t + 2), off, hd, head, w2),
-            head_row(cache.value(layer, t + 3), off, hd, head, w3),
-        ];
+        let rows = head_rows4(|t| cache.value(layer, t), t, off, hd, head, &mut wide);
         for ((oh, sh), inv) in out
             .chunks_exact_mut(hd)
             .zip(scores.chunks_exact(len))
@@ -101,6 +93,25 @@ pub(crate) fn attend<C: KvStore>(
             axpy(oh, scaled(sh[t - first] * inv, s), r);
         }
     }
+}
+
+/// [`head_row`] of rows `t..t + 4` (`row(t)`: a K or a V row), each
+/// widened into its own buffer of `wide`.
+fn head_rows4<'a>(
+    row: impl Fn(usize) -> KvRow<'a>,
+    t: usize,
+    off: usize,
+    hd: usize,
+    head: usize,
+    wide: &'a mut [Vec<f32>; 4],
+) -> [(&'a [f32], f32); 4] {
+    let [w0, w1, w2, w3] = wide;
+    [
+        head_row(row(t), off, hd, head, w0),
+        head_row(row(t + 1), off, hd, head, w1),
+        head_row(row(t + 2), off, hd, head, w2),
+        head_row(row(t + 3), off, hd, head, w3),
+    ]
 }
 
 /// One head of a K or V row as f32: an f32 row's slice in place, an f16 or
