@@ -50,7 +50,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let w = QMatrix::new(format, rows, cols, &data)?;
     // The tile layout, as the loader builds it where it pays (AMX).
-    let layout = quant::build_tile_layout(&w).filter(|_| quant::tiles_pay(quant::Isa::selected()));
+    let layout = quant::tiles_pay(quant::Isa::selected())
+        .then(|| quant::build_tile_layout(&w))
+        .flatten();
     let w = match &layout {
         Some(t) => w.with_tiles(t)?,
         None => w,

@@ -59,8 +59,10 @@ pub(super) enum Kind {
     Q6K,
 }
 
-/// Where a Q4_K / Q5_K unit keeps its scales, mins, `d` and `dmin`.
+/// Where a Q4_K / Q5_K unit keeps its scales, mins, `d` and `dmin`, and
+/// how many 64-byte lines it spans (what the kernels prefetch).
 pub(super) struct K4Offsets {
+    pub(super) lines: usize,
     pub(super) sc: usize,
     pub(super) mn: usize,
     pub(super) d: usize,
@@ -70,7 +72,9 @@ pub(super) struct K4Offsets {
 /// [`K4Offsets`] of Q4_K (`q5` false) or Q5_K units.
 pub(super) const fn k4_offsets(q5: bool) -> K4Offsets {
     let base = if q5 { 2560 } else { 2048 };
+    let unit = if q5 { Q5K_UNIT } else { Q4K_UNIT };
     K4Offsets {
+        lines: unit.div_ceil(64),
         sc: base,
         mn: base + 128,
         d: base + 256,

@@ -365,12 +365,7 @@ unsafe fn unpack_q4k<const Q5: bool>(unit: *const u8, o: *mut u8, ahead: *const 
     let lo4 = _mm512_set1_epi8(0xF);
     let zero = _mm512_setzero_si512();
     let off = tile_layout::k4_offsets(Q5);
-    let lines = if Q5 {
-        tile_layout::Q5K_UNIT
-    } else {
-        tile_layout::Q4K_UNIT
-    }
-    .div_ceil(64);
+    let lines = off.lines;
     // SAFETY: reads inside the unit (qs, qh, scales), writes inside `o`
     // (caller).
     unsafe {
@@ -970,12 +965,7 @@ unsafe fn sums_q4k<const N: usize, const Q5: bool>(
 ) -> [__m512i; N] {
     let lo4 = _mm512_set1_epi8(0xF);
     let off = tile_layout::k4_offsets(Q5);
-    let lines = if Q5 {
-        tile_layout::Q5K_UNIT
-    } else {
-        tile_layout::Q4K_UNIT
-    }
-    .div_ceil(64);
+    let lines = off.lines;
     let mut s = [_mm512_setzero_si512(); N];
     // SAFETY: the unit's qs, qh and scales; activation bytes
     // t·cols + 256·sb + 0..256 of rows t < t0 + N inside `act.qs`.
