@@ -62,6 +62,8 @@ pub(super) enum Kind {
 /// Where a Q4_K / Q5_K unit keeps its scales, mins, `d` and `dmin`, and
 /// how many 64-byte lines it spans (what the kernels prefetch).
 pub(super) struct K4Offsets {
+    // Read by the x86 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) lines: usize,
     pub(super) sc: usize,
     pub(super) mn: usize,
