@@ -25,7 +25,10 @@
 //! 3. **Bounded.** The entries' draft KV bytes stay within `budget_mib`; the least
 //!    recently used entry is dropped first (its verifier session then expires by
 //!    the verifier's idle TTL). An entry is counted at the most positions its KV
-//!    ever held, since RSS does not shrink when a cache is truncated. At most
+//!    ever held, since RSS does not shrink when a cache is truncated, and at the
+//!    whole memory pages those positions occupy in each of its buffers
+//!    (`KvCache::resident_bytes`: for a short conversation the rounding is as
+//!    large as its data). At most
 //!    [`MAX_ENTRIES`] entries are kept whatever their size (each holds a cache's
 //!    allocations: many tiny conversations must not add up unseen).
 //! 4. **Caught up between turns.** A turn whose rounds lookup served leaves the
@@ -123,8 +126,10 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// What the entry's draft KV occupies: its cache's resident pages at the
+    /// most positions it held (`KvCache::resident_bytes`).
     fn bytes(&self) -> u64 {
-        (self.cache.bytes_per_token() as u64).saturating_mul(self.high_water as u64)
+        self.cache.resident_bytes(self.high_water)
     }
 }
 
@@ -158,17 +163,14 @@ struct Entry {
     kept: Kept,
     last_used: u64,
     /// Checked out for the catch-up ([`ConversationCache::check_out_behind`]):
-    /// `kept.cache` is a placeholder, and this is the real one's bytes per
-    /// position (the budget still counts it).
+    /// `kept.cache` is a placeholder, and this is the real one's bytes
+    /// ([`Kept::bytes`]; the budget still counts it).
     out: Option<u64>,
 }
 
 impl Entry {
     fn bytes(&self) -> u64 {
-        match self.out {
-            Some(per) => per.saturating_mul(self.kept.high_water as u64),
-            None => self.kept.bytes(),
-        }
+        self.out.unwrap_or_else(|| self.kept.bytes())
     }
 }
 
@@ -277,19 +279,18 @@ impl ConversationCache {
             .filter(|(_, e)| e.out.is_none())
             .filter(|(_, e)| e.kept.cache.len() < e.kept.tokens.len().min(capacity))
             .filter(|(_, e)| {
-                let grow = e
+                let caught_up = e.kept.tokens.len().min(capacity).max(e.kept.high_water);
+                let extra = e
                     .kept
-                    .tokens
-                    .len()
-                    .min(capacity)
-                    .saturating_sub(e.kept.high_water);
-                let extra = (e.kept.cache.bytes_per_token() as u64).saturating_mul(grow as u64);
+                    .cache
+                    .resident_bytes(caught_up)
+                    .saturating_sub(e.kept.bytes());
                 used.saturating_add(extra) <= budget
             })
             .max_by_key(|(_, e)| e.last_used)
             .map(|(k, _)| k.clone())?;
         let e = self.entries.get_mut(&key)?;
-        e.out = Some(e.kept.cache.bytes_per_token() as u64);
+        e.out = Some(e.kept.bytes());
         let cache = std::mem::replace(&mut e.kept.cache, KvCache::new(0, 0, 0, 0));
         let mut tokens = e.kept.tokens.clone();
         tokens.truncate(capacity);
@@ -493,10 +494,12 @@ impl SharedConversations {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_model::kv_cache::KvPrecision;
 
     fn kept(tokens: &[u32], positions: usize) -> Kept {
         // 1 layer, 1 head of 8 floats: 64 bytes per position.
-        let cache = KvCache::new(1, 1, 8, 64);
+        // One f32 row of 4 KiB per buffer: 8 KiB a position, whole pages.
+        let cache = KvCache::new(1, 1, 1024, 64);
         Kept {
             cache,
             tokens: tokens.to_vec(),
@@ -507,6 +510,27 @@ mod tests {
     }
 
     const ANON: Who<'static> = Who::Anonymous { scope: "uid:1000" };
+    /// Bytes a position of [`kept`]'s cache occupies.
+    const POSITION: u64 = 8192;
+
+    #[test]
+    fn an_entry_is_counted_at_the_pages_its_positions_occupy() {
+        // 8 floats a row: 3 positions write 96 B of each of the two
+        // buffers, which occupy a page each.
+        let mut c = cache(1 << 20);
+        let mut k = kept(&[1, 2, 3], 3);
+        k.cache = KvCache::new(1, 1, 8, 64);
+        c.put(Who::Named("small"), k);
+        assert_eq!(c.stats().bytes, 2 * 4096);
+        // INT8: values and scales are buffers of their own.
+        let int8 = KvCache::with_precision(2, 2, 64, 4096, KvPrecision::Int8);
+        assert_eq!(int8.resident_bytes(0), 0);
+        assert_eq!(int8.resident_bytes(1), 2 * 2 * 2 * 4096);
+        // 33 positions: 33 · 128 B of values (2 pages), 33 · 8 B of scales.
+        assert_eq!(int8.resident_bytes(33), 2 * 2 * (2 + 1) * 4096);
+        // Never past the capacity.
+        assert_eq!(int8.resident_bytes(1 << 40), int8.resident_bytes(4096));
+    }
 
     fn cache(budget_bytes: u64) -> ConversationCache {
         let mut c = ConversationCache::new(&ConversationConfig::default());
@@ -573,14 +597,14 @@ mod tests {
 
     #[test]
     fn the_budget_drops_least_recently_used_entries() {
-        // 64 B per position: room for 10 positions.
-        let mut c = cache(640);
+        // 8 KiB per position: room for 10 positions.
+        let mut c = cache(10 * POSITION);
         c.put(Who::Named("old"), kept(&[1], 4));
         c.put(Who::Named("mid"), kept(&[2], 4));
-        assert_eq!(c.stats().bytes, 512);
+        assert_eq!(c.stats().bytes, 8 * POSITION);
         c.put(Who::Named("new"), kept(&[3], 4));
         let s = c.stats();
-        assert_eq!((s.entries, s.evictions, s.bytes), (2, 1, 512));
+        assert_eq!((s.entries, s.evictions, s.bytes), (2, 1, 8 * POSITION));
         assert!(c.take(Who::Named("old"), &[1]).is_none());
         // Taking and putting back makes an entry the most recent.
         let mid = c.take(Who::Named("mid"), &[2]).expect("mid");
@@ -610,8 +634,8 @@ mod tests {
 
     #[test]
     fn a_checked_out_entry_is_waited_for_counted_and_never_grown_past_the_budget() {
-        // 64 B per position: room for 10 positions.
-        let mut c = cache(640);
+        // 8 KiB per position: room for 10 positions.
+        let mut c = cache(10 * POSITION);
         c.put(Who::Named("a"), kept(&[1, 2, 3, 4, 5, 6], 0));
         let out = c.check_out_behind(64).expect("behind by 6 rows");
         assert_eq!(out.tokens, vec![1, 2, 3, 4, 5, 6]);
@@ -622,15 +646,16 @@ mod tests {
         assert!(c.check_out_behind(64).is_none());
         // Back with 6 rows: no longer behind, counted at its new size.
         let cache6 = {
-            let mut k = KvCache::new(1, 1, 8, 64);
-            tandem_model::kv_cache::KvStore::append(&mut k, 0, 0, &[0.0; 48], &[0.0; 48]);
+            let mut k = KvCache::new(1, 1, 1024, 64);
+            let rows = vec![0.0; 6 * 1024];
+            tandem_model::kv_cache::KvStore::append(&mut k, 0, 0, &rows, &rows);
             k
         };
         c.check_in(out, Some(cache6), 6, false);
         assert!(!c.busy_for(Who::Named("a"), &[1]));
         assert!(c.check_out_behind(64).is_none());
         let s = c.stats();
-        assert_eq!((s.caught_up_rows, s.bytes), (6, 6 * 64));
+        assert_eq!((s.caught_up_rows, s.bytes), (6, 6 * POSITION));
         let k = c
             .take(Who::Named("a"), &[1, 2, 3, 4, 5, 6, 7])
             .expect("back");
@@ -643,7 +668,7 @@ mod tests {
         c.forget("a");
         let out = c.check_out_behind(64).expect("b fits now");
         assert!(c.forget("b"));
-        c.check_in(out, Some(KvCache::new(1, 1, 8, 64)), 0, true);
+        c.check_in(out, Some(KvCache::new(1, 1, 1024, 64)), 0, true);
         assert_eq!(c.stats().entries, 0);
         assert_eq!(c.stats().catch_up_yields, 1);
     }

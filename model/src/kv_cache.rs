@@ -288,6 +288,34 @@ impl KvCache {
             .bytes_per_token(self.lens.len(), self.heads, head_dim)
     }
 
+    /// Resident bytes of this cache once `positions` positions are written:
+    /// each of its buffers (per layer K and V; at INT8 their values and their
+    /// scales) rounded up to whole 4 KiB pages. The buffers are allocated
+    /// zeroed for the whole capacity and mapped lazily, so what a cache
+    /// occupies is the pages written, not `positions · bytes_per_token()`:
+    /// for a short context the rounding is as large as the data (a
+    /// conversation cache's budget counts this, issue 31 item 4).
+    pub fn resident_bytes(&self, positions: usize) -> u64 {
+        const PAGE: u64 = 4096;
+        let positions = positions.min(self.capacity) as u64;
+        let buffer = |bytes_per_position: usize| {
+            positions
+                .saturating_mul(bytes_per_position as u64)
+                .div_ceil(PAGE)
+                .saturating_mul(PAGE)
+        };
+        let per_layer = match self.precision() {
+            KvPrecision::F32 => buffer(self.row.saturating_mul(4)),
+            KvPrecision::F16 => buffer(self.row.saturating_mul(2)),
+            KvPrecision::Int8 => {
+                buffer(self.row).saturating_add(buffer(self.heads.saturating_mul(4)))
+            }
+        };
+        per_layer
+            .saturating_mul(2)
+            .saturating_mul(self.lens.len() as u64)
+    }
+
     /// Drop every position `>= len` (rollback after a rejected draft).
     pub fn truncate(&mut self, len: usize) {
         for l in &mut self.lens {
