@@ -31,7 +31,7 @@ use device::{Record, Shared};
 use report::{Kill, Report, RssSample, Window};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tandem_cli_common::link_overrides::LinkOverrides;
@@ -104,6 +104,12 @@ pub struct Args {
     /// Draft block length.
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Each device's conversation cache budget (`conversations.budget_mib`),
+    /// MiB. Small by default so that the caches reach their bound within the
+    /// warm-up: the RSS judgement looks for growth that has none (at the
+    /// product's 64 MiB, 32 devices' caches would fill for hours).
+    #[arg(long, default_value_t = 2)]
+    conversation_budget_mib: u64,
     /// First prompts of the prompt set the devices cycle over.
     #[arg(long, default_value_t = 8)]
     prompt_count: usize,
@@ -439,17 +445,26 @@ impl Verifier {
 }
 
 /// One RSS sample of the verifier and of this process (the devices).
-fn sample(at_s: f64, v: &Verifier) -> RssSample {
+fn sample(at_s: f64, v: &Verifier, devices: &Shared) -> RssSample {
     let pid = v.pid();
     let text = v.admin.as_deref().and_then(metrics);
     let metric = |name: &str| text.as_deref().and_then(|m| gauge(m, name));
+    let edge_heap = tandem_verifier::heap::heap_stats();
     RssSample {
         at_s,
         verifier_incarnation: v.incarnation,
         verifier_pid: pid,
         verifier_rss_bytes: pid
             .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "VmRSS:")),
+        verifier_rss_anon_bytes: pid
+            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "RssAnon:")),
+        verifier_rss_file_bytes: pid
+            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "RssFile:")),
         edge_rss_bytes: tandem_cli_common::models::proc_status_bytes("self", "VmRSS:"),
+        edge_rss_anon_bytes: tandem_cli_common::models::proc_status_bytes("self", "RssAnon:"),
+        edge_heap_in_use_bytes: edge_heap.map(|h| h.in_use),
+        edge_heap_free_bytes: edge_heap.map(|h| h.free_held),
+        edge_conversation_bytes: Some(devices.kept_conversation_bytes()),
         verifier_sessions: metric("tandem_verifier_sessions"),
         kv_pages_used: metric("tandem_verifier_kv_pages_used"),
         kv_pages_in_store: metric("tandem_verifier_session_bytes")
@@ -528,6 +543,10 @@ pub fn run(args: Args) -> Result<()> {
             token: Some(TOKEN.into()),
             tokenizer_fingerprint: Some(tok.fingerprint()),
             k: args.k,
+            conversations: tandem_edge::ConversationConfig {
+                budget_mib: args.conversation_budget_mib,
+                ..Default::default()
+            },
             ..EdgeConfig::default()
         },
         gen: GenerateConfig {
@@ -542,6 +561,7 @@ pub fn run(args: Args) -> Result<()> {
         cancel: Arc::new(AtomicBool::new(false)),
         records: records.clone(),
         started: started.clone(),
+        conversation_bytes: Arc::new((0..args.sessions).map(|_| AtomicU64::new(0)).collect()),
     });
     proxy.set_timeline(res.faults.timeline.clone());
     progress(&format!(
@@ -564,7 +584,7 @@ pub fn run(args: Args) -> Result<()> {
 
     // The coordinator: kills, restarts, samples, until the duration is over
     // and the devices have finished.
-    let mut samples = vec![sample(0.0, &verifier)];
+    let mut samples = vec![sample(0.0, &verifier, &shared)];
     let mut next_sample = args.rss_every;
     let mut pending_kills = res.faults.kills.clone().into_iter().peekable();
     let mut kills = Vec::new();
@@ -593,7 +613,7 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         if now >= next_sample {
-            samples.push(sample(now.as_secs_f64(), &verifier));
+            samples.push(sample(now.as_secs_f64(), &verifier, &shared));
             next_sample = next_sample.saturating_add(args.rss_every);
         }
         if now >= args.duration && stopping_at.is_none() {
@@ -622,7 +642,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let soak_s = clock.elapsed().as_secs_f64();
     if samples.last().is_none_or(|s| soak_s - s.at_s >= 1.0) {
-        samples.push(sample(soak_s, &verifier));
+        samples.push(sample(soak_s, &verifier, &shared));
     }
     let mut device_errors = Vec::new();
     for d in devices {
@@ -676,6 +696,7 @@ pub fn run(args: Args) -> Result<()> {
             duration_s: args.duration.as_secs_f64(),
             max_tokens: args.max_tokens,
             k: args.k,
+            conversation_budget_mib: args.conversation_budget_mib,
             prompt_ids: res.prompts.iter().map(|p| p.id.clone()).collect(),
             prompt_tail: res.prompt_tail,
             timeline: res.faults.timeline.to_string(),

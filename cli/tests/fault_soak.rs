@@ -56,7 +56,7 @@ fn thirty_five_seconds_of_faults_keep_every_invariant() {
         "the soak failed: {}\nstderr:\n{stderr}",
         r["failures"]
     );
-    assert_eq!(r["schema_version"], 2);
+    assert_eq!(r["schema_version"], 3);
 
     // The faults were applied: one outage, two resets, one kill and restart.
     let faults = &r["faults"];
@@ -102,7 +102,18 @@ fn thirty_five_seconds_of_faults_keep_every_invariant() {
     assert_eq!(rss["verifier"].as_array().unwrap().len(), 2, "{rss}");
     for series in rss["verifier"].as_array().unwrap() {
         assert!(u(series, "max_bytes") > 0, "{series}");
+        // Judged on anonymous memory: the GGUF's file-backed pages are
+        // reported apart.
+        let measure = series["measure"].as_str().unwrap();
+        assert!(measure.starts_with("RssAnon"), "{series}");
     }
+    let files = rss["verifier_file_max_bytes"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{rss}");
+    assert!(files.iter().all(|f| f.as_u64().unwrap() > 0), "{rss}");
+    assert_eq!(
+        rss["edge"]["measure"], "RssAnon - kept conversations",
+        "{rss}"
+    );
     assert!(u(&rss["edge"], "max_bytes") > 0, "{rss}");
 
     // The per-generation log is there, one line per generation.

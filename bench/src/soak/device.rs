@@ -5,7 +5,7 @@
 //! streamed, and the stream is checked against the final result at once
 //! (indices contiguous, nothing duplicated or lost).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_edge::{EdgeConfig, EdgeEvent, EdgeGeneration, EdgeRuntime, EdgeStats, TokenStatus};
@@ -57,6 +57,19 @@ pub struct Shared {
     pub records: Arc<Mutex<Vec<Record>>>,
     /// Generations started by all devices.
     pub started: Arc<AtomicUsize>,
+    /// Per device, the draft KV bytes its runtime's conversation cache keeps
+    /// (`ConversationStats::bytes`, bounded by `conversations.budget_mib`),
+    /// as of its last finished generation.
+    pub conversation_bytes: Arc<Vec<AtomicU64>>,
+}
+
+impl Shared {
+    /// The conversation caches' bytes of every device.
+    pub fn kept_conversation_bytes(&self) -> u64 {
+        self.conversation_bytes
+            .iter()
+            .fold(0u64, |s, b| s.saturating_add(b.load(Ordering::Relaxed)))
+    }
 }
 
 /// Generates until `shared.stop`, adding each generation to
@@ -108,6 +121,9 @@ pub fn run(device: usize, shared: &Shared) -> Result<(), String> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(record);
+        if let Some(b) = shared.conversation_bytes.get(device) {
+            b.store(edge.conversation_stats().bytes, Ordering::Relaxed);
+        }
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use tandem_model::speculative::StopReason;
 use tandem_netsim::ProxyStats;
 
 /// Version of the `--json` document; bump when a field changes meaning.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// At most this many failure details in the report.
 const MAX_FAILURE_DETAILS: usize = 20;
@@ -54,8 +54,22 @@ pub struct RssSample {
     pub verifier_pid: Option<u32>,
     /// VmRSS of the verifier process (None: not running, e.g. mid-restart).
     pub verifier_rss_bytes: Option<u64>,
+    /// RssAnon and RssFile of the verifier process: its anonymous memory
+    /// (heap, KV pool, the tile layout) and its file-backed pages (the
+    /// mmapped GGUF, touched row by row as new tokens' embeddings are read,
+    /// bounded by the file's size). VmRSS is their sum plus shared memory.
+    pub verifier_rss_anon_bytes: Option<u64>,
+    pub verifier_rss_file_bytes: Option<u64>,
     /// VmRSS of this process: every device's runtime, the shared draft model.
     pub edge_rss_bytes: Option<u64>,
+    /// RssAnon of this process.
+    pub edge_rss_anon_bytes: Option<u64>,
+    /// This process's heap as its allocator counts it (in use, free held).
+    pub edge_heap_in_use_bytes: Option<u64>,
+    pub edge_heap_free_bytes: Option<u64>,
+    /// The draft KV bytes the devices' conversation caches keep (the sum of
+    /// `ConversationStats::bytes`; each bounded by `conversations.budget_mib`).
+    pub edge_conversation_bytes: Option<u64>,
     /// `tandem_verifier_sessions` and `tandem_verifier_kv_pages_used`.
     pub verifier_sessions: Option<f64>,
     pub kv_pages_used: Option<f64>,
@@ -81,15 +95,20 @@ pub struct RssSample {
 /// (weights paged in, sessions reaching their steady number); a
 /// least-squares line is fitted to the rest, and a slope of
 /// `RSS_MAX_SLOPE_MIB_PER_MIN` or more is an upward trend. (The medians of
-/// the middle and last thirds are reported beside it.) A verifier's series is
-/// judged net of its KV pool (VmRSS minus the pool's page buffers, which
-/// grow to the most pages held at once, bounded by `session_budget_bytes`,
-/// and are reused): what is left is the memory that must not creep.
+/// the middle and last thirds are reported beside it.) A series is judged on
+/// the process's anonymous memory (RssAnon) where every sample has it: its
+/// file-backed pages are the mmapped GGUF, which the kernel may drop and
+/// re-read at will and which cannot pass the file's size. A verifier's
+/// series is judged net of its KV pool too (minus the pool's page buffers,
+/// which grow to the most pages held at once, bounded by
+/// `session_budget_bytes`, and are reused): what is left is the memory that
+/// must not creep.
 #[derive(Clone, Debug, Serialize)]
 pub struct RssTrend {
     pub series: String,
-    /// What the points are: "VmRSS", or "VmRSS - KV pool" (a verifier whose
-    /// `/metrics` gave the pool's size at every sample).
+    /// What the points are: "RssAnon" or "VmRSS" (a process whose RssAnon
+    /// was not read at every sample), then " - KV pool" for a verifier whose
+    /// `/metrics` gave the pool's size at every sample.
     pub measure: String,
     /// The slope of VmRSS itself over the same samples (equal to
     /// `slope_mib_per_min` when `measure` is "VmRSS").
@@ -112,21 +131,30 @@ pub struct RssTrend {
     pub upward: bool,
 }
 
-/// The series of `(seconds, bytes)` points, judged.
-pub fn rss_trend(series: &str, points: &[(f64, u64)]) -> RssTrend {
-    rss_trend_net(series, points, None)
-}
-
-/// [`rss_trend`] of `points` minus `pool` (the KV pool's bytes at each
-/// point), when given for every point; the raw slope is reported beside it.
-pub fn rss_trend_net(series: &str, raw: &[(f64, u64)], pool: Option<&[u64]>) -> RssTrend {
-    let net: Option<Vec<(f64, u64)>> = pool.filter(|p| p.len() == raw.len()).map(|p| {
-        raw.iter()
-            .zip(p)
-            .map(|(&(t, b), &k)| (t, b.saturating_sub(k)))
-            .collect()
-    });
-    let points = net.as_deref().unwrap_or(raw);
+/// The series of `(seconds, VmRSS bytes)` points judged: on the process's
+/// RssAnon at each point (`anon`, when given for every point) instead of its
+/// VmRSS, minus `net_of` (a bounded cache's
+/// name and its bytes at each point, when given for every point: the
+/// verifier's KV pool, the devices' kept conversations); VmRSS's own slope
+/// is reported beside it.
+pub fn rss_trend_net(
+    series: &str,
+    raw: &[(f64, u64)],
+    anon: Option<&[u64]>,
+    net_of: Option<(&str, &[u64])>,
+) -> RssTrend {
+    let anon = anon.filter(|a| a.len() == raw.len());
+    let net_of = net_of.filter(|(_, p)| p.len() == raw.len());
+    let pool = net_of.map(|(_, p)| p);
+    let points: Vec<(f64, u64)> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, b))| {
+            let b = anon.map_or(b, |a| a[i]);
+            (t, b.saturating_sub(pool.map_or(0, |p| p[i])))
+        })
+        .collect();
+    let points = points.as_slice();
     let n = points.len();
     let third = n / 3;
     let bytes: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
@@ -148,12 +176,11 @@ pub fn rss_trend_net(series: &str, raw: &[(f64, u64)], pool: Option<&[u64]>) -> 
     let rss_slope_mib_per_min = slope(&raw[third..]) * 60.0 / MIB;
     RssTrend {
         series: series.to_owned(),
-        measure: if net.is_some() {
-            "VmRSS - KV pool"
-        } else {
-            "VmRSS"
-        }
-        .to_owned(),
+        measure: format!(
+            "{}{}",
+            if anon.is_some() { "RssAnon" } else { "VmRSS" },
+            net_of.map_or(String::new(), |(name, _)| format!(" - {name}"))
+        ),
         rss_slope_mib_per_min,
         samples: n,
         first_bytes: points.first().map_or(0, |p| p.1),
@@ -250,6 +277,8 @@ pub struct Settings {
     pub duration_s: f64,
     pub max_tokens: usize,
     pub k: usize,
+    /// Each device's `conversations.budget_mib`.
+    pub conversation_budget_mib: u64,
     pub prompt_ids: Vec<String>,
     pub prompt_tail: Option<usize>,
     /// The netsim timeline as run (jitter and loss are on every segment).
@@ -355,7 +384,13 @@ pub struct Rss {
     /// sample: reported beside the judgement, to tell live growth from
     /// memory the allocator keeps.
     pub verifier_heap: Vec<HeapTrend>,
+    /// One per verifier process: the most file-backed pages it had resident
+    /// (RssFile; None when never read), left out of the judgement.
+    pub verifier_file_max_bytes: Vec<Option<u64>>,
     pub edge: RssTrend,
+    /// This process's heap, where its allocator's counters were read at
+    /// every sample: reported beside the judgement, as `verifier_heap`.
+    pub edge_heap: Option<HeapTrend>,
     pub samples: Vec<RssSample>,
 }
 
@@ -613,7 +648,8 @@ pub struct HeapTrend {
     pub free_slope_mib_per_min: f64,
 }
 
-fn heap_trend(series: &str, samples: &[&RssSample]) -> Option<HeapTrend> {
+/// A verifier process's [`HeapTrend`]: its heap in use minus its KV pool.
+fn verifier_heap_trend(series: &str, samples: &[&RssSample]) -> Option<HeapTrend> {
     let points: Vec<(f64, u64, u64)> = samples
         .iter()
         .map(|s| {
@@ -621,6 +657,20 @@ fn heap_trend(series: &str, samples: &[&RssSample]) -> Option<HeapTrend> {
             Some((s.at_s, live, s.heap_free_bytes?))
         })
         .collect::<Option<_>>()?;
+    heap_trend(series, &points)
+}
+
+/// This process's [`HeapTrend`] (the devices: no KV pool to leave out).
+fn edge_heap_trend(samples: &[&RssSample]) -> Option<HeapTrend> {
+    let points: Vec<(f64, u64, u64)> = samples
+        .iter()
+        .map(|s| Some((s.at_s, s.edge_heap_in_use_bytes?, s.edge_heap_free_bytes?)))
+        .collect::<Option<_>>()?;
+    heap_trend("edge (devices' process) heap", &points)
+}
+
+/// The trend of `(seconds, live bytes, free bytes held)` points.
+fn heap_trend(series: &str, points: &[(f64, u64, u64)]) -> Option<HeapTrend> {
     let (first, last) = (points.first()?, points.last()?);
     let after_warm_up = &points[points.len() / 3..];
     let live: Vec<(f64, u64)> = after_warm_up.iter().map(|p| (p.0, p.1)).collect();
@@ -656,6 +706,7 @@ fn heap_line(h: &HeapTrend) -> String {
 fn rss_figures(samples: Vec<RssSample>) -> Rss {
     let mut verifier = Vec::new();
     let mut verifier_heap = Vec::new();
+    let mut verifier_file_max_bytes = Vec::new();
     let incarnations: Vec<usize> = {
         let mut v: Vec<usize> = samples.iter().map(|s| s.verifier_incarnation).collect();
         v.dedup();
@@ -670,22 +721,44 @@ fn rss_figures(samples: Vec<RssSample>) -> Rss {
             .iter()
             .filter_map(|s| Some((s.at_s, s.verifier_rss_bytes?)))
             .collect();
+        let anon: Option<Vec<u64>> = ours.iter().map(|s| s.verifier_rss_anon_bytes).collect();
         let pool: Option<Vec<u64>> = ours.iter().map(|s| s.kv_pool_bytes).collect();
-        verifier_heap.extend(heap_trend(&format!("verifier process {inc} heap"), &ours));
+        verifier_heap.extend(verifier_heap_trend(
+            &format!("verifier process {inc} heap"),
+            &ours,
+        ));
         verifier.push(rss_trend_net(
             &format!("verifier process {inc}"),
             &points,
-            pool.as_deref(),
+            anon.as_deref(),
+            pool.as_deref().map(|p| ("KV pool", p)),
         ));
+        verifier_file_max_bytes.push(ours.iter().filter_map(|s| s.verifier_rss_file_bytes).max());
     }
-    let edge: Vec<(f64, u64)> = samples
+    let edge_samples: Vec<&RssSample> = samples
+        .iter()
+        .filter(|s| s.edge_rss_bytes.is_some())
+        .collect();
+    let edge: Vec<(f64, u64)> = edge_samples
         .iter()
         .filter_map(|s| Some((s.at_s, s.edge_rss_bytes?)))
+        .collect();
+    let edge_anon: Option<Vec<u64>> = edge_samples.iter().map(|s| s.edge_rss_anon_bytes).collect();
+    let kept: Option<Vec<u64>> = edge_samples
+        .iter()
+        .map(|s| s.edge_conversation_bytes)
         .collect();
     Rss {
         verifier,
         verifier_heap,
-        edge: rss_trend("edge (devices' process)", &edge),
+        edge_heap: edge_heap_trend(&edge_samples),
+        verifier_file_max_bytes,
+        edge: rss_trend_net(
+            "edge (devices' process)",
+            &edge,
+            edge_anon.as_deref(),
+            kept.as_deref().map(|k| ("kept conversations", k)),
+        ),
         samples,
     }
 }
@@ -740,12 +813,13 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(
         o,
         "tandem bench soak: {} sessions x {:.0} s against one verifier through netsim; {} tokens \
-         per generation, k = {}, {} prompts (last {} tokens); {} ({} CPUs, kernels {}), load {:?} \
-         -> {:?}",
+         per generation, k = {}, conversation caches {} MiB each, {} prompts (last {} tokens); {} \
+         ({} CPUs, kernels {}), load {:?} -> {:?}",
         s.sessions,
         s.duration_s,
         s.max_tokens,
         s.k,
+        s.conversation_budget_mib,
         s.prompt_ids.len(),
         s.prompt_tail
             .map_or_else(|| "all".into(), |n| n.to_string()),
@@ -868,8 +942,19 @@ pub fn render(r: &Report) -> String {
     for tr in r.rss.verifier.iter().chain(std::iter::once(&r.rss.edge)) {
         let _ = writeln!(o, "{}", trend_line(tr));
     }
-    for h in &r.rss.verifier_heap {
+    for h in r.rss.verifier_heap.iter().chain(&r.rss.edge_heap) {
         let _ = writeln!(o, "{}", heap_line(h));
+    }
+    for (i, f) in r.rss.verifier_file_max_bytes.iter().enumerate() {
+        if let Some(f) = f {
+            let _ = writeln!(
+                o,
+                "verifier process {}: file-backed pages (the mmapped GGUF) at most {:.0} MiB, \
+                 not judged",
+                i + 1,
+                mib(*f)
+            );
+        }
     }
     let _ = writeln!(
         o,
@@ -969,14 +1054,14 @@ mod tests {
                 gib + (i as u64 % 3) * (4 << 20)
             }
         });
-        let t = rss_trend("v", &s);
+        let t = rss_trend_net("v", &s, None, None);
         assert!(t.judged && !t.upward, "{t:?}");
     }
 
     #[test]
     fn a_steady_climb_is_upward() {
         let s = series(|i| (1u64 << 30) + i as u64 * (16 << 20));
-        let t = rss_trend("v", &s);
+        let t = rss_trend_net("v", &s, None, None);
         assert!(t.judged && t.upward, "{t:?}");
         assert!(t.slope_mib_per_min > 90.0, "{t:?}");
     }
@@ -1031,7 +1116,7 @@ mod tests {
             let s: Vec<(f64, u64)> = (0..25)
                 .map(|i| (i as f64 * 10.0, gib + i * per_min * (1 << 20) / 6))
                 .collect();
-            let t = rss_trend("v", &s);
+            let t = rss_trend_net("v", &s, None, None);
             assert!(t.judged && t.upward, "{per_min} MiB/min: {t:?}");
         }
         // Warm-up growth, then a plateau with steps down and back (pages
@@ -1041,7 +1126,7 @@ mod tests {
             _ if i % 4 == 0 => gib - (8 << 20),
             _ => gib,
         });
-        let t = rss_trend("v", &s);
+        let t = rss_trend_net("v", &s, None, None);
         assert!(t.judged && !t.upward, "{t:?}");
     }
 
@@ -1052,15 +1137,41 @@ mod tests {
         let gib = 1u64 << 30;
         let pool: Vec<u64> = (0..30u64).map(|i| i * (8 << 20)).collect();
         let raw: Vec<(f64, u64)> = (0..30).map(|i| (i as f64 * 10.0, gib + pool[i])).collect();
-        let t = rss_trend_net("v", &raw, Some(&pool));
+        let t = rss_trend_net("v", &raw, None, Some(("KV pool", &pool)));
         assert!(t.judged && !t.upward, "{t:?}");
         assert_eq!(t.measure, "VmRSS - KV pool");
         assert!(t.rss_slope_mib_per_min > 40.0, "{t:?}");
         // The same VmRSS without the pool's figures (or with a creep beside
         // a flat pool) is upward.
-        assert!(rss_trend_net("v", &raw, None).upward);
+        assert!(rss_trend_net("v", &raw, None, None).upward);
         let flat = vec![64 << 20; 30];
-        assert!(rss_trend_net("v", &raw, Some(&flat)).upward);
+        assert!(rss_trend_net("v", &raw, None, Some(("KV pool", &flat))).upward);
+    }
+
+    #[test]
+    fn a_process_is_judged_on_its_anonymous_memory_where_it_was_read() {
+        // VmRSS grows 3 MiB a minute, all of it file-backed pages (the
+        // GGUF read row by row); RssAnon is flat.
+        let mib = 1u64 << 20;
+        let raw: Vec<(f64, u64)> = (0..30u64)
+            .map(|i| (i as f64 * 10.0, 900 * mib + i * mib / 2))
+            .collect();
+        let anon = vec![700 * mib; 30];
+        let t = rss_trend_net("v", &raw, Some(&anon), None);
+        assert_eq!(t.measure, "RssAnon");
+        assert!(!t.upward, "{t:?}");
+        assert!((t.rss_slope_mib_per_min - 3.0).abs() < 0.01, "{t:?}");
+        // Anonymous growth is judged, net of the pool.
+        let anon: Vec<u64> = (0..30u64).map(|i| 700 * mib + i * mib / 2).collect();
+        let pool = vec![64 * mib; 30];
+        let t = rss_trend_net("v", &raw, Some(&anon), Some(("KV pool", &pool)));
+        assert_eq!(t.measure, "RssAnon - KV pool");
+        assert!(t.upward, "{t:?}");
+        assert_eq!(t.first_bytes, 636 * mib);
+        // RssAnon missing at one sample: VmRSS is judged.
+        let t = rss_trend_net("v", &raw, Some(&anon[1..]), None);
+        assert_eq!(t.measure, "VmRSS");
+        assert!(t.upward, "{t:?}");
     }
 
     #[test]
@@ -1076,7 +1187,13 @@ mod tests {
                     verifier_incarnation: 1,
                     verifier_pid: Some(1),
                     verifier_rss_bytes: Some(1 << 30),
+                    verifier_rss_anon_bytes: None,
+                    verifier_rss_file_bytes: None,
                     edge_rss_bytes: None,
+                    edge_rss_anon_bytes: None,
+                    edge_heap_in_use_bytes: None,
+                    edge_heap_free_bytes: None,
+                    edge_conversation_bytes: None,
                     verifier_sessions: None,
                     kv_pages_used: None,
                     kv_pages_in_store: None,
@@ -1089,7 +1206,7 @@ mod tests {
             })
             .collect();
         let refs: Vec<&RssSample> = samples.iter().collect();
-        let h = heap_trend("v", &refs).unwrap();
+        let h = verifier_heap_trend("v", &refs).unwrap();
         assert_eq!(h.samples, 30);
         assert_eq!(h.live_first_bytes, 500 * mib);
         assert!((h.live_slope_mib_per_min - 1.0).abs() < 0.01, "{h:?}");
@@ -1099,22 +1216,24 @@ mod tests {
         let mut partial = samples.clone();
         partial[3].heap_in_use_bytes = None;
         let refs: Vec<&RssSample> = partial.iter().collect();
-        assert!(heap_trend("v", &refs).is_none());
+        assert!(verifier_heap_trend("v", &refs).is_none());
     }
 
     #[test]
     fn a_short_series_is_not_judged() {
-        let t = rss_trend(
+        let t = rss_trend_net(
             "v",
             &series(|i| i as u64 * (1 << 30))
                 .into_iter()
                 .take(5)
                 .collect::<Vec<_>>(),
+            None,
+            None,
         );
         assert!(!t.judged && !t.upward);
-        assert_eq!(rss_trend("v", &[]).samples, 0);
+        assert_eq!(rss_trend_net("v", &[], None, None).samples, 0);
         // Many samples over a minute: still warm-up.
         let minute: Vec<(f64, u64)> = (0..30).map(|i| (i as f64 * 2.0, i * (64 << 20))).collect();
-        assert!(!rss_trend("v", &minute).judged);
+        assert!(!rss_trend_net("v", &minute, None, None).judged);
     }
 }
