@@ -394,6 +394,35 @@ macro_rules! passes {
     }};
 }
 
+/// The whole-block formats, by the const index `F` their SIMD kernels are
+/// instantiated for (so that every `match` on the format inside folds);
+/// [`whole_block!`] maps a run-time format to its index.
+#[cfg(target_arch = "x86_64")]
+const WHOLE_BLOCK: [QuantFormat; 6] = [
+    QuantFormat::Q4_0,
+    QuantFormat::Q5_0,
+    QuantFormat::Q8_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q5_1,
+    QuantFormat::Q5_0x4,
+];
+
+/// `$kernel::<R, F>(args)` with `F` the index of `$format` in
+/// [`WHOLE_BLOCK`] (any other format: the last).
+#[cfg(target_arch = "x86_64")]
+macro_rules! whole_block {
+    ($format:expr, $kernel:ident::<$r:ident>($($arg:expr),*)) => {
+        match $format {
+            QuantFormat::Q4_0 => $kernel::<$r, 0>($($arg),*),
+            QuantFormat::Q5_0 => $kernel::<$r, 1>($($arg),*),
+            QuantFormat::Q8_0 => $kernel::<$r, 2>($($arg),*),
+            QuantFormat::Q4_1 => $kernel::<$r, 3>($($arg),*),
+            QuantFormat::Q5_1 => $kernel::<$r, 4>($($arg),*),
+            _ => $kernel::<$r, 5>($($arg),*),
+        }
+    };
+}
+
 /// A tile of `tn` rows as passes of at most `max` rows, `(first row, rows)`
 /// each, in near-equal sizes (9 rows in passes of 8 are 5 + 4, not 8 + 1).
 /// Every kernel that takes a tile in passes splits it here.

@@ -22,21 +22,10 @@ use super::act::Act;
 use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_0x4, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
 use super::x86_avx2::{bytes_from_bits_32, MAX_R_GROUP};
-use super::{prefetch_ahead, QuantFormat, TILE};
+use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
 /// Rows per pass of the BF16 kernel (two 8-lane accumulators each).
 const MAX_R_FLOAT: usize = 4;
-
-/// The formats of the whole-block kernel, by the index `F` its functions
-/// are instantiated for (so that every `match` on the format folds).
-const WHOLE_BLOCK: [QuantFormat; 6] = [
-    QuantFormat::Q4_0,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_1,
-    QuantFormat::Q5_0x4,
-];
 
 /// Q4_0/Q5_0/Q5_0x4/Q8_0 (Q8_0 activations; with `Act::prepare_unsigned`
 /// but for Q8_0) or Q4_1/Q5_1 (Q8_1) weight row × a tile of `tn` rows, in
@@ -71,16 +60,7 @@ unsafe fn block_rows<const R: usize>(
     res: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        match format {
-            QuantFormat::Q4_0 => block_rows_of::<R, 0>(wrow, act, t0, res),
-            QuantFormat::Q5_0 => block_rows_of::<R, 1>(wrow, act, t0, res),
-            QuantFormat::Q8_0 => block_rows_of::<R, 2>(wrow, act, t0, res),
-            QuantFormat::Q4_1 => block_rows_of::<R, 3>(wrow, act, t0, res),
-            QuantFormat::Q5_1 => block_rows_of::<R, 4>(wrow, act, t0, res),
-            _ => block_rows_of::<R, 5>(wrow, act, t0, res),
-        }
-    }
+    unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
 }
 
 /// Nibbles of 16 bytes, low ones then high ones (elements 0..32 of a

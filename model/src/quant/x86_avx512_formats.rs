@@ -22,21 +22,11 @@ use super::act::Act;
 use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
 use super::x86_avx512::{nibbles, MAX_R};
-use super::{prefetch_ahead, QuantFormat, TILE};
+use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
 /// Activation rows per pass of the whole-block kernel (each row keeps a
 /// partial reduction tree of 16 blocks in registers).
 const MAX_R_BLOCK: usize = 8;
-
-/// The formats of the whole-block kernel, by the index `F` its functions
-/// are instantiated for (so that every `match` on the format folds).
-const WHOLE_BLOCK: [QuantFormat; 5] = [
-    QuantFormat::Q4_0,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_1,
-];
 
 /// Whether `format` is an offset format (`d·q + m`: Q4_1/Q5_1, stepped by
 /// [`combine::min_block_step`]) rather than a signed one (stepped by
@@ -77,15 +67,7 @@ unsafe fn block_rows<const R: usize>(
     res: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        match format {
-            QuantFormat::Q4_0 => block_rows_of::<R, 0>(wrow, act, t0, res),
-            QuantFormat::Q5_0 => block_rows_of::<R, 1>(wrow, act, t0, res),
-            QuantFormat::Q8_0 => block_rows_of::<R, 2>(wrow, act, t0, res),
-            QuantFormat::Q4_1 => block_rows_of::<R, 3>(wrow, act, t0, res),
-            _ => block_rows_of::<R, 4>(wrow, act, t0, res),
-        }
-    }
+    unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
 }
 
 /// Values of blocks `b` and `b + 1` of a Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 row (the
