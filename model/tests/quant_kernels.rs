@@ -436,10 +436,11 @@ fn the_expected_simd_paths_are_available_and_tested() {
 /// other path and format runs its row kernels here, also checked): one row
 /// below each threshold (the row kernels), the threshold, one above, odd
 /// row counts (the micro-kernels take 2 rows at a time), and a prefill's 128; rows of 1 to 48
-/// blocks (the Q4_1/Q5_1 layout's full groups of 16 and partial groups
-/// of every size, G = 2, 4, 8, 16; odd counts leave Q4_0/Q5_0/Q8_0 a lone
-/// last block); 37 weight rows (panels of 4 and a partial one) split by
-/// 1 and 2 threads. Bit for bit against the scalar reference.
+/// blocks (the regrouped layout's full groups of 16 and partial groups
+/// of every size, G = 2, 4, 8, 16; odd counts leave the unpacking of
+/// Q4_0/Q5_0/Q8_0 panels a lone last block); 37 weight rows (panels of 4
+/// and a partial one) split by 1 and 2 threads. Bit for bit against the
+/// scalar reference.
 #[test]
 fn the_gemm_path_matches_the_scalar_reference_at_and_past_its_threshold() {
     let (t, u) = (GEMM_MIN_ROWS, GEMM_MIN_ROWS_OFFSET);

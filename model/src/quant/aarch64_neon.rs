@@ -9,11 +9,12 @@
 //! multiplies and pairwise adds. Integer sums are exact, so how they are
 //! formed cannot change a result; every float operation is the scalar
 //! reference's, through the shared `combine` functions in the same order:
-//! - Q4_0/Q5_0/Q5_0x4/Q8_0: the 8 lanes of a block are two `dot4` vectors;
-//!   `acc[b % 4] += (dw·dx)·s` lane for lane, then [`combine::reduce_group`];
-//! - Q4_1/Q5_1: the same `dot4` lanes of unsigned values, summed to one
-//!   exact `s` per block (`addv`), then [`combine::min_block_step`]:
-//!   `acc[b % 16] += (dw·dx)·s + mw·xs`, and [`combine::reduce16`];
+//! - Q4_0/Q5_0/Q5_0x4/Q8_0 and Q4_1/Q5_1 (whole blocks): the 8 lanes of a
+//!   block are two `dot4` vectors (signed values, or Q4_1/Q5_1's unsigned
+//!   ones), summed to one exact `s` per block (`addv`), then
+//!   [`combine::block_step`] (`acc[b % 16] += (dw·dx)·s`) or
+//!   [`combine::min_block_step`] (`acc[b % 16] += (dw·dx)·s + mw·xs`), and
+//!   [`combine::reduce16`];
 //! - Q4_K/Q5_K/Q6_K/Q3_K: one exact i32 `S` (and `M`) per (activation row,
 //!   weight row, super-block), then [`combine::q4k_step`] (Q4_K, Q5_K) /
 //!   [`combine::q6k_step`] (Q6_K, Q3_K).
@@ -24,8 +25,8 @@
 //!
 //! Each weight block (or super-block) is unpacked once per pass over the
 //! activation rows of the tile: Q4_K/Q6_K take all `tn ≤ TILE` rows in one
-//! pass (one float accumulator per row); Q4_0/Q5_0/Q8_0 take passes of up to
-//! [`GROUP_PASS`] rows (32 float lanes per row), the weight row staying in L1
+//! pass (one float accumulator per row); Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 take passes
+//! of up to [`GROUP_PASS`] rows (16 float lanes per row), the weight row staying in L1
 //! for the later passes. So a verify block reads the weights from memory
 //! once. F32 weights use the portable path shared by every ISA; F16/BF16
 //! weights its 16 lanes as four `float32x4_t` ([`row_half_neon`]).
@@ -38,7 +39,7 @@ use super::blocks::{
     cast, f16_le, q3k_scales, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
     BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
-use super::combine::{self, GROUP_SETS};
+use super::combine;
 use super::{scalar, QuantFormat, RowFn, TILE};
 
 /// The kernels of a format for the dotprod path (`dotprod`) or the baseline
@@ -49,8 +50,6 @@ pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
         (QuantFormat::F32, _) => return None,
         // The same 16 lanes, widened in vector registers.
         (QuantFormat::F16 | QuantFormat::BF16, _) => row_half_neon,
-        (QuantFormat::Q4_1 | QuantFormat::Q5_1, false) => row_group_min_neon,
-        (QuantFormat::Q4_1 | QuantFormat::Q5_1, true) => row_group_min_sdot,
         (QuantFormat::Q4K, false) => row_q4k_neon,
         (QuantFormat::Q4K, true) => row_q4k_sdot,
         (QuantFormat::Q5K, false) => row_q5k_neon,
@@ -59,8 +58,9 @@ pub(super) fn row_fn(dotprod: bool, f: QuantFormat) -> Option<RowFn> {
         (QuantFormat::Q3K, true) => row_q3k_sdot,
         (QuantFormat::Q6K, false) => row_q6k_neon,
         (QuantFormat::Q6K, true) => row_q6k_sdot,
-        (_, false) => row_group_neon,
-        (_, true) => row_group_sdot,
+        // Q4_0/Q5_0/Q5_0x4/Q8_0, Q4_1/Q5_1: whole blocks.
+        (_, false) => row_block_neon,
+        (_, true) => row_block_sdot,
     })
 }
 
@@ -177,79 +177,8 @@ fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> ([int8x16_t; 2], 
     }
 }
 
-/// Rows per pass of the Q4_0/Q5_0/Q8_0 kernel (each row holds 32 float
-/// lanes: [`GROUP_SETS`] sets of 8).
+/// Rows per pass of the whole-block kernel (each row holds 16 float lanes).
 const GROUP_PASS: usize = 8;
-
-/// Q4_0/Q5_0/Q5_0x4/Q8_0 row × activation rows `t0..t0+tn`, in near-equal
-/// passes of at most [`GROUP_PASS`] rows.
-#[inline(always)]
-unsafe fn row_group<D: Dot>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
-) {
-    for (t, r) in super::pass_sizes(tn, GROUP_PASS) {
-        let out = &mut res[t..t + r];
-        let t1 = t0 + t;
-        // SAFETY: the caller's contract (CPU features).
-        unsafe {
-            match r {
-                1 => group_pass::<D, 1>(format, wrow, act, t1, out),
-                2 => group_pass::<D, 2>(format, wrow, act, t1, out),
-                3 => group_pass::<D, 3>(format, wrow, act, t1, out),
-                4 => group_pass::<D, 4>(format, wrow, act, t1, out),
-                5 => group_pass::<D, 5>(format, wrow, act, t1, out),
-                6 => group_pass::<D, 6>(format, wrow, act, t1, out),
-                7 => group_pass::<D, 7>(format, wrow, act, t1, out),
-                _ => group_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
-            }
-        }
-    }
-}
-
-/// One pass of [`row_group`]: rows `t0..t0+R` into `out[..R]`.
-#[inline(always)]
-unsafe fn group_pass<D: Dot, const R: usize>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    out: &mut [f32],
-) {
-    // SAFETY: NEON (baseline), `D`'s feature (the caller's contract); the
-    // loads and stores stay inside their slices.
-    unsafe {
-        let zero = vdupq_n_f32(0.0);
-        // acc[i][2·set + h]: lanes 4h..4h+4 of accumulator set `set` of row i.
-        let mut acc = [[zero; 2 * GROUP_SETS]; R];
-        for b in 0..act.nb {
-            let ([w0, w1], dw) = unpack_block(format, wrow, b);
-            let set = 2 * (b % GROUP_SETS);
-            for (i, acc) in acc.iter_mut().enumerate() {
-                let xq = &act.row_qs(t0 + i)[b * QK..(b + 1) * QK];
-                let dwdx = vdupq_n_f32(dw * act.row_d(t0 + i)[b]);
-                let z = vdupq_n_s32(0);
-                let s0 = D::dot4(z, w0, load_i8(xq));
-                let s1 = D::dot4(z, w1, load_i8(&xq[16..]));
-                // combine::group_block, lane for lane: a multiply, then an add.
-                acc[set] = vaddq_f32(acc[set], vmulq_f32(dwdx, vcvtq_f32_s32(s0)));
-                acc[set + 1] = vaddq_f32(acc[set + 1], vmulq_f32(dwdx, vcvtq_f32_s32(s1)));
-            }
-        }
-        for (o, acc) in out.iter_mut().zip(&acc) {
-            let mut a = [[0f32; 8]; GROUP_SETS];
-            for (s, a) in a.iter_mut().enumerate() {
-                vst1q_f32(a.as_mut_ptr(), acc[2 * s]);
-                vst1q_f32(a[4..].as_mut_ptr(), acc[2 * s + 1]);
-            }
-            *o = combine::reduce_group(&a);
-        }
-    }
-}
 
 /// Block `b` of a Q4_1/Q5_1 row as 32 unsigned values (as i8: 0..32;
 /// elements 0..16, 16..32), its scale and offset: the values of
@@ -286,10 +215,31 @@ fn unpack_min(format: QuantFormat, wrow: &[u8], b: usize) -> ([int8x16_t; 2], f3
     }
 }
 
-/// Q4_1/Q5_1 row × activation rows `t0..t0+tn` (Q8_1), in passes of at most
-/// [`GROUP_PASS`] rows, as [`row_group`].
+/// Block `b` of a row of any whole-block format as the two `dot4` operands
+/// of its 32 values, its scale and (Q4_1/Q5_1) its offset.
 #[inline(always)]
-unsafe fn row_group_min<D: Dot>(
+fn unpack_whole_block(
+    format: QuantFormat,
+    wrow: &[u8],
+    b: usize,
+) -> ([int8x16_t; 2], f32, Option<f32>) {
+    match format {
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+            let (w, dw, mw) = unpack_min(format, wrow, b);
+            (w, dw, Some(mw))
+        }
+        _ => {
+            let (w, dw) = unpack_block(format, wrow, b);
+            (w, dw, None)
+        }
+    }
+}
+
+/// Q4_0/Q5_0/Q5_0x4/Q8_0 (Q8_0 activations) or Q4_1/Q5_1 (Q8_1) row ×
+/// activation rows `t0..t0+tn`, in near-equal passes of at most
+/// [`GROUP_PASS`] rows.
+#[inline(always)]
+unsafe fn row_block<D: Dot>(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -303,43 +253,47 @@ unsafe fn row_group_min<D: Dot>(
         // SAFETY: the caller's contract (CPU features).
         unsafe {
             match r {
-                1 => min_pass::<D, 1>(format, wrow, act, t1, out),
-                2 => min_pass::<D, 2>(format, wrow, act, t1, out),
-                3 => min_pass::<D, 3>(format, wrow, act, t1, out),
-                4 => min_pass::<D, 4>(format, wrow, act, t1, out),
-                5 => min_pass::<D, 5>(format, wrow, act, t1, out),
-                6 => min_pass::<D, 6>(format, wrow, act, t1, out),
-                7 => min_pass::<D, 7>(format, wrow, act, t1, out),
-                _ => min_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
+                1 => block_pass::<D, 1>(format, wrow, act, t1, out),
+                2 => block_pass::<D, 2>(format, wrow, act, t1, out),
+                3 => block_pass::<D, 3>(format, wrow, act, t1, out),
+                4 => block_pass::<D, 4>(format, wrow, act, t1, out),
+                5 => block_pass::<D, 5>(format, wrow, act, t1, out),
+                6 => block_pass::<D, 6>(format, wrow, act, t1, out),
+                7 => block_pass::<D, 7>(format, wrow, act, t1, out),
+                _ => block_pass::<D, GROUP_PASS>(format, wrow, act, t1, out),
             }
         }
     }
 }
 
-/// One pass of [`row_group_min`]: rows `t0..t0+R` into `out[..R]`.
+/// One pass of [`row_block`]: rows `t0..t0+R` into `out[..R]`.
 #[inline(always)]
-unsafe fn min_pass<D: Dot, const R: usize>(
+unsafe fn block_pass<D: Dot, const R: usize>(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: as in `group_pass`.
+    // SAFETY: NEON (baseline), `D`'s feature (the caller's contract); the
+    // loads stay inside their slices.
     unsafe {
-        let mut acc = [[0f32; combine::MIN_LANES]; R];
+        let mut acc = [[0f32; combine::BLOCK_LANES]; R];
         for b in 0..act.nb {
-            let ([w0, w1], dw, mw) = unpack_min(format, wrow, b);
-            let lane = b % combine::MIN_LANES;
+            let ([w0, w1], dw, mw) = unpack_whole_block(format, wrow, b);
+            let lane = b % combine::BLOCK_LANES;
             for (i, acc) in acc.iter_mut().enumerate() {
                 let row = t0 + i;
                 let xq = &act.row_qs(row)[b * QK..(b + 1) * QK];
                 let z = vdupq_n_s32(0);
                 let lanes = D::dot4(D::dot4(z, w0, load_i8(xq)), w1, load_i8(&xq[16..]));
-                // The block's exact sum, then combine::min_block_step.
+                // The block's exact sum, then the shared float step.
                 let s = vaddvq_s32(lanes);
                 let dwdx = dw * act.row_d(row)[b];
-                acc[lane] = combine::min_block_step(acc[lane], dwdx, s, mw, act.row_xs(row)[b]);
+                acc[lane] = match mw {
+                    Some(mw) => combine::min_block_step(acc[lane], dwdx, s, mw, act.row_xs(row)[b]),
+                    None => combine::block_step(acc[lane], dwdx, s),
+                };
             }
         }
         for (o, acc) in out.iter_mut().zip(&acc) {
@@ -365,7 +319,7 @@ unsafe fn row_k45<D: Dot, const FIVE: bool>(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    // SAFETY: as in `group_pass`.
+    // SAFETY: as in `block_pass`.
     unsafe {
         let mut acc = [0f32; TILE];
         let lo4 = vdupq_n_u8(0xF);
@@ -429,7 +383,7 @@ unsafe fn row_k45<D: Dot, const FIVE: bool>(
 /// once, one exact `S` per row, then [`combine::q6k_step`].
 #[inline(always)]
 unsafe fn row_q6k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    // SAFETY: as in `group_pass`.
+    // SAFETY: as in `block_pass`.
     unsafe {
         let mut acc = [0f32; TILE];
         let (lo4, hi2) = (vdupq_n_u8(0xF), vdupq_n_u8(0x30));
@@ -476,7 +430,7 @@ unsafe fn row_q6k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mu
 /// `S` per row, then [`combine::q6k_step`].
 #[inline(always)]
 unsafe fn row_q3k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mut [f32; TILE]) {
-    // SAFETY: as in `group_pass`.
+    // SAFETY: as in `block_pass`.
     unsafe {
         let mut acc = [0f32; TILE];
         let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
@@ -518,33 +472,8 @@ unsafe fn row_q3k<D: Dot>(wrow: &[u8], act: &Act, t0: usize, tn: usize, res: &mu
 // The entry points: each kernel once for baseline NEON and once compiled
 // with the dot-product extension.
 
-fn row_group_min_neon(
-    f: QuantFormat,
-    w: &[u8],
-    a: &Act,
-    t0: usize,
-    tn: usize,
-    r: &mut [f32; TILE],
-) {
-    // SAFETY: `Neon` needs only NEON, which every aarch64 CPU has.
-    unsafe { row_group_min::<Neon>(f, w, a, t0, tn, r) }
-}
-
-#[target_feature(enable = "dotprod")]
-unsafe fn row_group_min_sdot(
-    f: QuantFormat,
-    w: &[u8],
-    a: &Act,
-    t0: usize,
-    tn: usize,
-    r: &mut [f32; TILE],
-) {
-    // SAFETY: compiled with dotprod; the caller checked the CPU has it.
-    unsafe { row_group_min::<Sdot>(f, w, a, t0, tn, r) }
-}
-
 fn row_q5k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
-    // SAFETY: as `row_group_neon`.
+    // SAFETY: as `row_block_neon`.
     unsafe { row_k45::<Neon, true>(w, a, t0, tn, r) }
 }
 
@@ -557,12 +486,12 @@ unsafe fn row_q5k_sdot(
     tn: usize,
     r: &mut [f32; TILE],
 ) {
-    // SAFETY: as `row_group_sdot`.
+    // SAFETY: as `row_block_sdot`.
     unsafe { row_k45::<Sdot, true>(w, a, t0, tn, r) }
 }
 
 fn row_q3k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
-    // SAFETY: as `row_group_neon`.
+    // SAFETY: as `row_block_neon`.
     unsafe { row_q3k::<Neon>(w, a, t0, tn, r) }
 }
 
@@ -575,7 +504,7 @@ unsafe fn row_q3k_sdot(
     tn: usize,
     r: &mut [f32; TILE],
 ) {
-    // SAFETY: as `row_group_sdot`.
+    // SAFETY: as `row_block_sdot`.
     unsafe { row_q3k::<Sdot>(w, a, t0, tn, r) }
 }
 
@@ -670,13 +599,13 @@ fn row_half_neon(
     }
 }
 
-fn row_group_neon(f: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
+fn row_block_neon(f: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
     // SAFETY: `Neon` needs only NEON, which every aarch64 CPU has.
-    unsafe { row_group::<Neon>(f, w, a, t0, tn, r) }
+    unsafe { row_block::<Neon>(f, w, a, t0, tn, r) }
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn row_group_sdot(
+unsafe fn row_block_sdot(
     f: QuantFormat,
     w: &[u8],
     a: &Act,
@@ -685,11 +614,11 @@ unsafe fn row_group_sdot(
     r: &mut [f32; TILE],
 ) {
     // SAFETY: compiled with dotprod; the caller checked the CPU has it.
-    unsafe { row_group::<Sdot>(f, w, a, t0, tn, r) }
+    unsafe { row_block::<Sdot>(f, w, a, t0, tn, r) }
 }
 
 fn row_q4k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
-    // SAFETY: as `row_group_neon`.
+    // SAFETY: as `row_block_neon`.
     unsafe { row_q4k::<Neon>(w, a, t0, tn, r) }
 }
 
@@ -702,12 +631,12 @@ unsafe fn row_q4k_sdot(
     tn: usize,
     r: &mut [f32; TILE],
 ) {
-    // SAFETY: as `row_group_sdot`.
+    // SAFETY: as `row_block_sdot`.
     unsafe { row_q4k::<Sdot>(w, a, t0, tn, r) }
 }
 
 fn row_q6k_neon(_: QuantFormat, w: &[u8], a: &Act, t0: usize, tn: usize, r: &mut [f32; TILE]) {
-    // SAFETY: as `row_group_neon`.
+    // SAFETY: as `row_block_neon`.
     unsafe { row_q6k::<Neon>(w, a, t0, tn, r) }
 }
 
@@ -720,6 +649,6 @@ unsafe fn row_q6k_sdot(
     tn: usize,
     r: &mut [f32; TILE],
 ) {
-    // SAFETY: as `row_group_sdot`.
+    // SAFETY: as `row_block_sdot`.
     unsafe { row_q6k::<Sdot>(w, a, t0, tn, r) }
 }

@@ -56,13 +56,11 @@ pub struct Act<'x> {
     /// Q8K only: the block scales transposed, `dt[sb * m + t] = d[t * nb + sb]`
     /// (the scales of all rows for one super-block, side by side).
     pub dt: Vec<f32>,
-    /// Q8_0, built on request by [`Act::prepare_unsigned`]: every block scale
-    /// repeated 8 times (one per 32-bit lane of the block), `m * nb * 8`.
-    pub d8: Vec<f32>,
-    /// Q8_0, built by [`Act::prepare_unsigned`]: `-off · Σ x` over each 4
-    /// consecutive values, `m * cols / 4` (the start value of a `vpdpbusd`
-    /// of weights offset to unsigned `w + off`).
-    pub corr4: Vec<i32>,
+    /// Q8_0, built on request by [`Act::prepare_unsigned`]: per block,
+    /// `−off · Σ32 x` (`m * nb`, indexed as `d`), the correction that turns
+    /// a block's sum with unsigned weights `w + off` into its sum with `w`
+    /// (exact integers).
+    pub corr: Vec<i32>,
     /// Q8K, built by [`Act::prepare_bsum4`] (the AVX2 Q4_K tiles): the sums
     /// of 32 values of each group of 4 rows, 32 per super-block, laid out so
     /// that one `madd` with a pair of mins gives that pair's term of M for the
@@ -70,7 +68,7 @@ pub struct Act<'x> {
     /// 32-chunk `4h + 2q + k` of row `4g + r` (rows from `m` on: 0).
     #[cfg(target_arch = "x86_64")]
     pub bsum4: Vec<i16>,
-    /// Q8_1, built by the AVX-512 GEMM path (`x86_avx512_gemm`, large m):
+    /// Q8_0 or Q8_1, built by the AVX-512 GEMM path (`x86_avx512_gemm`, large m):
     /// the values of each row regrouped so that one 32-bit lane holds four
     /// values of one block and a group of 16 blocks is 8 vectors of 16
     /// lanes (lane i = block i), rows `x86_avx512_gemm::Groups::stride`
@@ -97,8 +95,7 @@ impl<'x> Act<'x> {
             bsums: Vec::new(),
             xs: Vec::new(),
             dt: Vec::new(),
-            d8: Vec::new(),
-            corr4: Vec::new(),
+            corr: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             bsum4: Vec::new(),
             #[cfg(target_arch = "x86_64")]
@@ -147,13 +144,12 @@ impl<'x> Act<'x> {
         a
     }
 
-    /// Build [`Act::d8`] and [`Act::corr4`] for kernels that multiply
-    /// unsigned weights `w + off` (exact integer arithmetic).
+    /// Build [`Act::corr`] for kernels that multiply unsigned weights
+    /// `w + off` (exact integer arithmetic).
     pub fn prepare_unsigned(&mut self, off: i32) {
-        self.d8 = self.d.iter().flat_map(|&d| [d; 8]).collect();
-        self.corr4 = self
+        self.corr = self
             .qs
-            .chunks_exact(4)
+            .chunks_exact(QK)
             .map(|c| -off * c.iter().map(|&v| v as i32).sum::<i32>())
             .collect();
     }

@@ -7,26 +7,29 @@
 //! contracts `a * b + c` into an FMA). This is what makes results identical
 //! across ISAs, thread counts and batch sizes.
 
-/// Accumulator sets of the Q4_0/Q5_0/Q8_0 kernels: block `b` of a row is
-/// accumulated into set `b % GROUP_SETS` (8 lanes each), so consecutive
-/// blocks do not wait on one another's float add.
-pub const GROUP_SETS: usize = 4;
-
-/// One block of 32 (Q4_0/Q5_0/Q8_0 × Q8_0), lane-wise: `s[l] = Σ_{k<4}
-/// w[4l+k]·x[4l+k]` (exact integers), `dwdx = dw·dx`.
-/// `acc[l] += dwdx·s[l]`.
-#[inline(always)]
-pub fn group_block(acc: &mut [f32; 8], dwdx: f32, s: &[i32; 8]) {
-    for l in 0..8 {
-        acc[l] += dwdx * s[l] as f32;
-    }
-}
-
-/// Lanes of the Q4_1/Q5_1 accumulator: block `b` of a row is stepped by
-/// [`min_block_step`] into lane `b % MIN_LANES`, and the lanes are summed
+/// Lanes of the whole-block accumulator (Q4_0/Q5_0/Q5_0x4/Q8_0 and
+/// Q4_1/Q5_1): block `b` of a row is stepped by [`block_step`] (or
+/// [`min_block_step`]) into lane `b % BLOCK_LANES`, and the lanes are summed
 /// by [`reduce16`] at the end.
-pub const MIN_LANES: usize = 16;
-const _: () = assert!(MIN_LANES == F_LANES, "reduce16 sums the Q4_1/Q5_1 lanes");
+pub const BLOCK_LANES: usize = 16;
+const _: () = assert!(BLOCK_LANES == F_LANES, "reduce16 sums the block lanes");
+
+/// One block of 32 of a signed format (Q4_0/Q5_0/Q5_0x4/Q8_0 × Q8_0): `s =
+/// Σ_{k<32} q_k·x_k` (one exact integer for the whole block, q signed as
+/// stored: Q4_0 −8..8, Q5_0 −16..16, Q8_0 an i8), `dwdx = dw·dx` (one f32
+/// product). Returns `acc + dwdx·(s as f32)`: a multiply, then an add.
+///
+/// The unit is the whole block, as for [`min_block_step`]: a kernel may form
+/// `s` in any order (unsigned weights `q + off` and a correction `−off·Σx`,
+/// SIMD lanes reduced by a transposition tree, AMX tiles, NEON `addv`,
+/// scalar) and steps 16 consecutive blocks as the lanes of one vector
+/// (lane `b % 16`).
+///
+/// i32 bound: |s| ≤ 32·128·127 = 520,192 < 2^24, exact as f32.
+#[inline(always)]
+pub fn block_step(acc: f32, dwdx: f32, s: i32) -> f32 {
+    acc + dwdx * s as f32
+}
 
 /// One block of 32 of an offset format (Q4_1/Q5_1 × Q8_1): `s = Σ_{k<32}
 /// q_k·x_k` (one exact integer for the whole block, q unsigned), `dwdx =
@@ -34,26 +37,13 @@ const _: () = assert!(MIN_LANES == F_LANES, "reduce16 sums the Q4_1/Q5_1 lanes")
 /// activation's [`super::act::Act::xs`]). Returns `acc + ((dwdx·s) +
 /// mw·xs)`.
 ///
-/// The unit is the whole block: a kernel may form `s` in any order (SIMD
-/// lanes reduced by a transposition tree, NEON `addv`, scalar), and steps
-/// 16 consecutive blocks as the lanes of one vector (lane `b % 16`).
+/// The unit is the whole block, as for [`block_step`].
 ///
 /// i32 bound: |s| ≤ 32·31·127 = 125,984 (Q5_1 values ≤ 31, |x| ≤ 127),
 /// exact as f32.
 #[inline(always)]
 pub fn min_block_step(acc: f32, dwdx: f32, s: i32, mw: f32, xs: f32) -> f32 {
     acc + (dwdx * s as f32 + mw * xs)
-}
-
-/// The result of the [`GROUP_SETS`] accumulator sets, in a fixed order:
-/// `h[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l])`, then [`reduce8`].
-#[inline(always)]
-pub fn reduce_group(acc: &[[f32; 8]; GROUP_SETS]) -> f32 {
-    let mut h = [0f32; 8];
-    for l in 0..8 {
-        h[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    reduce8(&h)
 }
 
 /// Sum of 8 lanes in a fixed tree order.
@@ -97,7 +87,7 @@ pub fn q6k_step(acc: f32, dd: f32, s: i32) -> f32 {
 pub const F_LANES: usize = 16;
 
 /// Sum of 16 lanes in a fixed order (the F32/F16/BF16 dot and the
-/// Q4_1/Q5_1 accumulator).
+/// whole-block accumulator of Q4_0/Q5_0/Q5_0x4/Q8_0/Q4_1/Q5_1).
 #[inline(always)]
 pub fn reduce16(a: &[f32; F_LANES]) -> f32 {
     let mut h = [0f32; 8];

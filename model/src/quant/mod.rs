@@ -25,19 +25,20 @@
 //!     for Q6_K/Q3_K) into a single accumulator, in super-block order. No
 //!     partial lane sums leak into the floats, so a kernel may form `S` any
 //!     way it likes (AMX tiles, VNNI lanes, scalar);
-//!   - Q4_0/Q5_0/Q5_0x4/Q8_0: 8 lanes of 4 products per block (exact), block `b`
-//!     into accumulator set `b % 4` lane for lane (`combine::group_block`),
-//!     so consecutive blocks do not wait on one float add. (An AMX path for
-//!     these would first need a whole-block contract like the K-quants'.)
-//!   - Q4_1/Q5_1 (`d·q + m`, q unsigned): the unit is the **whole
-//!     block**: per (activation row, weight row, block) one exact i32
-//!     `s = Σ_{k<32} q·x`, then one float step (`combine::min_block_step`:
-//!     `acc[b % 16] += (dw·dx)·s + m·xs` with the activation's per-block
-//!     `xs = dx·Σ32 x`) into lane `b % 16` of a 16-lane accumulator, summed
-//!     by `combine::reduce16`. A kernel may form `s` any way it likes (the
-//!     SIMD ones reduce their lanes per 8 or 16 blocks with a transposition
-//!     tree) and steps 16 (AVX-512) or 8 (AVX2) consecutive blocks as the
-//!     lanes of one vector;
+//!   - Q4_0/Q5_0/Q5_0x4/Q8_0 (`d·q`, q signed): the unit is the **whole
+//!     block**: per (activation row, weight row, block of 32) one exact
+//!     i32 `s = Σ_{k<32} q·x`, then one float step (`combine::block_step`:
+//!     `acc[b % 16] += (dw·dx)·s`, exactly `acc + (dw * dx) * (s as f32)`
+//!     in f32, a multiply, a multiply, an add) into lane `b % 16` of a
+//!     16-lane accumulator, summed by `combine::reduce16`;
+//!   - Q4_1/Q5_1 (`d·q + m`, q unsigned): the same whole-block unit, with
+//!     `combine::min_block_step`: `acc[b % 16] += (dw·dx)·s + m·xs` with
+//!     the activation's per-block `xs = dx·Σ32 x`;
+//!   - for both, a kernel may form `s` any way it likes (unsigned weights
+//!     `q + off` and the activation's `−off·Σ32 x`; the SIMD ones reduce
+//!     their lanes per 8 or 16 blocks with a transposition tree; the GEMM
+//!     path regroups so that one lane is one block) and steps 16 (AVX-512)
+//!     or 8 (AVX2) consecutive blocks as the lanes of one vector;
 //! - F32/F16/BF16 weights use one portable 16-lane f32 dot (separate
 //!   multiply and add per lane, `combine::reduce16`): F32 through the
 //!   scalar code on every ISA, F16 and BF16 also as AVX2 and AVX-512 code
@@ -49,8 +50,8 @@
 //! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AVX-512 VNNI also has a
 //! large-m "GEMM" path for Q4_0/Q5_0/Q8_0 (from [`GEMM_MIN_ROWS`] rows) and
 //! Q4_1/Q5_1 (from [`GEMM_MIN_ROWS_OFFSET`]): a panel of weight rows
-//! unpacked once and used for every activation row of the call, same
-//! integer sums per the units above and the same float steps
+//! unpacked once and used for every activation row of the call, the same
+//! exact block sums and the same float steps
 //! (`x86_avx512_gemm`, docs/model-core.md "GEMM path"); AMX — tiles for
 //! Q4_K/Q5_K/Q6_K from [`AMX_MIN_ROWS_Q4K`] (Q4_K, Q5_K) / [`AMX_MIN_ROWS_Q6K`] rows, every
 //! other format and row count delegates to the AVX-512 VNNI kernels (GEMM
@@ -69,15 +70,17 @@
 //! tiles for Q4_K/Q5_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
-//! `x86_avx512_formats` hold the Q4_1/Q5_1 and F16/BF16 kernels (issue 28,
-//! docs/model-core.md "Formats"); `x86_avx512_gemm` the large-m path.
+//! `x86_avx512_formats` hold the whole-block kernels (Q4_0/Q5_0/Q5_0x4/
+//! Q8_0, Q4_1/Q5_1) and the F16/BF16 ones (issue 28, docs/model-core.md
+//! "Formats", "Whole blocks"); `x86_avx512_gemm` the large-m path.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
 //! block is used for up to [`TILE`] activation rows while it is in L1, so a
 //! verify block of k ≤ 24 tokens reads the weights from memory once (the
-//! AVX-512 kernels take the tile in passes of up to 8 rows with register
-//! accumulators; the weight row is in L1 for the later passes). On the GEMM
+//! AVX-512 kernels take the tile in passes of up to 8 rows, 4 for the
+//! whole-block formats, with register accumulators; the weight row is in
+//! L1 for the later passes). On the GEMM
 //! path a chunk is taken 4 weight rows at a time, unpacked once, times all
 //! `m` activation rows (2 at a time), so the weights are read once whatever
 //! `m` is.
@@ -389,6 +392,35 @@ macro_rules! passes {
             }
         }
     }};
+}
+
+/// The whole-block formats, by the const index `F` their SIMD kernels are
+/// instantiated for (so that every `match` on the format inside folds);
+/// [`whole_block!`] maps a run-time format to its index.
+#[cfg(target_arch = "x86_64")]
+const WHOLE_BLOCK: [QuantFormat; 6] = [
+    QuantFormat::Q4_0,
+    QuantFormat::Q5_0,
+    QuantFormat::Q8_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q5_1,
+    QuantFormat::Q5_0x4,
+];
+
+/// `$kernel::<R, F>(args)` with `F` the index of `$format` in
+/// [`WHOLE_BLOCK`] (any other format: the last).
+#[cfg(target_arch = "x86_64")]
+macro_rules! whole_block {
+    ($format:expr, $kernel:ident::<$r:ident>($($arg:expr),*)) => {
+        match $format {
+            QuantFormat::Q4_0 => $kernel::<$r, 0>($($arg),*),
+            QuantFormat::Q5_0 => $kernel::<$r, 1>($($arg),*),
+            QuantFormat::Q8_0 => $kernel::<$r, 2>($($arg),*),
+            QuantFormat::Q4_1 => $kernel::<$r, 3>($($arg),*),
+            QuantFormat::Q5_1 => $kernel::<$r, 4>($($arg),*),
+            _ => $kernel::<$r, 5>($($arg),*),
+        }
+    };
 }
 
 /// A tile of `tn` rows as passes of at most `max` rows, `(first row, rows)`
@@ -748,8 +780,9 @@ pub fn matmul_shared(ws: &mut [(&QMatrix, &mut [f32])], x: &[f32], m: usize) {
 }
 
 /// What a matrix of this format needs of its input on `isa`: the activation
-/// format and, for the unsigned-weight Q8_0 kernels (AVX-512 VNNI; AVX2 for
-/// [`QuantFormat::Q5_0x4`]), the weight offset.
+/// format and, for the kernels that multiply unsigned weights `w + off`
+/// (x86: Q4_0/Q5_0/Q5_0x4 on AVX2 and AVX-512 VNNI, Q8_0 on AVX-512 VNNI),
+/// the weight offset (`Act::prepare_unsigned`).
 fn act_key(isa: Isa, format: QuantFormat) -> (ActKind, Option<i32>) {
     let kind = act_kind(format);
     let off = match format {
@@ -757,8 +790,12 @@ fn act_key(isa: Isa, format: QuantFormat) -> (ActKind, Option<i32>) {
         QuantFormat::Q5_0 | QuantFormat::Q5_0x4 => 16,
         _ => 128,
     };
-    let unsigned = (matches!(isa, Isa::Avx512Vnni | Isa::Amx) && kind == ActKind::Q8_0)
-        || (format == QuantFormat::Q5_0x4 && isa != Isa::Scalar);
+    let avx512 = matches!(isa, Isa::Avx512Vnni | Isa::Amx);
+    let unsigned = match format {
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q5_0x4 => avx512 || isa == Isa::Avx2,
+        QuantFormat::Q8_0 => avx512,
+        _ => false,
+    };
     (kind, unsigned.then_some(off))
 }
 
@@ -804,8 +841,14 @@ pub fn matmul_shared_with_isa(
             if x86_avx2::needs_bsum4(isa, key.0, m) {
                 act.prepare_bsum4();
             }
+            // The GEMM path's regrouped values, if any matrix of this
+            // input runs there.
             #[cfg(target_arch = "x86_64")]
-            if key.0 == ActKind::Q8_1 && x86_avx512_gemm::applies(isa, w.format, m) {
+            if ws.iter().any(|(w, _)| {
+                w.rows > 0
+                    && act_key(isa, w.format) == key
+                    && x86_avx512_gemm::applies(isa, w.format, m)
+            }) {
                 act.qt = x86_avx512_gemm::regroup_act(&act);
             }
             acts.push((key, act));

@@ -6,7 +6,7 @@ use super::blocks::{
     bf16_le, cast, f16_le, q3k_scales, q4k_scale_min, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
     BlockQ5K, BlockQ5_0, BlockQ5_0x4, BlockQ5_1, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
-use super::combine::{self, GROUP_SETS};
+use super::combine;
 use super::{QuantFormat, TILE};
 
 /// Unpack block `b` of a Q4_0/Q5_0/Q5_0x4/Q8_0 row into signed values;
@@ -171,8 +171,9 @@ pub fn unpack_q6k(b: &BlockQ6K, u: &mut Q6KUnpacked) {
     u.d = f16_le(b.d);
 }
 
-/// Q4_0/Q5_0/Q5_0x4/Q8_0 row × activation rows `t0..t0+tn`, lane-wise as in
-/// [`combine::group_block`], block `b` into accumulator set `b % 4`.
+/// Q4_0/Q5_0/Q5_0x4/Q8_0 row × activation rows `t0..t0+tn` (Q8_0): per
+/// block one exact integer `s`, stepped by [`combine::block_step`] into
+/// lane `b % 16` of the row's accumulator, then [`combine::reduce16`].
 pub fn row_group(
     format: QuantFormat,
     wrow: &[u8],
@@ -181,23 +182,20 @@ pub fn row_group(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let nb = act.nb;
-    let mut acc = [[[0f32; 8]; GROUP_SETS]; TILE];
+    let mut acc = [[0f32; combine::BLOCK_LANES]; TILE];
     let mut w = [0i8; QK];
-    for b in 0..nb {
+    for b in 0..act.nb {
         let dw = unpack_block(format, wrow, b, &mut w);
+        let lane = b % combine::BLOCK_LANES;
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-            let xq = &act.row_qs(t0 + t)[b * QK..(b + 1) * QK];
-            let dx = act.row_d(t0 + t)[b];
-            let mut s = [0i32; 8];
-            for (l, s) in s.iter_mut().enumerate() {
-                *s = (4 * l..4 * l + 4).map(|k| w[k] as i32 * xq[k] as i32).sum();
-            }
-            combine::group_block(&mut acc[b % GROUP_SETS], dw * dx, &s);
+            let row = t0 + t;
+            let xq = &act.row_qs(row)[b * QK..(b + 1) * QK];
+            let s: i32 = w.iter().zip(xq).map(|(&w, &x)| w as i32 * x as i32).sum();
+            acc[lane] = combine::block_step(acc[lane], dw * act.row_d(row)[b], s);
         }
     }
     for t in 0..tn {
-        res[t] = combine::reduce_group(&acc[t]);
+        res[t] = combine::reduce16(&acc[t]);
     }
 }
 
@@ -212,11 +210,11 @@ pub fn row_group_min(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    let mut acc = [[0f32; combine::MIN_LANES]; TILE];
+    let mut acc = [[0f32; combine::BLOCK_LANES]; TILE];
     let mut w = [0u8; QK];
     for b in 0..act.nb {
         let (dw, mw) = unpack_min_block(format, wrow, b, &mut w);
-        let lane = b % combine::MIN_LANES;
+        let lane = b % combine::BLOCK_LANES;
         for (t, acc) in acc.iter_mut().enumerate().take(tn) {
             let row = t0 + t;
             let xq = &act.row_qs(row)[b * QK..(b + 1) * QK];

@@ -7,13 +7,15 @@
 //! order (lane-wise over rows where it is vectorized), which keeps results
 //! bit-identical.
 //!
-//! Two shapes per format, chosen by the number of activation rows `tn` of
-//! the tile (results are identical either way):
+//! The whole-block formats (Q4_0/Q5_0/Q5_0x4/Q8_0, Q4_1/Q5_1) are in
+//! `x86_avx2_formats`: passes of up to [`MAX_R_GROUP`] rows with register
+//! accumulators. Two shapes per K-quant format, chosen by the number of
+//! activation rows `tn` of the tile (results are identical either way):
 //! - short tiles (decode, and the draft's 2–3-token catch-ups; up to
-//!   [`MAX_R_GROUP`] / [`SMALL_K`] rows): accumulators in registers, each
-//!   weight block unpacked in registers (no store and reload);
-//! - longer tiles (verify blocks, prefill): each block or super-block is
-//!   unpacked once into L1 and used for every row of the tile.
+//!   [`SMALL_K`] rows): accumulators in registers, each weight super-block
+//!   unpacked in registers (no store and reload);
+//! - longer tiles (verify blocks, prefill): each super-block is unpacked
+//!   once into L1 and used for every row of the tile.
 //!
 //! For Q4_K/Q6_K, per super-block the exact sums of up to 4 rows are reduced
 //! at once (a `hadd` tree: lane r = row r) and the float step runs for those
@@ -25,18 +27,14 @@
 use std::arch::x86_64::*;
 
 use super::act::{Act, ActKind};
-use super::blocks::{
-    cast, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ5_0x4,
-    BlockQ6K, BlockQ8_0, QK, QK_K,
-};
-use super::combine::{self, GROUP_SETS};
+use super::blocks::{cast, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use super::combine;
 use super::Isa;
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
-/// Tiles of up to this many activation rows take the Q4_0/Q5_0/Q8_0 kernel
-/// with register accumulators (each row holds [`GROUP_SETS`] 8-lane
-/// accumulators: 2 rows use 8 of the 16 registers); longer tiles unpack each
-/// block once for all their rows ([`group_tile`]).
+/// Activation rows per pass of the whole-block kernel
+/// (`x86_avx2_formats::row_block`; each row holds a 16-lane accumulator
+/// and a partial reduction tree in registers).
 pub(super) const MAX_R_GROUP: usize = 2;
 /// Tiles of up to this many rows take the Q4_K/Q6_K kernels that unpack in
 /// registers per pass; longer tiles unpack each super-block once into L1 for
@@ -73,13 +71,16 @@ pub(super) fn needs_bsum4(isa: Isa, kind: ActKind, m: usize) -> bool {
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
-        QuantFormat::Q5_0x4 => Some(row_q5x4),
+        QuantFormat::Q4_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_0x4
+        | QuantFormat::Q8_0
+        | QuantFormat::Q4_1
+        | QuantFormat::Q5_1 => Some(super::x86_avx2_formats::row_block),
         QuantFormat::Q4K => Some(row_q4k),
         QuantFormat::Q5K => Some(row_q5k),
         QuantFormat::Q6K => Some(row_q6k),
         QuantFormat::Q3K => Some(row_q3k),
-        QuantFormat::Q4_1 | QuantFormat::Q5_1 => Some(super::x86_avx2_formats::row_group_min),
         QuantFormat::F16 | QuantFormat::BF16 => Some(super::x86_avx2_formats::row_half),
         QuantFormat::F32 => None,
     }
@@ -108,74 +109,6 @@ pub(super) fn bytes_from_bits_32(bits: u32) -> __m256i {
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
     let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-}
-
-/// Unpack one Q4_0/Q5_0/Q8_0 block to 32 signed bytes.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn unpack_block(format: QuantFormat, wrow: &[u8], b: usize) -> (__m256i, f32) {
-    let lo4 = _mm256_set1_epi8(0xF);
-    match format {
-        QuantFormat::Q4_0 => {
-            let blk = &cast::<BlockQ4_0>(wrow)[b];
-            // SAFETY: 16 bytes read from a 16-byte array.
-            let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
-            let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-            let v = _mm256_sub_epi8(_mm256_and_si256(v, lo4), _mm256_set1_epi8(8));
-            (v, f16c(blk.d))
-        }
-        QuantFormat::Q5_0 => {
-            let blk = &cast::<BlockQ5_0>(wrow)[b];
-            // SAFETY: 16 bytes read from a 16-byte array.
-            let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
-            let v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), lo4);
-            let hb = _mm256_and_si256(
-                bytes_from_bits_32(u32::from_le_bytes(blk.qh)),
-                _mm256_set1_epi8(0x10),
-            );
-            let v = _mm256_sub_epi8(_mm256_or_si256(v, hb), _mm256_set1_epi8(16));
-            (v, f16c(blk.d))
-        }
-        QuantFormat::Q8_0 => {
-            let blk = &cast::<BlockQ8_0>(wrow)[b];
-            // SAFETY: 32 bytes read from a 32-byte array.
-            let v = unsafe { _mm256_loadu_si256(blk.qs.as_ptr().cast()) };
-            (v, f16c(blk.d))
-        }
-        _ => unreachable!(),
-    }
-}
-
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn row_group(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
-) {
-    if tn <= MAX_R_GROUP {
-        passes!(MAX_R_GROUP, group_rows, format, wrow, act, t0, tn, res; 1; 2)
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { group_tile(format, wrow, act, t0, tn, res) }
-    }
-}
-
-/// Q5_0x4 weight row × a tile of `tn` rows, in passes of up to
-/// [`MAX_R_GROUP`] rows with register accumulators ([`q5x4_rows`]; the
-/// 616-byte rows of the draft stay in L1 between passes).
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn row_q5x4(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
-) {
-    passes!(MAX_R_GROUP, q5x4_rows, format, wrow, act, t0, tn, res; 1; 2)
 }
 
 #[target_feature(enable = "avx2,f16c")]
@@ -246,204 +179,6 @@ unsafe fn row_q6k(
     }
 }
 
-/// One block (signed values `v`, magnitudes `av`) × one activation row at
-/// `xp`: `maddubs(|w|, sign(x, w))` then `madd` with ones gives the 8 exact
-/// sums of 4 products `s`; returns `dwdx·s` lane-wise, the term that
-/// [`combine::group_block`] adds to its accumulator set.
-///
-/// # Safety
-/// 32 readable bytes at `xp`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn group_term(v: __m256i, av: __m256i, xp: *const i8, dwdx: f32) -> __m256 {
-    // SAFETY: the caller's contract.
-    let x = unsafe { _mm256_loadu_si256(xp.cast()) };
-    let s = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)),
-        _mm256_set1_epi16(1),
-    );
-    _mm256_mul_ps(_mm256_set1_ps(dwdx), _mm256_cvtepi32_ps(s))
-}
-
-/// Block `b` (accumulator set `S = b % GROUP_SETS`) × rows `t0..t0 + R`
-/// ([`group_term`] per row).
-///
-/// # Safety
-/// Rows `t0..t0 + R` exist in `act` (Q8_0) and block `b < act.nb`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn group_block<const R: usize, const S: usize>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    b: usize,
-    acc: &mut [[__m256; GROUP_SETS]; R],
-) {
-    let (nb, cols) = (act.nb, act.cols);
-    let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
-    let (v, dw) = unpack_block(format, wrow, b);
-    let av = _mm256_abs_epi8(v);
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let row = t0 + r;
-        // SAFETY: row < m and b < nb: reads inside qs (m·cols) and d (m·nb).
-        unsafe {
-            let term = group_term(
-                v,
-                av,
-                qs.add(row * cols + b * QK),
-                dw * *ds.add(row * nb + b),
-            );
-            acc[S] = _mm256_add_ps(acc[S], term);
-        }
-    }
-}
-
-/// Q4_0/Q5_0/Q8_0 weight row × activation rows `t0..t0 + R` (Q8_0), four
-/// blocks per step so that every accumulator index is a constant (the
-/// accumulators stay in registers).
-///
-/// # Safety
-/// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn group_rows<const R: usize>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    res: &mut [f32],
-) {
-    let nb = act.nb;
-    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; R];
-    let bsz = format.block_bytes();
-    let mut b = 0;
-    // SAFETY (all calls): the blocks named are < nb; the caller's contract.
-    unsafe {
-        while b + GROUP_SETS <= nb {
-            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz));
-            group_block::<R, 0>(format, wrow, act, t0, b, &mut acc);
-            group_block::<R, 1>(format, wrow, act, t0, b + 1, &mut acc);
-            group_block::<R, 2>(format, wrow, act, t0, b + 2, &mut acc);
-            group_block::<R, 3>(format, wrow, act, t0, b + 3, &mut acc);
-            b += GROUP_SETS;
-        }
-        if b < nb {
-            group_block::<R, 0>(format, wrow, act, t0, b, &mut acc);
-        }
-        if b + 1 < nb {
-            group_block::<R, 1>(format, wrow, act, t0, b + 1, &mut acc);
-        }
-        if b + 2 < nb {
-            group_block::<R, 2>(format, wrow, act, t0, b + 2, &mut acc);
-        }
-    }
-    for r in 0..R {
-        res[r] = reduce_group(&acc[r]);
-    }
-}
-
-/// The four blocks of a Q5_0x4 group as unsigned bytes `q` in 0..32 (element
-/// order) and their four scales: per block one mask (or shift and mask) of
-/// the nibbles and one shift and mask of the fifth bits, instead of
-/// [`bytes_from_bits_32`] and a subtraction.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn q5x4_unpack(g: &BlockQ5_0x4) -> ([__m256i; 4], __m128) {
-    // SAFETY: reads within the 88-byte group (d: 8 bytes, qh: 16, qs: 64).
-    let (qh, q01, q23, d) = unsafe {
-        (
-            _mm_loadu_si128(g.qh.as_ptr().cast()),
-            _mm256_loadu_si256(g.qs.as_ptr().cast()),
-            _mm256_loadu_si256(g.qs.as_ptr().add(32).cast()),
-            _mm_loadl_epi64(g.d.as_ptr().cast()),
-        )
-    };
-    // Byte j of `hv`: the fifth bits of element j of blocks 0..4 in bits 0..4
-    // (bytes 16..32 from the high nibbles of `qh`; bits 4..8 are not used).
-    let hv = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(qh), _mm_srli_epi16::<4>(qh));
-    // Block i: its nibbles, or'ed with bit i of `hv` shifted up to bit 4
-    // (16-bit shifts: bit 4 of each byte comes from the same byte).
-    let w = [
-        q5_value(q01, _mm256_slli_epi16::<4>(hv)),
-        q5_value(_mm256_srli_epi16::<4>(q01), _mm256_slli_epi16::<3>(hv)),
-        q5_value(q23, _mm256_slli_epi16::<2>(hv)),
-        q5_value(_mm256_srli_epi16::<4>(q23), _mm256_slli_epi16::<1>(hv)),
-    ];
-    (w, _mm_cvtph_ps(d))
-}
-
-/// `(nibbles & 0xF) | (fifth & 0x10)` byte by byte: a Q5_0 value in 0..32.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn q5_value(nibbles: __m256i, fifth: __m256i) -> __m256i {
-    _mm256_or_si256(
-        _mm256_and_si256(nibbles, _mm256_set1_epi8(0xF)),
-        _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)),
-    )
-}
-
-/// Q5_0x4 weight row × activation rows `t0..t0 + R` (Q8_0 prepared with
-/// [`Act::prepare_unsigned`]`(16)`): the exact lanes of block b are
-/// `madd(maddubs(q, x), 1) + corr4` = Σ (q − 16)·x over each 4 values, and
-/// `dw·dx` is `dw` times the lane-repeated `d8`, so every float step is that
-/// of [`combine::group_block`] (block b in accumulator set `b % 4` = its
-/// place in the group).
-///
-/// # Safety
-/// CPU features; rows `t0..t0 + R` exist in `act`, which carries `corr4`
-/// and `d8`; `res.len() >= R`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn q5x4_rows<const R: usize>(
-    _: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    res: &mut [f32],
-) {
-    let (nb, cols) = (act.nb, act.cols);
-    let (qs, corr, d8) = (act.qs.as_ptr(), act.corr4.as_ptr(), act.d8.as_ptr());
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); GROUP_SETS]; R];
-    for (gi, g) in cast::<BlockQ5_0x4>(wrow).iter().enumerate() {
-        prefetch_ahead::<2>(g.d.as_ptr().cast());
-        let (w, dw) = q5x4_unpack(g);
-        let dw = _mm256_castps128_ps256(dw);
-        for (i, w) in w.iter().enumerate() {
-            let b = 4 * gi + i;
-            let dwb = _mm256_permutevar8x32_ps(dw, _mm256_set1_epi32(i as i32));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let e = (t0 + r) * cols + b * QK;
-                // SAFETY: row t0 + r < m and block b < nb: inside qs (m·cols),
-                // corr4 (m·cols/4) and d8 (m·nb·8).
-                unsafe {
-                    let x = _mm256_loadu_si256(qs.add(e).cast());
-                    let c = _mm256_loadu_si256(corr.add(e / 4).cast());
-                    let s =
-                        _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(*w, x), ones), c);
-                    let dx = _mm256_loadu_ps(d8.add(((t0 + r) * nb + b) * 8));
-                    let term = _mm256_mul_ps(_mm256_mul_ps(dwb, dx), _mm256_cvtepi32_ps(s));
-                    acc[i] = _mm256_add_ps(acc[i], term);
-                }
-            }
-        }
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        res[r] = reduce_group(acc);
-    }
-}
-
-/// [`combine::reduce_group`] of four 8-lane accumulator sets.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn reduce_group(a: &[__m256; GROUP_SETS]) -> f32 {
-    reduce8(_mm256_add_ps(
-        _mm256_add_ps(a[0], a[2]),
-        _mm256_add_ps(a[1], a[3]),
-    ))
-}
-
 /// `(Σ a, Σ b)` over the 8 i32 lanes of each (exact; order free).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -454,16 +189,6 @@ pub(super) fn hsum2(a: __m256i, b: __m256i) -> (i32, i32) {
     // [Σa, Σb, Σa, Σb]
     let y = _mm_hadd_epi32(x, x);
     (_mm_cvtsi128_si32(y), _mm_extract_epi32::<1>(y))
-}
-
-/// Fixed-order sum of the 8 lanes ([`combine::reduce8`]).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn reduce8(v: __m256) -> f32 {
-    let mut a = [0f32; 8];
-    // SAFETY: 8 f32 into [f32; 8].
-    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
-    combine::reduce8(&a)
 }
 
 /// Lane r = Σ of the 8 i32 lanes of `v[r]`, for r < `R` ≤ 4 (exact; the
@@ -981,51 +706,6 @@ fn q6k_scale_vectors(sc: __m128i) -> ([__m256i; 8], __m256i) {
         _mm256_shuffle_epi8(pair, pick)
     });
     (scv, sc16)
-}
-
-/// Q4_0/Q5_0/Q8_0 weight row × a tile of `tn` rows: each block is unpacked
-/// once (signed values and their magnitudes) and used for every row of the
-/// tile, whose accumulators live in L1 (only the `tn` used are initialized).
-///
-/// # Safety
-/// CPU features; rows `t0..t0 + tn` exist in `act`; `tn <= TILE`.
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn group_tile(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
-) {
-    let (nb, cols) = (act.nb, act.cols);
-    let mut acc = std::mem::MaybeUninit::<[[__m256; GROUP_SETS]; TILE]>::uninit();
-    let accp = acc.as_mut_ptr().cast::<[__m256; GROUP_SETS]>();
-    for t in 0..tn {
-        // SAFETY: t < tn <= TILE: inside the array.
-        unsafe { accp.add(t).write([_mm256_setzero_ps(); GROUP_SETS]) };
-    }
-    let (qs, ds) = (act.qs.as_ptr(), act.d.as_ptr());
-    let bsz = format.block_bytes();
-    for b in 0..nb {
-        prefetch_ahead::<1>(wrow.as_ptr().wrapping_add(b * bsz));
-        let (v, dw) = unpack_block(format, wrow, b);
-        let av = _mm256_abs_epi8(v);
-        for t in 0..tn {
-            let r = t0 + t;
-            // SAFETY: row r < m and block b < nb: reads inside qs (m·cols) and
-            // d (m·nb); accumulator t < tn was initialized above.
-            unsafe {
-                let term = group_term(v, av, qs.add(r * cols + b * QK), dw * *ds.add(r * nb + b));
-                let a = &mut (*accp.add(t))[b % GROUP_SETS];
-                *a = _mm256_add_ps(*a, term);
-            }
-        }
-    }
-    for t in 0..tn {
-        // SAFETY: initialized above.
-        res[t] = reduce_group(unsafe { &*accp.add(t) });
-    }
 }
 
 /// `Σ_c madd(maddubs(q[32c..], x_r[32c..]), scv[c])` over the 8 chunks of a

@@ -1,13 +1,17 @@
-//! AVX2 kernels of the offset formats Q4_1/Q5_1 and of F16/BF16 weights (the
-//! K-quants Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx2`).
+//! AVX2 kernels of the whole-block formats (Q4_0/Q5_0/Q5_0x4/Q8_0 and the
+//! offset formats Q4_1/Q5_1) and of F16/BF16 weights (the K-quants
+//! Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx2`).
 //!
 //! Same integer sums and the same float steps as the scalar reference:
-//! - Q4_1/Q5_1: the unsigned values `q` need no sign trick (`maddubs(q, x)`
-//!   directly); per block and row 8 exact lanes of 4 products, reduced per
-//!   8 blocks by a `hadd` tree to one exact `s` per block (lane j = block
-//!   `b + j`), then [`combine::min_block_step`] for the 8 blocks as lanes
-//!   (`acc += (dw·dx)·s + mw·xs`, block `b` in lane `b % 16` of two 8-lane
-//!   accumulators), reduced by [`combine::reduce16`];
+//! - Q4_0/Q5_0/Q5_0x4/Q8_0/Q4_1/Q5_1: per block and row 16 exact i16 lanes
+//!   of 2 products (`maddubs` of unsigned values: Q4_1/Q5_1 as stored,
+//!   Q4_0/Q5_0/Q5_0x4 as `w + off`; Q8_0 with the sign trick), reduced per
+//!   8 blocks by a `hadd` tree to one exact sum per block (lane j = block
+//!   `b + j`; the unsigned-offset formats then add the activation's
+//!   `−off·Σ32 x`, giving `s = Σ w·x`), then [`combine::block_step`]
+//!   (`acc += (dw·dx)·s`) or [`combine::min_block_step`] (`acc += (dw·dx)·s
+//!   + mw·xs`) for the 8 blocks as lanes (block `b` in lane `b % 16` of two
+//!   8-lane accumulators), reduced by [`combine::reduce16`];
 //! - F16/BF16: the portable 16-lane f32 dot of `scalar::row_float`
 //!   (separate multiply and add per lane, [`combine::reduce16`]), the
 //!   weights widened exactly (F16C's `vcvtph2ps`; a shift for BF16).
@@ -15,22 +19,23 @@
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{cast, BlockQ4_1, BlockQ5_1, QK};
+use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_0x4, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
 use super::x86_avx2::{bytes_from_bits_32, MAX_R_GROUP};
-use super::{prefetch_ahead, QuantFormat, TILE};
+use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
 /// Rows per pass of the BF16 kernel (two 8-lane accumulators each).
 const MAX_R_FLOAT: usize = 4;
 
-/// Q4_1/Q5_1 weight row × a tile of `tn` rows (Q8_1), in passes of up to
-/// [`MAX_R_GROUP`] rows with register accumulators (the weight row stays in
-/// L1 for the later passes).
+/// Q4_0/Q5_0/Q5_0x4/Q8_0 (Q8_0 activations; with `Act::prepare_unsigned`
+/// but for Q8_0) or Q4_1/Q5_1 (Q8_1) weight row × a tile of `tn` rows, in
+/// passes of up to [`MAX_R_GROUP`] rows with register accumulators (the
+/// weight row stays in L1 for the later passes).
 ///
 /// # Safety
 /// AVX2 and F16C; rows `t0..t0 + tn` exist in `act`.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn row_group_min(
+pub(super) unsafe fn row_block(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -38,147 +43,224 @@ pub(super) unsafe fn row_group_min(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    if format == QuantFormat::Q4_1 {
-        passes!(MAX_R_GROUP, min_rows_q4_1, format, wrow, act, t0, tn, res; 1; 2)
-    } else {
-        passes!(MAX_R_GROUP, min_rows_q5_1, format, wrow, act, t0, tn, res; 1; 2)
-    }
+    passes!(MAX_R_GROUP, block_rows, format, wrow, act, t0, tn, res; 1; 2)
 }
 
-/// [`min_rows`] for Q4_1.
+/// [`block_rows_of`] for `format`.
 ///
 /// # Safety
-/// As [`min_rows`].
+/// As [`block_rows_of`].
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn min_rows_q4_1<const R: usize>(
-    _: QuantFormat,
+unsafe fn block_rows<const R: usize>(
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     res: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe { min_rows::<R, false>(wrow, act, t0, res) }
+    unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
 }
 
-/// [`min_rows`] for Q5_1.
-///
-/// # Safety
-/// As [`min_rows`].
+/// Nibbles of 16 bytes, low ones then high ones (elements 0..32 of a
+/// Q4_0/Q4_1/Q5_0/Q5_1 block), as bytes 0..16.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn min_rows_q5_1<const R: usize>(
-    _: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    res: &mut [f32],
-) {
-    // SAFETY: the caller's contract.
-    unsafe { min_rows::<R, true>(wrow, act, t0, res) }
+#[target_feature(enable = "avx2")]
+fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: 16 bytes read from a 16-byte array.
+    let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+    _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(q), q),
+        _mm256_set1_epi8(0xF),
+    )
 }
 
-/// Block `b` of a Q4_1 row (or Q5_1 if `FIVE`): unsigned values (0..16 or
-/// 0..32), element order.
+/// `v` with the fifth bits of a Q5_0/Q5_1 block (`qh`) or'ed in as 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn with_fifth_bits(v: __m256i, qh: [u8; 4]) -> __m256i {
+    let hb = _mm256_and_si256(
+        bytes_from_bits_32(u32::from_le_bytes(qh)),
+        _mm256_set1_epi8(0x10),
+    );
+    _mm256_or_si256(v, hb)
+}
+
+/// The values of blocks `b..b + 4` (the first `n`; the others: zeros)
+/// as the first operand of `maddubs`: unsigned bytes (Q4_1/Q5_1 as stored,
+/// Q4_0/Q5_0/Q5_0x4 as `w + off`, `off` = 8, 16), or for Q8_0 the signed
+/// values themselves ([`block_lanes`] takes their magnitudes). For
+/// Q5_0x4, `b` is a multiple of 4 (a group).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn unpack_min<const FIVE: bool>(wrow: &[u8], b: usize) -> __m256i {
-    let lo4 = _mm256_set1_epi8(0xF);
-    if !FIVE {
-        let blk = &cast::<BlockQ4_1>(wrow)[b];
-        // SAFETY: 16 bytes read from a 16-byte array.
-        let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), lo4)
-    } else {
-        let blk = &cast::<BlockQ5_1>(wrow)[b];
-        // SAFETY: 16 bytes read from a 16-byte array.
-        let q = unsafe { _mm_loadu_si128(blk.qs.as_ptr().cast()) };
-        let v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), lo4);
-        let hb = _mm256_and_si256(
-            bytes_from_bits_32(u32::from_le_bytes(blk.qh)),
-            _mm256_set1_epi8(0x10),
-        );
-        _mm256_or_si256(v, hb)
+fn quad_values(format: QuantFormat, wrow: &[u8], b: usize, n: usize) -> [__m256i; 4] {
+    if format == QuantFormat::Q5_0x4 {
+        if n == 0 {
+            return [_mm256_setzero_si256(); 4];
+        }
+        return q5x4_values(&cast::<BlockQ5_0x4>(wrow)[b / 4]);
     }
-}
-
-/// The 16 exact i16 lanes (2 products each) of block `b` × rows
-/// `t0..t0 + R`; zeros unless `present` (then not read).
-///
-/// # Safety
-/// Rows `t0..t0 + R` exist in `act`; if `present`, block `b < act.nb`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn block_lanes<const R: usize, const FIVE: bool>(
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    b: usize,
-    present: bool,
-) -> [__m256i; R] {
-    if !present {
-        return [_mm256_setzero_si256(); R];
-    }
-    let u = unpack_min::<FIVE>(wrow, b);
-    std::array::from_fn(|r| {
-        // SAFETY: row t0 + r < m, block b < nb: 32 bytes inside the row.
-        let x =
-            unsafe { _mm256_loadu_si256(act.qs.as_ptr().add((t0 + r) * act.cols + b * QK).cast()) };
-        // u ≤ 31, |x| ≤ 127: a pair sums to at most 7874 (no saturation).
-        _mm256_maddubs_epi16(u, x)
+    std::array::from_fn(|i| {
+        if i >= n {
+            return _mm256_setzero_si256();
+        }
+        let b = b + i;
+        match format {
+            QuantFormat::Q4_0 => nibbles(&cast::<BlockQ4_0>(wrow)[b].qs),
+            QuantFormat::Q4_1 => nibbles(&cast::<BlockQ4_1>(wrow)[b].qs),
+            QuantFormat::Q5_0 => {
+                let blk = &cast::<BlockQ5_0>(wrow)[b];
+                with_fifth_bits(nibbles(&blk.qs), blk.qh)
+            }
+            QuantFormat::Q5_1 => {
+                let blk = &cast::<BlockQ5_1>(wrow)[b];
+                with_fifth_bits(nibbles(&blk.qs), blk.qh)
+            }
+            // SAFETY: 32 bytes read from a 32-byte array.
+            _ => unsafe { _mm256_loadu_si256(cast::<BlockQ8_0>(wrow)[b].qs.as_ptr().cast()) },
+        }
     })
 }
 
-/// Blocks `b..b + 4` × rows: per row and 128-bit half h, lane i = the sum
-/// of half h of block `b + i`'s lanes (exact); blocks from `b + n` on are
-/// zeros.
+/// The four blocks of a Q5_0x4 group as unsigned bytes `w + 16` in 0..32
+/// (element order): per block one mask (or shift and mask) of the nibbles
+/// and one shift and mask of the fifth bits, instead of
+/// [`bytes_from_bits_32`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5x4_values(g: &BlockQ5_0x4) -> [__m256i; 4] {
+    // SAFETY: reads within the 88-byte group (qh: 16 bytes, qs: 64).
+    let (qh, q01, q23) = unsafe {
+        (
+            _mm_loadu_si128(g.qh.as_ptr().cast()),
+            _mm256_loadu_si256(g.qs.as_ptr().cast()),
+            _mm256_loadu_si256(g.qs.as_ptr().add(32).cast()),
+        )
+    };
+    // Byte j of `hv`: the fifth bits of element j of blocks 0..4 in bits 0..4
+    // (bytes 16..32 from the high nibbles of `qh`; bits 4..8 are not used).
+    let hv = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(qh), _mm_srli_epi16::<4>(qh));
+    // Block i: its nibbles, or'ed with bit i of `hv` shifted up to bit 4
+    // (16-bit shifts: bit 4 of each byte comes from the same byte).
+    [
+        q5_value(q01, _mm256_slli_epi16::<4>(hv)),
+        q5_value(_mm256_srli_epi16::<4>(q01), _mm256_slli_epi16::<3>(hv)),
+        q5_value(q23, _mm256_slli_epi16::<2>(hv)),
+        q5_value(_mm256_srli_epi16::<4>(q23), _mm256_slli_epi16::<1>(hv)),
+    ]
+}
+
+/// `(nibbles & 0xF) | (fifth & 0x10)` byte by byte: a Q5_0 value in 0..32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_value(nibbles: __m256i, fifth: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(nibbles, _mm256_set1_epi8(0xF)),
+        _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// The 16 exact i16 lanes (2 products each) of one block (`v`, from
+/// [`quad_values`]) × the activation values at `xp`: `maddubs(v, x)`, for
+/// Q8_0 `maddubs(|v|, sign(x, v))`.
+///
+/// # Safety
+/// 32 readable bytes at `xp`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn block_lanes(format: QuantFormat, v: __m256i, xp: *const i8) -> __m256i {
+    // SAFETY: the caller's contract.
+    let x = unsafe { _mm256_loadu_si256(xp.cast()) };
+    if format == QuantFormat::Q8_0 {
+        // |v| ≤ 128, |x| ≤ 127: a pair sums to at most 32512.
+        _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v))
+    } else {
+        // v ≤ 31, |x| ≤ 127: a pair sums to at most 7874.
+        _mm256_maddubs_epi16(v, x)
+    }
+}
+
+/// Blocks `b..b + 4` of a `WHOLE_BLOCK[F]` row (a const format, so that
+/// every `match` on it folds) × rows: per row and 128-bit half h, lane i = the sum
+/// of half h of block `b + i`'s lanes (exact; the sums of `(w + off)·x`
+/// for the unsigned-offset formats); blocks from `b + n` on are zeros.
 ///
 /// # Safety
 /// Rows `t0..t0 + R` exist in `act`; blocks `b..b + min(n, 4)` exist.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn quad_lanes<const R: usize, const FIVE: bool>(
+unsafe fn quad_lanes<const R: usize, const F: usize>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
     b: usize,
     n: usize,
 ) -> [__m256i; R] {
-    // SAFETY: the caller's contract.
-    unsafe {
-        // Two blocks' i16 lanes summed in pairs (≤ 2 · 7874, exact), then
-        // to i32 (per 128-bit half: 2 lanes of each block), then one i32
-        // `hadd` of two such pairs: per half, lane i = block b + i.
-        let ones = _mm256_set1_epi16(1);
-        let pair = |a: __m256i, c: __m256i| _mm256_madd_epi16(_mm256_hadd_epi16(a, c), ones);
-        let v0 = block_lanes::<R, FIVE>(wrow, act, t0, b, n > 0);
-        let v1 = block_lanes::<R, FIVE>(wrow, act, t0, b + 1, n > 1);
-        let h01: [__m256i; R] = std::array::from_fn(|r| pair(v0[r], v1[r]));
-        let v2 = block_lanes::<R, FIVE>(wrow, act, t0, b + 2, n > 2);
-        let v3 = block_lanes::<R, FIVE>(wrow, act, t0, b + 3, n > 3);
-        std::array::from_fn(|r| _mm256_hadd_epi32(h01[r], pair(v2[r], v3[r])))
-    }
+    let format = WHOLE_BLOCK[F];
+    let ones = _mm256_set1_epi16(1);
+    // Two blocks' i16 lanes to i32 (per 128-bit half: 2 lanes of each
+    // block): summed in pairs first where that is exact (≤ 2 · 7874), else
+    // (Q8_0) widened first.
+    let pair = |a: __m256i, c: __m256i| {
+        if format == QuantFormat::Q8_0 {
+            _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(c, ones))
+        } else {
+            _mm256_madd_epi16(_mm256_hadd_epi16(a, c), ones)
+        }
+    };
+    let v = quad_values(format, wrow, b, n.min(4));
+    let z = _mm256_setzero_si256();
+    let xp = |r: usize, i: usize| {
+        act.qs
+            .as_ptr()
+            .wrapping_add((t0 + r) * act.cols + (b + i) * QK)
+    };
+    std::array::from_fn(|r| {
+        // SAFETY: blocks b + i < b + n exist in row t0 + r < m: 32 bytes
+        // inside its values.
+        let l: [__m256i; 4] = std::array::from_fn(|i| {
+            if i < n {
+                unsafe { block_lanes(format, v[i], xp(r, i)) }
+            } else {
+                z
+            }
+        });
+        // Then one i32 `hadd` of two such pairs: per half, lane i = block b + i.
+        _mm256_hadd_epi32(pair(l[0], l[1]), pair(l[2], l[3]))
+    })
+}
+
+/// The f16 scale of block `b` (bits 0..16) and, for Q4_1/Q5_1, its offset
+/// (bits 16..32) as one word. Every block but Q5_0x4's starts with them;
+/// a Q5_0x4 group starts with its four scales.
+///
+/// # Safety
+/// Block `b` exists in `wrow`.
+#[inline]
+unsafe fn scale_word(format: QuantFormat, wrow: &[u8], b: usize) -> i32 {
+    let at = if format == QuantFormat::Q5_0x4 {
+        (b / 4) * format.block_bytes() + 2 * (b % 4)
+    } else {
+        b * format.block_bytes()
+    };
+    // SAFETY: 4 bytes of the block (or group), which has at least 18.
+    unsafe { wrow.as_ptr().add(at).cast::<i32>().read_unaligned() }
 }
 
 /// The scales and offsets `(dw, mw)` of blocks `b..b + n` (n ≤ 8; the
-/// other lanes zeros), f16 → f32 with F16C (exact, as the scalar path). A
-/// Q4_1/Q5_1 block of `bsz` bytes starts with `d` then `m`.
+/// other lanes, and `mw` of a signed format: zeros), f16 → f32 with F16C
+/// (exact, as the scalar path).
 ///
 /// # Safety
 /// Blocks `b..b + n` exist in `wrow`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn block_scales(wrow: &[u8], bsz: usize, b: usize, n: usize) -> (__m256, __m256) {
-    let head = |i: usize| -> i32 {
+unsafe fn block_scales(format: QuantFormat, wrow: &[u8], b: usize, n: usize) -> (__m256, __m256) {
+    // SAFETY: blocks b + i < b + n exist.
+    let head = |i: usize| {
         if i < n {
-            // SAFETY: block b + i exists: its first 4 bytes are d, m.
-            unsafe {
-                wrow.as_ptr()
-                    .add((b + i) * bsz)
-                    .cast::<i32>()
-                    .read_unaligned()
-            }
+            unsafe { scale_word(format, wrow, b + i) }
         } else {
             0
         }
@@ -200,23 +282,28 @@ unsafe fn block_scales(wrow: &[u8], bsz: usize, b: usize, n: usize) -> (__m256, 
         _mm256_srli_epi32::<16>(g),
     );
     let dm = _mm256_permute4x64_epi64::<0b11_01_10_00>(dm);
-    (
-        _mm256_cvtph_ps(_mm256_castsi256_si128(dm)),
-        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(dm)),
-    )
+    let d = _mm256_cvtph_ps(_mm256_castsi256_si128(dm));
+    if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
+        (d, _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(dm)))
+    } else {
+        (d, _mm256_setzero_ps())
+    }
 }
 
-/// Blocks `b..end` (≤ 8; `FULL`: exactly 8) × rows `t0..t0 + R`: the exact
-/// sum of every block and row (lane j = block `b + j`), then
-/// [`combine::min_block_step`] for the blocks as lanes into `acc` (lanes
-/// past `end` add +0.0, all their factors being zero, which leaves them
-/// unchanged: an accumulator that starts at +0.0 never becomes −0.0).
+/// Blocks `b..end` (≤ 8; `FULL`: exactly 8) of format `WHOLE_BLOCK[F]` ×
+/// rows `t0..t0 + R`: the exact sum of every block and row (lane j =
+/// block `b + j`; for the unsigned-offset formats corrected by the
+/// activation's `−off·Σ32 x`), then [`combine::block_step`] (`acc +=
+/// (dw·dx)·s`) or [`combine::min_block_step`] (`acc += (dw·dx)·s + mw·xs`)
+/// for the blocks as lanes into `acc` (lanes past `end` add +0.0, all
+/// their factors being zero, which leaves them unchanged: an accumulator
+/// that starts at +0.0 never becomes −0.0).
 ///
 /// # Safety
 /// Rows `t0..t0 + R` exist in `act`; `end` ≤ `act.nb`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn min_octet<const R: usize, const FIVE: bool, const FULL: bool>(
+unsafe fn block_octet<const R: usize, const F: usize, const FULL: bool>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -224,90 +311,100 @@ unsafe fn min_octet<const R: usize, const FIVE: bool, const FULL: bool>(
     end: usize,
     acc: &mut [__m256; R],
 ) {
+    let format = WHOLE_BLOCK[F];
     let nb = act.nb;
     let n = if FULL { 8 } else { end - b };
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let k = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+    // Lanes of blocks b..end (the others load as zeros).
+    let load_ps = |p: *const f32| {
+        // SAFETY: the caller's contract; the mask reads blocks b..end only.
+        unsafe {
+            if FULL {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, k)
+            }
+        }
+    };
     // SAFETY (all calls): blocks b..b + n exist; the caller's contract.
     unsafe {
-        let lo = quad_lanes::<R, FIVE>(wrow, act, t0, b, n);
-        let hi = quad_lanes::<R, FIVE>(wrow, act, t0, b + 4, n.saturating_sub(4));
-        let (dw, mw) = block_scales(wrow, min_block_bytes::<FIVE>(), b, n);
+        let lo = quad_lanes::<R, F>(wrow, act, t0, b, n);
+        let hi = quad_lanes::<R, F>(wrow, act, t0, b + 4, n.saturating_sub(4));
+        let (dw, mw) = block_scales(format, wrow, b, n);
         for (r, acc) in acc.iter_mut().enumerate() {
             let at = (t0 + r) * nb + b;
-            let (dx, xs) = if FULL {
-                (
-                    _mm256_loadu_ps(act.d.as_ptr().add(at)),
-                    _mm256_loadu_ps(act.xs.as_ptr().add(at)),
-                )
-            } else {
-                // Lanes of blocks b..end (the others load as zeros).
-                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                let k = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
-                (
-                    _mm256_maskload_ps(act.d.as_ptr().add(at), k),
-                    _mm256_maskload_ps(act.xs.as_ptr().add(at), k),
-                )
-            };
+            let dx = load_ps(act.d.as_ptr().add(at));
             // [blocks 0..4 low halves | 4..8 low halves] + high halves.
             let s = _mm256_add_epi32(
                 _mm256_permute2x128_si256::<0x20>(lo[r], hi[r]),
                 _mm256_permute2x128_si256::<0x31>(lo[r], hi[r]),
             );
-            let p = _mm256_add_ps(
-                _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s)),
-                _mm256_mul_ps(mw, xs),
-            );
+            let p = match format {
+                QuantFormat::Q4_1 | QuantFormat::Q5_1 => _mm256_add_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s)),
+                    _mm256_mul_ps(mw, load_ps(act.xs.as_ptr().add(at))),
+                ),
+                QuantFormat::Q8_0 => _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s)),
+                _ => {
+                    // Σ (w + off)·x − off·Σ x = Σ w·x, exact.
+                    let c = _mm256_castps_si256(load_ps(act.corr.as_ptr().add(at).cast()));
+                    let s = _mm256_add_epi32(s, c);
+                    _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s))
+                }
+            };
             *acc = _mm256_add_ps(*acc, p);
         }
     }
 }
 
-/// Bytes of a Q4_1 (Q5_1 if `FIVE`) block.
-const fn min_block_bytes<const FIVE: bool>() -> usize {
-    if FIVE {
-        std::mem::size_of::<BlockQ5_1>()
-    } else {
-        std::mem::size_of::<BlockQ4_1>()
-    }
-}
-
-/// Q4_1 (Q5_1 if `FIVE`) weight row × activation rows `t0..t0 + R`: per 8
-/// blocks [`min_octet`]; block `b` in lane `b % 16` of the row's 16-lane
-/// accumulator (`lo` lanes 0..8, `hi` lanes 8..16), then
+/// Weight row of format `WHOLE_BLOCK[F]` × activation rows `t0..t0 + R`:
+/// per 8 blocks [`block_octet`]; block `b` in lane `b % 16` of the row's
+/// 16-lane accumulator (`lo` lanes 0..8, `hi` lanes 8..16), then
 /// [`combine::reduce16`].
 ///
 /// # Safety
 /// CPU features; rows `t0..t0 + R` exist in `act`; `res.len() >= R`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn min_rows<const R: usize, const FIVE: bool>(
+unsafe fn block_rows_of<const R: usize, const F: usize>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
     res: &mut [f32],
 ) {
+    let format = WHOLE_BLOCK[F];
     let nb = act.nb;
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];
-    let bsz = min_block_bytes::<FIVE>();
+    // Bytes of 8 blocks (a Q5_0x4 group holds 4).
+    let octet = 8 * format.block_bytes() / (format.block_elems() / QK);
     let mut b = 0;
     // SAFETY (all calls): block ranges inside `nb`; the caller's contract.
     unsafe {
-        while b + combine::MIN_LANES <= nb {
-            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz));
-            min_octet::<R, FIVE, true>(wrow, act, t0, b, 0, &mut lo);
-            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add((b + 8) * bsz));
-            min_octet::<R, FIVE, true>(wrow, act, t0, b + 8, 0, &mut hi);
-            b += combine::MIN_LANES;
+        while b + combine::BLOCK_LANES <= nb {
+            let at = wrow.as_ptr().wrapping_add(b / 8 * octet);
+            prefetch_ahead::<3>(at);
+            if octet > 192 {
+                prefetch_ahead::<2>(at.wrapping_add(192));
+            }
+            block_octet::<R, F, true>(wrow, act, t0, b, 0, &mut lo);
+            prefetch_ahead::<3>(at.wrapping_add(octet));
+            if octet > 192 {
+                prefetch_ahead::<2>(at.wrapping_add(octet + 192));
+            }
+            block_octet::<R, F, true>(wrow, act, t0, b + 8, 0, &mut hi);
+            b += combine::BLOCK_LANES;
         }
         if b < nb {
-            min_octet::<R, FIVE, false>(wrow, act, t0, b, nb.min(b + 8), &mut lo);
+            block_octet::<R, F, false>(wrow, act, t0, b, nb.min(b + 8), &mut lo);
         }
         if b + 8 < nb {
-            min_octet::<R, FIVE, false>(wrow, act, t0, b + 8, nb, &mut hi);
+            block_octet::<R, F, false>(wrow, act, t0, b + 8, nb, &mut hi);
         }
     }
     for r in 0..R {
-        let mut a = [0f32; combine::MIN_LANES];
+        let mut a = [0f32; combine::BLOCK_LANES];
         // SAFETY: 2 × 8 floats into [f32; 16].
         unsafe {
             _mm256_storeu_ps(a.as_mut_ptr(), lo[r]);

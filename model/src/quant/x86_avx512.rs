@@ -1,7 +1,7 @@
 //! AVX-512 (F/BW/VL) + VNNI kernels (x86-64, detected at run time).
 //!
-//! Same integer sums and the same lane-wise float combination as the AVX2 and
-//! scalar paths (see `combine`). Weights are unpacked in registers only (a
+//! Same integer sums and the same float steps as the AVX2 and scalar paths
+//! (see `combine`). Weights are unpacked in registers only (a
 //! broadcast load and a per-half variable shift put the low and high nibbles of
 //! 32 bytes side by side in element order; no store and reload, which would
 //! stall store forwarding), and up to [`MAX_R`] activation rows are processed
@@ -13,20 +13,15 @@
 //!   are reduced at once (a `hadd` tree: lane r = row r's exact sum), then
 //!   the shared float step (`combine::q4k_step` / `q6k_step`) runs for the
 //!   rows as the lanes of one vector.
-//! - Q4_0/Q5_0/Q8_0: two blocks per vector, unsigned weights `u = w + off`
-//!   (`off` = 8, 16, 128) and `vpdpbusd` started from the activations'
-//!   precomputed `−off·Σ4 x`: `Σ4 w·x = Σ4 u·x − off·Σ4 x`, exact.
-//!   Block `b` of the pair lands in accumulator set `b % 4`, as in
-//!   `combine::group_block`.
+//! - Q4_0/Q5_0/Q8_0 (and Q4_1/Q5_1): whole blocks, in
+//!   `x86_avx512_formats`.
 
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{
-    cast, f16_le, q4k_scales_mins, BlockQ3K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K,
-};
+use super::blocks::{cast, f16_le, q4k_scales_mins, BlockQ3K, BlockQ6K, QK_K};
 use super::combine;
-use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16, reduce8};
+use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16};
 use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
@@ -34,12 +29,15 @@ pub(super) const MAX_R: usize = 8;
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(row_group),
+        QuantFormat::Q4_0
+        | QuantFormat::Q5_0
+        | QuantFormat::Q8_0
+        | QuantFormat::Q4_1
+        | QuantFormat::Q5_1 => Some(super::x86_avx512_formats::row_block),
         QuantFormat::Q4K => Some(row_q4k),
         QuantFormat::Q5K => Some(row_q5k),
         QuantFormat::Q6K => Some(row_q6k),
         QuantFormat::Q3K => Some(row_q3k),
-        QuantFormat::Q4_1 | QuantFormat::Q5_1 => Some(super::x86_avx512_formats::row_group_min),
         QuantFormat::F16 | QuantFormat::BF16 => Some(super::x86_avx512_formats::row_half),
         // The AVX2 kernel (no AVX-512 one: repacking is only chosen on AVX2).
         QuantFormat::Q5_0x4 => None,
@@ -85,18 +83,6 @@ fn index16(base: i16, per: usize) -> __m512i {
 unsafe fn broadcast32(p: *const u8) -> __m512i {
     // SAFETY: caller.
     _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(p.cast()) })
-}
-
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_group(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    tn: usize,
-    res: &mut [f32; TILE],
-) {
-    passes!(MAX_R, group_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -167,166 +153,6 @@ pub(super) fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
         None => _mm512_zextsi256_si512(ya),
     };
     _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xF))
-}
-
-/// `[da ×8, db ×8]` (db = 0 when absent), f16 → f32 with F16C (exact, as
-/// `half`'s conversion in the scalar path).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f")]
-pub(super) fn scales(da: [u8; 2], db: Option<[u8; 2]>) -> __m512 {
-    let h = u16::from_le_bytes(da) as u32 | (db.map_or(0, u16::from_le_bytes) as u32) << 16;
-    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    let idx = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_setzero_si256()),
-        _mm256_set1_epi32(1),
-    );
-    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
-}
-
-/// Unsigned values of blocks `b` and `b + 1` (the second only if `TWO`,
-/// else zeros) and their scales `[dw_b ×8, dw_b+1 ×8]`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-pub(super) fn unpack_pair<const TWO: bool>(
-    format: QuantFormat,
-    wrow: &[u8],
-    b: usize,
-) -> (__m512i, __m512) {
-    match format {
-        QuantFormat::Q4_0 => {
-            let blk = cast::<BlockQ4_0>(wrow);
-            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
-            (
-                nibbles(&a.qs, c.map(|c| &c.qs)),
-                scales(a.d, c.map(|c| c.d)),
-            )
-        }
-        QuantFormat::Q5_0 => {
-            let blk = cast::<BlockQ5_0>(wrow);
-            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
-            let v = nibbles(&a.qs, c.map(|c| &c.qs));
-            let hbits = u32::from_le_bytes(a.qh) as u64
-                | (c.map_or(0, |c| u32::from_le_bytes(c.qh)) as u64) << 32;
-            let v = _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16));
-            (v, scales(a.d, c.map(|c| c.d)))
-        }
-        QuantFormat::Q8_0 => {
-            let blk = cast::<BlockQ8_0>(wrow);
-            let (a, c) = (&blk[b], TWO.then(|| &blk[b + 1]));
-            // SAFETY: 32 bytes from each 32-byte array.
-            let ya = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
-            let z = match c {
-                // w + 128 as unsigned bytes.
-                Some(c) => {
-                    // SAFETY: as above.
-                    let yb = unsafe { _mm256_loadu_si256(c.qs.as_ptr().cast()) };
-                    _mm512_xor_si512(
-                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ya), yb),
-                        _mm512_set1_epi8(-128),
-                    )
-                }
-                // the high half stays zero
-                None => _mm512_zextsi256_si512(_mm256_xor_si256(ya, _mm256_set1_epi8(-128))),
-            };
-            (z, scales(a.d, c.map(|c| c.d)))
-        }
-        _ => unreachable!(),
-    }
-}
-
-/// Blocks `b`, `b + 1` (if `TWO`) × rows `t0..t0 + R` into `acc` (one of the
-/// two accumulators of each row: sets 0 | 1 or sets 2 | 3).
-///
-/// # Safety
-/// Rows and blocks inside `act` / `wrow`, `Act::prepare_unsigned` done.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn group_pair<const R: usize, const TWO: bool>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    b: usize,
-    acc: &mut [__m512; R],
-) {
-    let (nb, cols) = (act.nb, act.cols);
-    let (u, dw) = unpack_pair::<TWO>(format, wrow, b);
-    let (qs, d8, corr) = (act.qs.as_ptr(), act.d8.as_ptr(), act.corr4.as_ptr());
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let row = t0 + r;
-        // SAFETY: row < m, blocks b (and b + 1) < nb: reads inside qs
-        // (m·cols) and d8 (m·nb·8).
-        unsafe {
-            let xp = qs.add(row * cols + b * QK);
-            let dp = d8.add((row * nb + b) * 8);
-            let cp = corr.add((row * cols + b * QK) / 4);
-            let (x, dx, c) = if TWO {
-                (
-                    _mm512_loadu_si512(xp.cast()),
-                    _mm512_loadu_ps(dp),
-                    _mm512_loadu_si512(cp.cast()),
-                )
-            } else {
-                (
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp.cast())),
-                    _mm512_zextps256_ps512(_mm256_loadu_ps(dp)),
-                    _mm512_zextsi256_si512(_mm256_loadu_si256(cp.cast())),
-                )
-            };
-            // Σ4 u·x − off·Σ4 x = Σ4 w·x
-            let s = _mm512_dpbusd_epi32(c, u, x);
-            let p = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(s));
-            *acc = _mm512_add_ps(*acc, p);
-        }
-    }
-}
-
-/// Q4_0/Q5_0/Q8_0 weight row × activation rows `t0..t0 + R`: blocks in
-/// pairs, pairs alternating between the two accumulators of each row.
-///
-/// # Safety
-/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (with
-/// `Act::prepare_unsigned` done) and `wrow` has `act.nb` blocks.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn group_rows<const R: usize>(
-    format: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    res: &mut [f32],
-) {
-    let nb = act.nb;
-    // a0: sets 0 | 1 (low | high 8 lanes), a1: sets 2 | 3.
-    let mut a0 = [_mm512_setzero_ps(); R];
-    let mut a1 = [_mm512_setzero_ps(); R];
-    let mut b = 0;
-    let bsz = format.block_bytes();
-    // SAFETY (all calls): the blocks named are < nb; the caller's contract.
-    unsafe {
-        while b + 4 <= nb {
-            prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz));
-            group_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
-            group_pair::<R, true>(format, wrow, act, t0, b + 2, &mut a1);
-            b += 4;
-        }
-        match nb - b {
-            1 => group_pair::<R, false>(format, wrow, act, t0, b, &mut a0),
-            2 => group_pair::<R, true>(format, wrow, act, t0, b, &mut a0),
-            3 => {
-                group_pair::<R, true>(format, wrow, act, t0, b, &mut a0);
-                group_pair::<R, false>(format, wrow, act, t0, b + 2, &mut a1);
-            }
-            _ => {}
-        }
-    }
-    for r in 0..R {
-        // combine::reduce_group: (set0 + set2) + (set1 + set3), then reduce8.
-        let v = _mm512_add_ps(a0[r], a1[r]);
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        res[r] = reduce8(_mm256_add_ps(lo, hi));
-    }
 }
 
 /// Lane r = Σ of the 8 i32 lanes of `v[r]`, for r < `R` ≤ 8 (exact; lanes

@@ -1,36 +1,48 @@
-//! AVX-512 VNNI kernels of the offset formats Q4_1/Q5_1 and of F16/BF16 weights
-//! (the K-quants Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx512`).
+//! AVX-512 VNNI kernels of the whole-block formats (Q4_0/Q5_0/Q8_0 and the
+//! offset formats Q4_1/Q5_1) and of F16/BF16 weights (the K-quants
+//! Q3_K/Q5_K share the Q6_K/Q4_K kernels of `x86_avx512`).
 //!
 //! Same integer sums and float steps as the scalar reference:
-//! - Q4_1/Q5_1: two blocks per vector as `x86_avx512`'s Q4_0/Q5_0 kernels,
-//!   but the weights are unsigned already, so `vpdpbusd` from zero gives
-//!   8 exact lanes per block; per 16 blocks a transposition tree reduces
-//!   them to one exact `s` per block (lane j = block `b + j`), and
-//!   [`super::combine::min_block_step`] runs for the 16 blocks as the lanes
-//!   of one vector: `acc += (dw·dx)·s + mw·xs`, with `dw`, `mw` of the 16
-//!   blocks from one gather (a block starts with `d`, `m`);
+//! - Q4_0/Q5_0/Q8_0/Q4_1/Q5_1: two blocks per vector as unsigned bytes
+//!   (Q4_1/Q5_1 as stored; the signed formats as `w + off`, `off` = 8, 16,
+//!   128), so `vpdpbusd` from zero gives 8 exact lanes per block; per 16
+//!   blocks a transposition tree reduces them to one exact sum per block
+//!   (lane j = block `b + j`; the signed formats then add the activation's
+//!   `−off·Σ32 x`, giving `s = Σ w·x`), and the shared float step runs for
+//!   the 16 blocks as the lanes of one vector: [`combine::block_step`]
+//!   `acc += (dw·dx)·s` or [`combine::min_block_step`] `acc += (dw·dx)·s +
+//!   mw·xs`, with `dw` (and `mw`) of the 16 blocks from one gather (every
+//!   block starts with `d`; Q4_1/Q5_1 then `m`);
 //! - F16/BF16: `scalar::row_float`'s 16 lanes in one vector (weights
 //!   widened exactly), separate multiply and add, [`combine::reduce16`].
 
 use std::arch::x86_64::*;
 
 use super::act::Act;
-use super::blocks::{cast, BlockQ4_1, BlockQ5_1, QK};
+use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
 use super::x86_avx512::{nibbles, MAX_R};
-use super::{prefetch_ahead, QuantFormat, TILE};
+use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
-/// Activation rows per pass of the Q4_1/Q5_1 kernel (each row keeps a
+/// Activation rows per pass of the whole-block kernel (each row keeps a
 /// partial reduction tree of 16 blocks in registers).
-const MAX_R_MIN: usize = 4;
+const MAX_R_BLOCK: usize = 8;
 
-/// Q4_1/Q5_1 weight row × a tile of `tn` rows (Q8_1), in passes of up to
-/// [`MAX_R_MIN`] rows.
+/// Whether `format` is an offset format (`d·q + m`: Q4_1/Q5_1, stepped by
+/// [`combine::min_block_step`]) rather than a signed one (stepped by
+/// [`combine::block_step`]).
+pub(super) fn has_offset(format: QuantFormat) -> bool {
+    matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1)
+}
+
+/// Q4_0/Q5_0/Q8_0 (Q8_0 activations with `Act::prepare_unsigned`) or
+/// Q4_1/Q5_1 (Q8_1) weight row × a tile of `tn` rows, in passes of up to
+/// [`MAX_R_BLOCK`] rows.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, F16C; rows `t0..t0 + tn` exist in `act`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn row_group_min(
+pub(super) unsafe fn row_block(
     format: QuantFormat,
     wrow: &[u8],
     act: &Act,
@@ -38,84 +50,94 @@ pub(super) unsafe fn row_group_min(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    if format == QuantFormat::Q4_1 {
-        passes!(MAX_R_MIN, min_rows_q4_1, format, wrow, act, t0, tn, res; 1 2 3; 4)
-    } else {
-        passes!(MAX_R_MIN, min_rows_q5_1, format, wrow, act, t0, tn, res; 1 2 3; 4)
-    }
+    passes!(MAX_R_BLOCK, block_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
-/// [`min_rows`] for Q4_1.
+/// [`block_rows_of`] for `format`.
 ///
 /// # Safety
-/// As [`min_rows`].
+/// As [`block_rows_of`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_rows_q4_1<const R: usize>(
-    _: QuantFormat,
+unsafe fn block_rows<const R: usize>(
+    format: QuantFormat,
     wrow: &[u8],
     act: &Act,
     t0: usize,
     res: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe { min_rows::<R, false>(wrow, act, t0, res) }
+    unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
 }
 
-/// [`min_rows`] for Q5_1.
-///
-/// # Safety
-/// As [`min_rows`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_rows_q5_1<const R: usize>(
-    _: QuantFormat,
-    wrow: &[u8],
-    act: &Act,
-    t0: usize,
-    res: &mut [f32],
-) {
-    // SAFETY: the caller's contract.
-    unsafe { min_rows::<R, true>(wrow, act, t0, res) }
-}
-
-/// Bytes of a Q4_1 (Q5_1 if `FIVE`) block.
-const fn min_block_bytes<const FIVE: bool>() -> usize {
-    if FIVE {
-        std::mem::size_of::<BlockQ5_1>()
-    } else {
-        std::mem::size_of::<BlockQ4_1>()
-    }
-}
-
-/// Unsigned values of blocks `b` and `b + 1` of a Q4_1 (Q5_1 if `FIVE`)
-/// row (the second only if `two`, else zeros), low nibbles then high
-/// nibbles of each (element order).
+/// Values of blocks `b` and `b + 1` of a Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 row (the
+/// second only if `two`, else zeros) as unsigned bytes, element order:
+/// Q4_1/Q5_1 as stored, the signed formats offset by 8, 16, 128 (`w +
+/// off`, the offset `act_key` gives `Act::prepare_unsigned`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn unpack_min_pair<const FIVE: bool>(wrow: &[u8], b: usize, two: bool) -> __m512i {
-    if !FIVE {
-        let blk = cast::<BlockQ4_1>(wrow);
-        nibbles(&blk[b].qs, two.then(|| &blk[b + 1].qs))
-    } else {
-        let blk = cast::<BlockQ5_1>(wrow);
-        let (a, c) = (&blk[b], two.then(|| &blk[b + 1]));
-        let v = nibbles(&a.qs, c.map(|c| &c.qs));
-        let hbits = u32::from_le_bytes(a.qh) as u64
-            | (c.map_or(0, |c| u32::from_le_bytes(c.qh)) as u64) << 32;
-        _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16))
+pub(super) fn unsigned_pair(format: QuantFormat, wrow: &[u8], b: usize, two: bool) -> __m512i {
+    match format {
+        QuantFormat::Q4_0 => {
+            let blk = cast::<BlockQ4_0>(wrow);
+            nibbles(&blk[b].qs, two.then(|| &blk[b + 1].qs))
+        }
+        QuantFormat::Q4_1 => {
+            let blk = cast::<BlockQ4_1>(wrow);
+            nibbles(&blk[b].qs, two.then(|| &blk[b + 1].qs))
+        }
+        QuantFormat::Q5_0 => {
+            let blk = cast::<BlockQ5_0>(wrow);
+            let (a, c) = (&blk[b], two.then(|| &blk[b + 1]));
+            with_fifth_bits(nibbles(&a.qs, c.map(|c| &c.qs)), a.qh, c.map(|c| c.qh))
+        }
+        QuantFormat::Q5_1 => {
+            let blk = cast::<BlockQ5_1>(wrow);
+            let (a, c) = (&blk[b], two.then(|| &blk[b + 1]));
+            with_fifth_bits(nibbles(&a.qs, c.map(|c| &c.qs)), a.qh, c.map(|c| c.qh))
+        }
+        QuantFormat::Q8_0 => {
+            let blk = cast::<BlockQ8_0>(wrow);
+            // SAFETY: 32 bytes from each 32-byte array.
+            let ya = unsafe { _mm256_loadu_si256(blk[b].qs.as_ptr().cast()) };
+            let bias = _mm256_set1_epi8(-128);
+            // w + 128 as unsigned bytes (an absent second block: zeros).
+            let za = _mm512_zextsi256_si512(_mm256_xor_si256(ya, bias));
+            if two {
+                // SAFETY: as above.
+                let yb = unsafe { _mm256_loadu_si256(blk[b + 1].qs.as_ptr().cast()) };
+                _mm512_inserti64x4::<1>(za, _mm256_xor_si256(yb, bias))
+            } else {
+                za
+            }
+        }
+        _ => unreachable!("unsigned_pair called for {format:?}"),
     }
 }
 
-/// The exact lanes of blocks `b`, `b + 1` × rows `t0..t0 + R`: per row,
-/// lanes 0..8 of block `b` (4 products each) and lanes 8..16 of `b + 1`.
-/// Only the first `n` (≤ 2) blocks are read; the others are zeros.
+/// The nibbles `v` of two 5-bit blocks with their fifth bits (`qh` of the
+/// first block, and of the second if present) added as 16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn with_fifth_bits(v: __m512i, qa: [u8; 4], qb: Option<[u8; 4]>) -> __m512i {
+    let hbits = u32::from_le_bytes(qa) as u64 | (qb.map_or(0, u32::from_le_bytes) as u64) << 32;
+    _mm512_mask_add_epi8(v, hbits, v, _mm512_set1_epi8(16))
+}
+
+/// The exact lanes of blocks `b`, `b + 1` of a `WHOLE_BLOCK[F]` row ×
+/// rows `t0..t0 + R` (a const format, so that [`unsigned_pair`]'s `match`
+/// folds and it inlines: with a run-time format it did not, and the
+/// vectors went through memory): per row,
+/// lanes 0..8 of block `b` (4 products each) and lanes 8..16 of `b + 1`,
+/// with the unsigned values of [`unsigned_pair`] (for the signed formats,
+/// sums of `(w + off)·x`). Only the first `n` (≤ 2) blocks are read; the
+/// others are zeros.
 ///
 /// # Safety
 /// Rows `t0..t0 + R` exist in `act`; blocks `b..b + min(n, 2)` exist.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_lanes<const R: usize, const FIVE: bool>(
+unsafe fn pair_lanes<const R: usize, const F: usize>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -127,7 +149,7 @@ unsafe fn pair_lanes<const R: usize, const FIVE: bool>(
         return [z; R];
     }
     let two = n > 1;
-    let u = unpack_min_pair::<FIVE>(wrow, b, two);
+    let u = unsigned_pair(WHOLE_BLOCK[F], wrow, b, two);
     let cols = act.cols;
     std::array::from_fn(|r| {
         // SAFETY: row t0 + r < m and block b (and b + 1 if `two`) < nb:
@@ -168,7 +190,7 @@ fn fold64(ab: __m512i, cd: __m512i) -> __m512i {
 /// Rows `t0..t0 + R` exist in `act`; blocks `b..b + min(n, 8)` exist.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn quad_lanes<const R: usize, const FIVE: bool>(
+unsafe fn quad_lanes<const R: usize, const F: usize>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -178,11 +200,11 @@ unsafe fn quad_lanes<const R: usize, const FIVE: bool>(
     let left = |i: usize| n.saturating_sub(2 * i).min(2);
     // SAFETY: the caller's contract.
     unsafe {
-        let p0 = pair_lanes::<R, FIVE>(wrow, act, t0, b, left(0));
-        let p1 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 2, left(1));
+        let p0 = pair_lanes::<R, F>(wrow, act, t0, b, left(0));
+        let p1 = pair_lanes::<R, F>(wrow, act, t0, b + 2, left(1));
         let f01: [__m512i; R] = std::array::from_fn(|r| fold32(p0[r], p1[r]));
-        let p2 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 4, left(2));
-        let p3 = pair_lanes::<R, FIVE>(wrow, act, t0, b + 6, left(3));
+        let p2 = pair_lanes::<R, F>(wrow, act, t0, b + 4, left(2));
+        let p3 = pair_lanes::<R, F>(wrow, act, t0, b + 6, left(3));
         std::array::from_fn(|r| fold64(f01[r], fold32(p2[r], p3[r])))
     }
 }
@@ -204,21 +226,28 @@ fn block_sums(lo: __m512i, hi: __m512i) -> __m512i {
 }
 
 /// The scales and offsets `(dw, mw)` of the blocks `b + j` for the lanes j
-/// of `k` (the other lanes: zeros), f16 → f32 with F16C (exact, as the
-/// scalar path). A Q4_1/Q5_1 block starts with `d` then `m`, 4 bytes that
-/// one gather lane reads.
+/// of `k` (the other lanes, and `mw` of a signed format: zeros), f16 → f32
+/// with F16C (exact, as the scalar path). Every block of these formats
+/// starts with `d` (Q4_1/Q5_1: then `m`), 4 bytes that one gather lane
+/// reads.
 ///
 /// # Safety
 /// The blocks of the lanes of `k` exist in `wrow`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn block_scales<const FIVE: bool>(wrow: &[u8], b: usize, k: __mmask16) -> (__m512, __m512) {
-    let bsz = min_block_bytes::<FIVE>() as i32;
+pub(super) unsafe fn block_scales(
+    format: QuantFormat,
+    wrow: &[u8],
+    b: usize,
+    k: __mmask16,
+) -> (__m512, __m512) {
+    let bsz = format.block_bytes() as i32;
     let offs = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(bsz),
     );
-    // SAFETY: the lanes of `k` read 4 bytes at the start of their block.
+    // SAFETY: the lanes of `k` read 4 bytes at the start of their block
+    // (every block is at least 18 bytes).
     let g = unsafe {
         _mm512_mask_i32gather_epi32::<1>(
             _mm512_setzero_si512(),
@@ -228,20 +257,66 @@ unsafe fn block_scales<const FIVE: bool>(wrow: &[u8], b: usize, k: __mmask16) ->
         )
     };
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g)));
+    let m = if has_offset(format) {
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g)))
+    } else {
+        _mm512_setzero_ps()
+    };
     (d, m)
+}
+
+/// The float step of blocks `b..b + 16` (lanes of `k`) of row `row`, from
+/// their exact sums `s` (for a signed format, of the unsigned weights: the
+/// activation's [`Act::corr`] is added first) and the weights' `(dw, mw)`:
+/// [`combine::block_step`] or [`combine::min_block_step`] for the blocks
+/// as the lanes of one vector (lanes outside `k` unchanged).
+///
+/// # Safety
+/// Blocks `b + j` of row `row` exist in `act` for the lanes j of `k`;
+/// `act.corr` is built (signed formats) or `act.xs` (offset formats).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn block_step16(
+    format: QuantFormat,
+    act: &Act,
+    row: usize,
+    b: usize,
+    k: __mmask16,
+    s: __m512i,
+    (dw, mw): (__m512, __m512),
+    acc: __m512,
+) -> __m512 {
+    let at = row * act.nb + b;
+    // SAFETY: the masked loads read blocks b + j of the row for j in `k`.
+    unsafe {
+        let dx = _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at));
+        let p = if has_offset(format) {
+            let xs = _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at));
+            let s = _mm512_cvtepi32_ps(s);
+            _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(dw, dx), s),
+                _mm512_mul_ps(mw, xs),
+            )
+        } else {
+            // Σ (w + off)·x − off·Σ x = Σ w·x, exact.
+            let c = _mm512_maskz_loadu_epi32(k, act.corr.as_ptr().add(at));
+            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s, c));
+            _mm512_mul_ps(_mm512_mul_ps(dw, dx), s)
+        };
+        _mm512_mask_add_ps(acc, k, acc, p)
+    }
 }
 
 /// Blocks `b..b + n` (n ≤ 16; `FULL`: 16) × rows `t0..t0 + R`: the exact
 /// sum of every block and row (one vector per row, lane j = block `b + j`),
-/// then [`combine::min_block_step`] for the blocks as the lanes of one
-/// vector: `acc[j] += (dw·dx)·s + mw·xs` (lanes from `n` on unchanged).
+/// then [`block_step16`].
 ///
 /// # Safety
 /// Rows `t0..t0 + R` exist in `act`; blocks `b..b + n` exist.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_group<const R: usize, const FIVE: bool, const FULL: bool>(
+unsafe fn block_group<const R: usize, const F: usize, const FULL: bool>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -249,47 +324,31 @@ unsafe fn min_group<const R: usize, const FIVE: bool, const FULL: bool>(
     n: usize,
     acc: &mut [__m512; R],
 ) {
-    let nb = act.nb;
-    let n = if FULL { combine::MIN_LANES } else { n };
+    let format = WHOLE_BLOCK[F];
+    let n = if FULL { combine::BLOCK_LANES } else { n };
     let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
     // SAFETY (all calls): blocks b..b + n exist; the caller's contract.
     unsafe {
-        let lo = quad_lanes::<R, FIVE>(wrow, act, t0, b, n);
-        let hi = quad_lanes::<R, FIVE>(wrow, act, t0, b + 8, n.saturating_sub(8));
-        let (dw, mw) = block_scales::<FIVE>(wrow, b, k);
+        let lo = quad_lanes::<R, F>(wrow, act, t0, b, n);
+        let hi = quad_lanes::<R, F>(wrow, act, t0, b + 8, n.saturating_sub(8));
+        let scales = block_scales(format, wrow, b, k);
         for (r, acc) in acc.iter_mut().enumerate() {
-            let at = (t0 + r) * nb + b;
-            let (dx, xs) = if FULL {
-                (
-                    _mm512_loadu_ps(act.d.as_ptr().add(at)),
-                    _mm512_loadu_ps(act.xs.as_ptr().add(at)),
-                )
-            } else {
-                (
-                    _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at)),
-                    _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at)),
-                )
-            };
-            let s = _mm512_cvtepi32_ps(block_sums(lo[r], hi[r]));
-            let p = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_mul_ps(dw, dx), s),
-                _mm512_mul_ps(mw, xs),
-            );
-            *acc = _mm512_mask_add_ps(*acc, k, *acc, p);
+            let s = block_sums(lo[r], hi[r]);
+            *acc = block_step16(format, act, t0 + r, b, k, s, scales, *acc);
         }
     }
 }
 
-/// Q4_1 (Q5_1 if `FIVE`) weight row × activation rows `t0..t0 + R`: per 16
-/// blocks [`min_group`] (block `b` in lane `b % 16`), then
+/// Weight row of format `WHOLE_BLOCK[F]` × activation rows `t0..t0 + R`:
+/// per 16 blocks [`block_group`] (block `b` in lane `b % 16`), then
 /// [`combine::reduce16`].
 ///
 /// # Safety
-/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (Q8_1) and
-/// `wrow` has `act.nb` blocks.
+/// CPU features as enabled; rows `t0..t0 + R` exist in `act` (Q8_0 with
+/// `Act::prepare_unsigned`, or Q8_1) and `wrow` has `act.nb` blocks.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_rows<const R: usize, const FIVE: bool>(
+unsafe fn block_rows_of<const R: usize, const F: usize>(
     wrow: &[u8],
     act: &Act,
     t0: usize,
@@ -297,21 +356,25 @@ unsafe fn min_rows<const R: usize, const FIVE: bool>(
 ) {
     let nb = act.nb;
     let mut acc = [_mm512_setzero_ps(); R];
-    let bsz = min_block_bytes::<FIVE>();
+    let bsz = WHOLE_BLOCK[F].block_bytes();
     let mut b = 0;
     // SAFETY (all calls): blocks inside `nb`; the caller's contract.
     unsafe {
-        while b + combine::MIN_LANES <= nb {
+        while b + combine::BLOCK_LANES <= nb {
             prefetch_ahead::<6>(wrow.as_ptr().wrapping_add(b * bsz));
-            min_group::<R, FIVE, true>(wrow, act, t0, b, 0, &mut acc);
-            b += combine::MIN_LANES;
+            if combine::BLOCK_LANES * bsz > 384 {
+                // Q8_0: 16 blocks are 544 bytes.
+                prefetch_ahead::<3>(wrow.as_ptr().wrapping_add(b * bsz + 384));
+            }
+            block_group::<R, F, true>(wrow, act, t0, b, 0, &mut acc);
+            b += combine::BLOCK_LANES;
         }
         if b < nb {
-            min_group::<R, FIVE, false>(wrow, act, t0, b, nb - b, &mut acc);
+            block_group::<R, F, false>(wrow, act, t0, b, nb - b, &mut acc);
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        let mut a = [0f32; combine::MIN_LANES];
+        let mut a = [0f32; combine::BLOCK_LANES];
         // SAFETY: 16 floats into [f32; 16].
         unsafe { _mm512_storeu_ps(a.as_mut_ptr(), *acc) };
         res[r] = combine::reduce16(&a);

@@ -13,43 +13,40 @@
 //!
 //! Only the integer work is arranged differently; every float operation is
 //! the row kernels' own, in the same order, so the results are bit for bit
-//! those of the scalar reference (the contract of `super`):
-//! - Q4_0/Q5_0/Q8_0 (lane-wise contract): the panel holds each block pair as
-//!   the row kernel's registers would (unsigned `w + off`, scales
-//!   `[dw_b ×8, dw_b+1 ×8]`), the same `vpdpbusd` from the activations'
-//!   `−off·Σ4 x` gives the same 8 exact lanes per block, and pair `p` steps
-//!   accumulator `p % 2` (sets 0 | 1 or 2 | 3) exactly as `group_pair`;
-//!   the end is `group_rows`' reduction.
-//! - Q4_1/Q5_1 (whole-block contract: one exact `s` per block, then
-//!   `combine::min_block_step` into lane `b % 16`): weights and activations
-//!   are regrouped so that a group of 16 blocks is 8 vectors whose lane i
-//!   holds four values of block i; 8 `vpdpbusd` into one accumulator leave
-//!   lane i = the exact `s` of block i, with no reduction tree. A last,
-//!   partial group of `n` blocks uses `G` = the next power of two ≥ n
-//!   (at least 2) lanes per vector (`G / 2` vectors; lane i holds values
-//!   of block `i % G`), folded to G lanes at the end (exact integer adds).
-//!   The float step is `min_group`'s, for the group's blocks as lanes.
+//! those of the scalar reference (the contract of `super`). Every format
+//! here has the whole-block contract (one exact `s` per block, then
+//! `combine::block_step` or `combine::min_block_step` into lane `b % 16`):
+//! weights and activations are regrouped so that a group of 16 blocks is 8
+//! vectors whose lane i holds four values of block i; 8 `vpdpbusd` into one
+//! accumulator leave lane i = the exact sum of block i, with no reduction
+//! tree (Q4_0/Q5_0/Q8_0: of the unsigned weights `w + off`, corrected by
+//! the activation's `−off·Σ32 x`). A last, partial group of `n` blocks
+//! uses `G` = the next power of two ≥ n (at least 2) lanes per vector (`G
+//! / 2` vectors; lane i holds values of block `i % G`), folded to G lanes
+//! at the end (exact integer adds). The float step is the row kernel's
+//! (`x86_avx512_formats::block_step16`), for the group's blocks as lanes.
+//!
+//! Panels: Q4_1/Q5_1 blocks (20 and 24 bytes, whole 32-bit words) are
+//! regrouped straight from the weights by permutes; Q4_0/Q5_0/Q8_0 blocks
+//! (18, 22, 34 bytes) are unpacked to unsigned bytes in element order
+//! first (`x86_avx512_formats::unsigned_pair`) and then regrouped as the
+//! activations are.
 
 use std::arch::x86_64::*;
 
 use super::act::Act;
 use super::blocks::{BlockQ4_1, BlockQ5_1, QK};
 use super::combine;
-use super::x86_avx512::unpack_pair;
+use super::x86_avx512_formats::{block_scales, block_step16, has_offset, unsigned_pair};
 use super::{OutPtr, QMatrix, QuantFormat};
 
-/// Activation rows per micro-kernel step (Q4_1/Q5_1).
+/// Activation rows per micro-kernel step.
 const MR: usize = 2;
 /// Weight rows per panel (unpacked once, used for every activation row).
 const NR: usize = 4;
-/// Activation rows per step of the Q4_0/Q5_0/Q8_0 kernel (two accumulators
-/// per row and weight row).
-const MR_LANE: usize = 2;
-/// Weight rows per panel of the Q4_0/Q5_0/Q8_0 kernel.
-const NL: usize = 4;
 
-/// Blocks per full group of the Q4_1/Q5_1 layout (= `combine::MIN_LANES`).
-const GB: usize = combine::MIN_LANES;
+/// Blocks per full group of the regrouped layout (= `combine::BLOCK_LANES`).
+const GB: usize = combine::BLOCK_LANES;
 /// Bytes of one full group of one row in the regrouped layout.
 const GROUP_BYTES: usize = GB * QK;
 
@@ -65,7 +62,7 @@ pub(super) fn handles(format: QuantFormat) -> bool {
     )
 }
 
-/// The regrouped layout of a row of `nb` blocks (Q4_1/Q5_1).
+/// The regrouped layout of a row of `nb` blocks.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Groups {
     /// full groups of [`GB`] blocks
@@ -148,7 +145,7 @@ unsafe fn regroup_row(g: &Groups, src: *const u8, dst: *mut u8) {
     }
 }
 
-/// `act.qs` (Q8_1) regrouped into [`Act::qt`]'s layout.
+/// `act.qs` (Q8_0 or Q8_1) regrouped into [`Act::qt`]'s layout.
 pub(super) fn regroup_act(act: &Act) -> Vec<i8> {
     let g = Groups::new(act.nb);
     let mut out = vec![0i8; act.m * g.stride];
@@ -172,25 +169,24 @@ pub(super) fn applies(isa: super::Isa, format: QuantFormat, m: usize) -> bool {
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, F16C available; `w` validated, `act`
-/// built for `w.format` (Q8_0 with `prepare_unsigned`, or Q8_1 with
-/// [`Act::qt`] from [`regroup_act`]); `j0 ≤ j1 ≤ w.rows`; no other task
+/// built for `w.format` (Q8_0 with `prepare_unsigned`, or Q8_1), with
+/// [`Act::qt`] from [`regroup_act`]; `j0 ≤ j1 ≤ w.rows`; no other task
 /// writes these columns.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
     // SAFETY: the caller's contract.
     unsafe {
         match w.format {
-            QuantFormat::Q4_1 => min_run::<false>(w, act, j0, j1, out),
-            QuantFormat::Q5_1 => min_run::<true>(w, act, j0, j1, out),
-            _ => lane_run(w, act, j0, j1, out),
+            QuantFormat::Q4_1 => block_run(w, act, j0, j1, out, min_panel::<false>),
+            QuantFormat::Q5_1 => block_run(w, act, j0, j1, out, min_panel::<true>),
+            _ => block_run(w, act, j0, j1, out, signed_panel),
         }
     }
 }
 
 /// [`combine::reduce16`] of the 16 lanes, vectorized in the same order:
 /// `h[k] = a[k] + a[k + 8]`, then `((h0 + h4) + (h2 + h6)) + ((h1 + h5) +
-/// (h3 + h7))` (`combine::reduce8`). (`group_rows`' end, `(set0 + set2) +
-/// (set1 + set3)` lane-wise then `reduce8`, is this same sum of `a0 + a1`.)
+/// (h3 + h7))` (`combine::reduce8`).
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
 fn reduce16(v: __m512) -> f32 {
@@ -226,15 +222,21 @@ unsafe fn store<const A: usize, const B: usize>(
     }
 }
 
-// ---------------------------------------------------------------- Q4_1/Q5_1
-
-/// A panel of up to [`NR`] Q4_1/Q5_1 weight rows, unpacked.
-struct MinPanel {
+/// A panel of up to [`NR`] weight rows, unpacked.
+struct BlockPanel {
     /// `NR × stride` unsigned values in the regrouped layout
     q: Vec<u8>,
-    /// per row and group: 16 scales, then 16 offsets (zeros past the row)
+    /// per row and group: 16 scales, then 16 offsets (zeros past the row,
+    /// and for the signed formats)
     dm: Vec<f32>,
+    /// [`signed_panel`]'s unsigned values of one row in element order
+    /// (`64 × pairs` bytes; empty for Q4_1/Q5_1)
+    bytes: Vec<u8>,
 }
+
+/// Unpacks weight rows `j..j + nr` of `w` into a panel (the rows from
+/// `nr` on are left as they were): [`min_panel`] or [`signed_panel`].
+type PanelFn = unsafe fn(&QMatrix, &Groups, &[[__m512i; 4]], usize, usize, &mut BlockPanel);
 
 /// Per-lane word indices and shifts that build vector `v` of a group of
 /// `gsize` lanes per vector straight from Q4_1/Q5_1 blocks (`FIVE`): lane
@@ -305,7 +307,7 @@ unsafe fn min_panel<const FIVE: bool>(
     idx: &[[__m512i; 4]],
     j: usize,
     nr: usize,
-    p: &mut MinPanel,
+    p: &mut BlockPanel,
 ) {
     let bsz = min_block_bytes::<FIVE>();
     let ng = g.count();
@@ -367,27 +369,88 @@ unsafe fn min_panel<const FIVE: bool>(
     }
 }
 
-/// Q4_1 (Q5_1 if `FIVE`) columns `j0..j1`, panel by panel.
+/// Unpack Q4_0/Q5_0/Q8_0 weight rows `j..j + nr` into `p`: per row, the
+/// unsigned values of [`unsigned_pair`] in element order, regrouped as the
+/// activations are ([`regroup_row`]), and the block scales of
+/// [`block_scales`] (offsets: zeros). Rows from `nr` on are left as they
+/// were. (`_idx`: [`PanelFn`]'s, used by [`min_panel`] only.)
 ///
 /// # Safety
-/// As [`run`].
+/// The CPU features; rows `j..j + nr` exist in `w` (`g`'s blocks per row).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_run<const FIVE: bool>(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
+unsafe fn signed_panel(
+    w: &QMatrix,
+    g: &Groups,
+    _idx: &[[__m512i; 4]],
+    j: usize,
+    nr: usize,
+    p: &mut BlockPanel,
+) {
+    let nb = g.full * GB + g.tail;
+    let np = nb.div_ceil(2);
+    debug_assert_eq!(p.bytes.len(), 64 * np, "BlockPanel::bytes not sized");
+    let ng = g.count();
+    for c in 0..nr {
+        let wrow = w.row_data(j + c);
+        for q in 0..np {
+            let u = unsigned_pair(w.format, wrow, 2 * q, 2 * q + 1 < nb);
+            // SAFETY: 64 bytes into pair q's place in `bytes`.
+            unsafe { _mm512_storeu_si512(p.bytes.as_mut_ptr().add(64 * q).cast(), u) };
+        }
+        // SAFETY: `bytes` holds 32·nb values; the panel row `stride` bytes.
+        unsafe { regroup_row(g, p.bytes.as_ptr(), p.q.as_mut_ptr().add(c * g.stride)) };
+        for gi in 0..ng {
+            let (n, _) = g.group(gi);
+            let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
+            // SAFETY: the group's n blocks exist; the store is inside the
+            // panel (NR rows of ng groups of 2·16 floats).
+            unsafe {
+                let (d, m) = block_scales(w.format, wrow, gi * GB, k);
+                let o = (c * ng + gi) * 2 * GB;
+                _mm512_storeu_ps(p.dm.as_mut_ptr().add(o), d);
+                _mm512_storeu_ps(p.dm.as_mut_ptr().add(o + GB), m);
+            }
+        }
+    }
+}
+
+/// Columns `j0..j1`, panel by panel (`panel` unpacks them).
+///
+/// # Safety
+/// As [`run`]; `panel` fits `w.format`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block_run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr, panel: PanelFn) {
     let g = Groups::new(act.nb);
     debug_assert_eq!(act.qt.len(), act.m * g.stride, "Act::qt not built");
-    let mut idx: Vec<[__m512i; 4]> = (0..GB / 2).map(|v| lane_index::<FIVE>(GB, v)).collect();
-    if g.tail > 0 {
-        idx.extend((0..g.tg / 2).map(|v| lane_index::<FIVE>(g.tg, v)));
+    let five = w.format == QuantFormat::Q5_1;
+    let index = |gsize, v| {
+        if five {
+            lane_index::<true>(gsize, v)
+        } else {
+            lane_index::<false>(gsize, v)
+        }
+    };
+    let mut idx: Vec<[__m512i; 4]> = Vec::new();
+    if has_offset(w.format) {
+        idx.extend((0..GB / 2).map(|v| index(GB, v)));
+        if g.tail > 0 {
+            idx.extend((0..g.tg / 2).map(|v| index(g.tg, v)));
+        }
     }
-    let mut p = MinPanel {
+    let mut p = BlockPanel {
         q: vec![0; NR * g.stride],
         dm: vec![0.0; NR * g.count() * 2 * GB],
+        bytes: if has_offset(w.format) {
+            Vec::new()
+        } else {
+            vec![0; 64 * act.nb.div_ceil(2)]
+        },
     };
     let mut j = j0;
     while j < j1 {
         let nr = NR.min(j1 - j);
-        // SAFETY: the CPU features (the caller).
-        unsafe { min_panel::<FIVE>(w, &g, &idx, j, nr, &mut p) };
+        // SAFETY: the CPU features (the caller); rows j..j + nr exist.
+        unsafe { panel(w, &g, &idx, j, nr, &mut p) };
         let mut t = 0;
         while t < act.m {
             let mr = MR.min(act.m - t);
@@ -395,10 +458,8 @@ unsafe fn min_run<const FIVE: bool>(w: &QMatrix, act: &Act, j0: usize, j1: usize
             // SAFETY: rows t..t + mr < m; the panel has NR rows.
             unsafe {
                 match mr {
-                    1 => min_tile::<1>(act, &g, t, &p, &mut res),
-                    2 => min_tile::<2>(act, &g, t, &p, &mut res),
-                    3 => min_tile::<3>(act, &g, t, &p, &mut res),
-                    _ => min_tile::<MR>(act, &g, t, &p, &mut res),
+                    1 => block_tile::<1>(w.format, act, &g, t, &p, &mut res),
+                    _ => block_tile::<MR>(w.format, act, &g, t, &p, &mut res),
                 }
                 store(&res, mr, nr, out, w.rows, t, j);
             }
@@ -429,14 +490,16 @@ fn fold_lanes(mut s: __m512i, gsize: usize) -> __m512i {
 /// Activation rows `t0..t0 + R` × the panel's [`NR`] rows.
 ///
 /// # Safety
-/// Rows `t0..t0 + R` exist in `act`, whose [`Act::qt`] is built.
+/// Rows `t0..t0 + R` exist in `act`, whose [`Act::qt`] is built (and
+/// `corr`, for a signed `format`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_tile<const R: usize>(
+unsafe fn block_tile<const R: usize>(
+    format: QuantFormat,
     act: &Act,
     g: &Groups,
     t0: usize,
-    p: &MinPanel,
+    p: &BlockPanel,
     res: &mut [[f32; NR]; MR],
 ) {
     let mut acc = [[_mm512_setzero_ps(); NR]; R];
@@ -444,7 +507,7 @@ unsafe fn min_tile<const R: usize>(
     unsafe {
         for gi in 0..g.full {
             let s = group_sums::<R, { GB / 2 }>(act, g, t0, p, gi);
-            min_step::<R>(act, g, t0, p, gi, GB, &s, &mut acc);
+            panel_step::<R>(format, act, g, t0, p, gi, GB, &s, &mut acc);
         }
         if g.tail > 0 {
             let gi = g.full;
@@ -454,7 +517,7 @@ unsafe fn min_tile<const R: usize>(
                 8 => fold_all::<R>(group_sums::<R, 4>(act, g, t0, p, gi), 8),
                 _ => group_sums::<R, { GB / 2 }>(act, g, t0, p, gi),
             };
-            min_step::<R>(act, g, t0, p, gi, g.tail, &s, &mut acc);
+            panel_step::<R>(format, act, g, t0, p, gi, g.tail, &s, &mut acc);
         }
     }
     for r in 0..R {
@@ -464,25 +527,32 @@ unsafe fn min_tile<const R: usize>(
     }
 }
 
-/// [`fold_lanes`] of every sum.
+/// [`fold_lanes`] of every sum (plain loops: `array::map` is no
+/// `target_feature` function, so its closures passed every vector through
+/// memory and took a third of Gemma's prefill).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn fold_all<const R: usize>(s: [[__m512i; NR]; R], gsize: usize) -> [[__m512i; NR]; R] {
-    s.map(|row| row.map(|v| fold_lanes(v, gsize)))
+fn fold_all<const R: usize>(mut s: [[__m512i; NR]; R], gsize: usize) -> [[__m512i; NR]; R] {
+    for row in s.iter_mut() {
+        for v in row.iter_mut() {
+            *v = fold_lanes(*v, gsize);
+        }
+    }
+    s
 }
 
 /// The `V` vectors of group `gi` × rows `t0..t0 + R` × the panel's rows:
 /// per pair one accumulator of exact lanes.
 ///
 /// # Safety
-/// As [`min_tile`]; `gi < g.count()`, `V` its vectors.
+/// As [`block_tile`]; `gi < g.count()`, `V` its vectors.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn group_sums<const R: usize, const V: usize>(
     act: &Act,
     g: &Groups,
     t0: usize,
-    p: &MinPanel,
+    p: &BlockPanel,
     gi: usize,
 ) -> [[__m512i; NR]; R] {
     let (xq, wq) = (act.qt.as_ptr(), p.q.as_ptr());
@@ -506,19 +576,20 @@ unsafe fn group_sums<const R: usize, const V: usize>(
     s
 }
 
-/// `min_group`'s float step for group `gi` (its first `n` blocks as lanes
-/// 0..n): `acc += (dw·dx)·s + mw·xs`.
+/// The row kernel's float step ([`block_step16`]) for group `gi` (its
+/// first `n` blocks as lanes 0..n) of every row and panel row.
 ///
 /// # Safety
-/// As [`min_tile`]; `gi < g.count()` has `n` blocks.
+/// As [`block_tile`]; `gi < g.count()` has `n` blocks.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn min_step<const R: usize>(
+unsafe fn panel_step<const R: usize>(
+    format: QuantFormat,
     act: &Act,
     g: &Groups,
     t0: usize,
-    p: &MinPanel,
+    p: &BlockPanel,
     gi: usize,
     n: usize,
     s: &[[__m512i; NR]; R],
@@ -526,174 +597,20 @@ unsafe fn min_step<const R: usize>(
 ) {
     let ng = g.count();
     let k: __mmask16 = (u32::MAX >> (32 - n)) as u16;
-    let b = gi * GB;
     let dmp = p.dm.as_ptr();
     // SAFETY: the panel holds ng groups of 2·16 floats per row.
-    let (dw, mw): ([__m512; NR], [__m512; NR]) = unsafe {
+    let dm: [(__m512, __m512); NR] = std::array::from_fn(|c| unsafe {
+        let o = (c * ng + gi) * 2 * GB;
         (
-            std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB))),
-            std::array::from_fn(|c| _mm512_loadu_ps(dmp.add((c * ng + gi) * 2 * GB + GB))),
+            _mm512_loadu_ps(dmp.add(o)),
+            _mm512_loadu_ps(dmp.add(o + GB)),
         )
-    };
+    });
     for r in 0..R {
-        let at = (t0 + r) * act.nb + b;
-        // SAFETY: blocks b..b + n of row t0 + r (the mask reads no more).
-        let (dx, xs) = unsafe {
-            (
-                _mm512_maskz_loadu_ps(k, act.d.as_ptr().add(at)),
-                _mm512_maskz_loadu_ps(k, act.xs.as_ptr().add(at)),
-            )
-        };
         for c in 0..NR {
-            let sf = _mm512_cvtepi32_ps(s[r][c]);
-            let pv = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_mul_ps(dw[c], dx), sf),
-                _mm512_mul_ps(mw[c], xs),
-            );
-            acc[r][c] = _mm512_mask_add_ps(acc[r][c], k, acc[r][c], pv);
-        }
-    }
-}
-
-// ------------------------------------------------------------ Q4_0/Q5_0/Q8_0
-
-/// A panel of up to [`NL`] Q4_0/Q5_0/Q8_0 weight rows: per row and block
-/// pair, the unsigned values (64 bytes) and `[dw_b ×8, dw_b+1 ×8]`, as
-/// `x86_avx512::unpack_pair` gives them (a lone last block: zeros in the
-/// high half).
-struct LanePanel {
-    u: Vec<__m512i>,
-    dw: Vec<__m512>,
-}
-
-/// Columns `j0..j1` of a Q4_0/Q5_0/Q8_0 matrix, panel by panel.
-///
-/// # Safety
-/// As [`run`].
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lane_run(w: &QMatrix, act: &Act, j0: usize, j1: usize, out: OutPtr) {
-    let nb = act.nb;
-    let np = nb.div_ceil(2);
-    let mut p = LanePanel {
-        u: vec![_mm512_setzero_si512(); NL * np],
-        dw: vec![_mm512_setzero_ps(); NL * np],
-    };
-    let mut j = j0;
-    while j < j1 {
-        let nr = NL.min(j1 - j);
-        for c in 0..NL {
-            for q in 0..np {
-                let (u, dw) = if c >= nr {
-                    (_mm512_setzero_si512(), _mm512_setzero_ps())
-                } else if 2 * q + 1 < nb {
-                    unpack_pair::<true>(w.format, w.row_data(j + c), 2 * q)
-                } else {
-                    unpack_pair::<false>(w.format, w.row_data(j + c), 2 * q)
-                };
-                p.u[c * np + q] = u;
-                p.dw[c * np + q] = dw;
-            }
-        }
-        let mut t = 0;
-        while t < act.m {
-            let mr = MR_LANE.min(act.m - t);
-            let mut res = [[0f32; NL]; MR_LANE];
-            // SAFETY: rows t..t + mr < m; the panel has NL rows.
-            unsafe {
-                match mr {
-                    1 => lane_tile::<1>(act, t, &p, &mut res),
-                    2 => lane_tile::<2>(act, t, &p, &mut res),
-                    _ => lane_tile::<MR_LANE>(act, t, &p, &mut res),
-                }
-                store(&res, mr, nr, out, w.rows, t, j);
-            }
-            t += mr;
-        }
-        j += nr;
-    }
-}
-
-/// Activation rows `t0..t0 + R` × the panel's [`NL`] rows: `group_rows`
-/// for each pair, with the weights from the panel.
-///
-/// # Safety
-/// Rows `t0..t0 + R` exist in `act` (Q8_0, `prepare_unsigned` done).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lane_tile<const R: usize>(
-    act: &Act,
-    t0: usize,
-    p: &LanePanel,
-    res: &mut [[f32; NL]; MR_LANE],
-) {
-    let np = act.nb.div_ceil(2);
-    let mut a0 = [[_mm512_setzero_ps(); NL]; R];
-    let mut a1 = [[_mm512_setzero_ps(); NL]; R];
-    let mut q = 0;
-    // SAFETY (all calls): pairs q < np; the caller's contract.
-    unsafe {
-        while q + 2 <= np {
-            lane_pair::<R>(act, t0, p, q, &mut a0);
-            lane_pair::<R>(act, t0, p, q + 1, &mut a1);
-            q += 2;
-        }
-        if q < np {
-            lane_pair::<R>(act, t0, p, q, &mut a0);
-        }
-    }
-    for r in 0..R {
-        for c in 0..NL {
-            // combine::reduce_group: (set0 + set2) + (set1 + set3), then reduce8.
-            res[r][c] = reduce16(_mm512_add_ps(a0[r][c], a1[r][c]));
-        }
-    }
-}
-
-/// Pair `q` (blocks 2q, 2q + 1) × rows `t0..t0 + R` × the panel's rows
-/// into `acc` (`group_pair`).
-///
-/// # Safety
-/// As [`lane_tile`]; `q < nb.div_ceil(2)`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lane_pair<const R: usize>(
-    act: &Act,
-    t0: usize,
-    p: &LanePanel,
-    q: usize,
-    acc: &mut [[__m512; NL]; R],
-) {
-    let (nb, cols) = (act.nb, act.cols);
-    let np = nb.div_ceil(2);
-    let (qs, d8, corr) = (act.qs.as_ptr(), act.d8.as_ptr(), act.corr4.as_ptr());
-    let b = 2 * q;
-    // The lone last block: the high halves are zeros (masked loads).
-    let k: __mmask16 = if b + 1 < nb { 0xFFFF } else { 0x00FF };
-    let kb: __mmask64 = if b + 1 < nb {
-        u64::MAX
-    } else {
-        u32::MAX as u64
-    };
-    let mut x = [_mm512_setzero_si512(); R];
-    let mut dx = [_mm512_setzero_ps(); R];
-    let mut cr = [_mm512_setzero_si512(); R];
-    for r in 0..R {
-        let row = t0 + r;
-        // SAFETY: blocks b (and b + 1 when it exists) of row `row`; the
-        // masks read no further.
-        unsafe {
-            x[r] = _mm512_maskz_loadu_epi8(kb, qs.add(row * cols + b * QK).cast());
-            dx[r] = _mm512_maskz_loadu_ps(k, d8.add((row * nb + b) * 8));
-            cr[r] = _mm512_maskz_loadu_epi32(k, corr.add((row * cols + b * QK) / 4).cast());
-        }
-    }
-    for c in 0..NL {
-        let (u, dw) = (p.u[c * np + q], p.dw[c * np + q]);
-        for r in 0..R {
-            // Σ4 u·x − off·Σ4 x = Σ4 w·x (group_pair)
-            let s = _mm512_dpbusd_epi32(cr[r], u, x[r]);
-            let pv = _mm512_mul_ps(_mm512_mul_ps(dw, dx[r]), _mm512_cvtepi32_ps(s));
-            acc[r][c] = _mm512_add_ps(acc[r][c], pv);
+            // SAFETY: blocks gi·16 + j (j < n) of row t0 + r exist.
+            acc[r][c] =
+                unsafe { block_step16(format, act, t0 + r, gi * GB, k, s[r][c], dm[c], acc[r][c]) };
         }
     }
 }
