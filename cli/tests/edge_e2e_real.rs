@@ -10,7 +10,9 @@
 
 mod common;
 
-use common::{first_stdout_line, start_verifier, statuses, tandem, Verifier, VerifierSpec};
+use common::{
+    first_stdout_line, generate_json, start_verifier, statuses, tandem, Verifier, VerifierSpec,
+};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -47,18 +49,15 @@ fn target_only(prompt: &str, max_tokens: usize) -> Vec<u64> {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let all = c.entry(prompt.to_string()).or_insert_with(|| {
-        let out = tandem()
-            .args(["generate", "--mode", "target", "--json", "--prompt", prompt])
-            .args(["--max-tokens", &N.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        ids(&j)
+        let n = N.to_string();
+        ids(&generate_json(&[
+            "--mode",
+            "target",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            &n,
+        ]))
     });
     all[..max_tokens.min(all.len())].to_vec()
 }

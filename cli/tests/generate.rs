@@ -2,34 +2,17 @@
 //! output equal to target-only output, JSON schema, and clear errors.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use std::process::Command;
+mod common;
 
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
-fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = tandem()
-        .arg("generate")
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tandem generate {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use common::{generate_json, tandem};
 
 #[test]
 fn speculative_json_equals_target_json() {
     let prompt = "Write a Rust function that returns the larger of two i32 values.";
-    let t = run_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
+    let t = generate_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
     // The draft's KV cache in f32 (default f16, reported by the `auto` run
     // below): the precision changes acceptance, never the output.
-    let s = run_json(&[
+    let s = generate_json(&[
         "--mode",
         "speculative",
         "--k",
@@ -59,7 +42,7 @@ fn speculative_json_equals_target_json() {
     assert_eq!(t["draft_kv"], serde_json::Value::Null, "no draft ran");
     // Prompt lookup and the per-round choice give the same tokens.
     for proposer in ["lookup", "auto"] {
-        let p = run_json(&[
+        let p = generate_json(&[
             "--proposer",
             proposer,
             "--k",
@@ -85,7 +68,7 @@ fn speculative_json_equals_target_json() {
         }
     }
     // Draft-only is a different model: it must at least produce text.
-    let d = run_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
+    let d = generate_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
     assert_eq!(d["tokens"].as_array().unwrap().len(), 8);
 }
 
@@ -125,7 +108,7 @@ fn penalties_and_logit_bias_keep_speculative_output_the_targets() {
         "--max-tokens",
         "24",
     ];
-    let plain = run_json(&[&["--mode", "target"], &base[..]].concat());
+    let plain = generate_json(&[&["--mode", "target"], &base[..]].concat());
     // Ban the plain output's first token and make repeats costly.
     let first = plain["tokens"][0].as_u64().unwrap().to_string();
     let ban = format!("{first}=-100");
@@ -137,8 +120,8 @@ fn penalties_and_logit_bias_keep_speculative_output_the_targets() {
         "--logit-bias",
         &ban,
     ];
-    let t = run_json(&[&["--mode", "target"], &base[..], &knobs[..]].concat());
-    let s = run_json(
+    let t = generate_json(&[&["--mode", "target"], &base[..], &knobs[..]].concat());
+    let s = generate_json(
         &[
             &["--mode", "speculative", "--k", "4"],
             &base[..],
@@ -254,7 +237,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
         "--max-tokens",
         "48",
     ];
-    let t = run_json(&[&["--mode", "target"], &common[..]].concat());
+    let t = generate_json(&[&["--mode", "target"], &common[..]].concat());
     let v: serde_json::Value =
         serde_json::from_str(t["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {t}"));
     assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
@@ -267,7 +250,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
     // (auto, which also proposes by lookup, runs under a schema over the
     // network in edge-runtime/tests/proposers_real.rs, and lookup alone on
     // the tiny models in edge-runtime/tests/grammar.rs: CI time.)
-    let s = run_json(&[&["--proposer", "draft", "--k", "4"], &common[..]].concat());
+    let s = generate_json(&[&["--proposer", "draft", "--k", "4"], &common[..]].concat());
     assert_eq!(s["tokens"], t["tokens"], "--proposer draft: {s}");
     // A regex and a Lark grammar (the draft alone: a few tokens).
     let lark = dir.path().join("answer.lark");
@@ -276,7 +259,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
         ["--regex", "(yes|no)"],
         ["--grammar", lark.to_str().unwrap()],
     ] {
-        let d = run_json(
+        let d = generate_json(
             &[
                 &flags[..],
                 &[
