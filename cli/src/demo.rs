@@ -95,6 +95,11 @@ pub struct Args {
     /// models check-pair`).
     #[arg(long = "target-model", visible_alias = "target")]
     pub target_model: Option<PathBuf>,
+    /// Runs of each side behind a speculative case's speeds (the median is
+    /// shown: one run's time on a shared 2-core machine moves by ±10 %);
+    /// 1 for a quicker demo.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub speed_runs: u32,
 }
 
 /// What the summary reports per part.
@@ -228,16 +233,33 @@ pub fn run(args: Args) -> Result<()> {
         prompt: EDIT_PROMPT,
         proposer: ProposerKind::Auto,
     };
-    let res = speculative_case(&mut edge, &tok, &verifier, &generation, &gen, &mut summary)
-        .and_then(|line| {
-            summary.spec = Some(line);
-            speculative_case(&mut edge, &tok, &verifier, &editing, &gen, &mut summary)
-        })
-        .and_then(|line| {
-            summary.edit = Some(line);
-            private_part(&mut edge, &tok, &proxy, &gen, &mut summary)
-        })
-        .and_then(|()| outage_part(&mut edge, &tok, &proxy, &args.profile, &gen, &mut summary));
+    let runs = args.speed_runs;
+    let res = speculative_case(
+        &mut edge,
+        &tok,
+        &verifier,
+        &generation,
+        &gen,
+        runs,
+        &mut summary,
+    )
+    .and_then(|line| {
+        summary.spec = Some(line);
+        speculative_case(
+            &mut edge,
+            &tok,
+            &verifier,
+            &editing,
+            &gen,
+            runs,
+            &mut summary,
+        )
+    })
+    .and_then(|line| {
+        summary.edit = Some(line);
+        private_part(&mut edge, &tok, &proxy, &gen, &mut summary)
+    })
+    .and_then(|()| outage_part(&mut edge, &tok, &proxy, &args.profile, &gen, &mut summary));
     drop(edge);
     rt.block_on(proxy.shutdown());
     let _ = rt.block_on(verifier.shutdown());
@@ -360,20 +382,17 @@ struct Case<'a> {
     proposer: ProposerKind,
 }
 
-/// Runs of each side behind a speculative case's speeds (the median is
-/// shown: one run's time on a shared 2-core machine moves by ±10 %).
-const SPEED_RUNS: usize = 3;
-
 /// A speculative case, checked token for token against the target alone on
 /// the same prompt, with both speeds (wall time of the whole call, prefill
-/// included, in this process; medians of [`SPEED_RUNS`] runs each,
-/// alternating) and their ratio. Returns the summary line.
+/// included, in this process; medians of `speed_runs` runs each,
+/// alternating: `Args::speed_runs`) and their ratio. Returns the summary line.
 fn speculative_case(
     edge: &mut RoutedRuntime,
     tok: &Tokenizer,
     verifier: &tandem_verifier::RunningVerifier,
     case: &Case<'_>,
     gen: &GenerateConfig,
+    speed_runs: u32,
     summary: &mut Summary,
 ) -> Result<String> {
     println!("{}", case.heading);
@@ -435,10 +454,10 @@ fn speculative_case(
         if same { "yes" } else { "NO" },
         reference.tokens.len().max(out.len()),
     );
-    // Two more runs of each, alternating (a fresh session each, so no
-    // run reuses another's cache): the speeds are the medians of three.
+    // More runs of each, alternating (a fresh session each, so no run
+    // reuses another's cache): the speeds are the medians.
     let (mut spec_times, mut target_times) = (vec![spec_s], vec![target_s]);
-    for run in 1..SPEED_RUNS {
+    for run in 1..speed_runs {
         let t = Instant::now();
         edge.chat(
             &format!("{}-run{run}", case.session),
@@ -460,8 +479,13 @@ fn speculative_case(
     } else {
         0.0
     };
+    let runs = if speed_runs == 1 {
+        "one run each".to_string()
+    } else {
+        format!("median of {speed_runs} runs each")
+    };
     println!(
-        "   speed: {spec_tps:.2} tok/s speculative vs {target_tps:.2} tok/s for the target alone: {ratio:.2}x (wall time of each whole call, prefill included, same prompt and machine; median of {SPEED_RUNS} runs each)\n"
+        "   speed: {spec_tps:.2} tok/s speculative vs {target_tps:.2} tok/s for the target alone: {ratio:.2}x (wall time of each whole call, prefill included, same prompt and machine; {runs})\n"
     );
     if !same && s.provisional_tokens == 0 {
         summary.problems.push(format!(

@@ -2,36 +2,23 @@
 //! output equal to target-only output, JSON schema, and clear errors.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
-use std::process::Command;
+mod common;
 
-fn tandem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-}
-
-fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = tandem()
-        .arg("generate")
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tandem generate {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use common::{generate_json, tandem};
 
 #[test]
 fn speculative_json_equals_target_json() {
     let prompt = "Write a Rust function that returns the larger of two i32 values.";
-    let t = run_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
-    let s = run_json(&[
+    let t = generate_json(&["--mode", "target", "--prompt", prompt, "--max-tokens", "24"]);
+    // The draft's KV cache in f32 (default f16, reported by the `auto` run
+    // below): the precision changes acceptance, never the output.
+    let s = generate_json(&[
         "--mode",
         "speculative",
         "--k",
         "5",
+        "--draft-kv",
+        "f32",
         "--prompt",
         prompt,
         "--max-tokens",
@@ -50,28 +37,12 @@ fn speculative_json_equals_target_json() {
     assert_eq!(s["mode"], "speculative");
     assert_eq!(s["k"], 5);
     assert_eq!(s["proposer"], "draft");
-    // The draft's KV cache is f16 by default; f32 gives the same output
-    // (the precision changes acceptance, never the output).
-    assert_eq!(s["draft_kv"], "f16");
+    assert_eq!(s["draft_kv"], "f32");
+    assert!(s["stats"]["draft_forwards"].as_u64().unwrap() > 0);
     assert_eq!(t["draft_kv"], serde_json::Value::Null, "no draft ran");
-    let q = run_json(&[
-        "--mode",
-        "speculative",
-        "--k",
-        "5",
-        "--draft-kv",
-        "f32",
-        "--prompt",
-        prompt,
-        "--max-tokens",
-        "24",
-    ]);
-    assert_eq!(t["tokens"], q["tokens"], "--draft-kv f32");
-    assert_eq!(q["draft_kv"], "f32");
-    assert!(q["stats"]["draft_forwards"].as_u64().unwrap() > 0);
     // Prompt lookup and the per-round choice give the same tokens.
     for proposer in ["lookup", "auto"] {
-        let p = run_json(&[
+        let p = generate_json(&[
             "--proposer",
             proposer,
             "--k",
@@ -83,6 +54,7 @@ fn speculative_json_equals_target_json() {
         ]);
         assert_eq!(t["tokens"], p["tokens"], "--proposer {proposer}");
         assert_eq!(p["proposer"], proposer);
+        assert_eq!(p["draft_kv"], "f16", "the default draft KV precision");
         let by = &p["stats"]["proposers"];
         let rounds = |who: &str| by[who]["rounds"].as_u64().unwrap();
         assert_eq!(
@@ -96,7 +68,7 @@ fn speculative_json_equals_target_json() {
         }
     }
     // Draft-only is a different model: it must at least produce text.
-    let d = run_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
+    let d = generate_json(&["--mode", "draft", "--prompt", prompt, "--max-tokens", "8"]);
     assert_eq!(d["tokens"].as_array().unwrap().len(), 8);
 }
 
@@ -136,7 +108,7 @@ fn penalties_and_logit_bias_keep_speculative_output_the_targets() {
         "--max-tokens",
         "24",
     ];
-    let plain = run_json(&[&["--mode", "target"], &base[..]].concat());
+    let plain = generate_json(&[&["--mode", "target"], &base[..]].concat());
     // Ban the plain output's first token and make repeats costly.
     let first = plain["tokens"][0].as_u64().unwrap().to_string();
     let ban = format!("{first}=-100");
@@ -148,8 +120,8 @@ fn penalties_and_logit_bias_keep_speculative_output_the_targets() {
         "--logit-bias",
         &ban,
     ];
-    let t = run_json(&[&["--mode", "target"], &base[..], &knobs[..]].concat());
-    let s = run_json(
+    let t = generate_json(&[&["--mode", "target"], &base[..], &knobs[..]].concat());
+    let s = generate_json(
         &[
             &["--mode", "speculative", "--k", "4"],
             &base[..],
@@ -265,7 +237,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
         "--max-tokens",
         "48",
     ];
-    let t = run_json(&[&["--mode", "target"], &common[..]].concat());
+    let t = generate_json(&[&["--mode", "target"], &common[..]].concat());
     let v: serde_json::Value =
         serde_json::from_str(t["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {t}"));
     assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
@@ -278,7 +250,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
     // (auto, which also proposes by lookup, runs under a schema over the
     // network in edge-runtime/tests/proposers_real.rs, and lookup alone on
     // the tiny models in edge-runtime/tests/grammar.rs: CI time.)
-    let s = run_json(&[&["--proposer", "draft", "--k", "4"], &common[..]].concat());
+    let s = generate_json(&[&["--proposer", "draft", "--k", "4"], &common[..]].concat());
     assert_eq!(s["tokens"], t["tokens"], "--proposer draft: {s}");
     // A regex and a Lark grammar (the draft alone: a few tokens).
     let lark = dir.path().join("answer.lark");
@@ -287,7 +259,7 @@ fn structured_output_is_the_targets_own_under_the_schema_locally() {
         ["--regex", "(yes|no)"],
         ["--grammar", lark.to_str().unwrap()],
     ] {
-        let d = run_json(
+        let d = generate_json(
             &[
                 &flags[..],
                 &[

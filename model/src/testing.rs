@@ -406,3 +406,66 @@ pub fn write_dequantized(src: &Path, dst: &Path, to: GgmlDType, pad_rows: usize)
     }
     write_gguf(dst, &meta, &tensors)
 }
+
+/// Rows per forward of [`target_greedy_mismatch`]: inside the block sizes
+/// `tests/real_models.rs` proves bit-identical to one token at a time (1, 3,
+/// 5, 8, 16), so each row's logits are those of the target's decode loop.
+const TEACHER_FORCED_BLOCK: usize = 16;
+
+/// Whether `tokens`, ended by `stop`, are `target`'s own greedy output of
+/// `prompt` (what
+/// [`crate::speculative::generate_single`] returns under `max_tokens` and
+/// `stop_tokens`, unconstrained and without penalties), checked without
+/// decoding it token by token: the target runs teacher-forced over prompt +
+/// output in blocks of 16 rows; every output token must be its argmax given
+/// the tokens before it and no stop token, and the generation must end where
+/// the target's would (a stop token next, or `max_tokens` reached). By
+/// induction on the position that is the target's decode loop's output, at
+/// one forward per 16 tokens instead of one per token (the tests' CI time).
+/// `None` when it is; otherwise what differs.
+pub fn target_greedy_mismatch(
+    target: &crate::transformer::Model,
+    prompt: &[u32],
+    tokens: &[u32],
+    stop: crate::engine::StopReason,
+    max_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<Option<String>> {
+    use crate::engine::StopReason;
+    let vocab = target.config().vocab;
+    let all: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+    let mut cache = target.new_cache();
+    // choices[i]: the target's greedy choice after all[..prompt.len() + i].
+    let mut choices = Vec::with_capacity(tokens.len() + 1);
+    let mut pos = 0;
+    for block in all.chunks(TEACHER_FORCED_BLOCK) {
+        let logits = target.forward(block, pos, &mut cache)?;
+        for (row, l) in logits.chunks(vocab).enumerate() {
+            if pos + row + 1 >= prompt.len() {
+                choices.push(crate::sampling::argmax(l));
+            }
+        }
+        pos += block.len();
+    }
+    if let Some(i) = tokens
+        .iter()
+        .zip(&choices)
+        .position(|(t, c)| t != c || stop_tokens.contains(t))
+    {
+        return Ok(Some(format!(
+            "output token {i} is {} where the target chooses {} (stop tokens {stop_tokens:?}): \
+             output {:?}, the target's choices {choices:?}",
+            tokens[i], choices[i], tokens
+        )));
+    }
+    let next = choices.get(tokens.len()).copied();
+    Ok(match stop {
+        StopReason::Stop if next.is_some_and(|t| stop_tokens.contains(&t)) => None,
+        StopReason::MaxTokens if tokens.len() == max_tokens => None,
+        stop => Some(format!(
+            "the output ended by {stop:?} after {} tokens (max {max_tokens}), where the \
+             target's next choice is {next:?}",
+            tokens.len()
+        )),
+    })
+}

@@ -481,3 +481,47 @@ fn the_core_survives_broken_exchanges_and_reports_refusals() {
     assert_eq!(refused, 1);
     assert_eq!(engine.finish().tokens, reference.tokens);
 }
+
+/// `testing::target_greedy_mismatch` (the teacher-forced check the real-pair
+/// tests use instead of a target-only decode) accepts the target's own greedy
+/// output, ended by `max_tokens` or by a stop token, and refuses a wrong
+/// token, a stop token emitted, and an output ended too early or for the
+/// wrong reason.
+#[test]
+fn the_teacher_forced_check_accepts_the_targets_output_and_nothing_else() {
+    use tandem_model::testing::target_greedy_mismatch;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, target) = pair(dir.path(), 256);
+    let prompt = [
+        100u32, 7, 42, 42, 9, 3, 5, 8, 13, 21, 34, 55, 89, 1, 2, 3, 4,
+    ];
+    let cfg = GenerateConfig {
+        max_tokens: 40,
+        ..GenerateConfig::default()
+    };
+    let r = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
+    assert_eq!((r.tokens.len(), r.stop), (40, StopReason::MaxTokens));
+    let check = |tokens: &[u32], stop, stops: &[u32]| {
+        target_greedy_mismatch(&target, &prompt, tokens, stop, 40, stops).unwrap()
+    };
+    assert_eq!(check(&r.tokens, StopReason::MaxTokens, &[]), None);
+    for i in [0, 17, 39] {
+        let mut wrong = r.tokens.clone();
+        wrong[i] = (wrong[i] + 1) % 384; // TinyConfig::default().vocab
+        assert!(
+            check(&wrong, StopReason::MaxTokens, &[]).is_some(),
+            "token {i}"
+        );
+    }
+    assert!(check(&r.tokens[..39], StopReason::MaxTokens, &[]).is_some());
+    assert!(check(&r.tokens, StopReason::Stop, &[]).is_some());
+    // With the target's 11th choice as a stop token: its first 10 tokens,
+    // ended by Stop, are its output; emitting the stop token is not.
+    let stop_at = r.tokens[10];
+    let n = r.tokens.iter().position(|&t| t == stop_at).unwrap();
+    let stops = [stop_at];
+    let (out, next) = (&r.tokens[..n], &r.tokens[..=n]);
+    assert_eq!(check(out, StopReason::Stop, &stops), None);
+    assert!(check(next, StopReason::Stop, &stops).is_some());
+    assert!(check(out, StopReason::MaxTokens, &stops).is_some());
+}

@@ -70,12 +70,19 @@ fn cross_check(
     (max_diff, disagreements)
 }
 
-/// Prompts and greedy steps per model of the candle comparison: 2 × 40 (it
-/// was 5 × 64, then 3 × 40; candle's step-by-step decode of the 1.5B made
-/// this the slowest test in CI, and 80 steps per model still catch a
-/// systematic divergence).
+/// Prompts and greedy steps per model of the candle comparison: 2 × 24 (it
+/// was 5 × 64, then 3 × 40, then 2 × 40; candle's step-by-step decode of the
+/// 1.5B made this one of the slowest tests in CI). A systematic divergence
+/// (RoPE, attention, a kernel) moves the logits by far more than the bound
+/// below at the first steps already, and 48 steps per model still bound the
+/// near-tie disagreements.
 const PROMPTS: usize = 2;
-const STEPS: usize = 40;
+const STEPS: usize = 24;
+/// Greedy disagreements allowed per model (every one a near-tie): measured
+/// 3/320 and 4/320 (5 × 64), 0/120 and 1/120 (3 × 40); 2 in 48 steps
+/// (about 4 %, the rate the bound of 3 in 80 allowed) catches a systematic
+/// divergence, which flips far more tokens.
+const MAX_DISAGREEMENTS: usize = 2;
 
 #[test]
 fn greedy_tokens_match_candle_transformers() {
@@ -117,13 +124,8 @@ fn greedy_tokens_match_candle_transformers() {
             "{role:?}: worst max |Δlogit| = {worst:.4}, disagreements {total_disagree}/{steps}"
         );
         assert!(worst < 1.0, "{role:?}: logits differ by {worst}");
-        // Measured on this machine kind (2026-11-29, 5 prompts × 64 steps):
-        // 3/320 (draft) and 4/320 (target), every one a near-tie; 3 × 40
-        // (2026-12-06) 0/120 and 1/120. The bound (3 in 80 steps, under 4 %)
-        // catches a systematic divergence (a real bug flips far more tokens
-        // than that).
         assert!(
-            total_disagree <= 3,
+            total_disagree <= MAX_DISAGREEMENTS,
             "{role:?}: {total_disagree} greedy disagreements in {steps} steps"
         );
     }

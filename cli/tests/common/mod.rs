@@ -14,6 +14,22 @@ pub fn tandem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tandem"))
 }
 
+/// `tandem generate ARGS --json`, which must succeed; its JSON document.
+pub fn generate_json(args: &[&str]) -> serde_json::Value {
+    let out = tandem()
+        .arg("generate")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tandem generate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Path of a fetched model (`tandem models path draft|target`).
 pub fn model_path(role: &str) -> PathBuf {
     let out = tandem().args(["models", "path", role]).output().unwrap();

@@ -71,3 +71,26 @@ pub fn chat_tokens(tok: &Tokenizer, text: &str) -> Vec<u32> {
     tok.encode_chat(&[ChatMessage::user(text)], true)
         .expect("encode")
 }
+
+/// Asserts that `g` is the target's own greedy output of `prompt`, checked
+/// teacher-forced (`tandem_model::testing::target_greedy_mismatch`: a block
+/// forward per 16 tokens instead of a decode of its own; CI time).
+pub fn assert_target_greedy(
+    target: &Model,
+    prompt: &[u32],
+    g: &tandem_model::speculative::Generation,
+    max_tokens: usize,
+    stop_tokens: &[u32],
+    what: &str,
+) {
+    let mismatch = tandem_model::testing::target_greedy_mismatch(
+        target,
+        prompt,
+        &g.tokens,
+        g.stop,
+        max_tokens,
+        stop_tokens,
+    )
+    .unwrap();
+    assert_eq!(mismatch, None, "{what}");
+}
