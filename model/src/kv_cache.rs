@@ -57,14 +57,28 @@ impl KvPrecision {
     /// `n_kv_head` heads of `head_dim` values (saturating).
     pub fn bytes_per_token(self, n_layers: usize, n_kv_head: usize, head_dim: usize) -> usize {
         let row = n_kv_head.saturating_mul(head_dim);
-        let row_bytes = match self {
-            Self::F32 => row.saturating_mul(4),
-            Self::F16 => row.saturating_mul(2),
-            Self::Int8 => row.saturating_add(n_kv_head.saturating_mul(4)),
-        };
-        row_bytes.saturating_mul(2).saturating_mul(n_layers)
+        let (values, scales) = self.row_buffer_bytes(row, n_kv_head);
+        values
+            .saturating_add(scales)
+            .saturating_mul(2)
+            .saturating_mul(n_layers)
+    }
+
+    /// Bytes one position of `row` values (`n_kv_head` heads) takes in
+    /// each of a layer's K (or V) buffers: its values, and its scales (INT8:
+    /// 4 bytes per kv head; 0 otherwise, the precisions without a scale
+    /// buffer).
+    fn row_buffer_bytes(self, row: usize, n_kv_head: usize) -> (usize, usize) {
+        match self {
+            Self::F32 => (row.saturating_mul(4), 0),
+            Self::F16 => (row.saturating_mul(2), 0),
+            Self::Int8 => (row, n_kv_head.saturating_mul(4)),
+        }
     }
 }
+
+/// Bytes of a memory page: what a lazily mapped buffer becomes resident by.
+pub(crate) const MEMORY_PAGE_BYTES: usize = 4096;
 
 impl std::fmt::Display for KvPrecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -296,22 +310,17 @@ impl KvCache {
     /// for a short context the rounding is as large as the data (a
     /// conversation cache's budget counts this, issue 31 item 4).
     pub fn resident_bytes(&self, positions: usize) -> u64 {
-        const PAGE: u64 = 4096;
+        let page = MEMORY_PAGE_BYTES as u64;
         let positions = positions.min(self.capacity) as u64;
         let buffer = |bytes_per_position: usize| {
             positions
                 .saturating_mul(bytes_per_position as u64)
-                .div_ceil(PAGE)
-                .saturating_mul(PAGE)
+                .div_ceil(page)
+                .saturating_mul(page)
         };
-        let per_layer = match self.precision() {
-            KvPrecision::F32 => buffer(self.row.saturating_mul(4)),
-            KvPrecision::F16 => buffer(self.row.saturating_mul(2)),
-            KvPrecision::Int8 => {
-                buffer(self.row).saturating_add(buffer(self.heads.saturating_mul(4)))
-            }
-        };
-        per_layer
+        let (values, scales) = self.precision().row_buffer_bytes(self.row, self.heads);
+        buffer(values)
+            .saturating_add(buffer(scales))
             .saturating_mul(2)
             .saturating_mul(self.lens.len() as u64)
     }

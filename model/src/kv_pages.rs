@@ -189,7 +189,8 @@ impl KvPool {
 /// issue 31 item 4).
 fn resident_zeroed(floats: usize) -> Box<[f32]> {
     let mut b = vec![0f32; floats].into_boxed_slice();
-    for x in b.iter_mut().step_by(1024) {
+    let page_floats = crate::kv_cache::MEMORY_PAGE_BYTES / std::mem::size_of::<f32>();
+    for x in b.iter_mut().step_by(page_floats) {
         // SAFETY: `x` is a valid, aligned `&mut f32`. Volatile, so the store
         // of a zero into memory known to be zeroed is not elided.
         unsafe { std::ptr::write_volatile(x, 0.0) };
