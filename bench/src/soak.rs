@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tandem_cli_common::link_overrides::LinkOverrides;
+use tandem_cli_common::models::proc_status_bytes_of;
 use tandem_edge::EdgeConfig;
 use tandem_lab as lab;
 use tandem_model::speculative::GenerateConfig;
@@ -450,18 +451,19 @@ fn sample(at_s: f64, v: &Verifier, devices: &Shared) -> RssSample {
     let text = v.admin.as_deref().and_then(metrics);
     let metric = |name: &str| text.as_deref().and_then(|m| gauge(m, name));
     let edge_heap = tandem_verifier::heap::heap_stats();
+    let status = |pid: &str| proc_status_bytes_of(pid, ["VmRSS:", "RssAnon:", "RssFile:"]);
+    let [verifier_rss, verifier_anon, verifier_file] =
+        pid.map_or([None; 3], |p| status(&p.to_string()));
+    let [edge_rss, edge_anon, _] = status("self");
     RssSample {
         at_s,
         verifier_incarnation: v.incarnation,
         verifier_pid: pid,
-        verifier_rss_bytes: pid
-            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "VmRSS:")),
-        verifier_rss_anon_bytes: pid
-            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "RssAnon:")),
-        verifier_rss_file_bytes: pid
-            .and_then(|p| tandem_cli_common::models::proc_status_bytes(&p.to_string(), "RssFile:")),
-        edge_rss_bytes: tandem_cli_common::models::proc_status_bytes("self", "VmRSS:"),
-        edge_rss_anon_bytes: tandem_cli_common::models::proc_status_bytes("self", "RssAnon:"),
+        verifier_rss_bytes: verifier_rss,
+        verifier_rss_anon_bytes: verifier_anon,
+        verifier_rss_file_bytes: verifier_file,
+        edge_rss_bytes: edge_rss,
+        edge_rss_anon_bytes: edge_anon,
         edge_heap_in_use_bytes: edge_heap.map(|h| h.in_use),
         edge_heap_free_bytes: edge_heap.map(|h| h.free_held),
         edge_conversation_bytes: Some(devices.kept_conversation_bytes()),

@@ -129,8 +129,17 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// A memory line of `/proc/<pid>/status` (`pid` = "self" or a number), e.g.
 /// `VmHWM:` or `VmRSS:`, in bytes (Linux); None when unreadable.
 pub fn proc_status_bytes(pid: &str, key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let [bytes] = proc_status_bytes_of(pid, [key]);
+    bytes
+}
+
+/// Several memory lines of `/proc/<pid>/status` ([`proc_status_bytes`]),
+/// from one reading of the file, so they describe the same instant.
+pub fn proc_status_bytes_of<const N: usize>(pid: &str, keys: [&str; N]) -> [Option<u64>; N] {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+    keys.map(|key| {
+        let line = status.as_deref()?.lines().find(|l| l.starts_with(key))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kb.checked_mul(1024)
+    })
 }

@@ -108,7 +108,8 @@ pub struct RssTrend {
     pub series: String,
     /// What the points are: "RssAnon" or "VmRSS" (a process whose RssAnon
     /// was not read at every sample), then " - KV pool" for a verifier whose
-    /// `/metrics` gave the pool's size at every sample.
+    /// `/metrics` gave the pool's size at every sample, " - kept
+    /// conversations" for the devices' process.
     pub measure: String,
     /// The slope of VmRSS itself over the same samples (equal to
     /// `slope_mib_per_min` when `measure` is "VmRSS").
@@ -133,10 +134,9 @@ pub struct RssTrend {
 
 /// The series of `(seconds, VmRSS bytes)` points judged: on the process's
 /// RssAnon at each point (`anon`, when given for every point) instead of its
-/// VmRSS, minus `net_of` (a bounded cache's
-/// name and its bytes at each point, when given for every point: the
-/// verifier's KV pool, the devices' kept conversations); VmRSS's own slope
-/// is reported beside it.
+/// VmRSS, minus `net_of` (a bounded cache's name and its bytes at each point,
+/// when given for every point: the verifier's KV pool, the devices' kept
+/// conversations); VmRSS's own slope is reported beside it.
 pub fn rss_trend_net(
     series: &str,
     raw: &[(f64, u64)],
