@@ -101,12 +101,13 @@ fn quad_values(format: QuantFormat, wrow: &[u8], b: usize, n: usize) -> [__m256i
         }
         return q5x4_values(&cast::<BlockQ5_0x4>(wrow)[b / 4]);
     }
-    std::array::from_fn(|i| {
-        if i >= n {
-            return _mm256_setzero_si256();
-        }
+    // Plain loops, not `array::from_fn` closures: a closure is no
+    // `target_feature` function, did not inline, and sent every vector
+    // through memory (AVX2 whole-block rows at 0.2 of Q4_K's speed).
+    let mut v = [_mm256_setzero_si256(); 4];
+    for (i, v) in v.iter_mut().enumerate().take(n.min(4)) {
         let b = b + i;
-        match format {
+        *v = match format {
             QuantFormat::Q4_0 => nibbles(&cast::<BlockQ4_0>(wrow)[b].qs),
             QuantFormat::Q4_1 => nibbles(&cast::<BlockQ4_1>(wrow)[b].qs),
             QuantFormat::Q5_0 => {
@@ -119,8 +120,9 @@ fn quad_values(format: QuantFormat, wrow: &[u8], b: usize, n: usize) -> [__m256i
             }
             // SAFETY: 32 bytes read from a 32-byte array.
             _ => unsafe { _mm256_loadu_si256(cast::<BlockQ8_0>(wrow)[b].qs.as_ptr().cast()) },
-        }
-    })
+        };
+    }
+    v
 }
 
 /// The four blocks of a Q5_0x4 group as unsigned bytes `w + 16` in 0..32
@@ -198,37 +200,39 @@ unsafe fn quad_lanes<const R: usize, const F: usize>(
     n: usize,
 ) -> [__m256i; R] {
     let format = WHOLE_BLOCK[F];
-    let ones = _mm256_set1_epi16(1);
-    // Two blocks' i16 lanes to i32 (per 128-bit half: 2 lanes of each
-    // block): summed in pairs first where that is exact (≤ 2 · 7874), else
-    // (Q8_0) widened first.
-    let pair = |a: __m256i, c: __m256i| {
-        if format == QuantFormat::Q8_0 {
-            _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(c, ones))
-        } else {
-            _mm256_madd_epi16(_mm256_hadd_epi16(a, c), ones)
-        }
-    };
-    let v = quad_values(format, wrow, b, n.min(4));
+    let n = n.min(4);
+    let v = quad_values(format, wrow, b, n);
     let z = _mm256_setzero_si256();
-    let xp = |r: usize, i: usize| {
-        act.qs
-            .as_ptr()
-            .wrapping_add((t0 + r) * act.cols + (b + i) * QK)
-    };
-    std::array::from_fn(|r| {
-        // SAFETY: blocks b + i < b + n exist in row t0 + r < m: 32 bytes
-        // inside its values.
-        let l: [__m256i; 4] = std::array::from_fn(|i| {
-            if i < n {
-                unsafe { block_lanes(format, v[i], xp(r, i)) }
-            } else {
-                z
-            }
-        });
+    let mut out = [z; R];
+    for (r, out) in out.iter_mut().enumerate() {
+        let xp = act.qs.as_ptr().wrapping_add((t0 + r) * act.cols + b * QK);
+        let mut l = [z; 4];
+        for (i, l) in l.iter_mut().enumerate().take(n) {
+            // SAFETY: blocks b + i < b + n exist in row t0 + r < m: 32
+            // bytes inside its values.
+            *l = unsafe { block_lanes(format, v[i], xp.wrapping_add(i * QK)) };
+        }
         // Then one i32 `hadd` of two such pairs: per half, lane i = block b + i.
-        _mm256_hadd_epi32(pair(l[0], l[1]), pair(l[2], l[3]))
-    })
+        *out = _mm256_hadd_epi32(
+            pair_lanes(format, l[0], l[1]),
+            pair_lanes(format, l[2], l[3]),
+        );
+    }
+    out
+}
+
+/// Two blocks' i16 lanes (from [`block_lanes`]) to i32, per 128-bit half
+/// 2 lanes of each block: summed in pairs first where that is exact (≤ 2 ·
+/// 7874), else (Q8_0) widened first.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_lanes(format: QuantFormat, a: __m256i, c: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    if format == QuantFormat::Q8_0 {
+        _mm256_hadd_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(c, ones))
+    } else {
+        _mm256_madd_epi16(_mm256_hadd_epi16(a, c), ones)
+    }
 }
 
 /// The f16 scale of block `b` (bits 0..16) and, for Q4_1/Q5_1, its offset
