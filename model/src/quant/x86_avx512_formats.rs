@@ -50,6 +50,19 @@ pub(super) unsafe fn row_block(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
+    // One activation row (a decode step) runs the AVX2 kernel: its float
+    // step per 8 blocks with the scales from eight loads beat this
+    // kernel's per-16-block step with a gather on real weights streamed
+    // from memory (AMD Zen 4, 1 thread: SmolLM2's Q4_1 FFN 2.52 → 1.88
+    // ms, the Qwen draft's Q8_0 head 13.7 → 8.9 ms; docs/model-core.md
+    // "One row on AVX-512"). Same bits: the contract's order on every path.
+    if tn == 1 {
+        // SAFETY: AVX-512 VNNI is only chosen where AVX2 and F16C are
+        // available (`Isa::is_available`); the activation rows are the
+        // caller's, prepared alike for both kernels (`act_key`: the AVX2
+        // Q8_0 kernel reads the signed values and ignores `corr`).
+        return unsafe { super::x86_avx2_formats::row_block(format, wrow, act, t0, tn, res) };
+    }
     passes!(MAX_R_BLOCK, block_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
