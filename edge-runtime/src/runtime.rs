@@ -8,7 +8,9 @@
 //!   resume, failures, breaker and probe, deadlines); it reports outcomes
 //!   and never changes the generation. Its `RemoteVerifier` is the
 //!   verifier of the generation core's round (`tandem_model::engine::round`),
-//!   which the plain rounds ([`plain`]) are.
+//!   which the plain rounds ([`plain`]) are; the cloud-streamed rounds
+//!   ([`cloud_stream`]) are the core's round with no proposal (k = 0)
+//!   against a windowed verifier over the same connection.
 //! * [`drive`]: the loop. A round kind is chosen once per generation
 //!   ([`plain`], [`pipelined`], [`cloud_stream`], [`gated`]); every round
 //!   returns an outcome and one `commit` ([`round`]: what the kinds share)

@@ -23,7 +23,9 @@
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::logprobs::{chosen_logprobs, TokenLogprobs};
-use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
+use crate::proposer::{
+    plan_round, AutoChooser, NgramIndex, Plan, ProposerKind, ProposerStats, Source,
+};
 use crate::sampling::{adjusted_logits, next_token, token_prob, SamplingParams};
 use crate::transformer::Model;
 use crate::verify::{verdict_from_logits, MAX_K};
@@ -723,12 +725,16 @@ pub trait RoundOutput {
 }
 
 /// The one speculative round, over borrowed state: plan (the proposers of
-/// [`crate::proposer`]), propose a block of at most `k` (≥ 1) tokens
-/// (`room_out`: output tokens left, for `auto`), have `verifier` judge it,
-/// roll the draft back to what was accepted, emit the accepted tokens and
-/// the verifier's, count. Without a verdict (a broken exchange, a refusal)
-/// the draft is rolled back to the context and nothing is emitted or
-/// counted; the error says which.
+/// [`crate::proposer`]), propose a block of at most `k` tokens (`room_out`:
+/// output tokens left, for `auto`), have `verifier` judge it, roll the
+/// draft back to what was accepted, emit the accepted tokens and the
+/// verifier's, count. `k = 0` means no proposal: no proposer is asked, the
+/// block is empty and the round is the verifier's next token alone
+/// ([`Source::Nothing`], counted as a round with nothing drafted and in
+/// [`ProposerStats::none_rounds`]; the edge's cloud-streamed rounds).
+/// Without a verdict (a broken exchange, a refusal) the draft is rolled
+/// back to the context and nothing is emitted or counted; the error says
+/// which.
 pub fn round<V: BlockVerifier + ?Sized>(
     st: RoundState<'_, '_>,
     k: usize,
@@ -745,10 +751,17 @@ pub fn round<V: BlockVerifier + ?Sized>(
     } = st;
     let ctx = out.context();
     let ctx_len = ctx.len();
-    if cfg.proposer != ProposerKind::Draft {
-        index.extend(ctx);
-    }
-    let plan = {
+    let plan = if k == 0 {
+        Plan {
+            source: Source::Nothing,
+            len: 0,
+            lookup: Vec::new(),
+            lookup_match: None,
+        }
+    } else {
+        if cfg.proposer != ProposerKind::Draft {
+            index.extend(ctx);
+        }
         let draft = &*draft;
         plan_round(cfg.proposer, index, ctx, k, room_out, chooser, || {
             draft.backlog(ctx)
@@ -939,8 +952,9 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
     }
 
     /// One round of at most `k` proposed tokens (fewer near the end of the
-    /// output or the cache): the core's [`round`]. `None` when the
-    /// generation has ended (the context is full: `stop` says so).
+    /// output or the cache; `k = 0`: no proposal, the verifier's next token
+    /// alone): the core's [`round`]. `None` when the generation has ended
+    /// (the context is full: `stop` says so).
     pub fn round<V: BlockVerifier + ?Sized>(
         &mut self,
         k: usize,
@@ -953,11 +967,11 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
         // the verifier adds).
         let room_cache = self.em.capacity.saturating_sub(self.ctx.len());
         let room_out = self.cfg.max_tokens.saturating_sub(self.output().len());
-        let k = k.min(room_cache).min(room_out.max(1));
-        if k == 0 {
+        if room_cache == 0 {
             self.em.stop = Some(StopReason::ContextFull);
             return Ok(None);
         }
+        let k = k.min(room_cache).min(room_out.max(1));
         let st = RoundState {
             cfg: &self.cfg,
             draft: &mut self.draft,
