@@ -635,9 +635,10 @@ impl EdgeRuntime {
             .as_ref()
             .map(|k| k.affinity_key.clone())
             .unwrap_or_else(crate::client::new_session_key);
-        run.want_conf = self.cfg.gate.enabled() && gen.sampling.is_greedy();
+        // Gating trusts the draft's confidence, a greedy notion.
+        let gated = self.cfg.gate.enabled() && gen.sampling.is_greedy();
         let spec = self.spec.begin();
-        let kind = RoundKind::choose(run.want_conf, spec, tokens_only);
+        let kind = RoundKind::choose(gated, spec, tokens_only);
         let conn = Connection {
             cfg: &self.cfg,
             fingerprint: &self.fingerprint,
