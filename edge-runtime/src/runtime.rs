@@ -8,7 +8,9 @@
 //!   resume, failures, breaker and probe, deadlines); it reports outcomes
 //!   and never changes the generation. Its `RemoteVerifier` is the
 //!   verifier of the generation core's round (`tandem_model::engine::round`),
-//!   which the plain rounds ([`plain`]) are.
+//!   which the plain rounds ([`plain`]) are; the cloud-streamed rounds
+//!   ([`cloud_stream`]) are the core's round with no proposal (k = 0)
+//!   against a windowed verifier over the same connection.
 //! * [`drive`]: the loop. A round kind is chosen once per generation
 //!   ([`plain`], [`pipelined`], [`cloud_stream`], [`gated`]); every round
 //!   returns an outcome and one `commit` ([`round`]: what the kinds share)
@@ -633,9 +635,10 @@ impl EdgeRuntime {
             .as_ref()
             .map(|k| k.affinity_key.clone())
             .unwrap_or_else(crate::client::new_session_key);
-        run.want_conf = self.cfg.gate.enabled() && gen.sampling.is_greedy();
+        // Gating trusts the draft's confidence, a greedy notion.
+        let gated = self.cfg.gate.enabled() && gen.sampling.is_greedy();
         let spec = self.spec.begin();
-        let kind = RoundKind::choose(run.want_conf, spec, tokens_only);
+        let kind = RoundKind::choose(gated, spec, tokens_only);
         let conn = Connection {
             cfg: &self.cfg,
             fingerprint: &self.fingerprint,

@@ -204,3 +204,61 @@ fn gate_settings_are_validated() {
     cfg.validate().unwrap();
     assert!(toml::from_str::<EdgeConfig>("[gate]\nconfidence = 0.9\nspan = 3\n").is_err());
 }
+
+/// Gated rounds draft with the model whatever the generation's proposer
+/// (the gate trusts the draft's confidence), and with logprobs asked every
+/// token carries its own: the draft's for a shown (provisional) token, the
+/// target's for a verified one. A span's check is reported before any
+/// token after it.
+#[test]
+fn gated_rounds_draft_with_the_model_and_every_token_carries_logprobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target_path, _) = tiny_models(dir.path());
+    let target = load(&target_path);
+    let expected = target_greedy(&target, PROMPT, 40);
+    let rt = io_runtime();
+    let v = start_tiny_verifier(&rt, &target_path, TOKEN);
+    let url = format!("http://{}", v.grpc_addr);
+    let mut gated = edge(&target_path, &url, always());
+    let cfg = GenerateConfig {
+        top_logprobs: Some(2),
+        proposer: tandem_model::proposer::ProposerKind::Lookup,
+        ..gen_cfg(4, 40)
+    };
+    let mut events = Vec::new();
+    let g = gated
+        .generate(PROMPT, &cfg, &mut |e| {
+            events.push(e.clone());
+            true
+        })
+        .unwrap();
+    assert_eq!(g.tokens, expected);
+    assert!(g.stats.gated_rounds > 0, "{:?}", g.stats);
+    assert_eq!(g.stats.proposers.lookup.rounds, 0, "{:?}", g.stats);
+    let mut emitted = 0;
+    let mut provisional_with_logprobs = 0;
+    for e in &events {
+        match e {
+            EdgeEvent::Token {
+                id,
+                status,
+                logprobs,
+                ..
+            } => {
+                let lp = logprobs.as_ref().expect("every token has logprobs");
+                assert_eq!(lp.token, *id);
+                assert_eq!(lp.top.len(), 2);
+                if *status == TokenStatus::Provisional {
+                    provisional_with_logprobs += 1;
+                }
+                emitted += 1;
+            }
+            EdgeEvent::ProvisionalChecked(span) => {
+                assert!(span.checked && span.mismatches.is_empty(), "{span:?}");
+                assert_eq!(span.end, emitted, "{span:?}");
+            }
+        }
+    }
+    assert_eq!(emitted, expected.len());
+    assert_eq!(provisional_with_logprobs as u64, g.stats.gated_tokens);
+}

@@ -130,6 +130,10 @@ fn target_stream_output_equals_target_only_with_requests_in_flight() {
         assert_eq!(g.stats.drafted, 0);
         assert_eq!(g.stats.draft_forwards, 0, "the draft never ran");
         assert_eq!(g.stats.rounds, 30);
+        // Every streamed token is a core round with no proposal.
+        assert_eq!(g.stats.proposers.none_rounds, 30);
+        assert_eq!(g.stats.proposers.draft.rounds, 0);
+        assert_eq!(g.stats.proposers.lookup.rounds, 0);
         // One Open prefill + one target pass per token.
         assert_eq!(g.stats.verifier_passes, 31);
         // A second generation on the same runtime (late verdicts of the first

@@ -23,7 +23,9 @@
 
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::logprobs::{chosen_logprobs, TokenLogprobs};
-use crate::proposer::{plan_round, AutoChooser, NgramIndex, ProposerKind, ProposerStats, Source};
+use crate::proposer::{
+    plan_round, AutoChooser, NgramIndex, Plan, ProposerKind, ProposerStats, Source,
+};
 use crate::sampling::{adjusted_logits, next_token, token_prob, SamplingParams};
 use crate::transformer::Model;
 use crate::verify::{verdict_from_logits, MAX_K};
@@ -480,26 +482,27 @@ impl<'m> DraftModel<'m> {
     }
 
     /// Drafts `k` tokens after `history` (which ends with a token the draft
-    /// has not seen), one [`Self::step`] each; counts and times the forwards
-    /// (each one's rows and time also go to `forwards`). The last drafted
-    /// token is not fed: it may be rejected.
+    /// has not seen), one [`Self::step`] each, each also computing what
+    /// `ask` asks; counts and times the forwards (each one's rows and time
+    /// also go to `forwards`). The last drafted token is not fed: it may be
+    /// rejected.
+    #[allow(clippy::too_many_arguments)]
     pub fn propose(
         &mut self,
         history: &[u32],
         k: usize,
         params: &SamplingParams,
+        ask: DraftAsk,
         stats: &mut GenStats,
         chooser: &mut AutoChooser,
         forwards: &mut Vec<DraftForward>,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<Drafted>> {
         let mut pending = history[self.cache.len().min(history.len())..].to_vec();
-        let mut block = Vec::with_capacity(k);
+        let mut steps = Vec::with_capacity(k);
         let mut dhist = history.to_vec();
         for _ in 0..k {
             let t = Instant::now();
-            let d = self
-                .step(&pending, &dhist, params, DraftAsk::default())?
-                .token;
+            let d = self.step(&pending, &dhist, params, ask)?;
             let time = t.elapsed();
             chooser.draft_forward(pending.len(), time);
             forwards.push(DraftForward {
@@ -507,12 +510,12 @@ impl<'m> DraftModel<'m> {
                 time,
             });
             stats.draft_forwards += 1;
-            block.push(d);
-            dhist.push(d);
+            dhist.push(d.token);
             pending.clear();
-            pending.push(d);
+            pending.push(d.token);
+            steps.push(d);
         }
-        Ok(block)
+        Ok(steps)
     }
 
     /// After a verdict: the first `verified` context positions are final;
@@ -722,91 +725,154 @@ pub trait RoundOutput {
     fn emit_verified(&mut self, t: u32, logprobs: Option<TokenLogprobs>) -> bool;
 }
 
-/// The one speculative round, over borrowed state: plan (the proposers of
-/// [`crate::proposer`]), propose a block of at most `k` (≥ 1) tokens
-/// (`room_out`: output tokens left, for `auto`), have `verifier` judge it,
-/// roll the draft back to what was accepted, emit the accepted tokens and
-/// the verifier's, count. Without a verdict (a broken exchange, a refusal)
-/// the draft is rolled back to the context and nothing is emitted or
-/// counted; the error says which.
-pub fn round<V: BlockVerifier + ?Sized>(
-    st: RoundState<'_, '_>,
-    k: usize,
-    room_out: usize,
-    out: &mut dyn RoundOutput,
-    verifier: &mut V,
-) -> std::result::Result<EngineRound, VerifyError<V::Broken, V::Refusal>> {
-    let RoundState {
-        cfg,
-        draft,
-        index,
-        chooser,
-        stats,
-    } = st;
-    let ctx = out.context();
-    let ctx_len = ctx.len();
-    if cfg.proposer != ProposerKind::Draft {
-        index.extend(ctx);
+/// What [`propose`] is asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct ProposeAsk {
+    /// What proposes ([`GenerateConfig::proposer`]; the edge's gated rounds
+    /// always ask the draft model).
+    pub proposer: ProposerKind,
+    /// At most this many tokens; 0: no proposal (no proposer is asked).
+    pub k: usize,
+    /// Output tokens left (for `auto`).
+    pub room_out: usize,
+    /// What each draft step also computes ([`DraftAsk`]: the edge's gated
+    /// rounds ask the confidence, and the logprobs of the tokens they show
+    /// provisional).
+    pub draft: DraftAsk,
+}
+
+/// A proposed block before its verdict ([`propose`]): [`settle`] applies
+/// the verdict, [`Proposal::discard`] forgets it when none came.
+#[derive(Clone, Debug)]
+pub struct Proposal {
+    /// What proposed the block, and the block.
+    pub source: Source,
+    pub block: Vec<u32>,
+    /// The draft's steps, one per block token, with what [`ProposeAsk::draft`]
+    /// asked (empty unless the draft proposed).
+    pub steps: Vec<Drafted>,
+    /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
+    pub lookup_match: Option<usize>,
+    /// The draft's forwards while it proposed, and the most positions its
+    /// cache held meanwhile.
+    pub draft_forwards: Vec<DraftForward>,
+    pub draft_peak: usize,
+    /// The context length it was proposed after.
+    pub ctx_len: usize,
+}
+
+impl Proposal {
+    /// No verdict came (a broken exchange, a refusal, a verdict on another
+    /// block): the draft goes back to the context (its last token stays
+    /// unseen, for the next step's logits).
+    pub fn discard(&self, draft: &mut DraftModel<'_>) {
+        draft.rollback(self.ctx_len.saturating_sub(1));
     }
-    let plan = {
-        let draft = &*draft;
-        plan_round(cfg.proposer, index, ctx, k, room_out, chooser, || {
-            draft.backlog(ctx)
-        })
+
+    /// The lowest confidence of its draft steps ([`DraftAsk::conf`], greedy
+    /// only): `None` when one was not computed or nothing was drafted.
+    pub fn min_conf(&self) -> Option<f32> {
+        let mut confs = self.steps.iter().map(|d| d.conf);
+        let first = confs.next()??;
+        confs.try_fold(first, |m, c| c.map(|c| m.min(c)))
+    }
+}
+
+/// The first half of a round: plan (the proposers of [`crate::proposer`])
+/// and propose a block of at most `ask.k` tokens after `ctx` (the prompt
+/// and the output so far; `ask.k = 0`: no proposal, an empty block from
+/// [`Source::Nothing`]). The draft's cache then holds `ctx` and the block
+/// but its last token.
+pub fn propose(st: &mut RoundState<'_, '_>, ctx: &[u32], ask: ProposeAsk) -> Result<Proposal> {
+    let plan = if ask.k == 0 {
+        Plan {
+            source: Source::Nothing,
+            len: 0,
+            lookup: Vec::new(),
+            lookup_match: None,
+        }
+    } else {
+        if ask.proposer != ProposerKind::Draft {
+            st.index.extend(ctx);
+        }
+        let draft = &*st.draft;
+        plan_round(
+            ask.proposer,
+            st.index,
+            ctx,
+            ask.k,
+            ask.room_out,
+            st.chooser,
+            || draft.backlog(ctx),
+        )
     };
     let mut draft_forwards = Vec::new();
-    let block = match plan.source {
-        Source::Draft => draft.propose(
-            ctx,
-            plan.len,
-            &cfg.sampling,
-            stats,
-            chooser,
-            &mut draft_forwards,
-        )?,
+    let (block, steps) = match plan.source {
+        Source::Draft => {
+            let steps = st.draft.propose(
+                ctx,
+                plan.len,
+                &st.cfg.sampling,
+                ask.draft,
+                st.stats,
+                st.chooser,
+                &mut draft_forwards,
+            )?;
+            (steps.iter().map(|d| d.token).collect(), steps)
+        }
         Source::Lookup => {
             // The draft model does not run (it catches up when it is
             // needed). Cut at the first token the grammar refuses.
             let mut block = plan.lookup;
-            let n = draft.allowed(ctx, &block)?;
+            let n = st.draft.allowed(ctx, &block)?;
             block.truncate(n);
-            block
+            (block, Vec::new())
         }
         // No proposal: the verifier's next token (k = 0).
-        Source::Nothing => Vec::new(),
+        Source::Nothing => (Vec::new(), Vec::new()),
     };
-    let draft_peak = draft.cache.len();
-    let t = Instant::now();
-    let v = match verifier.verify(ctx, &block) {
-        Ok(v) => v,
-        Err(e) => {
-            // The block is lost: the draft goes back to the context (its
-            // last token stays unseen, for the next step's logits).
-            draft.rollback(ctx_len.saturating_sub(1));
-            return Err(e);
-        }
-    };
-    let verify_time = t.elapsed();
-    chooser.target_forward(block.len() + 1, verify_time);
-    stats.target_forwards += 1;
+    Ok(Proposal {
+        source: plan.source,
+        block,
+        steps,
+        lookup_match: plan.lookup_match,
+        draft_forwards,
+        draft_peak: st.draft.cache.len(),
+        ctx_len: ctx.len(),
+    })
+}
+
+/// The second half of a round: applies `v`, the verdict on `p` (which took
+/// `verify_time`): counts it, rolls the draft back to what was accepted,
+/// emits the accepted tokens and the verifier's to `out`. A verdict that
+/// accepts more than the block is an error (nothing emitted or counted but
+/// the verifier's forward; the draft back to the context).
+pub fn settle(
+    st: &mut RoundState<'_, '_>,
+    p: Proposal,
+    v: BlockVerdict,
+    verify_time: std::time::Duration,
+    out: &mut dyn RoundOutput,
+) -> Result<EngineRound> {
+    st.stats.target_forwards += 1;
     let n = v.accepted;
-    if n > block.len() {
-        draft.rollback(ctx_len.saturating_sub(1));
+    if n > p.block.len() {
+        p.discard(st.draft);
         return Err(ModelError::InvalidArgument(format!(
             "the verifier accepted {n} of {} tokens",
-            block.len()
-        ))
-        .into());
+            p.block.len()
+        )));
     }
-    stats.record_round(block.len(), n);
-    stats.proposers.record(plan.source, block.len(), n);
-    chooser.observe(plan.source, plan.lookup_match, block.len(), n);
+    st.stats.record_round(p.block.len(), n);
+    st.stats.proposers.record(p.source, p.block.len(), n);
+    st.chooser
+        .observe(p.source, p.lookup_match, p.block.len(), n);
     // The context's last token and block[..n] are final.
-    draft.rollback(ctx_len + n);
+    st.draft.rollback(p.ctx_len + n);
     let mut logprobs = v.logprobs.map(Vec::into_iter);
     let mut lp = || logprobs.as_mut().and_then(Iterator::next);
     let mut going = true;
-    for &d in &block[..n] {
+    for &d in &p.block[..n] {
         if !out.emit_verified(d, lp()) {
             going = false;
             break;
@@ -816,15 +882,54 @@ pub fn round<V: BlockVerifier + ?Sized>(
         out.emit_verified(v.next_token, lp());
     }
     Ok(EngineRound {
-        source: plan.source,
-        block,
-        lookup_match: plan.lookup_match,
+        source: p.source,
+        block: p.block,
+        lookup_match: p.lookup_match,
         accepted: n,
         next_token: v.next_token,
-        draft_forwards,
-        draft_peak,
+        draft_forwards: p.draft_forwards,
+        draft_peak: p.draft_peak,
         verify_time,
     })
+}
+
+/// The one speculative round, over borrowed state: [`propose`] a block of
+/// at most `k` tokens with the generation's proposer (`room_out`: output
+/// tokens left, for `auto`), have `verifier` judge it, [`settle`] the
+/// verdict (roll the draft back to what was accepted, emit the accepted
+/// tokens and the verifier's, count). `k = 0` means no proposal: no
+/// proposer is asked, the block is empty and the round is the verifier's
+/// next token alone ([`Source::Nothing`], counted as a round with nothing
+/// drafted and in [`ProposerStats::none_rounds`]; the edge's cloud-streamed
+/// rounds). Without a verdict (a broken exchange, a refusal) the draft is
+/// rolled back to the context and nothing is emitted or counted; the error
+/// says which.
+pub fn round<V: BlockVerifier + ?Sized>(
+    mut st: RoundState<'_, '_>,
+    k: usize,
+    room_out: usize,
+    out: &mut dyn RoundOutput,
+    verifier: &mut V,
+) -> std::result::Result<EngineRound, VerifyError<V::Broken, V::Refusal>> {
+    let ctx = out.context();
+    let ask = ProposeAsk {
+        proposer: st.cfg.proposer,
+        k,
+        room_out,
+        draft: DraftAsk::default(),
+    };
+    let p = propose(&mut st, ctx, ask)?;
+    let t = Instant::now();
+    let v = match verifier.verify(ctx, &p.block) {
+        Ok(v) => v,
+        Err(e) => {
+            p.discard(st.draft);
+            return Err(e);
+        }
+    };
+    let verify_time = t.elapsed();
+    st.chooser.target_forward(p.block.len() + 1, verify_time);
+    Ok(settle(&mut st, p, v, verify_time, out)?)
 }
 
 /// A [`SpecEngine`]'s context, emitter and caller as a [`RoundOutput`].
@@ -939,8 +1044,9 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
     }
 
     /// One round of at most `k` proposed tokens (fewer near the end of the
-    /// output or the cache): the core's [`round`]. `None` when the
-    /// generation has ended (the context is full: `stop` says so).
+    /// output or the cache; `k = 0`: no proposal, the verifier's next token
+    /// alone): the core's [`round`]. `None` when the generation has ended
+    /// (the context is full: `stop` says so).
     pub fn round<V: BlockVerifier + ?Sized>(
         &mut self,
         k: usize,
@@ -953,11 +1059,11 @@ impl<'m, 'a, 'b> SpecEngine<'m, 'a, 'b> {
         // the verifier adds).
         let room_cache = self.em.capacity.saturating_sub(self.ctx.len());
         let room_out = self.cfg.max_tokens.saturating_sub(self.output().len());
-        let k = k.min(room_cache).min(room_out.max(1));
-        if k == 0 {
+        if room_cache == 0 {
             self.em.stop = Some(StopReason::ContextFull);
             return Ok(None);
         }
+        let k = k.min(room_cache).min(room_out.max(1));
         let st = RoundState {
             cfg: &self.cfg,
             draft: &mut self.draft,

@@ -320,9 +320,11 @@ fn bad_arguments_are_errors() {
 
 /// The generation core's rounds against the target as a remote verifier
 /// holds it (the prompt but its last token; no first token from a prefill:
-/// the first round drafts after the prompt), block lengths cycling: the
-/// output is the target's greedy output (what `tandem bench verifier`'s
-/// trace records), and each round's verdict is consistent with its block.
+/// the first round drafts after the prompt), block lengths cycling (0: no
+/// proposal, the target's next token alone, as the edge's cloud-streamed
+/// rounds): the output is the target's greedy output (what `tandem bench
+/// verifier`'s trace records), and each round's verdict is consistent with
+/// its block.
 #[test]
 fn the_core_rounds_against_the_target_give_its_greedy_output() {
     use tandem_model::engine::{SpecEngine, TargetVerifier};
@@ -343,12 +345,17 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
     };
     let mut engine =
         SpecEngine::new(&draft, &prompt, &cfg, verifier.capacity(), &mut on_token).unwrap();
-    let ks = [3, 1, 5];
-    let mut rounds = 0;
+    let ks = [3, 1, 0, 5];
+    let (mut rounds, mut none_rounds) = (0, 0);
     while engine.stop().is_none() {
         let k = ks[rounds % ks.len()];
         let r = engine.round(k, &mut verifier).unwrap().unwrap();
         assert!(r.accepted <= r.block.len() && r.block.len() <= k);
+        if k == 0 {
+            assert_eq!(r.source, tandem_model::proposer::Source::Nothing);
+            assert!(r.draft_forwards.is_empty());
+            none_rounds += 1;
+        }
         rounds += 1;
     }
     let g = engine.finish();
@@ -357,6 +364,8 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
     assert_eq!(g.stop, StopReason::MaxTokens);
     assert_eq!(g.stats.rounds, rounds as u64);
     assert_eq!(g.stats.target_forwards, rounds as u64);
+    assert_eq!(g.stats.proposers.none_rounds, none_rounds);
+    assert!(none_rounds > 0);
     assert!(g.stats.drafted >= g.stats.accepted);
 }
 

@@ -4,8 +4,9 @@
 //! are the generation core's (`tandem_model::engine`: [`Emitter::emit`],
 //! [`DraftModel::step`]); this adds token statuses, provisional spans and
 //! logprobs notes on top. [`Generation::core`] lends it to the core's round
-//! (`tandem_model::engine::round`, the plain rounds): its draft side and its
-//! [`Sink`], the one emit of the edge.
+//! (`tandem_model::engine::round`: the plain and cloud-streamed rounds; its
+//! halves `engine::propose` and `engine::settle`: the gated rounds): its
+//! draft side and its [`Sink`], the one emit of the edge.
 
 use crate::breaker::RttTracker;
 use crate::client::Counters;
@@ -17,7 +18,7 @@ use crate::report::{
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tandem_model::engine::{DraftAsk, DraftModel, Emitter, RoundOutput, RoundState};
+use tandem_model::engine::{DraftAsk, DraftModel, Drafted, Emitter, RoundOutput, RoundState};
 use tandem_model::kv_cache::KvCache;
 use tandem_model::logprobs::TokenLogprobs;
 use tandem_model::proposer::{AutoChooser, NgramIndex};
@@ -52,10 +53,6 @@ pub(super) struct Generation<'a, 'b> {
     pub(super) check: Option<Check>,
     /// The open `check` is a gated span (verified with the next block sent).
     pub(super) gated: bool,
-    /// Compute `conf` in greedy drafting (gating is on).
-    pub(super) want_conf: bool,
-    /// The draft's top-1 probability of its last greedy token (`want_conf`).
-    pub(super) conf: f32,
     pub(super) start: Instant,
     pub(super) first: Option<Instant>,
     /// The verifier session a kept conversation left (taken by `generate`).
@@ -361,8 +358,6 @@ impl<'a, 'b> Generation<'a, 'b> {
             report: ProvisionalReport::default(),
             check: None,
             gated: false,
-            want_conf: false,
-            conf: 1.0,
             start: Instant::now(),
             first: None,
             continuation,
@@ -530,11 +525,10 @@ impl<'a, 'b> Generation<'a, 'b> {
     /// Runs the draft over `pending` (the core's draft step,
     /// [`DraftModel::step`]); returns its next token after `hist` (sampled:
     /// its keyed draw at position `hist.len()`, the same key the verifier's
-    /// draw uses), notes its confidence (gating) and logprobs when asked.
-    /// Leaves `pending = [token]`.
+    /// draw uses), notes its logprobs when asked. Leaves `pending = [token]`.
     pub(super) fn draft_next(&mut self, hist: &[u32]) -> Result<u32, EdgeError> {
         let ask = DraftAsk {
-            conf: self.want_conf,
+            conf: false,
             top_logprobs: self.gen.top_logprobs,
         };
         let d = self
@@ -542,9 +536,6 @@ impl<'a, 'b> Generation<'a, 'b> {
             .step(&self.pending, hist, &self.gen.sampling, ask)?;
         self.stats.gen.draft_forwards += 1;
         self.high_water = self.high_water.max(self.draft.cache.len());
-        if let Some(c) = d.conf {
-            self.conf = c;
-        }
         if let Some(lp) = d.logprobs {
             self.note(hist.len(), false, lp);
         }
@@ -605,6 +596,24 @@ impl<'a, 'b> Generation<'a, 'b> {
     pub(super) fn sync_pending(&mut self) {
         let held = self.draft.cache.len().min(self.ctx.len());
         self.pending = self.ctx[held..].to_vec();
+    }
+
+    /// After a proposal's tokens were emitted without a verdict (shown
+    /// provisional by a gated round): the draft keeps of its cache what is
+    /// context less the last token, which is `pending`.
+    pub(super) fn resync_draft(&mut self) {
+        self.draft.rollback(self.ctx.len().saturating_sub(1));
+        self.sync_pending();
+    }
+
+    /// Notes the draft's logprobs of a proposal's steps (`steps[i]` for the
+    /// token at context position `start + i`), for tokens it shows.
+    pub(super) fn note_draft_steps(&mut self, start: usize, steps: &[Drafted]) {
+        for (i, d) in steps.iter().enumerate() {
+            if let Some(lp) = d.logprobs.clone() {
+                self.note(start + i, false, lp);
+            }
+        }
     }
 
     /// Undo a drafted block whose verdict never came: the draft holds `ctx`.

@@ -400,8 +400,6 @@ impl Rounds<'_> {
         }
         if !by_core {
             run.stats.gen.accepted += o.accepted as u64;
-        }
-        if self.kind != RoundKind::CloudStreamed && !by_core {
             run.stats.gen.proposers.record(o.source, o.k, o.accepted);
             self.spec
                 .auto
