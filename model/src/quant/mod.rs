@@ -47,7 +47,8 @@
 //!
 //! Which ISA has kernels for which format (the others run the scalar
 //! reference, same bits): AVX2 and AVX-512 VNNI — every format but F32
-//! (Q5_0x4 on AVX-512 takes the AVX2 kernel); AVX-512 VNNI also has a
+//! (Q5_0x4 on AVX-512 takes the AVX2 kernel, and so does a one-row call of
+//! a whole-block format: faster there, docs/model-core.md); AVX-512 VNNI also has a
 //! large-m "GEMM" path for Q4_0/Q5_0/Q8_0 (from [`GEMM_MIN_ROWS`] rows) and
 //! Q4_1/Q5_1 (from [`GEMM_MIN_ROWS_OFFSET`]): a panel of weight rows
 //! unpacked once and used for every activation row of the call, the same
