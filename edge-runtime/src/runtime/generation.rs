@@ -575,9 +575,10 @@ impl<'a, 'b> Generation<'a, 'b> {
         } else if cache_len >= ctx_before {
             self.pending = drafted[cache_len - ctx_before..n].to_vec();
         } else {
-            // The draft is behind the context (cloud-streamed rounds do not run
-            // it): it still has ctx[cache_len..ctx_before] to run, then the
-            // accepted drafts.
+            // The draft is behind the context (not after drafting, which
+            // the pipelined rounds, the only callers, always do; kept
+            // exact): it still has ctx[cache_len..ctx_before] to run, then
+            // the accepted drafts.
             let mut p = self.ctx[cache_len..ctx_before].to_vec();
             p.extend_from_slice(&drafted[..n]);
             self.pending = p;
