@@ -13,7 +13,7 @@
 //! accounted by [`super::round::Rounds::commit`] like a plain round (RTT,
 //! round number, verifier pass).
 
-use super::connection::{draft_positions, verdict_logprobs, Connection};
+use super::connection::{block_verdict, draft_positions, Connection};
 use super::generation::Generation;
 use super::round::{Apply, RoundOutcome, Rounds};
 use crate::client::NetError;
@@ -109,15 +109,7 @@ impl BlockVerifier for WindowedVerifier<'_, '_> {
             .codec
             .decode(answer, conn.round, 0, ctx, self.sampling)
             .map_err(VerifyError::Refused)?;
-        let logprobs = match self.logprobs {
-            true => Some(verdict_logprobs(block, &v).map_err(VerifyError::Refused)?.1),
-            false => None,
-        };
-        Ok(BlockVerdict {
-            accepted: v.accepted as usize,
-            next_token: v.next_token,
-            logprobs,
-        })
+        block_verdict(block, &v, self.logprobs).map_err(VerifyError::Refused)
     }
 }
 

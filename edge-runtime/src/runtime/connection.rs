@@ -847,21 +847,35 @@ impl BlockVerifier for RemoteVerifier<'_, '_> {
             .map_err(VerifyError::Refused)?;
         // (A block the device answered itself, an all-local split round,
         // has no target logprobs.)
-        let logprobs = match self.logprobs && rtt.is_some() {
-            true => Some(verdict_logprobs(block, &v).map_err(VerifyError::Refused)?.1),
-            false => None,
-        };
-        let accepted = v.accepted as usize;
+        let verdict = block_verdict(block, &v, self.logprobs && rtt.is_some())
+            .map_err(VerifyError::Refused)?;
         let exchange_ms = rtt.map(|t| t.as_secs_f64() * 1e3);
-        if conn.codec.accepted(ctx.len(), accepted, exchange_ms, k) {
+        if conn
+            .codec
+            .accepted(ctx.len(), verdict.accepted, exchange_ms, k)
+        {
             // The codec changed its wire form (split `auto` chose another s):
             // the next round opens a new session.
             conn.close_for_reopen();
         }
-        Ok(BlockVerdict {
-            accepted,
-            next_token: v.next_token,
-            logprobs,
-        })
+        Ok(verdict)
     }
+}
+
+/// The core's verdict from the verifier's verdict `v` on `block`, with the
+/// target's logprobs of what it emits when `logprobs` ([`verdict_logprobs`]).
+pub(super) fn block_verdict(
+    block: &[u32],
+    v: &pb::Verdict,
+    logprobs: bool,
+) -> Result<BlockVerdict, EdgeError> {
+    let logprobs = match logprobs {
+        true => Some(verdict_logprobs(block, v)?.1),
+        false => None,
+    };
+    Ok(BlockVerdict {
+        accepted: v.accepted as usize,
+        next_token: v.next_token,
+        logprobs,
+    })
 }
