@@ -40,7 +40,8 @@ use super::blocks::{
     BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine;
-use super::{scalar, QuantFormat, RowFn, TILE};
+use super::scalar;
+use super::types::{QuantFormat, RowFn, TILE};
 
 /// The kernels of a format for the dotprod path (`dotprod`) or the baseline
 /// NEON path; `None` for the formats every ISA runs through the scalar code.
@@ -247,7 +248,7 @@ unsafe fn row_block<D: Dot>(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    for (t, r) in super::pass_sizes(tn, GROUP_PASS) {
+    for (t, r) in super::common::pass_sizes(tn, GROUP_PASS) {
         let out = &mut res[t..t + r];
         let t1 = t0 + t;
         // SAFETY: the caller's contract (CPU features).

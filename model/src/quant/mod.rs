@@ -65,15 +65,25 @@
 //! and the tile layout of Q4_K/Q5_K/Q6_K ([`build_tile_layout`], held beside a
 //! matrix as [`QMatrix::tiles`]) where [`tiles_pay`].
 //!
-//! Layout: `blocks` (ggml block structs), `act` (activation quantization),
-//! `combine` (shared float math), `scalar` (reference kernels, always
-//! available), `tile_layout` (the Q4_K/Q5_K/Q6_K tile layout's bytes, portable), `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX
-//! tiles for Q4_K/Q5_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
+//! Layout: `types` (what every kernel file shares: [`QuantFormat`],
+//! [`QMatrix`], [`Isa`] and its names, [`TILE`], the row-kernel signature,
+//! the output pointer; re-exported here) and `common` (the pass splitter,
+//! the prefetch hint, the AMX and GEMM row thresholds), `blocks` (ggml
+//! block structs), `act` (activation quantization), `combine` (shared
+//! float math), `scalar` (reference kernels, always available),
+//! `tile_layout` (the Q4_K/Q5_K/Q6_K tile layout's bytes, portable),
+//! `x86_avx2` / `x86_avx512` / `x86_amx` (runtime-detected; AMX tiles for
+//! Q4_K/Q5_K/Q6_K × blocks of rows, see docs/model-core.md "AMX"),
 //! `aarch64_neon` (baseline NEON and SDOT, runtime-detected; same bits as
 //! scalar and x86, docs/model-core.md "aarch64"). `x86_avx2_formats` /
 //! `x86_avx512_formats` hold the whole-block kernels (Q4_0/Q5_0/Q5_0x4/
 //! Q8_0, Q4_1/Q5_1) and the F16/BF16 ones (issue 28, docs/model-core.md
-//! "Formats", "Whole blocks"); `x86_avx512_gemm` the large-m path.
+//! "Formats", "Whole blocks"); `x86_avx512_gemm` the large-m path. This
+//! module keeps the dispatch (`row_fn`, the GEMM and AMX jobs), detecting
+//! the paths ([`Isa::is_available`], [`Isa::selected`]) and the loaders'
+//! functions (repacking, the tile layout). The graph points one way
+//! (scripts/check-modules): the kernel files use `types`, `common`,
+//! `blocks`, `act`, `combine` and each other, never this module.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every
@@ -91,144 +101,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::{ModelError, Result};
-use candle_core::quantized::GgmlDType;
 
-/// The weight formats the kernels support.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QuantFormat {
-    F32,
-    F16,
-    /// bfloat16: the upper half of an f32, widened exactly.
-    BF16,
-    Q4_0,
-    /// Q4_0 with a per-block offset: `d * q + m`.
-    Q4_1,
-    Q5_0,
-    /// Q5_0 with a per-block offset: `d * q + m`.
-    Q5_1,
-    Q8_0,
-    /// 3-bit K-quant (llama.cpp's Q3_K_S/M/L files mix it with Q4_K..Q6_K).
-    Q3K,
-    Q4K,
-    /// 5-bit K-quant (Q5_K_S/M files).
-    Q5K,
-    Q6K,
-    /// Q5_0 regrouped by four blocks at load time ([`repack_q5_0x4`]; not a
-    /// GGUF type): the same values and scales, the same size, cheaper to
-    /// unpack on AVX2. Block `b` of a row is block `b % 4` of group `b / 4`.
-    Q5_0x4,
-}
-
-impl QuantFormat {
-    /// The GGUF tensor types the kernels run (every one but
-    /// [`QuantFormat::Q5_0x4`]).
-    pub const GGUF: [QuantFormat; 12] = [
-        Self::F32,
-        Self::F16,
-        Self::BF16,
-        Self::Q4_0,
-        Self::Q4_1,
-        Self::Q5_0,
-        Self::Q5_1,
-        Self::Q8_0,
-        Self::Q3K,
-        Self::Q4K,
-        Self::Q5K,
-        Self::Q6K,
-    ];
-
-    pub fn from_ggml(d: GgmlDType) -> Result<Self> {
-        Self::GGUF
-            .into_iter()
-            .find(|f| f.to_ggml() == Some(d))
-            .ok_or_else(|| {
-                let names: Vec<String> = Self::GGUF.iter().map(|f| format!("{f:?}")).collect();
-                ModelError::UnsupportedFormat(format!("{d:?} (supported: {})", names.join(", ")))
-            })
-    }
-
-    /// The GGUF type with this layout (`None` for [`QuantFormat::Q5_0x4`],
-    /// which exists only in memory).
-    pub fn to_ggml(self) -> Option<GgmlDType> {
-        Some(match self {
-            Self::F32 => GgmlDType::F32,
-            Self::F16 => GgmlDType::F16,
-            Self::BF16 => GgmlDType::BF16,
-            Self::Q4_0 => GgmlDType::Q4_0,
-            Self::Q4_1 => GgmlDType::Q4_1,
-            Self::Q5_0 => GgmlDType::Q5_0,
-            Self::Q5_1 => GgmlDType::Q5_1,
-            Self::Q8_0 => GgmlDType::Q8_0,
-            Self::Q3K => GgmlDType::Q3K,
-            Self::Q4K => GgmlDType::Q4K,
-            Self::Q5K => GgmlDType::Q5K,
-            Self::Q6K => GgmlDType::Q6K,
-            Self::Q5_0x4 => return None,
-        })
-    }
-
-    /// Elements per block (for [`QuantFormat::Q5_0x4`], per group of four).
-    pub fn block_elems(self) -> usize {
-        match self.to_ggml() {
-            Some(g) => g.block_size(),
-            None => 4 * blocks::QK,
-        }
-    }
-
-    /// Bytes per block (for [`QuantFormat::Q5_0x4`], per group of four).
-    pub fn block_bytes(self) -> usize {
-        match self.to_ggml() {
-            Some(g) => g.type_size(),
-            None => std::mem::size_of::<blocks::BlockQ5_0x4>(),
-        }
-    }
-
-    /// Bytes of one row of `cols` elements, or an error if `cols` is not a
-    /// multiple of the block size.
-    pub fn row_bytes(self, cols: usize) -> Result<usize> {
-        let be = self.block_elems();
-        if !cols.is_multiple_of(be) {
-            return Err(ModelError::InvalidArgument(format!(
-                "{cols} columns is not a multiple of the {self:?} block size {be}"
-            )));
-        }
-        Ok(cols / be * self.block_bytes())
-    }
-}
-
-/// A borrowed, row-major quantized matrix of `rows` × `cols` (GGUF layout: each
-/// row is `cols / block_elems` consecutive blocks).
-#[derive(Clone, Copy, Debug)]
-pub struct QMatrix<'a> {
-    pub format: QuantFormat,
-    pub rows: usize,
-    pub cols: usize,
-    pub data: &'a [u8],
-    /// The same matrix in the tile layout ([`build_tile_layout`]), built at
-    /// load time for the AMX kernels ([`QMatrix::with_tiles`]); without it
-    /// they rearrange each super-block as they go. Never changes a result.
-    pub tiles: Option<&'a [u8]>,
-}
-
+// QMatrix's methods that use the tile layout and the scalar kernels (here,
+// not in `types`, which the kernels use).
 impl<'a> QMatrix<'a> {
-    pub fn new(format: QuantFormat, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self> {
-        let rb = format.row_bytes(cols)?;
-        if data.len() != rb * rows {
-            return Err(ModelError::InvalidArgument(format!(
-                "{format:?} matrix {rows}x{cols} needs {} bytes, got {}",
-                rb * rows,
-                data.len()
-            )));
-        }
-        Ok(Self {
-            format,
-            rows,
-            cols,
-            data,
-            tiles: None,
-        })
-    }
-
     /// This matrix with its tile layout ([`build_tile_layout`] of it):
     /// refused when `tiles` is not that layout's size, or the format has
     /// none.
@@ -247,11 +123,6 @@ impl<'a> QMatrix<'a> {
             tiles: Some(tiles),
             ..self
         })
-    }
-
-    pub fn row_data(&self, r: usize) -> &'a [u8] {
-        let rb = self.data.len() / self.rows.max(1);
-        &self.data[r * rb..(r + 1) * rb]
     }
 
     /// Dequantize row `r` into `out` (`out.len() == cols`).
@@ -381,7 +252,7 @@ fn spread_bits(b: u16) -> u128 {
 macro_rules! passes {
     ($max:expr, $kernel:ident, $format:expr, $wrow:expr, $act:expr, $t0:expr, $tn:expr, $res:expr;
      $($n:literal)* ; $last:literal) => {{
-        for (t, r) in $crate::quant::pass_sizes($tn, $max) {
+        for (t, r) in $crate::quant::common::pass_sizes($tn, $max) {
             let out = &mut $res[t..];
             let t1 = $t0 + t;
             // SAFETY: the caller's contract (CPU features, rows inside `act`).
@@ -395,21 +266,8 @@ macro_rules! passes {
     }};
 }
 
-/// The whole-block formats, by the const index `F` their SIMD kernels are
-/// instantiated for (so that every `match` on the format inside folds);
-/// [`whole_block!`] maps a run-time format to its index.
-#[cfg(target_arch = "x86_64")]
-const WHOLE_BLOCK: [QuantFormat; 6] = [
-    QuantFormat::Q4_0,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_1,
-    QuantFormat::Q5_0x4,
-];
-
 /// `$kernel::<R, F>(args)` with `F` the index of `$format` in
-/// [`WHOLE_BLOCK`] (any other format: the last).
+/// `types::WHOLE_BLOCK` (any other format: the last).
 #[cfg(target_arch = "x86_64")]
 macro_rules! whole_block {
     ($format:expr, $kernel:ident::<$r:ident>($($arg:expr),*)) => {
@@ -424,27 +282,15 @@ macro_rules! whole_block {
     };
 }
 
-/// A tile of `tn` rows as passes of at most `max` rows, `(first row, rows)`
-/// each, in near-equal sizes (9 rows in passes of 8 are 5 + 4, not 8 + 1).
-/// Every kernel that takes a tile in passes splits it here.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn pass_sizes(tn: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
-    let passes = tn.div_ceil(max);
-    (0..passes).scan(0, move |t, p| {
-        let r = (tn - *t).div_ceil(passes - p);
-        let first = *t;
-        *t += r;
-        Some((first, r))
-    })
-}
-
 #[cfg(target_arch = "aarch64")]
 mod aarch64_neon;
 mod act;
 mod blocks;
 mod combine;
+mod common;
 mod scalar;
 mod tile_layout;
+mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86_amx;
 #[cfg(target_arch = "x86_64")]
@@ -458,83 +304,16 @@ mod x86_avx512_formats;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512_gemm;
 
+pub use common::{AMX_MIN_ROWS_Q4K, AMX_MIN_ROWS_Q6K, GEMM_MIN_ROWS, GEMM_MIN_ROWS_OFFSET};
+pub use types::{Isa, QMatrix, QuantFormat, TILE};
+
 use act::{Act, ActKind};
-
-/// Activation rows handled per pass over a weight row (a block of up to this
-/// many tokens reads each weight block once).
-pub const TILE: usize = 24;
-
-/// How far ahead of the weight block being multiplied the SIMD kernels
-/// prefetch (bytes). A decode step streams ~1 GB of weights once; a single
-/// core keeps too few loads in flight to reach the memory bandwidth from the
-/// hardware prefetcher alone. Prefetching 2 KB ahead cut the CPU time of a
-/// decode step by ~25 % on both models (docs/model-core.md, "Prefetch");
-/// 384–3072 measured alike.
 #[cfg(target_arch = "x86_64")]
-pub(crate) const PREFETCH_BYTES: usize = 2048;
+use common::amx_min_rows;
+use types::{OutPtr, RowFn};
 
-/// Prefetch `LINES` cache lines starting [`PREFETCH_BYTES`] ahead of `p`.
-/// A hint only: it never faults and never changes a result, whatever the
-/// address (past the end of the weights included).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_ahead<const LINES: usize>(p: *const u8) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let p = p.wrapping_add(PREFETCH_BYTES);
-    for l in 0..LINES {
-        // SAFETY: prefetch does not access memory architecturally and does not fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l).cast()) };
-    }
-}
-
-/// An instruction-set path for the quantized kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// Portable scalar code: the reference, always available.
-    Scalar,
-    /// x86-64 AVX2 (+F16C).
-    Avx2,
-    /// x86-64 AVX-512 F/BW/VL with VNNI.
-    Avx512Vnni,
-    /// [`Isa::Avx512Vnni`] plus AMX-INT8 tiles for Q4_K/Q5_K/Q6_K weights times
-    /// at least [`AMX_MIN_ROWS_Q4K`] / [`AMX_MIN_ROWS_Q6K`] activation rows.
-    Amx,
-    /// aarch64 baseline NEON (every ARMv8-A CPU).
-    Neon,
-    /// aarch64 NEON with the dot-product extension (`SDOT`, ARMv8.2+).
-    NeonDotprod,
-}
-
+// Detecting the paths (the enum and its names are in `types`).
 impl Isa {
-    /// Every variant, best last.
-    pub const ALL: [Isa; 6] = [
-        Isa::Scalar,
-        Isa::Avx2,
-        Isa::Avx512Vnni,
-        Isa::Amx,
-        Isa::Neon,
-        Isa::NeonDotprod,
-    ];
-
-    /// The name used by `TANDEM_ISA`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-            Isa::Avx512Vnni => "avx512vnni",
-            Isa::Amx => "amx",
-            Isa::Neon => "neon",
-            Isa::NeonDotprod => "neon-dotprod",
-        }
-    }
-
-    /// Parse a `TANDEM_ISA` value.
-    pub fn from_name(s: &str) -> Option<Isa> {
-        Isa::ALL
-            .into_iter()
-            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
-    }
-
     /// Whether this CPU can run the path.
     pub fn is_available(self) -> bool {
         match self {
@@ -598,16 +377,6 @@ impl Isa {
     }
 }
 
-impl std::fmt::Display for Isa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// One weight row × activation rows `t0..t0+tn` → `res[..tn]`.
-/// Unsafe because SIMD variants require their CPU features.
-type RowFn = unsafe fn(QuantFormat, &[u8], &Act, usize, usize, &mut [f32; TILE]);
-
 fn act_kind(f: QuantFormat) -> ActKind {
     match f {
         QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16 => ActKind::F32,
@@ -660,49 +429,6 @@ fn row_fn(isa: Isa, f: QuantFormat) -> RowFn {
     }
 }
 
-/// Raw output pointer shared by the tasks of one call; each task writes a
-/// disjoint set of columns `j0..j1` of the `m × rows` output.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements, and the borrow of `out` outlives them.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// From this many activation rows on, [`Isa::Amx`] runs Q4_K weights on AMX
-/// tiles (below, AVX-512 VNNI: over the tile layout when the matrix has
-/// one, else the row kernels; results are identical either way, so the
-/// thresholds are a speed choice only). Measured on the 2-thread forward
-/// in docs/model-core.md ("AMX, round four": 7 and 8 rows are faster on
-/// the VNNI side since it takes 8 rows a pass).
-pub const AMX_MIN_ROWS_Q4K: usize = 9;
-/// As [`AMX_MIN_ROWS_Q4K`], for Q6_K weights (6 rows a VNNI pass).
-pub const AMX_MIN_ROWS_Q6K: usize = 9;
-
-/// The AMX threshold for `format` (`None`: no AMX kernel), or
-/// `TANDEM_AMX_MIN_ROWS` if set (a tuning knob for benchmarks; it cannot
-/// change a result).
-#[cfg(target_arch = "x86_64")]
-fn amx_min_rows(format: QuantFormat) -> Option<usize> {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let env = *V.get_or_init(|| {
-        std::env::var("TANDEM_AMX_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    });
-    let default = match format {
-        QuantFormat::Q4K | QuantFormat::Q5K => AMX_MIN_ROWS_Q4K,
-        QuantFormat::Q6K => AMX_MIN_ROWS_Q6K,
-        _ => return None,
-    };
-    Some(env.unwrap_or(default))
-}
-
 /// What a Q4_K/Q5_K/Q6_K job runs on the `x86_amx` kernels, if anything: the
 /// tile steps on [`Isa::Amx`] from its threshold ([`amx_min_rows`]); and
 /// for a matrix in the tile layout ([`QMatrix::tiles`]) on AVX-512 VNNI or
@@ -714,35 +440,6 @@ fn x86_amx_job(isa: Isa, w: &QMatrix, act: &act::Act, m: usize) -> Option<x86_am
     let tiles = isa == Isa::Amx && m >= min;
     let units = w.tiles.is_some() && matches!(isa, Isa::Amx | Isa::Avx512Vnni);
     (tiles || units).then(|| x86_amx::AmxAct::new(act, w.format, tiles))
-}
-
-/// From this many activation rows on, [`Isa::Avx512Vnni`] (and [`Isa::Amx`],
-/// which delegates these formats) runs Q4_0/Q5_0/Q8_0 weights on the GEMM
-/// path (each panel of weight rows unpacked once for all rows;
-/// docs/model-core.md "GEMM path"). Results are identical either way; the
-/// threshold is a speed choice, measured there.
-pub const GEMM_MIN_ROWS: usize = 12;
-/// As [`GEMM_MIN_ROWS`], for Q4_1/Q5_1 weights. Both thresholds are where
-/// the path wins on a matrix streamed from memory (8960×1536: the panel
-/// builder does not prefetch, the row kernels do); on matrices that stay
-/// in L2 it wins from 2 (Q4_0/Q5_0/Q8_0) and 5 (Q4_1/Q5_1) rows.
-pub const GEMM_MIN_ROWS_OFFSET: usize = 8;
-
-/// The GEMM threshold for `format` ([`GEMM_MIN_ROWS`] or
-/// [`GEMM_MIN_ROWS_OFFSET`]), or `TANDEM_GEMM_MIN_ROWS` if set (a tuning
-/// knob for benchmarks; it cannot change a result).
-#[cfg(target_arch = "x86_64")]
-fn gemm_min_rows(format: QuantFormat) -> usize {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let env = *V.get_or_init(|| {
-        std::env::var("TANDEM_GEMM_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    });
-    env.unwrap_or(match format {
-        QuantFormat::Q4_1 | QuantFormat::Q5_1 => GEMM_MIN_ROWS_OFFSET,
-        _ => GEMM_MIN_ROWS,
-    })
 }
 
 /// Below this many weight bytes × rows, a call runs on the calling thread.

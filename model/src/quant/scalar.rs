@@ -7,7 +7,7 @@ use super::blocks::{
     BlockQ5K, BlockQ5_0, BlockQ5_0x4, BlockQ5_1, BlockQ6K, BlockQ8_0, QK, QK_K,
 };
 use super::combine;
-use super::{QuantFormat, TILE};
+use super::types::{QuantFormat, TILE};
 
 /// Unpack block `b` of a Q4_0/Q5_0/Q5_0x4/Q8_0 row into signed values;
 /// returns its scale.

@@ -58,7 +58,7 @@ use std::mem::MaybeUninit;
 
 use super::act::Act;
 use super::tile_layout::{self, GROUP};
-use super::{OutPtr, QMatrix};
+use super::types::{OutPtr, QMatrix, QuantFormat};
 
 /// Activation rows per tile step at most (the rows of A and C).
 const TN: usize = 16;
@@ -194,9 +194,9 @@ fn tiles_of(act: &Act) -> Vec<i8> {
 impl AmxAct {
     /// `tiles`: run the tile steps ([`available`] must hold), else the
     /// VNNI sums over the same units.
-    pub(super) fn new(act: &Act, format: super::QuantFormat, tiles: bool) -> Self {
+    pub(super) fn new(act: &Act, format: QuantFormat, tiles: bool) -> Self {
         let a_tiles = tiles.then(|| tiles_of(act));
-        if !matches!(format, super::QuantFormat::Q4K | super::QuantFormat::Q5K) {
+        if !matches!(format, QuantFormat::Q4K | QuantFormat::Q5K) {
             return AmxAct {
                 a_tiles,
                 bsp: Vec::new(),

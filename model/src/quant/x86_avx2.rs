@@ -29,8 +29,8 @@ use std::arch::x86_64::*;
 use super::act::{Act, ActKind};
 use super::blocks::{cast, q4k_scales_mins, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use super::combine;
-use super::Isa;
-use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
+use super::common::prefetch_ahead;
+use super::types::{Isa, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass of the whole-block kernel
 /// (`x86_avx2_formats::row_block`; each row holds a 16-lane accumulator

@@ -21,8 +21,9 @@ use std::arch::x86_64::*;
 use super::act::Act;
 use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_0x4, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
+use super::common::prefetch_ahead;
+use super::types::{QuantFormat, TILE, WHOLE_BLOCK};
 use super::x86_avx2::{bytes_from_bits_32, MAX_R_GROUP};
-use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
 /// Rows per pass of the BF16 kernel (two 8-lane accumulators each).
 const MAX_R_FLOAT: usize = 4;

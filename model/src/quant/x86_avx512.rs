@@ -21,8 +21,9 @@ use std::arch::x86_64::*;
 use super::act::Act;
 use super::blocks::{cast, f16_le, q4k_scales_mins, BlockQ3K, BlockQ6K, QK_K};
 use super::combine;
+use super::common::prefetch_ahead;
+use super::types::{QuantFormat, RowFn, TILE};
 use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16};
-use super::{prefetch_ahead, QuantFormat, RowFn, TILE};
 
 /// Activation rows per pass over a weight row.
 pub(super) const MAX_R: usize = 8;

@@ -21,8 +21,9 @@ use std::arch::x86_64::*;
 use super::act::Act;
 use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 use super::combine;
+use super::common::prefetch_ahead;
+use super::types::{QuantFormat, TILE, WHOLE_BLOCK};
 use super::x86_avx512::{nibbles, MAX_R};
-use super::{prefetch_ahead, QuantFormat, TILE, WHOLE_BLOCK};
 
 /// Activation rows per pass of the whole-block kernel (each row keeps a
 /// partial reduction tree of 16 blocks in registers).

@@ -37,8 +37,8 @@ use std::arch::x86_64::*;
 use super::act::Act;
 use super::blocks::{BlockQ4_1, BlockQ5_1, QK};
 use super::combine;
+use super::types::{Isa, OutPtr, QMatrix, QuantFormat};
 use super::x86_avx512_formats::{block_scales, block_step16, has_offset, unsigned_pair};
-use super::{OutPtr, QMatrix, QuantFormat};
 
 /// Activation rows per micro-kernel step.
 const MR: usize = 2;
@@ -158,10 +158,10 @@ pub(super) fn regroup_act(act: &Act) -> Vec<i8> {
 }
 
 /// Whether the path runs for `format` on `isa` with `m` rows.
-pub(super) fn applies(isa: super::Isa, format: QuantFormat, m: usize) -> bool {
-    matches!(isa, super::Isa::Avx512Vnni | super::Isa::Amx)
+pub(super) fn applies(isa: Isa, format: QuantFormat, m: usize) -> bool {
+    matches!(isa, Isa::Avx512Vnni | Isa::Amx)
         && handles(format)
-        && m >= super::gemm_min_rows(format)
+        && m >= super::common::gemm_min_rows(format)
 }
 
 /// Output columns (weight rows) `j0..j1` of `w` × every row of `act` into
