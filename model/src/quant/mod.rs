@@ -83,7 +83,9 @@
 //! the paths ([`Isa::is_available`], [`Isa::selected`]) and the loaders'
 //! functions (repacking, the tile layout). The graph points one way
 //! (scripts/check-modules): the kernel files use `types`, `common`,
-//! `blocks`, `act`, `combine` and each other, never this module.
+//! `blocks`, `act`, `combine` and each other (`x86_avx2` and
+//! `x86_avx512` dispatch to their `_formats` files, never back), never
+//! this module.
 //!
 //! Threading: output rows are split into chunks on rayon's global (persistent)
 //! pool; within a chunk each weight row is unpacked block by block and every

@@ -8,7 +8,7 @@
 //! bit-identical.
 //!
 //! The whole-block formats (Q4_0/Q5_0/Q5_0x4/Q8_0, Q4_1/Q5_1) are in
-//! `x86_avx2_formats`: passes of up to [`MAX_R_GROUP`] rows with register
+//! `x86_avx2_formats`: passes of up to its `MAX_R_GROUP` rows with register
 //! accumulators. Two shapes per K-quant format, chosen by the number of
 //! activation rows `tn` of the tile (results are identical either way):
 //! - short tiles (decode, and the draft's 2–3-token catch-ups; up to
@@ -32,10 +32,6 @@ use super::combine;
 use super::common::prefetch_ahead;
 use super::types::{Isa, QuantFormat, RowFn, TILE};
 
-/// Activation rows per pass of the whole-block kernel
-/// (`x86_avx2_formats::row_block`; each row holds a 16-lane accumulator
-/// and a partial reduction tree in registers).
-pub(super) const MAX_R_GROUP: usize = 2;
 /// Tiles of up to this many rows take the Q4_K/Q6_K kernels that unpack in
 /// registers per pass; longer tiles unpack each super-block once into L1 for
 /// all their rows ([`q4k_tile`], [`q6k_tile`]). Measured crossover on a Zen 3
@@ -94,21 +90,6 @@ pub(super) fn f16c(b: [u8; 2]) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(
         _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
     ))
-}
-
-/// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn bytes_from_bits_32(bits: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303030303030303,
-        0x0202020202020202,
-        0x0101010101010101,
-        0x0000000000000000,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
 #[target_feature(enable = "avx2,f16c")]

@@ -23,8 +23,11 @@ use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_0x4, BlockQ5_
 use super::combine;
 use super::common::prefetch_ahead;
 use super::types::{QuantFormat, TILE, WHOLE_BLOCK};
-use super::x86_avx2::{bytes_from_bits_32, MAX_R_GROUP};
 
+/// Activation rows per pass of the whole-block kernel ([`row_block`]; each
+/// row holds a 16-lane accumulator and a partial reduction tree in
+/// registers).
+const MAX_R_GROUP: usize = 2;
 /// Rows per pass of the BF16 kernel (two 8-lane accumulators each).
 const MAX_R_FLOAT: usize = 4;
 
@@ -62,6 +65,21 @@ unsafe fn block_rows<const R: usize>(
 ) {
     // SAFETY: the caller's contract.
     unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
+}
+
+/// Expand 32 bits to 32 bytes: 0xFF where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_from_bits_32(bits: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0x0000000000000000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
 /// Nibbles of 16 bytes, low ones then high ones (elements 0..32 of a

@@ -26,7 +26,7 @@ use super::types::{QuantFormat, RowFn, TILE};
 use super::x86_avx2::{hsum2, k36_head, k36_scales, k45, q4k_mins16};
 
 /// Activation rows per pass over a weight row.
-pub(super) const MAX_R: usize = 8;
+const MAX_R: usize = 8;
 
 pub(super) fn row_fn(f: QuantFormat) -> Option<RowFn> {
     match f {
@@ -132,28 +132,6 @@ unsafe fn row_q6k(
     res: &mut [f32; TILE],
 ) {
     passes!(MAX_R, q6k_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
-}
-
-/// Low nibbles of 16 bytes then their high nibbles (elements 0..32 of a
-/// Q4_0/Q5_0 block), for block `a` in the low half and `b` (or zeros) in the
-/// high half.
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw")]
-pub(super) fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
-    // Per 128-bit lane: shift 0 (low nibbles), 4 (high nibbles), 0, 4.
-    let h = _mm256_set_m128i(_mm_set1_epi16(4), _mm_set1_epi16(0));
-    let sh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), h);
-    // SAFETY: 16 bytes from each 16-byte array.
-    let ya = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qa.as_ptr().cast())) };
-    let z = match qb {
-        Some(qb) => {
-            // SAFETY: as above.
-            let yb = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qb.as_ptr().cast())) };
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ya), yb)
-        }
-        None => _mm512_zextsi256_si512(ya),
-    };
-    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xF))
 }
 
 /// Lane r = Σ of the 8 i32 lanes of `v[r]`, for r < `R` ≤ 8 (exact; lanes

@@ -23,11 +23,13 @@ use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
 use super::combine;
 use super::common::prefetch_ahead;
 use super::types::{QuantFormat, TILE, WHOLE_BLOCK};
-use super::x86_avx512::{nibbles, MAX_R};
 
 /// Activation rows per pass of the whole-block kernel (each row keeps a
 /// partial reduction tree of 16 blocks in registers).
 const MAX_R_BLOCK: usize = 8;
+/// Activation rows per pass of the F16/BF16 kernel (one 16-lane accumulator
+/// each; as many as the K-quant kernels of `x86_avx512` take).
+const MAX_R_HALF: usize = 8;
 
 /// Whether `format` is an offset format (`d·q + m`: Q4_1/Q5_1, stepped by
 /// [`combine::min_block_step`]) rather than a signed one (stepped by
@@ -82,6 +84,28 @@ unsafe fn block_rows<const R: usize>(
 ) {
     // SAFETY: the caller's contract.
     unsafe { whole_block!(format, block_rows_of::<R>(wrow, act, t0, res)) }
+}
+
+/// Low nibbles of 16 bytes then their high nibbles (elements 0..32 of a
+/// Q4_0/Q5_0 block), for block `a` in the low half and `b` (or zeros) in the
+/// high half.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn nibbles(qa: &[u8; 16], qb: Option<&[u8; 16]>) -> __m512i {
+    // Per 128-bit lane: shift 0 (low nibbles), 4 (high nibbles), 0, 4.
+    let h = _mm256_set_m128i(_mm_set1_epi16(4), _mm_set1_epi16(0));
+    let sh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), h);
+    // SAFETY: 16 bytes from each 16-byte array.
+    let ya = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qa.as_ptr().cast())) };
+    let z = match qb {
+        Some(qb) => {
+            // SAFETY: as above.
+            let yb = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qb.as_ptr().cast())) };
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ya), yb)
+        }
+        None => _mm512_zextsi256_si512(ya),
+    };
+    _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(0xF))
 }
 
 /// Values of blocks `b` and `b + 1` of a Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 row (the
@@ -396,7 +420,7 @@ unsafe fn block_rows_of<const R: usize, const F: usize>(
 }
 
 /// F16 or BF16 weight row × a tile of `tn` f32 rows, in passes of up to
-/// [`MAX_R`] rows (one 16-lane accumulator each).
+/// [`MAX_R_HALF`] rows (one 16-lane accumulator each).
 ///
 /// # Safety
 /// AVX-512 F/BW; rows `t0..t0 + tn` exist in `act`.
@@ -409,7 +433,7 @@ pub(super) unsafe fn row_half(
     tn: usize,
     res: &mut [f32; TILE],
 ) {
-    passes!(MAX_R, half_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
+    passes!(MAX_R_HALF, half_rows, format, wrow, act, t0, tn, res; 1 2 3 4 5 6 7; 8)
 }
 
 /// F16 or BF16 weight row × f32 rows `t0..t0 + R`: `scalar::row_float`'s
