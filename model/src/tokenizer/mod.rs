@@ -16,7 +16,9 @@
 //!
 //! Chat goes through the GGUF's own Jinja template ([`chat`]); the verifier
 //! and draft agree on a vocabulary through [`Tokenizer::fingerprint`] and
-//! [`Tokenizer::check_pair`] ([`pair`]).
+//! [`Tokenizer::check_pair`] ([`pair`]). The types ([`Tokenizer`],
+//! [`TokenizerModel`]) are in `types`, a leaf that `pair` and `stream` use:
+//! no file under `tokenizer/` uses this one.
 //!
 //! No Unicode normalisation is applied (llama.cpp applies none either).
 //! Decoding concatenates the bytes of each token (byte-level BPE tokens their
@@ -35,6 +37,7 @@ mod pre;
 mod special;
 mod spm;
 mod stream;
+mod types;
 mod vocab;
 
 pub use chat::{ChatMessage, Role, ToolCall, QWEN2_CHAT_TEMPLATE};
@@ -42,6 +45,7 @@ pub use pair::PairError;
 pub use pre::{supported_names as supported_pre_tokenizers, PreType};
 pub use special::FimTokens;
 pub use stream::StreamDecoder;
+pub use types::{Tokenizer, TokenizerModel};
 pub use vocab::TokenKind;
 
 // The tiny test models' byte-level vocabulary (`crate::testing`).
@@ -56,68 +60,8 @@ use rayon::prelude::*;
 use special::{Fragment, Specials};
 use spm::Spm;
 use std::sync::Arc;
+use types::{Algo, Inner};
 use vocab::{err, meta_str, string_array, FxMap};
-
-/// The vocabulary's tokenization algorithm (`tokenizer.ggml.model`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TokenizerModel {
-    /// `gpt2`: GPT-2 byte-level BPE.
-    Gpt2,
-    /// `llama`: SentencePiece with byte fallback.
-    Llama,
-}
-
-impl TokenizerModel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gpt2 => "gpt2",
-            Self::Llama => "llama",
-        }
-    }
-}
-
-enum Algo {
-    Bpe(Bpe),
-    Spm(Spm),
-}
-
-struct Inner {
-    model: TokenizerModel,
-    /// `tokenizer.ggml.pre` as stored (`None` when absent).
-    pre_name: Option<String>,
-    /// Token text as stored in the GGUF (byte-level form, e.g. `Ġworld`, or
-    /// SentencePiece form, `▁world`).
-    tokens: Vec<String>,
-    /// The bytes each token stands for when decoded.
-    pieces: Vec<Vec<u8>>,
-    kinds: Vec<TokenKind>,
-    token_to_id: FxMap<String, u32>,
-    algo: Algo,
-    /// Control / user-defined / unknown tokens, longest text first.
-    specials: Vec<u32>,
-    ids: Specials,
-    add_space_prefix: bool,
-    real_vocab_size: usize,
-    fingerprint: String,
-}
-
-/// The tokenizer of a GGUF model. Cloning is cheap (shared state).
-#[derive(Clone)]
-pub struct Tokenizer {
-    inner: Arc<Inner>,
-    chat: Option<Arc<ChatTemplate>>,
-}
-
-impl std::fmt::Debug for Tokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("model", &self.inner.model)
-            .field("pre", &self.inner.pre_name)
-            .field("vocab_size", &self.inner.tokens.len())
-            .field("fingerprint", &self.inner.fingerprint)
-            .finish()
-    }
-}
 
 impl Tokenizer {
     /// Build the tokenizer from a GGUF's `tokenizer.*` metadata.
@@ -287,11 +231,6 @@ impl Tokenizer {
         self.chat.as_deref().map(ChatTemplate::source)
     }
 
-    /// Number of token ids (includes trailing padding slots).
-    pub fn vocab_size(&self) -> usize {
-        self.inner.tokens.len()
-    }
-
     /// Ids below this are real tokens; the rest are trailing padding slots
     /// (`[PAD…]`, unused) that differ between sizes of a family.
     pub fn real_vocab_size(&self) -> usize {
@@ -301,12 +240,6 @@ impl Tokenizer {
     /// `tokenizer.ggml.model`.
     pub fn model(&self) -> TokenizerModel {
         self.inner.model
-    }
-
-    /// `tokenizer.ggml.pre` (`default` when absent; SentencePiece
-    /// vocabularies have none).
-    pub fn pre_name(&self) -> &str {
-        self.inner.pre_name.as_deref().unwrap_or("default")
     }
 
     /// SentencePiece's `add_space_prefix`: a space is put before text that
@@ -561,21 +494,6 @@ impl Tokenizer {
             bytes.extend_from_slice(self.piece_for_decode(id, skip_special)?);
         }
         Ok(bytes)
-    }
-
-    fn piece_for_decode(&self, id: u32, skip_special: bool) -> Result<&[u8]> {
-        let i = id as usize;
-        let piece = self
-            .inner
-            .pieces
-            .get(i)
-            .ok_or(ModelError::TokenOutOfRange {
-                id,
-                vocab: self.vocab_size(),
-            })?;
-        let skip =
-            skip_special && matches!(self.inner.kinds[i], TokenKind::Control | TokenKind::Unknown);
-        Ok(if skip { &[] } else { piece })
     }
 
     /// Decode ids to text. `skip_special` drops control tokens (`<|im_end|>` …).

@@ -10,8 +10,8 @@
 //! real tokens.
 
 use super::special::Specials;
+use super::types::{Algo, Tokenizer, TokenizerModel};
 use super::vocab::TokenKind;
-use super::{Algo, Tokenizer, TokenizerModel};
 use sha2::{Digest, Sha256};
 
 /// Why two tokenizers cannot exchange token ids.

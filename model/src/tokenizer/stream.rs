@@ -1,7 +1,7 @@
 //! UTF-8-safe streaming decoder: token ids in, text chunks out, never a
 //! split character.
 
-use super::Tokenizer;
+use super::types::Tokenizer;
 
 /// Turns a stream of token ids into text chunks without ever splitting a
 /// UTF-8 character (a byte-level token can end in the middle of one). The
