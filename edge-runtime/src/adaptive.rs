@@ -333,10 +333,6 @@ pub struct SpecState {
     /// verified rows as the target's cost, the draft's forward times; fed by
     /// the same rounds as the adaptive-k chooser.
     pub auto: AutoChooser,
-    /// Pipelined drafting: tokens drafted beyond the context (the draft cache +
-    /// pending hold ctx + these), valid for the context length `ahead_at`.
-    pub(crate) ahead: Vec<u32>,
-    pub(crate) ahead_at: usize,
 }
 
 impl SpecState {
@@ -346,16 +342,12 @@ impl SpecState {
             chooser: AdaptiveK::new(cfg),
             auto: AutoChooser::default(),
             rounds: Vec::new(),
-            ahead: Vec::new(),
-            ahead_at: 0,
         }
     }
 
-    /// Starts a generation: clears the round log and any pipelined drafts.
+    /// Starts a generation: clears the round log.
     pub fn begin(&mut self) -> &mut Self {
         self.rounds.clear();
-        self.ahead.clear();
-        self.ahead_at = 0;
         self
     }
 

@@ -686,6 +686,13 @@ pub struct EngineRound {
     /// What proposed the block, and the block.
     pub source: Source,
     pub block: Vec<u32>,
+    /// Leading block tokens drafted ahead in the round before.
+    pub reused: usize,
+    /// Tokens drafted ahead that the next block starts with
+    /// ([`propose_continuing`]): the whole block was accepted and the
+    /// verifier's token was the draft's guess. The draft's cache holds the
+    /// context and them but the last.
+    pub ahead: Vec<u32>,
     /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
     pub lookup_match: Option<usize>,
     /// Of it, accepted; then the verifier's token.
@@ -748,8 +755,16 @@ pub struct Proposal {
     /// What proposed the block, and the block.
     pub source: Source,
     pub block: Vec<u32>,
-    /// The draft's steps, one per block token, with what [`ProposeAsk::draft`]
-    /// asked (empty unless the draft proposed).
+    /// Leading block tokens drafted ahead in the previous round
+    /// ([`propose_continuing`]); the draft's steps cover the rest.
+    pub reused: usize,
+    /// Tokens drafted past the block while its verify was in flight
+    /// ([`draft_ahead`]): the draft's guess of the verifier's token, then
+    /// what follows it. [`settle`] keeps them for the next block when the
+    /// verdict accepts the whole block and its token is the guess.
+    pub ahead: Vec<u32>,
+    /// The draft's steps, one per block token past the `reused` ones, with
+    /// what [`ProposeAsk::draft`] asked (empty unless the draft proposed).
     pub steps: Vec<Drafted>,
     /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
     pub lookup_match: Option<usize>,
@@ -784,6 +799,57 @@ impl Proposal {
 /// [`Source::Nothing`]). The draft's cache then holds `ctx` and the block
 /// but its last token.
 pub fn propose(st: &mut RoundState<'_, '_>, ctx: &[u32], ask: ProposeAsk) -> Result<Proposal> {
+    propose_continuing(st, ctx, ask, Vec::new())
+}
+
+/// [`propose`], continuing from `ahead`: the tokens the last round's
+/// [`settle`] kept ([`EngineRound::ahead`], pipelined drafting), drafted
+/// after `ctx` by the draft model (whose cache holds `ctx` and them but the
+/// last). The block starts with them (at most `ask.k`; the rest stay
+/// drafted past the block, [`Proposal::ahead`]) and the draft proposes what
+/// is left. Only the draft model continues a block: `ahead` with another
+/// proposer is an error.
+pub fn propose_continuing(
+    st: &mut RoundState<'_, '_>,
+    ctx: &[u32],
+    ask: ProposeAsk,
+    mut ahead: Vec<u32>,
+) -> Result<Proposal> {
+    if !ahead.is_empty() {
+        if ask.proposer != ProposerKind::Draft || ask.k == 0 {
+            return Err(ModelError::InvalidArgument(format!(
+                "a block continues drafted-ahead tokens with the draft model and k > 0, \
+                 not {:?} and k = {}",
+                ask.proposer, ask.k
+            )));
+        }
+        let reused = ahead.len().min(ask.k);
+        let past = ahead.split_off(reused);
+        let mut history = ctx.to_vec();
+        history.extend_from_slice(&ahead);
+        let mut draft_forwards = Vec::new();
+        let steps = st.draft.propose(
+            &history,
+            ask.k - reused,
+            &st.cfg.sampling,
+            ask.draft,
+            st.stats,
+            st.chooser,
+            &mut draft_forwards,
+        )?;
+        ahead.extend(steps.iter().map(|d| d.token));
+        return Ok(Proposal {
+            source: Source::Draft,
+            block: ahead,
+            reused,
+            ahead: past,
+            steps,
+            lookup_match: None,
+            draft_forwards,
+            draft_peak: st.draft.cache.len(),
+            ctx_len: ctx.len(),
+        });
+    }
     let plan = if ask.k == 0 {
         Plan {
             source: Source::Nothing,
@@ -834,6 +900,8 @@ pub fn propose(st: &mut RoundState<'_, '_>, ctx: &[u32], ask: ProposeAsk) -> Res
     Ok(Proposal {
         source: plan.source,
         block,
+        reused: 0,
+        ahead: Vec::new(),
         steps,
         lookup_match: plan.lookup_match,
         draft_forwards,
@@ -842,9 +910,37 @@ pub fn propose(st: &mut RoundState<'_, '_>, ctx: &[u32], ask: ProposeAsk) -> Res
     })
 }
 
+/// One draft step past `p`'s block while its verify is in flight
+/// (pipelined drafting): the draft's token after `ctx`, the block and what
+/// it drafted ahead so far, appended to [`Proposal::ahead`]. The first is
+/// its guess of the verifier's token (its argmax, or in sampled mode its
+/// keyed draw, whose key the target's shares). Counted as a draft forward;
+/// not timed for the proposers' estimates (it runs beside the verify).
+pub fn draft_ahead(st: &mut RoundState<'_, '_>, ctx: &[u32], p: &mut Proposal) -> Result<u32> {
+    if p.source != Source::Draft || p.block.is_empty() {
+        return Err(ModelError::InvalidArgument(
+            "only a block the draft model proposed is drafted past".into(),
+        ));
+    }
+    let mut hist = ctx.to_vec();
+    hist.extend_from_slice(&p.block);
+    hist.extend_from_slice(&p.ahead);
+    let held = st.draft.cache.len().min(hist.len() - 1);
+    let d = st
+        .draft
+        .step(&hist[held..], &hist, &st.cfg.sampling, DraftAsk::default())?;
+    st.stats.draft_forwards += 1;
+    p.ahead.push(d.token);
+    p.draft_peak = p.draft_peak.max(st.draft.cache.len());
+    Ok(d.token)
+}
+
 /// The second half of a round: applies `v`, the verdict on `p` (which took
 /// `verify_time`): counts it, rolls the draft back to what was accepted,
-/// emits the accepted tokens and the verifier's to `out`. A verdict that
+/// emits the accepted tokens and the verifier's to `out`. When the verdict
+/// accepts the whole block and its token is the first drafted ahead
+/// ([`draft_ahead`]), the draft keeps the rest ([`EngineRound::ahead`]: the
+/// next block starts with them, [`propose_continuing`]). A verdict that
 /// accepts more than the block is an error (nothing emitted or counted but
 /// the verifier's forward; the draft back to the context).
 pub fn settle(
@@ -867,8 +963,13 @@ pub fn settle(
     st.stats.proposers.record(p.source, p.block.len(), n);
     st.chooser
         .observe(p.source, p.lookup_match, p.block.len(), n);
-    // The context's last token and block[..n] are final.
-    st.draft.rollback(p.ctx_len + n);
+    // The context's last token and block[..n] are final; with the whole
+    // block accepted and the guess right, so is the guess, and the draft's
+    // cache (context, block, ahead but its last) stays.
+    let guessed = n == p.block.len() && p.ahead.first() == Some(&v.next_token);
+    if !guessed {
+        st.draft.rollback(p.ctx_len + n);
+    }
     let mut logprobs = v.logprobs.map(Vec::into_iter);
     let mut lp = || logprobs.as_mut().and_then(Iterator::next);
     let mut going = true;
@@ -879,11 +980,22 @@ pub fn settle(
         }
     }
     if going {
-        out.emit_verified(v.next_token, lp());
+        going = out.emit_verified(v.next_token, lp());
     }
+    let ahead = match (guessed, going) {
+        (true, true) => p.ahead[1..].to_vec(),
+        (true, false) => {
+            // The generation ended: the draft holds only what was emitted.
+            st.draft.rollback(p.ctx_len + n);
+            Vec::new()
+        }
+        (false, _) => Vec::new(),
+    };
     Ok(EngineRound {
         source: p.source,
         block: p.block,
+        reused: p.reused,
+        ahead,
         lookup_match: p.lookup_match,
         accepted: n,
         next_token: v.next_token,

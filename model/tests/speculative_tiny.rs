@@ -3,6 +3,7 @@
 //! errors are clear.
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+use std::time::Duration;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
@@ -367,6 +368,118 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
     assert_eq!(g.stats.proposers.none_rounds, none_rounds);
     assert!(none_rounds > 0);
     assert!(g.stats.drafted >= g.stats.accepted);
+}
+
+/// Pipelined drafting on the core's halves: a block continues the tokens
+/// the last round kept ahead (`propose_continuing`), the draft drafts past
+/// the block while the verify would be in flight (`draft_ahead`), and
+/// `settle` keeps them only when the whole block is accepted and the
+/// verifier's token is the draft's guess. Whatever is kept, the output is
+/// the target's greedy output.
+#[test]
+fn pipelined_rounds_on_the_core_keep_a_right_guess_and_give_the_targets_output() {
+    use tandem_model::engine::{
+        self, BlockVerifier, DraftAsk, DraftModel, ProposeAsk, RoundOutput, RoundState,
+        TargetVerifier,
+    };
+    use tandem_model::logprobs::TokenLogprobs;
+    use tandem_model::proposer::{AutoChooser, NgramIndex};
+    use tandem_model::speculative::GenStats;
+    struct Out(Vec<u32>);
+    impl RoundOutput for Out {
+        fn context(&self) -> &[u32] {
+            &self.0
+        }
+        fn emit_verified(&mut self, t: u32, _: Option<TokenLogprobs>) -> bool {
+            self.0.push(t);
+            true
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = pair(dir.path(), 256);
+    let prompt = [100u32, 7, 42, 42, 9];
+    let cfg = GenerateConfig {
+        max_tokens: 48,
+        ..GenerateConfig::default()
+    };
+    let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
+    assert_eq!(reference.stop, StopReason::MaxTokens);
+    let mut verifier = TargetVerifier::new(&target, cfg.sampling);
+    verifier.prefill(&prompt[..prompt.len() - 1]).unwrap();
+    let mut dm = DraftModel::new(&draft, cfg.draft_kv);
+    let (mut index, mut chooser, mut stats) = (
+        NgramIndex::new(),
+        AutoChooser::default(),
+        GenStats::default(),
+    );
+    let mut out = Out(prompt.to_vec());
+    let (mut ahead, mut kept, mut reused_rounds, mut round) = (Vec::new(), 0, 0, 0);
+    while out.0.len() < prompt.len() + cfg.max_tokens {
+        let mut st = RoundState {
+            cfg: &cfg,
+            draft: &mut dm,
+            index: &mut index,
+            chooser: &mut chooser,
+            stats: &mut stats,
+        };
+        let k = [3, 2, 4][round % 3];
+        let carried: Vec<u32> = ahead.clone();
+        let ask = ProposeAsk {
+            proposer: ProposerKind::Draft,
+            k,
+            room_out: 64,
+            draft: DraftAsk::default(),
+        };
+        let mut p = engine::propose_continuing(&mut st, &out.0, ask, ahead).unwrap();
+        let reused = carried.len().min(k);
+        assert_eq!((p.block.len(), p.reused), (k, reused));
+        assert_eq!(p.block[..reused], carried[..reused]);
+        assert_eq!(p.ahead, carried[reused..]);
+        if reused > 0 {
+            reused_rounds += 1;
+        }
+        for _ in 0..[0, 1, 2, 5][round % 4] {
+            engine::draft_ahead(&mut st, &out.0, &mut p).unwrap();
+        }
+        let v = verifier.verify(&out.0, &p.block).unwrap();
+        let guess = p.ahead.first().copied();
+        let full = v.accepted == p.block.len();
+        let done = engine::settle(&mut st, p, v, Duration::ZERO, &mut out).unwrap();
+        if full && guess == Some(done.next_token) {
+            kept += 1;
+            // The draft holds the context and the kept tokens but the last.
+            assert_eq!(dm.cache.len() + 1, out.0.len() + done.ahead.len());
+        } else {
+            assert!(done.ahead.is_empty());
+            assert!(dm.cache.len() < out.0.len());
+        }
+        ahead = done.ahead;
+        round += 1;
+    }
+    assert_eq!(
+        out.0[prompt.len()..][..cfg.max_tokens],
+        reference.tokens[..]
+    );
+    assert!(
+        kept > 0 && reused_rounds > 0,
+        "{kept} kept, {reused_rounds} reused"
+    );
+    // Only the draft model continues a block.
+    let mut st = RoundState {
+        cfg: &cfg,
+        draft: &mut dm,
+        index: &mut index,
+        chooser: &mut chooser,
+        stats: &mut stats,
+    };
+    let ask = ProposeAsk {
+        proposer: ProposerKind::Lookup,
+        k: 3,
+        room_out: 8,
+        draft: DraftAsk::default(),
+    };
+    let e = engine::propose_continuing(&mut st, &out.0, ask, vec![1]).unwrap_err();
+    assert!(e.to_string().contains("draft model"), "{e}");
 }
 
 /// A verifier that claims more accepted tokens than the block had is an

@@ -20,7 +20,6 @@ use crate::client::NetError;
 use crate::error::EdgeError;
 use std::time::Duration;
 use tandem_model::engine::{self, BlockVerdict, BlockVerifier, VerifyError};
-use tandem_model::proposer::Source;
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::StopReason;
 use tandem_model::ModelError;
@@ -131,7 +130,6 @@ pub(super) fn round(
         });
         return Ok(None);
     }
-    let ctx_before = run.ctx.len();
     let mut verifier = WindowedVerifier {
         conn: &mut r.conn,
         sampling: &gen.sampling,
@@ -152,27 +150,22 @@ pub(super) fn round(
     // (The core did not run the draft: it stays behind the context, and
     // `pending` is what it has not seen.)
     run.sync_pending();
-    let done = match res {
-        Ok(done) => done,
+    match res {
+        Ok(_) => {}
         Err(VerifyError::Broken(e)) => {
             r.fail(run, e)?;
             return Ok(None);
         }
         Err(VerifyError::Refused(e)) => return Err(e),
         Err(VerifyError::Model(e)) => return Err(e.into()),
-    };
+    }
     Ok(Some(RoundOutcome {
-        ctx_before,
-        drafted: Vec::new(),
         k: 0,
         accepted: 0,
-        next_token: done.next_token,
         rtt,
         positions: draft_positions(0),
         draft_ms: 0.0,
         reused: 0,
-        source: Source::Nothing,
-        lookup_match: None,
         apply: Apply::Core,
     }))
 }

@@ -25,6 +25,7 @@ use tandem_model::engine::{BlockVerdict, BlockVerifier, VerifyError};
 use tandem_model::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_model::sampling::SamplingParams;
 use tandem_model::speculative::{GenerateConfig, StopReason};
+use tandem_model::ModelError;
 use tandem_proto::v1::{
     self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg, ClientMessage,
 };
@@ -666,6 +667,52 @@ impl Connection<'_> {
             .block_on(s.exchange(msg, deadline, &mut self.counters))
     }
 
+    /// [`Self::exchange`], with `beside` run on this thread while the
+    /// answer is in flight (pipelined drafting), again and again until it
+    /// returns false or the answer is there. Its error (the device's own
+    /// model failed) comes second, once the exchange has ended.
+    pub(super) fn exchange_beside(
+        &mut self,
+        msg: ClientMsg,
+        positions: usize,
+        beside: &mut Beside<'_>,
+    ) -> (
+        Result<(ServerMsg, Duration), NetError>,
+        Result<(), ModelError>,
+    ) {
+        let deadline = self.deadline(positions);
+        let Some(mut stream) = self.stream.take() else {
+            return (Err(NetError::Unavailable("no session".into())), Ok(()));
+        };
+        let task = self.rt.spawn(async move {
+            let mut c = Counters::default();
+            let res = stream.exchange(msg, deadline, &mut c).await;
+            (stream, c, res)
+        });
+        let mut beside_res = Ok(());
+        while !task.is_finished() {
+            match beside() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    beside_res = Err(e);
+                    break;
+                }
+            }
+        }
+        let res = match self.rt.block_on(task) {
+            Ok((stream, c, res)) => {
+                self.counters.add(c);
+                if res.is_ok() {
+                    self.stream = Some(stream);
+                }
+                res
+            }
+            Err(e) => Err(NetError::Unavailable(format!("verify task failed: {e}"))),
+        };
+        (res, beside_res)
+    }
+
     /// A round trip whose verifier forward covered `positions` tokens.
     pub(super) fn record_rtt(&mut self, rtt: Duration, positions: usize) {
         self.rtt.record(rtt, positions);
@@ -811,7 +858,14 @@ pub(super) struct RemoteVerifier<'c, 'a> {
     pub(super) logprobs: bool,
     /// The last verify's round trip (`None`: the device answered it).
     pub(super) rtt: Option<Duration>,
+    /// Work done while an exchange is in flight (pipelined drafting,
+    /// [`Connection::exchange_beside`]).
+    pub(super) beside: Option<&'c mut Beside<'c>>,
 }
+
+/// What the device does while a verify is in flight: one step per call;
+/// false when it has nothing more to do.
+pub(super) type Beside<'b> = dyn FnMut() -> Result<bool, ModelError> + 'b;
 
 impl BlockVerifier for RemoteVerifier<'_, '_> {
     type Broken = NetError;
@@ -835,10 +889,22 @@ impl BlockVerifier for RemoteVerifier<'_, '_> {
             .map_err(VerifyError::Refused)?;
         let (answer, rtt) = match conn.codec.answer_locally(round, ctx.len()) {
             Some(v) => (ServerMsg::Verdict(v), None),
-            None => match conn.exchange(ClientMsg::Draft(draft), draft_positions(k)) {
-                Ok((a, rtt)) => (a, Some(rtt)),
-                Err(e) => return Err(VerifyError::Broken(e)),
-            },
+            None => {
+                let msg = ClientMsg::Draft(draft);
+                let res = match self.beside.as_deref_mut() {
+                    Some(beside) => {
+                        let (res, beside_res) =
+                            conn.exchange_beside(msg, draft_positions(k), beside);
+                        beside_res?;
+                        res
+                    }
+                    None => conn.exchange(msg, draft_positions(k)),
+                };
+                match res {
+                    Ok((a, rtt)) => (a, Some(rtt)),
+                    Err(e) => return Err(VerifyError::Broken(e)),
+                }
+            }
         };
         self.rtt = rtt;
         let v = conn

@@ -39,7 +39,7 @@ use std::time::Instant;
 use tandem_model::engine::{
     self, BlockVerdict, BlockVerifier, DraftAsk, ProposeAsk, RoundOutput, VerifyError,
 };
-use tandem_model::proposer::{ProposerKind, Source};
+use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::StopReason;
 use tandem_model::ModelError;
 
@@ -189,6 +189,7 @@ pub(super) fn round(
             sampling: &gen.sampling,
             logprobs: gen.top_logprobs.is_some(),
             rtt: None,
+            beside: None,
         },
         span_start,
     };
@@ -213,38 +214,28 @@ pub(super) fn round(
             };
             run.sync_pending();
             Ok(Some(RoundOutcome {
-                ctx_before,
                 k,
                 accepted: done.accepted,
-                next_token: done.next_token,
                 rtt,
                 positions,
                 draft_ms,
                 reused: 0,
-                source: Source::Draft,
-                lookup_match: None,
-                drafted: done.block,
                 apply: Apply::Core,
             }))
         }
-        Err(VerifyError::Broken(SpanBreak::StoppedInSpan { at: n, next_token })) => {
+        Err(VerifyError::Broken(SpanBreak::StoppedInSpan { at: n, .. })) => {
             // The shown token out[p + n] is not the target's: count the
             // verifier's pass, report the token, drop the block, follow the
             // shown text, check the rest of the span.
             r.commit(
                 run,
                 RoundOutcome {
-                    ctx_before,
-                    drafted: proposal.block,
                     k,
                     accepted: 0,
-                    next_token,
                     rtt,
                     positions,
                     draft_ms,
                     reused: 0,
-                    source: Source::Draft,
-                    lookup_match: None,
                     apply: Apply::Nobody,
                 },
             );

@@ -34,7 +34,9 @@ pub(super) struct Check {
 
 /// One generation's device-side state: the context, the draft model's cache and
 /// what has been emitted. Invariant: the draft cache plus `pending` hold
-/// exactly `ctx` (pending: tokens the draft has not run yet, never empty).
+/// exactly `ctx` (pending: tokens the draft has not run yet, never empty),
+/// or, after a pipelined round that kept tokens drafted ahead, `ctx` and
+/// `ahead`.
 /// `stop`, `first` and `capacity` are the core's [`Emitter`] state (kept as
 /// fields: the connection shrinks `capacity` to the verifier's).
 pub(super) struct Generation<'a, 'b> {
@@ -64,6 +66,11 @@ pub(super) struct Generation<'a, 'b> {
     pub(super) lookup: NgramIndex,
     /// The caller's cancel flag (`EdgeRuntime::set_cancel_flag`).
     pub(super) cancel: Option<Arc<AtomicBool>>,
+    /// Pipelined drafting: tokens drafted past the context that the next
+    /// block starts with (`tandem_model::engine::EngineRound::ahead`), valid
+    /// while the context has `ahead_at` tokens.
+    pub(super) ahead: Vec<u32>,
+    pub(super) ahead_at: usize,
     /// Logprobs of tokens not emitted yet, by context position (only with
     /// `gen.top_logprobs`): the draft's of its draws ([`Self::draft_next`])
     /// and the target's of verdicts ([`Self::note_target_logprobs`]);
@@ -364,6 +371,8 @@ impl<'a, 'b> Generation<'a, 'b> {
             high_water,
             lookup: NgramIndex::new(),
             cancel: None,
+            ahead: Vec::new(),
+            ahead_at: 0,
             noted: Vec::new(),
         })
     }
@@ -558,38 +567,6 @@ impl<'a, 'b> Generation<'a, 'b> {
         }
         self.emit(t, status);
         Ok(())
-    }
-
-    /// Applies a verdict: `n` of `drafted` (drafted from a context of
-    /// `ctx_before` tokens; the draft cache holds ctx_before + a prefix of them,
-    /// the rest is pending, or a prefix of ctx_before when the draft did not
-    /// run) are accepted, then the verifier's token `t`. Rolls
-    /// the draft back to ctx_before + drafted[..n], queues `t`, and emits
-    /// drafted[..n] and `t` as verified.
-    pub(super) fn accept(&mut self, ctx_before: usize, drafted: &[u32], n: usize, t: u32) {
-        let keep = ctx_before + n;
-        let cache_len = self.draft.cache.len();
-        if cache_len >= keep {
-            self.draft.cache.truncate(keep);
-            self.pending.clear();
-        } else if cache_len >= ctx_before {
-            self.pending = drafted[cache_len - ctx_before..n].to_vec();
-        } else {
-            // The draft is behind the context (not after drafting, which
-            // the pipelined rounds, the only callers, always do; kept
-            // exact): it still has ctx[cache_len..ctx_before] to run, then
-            // the accepted drafts.
-            let mut p = self.ctx[cache_len..ctx_before].to_vec();
-            p.extend_from_slice(&drafted[..n]);
-            self.pending = p;
-        }
-        self.pending.push(t);
-        for &x in &drafted[..n] {
-            if !self.emit(x, TokenStatus::Verified) {
-                return;
-            }
-        }
-        self.emit(t, TokenStatus::Verified);
     }
 
     /// After the core's round (which rolled the draft back to what it

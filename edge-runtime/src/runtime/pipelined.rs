@@ -1,24 +1,25 @@
-//! Pipelined drafting: once block `d1..dk` is sent, the device keeps drafting
-//! while the verify is in flight, assuming full acceptance: `g` (its guess of the
-//! verifier's bonus token: its own argmax, or in sampled mode its keyed draw,
+//! Pipelined drafting, on the generation core's round in its halves
+//! (`tandem_model::engine::propose_continuing` and `engine::settle`): once
+//! block `d1..dk` is sent, the device keeps drafting while the verify is in
+//! flight (`engine::draft_ahead`, run beside the exchange by
+//! [`RemoteVerifier::beside`]), assuming full acceptance: `g` (its guess of
+//! the verifier's token: its own argmax, or in sampled mode its keyed draw,
 //! which the target's shares the key of), then `e1, e2, ...`. If the verdict
-//! accepts all k and its token equals `g`, `e1..` are already in the draft cache
-//! and start the next block, so the next round trip leaves at once. Otherwise
-//! they are discarded (the draft cache is truncated to the accepted prefix), as
-//! in a plain round (both in [`super::round::Rounds::commit`]). Output is
-//! unaffected: every emitted token still comes through a verdict.
+//! accepts all k and its token equals `g`, the core keeps `e1..` in the
+//! draft cache and the next block starts with them, so the next round trip
+//! leaves at once. Otherwise they are discarded (the draft cache is cut to
+//! the accepted prefix), as in a plain round. Output is unaffected: every
+//! emitted token still comes through a verdict.
 
-use super::connection::draft_positions;
+use super::connection::{draft_positions, RemoteVerifier};
 use super::generation::Generation;
-use super::round::{note_verdict_logprobs, Apply, RoundOutcome, Rounds};
-use crate::client::{Counters, NetError};
+use super::round::{ms, Apply, RoundOutcome, Rounds};
 use crate::error::EdgeError;
-use std::time::Duration;
-use tandem_model::proposer::Source;
+use std::time::Instant;
+use tandem_model::engine::{self, BlockVerifier, DraftAsk, ProposeAsk, RoundOutput, VerifyError};
+use tandem_model::proposer::ProposerKind;
 use tandem_model::speculative::StopReason;
-use tandem_proto::v1::{
-    self as pb, client_message::Msg as ClientMsg, server_message::Msg as ServerMsg,
-};
+use tandem_model::ModelError;
 
 /// One pipelined round; `None` when it ended without a verdict.
 pub(super) fn round(
@@ -31,98 +32,92 @@ pub(super) fn round(
         return Ok(None);
     }
     // Drafts made ahead are valid only for the context they were made at.
-    let mut held = std::mem::take(&mut r.spec.ahead);
-    if !held.is_empty() && r.spec.ahead_at != run.ctx.len() {
+    let mut ahead = std::mem::take(&mut run.ahead);
+    if !ahead.is_empty() && run.ahead_at != run.ctx.len() {
         run.rollback_unverified();
-        held.clear();
+        ahead.clear();
     }
     let k = r.block_len(run, limit);
     let ctx_before = run.ctx.len();
-    let reused = held.len().min(k);
-    let draft_ms = r.draft_block(run, &mut held, k)?;
-    let round = r.conn.round;
-    let msg = ClientMsg::Draft(pb::Draft {
-        round,
-        tokens: held[..k].to_vec(),
-        ..pb::Draft::default()
-    });
-    // Longest next block worth preparing, and room in the output/cache.
+    let gen = run.gen;
+    // Most tokens worth drafting (the block, the guess, the next block) and
+    // room in the output and the cache: one slot of the cache stays free
+    // for the verdict's token.
     let next_k = if r.spec.cfg.adaptive_k {
         r.spec.cfg.k_max
     } else {
-        run.gen.k
+        gen.k
     };
-    let room_out = run.gen.max_tokens.saturating_sub(run.out_len());
+    let room_out = gen.max_tokens.saturating_sub(run.out_len());
     let room_after = room_out.saturating_sub(k + 1);
     let cap = k + 1 + next_k.min(room_after).min(r.conn.max_block);
-    let (answer, rtt) = match exchange_drafting(r, run, msg, &mut held, cap, ctx_before)? {
-        Ok(a) => a,
-        Err(e) => {
+    let capacity = run.capacity;
+    let positions = draft_positions(k);
+
+    let (parts, mut sink) = run.core();
+    let mut st = parts.with(&mut r.spec.auto);
+    let t0 = Instant::now();
+    let ask = ProposeAsk {
+        proposer: ProposerKind::Draft,
+        k,
+        room_out,
+        draft: DraftAsk::default(),
+    };
+    let mut p = engine::propose_continuing(&mut st, sink.context(), ask, ahead)?;
+    let draft_ms = ms(t0.elapsed());
+    let block = p.block.clone();
+    let ctx = sink.context();
+    let (res, verify_time, rtt) = {
+        let mut draft_ahead = || -> Result<bool, ModelError> {
+            let drafted = p.block.len() + p.ahead.len();
+            if drafted >= cap || ctx_before + drafted + 2 >= capacity {
+                return Ok(false);
+            }
+            engine::draft_ahead(&mut st, ctx, &mut p)?;
+            Ok(true)
+        };
+        let mut verifier = RemoteVerifier {
+            conn: &mut r.conn,
+            sampling: &gen.sampling,
+            logprobs: gen.top_logprobs.is_some(),
+            rtt: None,
+            beside: Some(&mut draft_ahead),
+        };
+        let t = Instant::now();
+        let res = verifier.verify(ctx, &block);
+        (res, t.elapsed(), verifier.rtt)
+    };
+    let v = match res {
+        Ok(v) => v,
+        Err(VerifyError::Broken(e)) => {
             r.lost_block(run, e)?;
             return Ok(None);
         }
+        Err(VerifyError::Refused(e)) => return Err(e),
+        Err(VerifyError::Model(e)) => return Err(e.into()),
     };
-    let v = r
-        .conn
-        .codec
-        .decode(answer, round, k, &run.ctx, &run.gen.sampling)?;
-    note_verdict_logprobs(run, ctx_before, &held[..k.min(held.len())], &v)?;
-    Ok(Some(RoundOutcome {
-        ctx_before,
-        drafted: held,
-        k,
-        accepted: v.accepted as usize,
-        next_token: v.next_token,
-        rtt: Some(rtt),
-        positions: draft_positions(k),
-        draft_ms,
-        reused,
-        source: Source::Draft,
-        lookup_match: None,
-        apply: Apply::Commit,
-    }))
-}
-
-/// Sends `msg` from the I/O thread and keeps drafting (appending to `held`,
-/// at most `cap` tokens) until the answer is there.
-fn exchange_drafting(
-    r: &mut Rounds<'_>,
-    run: &mut Generation<'_, '_>,
-    msg: ClientMsg,
-    held: &mut Vec<u32>,
-    cap: usize,
-    ctx_before: usize,
-) -> Result<Result<(ServerMsg, Duration), NetError>, EdgeError> {
-    let k = match &msg {
-        ClientMsg::Draft(d) => d.tokens.len(),
-        _ => 0,
-    };
-    let deadline = r.conn.deadline(draft_positions(k));
-    let Some(mut stream) = r.conn.stream.take() else {
-        return Ok(Err(NetError::Unavailable("no session".into())));
-    };
-    let task = r.conn.rt.spawn(async move {
-        let mut c = Counters::default();
-        let res = stream.exchange(msg, deadline, &mut c).await;
-        (stream, c, res)
-    });
-    let mut hist = run.ctx.clone();
-    hist.extend_from_slice(held);
-    // Keep one slot of the cache free for the verdict's token.
-    while !task.is_finished() && held.len() < cap && ctx_before + held.len() + 2 < run.capacity {
-        let d = run.draft_next(&hist)?;
-        hist.push(d);
-        held.push(d);
+    if let Some(rtt) = rtt {
+        // What a verify of these rows costs the device.
+        st.chooser.target_forward(positions, rtt);
     }
-    Ok(match r.conn.rt.block_on(task) {
-        Ok((stream, c, res)) => {
-            r.conn.counters.sent += c.sent;
-            r.conn.counters.received += c.received;
-            if res.is_ok() {
-                r.conn.stream = Some(stream);
-            }
-            res
-        }
-        Err(e) => Err(NetError::Unavailable(format!("verify task failed: {e}"))),
-    })
+    let done = engine::settle(&mut st, p, v, verify_time, &mut sink)?;
+    run.high_water = run.high_water.max(done.draft_peak);
+    match done.ahead.last() {
+        // The draft's cache holds the context and the tokens kept ahead
+        // but their last.
+        Some(&last) => run.pending = vec![last],
+        None => run.sync_pending(),
+    }
+    run.ahead_at = run.ctx.len();
+    run.ahead = done.ahead;
+    r.observe_draft_forwards(&done.draft_forwards, done.reused == 0);
+    Ok(Some(RoundOutcome {
+        k: done.block.len(),
+        accepted: done.accepted,
+        rtt,
+        positions,
+        draft_ms,
+        reused: done.reused,
+        apply: Apply::Core,
+    }))
 }

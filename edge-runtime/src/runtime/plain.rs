@@ -27,7 +27,6 @@ pub(super) fn round(
         return Ok(None);
     }
     let k_max = r.block_len(run, limit);
-    let ctx_before = run.ctx.len();
     let gen = run.gen;
     let room_out = gen.max_tokens.saturating_sub(run.out_len());
     let mut verifier = RemoteVerifier {
@@ -35,6 +34,7 @@ pub(super) fn round(
         sampling: &gen.sampling,
         logprobs: gen.top_logprobs.is_some(),
         rtt: None,
+        beside: None,
     };
     let (draft, mut sink) = run.core();
     let res = engine::round(
@@ -66,17 +66,12 @@ pub(super) fn round(
     }
     let k = done.block.len();
     Ok(Some(RoundOutcome {
-        ctx_before,
         k,
         accepted: done.accepted,
-        next_token: done.next_token,
         rtt,
         positions: draft_positions(k),
         draft_ms: done.draft_forwards.iter().map(|f| ms(f.time)).sum(),
         reused: 0,
-        source: done.source,
-        lookup_match: done.lookup_match,
-        drafted: done.block,
         apply: Apply::Core,
     }))
 }

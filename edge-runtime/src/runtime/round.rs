@@ -1,9 +1,9 @@
 //! What every kind of round shares ([`Rounds`]): the round kind, chosen once
 //! per generation ([`RoundKind`]); the outcome each round returns
 //! ([`RoundOutcome`]) and the one place it is accounted ([`Rounds::commit`]:
-//! statistics, RTT, breaker, round numbers, the adaptive-k chooser, the
-//! round log, and the verdict applied to the draft); block limits, drafting
-//! a block, a lost block, and the check of provisional spans. The kinds
+//! what the network and adaptive k add to the core's accounting: RTT,
+//! breaker, round numbers, the adaptive-k chooser, the round log); block
+//! limits, a lost block, and the check of provisional spans. The kinds
 //! (`super::plain`, `super::pipelined`, `super::cloud_stream`,
 //! `super::gated`) use it; the loop that runs them is `super::drive`.
 //!
@@ -22,9 +22,8 @@ use crate::codec::check_verdict;
 use crate::conversation::common_prefix;
 use crate::error::EdgeError;
 use crate::report::TokenStatus;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tandem_model::engine::DraftForward;
-use tandem_model::proposer::Source;
 use tandem_proto::v1::{self as pb, client_message::Msg as ClientMsg};
 
 /// How the rounds of a generation go (chosen once, by [`RoundKind::choose`]).
@@ -63,17 +62,10 @@ impl RoundKind {
 
 /// What one round came to.
 pub(super) struct RoundOutcome {
-    /// The context length the block was drafted after.
-    pub ctx_before: usize,
-    /// The tokens the draft ran from `ctx_before` on: the block (its first
-    /// `k`), then any drafted ahead while the verify was in flight.
-    pub drafted: Vec<u32>,
-    /// Drafted tokens the verifier judged.
+    /// Proposed tokens the verifier judged.
     pub k: usize,
     /// Of those, accepted.
     pub accepted: usize,
-    /// The verifier's token after the accepted ones.
-    pub next_token: u32,
     /// The round trip; `None` when the device answered the block itself (an
     /// all-local split round): no verifier pass.
     pub rtt: Option<Duration>,
@@ -83,26 +75,19 @@ pub(super) struct RoundOutcome {
     pub draft_ms: f64,
     /// Block tokens that had been drafted ahead in the previous round.
     pub reused: usize,
-    /// What proposed the block.
-    pub source: Source,
-    /// Lookup's match for the round (`None`: not asked; `Some(0)`: none).
-    pub lookup_match: Option<usize>,
     /// Who applies the verdict to the draft and emits.
     pub apply: Apply,
 }
 
-/// Who applies a round's verdict ([`RoundOutcome::apply`]).
+/// Who applied a round's verdict ([`RoundOutcome::apply`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Apply {
-    /// [`Rounds::commit`]: it counts the round, rolls the draft back and
-    /// emits.
-    Commit,
-    /// The generation core's round (`tandem_model::engine::round`) has
-    /// counted it, rolled the draft back and emitted: `commit` accounts only
-    /// what the network and adaptive k add.
+    /// The generation core's round (`tandem_model::engine::round`, or its
+    /// halves) has counted it, rolled the draft back and emitted: `commit`
+    /// accounts only what the network and adaptive k add.
     Core,
     /// Nobody: the caller handles the tokens (a gated span the verifier
-    /// disagreed with).
+    /// disagreed with); `commit` counts the round and the verifier's pass.
     Nobody,
 }
 
@@ -163,34 +148,6 @@ impl Rounds<'_> {
     /// ([`crate::adaptive::SpeculationConfig::active`]).
     fn tuned(&self) -> bool {
         self.spec.active()
-    }
-
-    /// Drafts until `held` (tokens drafted after the context, possibly ahead
-    /// from the previous round) has `k`; returns the drafting time. With the
-    /// chooser on, feeds it the forward times.
-    pub(super) fn draft_block(
-        &mut self,
-        run: &mut Generation<'_, '_>,
-        held: &mut Vec<u32>,
-        k: usize,
-    ) -> Result<f64, EdgeError> {
-        let mut hist = run.ctx.clone();
-        hist.extend_from_slice(held);
-        let t0 = Instant::now();
-        let starts_block = held.is_empty();
-        let mut forwards = Vec::with_capacity(k.saturating_sub(held.len()));
-        while held.len() < k {
-            let rows = run.pending.len();
-            let t = Instant::now();
-            let d = run.draft_next(&hist)?;
-            let time = t.elapsed();
-            self.spec.auto.draft_forward(rows, time);
-            forwards.push(DraftForward { rows, time });
-            hist.push(d);
-            held.push(d);
-        }
-        self.observe_draft_forwards(&forwards, starts_block);
-        Ok(ms(t0.elapsed()))
     }
 
     /// Feeds the adaptive-k chooser (when on) the draft forwards of a block:
@@ -392,18 +349,10 @@ impl Rounds<'_> {
             run.stats.verifier_passes += 1;
         }
         if !by_core {
+            // (A gated span the verifier stopped in: its block is dropped.)
             run.stats.gen.rounds += 1;
             run.stats.gen.drafted += o.k as u64;
-        }
-        if o.apply == Apply::Nobody {
             return;
-        }
-        if !by_core {
-            run.stats.gen.accepted += o.accepted as u64;
-            run.stats.gen.proposers.record(o.source, o.k, o.accepted);
-            self.spec
-                .auto
-                .observe(o.source, o.lookup_match, o.k, o.accepted);
         }
         let rtt_ms = o.rtt.map(ms).unwrap_or(0.0);
         let observes = matches!(self.kind, RoundKind::Plain | RoundKind::Pipelined);
@@ -419,26 +368,6 @@ impl Rounds<'_> {
                 reused: o.reused,
             });
         }
-        if by_core {
-            return;
-        }
-        let (k, n, t) = (o.k, o.accepted, o.next_token);
-        if n == k && o.drafted.len() > k && o.drafted[k] == t {
-            // Full acceptance and the bonus token drafted ahead (pipelined):
-            // the draft cache (+ pending) already holds ctx + block + t + the
-            // rest: keep them for the next block.
-            for &x in &o.drafted[..k] {
-                if !run.emit(x, TokenStatus::Verified) {
-                    return;
-                }
-            }
-            if run.emit(t, TokenStatus::Verified) {
-                self.spec.ahead = o.drafted[k + 1..].to_vec();
-                self.spec.ahead_at = run.ctx.len();
-            }
-            return;
-        }
-        run.accept(o.ctx_before, &o.drafted, n, t);
     }
 
     /// Verify-only pass over the provisional span (greedy): the verifier holds the
