@@ -26,8 +26,9 @@
 //! header of a list that holds it ("My conditions: diabetes, asthma, …",
 //! "my diagnoses:" over bullet lines; [`list_header_cue`]), unless the
 //! header names questions ("My questions:", "我的疑问：";
-//! `data/context/question_headers.txt`). Korean "제" and "내" (my) count
-//! only as words of their own ("제 빚", not "문제").
+//! `data/context/question_headers.txt`): then its items are read as a
+//! topic, and a term there counts only with a cue of its own. Korean "제"
+//! and "내" (my) count only as words of their own ("제 빚", not "문제").
 //!
 //! A term that would count is then read in its sentence (issue 32, "tense
 //! and negation"; docs/privacy.md "Negation and hypotheticals" and
@@ -35,7 +36,8 @@
 //!
 //! * in a hypothetical, a future conditional or a generic conditional ("if
 //!   someone is arrested", "suppose my father were diagnosed", "假如我得了癌症",
-//!   "if I ever get sued", "将来もし認知症になったら";
+//!   "if I ever get sued", "将来もし認知症になったら", Spanish "si" with an
+//!   imperfect subjunctive: "si me declarara en quiebra";
 //!   `data/context/hypotheticals.txt`) it counts only with a disclosure cue
 //!   of its own in the clause, not the supposition's subject, or when the
 //!   clause tells of the past ("as a child", "去年", a year). The frame
@@ -282,13 +284,20 @@ impl Lexicon {
                 cue,
                 frame,
             };
+            // The items of a list whose header names questions are read as
+            // a topic: a term there counts only with a cue of its own, in
+            // its window or inside it ("my mortgage"): "我想问的问题：\n2.
+            // 离婚要请律师吗？" asks about divorce.
+            let own_inside = || cues.iter().any(|&(s, e)| s >= start && e <= end);
             let counted: Option<Option<(usize, usize)>> = match (kind, frame, cue) {
                 (TermKind::Personal, _, None) | (_, Frame::Topic, None) => None,
+                (_, _, None) if question_header.is_some() && !own_inside() => None,
                 (_, _, c) => Some(c),
             };
             let Some(mut cue) = counted else {
                 // A list header that names questions lends its items no
-                // cue ("My questions:\n- How does a mortgage work?").
+                // cue ("My questions:\n- How does a mortgage work?"), and
+                // its items are questions, not disclosures.
                 if let Some((header_cue, word)) = question_header {
                     notes.push(note(Some(header_cue), FrameNote::QuestionHeader { word }));
                 }
@@ -994,8 +1003,10 @@ pub enum FrameNote {
         why: HypotheticalKept,
     },
     /// A list item that would have counted by its header's cue (the
-    /// note's cue), but the header names questions (`word`: "My
-    /// questions:", "Mis preguntas:", "我的疑问："): not counted.
+    /// note's cue), or as a plain term on its own, but the header names
+    /// questions (`word`: "My questions:", "Mis preguntas:", "我的疑问："):
+    /// the items are read as a topic, and a term counts only with a cue of
+    /// its own. Not counted.
     QuestionHeader { word: (usize, usize) },
 }
 
@@ -1221,10 +1232,15 @@ enum PhraseKind {
 
 /// One phrase of `hypotheticals.txt`: its kind and its mood words (a
 /// counterfactual needs one later in the sentence, or an eventuality
-/// marker in its clause; none listed: none needed).
+/// marker in its clause; none listed: none needed), and for a conditional
+/// the verb endings that make it a supposition (see [`subjunctive_after`]).
 struct PhraseInfo {
     kind: PhraseKind,
     moods: Vec<String>,
+    /// `-ending` (a supposition by itself) or `~-ending` (`true`: only with
+    /// a mood word, a mood ending or a question mark later in the
+    /// sentence), lower case.
+    endings: Vec<(String, bool)>,
 }
 
 /// The word lists of `hypotheticals.txt`.
@@ -1296,12 +1312,21 @@ fn hypotheticals() -> &'static HypotheticalWords {
                     }
                     phrases.push_str(phrase);
                     phrases.push('\n');
-                    let moods = moods
-                        .split(',')
-                        .map(|m| m.trim().to_lowercase())
-                        .filter(|m| !m.is_empty())
-                        .collect();
-                    info.push(PhraseInfo { kind, moods });
+                    let (mut words, mut endings) = (Vec::new(), Vec::new());
+                    for m in moods.split(',').map(|m| m.trim().to_lowercase()) {
+                        if let Some(e) = m.strip_prefix("~-") {
+                            endings.push((e.to_string(), true));
+                        } else if let Some(e) = m.strip_prefix('-') {
+                            endings.push((e.to_string(), false));
+                        } else if !m.is_empty() {
+                            words.push(m);
+                        }
+                    }
+                    info.push(PhraseInfo {
+                        kind,
+                        moods: words,
+                        endings,
+                    });
                     continue;
                 }
             };
@@ -1490,7 +1515,7 @@ fn frame_of_phrase(
                 .is_some()
         };
         let holds = match info.kind {
-            PhraseKind::Conditional => eventual(),
+            PhraseKind::Conditional => eventual() || subjunctive_after(text, e, info),
             _ if info.moods.is_empty() => true,
             _ => {
                 let to = floor_char(text, e.saturating_add(FRAME_REACH));
@@ -1513,6 +1538,64 @@ fn frame_of_phrase(
         subject: (!generic).then(|| subject_of(text, (s, e), cues)).flatten(),
         past: !generic && tells_past(text, clause_start(text, from, s), scope_end),
     })
+}
+
+/// Words that may stand between a conditional's phrase and the verb whose
+/// ending [`subjunctive_after`] reads: Spanish clitics, subject pronouns
+/// and "no" ("si *me* declarara", "si *yo no* tuviese", "si *se lo*
+/// dijera").
+const SUBJUNCTIVE_SKIP: [&str; 23] = [
+    "me", "te", "se", "nos", "os", "le", "les", "lo", "la", "los", "las", "yo", "tú", "tu", "él",
+    "ella", "usted", "nosotros", "nosotras", "ellos", "ellas", "ustedes", "no",
+];
+
+/// Whether the first word after a conditional's phrase ending at `e`
+/// (past [`SUBJUNCTIVE_SKIP`] words) ends in one of the phrase's verb
+/// endings (`hypotheticals.txt`: the Spanish imperfect subjunctive, "si me
+/// *declarara*", "si *tuviese*", "si *diera*"), with a letter before the
+/// ending; an ending that is also a present-tense form ("declara", "pase")
+/// needs two letters before it ("para" is no verb) and holds only with a
+/// mood word or ending, or a question mark, later in the sentence.
+fn subjunctive_after(text: &str, e: usize, info: &PhraseInfo) -> bool {
+    if info.endings.is_empty() {
+        return false;
+    }
+    let to = floor_char(text, e.saturating_add(FRAME_REACH));
+    let Some(rest) = text.get(e..to) else {
+        return false;
+    };
+    let sentence = &rest[..rest.find(is_sentence_break).unwrap_or(rest.len())];
+    let mut words = sentence
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .skip_while(|w| SUBJUNCTIVE_SKIP.contains(&w.as_str()));
+    let Some(verb) = words.next() else {
+        return false;
+    };
+    let letters = verb.chars().count();
+    let Some(&(_, needs_mood)) = info
+        .endings
+        .iter()
+        .filter(|&(ending, needs_mood)| {
+            verb.ends_with(ending.as_str())
+                && letters > ending.chars().count() + usize::from(*needs_mood)
+        })
+        .max_by_key(|(ending, _)| ending.len())
+    else {
+        return false;
+    };
+    if !needs_mood {
+        return true;
+    }
+    let mood_words = &hypotheticals().moods;
+    let rest_start = e + sentence.len();
+    sentence.contains(['?', '¿'])
+        || text
+            .get(rest_start..)
+            .is_some_and(|t| t.starts_with(['?', '？']))
+        || mood_words.matches(text, e..rest_start).next().is_some()
+        || words.any(|w| has_mood_ending(&w))
 }
 
 /// The hypothetical frame of the term at `start..end`, if it is in one:
@@ -2958,5 +3041,125 @@ mod tests {
         let hits = lx.scan("我儿子在读幼儿园");
         assert!(hits.iter().all(|h| h.category == "minors"));
         assert!(!hits.is_empty());
+    }
+
+    #[test]
+    fn spanish_imperfect_subjunctive_after_si_is_a_supposition() {
+        let lx = builtin();
+        // "si" + an imperfect subjunctive (-ara/-iera/-ase/-iese, every
+        // person), past clitics and pronouns: a supposition; its subject is
+        // no cue, and a consequent that asks is read in the supposition.
+        for text in [
+            "Si me diagnosticaran cáncer, ¿el seguro pagaría la quimioterapia?",
+            "Si yo tuviese depresión, ¿podría seguir trabajando?",
+            "Si me hospitalizasen por depresión, ¿quién pagaría?",
+            "Si me diera un infarto, ¿quién cuidaría de mi perro?",
+            "Si nos declaráramos en quiebra, ¿perderíamos la casa?",
+            "Si yo tuviera esquizofrenia, ¿me lo dirían?",
+        ] {
+            assert!(
+                cats(&lx, text).is_empty(),
+                "{text}: {:?} {:?}",
+                cats(&lx, text),
+                notes(&lx, text)
+            );
+        }
+        assert_eq!(
+            set_aside(&lx, "Si me diagnosticaran cáncer, ¿el seguro pagaría?"),
+            ["hypothetical"]
+        );
+        // Statements: the present indicative, an ambiguous -ara form
+        // ("declara" of declarar) with no mood and no question, a word that
+        // only ends like one ("para"), and English (no endings there).
+        for (text, cat) in [
+            (
+                "Si me declaro en quiebra, ¿qué pasa con mi hipoteca?",
+                "finance",
+            ),
+            (
+                "Si me declara en quiebra el juez, pierdo la casa.",
+                "finance",
+            ),
+            (
+                "Si para el lunes no pago mi hipoteca, me quedo sin casa.",
+                "finance",
+            ),
+            ("Si tengo cáncer, ¿puedo donar sangre?", "health"),
+            (
+                "If I erase my medical records, would anyone know?",
+                "health",
+            ),
+        ] {
+            assert_fires(&lx, text, cat);
+        }
+        let info = |phrase: &str| {
+            let words = hypotheticals();
+            let w = words.phrases.words.iter().position(|t| t.text == phrase);
+            w.and_then(|w| words.info.get(w))
+        };
+        let si = info("si").expect("si");
+        assert!(subjunctive_after("si me declarara en quiebra?", 2, si));
+        assert!(!subjunctive_after("si me declarara en quiebra", 2, si));
+        assert!(subjunctive_after("si tuviésemos", 2, si));
+        assert!(subjunctive_after("si diera", 2, si));
+        assert!(!subjunctive_after("si para", 2, si));
+        assert!(!subjunctive_after("si tengo", 2, si));
+        let if_i = info("if I").expect("if I");
+        assert!(!subjunctive_after("if I lease a car, would", 4, if_i));
+    }
+
+    #[test]
+    fn question_header_items_need_a_cue_of_their_own() {
+        let lx = builtin();
+        // The items of a header that names questions are questions about a
+        // topic: a plain term there counts only with a cue of its own.
+        for text in [
+            "我想请教几个问题：\n- 离婚需要多久？\n- 判刑和缓刑有什么区别？",
+            "My questions:\n- Is a DUI a felony?\n- How long does probation last?",
+            "My questions: how long does probation last?",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+            let notes = main_clause_notes(&lx, text);
+            assert!(
+                !notes.is_empty() && notes.iter().all(|n| n.2 == "question header"),
+                "{text}: {notes:?}"
+            );
+        }
+        for (text, cat) in [
+            ("我想请教几个问题：\n- 我离婚了，房贷怎么办？", "legal"),
+            (
+                "My questions:\n- I was arrested last week, what now?",
+                "legal",
+            ),
+            // A header that names no questions: its items count as before.
+            ("我的情况：\n- 离婚\n- 判刑", "legal"),
+            ("Notes:\n- probation", "legal"),
+        ] {
+            assert_fires(&lx, text, cat);
+        }
+    }
+
+    #[test]
+    fn chronic_conditions_are_health_terms() {
+        let lx = builtin();
+        for text in [
+            "My sister has lupus and gets flare-ups",
+            "I was diagnosed with celiac disease",
+            "My husband has COPD",
+            "Mi madre tiene fibromialgia",
+            "Mein Vater hat Multiple Sklerose",
+            "Ma femme a la sclérose en plaques",
+            "母がクローン病です",
+            "제 아버지가 파킨슨병이에요",
+            "我妈有类风湿",
+        ] {
+            assert_fires(&lx, text, "health");
+        }
+        for text in [
+            "Canis lupus familiaris is the domestic dog",
+            "Explain the difference between Crohn's and colitis for a biology class",
+        ] {
+            assert!(cats(&lx, text).is_empty(), "{text}: {:?}", cats(&lx, text));
+        }
     }
 }
