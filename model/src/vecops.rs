@@ -108,14 +108,38 @@ mod x86 {
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
             }
         }
-        let mut lanes = [0f32; 8];
-        // SAFETY: 8 floats into an [f32; 8].
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
         let mut tail = 0f32;
         for i in chunks * 8..n {
             tail += a[i] * b[i];
         }
-        super::reduce8(&lanes) + tail
+        let r = reduce8x4([acc, acc, acc, acc]);
+        _mm_cvtss_f32(r) + tail
+    }
+
+    /// [`super::reduce8`] of four accumulators at once, lane for lane the
+    /// same tree: the halves' sums `a_j = l_j + l_{j+4}`, then `a0 + a1`
+    /// and `a2 + a3`, then their sum (`hadd` adds neighbours, and a float
+    /// addition gives the same bits in either order).
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn reduce8x4(acc: [__m256; 4]) -> __m128 {
+        let h0 = _mm_add_ps(
+            _mm256_castps256_ps128(acc[0]),
+            _mm256_extractf128_ps::<1>(acc[0]),
+        );
+        let h1 = _mm_add_ps(
+            _mm256_castps256_ps128(acc[1]),
+            _mm256_extractf128_ps::<1>(acc[1]),
+        );
+        let h2 = _mm_add_ps(
+            _mm256_castps256_ps128(acc[2]),
+            _mm256_extractf128_ps::<1>(acc[2]),
+        );
+        let h3 = _mm_add_ps(
+            _mm256_castps256_ps128(acc[3]),
+            _mm256_extractf128_ps::<1>(acc[3]),
+        );
+        _mm_hadd_ps(_mm_hadd_ps(h0, h1), _mm_hadd_ps(h2, h3))
     }
 
     /// [`super::dot4`]: four [`dot`]s, the chunk loop shared.
@@ -137,16 +161,21 @@ mod x86 {
                 }
             }
         }
-        std::array::from_fn(|i| {
-            let mut lanes = [0f32; 8];
-            // SAFETY: 8 floats into an [f32; 8].
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-            let mut tail = 0f32;
+        // (Plain loops, no closures: a closure is not compiled with this
+        // function's target features, docs/model-core.md.)
+        let mut tails = [0f32; 4];
+        for (tail, b) in tails.iter_mut().zip(b) {
             for j in chunks * 8..n {
-                tail += a[j] * b[i][j];
+                *tail += a[j] * b[j];
             }
-            super::reduce8(&lanes) + tail
-        })
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: 4 floats each, from and into [f32; 4]s.
+        unsafe {
+            let r = _mm_add_ps(reduce8x4(acc), _mm_loadu_ps(tails.as_ptr()));
+            _mm_storeu_ps(out.as_mut_ptr(), r);
+        }
+        out
     }
 
     /// [`super::axpy4`]: per chunk of `y`, the four products added in order.
@@ -157,7 +186,12 @@ mod x86 {
     pub unsafe fn axpy4(y: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
         let n = x.iter().fold(y.len(), |n, x| n.min(x.len()));
         let chunks = n / 8;
-        let wv = w.map(|w| _mm256_set1_ps(w));
+        let wv = [
+            _mm256_set1_ps(w[0]),
+            _mm256_set1_ps(w[1]),
+            _mm256_set1_ps(w[2]),
+            _mm256_set1_ps(w[3]),
+        ];
         for c in 0..chunks {
             // SAFETY: 8 floats at 8c < n in every slice.
             unsafe {
