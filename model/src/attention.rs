@@ -1,96 +1,182 @@
 //! Attention of the query heads of one KV head over their own sequence's
 //! cached keys and values: the one place the per-row attention arithmetic lives (every
 //! architecture, every KV format), in a fixed loop order so that a row's
-//! result never depends on the other rows of a forward.
+//! result never depends on the other rows of a forward, although a tile of
+//! rows shares each K/V row's read.
 
 use crate::expf::exp_in_place;
 use crate::kv_cache::{widen_f16, widen_i8, KvRow, KvStore};
 use crate::vecops::{axpy, axpy4, dot, dot4};
 use std::ops::Range;
 
-/// Causal attention of the query heads that share one KV head (`q`:
-/// `heads × hd`, `out` the same shape) over positions `span` of `layer` in
-/// `cache` (the first `span.end` positions, or a sliding window of them; the
-/// KV head at `off..off + hd` of each row). Each query head's result is
-/// computed exactly as if alone: its scores one `dot` per key, its output
-/// one `axpy` per key in position order. The heads share the loop over the
-/// keys only so that each K/V row is read from memory once for all of
-/// them (`dot4`/`axpy4` take four keys at a time with the bits of four
-/// single calls). An f32 row is read in place; an f16 row's head is widened
-/// to f32 (exactly); an INT8 row's head is widened to f32 and its scale
-/// applied to the dot product (keys) or the weight (values).
+/// Causal attention of a tile of query rows of one sequence, for the
+/// query heads that share one KV head: row `i`'s heads are
+/// `q[i·q_stride..][..heads·hd]`, it attends over positions `spans[i]` of
+/// `layer` in `cache` (the first positions up to its own, or a sliding
+/// window of them; the KV head at `off..off + hd` of each row), and its
+/// result goes to `out[i·heads·hd..][..heads·hd]`.
+///
+/// Each query head of each row is computed exactly as if alone: its scores
+/// one `dot` per key, its output one `axpy` per key in position order. The
+/// rows and heads share the loop over the keys only so that each K/V row is
+/// read (and, for f16 or INT8 rows, widened) once for all of them
+/// (`dot4`/`axpy4` take four keys at a time with the bits of four single
+/// calls, so where a group of four starts does not change a bit). An f32
+/// row is read in place; an f16 row's head is widened to f32 (exactly); an
+/// INT8 row's head is widened to f32 and its scale applied to the dot
+/// product (keys) or the weight (values). A row with an empty span gets
+/// zeros.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend<C: KvStore>(
     q: &[f32],
+    q_stride: usize,
+    spans: &[Range<usize>],
     cache: &C,
     layer: usize,
-    span: Range<usize>,
     off: usize,
     hd: usize,
+    heads: usize,
     scale: f32,
     out: &mut [f32],
 ) {
     let head = off / hd;
-    let (heads, len, first) = (q.len() / hd, span.len(), span.start);
-    if len == 0 {
-        out.fill(0.0);
+    let width = heads * hd;
+    out.fill(0.0);
+    let (Some(lo), Some(hi)) = (
+        spans
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.start)
+            .min(),
+        spans.iter().map(|s| s.end).max(),
+    ) else {
         return;
+    };
+    let qrow = |i: usize, h: usize| &q[i * q_stride + h * hd..i * q_stride + (h + 1) * hd];
+    // Scores of row i's query head h at `base[i] + h·len_i..`.
+    let mut base = Vec::with_capacity(spans.len());
+    let mut total = 0usize;
+    for s in spans {
+        base.push(total);
+        total += heads * s.len();
     }
+    let mut scores = vec![0f32; total];
     // f16 or INT8 heads widened (unused for f32 rows), one per key of a
     // group of four.
     let mut wide: [Vec<f32>; 4] = Default::default();
-    // Scores of query head h at `h·len..`.
-    let mut scores = vec![0f32; heads * len];
-    let quads = len / 4;
-    for g in 0..quads {
-        let t = first + 4 * g;
-        let rows = head_rows4(|t| cache.key(layer, t), t, off, hd, head, &mut wide);
-        for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(len)) {
-            let d = dot4(qh, rows.map(|r| r.0));
-            for i in 0..4 {
-                sh[4 * g + i] = scaled(d[i], rows[i].1) * scale;
+    let mut t = lo;
+    while t < hi {
+        if t + 4 <= hi {
+            let rows = head_rows4(|t| cache.key(layer, t), t, off, hd, head, &mut wide);
+            // (Arrays written out: `array::map` is not inlined here.)
+            let keys = [rows[0].0, rows[1].0, rows[2].0, rows[3].0];
+            for (i, s) in spans.iter().enumerate() {
+                let len = s.len();
+                let sc = &mut scores[base[i]..base[i] + heads * len];
+                if s.start <= t && t + 4 <= s.end {
+                    let at = t - s.start;
+                    for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
+                        let d = dot4(qrow(i, h), keys);
+                        for j in 0..4 {
+                            sh[at + j] = scaled(d[j], rows[j].1) * scale;
+                        }
+                    }
+                } else {
+                    for (j, &(r, rs)) in rows.iter().enumerate() {
+                        if s.contains(&(t + j)) {
+                            let at = t + j - s.start;
+                            for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
+                                sh[at] = scaled(dot(qrow(i, h), r), rs) * scale;
+                            }
+                        }
+                    }
+                }
             }
+            t += 4;
+        } else {
+            let (r, rs) = head_row(cache.key(layer, t), off, hd, head, &mut wide[0]);
+            for (i, s) in spans.iter().enumerate() {
+                if s.contains(&t) {
+                    let len = s.len();
+                    let sc = &mut scores[base[i]..base[i] + heads * len];
+                    for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
+                        sh[t - s.start] = scaled(dot(qrow(i, h), r), rs) * scale;
+                    }
+                }
+            }
+            t += 1;
         }
     }
-    for t in first + 4 * quads..span.end {
-        let (r, s) = head_row(cache.key(layer, t), off, hd, head, &mut wide[0]);
-        for (qh, sh) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(len)) {
-            sh[t - first] = scaled(dot(qh, r), s) * scale;
+    // Per row and head: softmax weights (`exp(s − max) / Σ` as `· (1 / Σ)`).
+    let mut inv = vec![0f32; spans.len() * heads];
+    for (i, s) in spans.iter().enumerate() {
+        let len = s.len();
+        if len == 0 {
+            continue;
         }
-    }
-    // Per head: softmax weights (`exp(s − max) / Σ` as `· (1 / Σ)`).
-    let inv: Vec<f32> = scores
-        .chunks_exact_mut(len)
-        .map(|sh| {
+        let sc = &mut scores[base[i]..base[i] + heads * len];
+        for (sh, inv) in sc.chunks_exact_mut(len).zip(&mut inv[i * heads..]) {
             let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             for s in sh.iter_mut() {
                 *s -= max;
             }
             exp_in_place(sh);
-            1.0 / sh.iter().fold(0f32, |sum, &e| sum + e)
-        })
-        .collect();
-    out.fill(0.0);
-    for g in 0..quads {
-        let t = first + 4 * g;
-        let rows = head_rows4(|t| cache.value(layer, t), t, off, hd, head, &mut wide);
-        for ((oh, sh), inv) in out
-            .chunks_exact_mut(hd)
-            .zip(scores.chunks_exact(len))
-            .zip(&inv)
-        {
-            let w = std::array::from_fn(|i| scaled(sh[4 * g + i] * inv, rows[i].1));
-            axpy4(oh, w, rows.map(|r| r.0));
+            *inv = 1.0 / sh.iter().fold(0f32, |sum, &e| sum + e);
         }
     }
-    for t in first + 4 * quads..span.end {
-        let (r, s) = head_row(cache.value(layer, t), off, hd, head, &mut wide[0]);
-        for ((oh, sh), inv) in out
-            .chunks_exact_mut(hd)
-            .zip(scores.chunks_exact(len))
-            .zip(&inv)
-        {
-            axpy(oh, scaled(sh[t - first] * inv, s), r);
+    let mut t = lo;
+    while t < hi {
+        if t + 4 <= hi {
+            let rows = head_rows4(|t| cache.value(layer, t), t, off, hd, head, &mut wide);
+            let values = [rows[0].0, rows[1].0, rows[2].0, rows[3].0];
+            for (i, s) in spans.iter().enumerate() {
+                let len = s.len();
+                let sc = &scores[base[i]..base[i] + heads * len];
+                let o = &mut out[i * width..(i + 1) * width];
+                let inv = &inv[i * heads..(i + 1) * heads];
+                if s.start <= t && t + 4 <= s.end {
+                    let at = t - s.start;
+                    for ((oh, sh), &inv) in
+                        o.chunks_exact_mut(hd).zip(sc.chunks_exact(len)).zip(inv)
+                    {
+                        let w = [
+                            scaled(sh[at] * inv, rows[0].1),
+                            scaled(sh[at + 1] * inv, rows[1].1),
+                            scaled(sh[at + 2] * inv, rows[2].1),
+                            scaled(sh[at + 3] * inv, rows[3].1),
+                        ];
+                        axpy4(oh, w, values);
+                    }
+                } else {
+                    for (j, &(r, rs)) in rows.iter().enumerate() {
+                        if s.contains(&(t + j)) {
+                            let at = t + j - s.start;
+                            for ((oh, sh), &inv) in
+                                o.chunks_exact_mut(hd).zip(sc.chunks_exact(len)).zip(inv)
+                            {
+                                axpy(oh, scaled(sh[at] * inv, rs), r);
+                            }
+                        }
+                    }
+                }
+            }
+            t += 4;
+        } else {
+            let (r, rs) = head_row(cache.value(layer, t), off, hd, head, &mut wide[0]);
+            for (i, s) in spans.iter().enumerate() {
+                if s.contains(&t) {
+                    let len = s.len();
+                    let sc = &scores[base[i]..base[i] + heads * len];
+                    let o = &mut out[i * width..(i + 1) * width];
+                    let inv = &inv[i * heads..(i + 1) * heads];
+                    for ((oh, sh), &inv) in
+                        o.chunks_exact_mut(hd).zip(sc.chunks_exact(len)).zip(inv)
+                    {
+                        axpy(oh, scaled(sh[t - s.start] * inv, rs), r);
+                    }
+                }
+            }
+            t += 1;
         }
     }
 }

@@ -793,20 +793,48 @@ impl Model {
         }
         let caches: Vec<&C> = seqs.iter().map(|s| &*s.cache).collect();
         let group = cfg.n_head / cfg.n_kv_head;
-        // One task per (row, KV head): each output is computed by exactly
-        // one task with a fixed loop order over its own sequence's positions
-        // (all of them, or a local layer's window), independent of the other
-        // rows; the query heads of one KV head share its K/V reads.
+        // One task per (tile of rows of one sequence, KV head): each output
+        // is computed with a fixed loop order over its own sequence's
+        // positions (all of them, or a local layer's window), independent of
+        // the other rows (`attend`); the rows of a tile and the query heads
+        // of one KV head share its K/V reads.
         let kv_heads = cfg.n_head / group;
-        attn.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(idx, out)| {
-                let (i, g) = (idx / kv_heads, idx % kv_heads);
-                let (seq, pos) = rows[i];
-                let qg = &q[i * qd + g * group * hd..i * qd + (g + 1) * group * hd];
-                let span = cfg.attention_span(l, pos);
-                attend(qg, caches[seq], l, span, g * hd, hd, cfg.attn_scale, out);
-            });
+        let width = group * hd;
+        let tiles = attention_tiles(rows);
+        let parts: Vec<Vec<f32>> = (0..tiles.len() * kv_heads)
+            .into_par_iter()
+            .map(|idx| {
+                let (tile, g) = (&tiles[idx / kv_heads], idx % kv_heads);
+                let spans: Vec<_> = tile
+                    .clone()
+                    .map(|i| cfg.attention_span(l, rows[i].1))
+                    .collect();
+                let mut out = vec![0f32; tile.len() * width];
+                let q0 = tile.start * qd + g * width;
+                let seq = rows[tile.start].0;
+                let off = g * hd;
+                let scale = cfg.attn_scale;
+                attend(
+                    &q[q0..],
+                    qd,
+                    &spans,
+                    caches[seq],
+                    l,
+                    off,
+                    hd,
+                    group,
+                    scale,
+                    &mut out,
+                );
+                out
+            })
+            .collect();
+        for (idx, part) in parts.iter().enumerate() {
+            let (tile, g) = (&tiles[idx / kv_heads], idx % kv_heads);
+            for (i, o) in tile.clone().zip(part.chunks_exact(width)) {
+                attn[i * qd + g * width..i * qd + (g + 1) * width].copy_from_slice(o);
+            }
+        }
         quant::matmul(&layer.wo.view(bytes), attn, n, o);
         if let Some(w) = &layer.post_attn_norm {
             rms_norm_in_place(o, w, cfg.rms_eps);
@@ -1091,5 +1119,39 @@ fn gated(gate: &mut [f32], up: &[f32], act: FfnAct) {
         gate.par_chunks_mut(GATED_CHUNK)
             .zip(up.par_chunks(GATED_CHUNK))
             .for_each(f);
+    }
+}
+
+/// Most rows of one sequence that share a pass over its K/V rows in
+/// attention (`attend`).
+const ATTENTION_TILE_ROWS: usize = 8;
+
+/// The forward's rows (`(sequence, position)`, each sequence's rows
+/// together) cut into tiles of at most [`ATTENTION_TILE_ROWS`] rows of one
+/// sequence.
+fn attention_tiles(rows: &[(usize, usize)]) -> Vec<std::ops::Range<usize>> {
+    let mut tiles = Vec::new();
+    let mut start = 0;
+    for i in 1..=rows.len() {
+        if i == rows.len() || rows[i].0 != rows[start].0 || i - start == ATTENTION_TILE_ROWS {
+            tiles.push(start..i);
+            start = i;
+        }
+    }
+    tiles
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_tiles;
+
+    #[test]
+    fn attention_tiles_hold_one_sequence_and_at_most_the_tile_rows() {
+        assert!(attention_tiles(&[]).is_empty());
+        // Ten rows of sequence 0, then three of sequence 1, one of 2.
+        let mut rows: Vec<(usize, usize)> = (0..10).map(|p| (0, 100 + p)).collect();
+        rows.extend((0..3).map(|p| (1, p)));
+        rows.push((2, 7));
+        assert_eq!(attention_tiles(&rows), vec![0..8, 8..10, 10..13, 13..14]);
     }
 }
