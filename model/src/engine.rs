@@ -815,7 +815,7 @@ pub fn propose_continuing(
     ask: ProposeAsk,
     mut ahead: Vec<u32>,
 ) -> Result<Proposal> {
-    if !ahead.is_empty() {
+    let plan = if !ahead.is_empty() {
         if ask.proposer != ProposerKind::Draft || ask.k == 0 {
             return Err(ModelError::InvalidArgument(format!(
                 "a block continues drafted-ahead tokens with the draft model and k > 0, \
@@ -823,34 +823,14 @@ pub fn propose_continuing(
                 ask.proposer, ask.k
             )));
         }
-        let reused = ahead.len().min(ask.k);
-        let past = ahead.split_off(reused);
-        let mut history = ctx.to_vec();
-        history.extend_from_slice(&ahead);
-        let mut draft_forwards = Vec::new();
-        let steps = st.draft.propose(
-            &history,
-            ask.k - reused,
-            &st.cfg.sampling,
-            ask.draft,
-            st.stats,
-            st.chooser,
-            &mut draft_forwards,
-        )?;
-        ahead.extend(steps.iter().map(|d| d.token));
-        return Ok(Proposal {
+        // The draft drafts what the kept tokens leave of the block.
+        Plan {
             source: Source::Draft,
-            block: ahead,
-            reused,
-            ahead: past,
-            steps,
+            len: ask.k.saturating_sub(ahead.len()),
+            lookup: Vec::new(),
             lookup_match: None,
-            draft_forwards,
-            draft_peak: st.draft.cache.len(),
-            ctx_len: ctx.len(),
-        });
-    }
-    let plan = if ask.k == 0 {
+        }
+    } else if ask.k == 0 {
         Plan {
             source: Source::Nothing,
             len: 0,
@@ -872,11 +852,22 @@ pub fn propose_continuing(
             || draft.backlog(ctx),
         )
     };
+    // The block's first tokens are the kept ones (at most k); the rest of
+    // them stay drafted past it.
+    let reused = ahead.len().min(ask.k);
+    let past = ahead.split_off(reused);
     let mut draft_forwards = Vec::new();
     let (block, steps) = match plan.source {
         Source::Draft => {
+            let continued;
+            let history = if ahead.is_empty() {
+                ctx
+            } else {
+                continued = [ctx, &ahead[..]].concat();
+                &continued[..]
+            };
             let steps = st.draft.propose(
-                ctx,
+                history,
                 plan.len,
                 &st.cfg.sampling,
                 ask.draft,
@@ -884,7 +875,8 @@ pub fn propose_continuing(
                 st.chooser,
                 &mut draft_forwards,
             )?;
-            (steps.iter().map(|d| d.token).collect(), steps)
+            ahead.extend(steps.iter().map(|d| d.token));
+            (ahead, steps)
         }
         Source::Lookup => {
             // The draft model does not run (it catches up when it is
@@ -900,8 +892,8 @@ pub fn propose_continuing(
     Ok(Proposal {
         source: plan.source,
         block,
-        reused: 0,
-        ahead: Vec::new(),
+        reused,
+        ahead: past,
         steps,
         lookup_match: plan.lookup_match,
         draft_forwards,
