@@ -52,7 +52,8 @@ pub(crate) fn attend<C: KvStore>(
     ) else {
         return;
     };
-    let qrow = |i: usize, h: usize| &q[i * q_stride + h * hd..i * q_stride + (h + 1) * hd];
+    // Row i's query heads, `heads × hd`.
+    let qrow = |i: usize| &q[i * q_stride..i * q_stride + width];
     // Scores of row i's query head h at `base[i] + h·len_i..`.
     let mut base = Vec::with_capacity(spans.len());
     let mut total = 0usize;
@@ -75,19 +76,16 @@ pub(crate) fn attend<C: KvStore>(
                 let sc = &mut scores[base[i]..base[i] + heads * len];
                 if s.start <= t && t + 4 <= s.end {
                     let at = t - s.start;
-                    for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
-                        let d = dot4(qrow(i, h), keys);
+                    for (qh, sh) in qrow(i).chunks_exact(hd).zip(sc.chunks_exact_mut(len)) {
+                        let d = dot4(qh, keys);
                         for j in 0..4 {
                             sh[at + j] = scaled(d[j], rows[j].1) * scale;
                         }
                     }
                 } else {
-                    for (j, &(r, rs)) in rows.iter().enumerate() {
+                    for (j, &key) in rows.iter().enumerate() {
                         if s.contains(&(t + j)) {
-                            let at = t + j - s.start;
-                            for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
-                                sh[at] = scaled(dot(qrow(i, h), r), rs) * scale;
-                            }
+                            score_key(qrow(i), sc, len, t + j - s.start, key, scale);
                         }
                     }
                 }
@@ -99,9 +97,7 @@ pub(crate) fn attend<C: KvStore>(
                 if s.contains(&t) {
                     let len = s.len();
                     let sc = &mut scores[base[i]..base[i] + heads * len];
-                    for (h, sh) in sc.chunks_exact_mut(len).enumerate() {
-                        sh[t - s.start] = scaled(dot(qrow(i, h), r), rs) * scale;
-                    }
+                    score_key(qrow(i), sc, len, t - s.start, (r, rs), scale);
                 }
             }
             t += 1;
@@ -148,14 +144,9 @@ pub(crate) fn attend<C: KvStore>(
                         axpy4(oh, w, values);
                     }
                 } else {
-                    for (j, &(r, rs)) in rows.iter().enumerate() {
+                    for (j, &value) in rows.iter().enumerate() {
                         if s.contains(&(t + j)) {
-                            let at = t + j - s.start;
-                            for ((oh, sh), &inv) in
-                                o.chunks_exact_mut(hd).zip(sc.chunks_exact(len)).zip(inv)
-                            {
-                                axpy(oh, scaled(sh[at] * inv, rs), r);
-                            }
+                            add_value(o, sc, len, inv, t + j - s.start, value);
                         }
                     }
                 }
@@ -169,15 +160,43 @@ pub(crate) fn attend<C: KvStore>(
                     let sc = &scores[base[i]..base[i] + heads * len];
                     let o = &mut out[i * width..(i + 1) * width];
                     let inv = &inv[i * heads..(i + 1) * heads];
-                    for ((oh, sh), &inv) in
-                        o.chunks_exact_mut(hd).zip(sc.chunks_exact(len)).zip(inv)
-                    {
-                        axpy(oh, scaled(sh[t - s.start] * inv, rs), r);
-                    }
+                    add_value(o, sc, len, inv, t - s.start, (r, rs));
                 }
             }
             t += 1;
         }
+    }
+}
+
+/// One key's scores for one row: for each of its query heads (`q`, `hd`
+/// each), the `dot` with the key's head `key.0` times the row scale
+/// `key.1` and `scale`, at offset `at` of that head's scores (`len` each).
+fn score_key(q: &[f32], scores: &mut [f32], len: usize, at: usize, key: (&[f32], f32), scale: f32) {
+    let (r, rs) = key;
+    for (qh, sh) in q.chunks_exact(r.len()).zip(scores.chunks_exact_mut(len)) {
+        sh[at] = scaled(dot(qh, r), rs) * scale;
+    }
+}
+
+/// One value's share of one row's output: for each query head's output
+/// (`out`, the value head's length each), an `axpy` of the value head
+/// `value.0` with its softmax weight (score at offset `at` of the head's
+/// `len`, times the head's `1 / Σ` in `inv`, times the row scale `value.1`).
+fn add_value(
+    out: &mut [f32],
+    scores: &[f32],
+    len: usize,
+    inv: &[f32],
+    at: usize,
+    value: (&[f32], f32),
+) {
+    let (r, rs) = value;
+    for ((oh, sh), &inv) in out
+        .chunks_exact_mut(r.len())
+        .zip(scores.chunks_exact(len))
+        .zip(inv)
+    {
+        axpy(oh, scaled(sh[at] * inv, rs), r);
     }
 }
 

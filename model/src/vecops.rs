@@ -112,8 +112,10 @@ mod x86 {
         for i in chunks * 8..n {
             tail += a[i] * b[i];
         }
-        let r = reduce8x4([acc, acc, acc, acc]);
-        _mm_cvtss_f32(r) + tail
+        // reduce8's tree: the halves' sums, then neighbours, then the pairs.
+        let h = halves_sum(acc);
+        let p = _mm_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_hadd_ps(p, p)) + tail
     }
 
     /// [`super::reduce8`] of four accumulators at once, lane for lane the
@@ -123,23 +125,21 @@ mod x86 {
     #[target_feature(enable = "avx")]
     #[inline]
     fn reduce8x4(acc: [__m256; 4]) -> __m128 {
-        let h0 = _mm_add_ps(
-            _mm256_castps256_ps128(acc[0]),
-            _mm256_extractf128_ps::<1>(acc[0]),
-        );
-        let h1 = _mm_add_ps(
-            _mm256_castps256_ps128(acc[1]),
-            _mm256_extractf128_ps::<1>(acc[1]),
-        );
-        let h2 = _mm_add_ps(
-            _mm256_castps256_ps128(acc[2]),
-            _mm256_extractf128_ps::<1>(acc[2]),
-        );
-        let h3 = _mm_add_ps(
-            _mm256_castps256_ps128(acc[3]),
-            _mm256_extractf128_ps::<1>(acc[3]),
-        );
+        let [h0, h1, h2, h3] = [
+            halves_sum(acc[0]),
+            halves_sum(acc[1]),
+            halves_sum(acc[2]),
+            halves_sum(acc[3]),
+        ];
         _mm_hadd_ps(_mm_hadd_ps(h0, h1), _mm_hadd_ps(h2, h3))
+    }
+
+    /// `[l0 + l4, l1 + l5, l2 + l6, l3 + l7]` of `v = [l0, …, l7]`: the
+    /// first level of [`super::reduce8`]'s tree.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn halves_sum(v: __m256) -> __m128 {
+        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
     }
 
     /// [`super::dot4`]: four [`dot`]s, the chunk loop shared.
