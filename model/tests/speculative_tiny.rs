@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::time::Duration;
+use tandem_model::engine::TargetVerifier;
 use tandem_model::kv_cache::KvPrecision;
 use tandem_model::proposer::ProposerKind;
 use tandem_model::sampling::SamplingParams;
@@ -31,6 +32,18 @@ fn pair(dir: &std::path::Path, cap: usize) -> (Model, Model) {
         Model::load(&d, o.clone()).unwrap(),
         Model::load(&t, o).unwrap(),
     )
+}
+
+/// The local target as the core's verifier, holding `prompt` but its last
+/// token (as a round expects).
+fn prefilled_verifier<'m>(
+    target: &'m Model,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+) -> TargetVerifier<'m> {
+    let mut verifier = TargetVerifier::new(target, cfg.sampling);
+    verifier.prefill(&prompt[..prompt.len() - 1]).unwrap();
+    verifier
 }
 
 #[test]
@@ -328,7 +341,7 @@ fn bad_arguments_are_errors() {
 /// its block.
 #[test]
 fn the_core_rounds_against_the_target_give_its_greedy_output() {
-    use tandem_model::engine::{SpecEngine, TargetVerifier};
+    use tandem_model::engine::SpecEngine;
     let dir = tempfile::tempdir().unwrap();
     let (draft, target) = pair(dir.path(), 256);
     let prompt = [100u32, 7, 42, 42, 9];
@@ -337,8 +350,7 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
         ..GenerateConfig::default()
     };
     let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
-    let mut verifier = TargetVerifier::new(&target, cfg.sampling);
-    verifier.prefill(&prompt[..prompt.len() - 1]).unwrap();
+    let mut verifier = prefilled_verifier(&target, &prompt, &cfg);
     let mut streamed = Vec::new();
     let mut on_token = |t| {
         streamed.push(t);
@@ -380,7 +392,6 @@ fn the_core_rounds_against_the_target_give_its_greedy_output() {
 fn pipelined_rounds_on_the_core_keep_a_right_guess_and_give_the_targets_output() {
     use tandem_model::engine::{
         self, BlockVerifier, DraftAsk, DraftModel, ProposeAsk, RoundOutput, RoundState,
-        TargetVerifier,
     };
     use tandem_model::logprobs::TokenLogprobs;
     use tandem_model::proposer::{AutoChooser, NgramIndex};
@@ -404,8 +415,7 @@ fn pipelined_rounds_on_the_core_keep_a_right_guess_and_give_the_targets_output()
     };
     let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
     assert_eq!(reference.stop, StopReason::MaxTokens);
-    let mut verifier = TargetVerifier::new(&target, cfg.sampling);
-    verifier.prefill(&prompt[..prompt.len() - 1]).unwrap();
+    let mut verifier = prefilled_verifier(&target, &prompt, &cfg);
     let mut dm = DraftModel::new(&draft, cfg.draft_kv);
     let (mut index, mut chooser, mut stats) = (
         NgramIndex::new(),
@@ -531,9 +541,7 @@ fn the_core_refuses_a_verdict_past_the_block() {
 /// output, as a remote verifier's re-opened session would.
 #[test]
 fn the_core_survives_broken_exchanges_and_reports_refusals() {
-    use tandem_model::engine::{
-        BlockVerdict, BlockVerifier, SpecEngine, TargetVerifier, VerifyError,
-    };
+    use tandem_model::engine::{BlockVerdict, BlockVerifier, SpecEngine, VerifyError};
     struct Flaky<'m> {
         target: TargetVerifier<'m>,
         calls: usize,
@@ -566,13 +574,9 @@ fn the_core_survives_broken_exchanges_and_reports_refusals() {
     };
     let reference = generate_single(&target, &prompt, &cfg, &mut |_| true).unwrap();
     let mut verifier = Flaky {
-        target: TargetVerifier::new(&target, cfg.sampling),
+        target: prefilled_verifier(&target, &prompt, &cfg),
         calls: 0,
     };
-    verifier
-        .target
-        .prefill(&prompt[..prompt.len() - 1])
-        .unwrap();
     let mut on_token = |_| true;
     let mut engine = SpecEngine::new(
         &draft,
